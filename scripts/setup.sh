@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv and install moh-dit with its test and plot extras.
+#
+# On CPU machines (and CI) the torch/torchvision pair in constraints/cpu.txt is used: it is known to work
+# with torch-fidelity (which imports torchvision). GPU users who want their own torch build run
+#   MOH_DIT_CONSTRAINTS=none bash scripts/setup.sh
+# after installing torch/torchvision into .venv, or simply `pip install -e ".[dev]"` in their environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+CONSTRAINTS=${MOH_DIT_CONSTRAINTS:-constraints/cpu.txt}
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+args=(-e ".[dev,plot]")
+if [ "$CONSTRAINTS" != "none" ]; then
+    args=(-c "$CONSTRAINTS" "${args[@]}")
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${args[@]}"
+.venv/bin/python - <<'PY'
+import torch, torchvision, torch_fidelity, diffusers, accelerate
+print(f"moh-dit environment ready: torch {torch.__version__}, torchvision {torchvision.__version__}, "
+      f"diffusers {diffusers.__version__}, accelerate {accelerate.__version__}, "
+      f"torch-fidelity {torch_fidelity.__version__}, cuda={torch.cuda.is_available()}")
+PY

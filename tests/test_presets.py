@@ -1,0 +1,92 @@
+"""Preset registry: exact parameter counts, head tables measured from a forward pass, overrides."""
+import pytest
+import torch
+
+from moh_dit import PRESETS, create_model, list_presets, preset_config
+
+# 256 px ImageNet (32 x 32 x 4 latents), 1000 classes, learned sigma, frozen positional embedding counted.
+PARAM_COUNTS = {
+    "DiT-S/2": 32_963_360,
+    "DiT-B/2": 130_512_416,
+    "DiT-L/2": 458_102_816,
+    "DiT-XL/2": 675_129_632,
+    "MoH-DiT-S/2-90": 32_997_152,
+    "MoH-DiT-S/2-75": 32_998_688,
+    "MoH-DiT-B/2-90": 130_638_368,
+    "MoH-DiT-B/2-75": 130_638_368,
+    "MoH-DiT-L/2-90": 458_512_416,
+    "MoH-DiT-L/2-75": 458_528_800,
+    "MoH-DiT-XL/2-90": 675_666_464,
+    "MoH-DiT-XL/2-75": 675_689_504,
+}
+ACTIVE_HEADS = {
+    "MoH-DiT-XL/2-90": (403, 448),
+    "MoH-DiT-XL/2-75": (336, 448),
+    "MoH-DiT-L/2-90": (344, 384),
+    "MoH-DiT-L/2-75": (288, 384),
+    "MoH-DiT-B/2-90": (129, 144),
+    "MoH-DiT-B/2-75": (108, 144),
+    "MoH-DiT-S/2-90": (64, 72),
+    "MoH-DiT-S/2-75": (54, 72),
+}
+
+
+@pytest.mark.parametrize("name,count", PARAM_COUNTS.items())
+def test_exact_parameter_counts(name, count):
+    with torch.device("meta"):
+        model = create_model(name)
+    assert sum(p.numel() for p in model.parameters()) == count
+
+
+@pytest.mark.parametrize("name,heads", ACTIVE_HEADS.items())
+def test_active_heads_measured_from_forward(name, heads):
+    """Same head tables at a narrow width: count the heads each token really used in a forward pass."""
+    torch.manual_seed(0)
+    model = create_model(name, hidden_size=32, head_dim=4, sample_size=8, num_classes=10).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "router" in n:
+                p.normal_(0, 1.0)
+    assert model.head_counts() == heads
+    x = torch.randn(2, 4, 8, 8)
+    out = model(x, torch.tensor([10, 500]), torch.tensor([1, 7]), return_head_masks=True)
+    used = sum(m.float().sum(-1).mean().item() for m in out.head_masks)
+    total = sum(m.shape[-1] for m in out.head_masks)
+    assert (used, total) == heads
+    assert used / total == pytest.approx(heads[0] / heads[1])
+
+
+def test_every_dit_size_and_patch_is_registered():
+    for size in ("S", "B", "L", "XL"):
+        for patch in (2, 4, 8):
+            assert f"DiT-{size}/{patch}" in PRESETS
+    assert set(list_presets("MoH-DiT-S")) >= {"MoH-DiT-S/2-90", "MoH-DiT-S/2-75"}
+    assert all(name.startswith("DiT-") for name in list_presets("DiT-"))
+
+
+def test_small_cpu_presets_run_on_28px_images():
+    for name in ["DiT-Ti/4", "MoH-DiT-Ti/4-90", "MoH-DiT-Ti/4-75", "MoH-DiT-Ti/4-50"]:
+        model = create_model(name).eval()
+        assert model.config.sample_size == 28 and model.config.num_classes == 10
+        out = model(torch.randn(2, 1, 28, 28), torch.tensor([1, 2]), torch.tensor([3, 4]))
+        assert out.sample.shape == (2, 2, 28, 28)
+    assert create_model("MoH-DiT-Ti/4-75").head_counts() == (27, 36)
+    assert create_model("MoH-DiT-Ti/4-50").head_counts() == (18, 36)
+
+
+def test_overrides_apply_and_do_not_leak_into_registry():
+    cfg = preset_config("MoH-DiT-S/2-90", num_classes=10, sample_size=16)
+    assert cfg["num_classes"] == 10 and cfg["sample_size"] == 16
+    cfg["num_shared_heads"][0] = 99
+    assert PRESETS["MoH-DiT-S/2-90"]["num_shared_heads"][0] == 3
+    assert PRESETS["MoH-DiT-S/2-90"]["num_classes"] == 1000
+
+
+def test_unknown_preset_lists_known_names():
+    with pytest.raises(KeyError, match="MoH-DiT-XL/2-90"):
+        create_model("MoH-DiT-XXL/2")
+
+
+def test_unknown_override_key_rejected():
+    with pytest.raises(TypeError, match="num_head"):
+        create_model("DiT-S/2", num_head=3)
