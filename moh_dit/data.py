@@ -1,0 +1,344 @@
+"""Datasets: class-per-folder images with DiT's ADM preprocessing, Fashion-MNIST from IDX files, and a
+resumable, rank-sharded batch sampler.
+
+Every dataset returns ``(image, label)`` with the image a float32 tensor (C, H, W) in [-1, 1], un-flipped:
+random horizontal flips are drawn by the training loop from its per-step generator, so augmentation is
+reproducible after a resume and identical whether images come from disk or from pre-extracted latents.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import math
+import os
+import struct
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "FASHION_MNIST_CLASSES",
+    "ImageFolderDataset",
+    "FashionMNIST",
+    "ShardedEpochBatchSampler",
+    "center_crop_arr",
+    "read_idx",
+    "to_model_range",
+]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".jpe", ".ppm")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)  # fmt: skip
+FASHION_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+FASHION_MNIST_SEARCH_PATHS = ("/usr/share/datasets/fashion-mnist", "~/.cache/moh-dit/fashion-mnist")
+
+
+class DataError(RuntimeError):
+    """A data set cannot be read: missing files, nothing usable, or too many corrupt images."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Preprocessing
+# ----------------------------------------------------------------------------------------------------
+def center_crop_arr(image: Image.Image, image_size: int) -> Image.Image:
+    """ADM/DiT center crop: halve with a box filter while the short side is >= 2x the target, resize the
+    short side to ``image_size`` with bicubic filtering, then crop the center square."""
+    while min(image.size) >= 2 * image_size:
+        image = image.resize(tuple(s // 2 for s in image.size), resample=Image.BOX)
+    scale = image_size / min(image.size)
+    image = image.resize(tuple(round(s * scale) for s in image.size), resample=Image.BICUBIC)
+    arr = np.asarray(image)
+    top = (arr.shape[0] - image_size) // 2
+    left = (arr.shape[1] - image_size) // 2
+    return Image.fromarray(arr[top : top + image_size, left : left + image_size])
+
+
+def to_model_range(arr: np.ndarray) -> torch.Tensor:
+    """uint8 (H, W) or (H, W, C) -> float32 (C, H, W) in [-1, 1]."""
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return torch.from_numpy(np.array(arr.transpose(2, 0, 1), dtype=np.float32)).div_(127.5).sub_(1.0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Image folder
+# ----------------------------------------------------------------------------------------------------
+class ImageFolderDataset(Dataset):
+    """One sub-folder per class (sorted names -> ids 0..K-1), images anywhere below it.
+
+    Args:
+        root: the folder holding the class folders.
+        image_size: output size (ADM center crop).
+        channels: 3 for RGB, 1 for grayscale (images are converted).
+        max_bad_fraction: corrupt files are skipped with a warning (the next readable image is returned in
+            their place); once more than this fraction of the data set (at least one file) has failed, a
+            :class:`DataError` names them instead.
+    """
+
+    def __init__(self, root: str | os.PathLike, image_size: int, channels: int = 3, max_bad_fraction: float = 0.01):
+        self.root = Path(root).expanduser()
+        if not self.root.is_dir():
+            raise DataError(f"image folder {self.root} does not exist")
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        if not self.classes:
+            raise DataError(f"{self.root} has no class sub-folders (expected {self.root}/<class name>/<images>)")
+        self.samples: list[tuple[str, int]] = []
+        for label, name in enumerate(self.classes):
+            for dirpath, _, files in sorted(os.walk(self.root / name, followlinks=True)):
+                for f in sorted(files):
+                    if f.lower().endswith(IMAGE_EXTENSIONS):
+                        self.samples.append((os.path.join(dirpath, f), label))
+        if not self.samples:
+            raise DataError(f"no images with extensions {IMAGE_EXTENSIONS} under {self.root}")
+        self.image_size = image_size
+        self.channels = channels
+        self.max_bad_fraction = max_bad_fraction
+        self.bad_files: set[str] = set()
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.classes))
+
+    @property
+    def targets(self) -> list[int]:
+        return [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load(self, index: int) -> np.ndarray:
+        """Decode and preprocess one image to uint8 (H, W[, C]); raises on a corrupt file."""
+        path, _ = self.samples[index]
+        with Image.open(path) as img:
+            img = img.convert("L" if self.channels == 1 else "RGB")
+            return np.asarray(center_crop_arr(img, self.image_size))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        limit = max(1, int(self.max_bad_fraction * len(self.samples)))
+        for attempt in range(len(self.samples)):
+            i = (index + attempt) % len(self.samples)  # a corrupt file is replaced by the next readable one
+            path, label = self.samples[i]
+            try:
+                return to_model_range(self.load(i)), label
+            except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
+                if path not in self.bad_files:
+                    self.bad_files.add(path)
+                    logger.warning("skipping unreadable image %s (%s); %d bad so far", path, err, len(self.bad_files))
+                if len(self.bad_files) > limit:
+                    shown = ", ".join(sorted(self.bad_files)[:5])
+                    raise DataError(
+                        f"{len(self.bad_files)} of {len(self.samples)} images under {self.root} are unreadable "
+                        f"(e.g. {shown}); fix or remove them, or raise max_bad_fraction"
+                    ) from err
+        raise DataError(f"no readable image in {self.root}")
+
+    def scan(self) -> list[str]:
+        """Decode every file once; return the unreadable ones and drop them from the dataset."""
+        good, bad = [], []
+        for i, (path, label) in enumerate(self.samples):
+            try:
+                with Image.open(path) as img:
+                    img.load()
+                good.append((path, label))
+            except (OSError, UnidentifiedImageError, ValueError, SyntaxError):
+                bad.append(path)
+        for path in bad:
+            logger.warning("dropping unreadable image %s", path)
+        if not good:
+            raise DataError(f"every image under {self.root} is unreadable")
+        self.samples = good
+        self.bad_files.update(bad)
+        return bad
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fashion-MNIST (IDX files)
+# ----------------------------------------------------------------------------------------------------
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (optionally gzipped) into a numpy array (MNIST's format: magic, dims, data)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0:
+        raise DataError(f"{path} is not an IDX file (bad magic number)")
+    dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+    if data[2] not in dtypes:
+        raise DataError(f"{path}: unknown IDX data type 0x{data[2]:02x}")
+    ndim = data[3]
+    shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    arr = np.frombuffer(data, dtype=dtypes[data[2]], offset=4 + 4 * ndim)
+    if arr.size != math.prod(shape):
+        raise DataError(f"{path} is truncated: header says {shape}, found {arr.size} values")
+    return arr.reshape(shape)
+
+
+def _find_idx(folder: Path, stem: str) -> Optional[Path]:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def find_fashion_mnist(root: Optional[str] = None) -> Optional[Path]:
+    """The first folder holding the four Fashion-MNIST IDX files: ``root``, $MOH_DIT_FASHION_MNIST,
+    Debian's ``dataset-fashion-mnist`` location, then the user cache."""
+    candidates = [root, os.environ.get("MOH_DIT_FASHION_MNIST"), *FASHION_MNIST_SEARCH_PATHS]
+    for cand in candidates:
+        if not cand:
+            continue
+        folder = Path(cand).expanduser()
+        if all(_find_idx(folder, s) for files in FASHION_MNIST_FILES.values() for s in files):
+            return folder
+    return None
+
+
+def download_fashion_mnist(dest: str | os.PathLike = "~/.cache/moh-dit/fashion-mnist") -> Path:
+    """Fetch the four gzipped IDX files; a clear error when offline."""
+    folder = Path(dest).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    for files in FASHION_MNIST_FILES.values():
+        for stem in files:
+            target = folder / (stem + ".gz")
+            if target.exists():
+                continue
+            tmp = target.with_suffix(".gz.part")
+            try:
+                urllib.request.urlretrieve(FASHION_MNIST_URL + stem + ".gz", tmp)
+            except OSError as err:
+                raise DataError(
+                    f"could not download Fashion-MNIST ({err}). Offline? Install Debian's `dataset-fashion-mnist` "
+                    f"package (files in /usr/share/datasets/fashion-mnist) or put the four IDX files in a folder "
+                    f"and pass it as data.path"
+                ) from err
+            os.replace(tmp, target)
+    return folder
+
+
+class FashionMNIST(Dataset):
+    """Fashion-MNIST (60k train / 10k test, 28 x 28 grayscale, 10 classes) from the standard IDX files.
+
+    Args:
+        root: folder with the IDX files (``.gz`` or not); searched as in :func:`find_fashion_mnist`.
+        split: ``"train"`` or ``"test"``.
+        image_size: output size; 28 keeps the originals, other sizes resize bicubically.
+        channels: 1 (native) or 3 (gray repeated).
+        download: fetch the files into the user cache when they are not found.
+    """
+
+    def __init__(
+        self, root: Optional[str] = None, split: str = "train", image_size: int = 28, channels: int = 1,
+        download: bool = False,
+    ) -> None:  # fmt: skip
+        if split not in FASHION_MNIST_FILES:
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        folder = find_fashion_mnist(root)
+        if folder is None:
+            if not download:
+                where = f"{root}, " if root else ""
+                raise DataError(
+                    f"Fashion-MNIST IDX files not found (looked in {where}$MOH_DIT_FASHION_MNIST, "
+                    f"{', '.join(FASHION_MNIST_SEARCH_PATHS)}). Install Debian's `dataset-fashion-mnist` package, "
+                    f"point data.path at a folder holding {FASHION_MNIST_FILES['train'][0]}[.gz] and the other "
+                    f"three files, or set data.download=true"
+                )
+            folder = download_fashion_mnist()
+        image_stem, label_stem = FASHION_MNIST_FILES[split]
+        self.images = read_idx(_find_idx(folder, image_stem))  # (N, 28, 28) uint8
+        self.labels = read_idx(_find_idx(folder, label_stem)).astype(np.int64)
+        if self.images.ndim != 3 or len(self.images) != len(self.labels):
+            raise DataError(f"Fashion-MNIST files in {folder} are inconsistent: {self.images.shape}, {self.labels.shape}")
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        self.root = folder
+        self.image_size = image_size
+        self.channels = channels
+        self.classes = list(FASHION_MNIST_CLASSES)
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.classes))
+
+    @property
+    def targets(self) -> list[int]:
+        return self.labels.tolist()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def load(self, index: int) -> np.ndarray:
+        arr = self.images[index]
+        if arr.shape[0] != self.image_size:
+            arr = np.asarray(Image.fromarray(arr).resize((self.image_size,) * 2, resample=Image.BICUBIC))
+        if self.channels == 3:
+            arr = np.repeat(arr[:, :, None], 3, axis=2)
+        return arr
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return to_model_range(self.load(index)), int(self.labels[index])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sampling order
+# ----------------------------------------------------------------------------------------------------
+class ShardedEpochBatchSampler:
+    """Batches of indices for one rank: a fresh permutation per epoch from ``(seed, epoch)``, split over
+    ranks, with an optional start offset so a resumed run continues mid-epoch on exactly the batches an
+    uninterrupted run would have seen.
+
+    We write this instead of using accelerate's prepared data loader and ``skip_first_batches`` because
+    the order must be a pure function of (seed, epoch, rank, position) for bit-exact resume, independent
+    of any RNG state the loader consumed before the interruption.
+    """
+
+    def __init__(
+        self, dataset_size: int, batch_size: int, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+        epoch: int = 0, start_batch: int = 0,
+    ) -> None:  # fmt: skip
+        self.batches_per_epoch = dataset_size // (num_replicas * batch_size)
+        if self.batches_per_epoch == 0:
+            raise DataError(
+                f"dataset of {dataset_size} items is smaller than one global micro-batch "
+                f"({num_replicas} processes x {batch_size}); lower the batch size"
+            )
+        self.dataset_size, self.batch_size = dataset_size, batch_size
+        self.num_replicas, self.rank = num_replicas, rank
+        self.seed, self.epoch, self.start_batch = seed, epoch, start_batch
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch - self.start_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.dataset_size, generator=g)
+        per_rank = self.batches_per_epoch * self.batch_size
+        # interleave ranks batch by batch so that every global step sees a fresh, disjoint set of items
+        mine = order[: per_rank * self.num_replicas].view(self.batches_per_epoch, self.num_replicas, self.batch_size)
+        for b in range(self.start_batch, self.batches_per_epoch):
+            yield mine[b, self.rank].tolist()
+
+
+def subset_indices(labels: Sequence[int], per_class: int) -> list[int]:
+    """The first ``per_class`` indices of every class (tiny, balanced subsets for tests and smoke runs)."""
+    seen: dict[int, int] = {}
+    out = []
+    for i, label in enumerate(labels):
+        if seen.get(label, 0) < per_class:
+            seen[label] = seen.get(label, 0) + 1
+            out.append(i)
+    return out
