@@ -129,8 +129,32 @@ def _from_dict(cls, data: dict[str, Any], where: str):
         elif isinstance(default, tuple) and isinstance(value, list):
             kwargs[name] = tuple(value)
         else:
-            kwargs[name] = value
+            kwargs[name] = _coerce(value, default, f"{where}{name}")
     return cls(**kwargs)
+
+
+def _coerce(value: Any, default: Any, key: str) -> Any:
+    """Match the type of the field's default (YAML reads ``3e-4`` as a string, ``1`` as an int)."""
+    if value is None or default is None:
+        return value
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            raise TypeError
+        if isinstance(default, int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return int(value)
+        if isinstance(default, float):
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if isinstance(default, str) and not isinstance(value, str):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a {type(default).__name__}, got {value!r}") from None
+    return value
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

@@ -94,7 +94,13 @@ class DiffusionObjective:
         self.learn_sigma = learn_sigma
         self.num_timesteps = self.scheduler.config.num_train_timesteps
         # Coefficients in float64, like the reference, gathered per timestep and cast to the data dtype.
-        betas = self.scheduler.betas.to(torch.float64)
+        # diffusers keeps betas in float32; rebuild a linear schedule in float64 so the coefficients match
+        # the reference to the last digit.
+        sc = self.scheduler.config
+        if sc.beta_schedule == "linear" and sc.trained_betas is None:
+            betas = torch.linspace(sc.beta_start, sc.beta_end, sc.num_train_timesteps, dtype=torch.float64)
+        else:
+            betas = self.scheduler.betas.to(torch.float64)
         alphas = 1.0 - betas
         alphas_cumprod = torch.cumprod(alphas, dim=0)
         alphas_cumprod_prev = torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])

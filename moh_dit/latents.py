@@ -38,17 +38,17 @@ def load_vae(spec: Optional[str], device: str | torch.device = "cpu", dtype: tor
         if not path.is_dir():
             raise FileNotFoundError(f"VAE path {path} is not a folder (expected a diffusers AutoencoderKL folder)")
         sub = "vae" if not (path / "config.json").exists() and (path / "vae" / "config.json").exists() else None
-        vae = AutoencoderKL.from_pretrained(path, subfolder=sub)
+        vae = AutoencoderKL.from_pretrained(path, subfolder=sub, torch_dtype=dtype)
     else:
         try:
-            vae = AutoencoderKL.from_pretrained(spec)
+            vae = AutoencoderKL.from_pretrained(spec, torch_dtype=dtype)
         except (OSError, ValueError) as err:
             raise RuntimeError(
                 f"could not load VAE {spec!r}: it is not a local folder and could not be fetched from the hub "
                 f"({type(err).__name__}). If you are offline, download it elsewhere "
                 f"(`huggingface-cli download {spec}`) and pass the local folder."
             ) from err
-    return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return vae.to(device).eval().requires_grad_(False)
 
 
 @torch.no_grad()
@@ -161,4 +161,44 @@ class LatentDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         row = self.table[index]
-        return torch.from_numpy(np.asarray(row["moments"], dtype=np.float32)), int(row["label"])
+        return torch.from_numpy(np.array(row["moments"], dtype=np.float32)), int(row["label"])
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Command line: encode a data set once into a packed latent file for ``data.name=latents``."""
+    import argparse
+
+    from .data import FashionMNIST, ImageFolderDataset
+
+    parser = argparse.ArgumentParser(prog="python -m moh_dit.latents", description=main.__doc__)
+    parser.add_argument("--data-name", choices=["folder", "fashion-mnist"], default="folder")
+    parser.add_argument("--data-path", help="image folder (one sub-folder per class) or IDX folder")
+    parser.add_argument("--image-size", type=int, default=256)
+    parser.add_argument("--channels", type=int, default=3)
+    parser.add_argument("--vae", default="stabilityai/sd-vae-ft-ema", help="hub id or local AutoencoderKL folder")
+    parser.add_argument("--out", required=True, help="output .npy file")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-workers", type=int, default=4)
+    parser.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    if args.data_name == "folder":
+        if not args.data_path:
+            parser.error("--data-path is required for --data-name folder")
+        dataset = ImageFolderDataset(args.data_path, args.image_size, channels=args.channels)
+        bad = dataset.scan()
+        if bad:
+            logger.warning("dropped %d unreadable images", len(bad))
+    else:
+        dataset = FashionMNIST(args.data_path, image_size=args.image_size, channels=args.channels)
+    vae = load_vae(args.vae, device=args.device)
+    if vae is None:
+        parser.error("--vae none makes no sense for latent extraction")
+    out = extract_latents(dataset, vae, args.out, batch_size=args.batch_size, num_workers=args.num_workers,
+                          dtype=args.dtype, vae_name=args.vae, id2label=dataset.id2label)  # fmt: skip
+    print(f"wrote {len(dataset)} latents to {out}")
+
+
+if __name__ == "__main__":
+    main()

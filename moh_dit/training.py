@@ -17,7 +17,6 @@ import os
 import random
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
-from .config import Config, config_to_dict
+from .config import Config, EMASection, config_to_dict
 from .data import FashionMNIST, ImageFolderDataset, ShardedEpochBatchSampler, subset_indices
 from .diffusion import DiffusionObjective
 from .images import make_grid
@@ -40,7 +39,7 @@ from .model import MoHDiT
 from .pipeline import MoHDiTPipeline, make_scheduler, to_uint8
 from .presets import preset_config
 
-__all__ = ["train", "Trainer", "NonFiniteLossError", "find_checkpoint", "build_dataset"]
+__all__ = ["train", "Trainer", "NonFiniteLossError", "find_checkpoint", "build_dataset", "build_model", "make_ema"]
 
 logger = logging.getLogger("moh_dit.train")
 CHECKPOINT_PREFIX = "step-"
@@ -128,11 +127,20 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((npy[0], np.array(npy[1], dtype=np.uint32), *npy[2:]))
 
 
-@dataclass
-class StepStats:
-    diffusion_loss: torch.Tensor
-    moh_loss: torch.Tensor
-    images: int
+def make_ema(model: torch.nn.Module, ec: EMASection) -> EMAModel:
+    """diffusers' EMA configured as DiT: a copy of the model at step 0, then a constant ``decay`` from the
+    first update on (``update_after_step=-1``; with 0 diffusers' first update would copy the weights).
+    ``ec.warmup`` switches to diffusers' warm-up schedule instead."""
+    return EMAModel(
+        model.parameters(),
+        decay=ec.decay,
+        min_decay=0.0 if ec.warmup else ec.decay,
+        update_after_step=0 if ec.warmup else -1,
+        use_ema_warmup=ec.warmup,
+        inv_gamma=ec.inv_gamma,
+        power=ec.power,
+        foreach=True,
+    )
 
 
 class Trainer:
@@ -175,7 +183,13 @@ class Trainer:
         if self.latent_input:
             self.scaling_factor = base.scaling_factor
             in_ch, size = base.latent_shape[0], base.latent_shape[-1]
-            self.vae_spec = base.meta.get("vae") or config.data.vae
+            # the VAE is only needed to decode previews and for the exported pipeline
+            spec = config.data.vae if config.data.vae != "none" else base.meta.get("vae")
+            try:
+                self.vae = load_vae(spec, device=acc.device)
+            except (RuntimeError, OSError) as err:
+                logger.warning("latents were made with VAE %r, which cannot be loaded (%s): no sample grids, and the "
+                               "exported pipeline will have no VAE; pass data.vae=PATH to fix", spec, err)
         else:
             self.vae = load_vae(config.data.vae, device=acc.device)
             if self.vae is not None:
@@ -184,7 +198,6 @@ class Trainer:
                 in_ch, size = self.vae.config.latent_channels, config.data.image_size // factor
             else:
                 in_ch, size = config.data.channels, config.data.image_size
-            self.vae_spec = config.data.vae
         num_classes = len(self.id2label) if self.id2label else len(set(_dataset_attr(self.dataset, "targets") or [0]))
 
         # model, EMA, optimizer (identical initialisation on every rank)
@@ -193,17 +206,7 @@ class Trainer:
         if tc.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         model.train()
-        ec = config.ema
-        self.ema = EMAModel(
-            model.parameters(),
-            decay=ec.decay,
-            min_decay=0.0 if ec.warmup else ec.decay,  # constant decay unless warming up
-            update_after_step=0 if ec.warmup else -1,  # -1: the first update already uses `decay` (DiT)
-            use_ema_warmup=ec.warmup,
-            inv_gamma=ec.inv_gamma,
-            power=ec.power,
-            foreach=True,
-        )
+        self.ema = make_ema(model, config.ema)
         self.ema.to(acc.device)
         oc = config.optim
         optimizer = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=tuple(oc.betas), eps=oc.eps,
@@ -510,14 +513,15 @@ class Trainer:
                     window_start, window_steps, last_heads = time.time(), 0, None
                 if self.step % tc.checkpoint_every == 0:
                     self.save_checkpoint()
-                if lc.sample_every > 0 and self.step % lc.sample_every == 0:
+                if lc.sample_every > 0 and self.step % lc.sample_every == 0 and (self.vae or not self.latent_input):
                     self.save_sample_grid(f"step-{self.step:08d}")
                 if self.step >= tc.max_steps or stop_reason != "max_steps":
                     break
         bar.close()
         if not (self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{self.step:08d}").exists():
             self.save_checkpoint()
-        grid = self.save_sample_grid("final") if lc.sample_per_class > 0 else None
+        can_preview = lc.sample_per_class > 0 and (self.vae is not None or not self.latent_input)
+        grid = self.save_sample_grid("final") if can_preview else None
         pipeline_dir = self.export_pipeline()
         acc.end_training()
         summary = {"step": self.step, "stop_reason": stop_reason, "pipeline": str(pipeline_dir) if pipeline_dir else None,

@@ -1,0 +1,69 @@
+"""Config files and overrides: strict keys, typed values, base files, the shipped configs."""
+from pathlib import Path
+
+import pytest
+
+from moh_dit.config import Config, load_config
+from moh_dit.presets import PRESETS
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
+TRAIN_CONFIGS = [p for p in CONFIGS if "accelerate" not in p.parts]
+
+
+def test_defaults_and_overrides_are_typed():
+    cfg = load_config(None, ["train.max_steps=12", "optim.lr=3e-4", "data.vae=none", "model.overrides.num_classes=7",
+                             "optim.betas=[0.9, 0.95]"])  # fmt: skip
+    assert isinstance(cfg, Config)
+    assert cfg.train.max_steps == 12 and cfg.optim.lr == pytest.approx(3e-4)
+    assert cfg.model.overrides == {"num_classes": 7} and cfg.optim.betas == (0.9, 0.95)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.max_stepz=3", "train.max_stepz"),
+        ("trian.max_steps=3", "trian"),
+        ("model.overrides.num_head=3", "num_head"),
+        ("train.mixed_precision=fp8", "mixed_precision"),
+        ("data.name=imagenet", "data.name"),
+        ("train.global_batch_size=0", "global_batch_size"),
+        ("no_equals_sign", "section.key=value"),
+    ],
+)
+def test_bad_keys_and_values_are_rejected(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, [override])
+
+
+def test_base_file_is_merged(tmp_path):
+    (tmp_path / "base.yaml").write_text("train:\n  max_steps: 5\n  seed: 3\noptim:\n  lr: 0.5\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\ntrain:\n  max_steps: 9\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    assert (cfg.train.max_steps, cfg.train.seed, cfg.optim.lr) == (9, 3, 0.5)
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(ValueError, match="loop"):
+        load_config(tmp_path / "loop.yaml")
+
+
+def test_missing_config_file():
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_config("configs/does-not-exist.yaml")
+
+
+@pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load_and_name_real_presets(path):
+    cfg = load_config(path)
+    assert cfg.model.preset in PRESETS
+
+
+def test_every_paper_preset_has_an_imagenet_config():
+    names = {load_config(p).model.preset for p in TRAIN_CONFIGS if "imagenet256" in p.parts}
+    wanted = {n for n in PRESETS if n.startswith("MoH-DiT-") and "Ti" not in n}
+    wanted |= {"DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2"}
+    assert wanted <= names
+
+
+@pytest.mark.parametrize("override", ["train.max_steps=abc", "train.compile=maybe", "optim.lr=fast", "train.max_steps=1.5"])
+def test_wrongly_typed_values_are_rejected(override):
+    with pytest.raises(ValueError, match="must be a"):
+        load_config(None, [override])

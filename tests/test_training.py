@@ -1,0 +1,217 @@
+"""The training loop on CPU: tiny runs in pixel and latent space, exact resume after SIGKILL, two
+processes, EMA semantics, bad input, non-finite loss."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from moh_dit.config import EMASection, load_config
+from moh_dit.data import DataError
+from moh_dit.pipeline import MoHDiTPipeline
+from moh_dit.training import NonFiniteLossError, Trainer, find_checkpoint, make_ema, train
+
+from .helpers.factories import tiny_vae
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def image_dir(tmp_path_factory):
+    """Two classes of 8 images each: bright squares on dark, and dark on bright."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(["bright", "dark"]):
+        (root / name).mkdir()
+        for i in range(8):
+            img = np.full((16, 16, 3), 40 if label == 0 else 215, dtype=np.uint8)
+            img[4:12, 4:12] = 215 if label == 0 else 40
+            img = np.clip(img + rng.integers(-10, 10, img.shape), 0, 255).astype(np.uint8)
+            Image.fromarray(img).save(root / name / f"{i}.png")
+    return root
+
+
+def tiny_overrides(out_dir, data_dir, *extra, image_size=8):
+    return [
+        f"train.output_dir={out_dir}", "data.name=folder", f"data.path={data_dir}", f"data.image_size={image_size}",
+        "data.channels=3", "model.preset=MoH-DiT-Ti/4-75", "model.overrides={hidden_size: 32, head_dim: 8, patch_size: 2}",
+        "train.global_batch_size=4", "train.max_steps=4", "train.checkpoint_every=2", "log.log_every=1",
+        "log.tensorboard=false", "log.sample_per_class=1", "log.sample_steps=3", "optim.lr=1e-3", "ema.decay=0.9",
+        *extra,
+    ]  # fmt: skip
+
+
+def read_metrics(out_dir):
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------------------------------
+def test_pixel_space_run_logs_checkpoints_and_exports(tmp_path, image_dir):
+    out = tmp_path / "run"
+    summary = train(load_config(None, tiny_overrides(out, image_dir)))
+    assert summary["step"] == 4 and summary["stop_reason"] == "max_steps"
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert all(np.isfinite(m["diffusion_loss"]) and m["moh_loss"] > 0 for m in metrics)
+    usage = metrics[0]["head_usage"]
+    assert len(usage) == 6 and len(usage[0]) == 6 and usage[0][0] == 1.0  # shared head always used
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+    assert (out / "config.yaml").exists() and (out / "samples" / "final.png").exists()
+    pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
+    assert pipe.id2label == {0: "bright", 1: "dark"} and pipe.vae is None
+    images = pipe(["dark", 0], num_inference_steps=2, output_type="np", progress=False).images
+    assert images.shape == (2, 8, 8, 3)
+
+
+def test_loss_decreases_on_a_memorisation_task(tmp_path, image_dir):
+    out = tmp_path / "mem"
+    train(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=80", "train.global_batch_size=8",
+                                            "train.checkpoint_every=1000", "log.sample_per_class=0",
+                                            "optim.lr=2e-3", "log.head_usage=false")))  # fmt: skip
+    losses = [m["diffusion_loss"] for m in read_metrics(out)]
+    assert np.mean(losses[-15:]) < 0.6 * np.mean(losses[:15])
+
+
+def test_training_with_a_tiny_vae_and_with_pre_extracted_latents(tmp_path, image_dir):
+    from moh_dit.data import ImageFolderDataset
+    from moh_dit.latents import extract_latents, load_vae
+
+    tiny_vae().save_pretrained(tmp_path / "vae")
+    out = tmp_path / "latent-run"
+    train(load_config(None, tiny_overrides(out, image_dir, f"data.vae={tmp_path / 'vae'}", "train.max_steps=2",
+                                            image_size=16)))  # fmt: skip
+    assert np.isfinite(read_metrics(out)[-1]["diffusion_loss"])
+    pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
+    assert pipe.vae is not None and pipe.transformer.config.in_channels == 4
+    assert pipe([1], num_inference_steps=2, output_type="np", progress=False).images.shape == (1, 16, 16, 3)
+
+    ds = ImageFolderDataset(image_dir, 16)
+    lat = extract_latents(ds, load_vae(str(tmp_path / "vae")), tmp_path / "lat.npy", vae_name=str(tmp_path / "vae"),
+                          id2label=ds.id2label)  # fmt: skip
+    out2 = tmp_path / "packed-run"
+    train(load_config(None, tiny_overrides(out2, lat, "data.name=latents", "train.max_steps=2", image_size=16)))
+    assert np.isfinite(read_metrics(out2)[-1]["diffusion_loss"])
+    assert MoHDiTPipeline.from_pretrained(out2 / "pipeline").vae is not None
+
+
+def _train_cmd(overrides):
+    return [sys.executable, str(ROOT / "train.py"), *overrides]
+
+
+def test_sigkill_and_resume_reproduce_per_step_losses(tmp_path, image_dir):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ref = tmp_path / "ref"
+    subprocess.run(_train_cmd(tiny_overrides(ref, image_dir, "train.max_steps=24", "train.checkpoint_every=5",
+                                             "log.sample_per_class=0")), check=True, env=env, capture_output=True)  # fmt: skip
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(tiny_overrides(killed, image_dir, "train.max_steps=100000",
+                                                      "train.checkpoint_every=5", "log.sample_per_class=0")),
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 120
+    while find_checkpoint(killed) is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    at_kill = find_checkpoint(killed)
+    assert at_kill is not None and int(at_kill.name.split("-")[1]) < 24
+    subprocess.run(_train_cmd(tiny_overrides(killed, image_dir, "train.max_steps=24", "train.checkpoint_every=5",
+                                             "train.resume=latest", "log.sample_per_class=0")),
+                   check=True, env=env, capture_output=True)  # fmt: skip
+
+    a, b = read_metrics(ref), read_metrics(killed)
+    assert [m["step"] for m in b] == list(range(1, 25))
+    assert [(m["diffusion_loss"], m["moh_loss"]) for m in a] == [(m["diffusion_loss"], m["moh_loss"]) for m in b]
+    from safetensors.torch import load_file
+
+    wa = load_file(ref / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors")
+    wb = load_file(killed / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_two_process_cpu_run(tmp_path, image_dir):
+    out = tmp_path / "ddp"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "helpers" / "ddp_probe.py"), str(out),
+           *tiny_overrides(out / "run", image_dir, "train.max_steps=3", "log.sample_per_class=0")]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["world"] == r1["world"] == 2
+    assert all(a != b for a, b in zip(r0["seen"], r1["seen"]))  # different data on each rank
+    assert r0["weights_sha"] == r1["weights_sha"] and r0["ema_sha"] == r1["ema_sha"]  # grads were averaged
+    logged = read_metrics(out / "run")
+    for step, m in enumerate(logged):
+        mean_d = (r0["local_losses"][step][0] + r1["local_losses"][step][0]) / 2
+        mean_m = (r0["local_losses"][step][1] + r1["local_losses"][step][1]) / 2
+        assert m["diffusion_loss"] == pytest.approx(mean_d, rel=1e-6)
+        assert m["moh_loss"] == pytest.approx(mean_m, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------
+def test_ema_is_dit_constant_decay_from_a_copy():
+    model = torch.nn.Linear(3, 2)
+    p0 = [p.detach().clone() for p in model.parameters()]
+    ema = make_ema(model, EMASection(decay=0.9))
+    expected = p0
+    for _ in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        ema.step(model.parameters())
+        expected = [0.9 * e + 0.1 * p.detach() for e, p in zip(expected, model.parameters())]
+        for s, e in zip(ema.shadow_params, expected):
+            torch.testing.assert_close(s, e)
+
+
+def test_gradient_accumulation_splits_the_global_batch(tmp_path, image_dir):
+    out = tmp_path / "accum"
+    trainer = Trainer(load_config(None, tiny_overrides(out, image_dir, "train.grad_accum_steps=2",
+                                                        "train.global_batch_size=8", "train.max_steps=2",
+                                                        "log.sample_per_class=0")))  # fmt: skip
+    assert trainer.micro_batch == 4
+    summary = trainer.run()
+    assert summary["step"] == 2 and trainer.samples_seen == 16
+
+
+def test_non_finite_loss_stops_cleanly_and_saves(tmp_path, image_dir, monkeypatch):
+    out = tmp_path / "nan"
+    trainer = Trainer(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=10", "train.checkpoint_every=100",
+                                                        "log.sample_per_class=0")))  # fmt: skip
+    original = trainer._micro_step
+
+    def poisoned(x, y, micro, want_heads):
+        loss, d, m, h = original(x, y, micro, want_heads)
+        return (loss * float("nan") if trainer.step == 3 else loss), d, m, h
+
+    monkeypatch.setattr(trainer, "_micro_step", poisoned)
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 4"):
+        trainer.run()
+    assert find_checkpoint(out).name == "step-00000003"
+
+
+@pytest.mark.parametrize(
+    "override,error,message",
+    [
+        ("model.preset=MoH-DiT-Huge/2", KeyError, "unknown preset"),
+        ("data.path=/nonexistent/folder", DataError, "does not exist"),
+        ("model.overrides={num_classes: 5}", ValueError, "num_classes=5"),
+    ],
+)
+def test_bad_input_is_rejected_clearly(tmp_path, image_dir, override, error, message):
+    with pytest.raises(error, match=message):
+        Trainer(load_config(None, tiny_overrides(tmp_path / "bad", image_dir, override)))
+
+
+def test_resume_from_a_missing_path_fails(tmp_path, image_dir):
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        Trainer(load_config(None, tiny_overrides(tmp_path / "r", image_dir, f"train.resume={tmp_path / 'nope'}"))).run()
