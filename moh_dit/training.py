@@ -185,6 +185,7 @@ class Trainer:
             in_ch, size = base.latent_shape[0], base.latent_shape[-1]
             # the VAE is only needed to decode previews and for the exported pipeline
             spec = config.data.vae if config.data.vae != "none" else base.meta.get("vae")
+            self.vae_spec = spec
             try:
                 self.vae = load_vae(spec, device=acc.device)
             except (RuntimeError, OSError) as err:
@@ -192,6 +193,7 @@ class Trainer:
                                "exported pipeline will have no VAE; pass data.vae=PATH to fix", spec, err)
         else:
             self.vae = load_vae(config.data.vae, device=acc.device)
+            self.vae_spec = config.data.vae
             if self.vae is not None:
                 self.scaling_factor = float(self.vae.config.scaling_factor)
                 factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
@@ -299,6 +301,8 @@ class Trainer:
                 "micro_batches_per_rank": self.step * self.config.train.grad_accum_steps,
                 "batches_per_epoch": self.batches_per_epoch,
                 "world_size": self.world,
+                "id2label": {str(k): v for k, v in self.id2label.items()},
+                "vae": self.vae_spec,
             }
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
             os.replace(tmp, final)  # atomic: a checkpoint folder without .tmp is complete

@@ -18,7 +18,14 @@ args=(-e ".[dev,plot]")
 if [ "$CONSTRAINTS" != "none" ]; then
     args=(-c "$CONSTRAINTS" "${args[@]}")
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${args[@]}"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${args[@]}" 2>&1 | grep -v "is ignored: it is neither" || true
+
+# Fashion-MNIST for the embedded default and the real-data tests: Debian ships the IDX files.
+if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ -z "${MOH_DIT_SKIP_APT:-}" ] \
+        && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+        || echo "note: could not install dataset-fashion-mnist; set data.path to a folder with the IDX files"
+fi
 .venv/bin/python - <<'PY'
 import torch, torchvision, torch_fidelity, diffusers, accelerate
 print(f"moh-dit environment ready: torch {torch.__version__}, torchvision {torchvision.__version__}, "

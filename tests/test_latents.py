@@ -41,7 +41,10 @@ def test_load_vae_from_folder_and_pipeline_folder(vae_dir, tmp_path):
 
 
 def test_load_vae_offline_hub_id_gives_clear_error(monkeypatch):
+    import huggingface_hub
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(RuntimeError, match="could not load VAE"):
         load_vae("someone/no-such-vae-here")
 

@@ -11,41 +11,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from moh_dit.config import EMASection, load_config
 from moh_dit.data import DataError
 from moh_dit.pipeline import MoHDiTPipeline
 from moh_dit.training import NonFiniteLossError, Trainer, find_checkpoint, make_ema, train
 
-from .helpers.factories import tiny_vae
+from .helpers.factories import make_image_folder, tiny_train_overrides, tiny_vae
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def image_dir(tmp_path_factory):
-    """Two classes of 8 images each: bright squares on dark, and dark on bright."""
     root = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(["bright", "dark"]):
-        (root / name).mkdir()
-        for i in range(8):
-            img = np.full((16, 16, 3), 40 if label == 0 else 215, dtype=np.uint8)
-            img[4:12, 4:12] = 215 if label == 0 else 40
-            img = np.clip(img + rng.integers(-10, 10, img.shape), 0, 255).astype(np.uint8)
-            Image.fromarray(img).save(root / name / f"{i}.png")
+    make_image_folder(root)
     return root
 
 
-def tiny_overrides(out_dir, data_dir, *extra, image_size=8):
-    return [
-        f"train.output_dir={out_dir}", "data.name=folder", f"data.path={data_dir}", f"data.image_size={image_size}",
-        "data.channels=3", "model.preset=MoH-DiT-Ti/4-75", "model.overrides={hidden_size: 32, head_dim: 8, patch_size: 2}",
-        "train.global_batch_size=4", "train.max_steps=4", "train.checkpoint_every=2", "log.log_every=1",
-        "log.tensorboard=false", "log.sample_per_class=1", "log.sample_steps=3", "optim.lr=1e-3", "ema.decay=0.9",
-        *extra,
-    ]  # fmt: skip
+tiny_overrides = tiny_train_overrides
 
 
 def read_metrics(out_dir):

@@ -1,0 +1,115 @@
+"""Loading models from runs, checkpoints and folders; reproducible, resumable N-sample generation; sample.py."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moh_dit.config import load_config
+from moh_dit.generate import GenerationSettings, generate_samples, label_for_index, load_pipeline
+from moh_dit.training import train
+
+from .helpers.factories import make_image_folder, tiny_train_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    base = tmp_path_factory.mktemp("gen")
+    make_image_folder(base / "images")
+    out = base / "run"
+    train(load_config(None, tiny_train_overrides(out, base / "images", "log.sample_per_class=0")))
+    return out
+
+
+def settings(**kw):
+    base = dict(num_samples=6, seed=3, batch_size=4, guidance_scale=2.0, num_inference_steps=4)
+    base.update(kw)
+    return GenerationSettings(**base)
+
+
+def test_load_from_run_checkpoint_pipeline_and_transformer_folders(run_dir):
+    from_run = load_pipeline(run_dir, device="cpu")
+    from_pipe = load_pipeline(run_dir / "pipeline", device="cpu")
+    ckpt = run_dir / "checkpoints" / "step-00000004"
+    from_ckpt = load_pipeline(ckpt, device="cpu")
+    from_transformer = load_pipeline(run_dir / "pipeline" / "transformer", device="cpu")
+    assert from_ckpt.id2label == from_run.id2label == {0: "bright", 1: "dark"}
+    # the exported pipeline and the last checkpoint both hold the EMA weights
+    for (name, a), b in zip(from_run.transformer.state_dict().items(), from_ckpt.transformer.state_dict().values()):
+        assert torch.equal(a, b), name
+    strip = lambda cfg: {k: v for k, v in cfg.items() if k != "_name_or_path"}  # noqa: E731
+    assert strip(from_pipe.transformer.config) == strip(from_transformer.transformer.config)
+    # without the exported pipeline, a run folder falls back to its latest checkpoint
+    (run_dir / "pipeline").rename(run_dir / "pipeline.bak")
+    try:
+        fallback = load_pipeline(run_dir, device="cpu")
+    finally:
+        (run_dir / "pipeline.bak").rename(run_dir / "pipeline")
+    assert torch.equal(next(iter(fallback.transformer.state_dict().values())), next(iter(from_ckpt.transformer.state_dict().values())))
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_pipeline(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="not a moh-dit"):
+        load_pipeline(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "UNet2DModel"}))
+    with pytest.raises(ValueError, match="not a MoHDiT"):
+        load_pipeline(tmp_path)
+
+
+def test_same_images_for_any_batch_size_and_resume_fills_only_missing(run_dir, tmp_path):
+    pipe = load_pipeline(run_dir, device="cpu")
+    a = np.load(generate_samples(pipe, tmp_path / "a", settings(batch_size=4)))
+    b = np.load(generate_samples(pipe, tmp_path / "b", settings(batch_size=1)))
+    assert a["arr_0"].shape == (6, 8, 8, 3) and a["arr_0"].dtype == np.uint8
+    assert np.abs(a["arr_0"].astype(int) - b["arr_0"].astype(int)).max() <= 1  # batch-size independent
+    assert a["arr_1"].tolist() == [label_for_index(3, i, 2, "uniform") for i in range(6)]
+
+    keep = {i: os.stat(tmp_path / "a" / f"{i:06d}.png").st_mtime_ns for i in range(6)}
+    for i in (1, 4):
+        (tmp_path / "a" / f"{i:06d}.png").unlink()
+    c = np.load(generate_samples(pipe, tmp_path / "a", settings(batch_size=4)))
+    assert np.array_equal(c["arr_0"], a["arr_0"])
+    for i in range(6):
+        changed = os.stat(tmp_path / "a" / f"{i:06d}.png").st_mtime_ns != keep[i]
+        assert changed == (i in (1, 4))
+
+
+def test_balanced_labels():
+    assert [label_for_index(0, i, 3, "balanced") for i in range(6)] == [0, 1, 2, 0, 1, 2]
+    with pytest.raises(ValueError, match="label mode"):
+        label_for_index(0, 0, 3, "zipf")
+
+
+def test_two_processes_give_the_same_samples(run_dir, tmp_path):
+    single = np.load(generate_samples(load_pipeline(run_dir, device="cpu"), tmp_path / "one", settings()))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(ROOT / "sample.py"),
+           str(run_dir), "--num-samples", "6", "--sample-dir", str(tmp_path / "two"), "--seed", "3", "--batch-size", "4",
+           "--cfg-scale", "2.0", "--num-steps", "4"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = np.load(tmp_path / "two.npz")
+    assert np.abs(single["arr_0"].astype(int) - two["arr_0"].astype(int)).max() <= 1
+    assert single["arr_1"].tolist() == two["arr_1"].tolist()
+
+
+def test_sample_cli_grid_with_names_and_single_images(run_dir, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, str(ROOT / "sample.py"), str(run_dir), "--class-labels", "dark", "0", "--per-class", "3",
+           "--num-steps", "3", "--out", str(tmp_path / "grid.png"), "--save-images", str(tmp_path / "single"),
+           "--scheduler", "ddim"]  # fmt: skip
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "grid.png").exists()
+    assert len(list((tmp_path / "single").glob("*_dark.png"))) == 3
+    bad = subprocess.run(cmd[:3] + ["--class-labels", "purple", "--num-steps", "2", "--out", str(tmp_path / "x.png")],
+                         env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bad.returncode != 0 and "unknown class name 'purple'" in bad.stderr

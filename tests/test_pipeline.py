@@ -1,0 +1,195 @@
+"""MoHDiTPipeline: DiT's DDPM-250 sampler reproduced from the formulas, guidance, labels, save/load."""
+import numpy as np
+import pytest
+import torch
+
+from moh_dit import MoHDiT
+from moh_dit.pipeline import MoHDiTPipeline, make_scheduler, resolve_class_labels, to_uint8
+
+from .helpers.factories import tiny_vae
+
+NAMES = {0: "cat", 1: "dog", 2: "Sneaker"}
+
+
+def tiny_model(in_channels=1, sample_size=8, num_classes=3, learn_sigma=True) -> MoHDiT:
+    torch.manual_seed(0)
+    model = MoHDiT(
+        sample_size=sample_size, patch_size=2, in_channels=in_channels, hidden_size=32, depth=2, num_heads=4,
+        head_dim=8, num_shared_heads=[2, 4], top_k=[1, 0], num_classes=num_classes, learn_sigma=learn_sigma,
+    )  # fmt: skip
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "adaLN" in name or "final_layer.linear" in name:
+                p.normal_(0, 0.1)
+    return model.eval()
+
+
+def pipe_for(model, vae=None, scheduler="ddpm"):
+    pipe = MoHDiTPipeline(model, make_scheduler(scheduler, model.config.learn_sigma), vae, NAMES)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+# ----------------------------------------------------------------------------------------------------
+# DiT's sampler, written from the formulas (REFERENCE.md section 4)
+# ----------------------------------------------------------------------------------------------------
+def dit_reference_sampler(model, labels, noise_gen, steps, scale):
+    """Respaced ancestral DDPM with the learned-range variance, from DiT's equations, in float64."""
+    betas = np.linspace(1e-4, 0.02, 1000, dtype=np.float64)
+    alphas_cumprod = np.cumprod(1 - betas)
+    stride = (1000 - 1) / (steps - 1)
+    kept = sorted({round(i * stride) for i in range(steps)})  # DiT's space_timesteps
+    ac = alphas_cumprod[kept]
+    ac_prev = np.append(1.0, ac[:-1])
+    new_betas = 1 - ac / ac_prev
+    post_var = new_betas * (1 - ac_prev) / (1 - ac)
+    post_log_var = np.log(np.append(post_var[1], post_var[1:]))
+    coef1 = new_betas * np.sqrt(ac_prev) / (1 - ac)
+    coef2 = (1 - ac_prev) * np.sqrt(1 - new_betas) / (1 - ac)
+
+    c, s = model.in_channels, model.config.sample_size
+    x = torch.randn((len(labels), c, s, s), generator=noise_gen).double()
+    y = torch.tensor(labels)
+    for i in reversed(range(steps)):
+        t = torch.full((len(labels),), kept[i])
+        with torch.no_grad():
+            out_c = model(x.float(), t, y).sample.double()
+            out_u = model(x.float(), t, torch.full_like(y, model.config.num_classes)).sample.double()
+        eps = out_u[:, :c] + scale * (out_c[:, :c] - out_u[:, :c])
+        frac = (out_c[:, c:] + 1) / 2
+        log_var = frac * np.log(new_betas[i]) + (1 - frac) * post_log_var[i]
+        x0 = np.sqrt(1 / ac[i]) * x - np.sqrt(1 / ac[i] - 1) * eps
+        mean = coef1[i] * x0 + coef2[i] * x
+        if i > 0:
+            x = mean + torch.exp(0.5 * log_var) * torch.randn(x.shape, generator=noise_gen).double()
+        else:
+            x = mean
+    return x
+
+
+@pytest.mark.parametrize("steps,scale", [(250, 1.0), (25, 4.0)])
+def test_ddpm_matches_dit_reference_sampler(steps, scale):
+    model = tiny_model()
+    labels = [0, 2, 1]
+    ours = pipe_for(model)(labels, guidance_scale=scale, num_inference_steps=steps,
+                           generator=torch.Generator().manual_seed(5), output_type="pt").images  # fmt: skip
+    ref = dit_reference_sampler(model, labels, torch.Generator().manual_seed(5), steps, scale)
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-3, atol=1e-3)
+
+
+def test_respaced_timesteps_are_dits():
+    sched = make_scheduler("ddpm")
+    sched.set_timesteps(250)
+    stride = 999 / 249
+    assert sorted(sched.timesteps.tolist()) == sorted({round(i * stride) for i in range(250)})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Guidance
+# ----------------------------------------------------------------------------------------------------
+def test_scale_one_is_the_conditional_model_and_cfg_batches_both_halves():
+    model = tiny_model(in_channels=4)
+    pipe = pipe_for(model)
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor(500), torch.tensor([0, 1])
+    with torch.no_grad():
+        cond = model(x, t.expand(2), y).sample
+        uncond = model(x, t.expand(2), torch.full_like(y, 3)).sample
+        calls = []
+        hook = model.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
+        one = pipe.guided_model_output(x, t, y, 1.0)
+        guided = pipe.guided_model_output(x, t, y, 3.0)
+        hook.remove()
+    torch.testing.assert_close(one, cond)
+    assert calls == [2, 4]  # scale 1: conditional only; otherwise one batched forward of both halves
+    torch.testing.assert_close(guided[:, :4], uncond[:, :4] + 3.0 * (cond[:, :4] - uncond[:, :4]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(guided[:, 4:], cond[:, 4:], rtol=1e-5, atol=1e-6)  # variance from the conditional half
+
+
+def test_three_channel_guidance_leaves_channel_four_unguided():
+    model = tiny_model(in_channels=4)
+    pipe = pipe_for(model)
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor(100), torch.tensor([2, 0])
+    with torch.no_grad():
+        cond = model(x, t.expand(2), y).sample
+        uncond = model(x, t.expand(2), torch.full_like(y, 3)).sample
+        out = pipe.guided_model_output(x, t, y, 4.0, guidance_channels=3)
+    torch.testing.assert_close(out[:, :3], uncond[:, :3] + 4.0 * (cond[:, :3] - uncond[:, :3]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out[:, 3], cond[:, 3], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Labels
+# ----------------------------------------------------------------------------------------------------
+def test_class_names_and_ids():
+    assert resolve_class_labels(["CAT", 2, "dog", "1"], 3, NAMES) == [0, 2, 1, 1]
+    assert resolve_class_labels("sneaker", 3, NAMES) == [2]
+    assert resolve_class_labels(1, 3, NAMES) == [1]
+    with pytest.raises(ValueError, match=r"unknown class name 'horse'; known classes: 'cat', 'dog', 'Sneaker'"):
+        resolve_class_labels(["horse"], 3, NAMES)
+    with pytest.raises(ValueError, match="out of range"):
+        resolve_class_labels([3], 3, NAMES)
+    with pytest.raises(ValueError, match="out of range"):
+        resolve_class_labels([-1], 3, NAMES)
+
+
+def test_pipeline_rejects_bad_requests():
+    pipe = pipe_for(tiny_model())
+    with pytest.raises(ValueError, match="known classes"):
+        pipe(["horse"], num_inference_steps=2)
+    with pytest.raises(ValueError, match="class_labels are required"):
+        pipe(None, num_inference_steps=2)
+    with pytest.raises(ValueError, match="output_type"):
+        pipe([0], num_inference_steps=2, output_type="jpeg")
+    no_null = tiny_model()
+    no_null.y_embedder.has_null_class = False
+    with pytest.raises(ValueError, match="no null class"):
+        pipe_for(no_null)([0], guidance_scale=2.0, num_inference_steps=2)
+
+
+def test_unconditional_model_samples_without_labels():
+    pipe = pipe_for(tiny_model(num_classes=0))
+    images = pipe(num_images=3, num_inference_steps=3, output_type="np").images
+    assert images.shape == (3, 8, 8, 1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Schedulers, output types, save/load
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["ddim", "dpm-solver"])
+def test_fast_solvers_get_noise_channels_only(name):
+    pipe = pipe_for(tiny_model(), scheduler=name)
+    images = pipe([0, 1], guidance_scale=2.0, num_inference_steps=5, generator=torch.Generator().manual_seed(0),
+                  output_type="pt").images  # fmt: skip
+    assert images.shape == (2, 1, 8, 8) and torch.isfinite(images).all()
+
+
+def test_uint8_quantisation_follows_adm():
+    x = torch.tensor([-1.0, -0.999, 0.0, 0.5, 0.9999, 1.0]).view(1, 1, 1, 6)
+    expected = np.clip(127.5 * x.numpy() + 128, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(to_uint8(x)[0, 0, :, 0], expected[0, 0, 0])
+
+
+def test_output_types_agree():
+    pipe = pipe_for(tiny_model())
+    run = lambda kind: pipe([0, 1], num_inference_steps=3, generator=torch.Generator().manual_seed(1), output_type=kind).images  # noqa: E731
+    pt, arr, u8, pil = run("pt"), run("np"), run("uint8"), run("pil")
+    np.testing.assert_allclose(arr, ((pt + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy(), atol=1e-6)
+    assert u8.dtype == np.uint8 and len(pil) == 2 and pil[0].size == (8, 8)
+
+
+@pytest.mark.parametrize("with_vae", [False, True])
+def test_save_and_load_round_trip(tmp_path, with_vae):
+    model = tiny_model(in_channels=4 if with_vae else 1)
+    vae = tiny_vae() if with_vae else None
+    pipe = pipe_for(model, vae)
+    pipe.save_pretrained(tmp_path / "p")
+    loaded = MoHDiTPipeline.from_pretrained(tmp_path / "p")
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.id2label == NAMES and (loaded.vae is not None) == with_vae
+    assert loaded.transformer.config.num_shared_heads == [2, 4]
+    kwargs = dict(guidance_scale=3.0, num_inference_steps=4, output_type="pt")
+    a = pipe(["dog", 2], generator=torch.Generator().manual_seed(3), **kwargs).images
+    b = loaded(["dog", 2], generator=torch.Generator().manual_seed(3), **kwargs).images
+    assert torch.equal(a, b)
+    if with_vae:
+        assert a.shape == (2, 3, 16, 16)
