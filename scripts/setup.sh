@@ -18,7 +18,9 @@ args=(-e ".[dev,plot]")
 if [ "$CONSTRAINTS" != "none" ]; then
     args=(-c "$CONSTRAINTS" "${args[@]}")
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${args[@]}" 2>&1 | grep -v "is ignored: it is neither" || true
+# (the filter only hides pip's noise about this machine's local package index; pip's status is kept)
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${args[@]}" \
+    2> >(grep -v "is ignored: it is neither" >&2)
 
 # Fashion-MNIST for the embedded default and the real-data tests: Debian ships the IDX files.
 if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ -z "${MOH_DIT_SKIP_APT:-}" ] \
