@@ -1,0 +1,156 @@
+"""FID, IS and precision/recall against closed forms, brute force and torch-fidelity."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
+from torch_fidelity.metric_isc import isc_features_to_metric
+from torch_fidelity.metric_prc import calculate_precision_recall_full
+
+from moh_dit.metrics import feature_statistics, frechet_distance, inception_score, knn_radii, precision_recall
+
+
+# ----------------------------------------------------------------------------------------------------
+# FID
+# ----------------------------------------------------------------------------------------------------
+def test_fid_isotropic_closed_form():
+    d = 16
+    m1, m2 = np.zeros(d), np.full(d, 0.5)
+    s1, s2 = 2.0, 0.5
+    fid = frechet_distance(m1, s1**2 * np.eye(d), m2, s2**2 * np.eye(d))
+    assert fid == pytest.approx(d * 0.25 + d * (s1 - s2) ** 2, rel=1e-9)
+
+
+def test_fid_commuting_covariances_closed_form():
+    rng = np.random.default_rng(0)
+    d = 12
+    q, _ = np.linalg.qr(rng.normal(size=(d, d)))  # shared eigenvectors: the covariances commute
+    a, b = rng.uniform(0.1, 3, d), rng.uniform(0.1, 3, d)
+    s1, s2 = q @ np.diag(a) @ q.T, q @ np.diag(b) @ q.T
+    m1, m2 = rng.normal(size=d), rng.normal(size=d)
+    expected = np.sum((m1 - m2) ** 2) + np.sum((np.sqrt(a) - np.sqrt(b)) ** 2)
+    assert frechet_distance(m1, s1, m2, s2) == pytest.approx(expected, rel=1e-8)
+    diag = frechet_distance(m1, np.diag(a), m2, np.diag(b))
+    assert diag == pytest.approx(expected, rel=1e-8)
+
+
+def test_fid_zero_on_itself_symmetric_and_matches_torch_fidelity():
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(500, 20)), rng.normal(0.3, 1.2, size=(400, 20))
+    mx, sx = feature_statistics(x)
+    my, sy = feature_statistics(y)
+    assert abs(frechet_distance(mx, sx, mx, sx)) < 1e-8
+    assert frechet_distance(mx, sx, my, sy) == pytest.approx(frechet_distance(my, sy, mx, sx), rel=1e-9)
+    tf = fid_statistics_to_metric(fid_features_to_statistics(torch.from_numpy(x)), fid_features_to_statistics(torch.from_numpy(y)), False)
+    assert frechet_distance(mx, sx, my, sy) == pytest.approx(tf["frechet_inception_distance"], rel=1e-6)
+
+
+def test_fid_covariance_uses_n_minus_1():
+    x = np.array([[0.0], [2.0]])
+    _, sigma = feature_statistics(x)
+    assert sigma == pytest.approx(2.0)  # sample variance of {0, 2}
+
+
+def test_fid_singular_covariances_stay_finite():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(10, 50))  # fewer samples than dimensions: rank-deficient covariance
+    y = rng.normal(size=(10, 50))
+    fid = frechet_distance(*feature_statistics(x), *feature_statistics(y))
+    assert np.isfinite(fid) and fid > 0
+
+
+def test_fid_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="different shapes"):
+        frechet_distance(np.zeros(3), np.eye(3), np.zeros(4), np.eye(4))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Inception Score
+# ----------------------------------------------------------------------------------------------------
+def test_is_one_hot_predictions_give_the_number_of_classes():
+    k = 10
+    logits = np.full((1000, k), -1e4)
+    logits[np.arange(1000), np.arange(1000) % k] = 1e4
+    assert inception_score(logits) == pytest.approx(k, rel=1e-9)
+
+
+def test_is_identical_predictions_give_one():
+    logits = np.tile(np.random.default_rng(0).normal(size=(1, 8)), (300, 1))
+    assert inception_score(logits) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_is_partial_last_split_and_file_order():
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(7, 5)) * 3
+
+    def brute(block):
+        p = np.exp(block) / np.exp(block).sum(1, keepdims=True)
+        py = p.mean(0)
+        return math.exp(np.mean(np.sum(p * (np.log(p) - np.log(py)), axis=1)))
+
+    assert inception_score(logits, split_size=5) == pytest.approx((brute(logits[:5]) + brute(logits[5:])) / 2, rel=1e-10)
+    assert inception_score(logits, split_size=5) != pytest.approx(inception_score(logits[::-1].copy(), split_size=5))
+
+
+def test_is_matches_torch_fidelity_when_splits_coincide():
+    logits = np.random.default_rng(4).normal(size=(10000, 20)) * 2
+    ours = inception_score(logits, split_size=5000)
+    theirs = isc_features_to_metric(torch.from_numpy(logits), splits=2, shuffle=False)["inception_score_mean"]
+    assert ours == pytest.approx(theirs, rel=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Precision / recall
+# ----------------------------------------------------------------------------------------------------
+def brute_force_pr(ref, gen, k=3):
+    def sq(a, b):
+        return ((a[:, None, :].astype(np.float64) - b[None, :, :]) ** 2).sum(-1)
+
+    r_ref = np.sort(sq(ref, ref), axis=1)[:, k]
+    r_gen = np.sort(sq(gen, gen), axis=1)[:, k]
+    precision = np.mean([(sq(g[None], ref)[0] <= r_ref).any() for g in gen])
+    recall = np.mean([(sq(r[None], gen)[0] <= r_gen).any() for r in ref])
+    return precision, recall
+
+
+@pytest.mark.parametrize("block", [7, 10, 10000])
+def test_precision_recall_matches_brute_force(block):
+    rng = np.random.default_rng(5)
+    ref = rng.normal(size=(31, 6)).astype(np.float32)
+    gen = (rng.normal(size=(23, 6)) * 1.3 + 0.4).astype(np.float32)
+    gen[5] = gen[4]  # duplicates
+    ref[7] = ref[8] = ref[9]
+    ours = precision_recall(ref, gen, k=3, block=block, device="cpu")
+    assert ours == pytest.approx(brute_force_pr(ref, gen), abs=1e-6)  # same counts (float32 mean)
+
+
+def test_precision_recall_ties_count_as_inside():
+    ref = np.array([[0.0], [1.0], [2.0], [3.0], [4.0]], dtype=np.float32)
+    gen = np.array([[7.0], [10.0], [11.0], [12.0], [13.0]], dtype=np.float32)  # ref radius of x=4 is 3^2
+    p, _ = precision_recall(ref, gen, k=3, device="cpu")
+    assert p == pytest.approx(1 / 5)  # 7 is exactly on the boundary of the ball around 4
+
+
+def test_precision_recall_identical_and_far_apart_sets():
+    x = np.random.default_rng(6).normal(size=(40, 5)).astype(np.float32)
+    assert precision_recall(x, x, device="cpu") == (1.0, 1.0)
+    assert precision_recall(x, x + 1000, device="cpu") == (0.0, 0.0)
+
+
+def test_precision_recall_matches_torch_fidelity_and_fp16_is_close():
+    rng = np.random.default_rng(7)
+    ref = rng.normal(size=(300, 32)).astype(np.float32)
+    gen = (rng.normal(size=(200, 32)) * 1.2).astype(np.float32)
+    ours = precision_recall(ref, gen, block=64, device="cpu")
+    theirs = calculate_precision_recall_full(torch.from_numpy(gen), torch.from_numpy(ref), neighborhood=3, batch_size=64)
+    assert ours == pytest.approx(theirs, abs=1e-6)
+    half = precision_recall(ref, gen, block=64, fp16=True, device="cpu")
+    assert half == pytest.approx(ours, abs=0.02)
+
+
+def test_knn_radii_exclude_self_and_need_enough_points():
+    x = torch.tensor([[0.0], [1.0], [3.0], [6.0]])
+    assert knn_radii(x, k=1).tolist() == [1.0, 1.0, 4.0, 9.0]
+    with pytest.raises(ValueError, match="more than k"):
+        knn_radii(x, k=4)
