@@ -112,6 +112,8 @@ class MoHAttention(nn.Module):
         self.num_routed_heads = num_routed
         self.top_k = top_k
         self.use_moh = use_moh
+        self.execution = "auto"  # runtime choice, not architecture: "dense" | "sparse" | "auto"
+        self._auto_choice: dict[tuple, str] = {}
 
         inner = num_heads * head_dim
         self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)  # output laid out as (3, heads, head_dim)
@@ -180,27 +182,116 @@ class MoHAttention(nn.Module):
     def forward(self, x: torch.Tensor, return_head_mask: bool = False) -> tuple[torch.Tensor, AttentionAux]:
         """Attend over the T tokens of ``x`` (N, T, D); returns ``(out, aux)`` with ``out`` (N, T, D)."""
         n, t, _ = x.shape
-        h, dh = self.num_heads, self.head_dim
-
         gates, probs, mask = self.compute_gates(x)
+        if mask is not None and self.resolve_execution(x) == "sparse":
+            out = self._forward_sparse(x, gates, mask)
+        else:
+            out = self._forward_dense(x, gates)
 
+        aux = AttentionAux()
+        if probs is not None and self.training:
+            aux.load_balance_loss = load_balance_loss(probs, mask)
+        if return_head_mask:
+            head_mask = x.new_ones(n, t, self.num_heads, dtype=torch.bool)
+            if mask is not None:
+                head_mask[..., self.num_shared_heads :] = mask
+            aux.head_mask = head_mask
+        return out, aux
+
+    # ------------------------------------------------------------------------------------------------
+    # Execution paths
+    # ------------------------------------------------------------------------------------------------
+    def resolve_execution(self, x: torch.Tensor) -> str:
+        """``dense`` or ``sparse`` for this input. ``auto`` asks the calibrated cost model once per shape
+        (device type, tokens, grad mode), so the choice is deterministic and never depends on the routing."""
+        if self.execution != "auto":
+            return self.execution
+        key = (x.device.type, x.shape[1], torch.is_grad_enabled())
+        choice = self._auto_choice.get(key)
+        if choice is None:
+            from .perf import choose_execution
+
+            choice = choose_execution(
+                device_type=key[0], tokens=key[1], dim=self.dim, num_heads=self.num_heads, head_dim=self.head_dim,
+                active_fraction=self.num_active_heads / self.num_heads, backward=key[2],
+            )  # fmt: skip
+            self._auto_choice[key] = choice
+        return choice
+
+    def _forward_dense(self, x: torch.Tensor, gates: Optional[torch.Tensor]) -> torch.Tensor:
+        """Reference semantics: every head computed, then gated (inactive heads multiplied by zero)."""
+        n, t, _ = x.shape
+        h, dh = self.num_heads, self.head_dim
         qkv = self.qkv(x).reshape(n, t, 3, h, dh).permute(2, 0, 3, 1, 4)  # (3, N, h, T, dh)
         q, k, v = qkv.unbind(0)
         out = F.scaled_dot_product_attention(q, k, v)  # (N, h, T, dh)
         out = out.transpose(1, 2)  # (N, T, h, dh), a view
         if gates is not None:
             out = out * gates.to(out.dtype).unsqueeze(-1)  # the one copy MHA's reshape would make anyway
-        out = self.proj(out.reshape(n, t, h * dh))  # (N, T, D)
+        return self.proj(out.reshape(n, t, h * dh))  # (N, T, D)
 
-        aux = AttentionAux()
-        if probs is not None and self.training:
-            aux.load_balance_loss = load_balance_loss(probs, mask)
-        if return_head_mask:
-            head_mask = x.new_ones(n, t, h, dtype=torch.bool)
-            if mask is not None:
-                head_mask[..., self.num_shared_heads :] = mask
-            aux.head_mask = head_mask
-        return out, aux
+    def _forward_sparse(self, x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Exact skipping: routed heads compute queries, attention rows and output-projection rows only for
+        the tokens that chose them; shared heads run as ordinary dense attention; keys and values stay
+        dense (any token may attend to them).
+
+        Tokens are sorted per (sample, routed head) so the chosen ones come first and padded to the
+        largest count C; padded rows are unchosen tokens, whose routed gate is exactly 0, so they add
+        nothing. One host synchronisation reads C.
+        """
+        n, t, d = x.shape
+        h, hs, e, dh = self.num_heads, self.num_shared_heads, self.num_routed_heads, self.head_dim
+        inner = h * dh
+        w, b = self.qkv.weight, self.qkv.bias
+        wo, bo = self.proj.weight, self.proj.bias
+
+        kv = F.linear(x, w[inner:], None if b is None else b[inner:])  # (N, T, 2*h*dh): K and V of all heads
+        k_all, v_all = kv.reshape(n, t, 2, h, dh).permute(2, 0, 3, 1, 4).unbind(0)  # (N, h, T, dh) each
+
+        # routed heads: the tokens that chose each head, sorted first and padded to the largest count C
+        chosen = mask.transpose(1, 2)  # (N, E, T)
+        c = int(chosen.sum(dim=-1).max())  # the one host sync of this path
+        idx = torch.argsort(chosen.to(torch.uint8), dim=-1, descending=True, stable=True)[..., :c]  # (N, E, C)
+        rows = (idx + t * torch.arange(n, device=x.device).view(n, 1, 1)).reshape(-1)  # rows of (N*T, D)
+        x_sel = x.reshape(n * t, d).index_select(0, rows).reshape(n, e, c, d)
+        q_r = torch.einsum("necd,ehd->nech", x_sel, w[hs * dh : inner].reshape(e, dh, d))  # (N, E, C, dh)
+        if b is not None:
+            q_r = q_r + b[hs * dh : inner].reshape(1, e, 1, dh).to(q_r.dtype)
+        o_r = F.scaled_dot_product_attention(q_r, k_all[:, hs:].to(q_r.dtype), v_all[:, hs:].to(q_r.dtype))
+        g_r = torch.gather(gates[..., hs:].transpose(1, 2), 2, idx)  # (N, E, C); exactly 0 on padded rows
+        o_r = o_r * g_r.to(o_r.dtype).unsqueeze(-1)  # (N, E, C, dh)
+
+        if self.sparse_output_rows(c, t):
+            # output projection only for the chosen rows, summed into the tokens (saves its FLOPs; pays in
+            # memory traffic, so it wins only when few tokens use each routed head)
+            y_r = torch.einsum("nech,deh->necd", o_r, wo[:, hs * dh :].reshape(d, e, dh)).reshape(n * e * c, d)
+            if hs > 0:
+                q_s = F.linear(x, w[: hs * dh], None if b is None else b[: hs * dh]).reshape(n, t, hs, dh).transpose(1, 2)
+                o_s = F.scaled_dot_product_attention(q_s, k_all[:, :hs], v_all[:, :hs]).transpose(1, 2)
+                o_s = o_s * gates[..., :hs].to(o_s.dtype).unsqueeze(-1)
+                y = F.linear(o_s.reshape(n, t, hs * dh), wo[:, : hs * dh], bo).to(y_r.dtype)
+            else:
+                y = (bo if bo is not None else y_r.new_zeros(d)).to(y_r.dtype).expand(n, t, d)
+            return torch.index_add(y.reshape(n * t, d), 0, rows, y_r).reshape(n, t, d)
+
+        # otherwise: place the routed rows into the dense (token, head) layout and project once
+        heads = torch.arange(hs, h, device=x.device).view(1, e, 1).expand(n, e, c).reshape(-1)
+        if hs > 0:
+            q_s = F.linear(x, w[: hs * dh], None if b is None else b[: hs * dh]).reshape(n, t, hs, dh).transpose(1, 2)
+            o_s = F.scaled_dot_product_attention(q_s, k_all[:, :hs], v_all[:, :hs]).transpose(1, 2)
+            o_s = (o_s * gates[..., :hs].to(o_s.dtype).unsqueeze(-1)).to(o_r.dtype)  # (N, T, hs, dh)
+            base = torch.cat([o_s, o_s.new_zeros(n, t, e, dh)], dim=2).reshape(n * t, h, dh)
+        else:
+            base = o_r.new_zeros(n * t, h, dh)
+        # (row, head) pairs are unique: padded rows are other tokens of the same head
+        heads_out = base.index_put((rows, heads), o_r.reshape(-1, dh))
+        return self.proj(heads_out.reshape(n, t, h * dh))
+
+    def sparse_output_rows(self, rows_per_head: int, tokens: int) -> bool:
+        """Project only the chosen rows when each routed head is used by at most this share of tokens."""
+        return rows_per_head <= self.SPARSE_OUTPUT_ROWS_MAX_SHARE * tokens
+
+    SPARSE_OUTPUT_ROWS_MAX_SHARE = 0.4
 
     def extra_repr(self) -> str:
         if not self.use_moh:

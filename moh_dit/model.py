@@ -246,6 +246,14 @@ class MoHDiT(ModelMixin, ConfigMixin):
     def attention_layers(self) -> list[MoHAttention]:
         return [block.attn for block in self.blocks]
 
+    def set_attention_execution(self, mode: str) -> None:
+        """``"auto"`` (default: the faster of dense and sparse per layer and shape, by the calibrated cost
+        model), ``"dense"`` (reference semantics) or ``"sparse"`` (exact head skipping). Results agree."""
+        if mode not in ("auto", "dense", "sparse"):
+            raise ValueError(f"execution mode must be auto, dense or sparse, got {mode!r}")
+        for attn in self.attention_layers:
+            attn.execution = mode
+
     @property
     def num_routed_layers(self) -> int:
         return sum(attn.has_routed_heads for attn in self.attention_layers)
@@ -284,9 +292,11 @@ class MoHDiT(ModelMixin, ConfigMixin):
             raise ValueError(f"y must have shape ({batch},), got {tuple(y.shape)}")
         if y.dtype.is_floating_point or y.dtype == torch.bool:
             raise ValueError(f"y must hold integer class ids, got dtype {y.dtype}")
-        if torch.compiler.is_compiling():
-            return
         high = self.y_embedder.num_embeddings - 1
+        if y.device.type != "cpu" or torch.compiler.is_compiling():
+            # no host synchronisation on accelerators: a device-side assertion instead of reading y back
+            torch._assert_async(((y >= 0) & (y <= high)).all(), f"class labels must be in [0, {high}]")
+            return
         lo, hi = int(y.min()), int(y.max())
         if lo < 0 or hi > high:
             null = f" (index {self.config.num_classes} is the null class)" if self.null_class_id is not None else ""

@@ -1,0 +1,272 @@
+"""Attention-level benchmark: plain multi-head attention (SDPA) vs MoH dense, sparse and auto.
+
+Widths of DiT-S/2, B/2 and XL/2 at 256 and 1024 tokens, activation rho = 1.0/0.9/0.75/0.5, plus the
+routed layer layouts of the real MoH-DiT presets; forward only and forward + backward. All modes of a
+shape are timed in one process, in interleaved rounds (median reported), with routers initialised like
+real ones (xavier-uniform) and denormals flushed. Ratios are to multi-head attention measured in the same
+run, next to the ideal FLOP ratio of exact skipping and the share of that ideal saving achieved.
+
+    python benchmarks/attention.py                       # full grid
+    python benchmarks/attention.py --calibrate           # also refit moh_dit/perf_calibration.json
+    python benchmarks/attention.py --quick               # a tiny grid (smoke test)
+
+Writes benchmarks/results/attention_<device>.{json,md,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from moh_dit.attention import MoHAttention
+from moh_dit.perf import CALIBRATION_FILE, ideal_attention_ratio
+from moh_dit.presets import PRESETS
+
+WIDTHS = {"S": (384, 6, 64), "B": (768, 12, 64), "XL": (1152, 16, 72)}
+MODES = ("mha", "dense", "sparse", "auto")
+
+
+def layout_for(heads: int, rho: float) -> tuple[int, int]:
+    """(shared, top_k) with about ``rho`` of ``heads`` active; a quarter of the heads shared."""
+    active = max(1, int(round(rho * heads)))
+    if active >= heads:
+        return heads, 0
+    shared = max(1, heads // 4)
+    return shared, max(1, active - shared)
+
+
+def preset_layouts() -> list[tuple[str, int, int, int, int, int]]:
+    """Distinct routed layer layouts of the MoH-DiT presets: (name, width, heads, head_dim, shared, top_k)."""
+    out = []
+    for name, cfg in PRESETS.items():
+        if not name.startswith("MoH-DiT") or "Ti" in name:
+            continue
+        seen = set()
+        for h, s, k in zip(cfg["num_heads"], cfg["num_shared_heads"], cfg["top_k"]):
+            if k and (h, s, k) not in seen:
+                seen.add((h, s, k))
+                out.append((f"{name} ({s}+{k}/{h - s} of {h})", cfg["hidden_size"], h, cfg["head_dim"], s, k))
+    return out
+
+
+def make_layers(dim, heads, head_dim, shared, top_k, device):
+    torch.manual_seed(0)
+    mha = MoHAttention(dim, heads, head_dim=head_dim, use_moh=False).to(device)
+    moh = MoHAttention(dim, heads, head_dim=head_dim, num_shared_heads=shared, top_k=top_k).to(device)
+    for layer in (mha, moh):
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                torch.nn.init.xavier_uniform_(m.weight)  # as DiT initialises every linear, routers included
+    moh.qkv.load_state_dict(mha.qkv.state_dict())
+    moh.proj.load_state_dict(mha.proj.state_dict())
+    return mha, moh
+
+
+def timed(fn, device, repeats):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / repeats
+
+
+def bench_shape(dim, heads, head_dim, shared, top_k, tokens, batch, device, dtype, rounds, repeats, compile_):
+    mha, moh = make_layers(dim, heads, head_dim, shared, top_k, device)
+    x = torch.randn(batch, tokens, dim, device=device)
+    results = {}
+    for backward in (False, True):
+        def run(layer, mode):
+            layer.execution = mode if mode != "mha" else "dense"
+            fn = torch.compile(layer) if compile_ else layer
+
+            def step():
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                    if backward:
+                        xi = x.detach().requires_grad_(True)
+                        out, _ = fn(xi)
+                        out.float().square().mean().backward()
+                    else:
+                        with torch.no_grad():
+                            fn(x)
+
+            return step
+
+        steps = {m: run(mha if m == "mha" else moh, m) for m in MODES}
+        for step in steps.values():  # warm-up (and compilation)
+            step()
+            step()
+        times = {m: [] for m in MODES}
+        for _ in range(rounds):
+            for m, step in steps.items():
+                times[m].append(timed(step, device, repeats))
+        med = {m: statistics.median(v) for m, v in times.items()}
+        rho = (shared + top_k) / heads
+        ideal = ideal_attention_ratio(rho, tokens, dim)
+        best = min(med["dense"], med["sparse"])
+        saving = (1 - best / med["mha"]) / (1 - ideal) if ideal < 1 else float("nan")
+        results["train" if backward else "infer"] = {
+            "seconds": med,
+            "ratio_to_mha": {m: med[m] / med["mha"] for m in MODES},
+            "sparse_over_dense": med["sparse"] / med["dense"],
+            "ideal_ratio": ideal,
+            "ideal_saving_achieved": saving,
+            "auto_choice": moh.resolve_execution(x.detach().requires_grad_(backward)) if backward else
+            _choice_no_grad(moh, x),
+        }
+    return results
+
+
+def _choice_no_grad(layer, x):
+    with torch.no_grad():
+        return layer.resolve_execution(x)
+
+
+def fit_calibration(rows, device_type):
+    """Least-squares fit of sparse/dense = a + b * ideal, per pass."""
+    cal = {}
+    for pass_ in ("infer", "train"):
+        pts = [(r[pass_]["ideal_ratio"], r[pass_]["sparse_over_dense"]) for r in rows if r["rho"] < 1]
+        if len(pts) < 3:
+            continue
+        xs, ys = np.array(pts).T
+        b, a = np.polyfit(xs, ys, 1)
+        cal[f"{device_type}/{pass_}"] = {"a": float(a), "b": float(b), "points": len(pts)}
+    return cal
+
+
+def plot(rows, path, title):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    grid = [r for r in rows if r["kind"] == "grid"]
+    keys = sorted({(r["width"], r["tokens"]) for r in grid}, key=lambda k: (WIDTHS[k[0]][0], k[1]))
+    fig, axes = plt.subplots(2, len(keys), figsize=(3.2 * len(keys), 6), squeeze=False, sharey=True)
+    for col, (w, t) in enumerate(keys):
+        sel = sorted((r for r in grid if (r["width"], r["tokens"]) == (w, t)), key=lambda r: r["rho"])
+        for row, pass_ in enumerate(("infer", "train")):
+            ax = axes[row][col]
+            rho = [r["rho"] for r in sel]
+            for m, style in (("dense", "s-"), ("sparse", "o-"), ("auto", "x--")):
+                ax.plot(rho, [r[pass_]["ratio_to_mha"][m] for r in sel], style, label=f"MoH {m}")
+            ax.plot(rho, [r[pass_]["ideal_ratio"] for r in sel], "k:", label="ideal")
+            ax.axhline(1.0, color="grey", lw=0.5)
+            ax.set_title(f"{w} width, {t} tokens, {'fwd' if pass_ == 'infer' else 'fwd+bwd'}", fontsize=8)
+            ax.set_xlabel("active heads")
+            if col == 0:
+                ax.set_ylabel("time / multi-head attention")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--batch", type=int, default=0, help="default: 8 on CUDA, 1 on CPU")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=0, help="calls per timing; default: 10 on CUDA, 1 on CPU")
+    p.add_argument("--widths", default="S,B,XL")
+    p.add_argument("--tokens", default="256,1024")
+    p.add_argument("--rhos", default="1.0,0.9,0.75,0.5")
+    p.add_argument("--no-presets", action="store_true")
+    p.add_argument("--quick", action="store_true", help="tiny shapes for a smoke test")
+    p.add_argument("--calibrate", action="store_true", help="refit the auto cost model for this device")
+    p.add_argument("--calibration-file", default=str(CALIBRATION_FILE))
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--tag", default="", help="suffix for the result file names")
+    args = p.parse_args(argv)
+    torch.set_flush_denormal(True)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    batch = args.batch or (8 if device.type == "cuda" else 1)
+    repeats = args.repeats or (10 if device.type == "cuda" else 1)
+    shapes = []
+    if args.quick:
+        WIDTHS["tiny"] = (48, 6, 8)
+        shapes = [("grid", "tiny", 48, 6, 8, *layout_for(6, rho), 16, rho) for rho in (1.0, 0.5)]
+    else:
+        for w in args.widths.split(","):
+            dim, heads, hd = WIDTHS[w]
+            for t in map(int, args.tokens.split(",")):
+                for rho in map(float, args.rhos.split(",")):
+                    shapes.append(("grid", w, dim, heads, hd, *layout_for(heads, rho), t, rho))
+        if not args.no_presets:
+            for name, dim, heads, hd, s, k in preset_layouts():
+                for t in map(int, args.tokens.split(",")):
+                    shapes.append(("preset", name, dim, heads, hd, s, k, t, (s + k) / heads))
+    rows = []
+    for kind, label, dim, heads, hd, s, k, t, rho in shapes:
+        res = bench_shape(dim, heads, hd, s, k, t, batch, device, dtype, args.rounds, repeats, args.compile)
+        row = {"kind": kind, "width": label, "dim": dim, "heads": heads, "head_dim": hd, "shared": s, "top_k": k,
+               "tokens": t, "rho": (s + k) / heads, **res}  # fmt: skip
+        rows.append(row)
+        print(f"{label:>36} T={t:<5} rho={row['rho']:.2f}  fwd: dense {res['infer']['ratio_to_mha']['dense']:.3f} "
+              f"sparse {res['infer']['ratio_to_mha']['sparse']:.3f} auto {res['infer']['ratio_to_mha']['auto']:.3f} "
+              f"(ideal {res['infer']['ideal_ratio']:.3f})  fwd+bwd: dense {res['train']['ratio_to_mha']['dense']:.3f} "
+              f"sparse {res['train']['ratio_to_mha']['sparse']:.3f} auto {res['train']['ratio_to_mha']['auto']:.3f}",
+              flush=True)  # fmt: skip
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
+    result = {"device": dev_name, "device_type": device.type, "torch": torch.__version__, "dtype": args.dtype,
+              "compile": args.compile, "batch": batch, "rounds": args.rounds, "repeats": repeats, "rows": rows}  # fmt: skip
+    if args.calibrate:
+        cal_file = Path(args.calibration_file)
+        cal = json.loads(cal_file.read_text()) if cal_file.is_file() else {}
+        new = fit_calibration([r for r in rows if r["kind"] == "grid"], device.type)
+        cal.update(new)
+        cal_file.write_text(json.dumps(cal, indent=2) + "\n")
+        result["calibration"] = new
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"attention_{device.type}{('_' + args.tag) if args.tag else ''}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (out / f"{stem}.md").write_text(markdown(result))
+    plot(rows, out / f"{stem}.png", f"MoH attention vs multi-head attention ({dev_name}, {args.dtype})")
+    return result
+
+
+def markdown(result) -> str:
+    lines = [
+        f"# Attention benchmark ({result['device']}, torch {result['torch']}, {result['dtype']}"
+        f"{', torch.compile' if result['compile'] else ''})",
+        "",
+        f"Batch {result['batch']}, median of {result['rounds']} interleaved rounds. Times are ratios to plain "
+        "multi-head attention (SDPA) of the same width measured in the same run. *ideal* is the FLOP ratio of "
+        "exact head skipping, (1 + rho + rho r) / (2 + r) with r = tokens / width; *saving achieved* is "
+        "(1 - best MoH mode / MHA) / (1 - ideal).",
+        "",
+    ]
+    for pass_, title in (("infer", "Forward"), ("train", "Forward + backward")):
+        lines += [f"## {title}", "", "| layer | tokens | active | MoH dense | MoH sparse | auto (choice) | ideal | saving achieved |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in result["rows"]:
+            x = r[pass_]
+            q = x["ratio_to_mha"]
+            lines.append(f"| {r['width']} | {r['tokens']} | {r['rho']:.2f} | {q['dense']:.3f} | {q['sparse']:.3f} | "
+                         f"{q['auto']:.3f} ({x['auto_choice']}) | {x['ideal_ratio']:.3f} | "
+                         f"{x['ideal_saving_achieved']:.2f} |")  # fmt: skip
+        lines.append("")
+    if "calibration" in result:
+        lines += ["## Calibration written", "", "```", json.dumps(result["calibration"], indent=2), "```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

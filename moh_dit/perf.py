@@ -1,0 +1,69 @@
+"""The cost model behind ``execution="auto"``: dense or sparse MoH attention for a given shape.
+
+Exact head skipping can save at most the ideal ratio of the attention module's multiply-adds
+
+    ideal(rho, r) = (1 + rho + rho r) / (2 + r),   r = tokens / model width, rho = active-head fraction
+
+(queries, attention rows and output rows of inactive (token, head) pairs are skipped; keys and values
+stay dense). What a sparse kernel really achieves is an affine function of that ideal, fitted per device
+type and per pass (forward only / forward + backward) by ``benchmarks/attention.py --calibrate``:
+
+    measured sparse / dense  ~=  a + b * ideal
+
+Auto picks ``sparse`` only where the fitted ratio is below ``1 - margin``; with no calibration for a
+device it picks ``dense``, so the default is never slower than the reference computation.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["ideal_attention_ratio", "ideal_block_ratio", "choose_execution", "load_calibration", "CALIBRATION_FILE"]
+
+CALIBRATION_FILE = Path(__file__).with_name("perf_calibration.json")
+DEFAULT_MARGIN = 0.05
+
+
+def ideal_attention_ratio(active_fraction: float, tokens: int, dim: int) -> float:
+    """Ideal attention-module cost of exact skipping relative to dense attention."""
+    r = tokens / dim
+    return (1 + active_fraction + active_fraction * r) / (2 + r)
+
+
+def ideal_block_ratio(active_fraction: float, tokens: int, dim: int) -> float:
+    """Ideal cost of a whole DiT block (attention + MLP with ratio 4 + adaLN excluded) relative to dense."""
+    r = tokens / dim
+    return (10 + 2 * active_fraction + 2 * active_fraction * r) / (12 + 2 * r)
+
+
+@lru_cache(maxsize=4)
+def load_calibration(path: Optional[str] = None) -> dict:
+    file = Path(path) if path else CALIBRATION_FILE
+    if not file.is_file():
+        return {}
+    return json.loads(file.read_text())
+
+
+def choose_execution(
+    device_type: str,
+    tokens: int,
+    dim: int,
+    num_heads: int,
+    head_dim: int,
+    active_fraction: float,
+    backward: bool,
+    calibration: Optional[dict] = None,
+    margin: float = DEFAULT_MARGIN,
+) -> str:
+    """``"sparse"`` if the calibrated model predicts it to be faster than dense by more than ``margin``."""
+    if active_fraction >= 1.0:
+        return "dense"
+    cal = (calibration if calibration is not None else load_calibration()).get(f"{device_type}/{'train' if backward else 'infer'}")
+    if not cal:
+        return "dense"
+    if not cal.get("min_tokens", 0) <= tokens:
+        return "dense"
+    predicted = cal["a"] + cal["b"] * ideal_attention_ratio(active_fraction, tokens, dim)
+    return "sparse" if predicted < 1.0 - margin else "dense"

@@ -1,0 +1,128 @@
+"""Sparse (exact head skipping) and dense MoH attention: same outputs and gradients; auto mode."""
+import pytest
+import torch
+
+from moh_dit.attention import MoHAttention
+from moh_dit.perf import choose_execution, ideal_attention_ratio, ideal_block_ratio
+
+LAYOUTS = [(6, 3, 2), (6, 0, 2), (5, 1, 3), (8, 2, 1), (12, 4, 4), (4, 4, 0)]
+
+
+def layer(h, hs, k, dim=32, head_dim=8, seed=0, router_std=1.0):
+    torch.manual_seed(seed)
+    attn = MoHAttention(dim, h, head_dim=head_dim, num_shared_heads=hs, top_k=k)
+    if attn.router is not None:
+        torch.nn.init.normal_(attn.router.weight, 0, router_std)
+    return attn
+
+
+def run(attn, x, mode, rows_share=None):
+    attn.execution = mode
+    if rows_share is not None:
+        attn.SPARSE_OUTPUT_ROWS_MAX_SHARE = rows_share
+    x = x.detach().clone().requires_grad_(True)
+    out, aux = attn(x, return_head_mask=True)
+    loss = (out * torch.linspace(-1, 1, out.shape[-1])).sum()
+    if aux.load_balance_loss is not None:
+        loss = loss + aux.load_balance_loss
+    grads = torch.autograd.grad(loss, [x, *attn.parameters()], allow_unused=True)
+    return out, aux, grads
+
+
+@pytest.mark.parametrize("h,hs,k", LAYOUTS)
+@pytest.mark.parametrize("rows_share", [0.0, 1.0])  # both output-projection variants
+@pytest.mark.parametrize("n,t", [(1, 7), (3, 16), (2, 33)])  # batch 1, odd lengths
+def test_sparse_equals_dense_outputs_and_gradients(h, hs, k, rows_share, n, t):
+    attn = layer(h, hs, k).train()
+    x = torch.randn(n, t, 32)
+    out_d, aux_d, g_d = run(attn, x, "dense")
+    out_s, aux_s, g_s = run(attn, x, "sparse", rows_share)
+    torch.testing.assert_close(out_s, out_d, rtol=1e-5, atol=1e-5)
+    assert torch.equal(aux_s.head_mask, aux_d.head_mask)
+    for a, b in zip(g_d, g_s):
+        if a is None:
+            assert b is None
+        else:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_heads_that_no_token_chose():
+    attn = layer(8, 2, 2)
+    with torch.no_grad():  # make routed head 5 (logit index 3) never chosen
+        attn.router.weight[3].fill_(0.0)
+        attn.router.weight[3, 0] = -100.0
+    x = torch.randn(2, 12, 32)
+    x[..., 0] = x[..., 0].abs() + 1  # so that head's logit is very negative for every token
+    out_d, aux, g_d = run(attn, x, "dense")
+    assert not aux.head_mask[..., 5].any()
+    out_s, _, g_s = run(attn, x, "sparse", 1.0)
+    torch.testing.assert_close(out_s, out_d, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_d, g_s):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_all_routed_heads_chosen_by_every_token():
+    attn = layer(6, 2, 4)  # top-k = all routed heads: no skipping possible, still exact
+    x = torch.randn(2, 9, 32)
+    torch.testing.assert_close(run(attn, x, "sparse")[0], run(attn, x, "dense")[0], rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_under_bf16_autocast():
+    attn = layer(8, 2, 2)
+    x = torch.randn(2, 16, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attn.execution = "dense"
+        d, _ = attn(x)
+        attn.execution = "sparse"
+        s, _ = attn(x)
+    assert s.dtype == d.dtype == torch.bfloat16
+    torch.testing.assert_close(s.float(), d.float(), rtol=0.05, atol=0.05)
+
+
+def test_auto_mode_is_deterministic_and_never_changes_results():
+    attn = layer(12, 4, 4)
+    x = torch.randn(2, 16, 32)
+    attn.execution = "dense"
+    ref, _ = attn(x)
+    attn.execution = "auto"
+    choices = {attn.resolve_execution(x) for _ in range(3)}
+    assert len(choices) == 1
+    out, _ = attn(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # the choice depends only on the shape and configuration, not on the data or the routing
+    fresh = layer(12, 4, 4, seed=5)
+    fresh.execution = "auto"
+    assert fresh.resolve_execution(torch.randn(2, 16, 32) * 100) == attn.resolve_execution(x)
+
+
+def test_cost_model():
+    cal = {"cpu/infer": {"a": 0.1, "b": 1.0}, "cpu/train": {"a": 0.6, "b": 0.6}}
+    kw = dict(device_type="cpu", tokens=1024, dim=1152, num_heads=16, head_dim=72, calibration=cal)
+    assert choose_execution(active_fraction=0.5, backward=False, **kw) == "sparse"  # 0.1 + 0.673 < 0.95
+    assert choose_execution(active_fraction=0.5, backward=True, **kw) == "dense"  # 0.6 + 0.4 > 0.95
+    assert choose_execution(active_fraction=1.0, backward=False, **kw) == "dense"
+    assert choose_execution(device_type="cuda", tokens=1024, dim=1152, num_heads=16, head_dim=72, calibration=cal,
+                            active_fraction=0.5, backward=False) == "dense"  # uncalibrated device  # fmt: skip
+    assert ideal_attention_ratio(1.0, 256, 1152) == pytest.approx(1.0)
+    assert ideal_attention_ratio(0.5, 1024, 1152) == pytest.approx((1 + 0.5 + 0.5 * 1024 / 1152) / (2 + 1024 / 1152))
+    assert ideal_block_ratio(0.5, 1024, 1152) == pytest.approx((10 + 1 + 1024 / 1152) / (12 + 2 * 1024 / 1152))
+
+
+def test_model_level_modes_agree():
+    from moh_dit import create_model
+
+    torch.manual_seed(0)
+    model = create_model("MoH-DiT-Ti/4-50", hidden_size=32, head_dim=8).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "adaLN" in name or "final_layer.linear" in name:
+                p.normal_(0, 0.2)
+    x, t, y = torch.randn(2, 1, 28, 28), torch.tensor([5, 700]), torch.tensor([1, 9])
+    outs = {}
+    for mode in ("dense", "sparse", "auto"):
+        model.set_attention_execution(mode)
+        outs[mode] = model(x, t, y).sample
+    torch.testing.assert_close(outs["sparse"], outs["dense"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(outs["auto"], outs["dense"], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="execution"):
+        model.set_attention_execution("fast")
