@@ -26,6 +26,7 @@ import torch
 
 from moh_dit.attention import MoHAttention
 from moh_dit.perf import CALIBRATION_FILE, ideal_attention_ratio
+from moh_dit.perf import features as perf_features
 from moh_dit.presets import PRESETS
 
 WIDTHS = {"S": (384, 6, 64), "B": (768, 12, 64), "XL": (1152, 16, 72)}
@@ -85,10 +86,10 @@ def bench_shape(dim, heads, head_dim, shared, top_k, tokens, batch, device, dtyp
     results = {}
     for backward in (False, True):
         def run(layer, mode):
-            layer.execution = mode if mode != "mha" else "dense"
             fn = torch.compile(layer) if compile_ else layer
 
             def step():
+                layer.execution = mode if mode != "mha" else "dense"  # the MoH modes share one layer
                 with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                     if backward:
                         xi = x.detach().requires_grad_(True)
@@ -131,15 +132,18 @@ def _choice_no_grad(layer, x):
 
 
 def fit_calibration(rows, device_type):
-    """Least-squares fit of sparse/dense = a + b * ideal, per pass."""
+    """Least-squares fit of sparse/dense on moh_dit.perf.features, per pass."""
     cal = {}
     for pass_ in ("infer", "train"):
-        pts = [(r[pass_]["ideal_ratio"], r[pass_]["sparse_over_dense"]) for r in rows if r["rho"] < 1]
-        if len(pts) < 3:
+        pts = [r for r in rows if r["rho"] < 1]
+        if len(pts) < 4:
             continue
-        xs, ys = np.array(pts).T
-        b, a = np.polyfit(xs, ys, 1)
-        cal[f"{device_type}/{pass_}"] = {"a": float(a), "b": float(b), "points": len(pts)}
+        X = np.array([perf_features(r["rho"], (r["heads"] - r["shared"]) / r["heads"], r["tokens"], r["dim"]) for r in pts])
+        y = np.array([r[pass_]["sparse_over_dense"] for r in pts])
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        resid = y - X @ coef
+        cal[f"{device_type}/{pass_}"] = {"coef": [float(c) for c in coef], "features": ["1", "ideal", "routed_share", "256/tokens"],
+                                         "points": len(pts), "rms_residual": float(np.sqrt(np.mean(resid**2)))}  # fmt: skip
     return cal
 
 
@@ -229,7 +233,7 @@ def main(argv=None) -> dict:
     if args.calibrate:
         cal_file = Path(args.calibration_file)
         cal = json.loads(cal_file.read_text()) if cal_file.is_file() else {}
-        new = fit_calibration([r for r in rows if r["kind"] == "grid"], device.type)
+        new = fit_calibration(rows, device.type)
         cal.update(new)
         cal_file.write_text(json.dumps(cal, indent=2) + "\n")
         result["calibration"] = new

@@ -214,6 +214,7 @@ class MoHAttention(nn.Module):
             choice = choose_execution(
                 device_type=key[0], tokens=key[1], dim=self.dim, num_heads=self.num_heads, head_dim=self.head_dim,
                 active_fraction=self.num_active_heads / self.num_heads, backward=key[2],
+                routed_fraction=self.num_routed_heads / self.num_heads,
             )  # fmt: skip
             self._auto_choice[key] = choice
         return choice

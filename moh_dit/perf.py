@@ -6,9 +6,11 @@ Exact head skipping can save at most the ideal ratio of the attention module's m
 
 (queries, attention rows and output rows of inactive (token, head) pairs are skipped; keys and values
 stay dense). What a sparse kernel really achieves is an affine function of that ideal, fitted per device
-type and per pass (forward only / forward + backward) by ``benchmarks/attention.py --calibrate``:
+type and per pass (forward only / forward + backward) by ``benchmarks/attention.py --calibrate``,
+together with the share of routed heads (the part that pays gather/scatter overhead) and the inverse
+sequence length (fixed bookkeeping):
 
-    measured sparse / dense  ~=  a + b * ideal
+    measured sparse / dense  ~=  a + b * ideal + c * (routed heads / heads) + d * 256 / tokens
 
 Auto picks ``sparse`` only where the fitted ratio is below ``1 - margin``; with no calibration for a
 device it picks ``dense``, so the default is never slower than the reference computation.
@@ -54,6 +56,7 @@ def choose_execution(
     head_dim: int,
     active_fraction: float,
     backward: bool,
+    routed_fraction: float = 1.0,
     calibration: Optional[dict] = None,
     margin: float = DEFAULT_MARGIN,
 ) -> str:
@@ -65,5 +68,15 @@ def choose_execution(
         return "dense"
     if not cal.get("min_tokens", 0) <= tokens:
         return "dense"
-    predicted = cal["a"] + cal["b"] * ideal_attention_ratio(active_fraction, tokens, dim)
+    predicted = predict_sparse_over_dense(cal, active_fraction, routed_fraction, tokens, dim)
     return "sparse" if predicted < 1.0 - margin else "dense"
+
+
+def features(active_fraction: float, routed_fraction: float, tokens: int, dim: int) -> list[float]:
+    """Regressors of the cost model: constant, ideal ratio, routed share, and 256 / tokens (the fixed
+    bookkeeping of the sparse path weighs more on short sequences)."""
+    return [1.0, ideal_attention_ratio(active_fraction, tokens, dim), routed_fraction, 256.0 / tokens]
+
+
+def predict_sparse_over_dense(cal: dict, active_fraction: float, routed_fraction: float, tokens: int, dim: int) -> float:
+    return float(sum(c * f for c, f in zip(cal["coef"], features(active_fraction, routed_fraction, tokens, dim))))

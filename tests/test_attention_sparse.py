@@ -96,7 +96,7 @@ def test_auto_mode_is_deterministic_and_never_changes_results():
 
 
 def test_cost_model():
-    cal = {"cpu/infer": {"a": 0.1, "b": 1.0}, "cpu/train": {"a": 0.6, "b": 0.6}}
+    cal = {"cpu/infer": {"coef": [0.1, 1.0, 0.0, 0.0]}, "cpu/train": {"coef": [0.6, 0.6, 0.0, 0.0]}}
     kw = dict(device_type="cpu", tokens=1024, dim=1152, num_heads=16, head_dim=72, calibration=cal)
     assert choose_execution(active_fraction=0.5, backward=False, **kw) == "sparse"  # 0.1 + 0.673 < 0.95
     assert choose_execution(active_fraction=0.5, backward=True, **kw) == "dense"  # 0.6 + 0.4 > 0.95

@@ -17,3 +17,28 @@ def test_train_throughput_smoke(tmp_path):
     assert base[0]["ratio_to_baseline"] == 1.0
     assert json.loads((tmp_path / "train_throughput_cpu.json").read_text())["rows"]
     assert "| model |" in (tmp_path / "train_throughput_cpu.md").read_text()
+
+
+def test_attention_benchmark_smoke_and_calibration(tmp_path):
+    from benchmarks import attention
+
+    cal_file = tmp_path / "cal.json"
+    result = attention.main(["--quick", "--rounds", "1", "--out", str(tmp_path), "--calibrate", "--calibration-file",
+                             str(cal_file), "--rhos", "1.0,0.5"])  # fmt: skip
+    rows = result["rows"]
+    assert len(rows) == 2 and {"infer", "train"} <= set(rows[0])
+    assert rows[0]["infer"]["ratio_to_mha"]["mha"] == 1.0
+    assert (tmp_path / "attention_cpu.md").exists() and (tmp_path / "attention_cpu.json").exists()
+    assert (tmp_path / "attention_cpu.png").exists()
+
+
+def test_model_benchmark_smoke(tmp_path, capsys):
+    from benchmarks import model
+
+    result = model.main(["--sizes", "S", "--image-size", "32", "--batch", "1", "--rounds", "1", "--hidden-size", "48",
+                         "--no-memory", "--out", str(tmp_path)])  # fmt: skip
+    labels = [r["model"] for r in result["rows"]]
+    assert labels[0] == "DiT-S/2" and "MoH-DiT-S/2-75 [sparse]" in labels and len(labels) == 7
+    assert result["rows"][0]["ratio_to_dit"] == 1.0
+    model.main(["--child", "MoH-DiT-S/2-90", "auto", "--image-size", "32", "--batch", "1", "--hidden-size", "48"])
+    assert "peak_mb" in capsys.readouterr().out.splitlines()[-1]
