@@ -13,6 +13,9 @@ ImageNet 256 on 8 GPUs (paper setting), or several nodes with an accelerate conf
 
 Resume an interrupted run where it stopped:
     python train.py --config ... train.resume=latest
+
+Continue training a converted model (e.g. a pretrained DiT turned into MoH-DiT by moh_dit.convert --to-moh):
+    python train.py --config configs/imagenet256/dit-xl-2.yaml --init-from pipelines/moh-from-dit
 """
 import argparse
 
@@ -23,9 +26,12 @@ from moh_dit.training import train
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file (see configs/)")
+    parser.add_argument("--init-from", default=None,
+                        help="start from these weights (a pipeline or transformer folder, e.g. from moh_dit.convert)")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=100")
     args = parser.parse_args()
-    train(load_config(args.config, args.overrides))
+    overrides = list(args.overrides) + ([f"model.init_from={args.init_from}"] if args.init_from else [])
+    train(load_config(args.config, overrides))
 
 
 if __name__ == "__main__":

@@ -38,9 +38,10 @@ class PatchEmbedder(nn.Module):
 class TimestepEmbedder(nn.Module):
     """Diffusion timestep -> vector: 256-d sinusoid of the raw step (cos half first), then an MLP."""
 
-    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256) -> None:
+    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256, freq_shift: float = 0.0) -> None:
         super().__init__()
         self.frequency_embedding_size = frequency_embedding_size
+        self.freq_shift = freq_shift  # 0: DiT; 1: diffusers' DiT port
         self.mlp = nn.Sequential(
             nn.Linear(frequency_embedding_size, hidden_size),
             nn.SiLU(),
@@ -49,7 +50,7 @@ class TimestepEmbedder(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         freq = get_timestep_embedding(
-            t, self.frequency_embedding_size, flip_sin_to_cos=True, downscale_freq_shift=0
+            t, self.frequency_embedding_size, flip_sin_to_cos=True, downscale_freq_shift=self.freq_shift
         )  # (N, 256) float32
         return self.mlp(freq.to(self.mlp[0].weight.dtype))  # (N, D)
 

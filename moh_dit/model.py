@@ -62,11 +62,14 @@ class Mlp(nn.Module):
 class DiTBlock(nn.Module):
     """Transformer block with adaLN-Zero conditioning; the attention is MoH (or plain multi-head)."""
 
-    def __init__(self, hidden_size: int, attn: MoHAttention, mlp_ratio: float = 4.0, norm_eps: float = 1e-6) -> None:
+    def __init__(
+        self, hidden_size: int, attn: MoHAttention, mlp_ratio: float = 4.0, norm_eps: float = 1e-6,
+        mlp_norm_eps: float = 1e-6,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
         self.attn = attn
-        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=mlp_norm_eps)
         self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
 
@@ -135,6 +138,9 @@ class MoHDiT(ModelMixin, ConfigMixin):
         learn_sigma: predict the variance too (``out_channels = 2 * in_channels``).
         qkv_bias: bias on the Q/K/V projection.
         norm_eps: LayerNorm epsilon.
+        mlp_norm_eps: epsilon of the LayerNorm before the MLP, if different from ``norm_eps`` (diffusers'
+            DiT port uses its configurable ``norm_eps`` there and 1e-6 elsewhere).
+        timestep_freq_shift: frequency shift of the timestep sinusoid; 0 in DiT, 1 in diffusers' port.
     """
 
     _supports_gradient_checkpointing = True
@@ -158,6 +164,8 @@ class MoHDiT(ModelMixin, ConfigMixin):
         learn_sigma: bool = True,
         qkv_bias: bool = True,
         norm_eps: float = 1e-6,
+        mlp_norm_eps: Optional[float] = None,
+        timestep_freq_shift: float = 0.0,
     ) -> None:
         super().__init__()
         if attention_type not in ("moh", "mha"):
@@ -186,7 +194,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
         self.num_tokens = grid * grid
 
         self.x_embedder = PatchEmbedder(patch_size, in_channels, hidden_size)
-        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob) if num_classes > 0 else None
         # A frozen parameter (not a buffer) as in DiT, so it is saved and counted like the reference.
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_tokens, hidden_size), requires_grad=False)
@@ -200,7 +208,8 @@ class MoHDiT(ModelMixin, ConfigMixin):
                 )  # fmt: skip
             except ValueError as err:
                 raise ValueError(f"layer {layer}: {err}") from None
-            blocks.append(DiTBlock(hidden_size, attn, mlp_ratio=mlp_ratio, norm_eps=norm_eps))
+            blocks.append(DiTBlock(hidden_size, attn, mlp_ratio=mlp_ratio, norm_eps=norm_eps,
+                                   mlp_norm_eps=norm_eps if mlp_norm_eps is None else mlp_norm_eps))  # fmt: skip
         self.blocks = nn.ModuleList(blocks)
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps)
         self.gradient_checkpointing = False
