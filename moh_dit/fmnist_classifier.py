@@ -1,0 +1,169 @@
+"""A small Fashion-MNIST classifier used as the feature extractor for offline FID / precision / recall on that
+domain (the ImageNet Inception network is a poor judge of 28 x 28 grayscale clothes, and needs weights we
+cannot download here).
+
+The network is trained by :func:`train_classifier` (``python experiments/train_classifier.py``), from a seed,
+on the training split; its test-split accuracy is stored next to the weights. Importing this module registers
+it with torch-fidelity as ``fmnist-classifier`` with features ``pool`` (the 128-d penultimate layer, for FID
+and precision/recall) and ``logits_unbiased`` (10 classes, for the Inception-Score analogue).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch_fidelity.feature_extractor_base import FeatureExtractorBase
+from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY, register_feature_extractor
+
+__all__ = ["FashionClassifier", "train_classifier", "DEFAULT_WEIGHTS", "EXTRACTOR_NAME", "load_classifier"]
+
+logger = logging.getLogger(__name__)
+EXTRACTOR_NAME = "fmnist-classifier"
+DEFAULT_WEIGHTS = Path(__file__).with_name("weights") / "fmnist_classifier.safetensors"
+WEIGHTS_ENV = "MOH_DIT_FMNIST_CLASSIFIER"
+
+
+class FashionClassifier(nn.Module):
+    """conv(32)-conv(64)-pool-conv(128)-pool -> 3x3 average pool -> 128-d features -> 10 logits, for 28 x 28
+    grayscale in [-1, 1]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.conv3 = nn.Conv2d(64, 128, 3, padding=1)
+        self.norm1, self.norm2, self.norm3 = nn.BatchNorm2d(32), nn.BatchNorm2d(64), nn.BatchNorm2d(128)
+        self.embed = nn.Linear(128 * 9, 128)
+        self.fc = nn.Linear(128, 10)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm1(self.conv1(x)))  # (N, 32, 28, 28)
+        x = F.max_pool2d(F.relu(self.norm2(self.conv2(x))), 2)  # (N, 64, 14, 14)
+        x = F.max_pool2d(F.relu(self.norm3(self.conv3(x))), 2)  # (N, 128, 7, 7)
+        x = F.adaptive_avg_pool2d(x, 3).flatten(1)  # (N, 1152): keeps the coarse layout of the garment
+        return F.relu(self.embed(x))  # (N, 128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+def uint8_to_input(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, C, H, W), C = 1 or 3 -> float grayscale (N, 1, 28, 28) in [-1, 1]."""
+    x = images.float()
+    if x.shape[1] == 3:
+        x = x.mean(dim=1, keepdim=True)  # samples and references are repeated gray: the mean is the gray value
+    if x.shape[-1] != 28:
+        x = F.interpolate(x, size=(28, 28), mode="bilinear", align_corners=False, antialias=True)
+    return x / 127.5 - 1.0
+
+
+@torch.no_grad()
+def accuracy(model: FashionClassifier, images: np.ndarray, labels: np.ndarray, batch: int = 1000) -> float:
+    model.eval()
+    correct = 0
+    for i in range(0, len(images), batch):
+        x = uint8_to_input(torch.from_numpy(np.array(images[i : i + batch])).unsqueeze(1))
+        correct += (model(x).argmax(1).numpy() == labels[i : i + batch]).sum()
+    return float(correct / len(images))
+
+
+def train_classifier(
+    out: str | os.PathLike = DEFAULT_WEIGHTS, seed: int = 0, epochs: int = 5, batch_size: int = 128, lr: float = 2e-3,
+    data_root: Optional[str] = None, limit: int = 0,
+) -> dict:  # fmt: skip
+    """Train on the Fashion-MNIST training split (random flips and 2-pixel shifts), report test accuracy,
+    and save ``out`` (safetensors) plus ``out.json`` (accuracy, seed, settings)."""
+    from .data import FashionMNIST
+
+    torch.manual_seed(seed)
+    train = FashionMNIST(data_root, split="train")
+    test = FashionMNIST(data_root, split="test")
+    images, labels = train.images, train.labels
+    if limit:
+        images, labels = images[:limit], labels[:limit]
+    model = FashionClassifier()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    steps = epochs * (len(images) // batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+    g = torch.Generator().manual_seed(seed)
+    start = time.time()
+    for epoch in range(epochs):
+        model.train()
+        order = torch.randperm(len(images), generator=g)
+        for b in range(len(images) // batch_size):
+            idx = order[b * batch_size : (b + 1) * batch_size]
+            x = uint8_to_input(torch.from_numpy(np.array(images[idx.numpy()])).unsqueeze(1))
+            flip = torch.rand(len(x), generator=g) < 0.5
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+            shift = torch.randint(-2, 3, (2,), generator=g)
+            x = torch.roll(x, shifts=(int(shift[0]), int(shift[1])), dims=(2, 3))
+            loss = F.cross_entropy(model(x), torch.from_numpy(labels[idx.numpy()]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        logger.info("epoch %d: loss %.4f", epoch + 1, loss.item())
+    acc = accuracy(model, test.images, test.labels)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out)
+    info = {"test_accuracy": acc, "seed": seed, "epochs": epochs, "batch_size": batch_size, "lr": lr,
+            "train_images": int(len(images)), "minutes": (time.time() - start) / 60}  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def load_classifier(path: Optional[str | os.PathLike] = None) -> FashionClassifier:
+    path = Path(path or os.environ.get(WEIGHTS_ENV) or DEFAULT_WEIGHTS)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Fashion-MNIST classifier weights not found at {path}; train them with "
+            f"`python experiments/train_classifier.py` (about 8 minutes on a CPU) or set {WEIGHTS_ENV}"
+        )
+    model = FashionClassifier()
+    model.load_state_dict(load_file(path))
+    return model.eval()
+
+
+class FashionClassifierExtractor(FeatureExtractorBase):
+    """torch-fidelity wrapper: uint8 (N, 3, H, W) images -> ``pool`` (128) and ``logits_unbiased`` (10)."""
+
+    def __init__(self, name, features_list, feature_extractor_weights_path=None, **kwargs):
+        super().__init__(name, features_list)
+        self.net = load_classifier(feature_extractor_weights_path)
+        self.requires_grad_(False)
+
+    def forward(self, x):
+        inp = uint8_to_input(x)
+        pool = self.net.features(inp)
+        out = {"pool": pool, "logits_unbiased": self.net.fc(pool)}
+        return tuple(out[f] for f in self.features_list)
+
+    @staticmethod
+    def get_provided_features_list():
+        return "pool", "logits_unbiased"
+
+    @staticmethod
+    def get_default_feature_layer_for_metric(metric):
+        return {"fid": "pool", "kid": "pool", "prc": "pool", "isc": "logits_unbiased"}[metric]
+
+    @staticmethod
+    def can_be_compiled():
+        return False
+
+    @staticmethod
+    def get_dummy_input_for_compile():
+        return torch.zeros(1, 3, 28, 28, dtype=torch.uint8)
+
+
+if EXTRACTOR_NAME not in FEATURE_EXTRACTORS_REGISTRY:
+    register_feature_extractor(EXTRACTOR_NAME, FashionClassifierExtractor)
