@@ -87,13 +87,19 @@ def test_respaced_timesteps_are_dits():
 # ----------------------------------------------------------------------------------------------------
 # Guidance
 # ----------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def cond_and_uncond(model, x, t, y):
+    """Separate conditional and null-class forwards, the two halves guidance must combine."""
+    tt = t.expand(len(x))
+    return model(x, tt, y).sample, model(x, tt, torch.full_like(y, model.null_class_id)).sample
+
+
 def test_scale_one_is_the_conditional_model_and_cfg_batches_both_halves():
     model = tiny_model(in_channels=4)
     pipe = pipe_for(model)
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor(500), torch.tensor([0, 1])
+    cond, uncond = cond_and_uncond(model, x, t, y)
     with torch.no_grad():
-        cond = model(x, t.expand(2), y).sample
-        uncond = model(x, t.expand(2), torch.full_like(y, 3)).sample
         calls = []
         hook = model.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
         one = pipe.guided_model_output(x, t, y, 1.0)
@@ -109,9 +115,8 @@ def test_three_channel_guidance_leaves_channel_four_unguided():
     model = tiny_model(in_channels=4)
     pipe = pipe_for(model)
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor(100), torch.tensor([2, 0])
+    cond, uncond = cond_and_uncond(model, x, t, y)
     with torch.no_grad():
-        cond = model(x, t.expand(2), y).sample
-        uncond = model(x, t.expand(2), torch.full_like(y, 3)).sample
         out = pipe.guided_model_output(x, t, y, 4.0, guidance_channels=3)
     torch.testing.assert_close(out[:, :3], uncond[:, :3] + 4.0 * (cond[:, :3] - uncond[:, :3]), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out[:, 3], cond[:, 3], rtol=1e-5, atol=1e-6)
