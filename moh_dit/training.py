@@ -65,9 +65,7 @@ def build_dataset(config: Config) -> Dataset:
             raise ValueError("data.name=latents needs data.path (a file written by `python -m moh_dit.latents`)")
         ds = LatentDataset(d.path)
     if d.subset_per_class > 0:
-        sub = Subset(ds, subset_indices(ds.targets, d.subset_per_class))
-        sub.id2label = ds.id2label  # type: ignore[attr-defined]
-        return sub
+        return Subset(ds, subset_indices(ds.targets, d.subset_per_class))
     return ds
 
 
@@ -174,8 +172,6 @@ class Trainer:
         # data
         self.dataset = build_dataset(config)
         self.id2label = _dataset_attr(self.dataset, "id2label") or {}
-        if isinstance(self.dataset, Subset):
-            self.id2label = self.dataset.id2label  # type: ignore[attr-defined]
         self.vae = None
         self.scaling_factor = 1.0
         base = self.dataset.dataset if isinstance(self.dataset, Subset) else self.dataset
