@@ -94,4 +94,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from moh_dit.cli import run_cli
+
+    run_cli(main)

@@ -10,6 +10,7 @@ N images for evaluation (PNGs by index + ADM .npz), on any number of processes, 
 import argparse
 import logging
 
+from moh_dit.cli import run_cli
 from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, sample_grid
 from moh_dit.images import make_grid
 from moh_dit.pipeline import SCHEDULERS
@@ -78,4 +79,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

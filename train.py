@@ -19,6 +19,7 @@ Continue training a converted model (e.g. a pretrained DiT turned into MoH-DiT b
 """
 import argparse
 
+from moh_dit.cli import run_cli
 from moh_dit.config import load_config
 from moh_dit.training import train
 
@@ -35,4 +36,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

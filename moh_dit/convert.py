@@ -519,4 +519,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from moh_dit.cli import run_cli
+
+    run_cli(main)

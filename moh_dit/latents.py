@@ -201,4 +201,6 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from moh_dit.cli import run_cli
+
+    run_cli(main)
