@@ -44,10 +44,10 @@ def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
     result = run_experiment("tiny", tmp_path, models=("DiT-Ti/4", "MoH-DiT-Ti/4-50"), seeds=(0, 1))
     assert len(result["records"]) == 4
     rec = result["records"][0]
-    for key in ("clf_fid@cfg1", "clf_fid@cfg4", "clf_precision@cfg4", "clf_recall@cfg4", "final_diffusion_loss",
-                "train_images_per_s", "sampling_images_per_s@cfg4"):  # fmt: skip
+    for key in ("clf_fid@cfg1", "clf_fid@cfg1.5", "clf_precision@cfg1.5", "clf_recall@cfg1.5", "final_diffusion_loss",
+                "train_images_per_s", "sampling_images_per_s@cfg1.5"):  # fmt: skip
         assert np.isfinite(rec[key]), key
-    assert set(result["summary"]["MoH-DiT-Ti/4-50"]["clf_fid@cfg4"]) == {"mean", "std", "values"}
+    assert set(result["summary"]["MoH-DiT-Ti/4-50"]["clf_fid@cfg1.5"]) == {"mean", "std", "values"}
     usage = np.array(result["head_usage"]["MoH-DiT-Ti/4-50"])
     assert usage.shape == (6, 6, 6) and np.allclose(usage[:, :2], 1.0)  # shared heads always on
     assert "DiT-Ti/4" not in result["head_usage"]
