@@ -249,6 +249,13 @@ class MoHAttention(nn.Module):
         kv = F.linear(x, w[inner:], None if b is None else b[inner:])  # (N, T, 2*h*dh): K and V of all heads
         k_all, v_all = kv.reshape(n, t, 2, h, dh).permute(2, 0, 3, 1, 4).unbind(0)  # (N, h, T, dh) each
 
+        # shared heads: ordinary dense attention, gated
+        o_s = None
+        if hs > 0:
+            q_s = F.linear(x, w[: hs * dh], None if b is None else b[: hs * dh]).reshape(n, t, hs, dh).transpose(1, 2)
+            o_s = F.scaled_dot_product_attention(q_s, k_all[:, :hs], v_all[:, :hs]).transpose(1, 2)
+            o_s = o_s * gates[..., :hs].to(o_s.dtype).unsqueeze(-1)  # (N, T, hs, dh)
+
         # routed heads: the tokens that chose each head, sorted first and padded to the largest count C
         chosen = mask.transpose(1, 2)  # (N, E, T)
         c = int(chosen.sum(dim=-1).max())  # the one host sync of this path
@@ -266,10 +273,7 @@ class MoHAttention(nn.Module):
             # output projection only for the chosen rows, summed into the tokens (saves its FLOPs; pays in
             # memory traffic, so it wins only when few tokens use each routed head)
             y_r = torch.einsum("nech,deh->necd", o_r, wo[:, hs * dh :].reshape(d, e, dh)).reshape(n * e * c, d)
-            if hs > 0:
-                q_s = F.linear(x, w[: hs * dh], None if b is None else b[: hs * dh]).reshape(n, t, hs, dh).transpose(1, 2)
-                o_s = F.scaled_dot_product_attention(q_s, k_all[:, :hs], v_all[:, :hs]).transpose(1, 2)
-                o_s = o_s * gates[..., :hs].to(o_s.dtype).unsqueeze(-1)
+            if o_s is not None:
                 y = F.linear(o_s.reshape(n, t, hs * dh), wo[:, : hs * dh], bo).to(y_r.dtype)
             else:
                 y = (bo if bo is not None else y_r.new_zeros(d)).to(y_r.dtype).expand(n, t, d)
@@ -277,11 +281,8 @@ class MoHAttention(nn.Module):
 
         # otherwise: place the routed rows into the dense (token, head) layout and project once
         heads = torch.arange(hs, h, device=x.device).view(1, e, 1).expand(n, e, c).reshape(-1)
-        if hs > 0:
-            q_s = F.linear(x, w[: hs * dh], None if b is None else b[: hs * dh]).reshape(n, t, hs, dh).transpose(1, 2)
-            o_s = F.scaled_dot_product_attention(q_s, k_all[:, :hs], v_all[:, :hs]).transpose(1, 2)
-            o_s = (o_s * gates[..., :hs].to(o_s.dtype).unsqueeze(-1)).to(o_r.dtype)  # (N, T, hs, dh)
-            base = torch.cat([o_s, o_s.new_zeros(n, t, e, dh)], dim=2).reshape(n * t, h, dh)
+        if o_s is not None:
+            base = torch.cat([o_s.to(o_r.dtype), o_r.new_zeros(n, t, e, dh)], dim=2).reshape(n * t, h, dh)
         else:
             base = o_r.new_zeros(n * t, h, dh)
         # (row, head) pairs are unique: padded rows are other tokens of the same head
