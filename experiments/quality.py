@@ -261,26 +261,37 @@ def report(result: dict, plots: dict) -> str:
     return "\n".join(lines)
 
 
+def _verdict(summary: dict, base: str, model: str, key: str, higher_is_better: bool) -> Optional[tuple[float, float, str]]:
+    """(model mean, baseline mean, verdict): a difference counts only beyond twice the seed-to-seed spread."""
+    b, s = summary[base].get(key), summary[model].get(key)
+    if not b or not s:
+        return None
+    diff = s["mean"] - b["mean"]
+    if abs(diff) <= 2 * max(b["std"], s["std"]):
+        return s["mean"], b["mean"], "within the seed-to-seed spread"
+    better = diff > 0 if higher_is_better else diff < 0
+    return s["mean"], b["mean"], ("better" if better else "worse") + " by more than twice the seed spread"
+
+
 def conclusion(result: dict) -> str:
-    """An honest reading: a difference counts only if it exceeds twice the seed-to-seed spread."""
+    """An honest reading of the table, metric by metric, against the first model (DiT)."""
     summary, base = result["summary"], result["models"][0]
-    key = f"clf_fid@cfg{result['guidance']:g}"
-    b = summary[base].get(key)
-    if not b or len(b["values"]) < 2:
+    g = f"cfg{result['guidance']:g}"
+    if len(summary[base].get(f"clf_fid@{g}", {}).get("values", [])) < 2:
         return "Too few seeds for a conclusion (use the default or gpu scale)."
     parts = []
     for m in result["models"][1:]:
-        s = summary[m].get(key)
-        if not s:
-            continue
-        diff = s["mean"] - b["mean"]
-        spread = 2 * max(b["std"], s["std"])
-        verdict = ("within the seed-to-seed spread" if abs(diff) <= spread
-                   else ("worse" if diff > 0 else "better") + " by more than twice the seed spread")  # fmt: skip
-        parts.append(f"{m}: guided FID {s['mean']:.2f} vs {b['mean']:.2f} for {base} ({diff:+.2f}), {verdict}.")
-    return " ".join(parts) + (
-        " At this scale the comparison says how MoH behaves with fewer active heads on a small budget; it does not "
-        "settle the paper's ImageNet claims, whose margins are smaller than DiT's own seed spread."
+        bits = []
+        for label, key, higher, digits in (("guided FID", f"clf_fid@{g}", False, 2),
+                                           ("precision", f"clf_precision@{g}", True, 3),
+                                           ("recall", f"clf_recall@{g}", True, 3)):  # fmt: skip
+            v = _verdict(summary, base, m, key, higher)
+            if v:
+                bits.append(f"{label} {v[0]:.{digits}f} vs {v[1]:.{digits}f} ({v[2]})")
+        parts.append(f"- {m} against {base}: " + "; ".join(bits) + ".")
+    return "\n".join(parts) + (
+        "\n\nAt this scale the comparison says how MoH behaves with fewer active heads on a small budget; it does "
+        "not settle the paper's ImageNet claims, whose margins are smaller than DiT's own seed spread."
     )
 
 
@@ -290,10 +301,16 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, help="default: experiments/results (tiny: experiments/results-tiny)")
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--seeds", nargs="+", type=int, default=None)
+    p.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from an existing results.json")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = args.out or ("experiments/results" if args.scale != "tiny" else "experiments/results-tiny")
-    run_experiment(args.scale, out, args.models, args.seeds)
+    if args.report_only:
+        result = json.loads((Path(out) / "results.json").read_text())
+        plots = {"loss": "loss_curves.png"} | {m: f"head_usage_{slug(m)}.png" for m in result["head_usage"]}
+        (Path(out) / "RESULTS.md").write_text(report(result, plots))
+    else:
+        run_experiment(args.scale, out, args.models, args.seeds)
     print(f"wrote {out}/RESULTS.md")
 
 
