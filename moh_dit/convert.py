@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import torch
 from safetensors.torch import load_file
 
-from .model import MoHDiT
+from .model import MoHDiT, _per_layer
 from .presets import PRESETS
 
 __all__ = [
@@ -79,10 +79,6 @@ def read_checkpoint(path: str | Path, prefer_ema: bool = True) -> tuple[dict[str
 # ----------------------------------------------------------------------------------------------------
 # Reference layout (facebookresearch/DiT, SkyworkAI/MoH)
 # ----------------------------------------------------------------------------------------------------
-def _as_list(value, depth):
-    return list(value) if isinstance(value, (list, tuple)) else [value] * depth
-
-
 def config_from_reference(
     sd: dict[str, torch.Tensor],
     num_heads: Optional[int | Sequence[int]] = None,
@@ -121,7 +117,7 @@ def config_from_reference(
         if moh and hs is not None:
             h = hs + e
         else:
-            h = _as_list(num_heads, depth)[i] if num_heads is not None else DIT_HEADS_BY_WIDTH.get(hidden)
+            h = _per_layer("num_heads", num_heads, depth)[i] if num_heads is not None else DIT_HEADS_BY_WIDTH.get(hidden)
             if h is None:
                 raise ConversionError(f"cannot infer the number of heads of layer {i} (width {hidden}); pass num_heads")
         if inner % h:
@@ -141,14 +137,14 @@ def config_from_reference(
         return config
     if top_k is None:
         match = [n for n, p in PRESETS.items() if p.get("attention_type") == "moh" and p["depth"] == depth
-                 and _as_list(p["num_heads"], depth) == heads and _as_list(p["num_shared_heads"], depth) == shared]  # fmt: skip
+                 and _per_layer("num_heads", p["num_heads"], depth) == heads and _per_layer("num_shared_heads", p["num_shared_heads"], depth) == shared]  # fmt: skip
         if not match:
             raise ConversionError(
                 f"MoH checkpoint with heads {heads} and shared heads {shared} matches no preset: pass top_k per layer"
             )
-        top_k = _as_list(PRESETS[match[0]]["top_k"], depth)
+        top_k = _per_layer("top_k", PRESETS[match[0]]["top_k"], depth)
         logger.info("top-k taken from preset %s (head tables match)", match[0])
-    config.update(attention_type="moh", num_shared_heads=shared, top_k=_as_list(top_k, depth))
+    config.update(attention_type="moh", num_shared_heads=shared, top_k=_per_layer("top_k", top_k, depth))
     return config
 
 
@@ -373,7 +369,7 @@ def dit_to_moh(
         raise ConversionError("dit_to_moh expects a multi-head model (attention_type='mha')")
     depth = model.config.depth
     heads = [a.num_heads for a in model.attention_layers]
-    shared_l, topk_l = _as_list(shared, depth), _as_list(top_k, depth)
+    shared_l, topk_l = _per_layer("shared", shared, depth), _per_layer("top_k", top_k, depth)
     cfg = dict(model.config)
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
     cfg.update(attention_type="moh", num_heads=heads, num_shared_heads=shared_l, top_k=topk_l)
