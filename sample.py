@@ -63,8 +63,7 @@ def main() -> None:
         classes = list(range(pipe.transformer.config.num_classes))
     images, names = sample_grid(pipe, classes or [], args.per_class, args.seed, args.cfg_scale, args.num_steps,
                                 args.guidance_channels, args.batch_size)  # fmt: skip
-    scale = max(1, 96 // images.shape[1])
-    make_grid(images, ncols=args.per_class if names else 8, row_labels=names, scale=scale).save(args.out)
+    make_grid(images, ncols=args.per_class, row_labels=names).save(args.out)
     if args.save_images:
         from pathlib import Path
 

@@ -13,16 +13,18 @@ def make_grid(
     images: np.ndarray,
     ncols: int,
     row_labels: Optional[Sequence[str]] = None,
-    scale: int = 1,
+    scale: Optional[int] = None,
     padding: int = 2,
 ) -> Image.Image:
     """Tile uint8 images (N, H, W, C) into rows of ``ncols``; ``row_labels`` are written left of each row.
 
-    Small images (e.g. 28 px) can be enlarged ``scale`` times with nearest-neighbour so they stay crisp.
+    Small images (e.g. 28 px) are enlarged ``scale`` times with nearest-neighbour so they stay crisp; by
+    default to about 96 px per tile.
     """
     if images.ndim != 4 or images.dtype != np.uint8:
         raise ValueError(f"images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}")
     n, h, w, c = images.shape
+    scale = scale if scale is not None else max(1, 96 // h)
     if c == 1:
         images = np.repeat(images, 3, axis=3)
     h, w = h * scale, w * scale

@@ -36,7 +36,8 @@ from .diffusion import DiffusionObjective
 from .images import make_grid
 from .latents import LatentDataset, encode_posterior, load_vae, sample_posterior
 from .model import MoHDiT
-from .pipeline import MoHDiTPipeline, make_scheduler, to_uint8
+from .generate import sample_grid
+from .pipeline import MoHDiTPipeline, make_scheduler
 from .presets import preset_config
 
 __all__ = ["train", "Trainer", "NonFiniteLossError", "find_checkpoint", "build_dataset", "build_model", "make_ema"]
@@ -67,10 +68,6 @@ def build_dataset(config: Config) -> Dataset:
     if d.subset_per_class > 0:
         return Subset(ds, subset_indices(ds.targets, d.subset_per_class))
     return ds
-
-
-def _dataset_attr(ds: Dataset, name: str):
-    return getattr(ds, name, None) if not isinstance(ds, Subset) else getattr(ds.dataset, name, None)
 
 
 def build_model(config: Config, in_channels: int, sample_size: int, num_classes: int) -> MoHDiT:
@@ -171,10 +168,10 @@ class Trainer:
 
         # data
         self.dataset = build_dataset(config)
-        self.id2label = _dataset_attr(self.dataset, "id2label") or {}
+        base = self.dataset.dataset if isinstance(self.dataset, Subset) else self.dataset  # class names live here
+        self.id2label = getattr(base, "id2label", None) or {}
         self.vae = None
         self.scaling_factor = 1.0
-        base = self.dataset.dataset if isinstance(self.dataset, Subset) else self.dataset
         self.latent_input = isinstance(base, LatentDataset)
         if self.latent_input:
             self.scaling_factor = base.scaling_factor
@@ -196,7 +193,7 @@ class Trainer:
                 in_ch, size = self.vae.config.latent_channels, config.data.image_size // factor
             else:
                 in_ch, size = config.data.channels, config.data.image_size
-        num_classes = len(self.id2label) if self.id2label else len(set(_dataset_attr(self.dataset, "targets") or [0]))
+        num_classes = len(self.id2label) if self.id2label else len(set(getattr(base, "targets", None) or [0]))
 
         # model, EMA, optimizer (identical initialisation on every rank)
         set_seed(tc.seed)
@@ -363,30 +360,25 @@ class Trainer:
         """Per layer, the fraction of tokens that used each head."""
         return [m.float().mean(dim=(0, 1)).tolist() for m in head_masks]
 
+    def ema_pipeline(self) -> MoHDiTPipeline:
+        """The EMA weights in a pipeline with DiT's sampler, the VAE and the class names."""
+        ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
+        self.ema.copy_to(ema_model.parameters())
+        return MoHDiTPipeline(ema_model.eval(), make_scheduler("ddpm", ema_model.config.learn_sigma), self.vae,
+                              self.id2label)  # fmt: skip
+
     @torch.no_grad()
     def save_sample_grid(self, tag: str) -> Optional[Path]:
         """A grid of EMA samples, one row per class (main process)."""
         if not self.accelerator.is_main_process:
             return None
         lc = self.config.log
-        ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
-        self.ema.copy_to(ema_model.parameters())
-        ema_model.eval()
-        pipe = MoHDiTPipeline(ema_model, make_scheduler("ddpm", ema_model.config.learn_sigma), self.vae, self.id2label)
+        pipe = self.ema_pipeline()
         pipe.set_progress_bar_config(disable=True)
-        num_classes = ema_model.config.num_classes
-        if num_classes > 0:
-            classes = list(range(min(num_classes, lc.sample_max_classes)))
-            labels = [c for c in classes for _ in range(lc.sample_per_class)]
-            kwargs = dict(class_labels=labels, guidance_scale=lc.sample_cfg_scale)
-            names = [self.id2label.get(c, str(c)) for c in classes]
-        else:
-            kwargs = dict(num_images=lc.sample_per_class * 4, guidance_scale=1.0)
-            names = None
-        gen = torch.Generator().manual_seed(self.config.train.seed)
-        images = pipe(**kwargs, num_inference_steps=lc.sample_steps, generator=gen, output_type="pt", progress=False).images
-        scale = max(1, 96 // images.shape[-1])
-        grid = make_grid(to_uint8(images), ncols=lc.sample_per_class if names else 8, row_labels=names, scale=scale)
+        classes = list(range(min(pipe.transformer.config.num_classes, lc.sample_max_classes)))
+        images, names = sample_grid(pipe, classes, lc.sample_per_class, self.config.train.seed, lc.sample_cfg_scale,
+                                    lc.sample_steps)  # fmt: skip
+        grid = make_grid(images, ncols=lc.sample_per_class, row_labels=names)
         out = self.output_dir / "samples" / f"{tag}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         grid.save(out)
@@ -398,10 +390,7 @@ class Trainer:
         acc.wait_for_everyone()
         if not acc.is_main_process:
             return None
-        ema_model = MoHDiT.from_config(self.unwrapped.config)
-        self.ema.copy_to(ema_model.parameters())
-        pipe = MoHDiTPipeline(ema_model.eval(), make_scheduler("ddpm", ema_model.config.learn_sigma),
-                              self.vae, self.id2label)  # fmt: skip
+        pipe = self.ema_pipeline()
         out = self.output_dir / "pipeline"
         tmp = self.output_dir / ".tmp-pipeline"
         shutil.rmtree(tmp, ignore_errors=True)
