@@ -183,9 +183,10 @@ class MoHAttention(nn.Module):
         """Attend over the T tokens of ``x`` (N, T, D); returns ``(out, aux)`` with ``out`` (N, T, D)."""
         n, t, _ = x.shape
         gates, probs, mask = self.compute_gates(x)
+        out = None
         if mask is not None and self.resolve_execution(x) == "sparse":
-            out = self._forward_sparse(x, gates, mask)
-        else:
+            out = self._forward_sparse(x, gates, mask, dense_if_unprofitable=self.execution == "auto")
+        if out is None:
             out = self._forward_dense(x, gates)
 
         aux = AttentionAux()
@@ -203,21 +204,32 @@ class MoHAttention(nn.Module):
     # ------------------------------------------------------------------------------------------------
     def resolve_execution(self, x: torch.Tensor) -> str:
         """``dense`` or ``sparse`` for this input. ``auto`` asks the calibrated cost model once per shape
-        (device type, tokens, grad mode), so the choice is deterministic and never depends on the routing."""
+        (device type, tokens, grad mode) with the nominal activation, so the choice is deterministic and never
+        depends on the routing. That nominal activation is a best case: routing is never better balanced
+        than "every head used by its share of tokens", so a layer ``auto`` sends to sparse checks again once
+        it knows the padded count (see ``_forward_sparse``)."""
         if self.execution != "auto":
             return self.execution
         key = (x.device.type, x.shape[1], torch.is_grad_enabled())
         choice = self._auto_choice.get(key)
         if choice is None:
-            from .perf import choose_execution
-
-            choice = choose_execution(
-                device_type=key[0], tokens=key[1], dim=self.dim, num_heads=self.num_heads, head_dim=self.head_dim,
-                active_fraction=self.num_active_heads / self.num_heads, backward=key[2],
-                routed_fraction=self.num_routed_heads / self.num_heads,
-            )  # fmt: skip
+            choice = self._predicted_execution(x, self.num_active_heads / self.num_heads)
             self._auto_choice[key] = choice
         return choice
+
+    def _predicted_execution(self, x: torch.Tensor, active_fraction: float) -> str:
+        from .perf import choose_execution
+
+        return choose_execution(
+            device_type=x.device.type, tokens=x.shape[1], dim=self.dim, num_heads=self.num_heads,
+            head_dim=self.head_dim, active_fraction=active_fraction, backward=torch.is_grad_enabled(),
+            routed_fraction=self.num_routed_heads / self.num_heads,
+        )  # fmt: skip
+
+    def padded_active_fraction(self, rows_per_head: int, tokens: int) -> float:
+        """Share of (token, head) pairs the sparse path computes when every routed head is padded to
+        ``rows_per_head`` rows: the activation the cost model should see, not the nominal one."""
+        return (self.num_shared_heads + self.num_routed_heads * rows_per_head / tokens) / self.num_heads
 
     def _forward_dense(self, x: torch.Tensor, gates: Optional[torch.Tensor]) -> torch.Tensor:
         """Reference semantics: every head computed, then gated (inactive heads multiplied by zero)."""
@@ -231,14 +243,20 @@ class MoHAttention(nn.Module):
             out = out * gates.to(out.dtype).unsqueeze(-1)  # the one copy MHA's reshape would make anyway
         return self.proj(out.reshape(n, t, h * dh))  # (N, T, D)
 
-    def _forward_sparse(self, x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Exact skipping: routed heads compute queries, attention rows and output-projection rows only for
-        the tokens that chose them; shared heads run as ordinary dense attention; keys and values stay
-        dense (any token may attend to them).
+    def _forward_sparse(
+        self, x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor, dense_if_unprofitable: bool = False
+    ) -> Optional[torch.Tensor]:
+        """Exact skipping: routed heads compute attention rows (and, where it pays, queries and
+        output-projection rows) only for the tokens that chose them; shared heads run as ordinary dense
+        attention; keys and values stay dense (any token may attend to them).
 
         Tokens are sorted per (sample, routed head) so the chosen ones come first and padded to the
         largest count C; padded rows are unchosen tokens, whose routed gate is exactly 0, so they add
-        nothing. One host synchronisation reads C.
+        nothing. One host synchronisation reads C, which also picks how queries and output rows are
+        handled (see ``sparse_query_rows`` / ``sparse_output_rows``). With ``dense_if_unprofitable`` (auto
+        mode) it returns ``None`` when, with C known, the cost model no longer expects a gain: unbalanced
+        routing (one head chosen by nearly every token, as in freshly initialised models) leaves little to
+        skip after padding, and the caller then runs the dense path.
         """
         n, t, d = x.shape
         h, hs, e, dh = self.num_heads, self.num_shared_heads, self.num_routed_heads, self.head_dim
@@ -246,25 +264,40 @@ class MoHAttention(nn.Module):
         w, b = self.qkv.weight, self.qkv.bias
         wo, bo = self.proj.weight, self.proj.bias
 
-        kv = F.linear(x, w[inner:], None if b is None else b[inner:])  # (N, T, 2*h*dh): K and V of all heads
-        k_all, v_all = kv.reshape(n, t, 2, h, dh).permute(2, 0, 3, 1, 4).unbind(0)  # (N, h, T, dh) each
+        # the tokens that chose each routed head, sorted first and padded to the largest count C
+        chosen = mask.transpose(1, 2)  # (N, E, T)
+        c = int(chosen.sum(dim=-1).max())  # the one host sync of this path
+        if dense_if_unprofitable and self._predicted_execution(x, self.padded_active_fraction(c, t)) != "sparse":
+            return None
+        idx = torch.argsort(chosen.to(torch.uint8), dim=-1, descending=True, stable=True)[..., :c]  # (N, E, C)
+        rows = (idx + t * torch.arange(n, device=x.device).view(n, 1, 1)).reshape(-1)  # rows of (N*T, D)
+
+        if self.sparse_query_rows(c, t):
+            # project queries of routed heads only for their chosen rows (saves those FLOPs, pays a gather
+            # of E*C*D and, in the backward, a scatter of the same size)
+            kv = F.linear(x, w[inner:], None if b is None else b[inner:])  # (N, T, 2*h*dh)
+            k_all, v_all = kv.reshape(n, t, 2, h, dh).permute(2, 0, 3, 1, 4).unbind(0)  # (N, h, T, dh) each
+            q_s = None
+            if hs > 0:
+                q_s = F.linear(x, w[: hs * dh], None if b is None else b[: hs * dh])
+                q_s = q_s.reshape(n, t, hs, dh).transpose(1, 2)  # (N, hs, T, dh)
+            x_sel = x.reshape(n * t, d).index_select(0, rows).reshape(n, e, c, d)
+            q_r = torch.einsum("necd,ehd->nech", x_sel, w[hs * dh : inner].reshape(e, dh, d))  # (N, E, C, dh)
+            if b is not None:
+                q_r = q_r + b[hs * dh : inner].reshape(1, e, 1, dh).to(q_r.dtype)
+        else:
+            # one fused Q/K/V matmul as in the dense path, then gather only the chosen query rows
+            q, k_all, v_all = self.qkv(x).reshape(n, t, 3, h, dh).permute(2, 0, 3, 1, 4).unbind(0)  # (N, h, T, dh)
+            q_s = q[:, :hs] if hs > 0 else None
+            q_r = torch.gather(q[:, hs:], 2, idx.unsqueeze(-1).expand(n, e, c, dh))  # (N, E, C, dh)
 
         # shared heads: ordinary dense attention, gated
         o_s = None
-        if hs > 0:
-            q_s = F.linear(x, w[: hs * dh], None if b is None else b[: hs * dh]).reshape(n, t, hs, dh).transpose(1, 2)
+        if q_s is not None:
             o_s = F.scaled_dot_product_attention(q_s, k_all[:, :hs], v_all[:, :hs]).transpose(1, 2)
             o_s = o_s * gates[..., :hs].to(o_s.dtype).unsqueeze(-1)  # (N, T, hs, dh)
 
-        # routed heads: the tokens that chose each head, sorted first and padded to the largest count C
-        chosen = mask.transpose(1, 2)  # (N, E, T)
-        c = int(chosen.sum(dim=-1).max())  # the one host sync of this path
-        idx = torch.argsort(chosen.to(torch.uint8), dim=-1, descending=True, stable=True)[..., :c]  # (N, E, C)
-        rows = (idx + t * torch.arange(n, device=x.device).view(n, 1, 1)).reshape(-1)  # rows of (N*T, D)
-        x_sel = x.reshape(n * t, d).index_select(0, rows).reshape(n, e, c, d)
-        q_r = torch.einsum("necd,ehd->nech", x_sel, w[hs * dh : inner].reshape(e, dh, d))  # (N, E, C, dh)
-        if b is not None:
-            q_r = q_r + b[hs * dh : inner].reshape(1, e, 1, dh).to(q_r.dtype)
+        # routed heads: C query rows each against all keys
         o_r = F.scaled_dot_product_attention(q_r, k_all[:, hs:].to(q_r.dtype), v_all[:, hs:].to(q_r.dtype))
         g_r = torch.gather(gates[..., hs:].transpose(1, 2), 2, idx)  # (N, E, C); exactly 0 on padded rows
         o_r = o_r * g_r.to(o_r.dtype).unsqueeze(-1)  # (N, E, C, dh)
@@ -289,11 +322,23 @@ class MoHAttention(nn.Module):
         heads_out = base.index_put((rows, heads), o_r.reshape(-1, dh))
         return self.proj(heads_out.reshape(n, t, h * dh))
 
+    # Where per-row projections pay off, measured with benchmarks/attention.py on CPU (fp32): with more
+    # than ~40% of the tokens per routed head, the gathers/scatters cost more than the skipped FLOPs. In
+    # the backward, per-row queries (a head_dim-deep matmul plus a scatter of E*C*D into dx) only paid
+    # from 1024 tokens on; at 256 and 512 tokens gathering rows of the dense Q was faster.
+    SPARSE_QUERY_ROWS_MAX_SHARE = 0.4
+    SPARSE_QUERY_ROWS_MIN_TOKENS_WITH_GRAD = 1024
+    SPARSE_OUTPUT_ROWS_MAX_SHARE = 0.4
+
+    def sparse_query_rows(self, rows_per_head: int, tokens: int) -> bool:
+        """Project queries only for the chosen rows (else gather rows of the dense Q projection)."""
+        if torch.is_grad_enabled() and tokens < self.SPARSE_QUERY_ROWS_MIN_TOKENS_WITH_GRAD:
+            return False
+        return rows_per_head <= self.SPARSE_QUERY_ROWS_MAX_SHARE * tokens
+
     def sparse_output_rows(self, rows_per_head: int, tokens: int) -> bool:
         """Project only the chosen rows when each routed head is used by at most this share of tokens."""
         return rows_per_head <= self.SPARSE_OUTPUT_ROWS_MAX_SHARE * tokens
-
-    SPARSE_OUTPUT_ROWS_MAX_SHARE = 0.4
 
     def extra_repr(self) -> str:
         if not self.use_moh:

@@ -7,13 +7,14 @@ Exact head skipping can save at most the ideal ratio of the attention module's m
 (queries, attention rows and output rows of inactive (token, head) pairs are skipped; keys and values
 stay dense). What a sparse kernel really achieves is an affine function of that ideal, fitted per device
 type and per pass (forward only / forward + backward) by ``benchmarks/attention.py --calibrate``,
-together with the share of routed heads (the part that pays gather/scatter overhead) and the inverse
-sequence length (fixed bookkeeping):
+together with the share of routed heads (the part that pays gather/scatter overhead), the inverse
+sequence length and the inverse width (fixed bookkeeping weighs more on short, narrow layers):
 
-    measured sparse / dense  ~=  a + b * ideal + c * (routed heads / heads) + d * 256 / tokens
+    measured sparse / dense  ~=  a + b * ideal + c * (routed heads / heads) + d * 256 / tokens + e * 384 / width
 
 Auto picks ``sparse`` only where the fitted ratio is below ``1 - margin``; with no calibration for a
-device it picks ``dense``, so the default is never slower than the reference computation.
+device (or one fitted on other features) it picks ``dense``, so the default is never slower than the
+reference computation.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["ideal_attention_ratio", "ideal_block_ratio", "choose_execution", "load_calibration", "CALIBRATION_FILE"]
+__all__ = ["FEATURE_NAMES", "ideal_attention_ratio", "ideal_block_ratio", "choose_execution", "load_calibration", "CALIBRATION_FILE"]
 
 CALIBRATION_FILE = Path(__file__).with_name("perf_calibration.json")
 DEFAULT_MARGIN = 0.05
@@ -64,18 +65,22 @@ def choose_execution(
     if active_fraction >= 1.0:
         return "dense"
     cal = (calibration if calibration is not None else load_calibration()).get(f"{device_type}/{'train' if backward else 'infer'}")
-    if not cal:
-        return "dense"
+    if not cal or tuple(cal.get("features", FEATURE_NAMES)) != FEATURE_NAMES or len(cal["coef"]) != len(FEATURE_NAMES):
+        return "dense"  # uncalibrated, or fitted on another feature set: stay with the reference computation
     if not cal.get("min_tokens", 0) <= tokens:
         return "dense"
     predicted = predict_sparse_over_dense(cal, active_fraction, routed_fraction, tokens, dim)
     return "sparse" if predicted < 1.0 - margin else "dense"
 
 
+FEATURE_NAMES = ("1", "ideal", "routed_share", "256/tokens", "384/width")
+
+
 def features(active_fraction: float, routed_fraction: float, tokens: int, dim: int) -> list[float]:
-    """Regressors of the cost model: constant, ideal ratio, routed share, and 256 / tokens (the fixed
-    bookkeeping of the sparse path weighs more on short sequences)."""
-    return [1.0, ideal_attention_ratio(active_fraction, tokens, dim), routed_fraction, 256.0 / tokens]
+    """Regressors of the cost model, named in ``FEATURE_NAMES``: constant, ideal ratio, routed share,
+    256 / tokens and 384 / width (the fixed bookkeeping of the sparse path weighs more on short
+    sequences and narrow layers)."""
+    return [1.0, ideal_attention_ratio(active_fraction, tokens, dim), routed_fraction, 256.0 / tokens, 384.0 / dim]
 
 
 def predict_sparse_over_dense(cal: dict, active_fraction: float, routed_fraction: float, tokens: int, dim: int) -> float:

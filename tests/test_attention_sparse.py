@@ -16,10 +16,15 @@ def layer(h, hs, k, dim=32, head_dim=8, seed=0, router_std=1.0):
     return attn
 
 
-def run(attn, x, mode, rows_share=None):
+def run(attn, x, mode, rows_share=None, query_share=None):
+    """Forward + gradients. ``rows_share`` / ``query_share`` force the per-row output-projection and
+    per-row query variants of the sparse path on (1.0) or off (0.0)."""
     attn.execution = mode
     if rows_share is not None:
         attn.SPARSE_OUTPUT_ROWS_MAX_SHARE = rows_share
+    if query_share is not None:
+        attn.SPARSE_QUERY_ROWS_MAX_SHARE = query_share
+        attn.SPARSE_QUERY_ROWS_MIN_TOKENS_WITH_GRAD = 0
     x = x.detach().clone().requires_grad_(True)
     out, aux = attn(x, return_head_mask=True)
     loss = (out * torch.linspace(-1, 1, out.shape[-1])).sum()
@@ -31,12 +36,13 @@ def run(attn, x, mode, rows_share=None):
 
 @pytest.mark.parametrize("h,hs,k", LAYOUTS)
 @pytest.mark.parametrize("rows_share", [0.0, 1.0])  # both output-projection variants
+@pytest.mark.parametrize("query_share", [0.0, 1.0])  # both query variants
 @pytest.mark.parametrize("n,t", [(1, 7), (3, 16), (2, 33)])  # batch 1, odd lengths
-def test_sparse_equals_dense_outputs_and_gradients(h, hs, k, rows_share, n, t):
+def test_sparse_equals_dense_outputs_and_gradients(h, hs, k, rows_share, query_share, n, t):
     attn = layer(h, hs, k).train()
     x = torch.randn(n, t, 32)
     out_d, aux_d, g_d = run(attn, x, "dense")
-    out_s, aux_s, g_s = run(attn, x, "sparse", rows_share)
+    out_s, aux_s, g_s = run(attn, x, "sparse", rows_share, query_share)
     torch.testing.assert_close(out_s, out_d, rtol=1e-5, atol=1e-5)
     assert torch.equal(aux_s.head_mask, aux_d.head_mask)
     for a, b in zip(g_d, g_s):
@@ -67,8 +73,10 @@ def test_all_routed_heads_chosen_by_every_token():
     torch.testing.assert_close(run(attn, x, "sparse")[0], run(attn, x, "dense")[0], rtol=1e-5, atol=1e-5)
 
 
-def test_sparse_under_bf16_autocast():
+@pytest.mark.parametrize("query_share", [0.0, 1.0])
+def test_sparse_under_bf16_autocast(query_share):
     attn = layer(8, 2, 2)
+    attn.SPARSE_QUERY_ROWS_MAX_SHARE, attn.SPARSE_QUERY_ROWS_MIN_TOKENS_WITH_GRAD = query_share, 0
     x = torch.randn(2, 16, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         attn.execution = "dense"
@@ -77,6 +85,16 @@ def test_sparse_under_bf16_autocast():
         s, _ = attn(x)
     assert s.dtype == d.dtype == torch.bfloat16
     torch.testing.assert_close(s.float(), d.float(), rtol=0.05, atol=0.05)
+
+
+def test_sparse_variant_policy():
+    attn = layer(8, 2, 2)
+    with torch.no_grad():
+        assert attn.sparse_query_rows(40, 256) and not attn.sparse_query_rows(200, 256)
+    # with gradients, per-row queries only from SPARSE_QUERY_ROWS_MIN_TOKENS_WITH_GRAD tokens on
+    assert not attn.sparse_query_rows(40, 256)
+    assert attn.sparse_query_rows(300, 1024)
+    assert attn.sparse_output_rows(40, 256) and not attn.sparse_output_rows(200, 256)
 
 
 def test_auto_mode_is_deterministic_and_never_changes_results():
@@ -96,13 +114,21 @@ def test_auto_mode_is_deterministic_and_never_changes_results():
 
 
 def test_cost_model():
-    cal = {"cpu/infer": {"coef": [0.1, 1.0, 0.0, 0.0]}, "cpu/train": {"coef": [0.6, 0.6, 0.0, 0.0]}}
+    cal = {"cpu/infer": {"coef": [0.1, 1.0, 0.0, 0.0, 0.0]}, "cpu/train": {"coef": [0.6, 0.6, 0.0, 0.0, 0.0]}}
     kw = dict(device_type="cpu", tokens=1024, dim=1152, num_heads=16, head_dim=72, calibration=cal)
     assert choose_execution(active_fraction=0.5, backward=False, **kw) == "sparse"  # 0.1 + 0.673 < 0.95
     assert choose_execution(active_fraction=0.5, backward=True, **kw) == "dense"  # 0.6 + 0.4 > 0.95
     assert choose_execution(active_fraction=1.0, backward=False, **kw) == "dense"
     assert choose_execution(device_type="cuda", tokens=1024, dim=1152, num_heads=16, head_dim=72, calibration=cal,
                             active_fraction=0.5, backward=False) == "dense"  # uncalibrated device  # fmt: skip
+    # a calibration fitted on another feature set is ignored rather than misread
+    old = {"cpu/infer": {"coef": [0.1, 1.0, 0.0, 0.0], "features": ["1", "ideal", "routed_share", "256/tokens"]}}
+    assert choose_execution(active_fraction=0.5, backward=False, **{**kw, "calibration": old}) == "dense"
+    # the width term: same shape, narrower layer, more bookkeeping per FLOP
+    wide = {"cpu/infer": {"coef": [0.0, 1.0, 0.0, 0.0, 0.3]}}
+    short = {**kw, "tokens": 256, "calibration": wide}
+    assert choose_execution(active_fraction=0.5, backward=False, **short) == "sparse"  # 0.725 + 0.3/3 < 0.95
+    assert choose_execution(active_fraction=0.5, backward=False, **{**short, "dim": 384, "head_dim": 24}) == "dense"
     assert ideal_attention_ratio(1.0, 256, 1152) == pytest.approx(1.0)
     assert ideal_attention_ratio(0.5, 1024, 1152) == pytest.approx((1 + 0.5 + 0.5 * 1024 / 1152) / (2 + 1024 / 1152))
     assert ideal_block_ratio(0.5, 1024, 1152) == pytest.approx((10 + 1 + 1024 / 1152) / (12 + 2 * 1024 / 1152))
@@ -126,3 +152,39 @@ def test_model_level_modes_agree():
     torch.testing.assert_close(outs["auto"], outs["dense"], rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="execution"):
         model.set_attention_execution("fast")
+
+
+def test_auto_runs_dense_when_padding_leaves_nothing_to_skip(monkeypatch):
+    """Auto picks sparse from the nominal activation; with the padded count known, unbalanced routing
+    (every token choosing the same heads) falls back to the dense path, with the same result."""
+    import moh_dit.perf as perf
+
+    monkeypatch.setattr(perf, "load_calibration", lambda path=None: {"cpu/infer": {"coef": [0.0, 1.0, 0.0, 0.0, 0.0]}})
+    attn = layer(8, 2, 2)
+    calls = []
+    dense = attn._forward_dense
+    monkeypatch.setattr(attn, "_forward_dense", lambda *a: calls.append(1) or dense(*a))
+    x = torch.randn(2, 64, 32)
+    with torch.no_grad():
+        attn.execution = "dense"
+        ref, _ = attn(x)
+        attn.execution = "auto"
+        assert attn.resolve_execution(x) == "sparse"  # nominal: 4 of 8 heads active
+        calls.clear()
+        out, aux = attn(x, return_head_mask=True)
+        balanced = aux.head_mask[..., 2:].sum(dim=1).max() < 64
+        assert bool(balanced) and calls == []  # random routing: sparse ran
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+        attn.router.weight.zero_()  # every token ties, so top-k picks the same two routed heads
+        attn.execution = "dense"
+        ref, _ = attn(x)
+        attn.execution = "auto"
+        calls.clear()
+        out, _ = attn(x)
+        assert calls == [1]  # padded activation 1.0 leaves nothing to skip: dense ran
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        attn.execution = "sparse"  # an explicit sparse request is honoured regardless
+        calls.clear()
+        torch.testing.assert_close(attn(x)[0], ref, rtol=1e-5, atol=1e-5)
+        assert calls == []

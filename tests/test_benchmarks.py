@@ -3,6 +3,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -30,6 +32,27 @@ def test_attention_benchmark_smoke_and_calibration(tmp_path):
     assert rows[0]["infer"]["ratio_to_mha"]["mha"] == 1.0
     assert (tmp_path / "attention_cpu.md").exists() and (tmp_path / "attention_cpu.json").exists()
     assert (tmp_path / "attention_cpu.png").exists()
+
+
+def test_calibration_fit_recovers_a_known_cost_model():
+    from benchmarks import attention
+    from moh_dit.perf import FEATURE_NAMES, features, predict_sparse_over_dense
+
+    true = [0.05, 0.9, 0.15, 0.1, 0.2]
+    rows = []
+    for dim, heads in ((384, 6), (768, 12), (1152, 16)):
+        for tokens in (256, 1024):
+            for shared, top_k in ((1, 2), (2, 2), (3, 4), (heads // 4, heads // 4)):
+                rho, routed = (shared + top_k) / heads, (heads - shared) / heads
+                ratio = sum(c * f for c, f in zip(true, features(rho, routed, tokens, dim)))
+                rows.append({"rho": rho, "heads": heads, "shared": shared, "tokens": tokens, "dim": dim,
+                             "infer": {"sparse_over_dense": ratio}, "train": {"sparse_over_dense": ratio + 0.1}})  # fmt: skip
+    cal = attention.fit_calibration(rows, "cpu")
+    assert cal["cpu/infer"]["features"] == list(FEATURE_NAMES)
+    assert cal["cpu/infer"]["coef"] == pytest.approx(true, abs=1e-6)
+    assert cal["cpu/train"]["coef"][0] == pytest.approx(0.15, abs=1e-6) and cal["cpu/train"]["rms_residual"] < 1e-6
+    assert predict_sparse_over_dense(cal["cpu/infer"], 0.5, 0.75, 512, 768) == pytest.approx(
+        sum(c * f for c, f in zip(true, features(0.5, 0.75, 512, 768))))
 
 
 def test_model_benchmark_smoke(tmp_path, capsys):

@@ -6,7 +6,7 @@ from moh_dit.attention import MoHAttention
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize("mode", ["dense", "sparse", "auto"])
 def test_compiled_attention_matches_eager_with_backward(mode):
     torch.manual_seed(0)
     attn = MoHAttention(32, 6, head_dim=8, num_shared_heads=2, top_k=2).train()
