@@ -88,7 +88,7 @@ def bench_shape(dim, heads, head_dim, shared, top_k, tokens, batch, device, dtyp
     with torch.no_grad():
         mask = moh.compute_gates(x)[2]
     # what the sparse path really computes: every routed head padded to the busiest one
-    padded = moh.padded_active_fraction(int(mask.sum(dim=1).max()), tokens) if mask is not None else 1.0
+    padded = moh.padded_active_fraction(moh.padded_rows(mask), tokens) if mask is not None else 1.0
     results = {"padded_rho": padded}
     for backward in (False, True):
         def run(layer, mode):
@@ -212,6 +212,11 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--tag", default="", help="suffix for the result file names")
     args = p.parse_args(argv)
+    unknown = sorted(set(args.widths.split(",")) - set(WIDTHS))
+    if unknown:
+        p.error(f"unknown width(s) {', '.join(unknown)}; choose from {', '.join(WIDTHS)}")
+    if args.min_time < 0 or args.rounds < 1:
+        p.error("--min-time must be >= 0 and --rounds >= 1")
     torch.set_flush_denormal(True)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32

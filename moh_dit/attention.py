@@ -226,6 +226,12 @@ class MoHAttention(nn.Module):
             routed_fraction=self.num_routed_heads / self.num_heads,
         )  # fmt: skip
 
+    @staticmethod
+    def padded_rows(mask: torch.Tensor) -> int:
+        """Rows every routed head is padded to in the sparse path: the busiest (sample, head) count of the
+        (N, T, E) top-k mask. Reading it synchronises with the device."""
+        return int(mask.sum(dim=1).max())
+
     def padded_active_fraction(self, rows_per_head: int, tokens: int) -> float:
         """Share of (token, head) pairs the sparse path computes when every routed head is padded to
         ``rows_per_head`` rows: the activation the cost model should see, not the nominal one."""
@@ -266,7 +272,7 @@ class MoHAttention(nn.Module):
 
         # the tokens that chose each routed head, sorted first and padded to the largest count C
         chosen = mask.transpose(1, 2)  # (N, E, T)
-        c = int(chosen.sum(dim=-1).max())  # the one host sync of this path
+        c = self.padded_rows(mask)  # the one host sync of this path
         if dense_if_unprofitable and self._predicted_execution(x, self.padded_active_fraction(c, t)) != "sparse":
             return None
         idx = torch.argsort(chosen.to(torch.uint8), dim=-1, descending=True, stable=True)[..., :c]  # (N, E, C)
