@@ -1,4 +1,4 @@
-"""Evaluate FID, sFID, Inception Score, precision and recall like the ADM evaluator (DiT / MoH-DiT papers).
+r"""Evaluate FID, sFID, Inception Score, precision and recall like the ADM evaluator (DiT / MoH-DiT papers).
 
 Existing samples (ADM .npz with arr_0, or a folder of PNGs):
     python evaluate_fid.py --samples samples/xl90.npz --reference VIRTUAL_imagenet256_labeled.npz
@@ -8,18 +8,20 @@ processes), then evaluate on the main process:
     accelerate launch --num_processes 8 evaluate_fid.py --model runs/imagenet256/moh-dit-xl-2-90 \
         --reference VIRTUAL_imagenet256_labeled.npz --num-samples 50000 --cfg-scale 1.5 --guidance-channels 3
 
-Inception weights: --inception-weights PATH, else $MOH_DIT_INCEPTION_WEIGHTS, else the torch hub cache
+The reference may also be a folder or class-per-folder tree of real images (center-cropped as ADM does to
+the samples' size, or --reference-size); `python -m moh_dit.reference` saves such a tree as a reference .npz.
+
+Inception weights: --extractor-weights PATH, else $MOH_DIT_INCEPTION_WEIGHTS, else the torch hub cache
 ($TORCH_HOME/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth).
 """
 import argparse
-import importlib
-import json
 import logging
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
+from moh_dit.cli import finite_float, positive_int, run_cli
+
+SCHEDULER_NAMES = ("ddpm", "ddim", "dpm-solver")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,72 +30,94 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--samples", help="ADM-style .npz (arr_0) or a folder of images")
     src.add_argument("--model", help="run folder, checkpoint or pipeline folder to sample from")
     p.add_argument("--reference", required=True, help="ADM reference batch .npz, or a folder / .npz of real images")
+    p.add_argument("--reference-size", type=positive_int, default=None,
+                   help="center-crop size for an image-folder reference (default: the samples' size)")
     p.add_argument("--extractor", default="inception", help="'inception' (paper protocol) or a torch-fidelity extractor name")
     p.add_argument("--extractor-module", default=None, help="python module to import first (it may register extractors)")
-    p.add_argument("--inception-weights", default=None)
-    p.add_argument("--batch-size", type=int, default=100, help="feature extraction batch size")
+    p.add_argument("--extractor-weights", "--inception-weights", dest="extractor_weights", default=None,
+                   help="weights file of the extractor (checked to hold plain tensors before it is loaded)")
+    p.add_argument("--batch-size", type=positive_int, default=100, help="feature extraction batch size")
     p.add_argument("--fp16-distances", action="store_true", help="emulate ADM's float16 precision/recall distances")
     p.add_argument("--no-cache", action="store_true", help="do not read or write cached reference statistics")
     p.add_argument("--out", default=None, help="JSON file for all numbers and settings (default: beside the samples)")
     p.add_argument("--device", default=None)
     g = p.add_argument_group("sampling (with --model)")
-    g.add_argument("--num-samples", type=int, default=50000)
-    g.add_argument("--cfg-scale", type=float, default=1.5)
-    g.add_argument("--guidance-channels", type=int, default=None, help="3 reproduces the papers' guidance")
-    g.add_argument("--num-steps", type=int, default=250)
-    g.add_argument("--scheduler", choices=["ddpm", "ddim", "dpm-solver"], default=None)
+    g.add_argument("--num-samples", type=positive_int, default=50000)
+    g.add_argument("--cfg-scale", type=finite_float, default=1.5)
+    g.add_argument("--guidance-channels", type=positive_int, default=None, help="3 reproduces the papers' guidance")
+    g.add_argument("--num-steps", type=positive_int, default=250)
+    g.add_argument("--scheduler", choices=SCHEDULER_NAMES, default=None)
     g.add_argument("--label-mode", choices=["uniform", "balanced"], default="uniform")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--sample-batch-size", type=int, default=64)
-    g.add_argument("--sample-dir", default=None, help="default: <model>/eval-samples-<settings>")
+    g.add_argument("--sample-batch-size", type=positive_int, default=64)
+    g.add_argument("--sample-dir", default=None, help="default: <run>/eval-samples-step<N>-<settings>")
     g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    g.add_argument("--overwrite", action="store_true", help="replace samples in --sample-dir made with other settings")
     return p
+
+
+def default_sample_dir(args, source) -> Path:
+    """One folder per model state and setting: a model that trains on gets a new folder, never stale samples."""
+    root = source.run or (source.path if source.path.is_dir() else source.path.parent)
+    step = f"step{source.step}-" if source.step is not None else ""
+    tag = (f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}-ch{args.guidance_channels or 'all'}-"
+           f"{args.scheduler or 'ddpm'}{args.num_steps}-{args.dtype}-seed{args.seed}")  # fmt: skip
+    return root / f"eval-samples-{tag}"
 
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from moh_dit.evaluation import EvaluationError, evaluate, format_table, load_images, resolve_extractor
+    from moh_dit.artifacts import ensure_writable_file, metrics_path_for, read_manifest, read_npz_manifest, sample_npz_path
+    from moh_dit.evaluation import evaluate, format_table, import_extractor_module, load_images, resolve_extractor, write_metrics
 
-    if args.extractor_module:
-        importlib.import_module(args.extractor_module)
-    settings = {k: v for k, v in vars(args).items()}
+    import_extractor_module(args.extractor_module)
+    # everything that can fail fast does so before sampling or feature extraction
+    extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
+    if not Path(args.reference).exists():
+        raise FileNotFoundError(f"reference {args.reference} does not exist")
     if args.model:
         from accelerate import Accelerator
 
-        from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
+        from moh_dit.cli import resolve_device
+        from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, resolve_model_source
 
-        accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        source = resolve_model_source(args.model)
+        sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, source)
+        samples_path = sample_npz_path(sample_dir)
+        out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
+        device = resolve_device(args.device)
+        accelerator = Accelerator(cpu=device.type == "cpu")
+        logging.getLogger("moh_dit").info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
+        settings = GenerationSettings(num_samples=args.num_samples, seed=args.seed, batch_size=args.sample_batch_size,
+                                      guidance_scale=args.cfg_scale, num_inference_steps=args.num_steps,
+                                      guidance_channels=args.guidance_channels, label_mode=args.label_mode)  # fmt: skip
         pipe = load_pipeline(args.model, accelerator.device, args.dtype, args.scheduler)
-        gen = GenerationSettings(num_samples=args.num_samples, seed=args.seed, batch_size=args.sample_batch_size,
-                                 guidance_scale=args.cfg_scale, num_inference_steps=args.num_steps,
-                                 guidance_channels=args.guidance_channels, label_mode=args.label_mode)  # fmt: skip
-        tag = f"n{args.num_samples}-cfg{args.cfg_scale}-ch{args.guidance_channels or 'all'}-{args.scheduler or 'ddpm'}{args.num_steps}-seed{args.seed}"
-        sample_dir = Path(args.sample_dir or Path(args.model) / f"eval-samples-{tag}")
-        npz = generate_samples(pipe, sample_dir, gen, accelerator)
+        generate_samples(pipe, sample_dir, settings, accelerator, overwrite=args.overwrite)
         if not accelerator.is_main_process:
             return {}
-        settings["scheduler"] = type(pipe.scheduler).__name__
-        samples_path = npz
     else:
         samples_path = Path(args.samples)
-    try:
-        samples = load_images(samples_path)
-        extractor = resolve_extractor(args.extractor, args.inception_weights, args.device)
-        result = evaluate(samples, args.reference, extractor, args.batch_size, args.fp16_distances, cache=not args.no_cache)
-    except EvaluationError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    result["samples"] = str(samples_path)
-    result["command_line"] = settings
-    out = Path(args.out) if args.out else Path(str(samples_path).rstrip("/")).with_suffix(".metrics.json")
-    out.write_text(json.dumps(result, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
+        out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
+
+    if samples_path.is_dir():
+        manifest = read_manifest(samples_path, "samples")
+    else:
+        manifest = read_npz_manifest(samples_path) if samples_path.suffix == ".npz" else None
+    samples = load_images(samples_path, limit=(manifest or {}).get("count"))
+    result = evaluate(samples, args.reference, extractor, args.batch_size, args.fp16_distances, cache=not args.no_cache,
+                      reference_size=args.reference_size)  # fmt: skip
+    result["samples"] = {"path": str(samples_path.resolve()), "manifest": manifest}
+    # the numbers first: a failed write must not lose them
     print(format_table(result["metrics"]))
+    try:
+        write_metrics(out, result)
+    except OSError as err:
+        print(f"error: could not write {out} ({err.strerror or err}); the numbers are above", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"wrote {out}")
     return result
 
 
 if __name__ == "__main__":
-    from moh_dit.cli import run_cli
-
     run_cli(main)

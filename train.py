@@ -1,4 +1,4 @@
-"""Train MoH-DiT or DiT.
+r"""Train MoH-DiT or DiT.
 
 Embedded default (Fashion-MNIST, pixel space, MoH-DiT-Ti/4-75, about 10 minutes on 2 CPU cores):
     python train.py --config configs/fashion_mnist_moh.yaml
@@ -11,29 +11,44 @@ ImageNet 256 on 8 GPUs (paper setting), or several nodes with an accelerate conf
         data.path=/data/imagenet/train
     accelerate launch --config_file configs/accelerate/multi_node.yaml train.py --config ...
 
-Resume an interrupted run where it stopped:
+Two processes on a CPU machine (accelerate's --cpu flag starts only one):
+    torchrun --standalone --nproc_per_node 2 train.py --config configs/fashion_mnist_moh.yaml
+
+Resume an interrupted run where it stopped (Ctrl-C or SIGTERM save a checkpoint first):
     python train.py --config ... train.resume=latest
 
 Continue training a converted model (e.g. a pretrained DiT turned into MoH-DiT by moh_dit.convert --to-moh):
     python train.py --config configs/imagenet256/dit-xl-2.yaml --init-from pipelines/moh-from-dit
 """
 import argparse
-
-from moh_dit.cli import run_cli
-from moh_dit.config import load_config
-from moh_dit.training import train
+import signal
+import sys
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file (see configs/)")
     parser.add_argument("--init-from", default=None,
-                        help="start from these weights (a pipeline or transformer folder, e.g. from moh_dit.convert)")
+                        help="start from these weights (a run, checkpoint, pipeline or transformer folder)")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=100")
-    args = parser.parse_args()
-    overrides = list(args.overrides) + ([f"model.init_from={args.init_from}"] if args.init_from else [])
-    train(load_config(args.config, overrides))
+    args = parser.parse_args(argv)
+
+    from moh_dit.config import load_config
+    from moh_dit.training import train
+
+    config = load_config(args.config, args.overrides)
+    if args.init_from:
+        config.model.init_from = args.init_from
+    summary = train(config)
+    if summary["stop_reason"] in ("SIGINT", "SIGTERM", "signal"):
+        # stopped cleanly with a checkpoint; the conventional code of a run ended by that signal
+        code = signal.Signals[summary["stop_reason"]].value if summary["stop_reason"] != "signal" else signal.SIGTERM
+        print(f"stopped at step {summary['step']} by {summary['stop_reason']}; continue with train.resume=latest",
+              file=sys.stderr)
+        raise SystemExit(128 + int(code))
 
 
 if __name__ == "__main__":
+    from moh_dit.cli import run_cli
+
     run_cli(main)

@@ -1,23 +1,126 @@
-"""Shared behaviour of the command-line entry points."""
+"""Shared behaviour of the command-line entry points.
+
+Kept free of heavy imports (torch, diffusers) at module level, so that ``--help`` answers at once.
+"""
 from __future__ import annotations
 
+import argparse
+import math
 import os
+import re
 import sys
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 T = TypeVar("T")
 
-# Errors that describe bad input (a missing file, an unknown preset, class or key, a wrong shape): shown as a
-# one-line message instead of a traceback. MOH_DIT_DEBUG=1 shows the traceback too.
-USER_ERRORS = (ValueError, FileNotFoundError, KeyError, TypeError)
+# Exit codes: 2 for bad input (as argparse uses), 128 + signal number for a clean stop on a signal.
+EXIT_USER_ERROR = 2
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors that describe bad input, files or environment: shown as one line instead of a traceback.
+    Errors from our own modules derive from MohDitError; library errors of these kinds mean the same."""
+    import pickle
+    import zipfile
+
+    from .errors import MohDitError
+
+    types: list[type[BaseException]] = [MohDitError, ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile,
+                                         pickle.UnpicklingError, ImportError]  # fmt: skip
+    try:
+        import yaml
+
+        types.append(yaml.YAMLError)
+    except ImportError:  # pragma: no cover - yaml is a dependency
+        pass
+    try:
+        from safetensors import SafetensorError
+
+        types.append(SafetensorError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+def one_line(err: BaseException) -> str:
+    """The message of ``err`` as one line. Errors re-raised by DataLoader workers carry the worker's whole
+    traceback in their message; the original error's last line is what the user needs."""
+    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    message = str(message)
+    if "Original Traceback" in message:
+        last = [ln for ln in message.strip().splitlines() if ln.strip()][-1]
+        message = re.sub(r"^[\w.]+(Error|Exception): ", "", last.strip())
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def run_cli(main: Callable[[], T]) -> T:
+    """Run a command's ``main``: bad input ends with ``error: <one line>`` and exit code 2, Ctrl-C with one
+    line and 130. ``MOH_DIT_DEBUG=1`` re-raises with the full traceback."""
     try:
         return main()
-    except USER_ERRORS as err:
+    except KeyboardInterrupt:
         if os.environ.get("MOH_DIT_DEBUG"):
             raise
-        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except _user_error_types() as err:
+        if os.environ.get("MOH_DIT_DEBUG"):
+            raise
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(EXIT_USER_ERROR) from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Argument types: bad values are usage errors before any work starts
+# ----------------------------------------------------------------------------------------------------
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def resolve_device(spec: Optional[str]):
+    """``None`` -> CUDA when available, else CPU; an explicit device must exist on this machine."""
+    import torch
+
+    from .errors import ConfigError
+
+    if spec is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ConfigError(f"--device {spec!r} is not a device name (use cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {spec}: no CUDA GPU is available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {spec}: MPS is not available on this machine")
+    return device

@@ -7,13 +7,15 @@ the rest never reaches the model config. Unknown keys are errors, never silently
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import yaml
 
-from .presets import config_keys
+from .errors import ConfigError
+from .presets import PRESETS, config_keys
 
 __all__ = ["Config", "ModelSection", "DataSection", "OptimSection", "TrainSection", "EMASection", "LogSection",
            "load_config", "apply_overrides", "config_to_dict"]  # fmt: skip
@@ -67,6 +69,7 @@ class TrainSection:
     checkpoint_every: int = 50_000
     keep_last: int = 3
     resume: Optional[str] = None  # latest | PATH
+    overwrite: bool = False  # clear an earlier run in output_dir (what moh-dit wrote there) before starting
 
 
 @dataclass
@@ -100,32 +103,73 @@ class Config:
     log: LogSection = field(default_factory=LogSection)
 
     def validate(self) -> None:
-        unknown = sorted(set(self.model.overrides) - config_keys())
+        """Every value checked once, when the config is read, so that a typo fails before any data, VAE or
+        model is loaded."""
+        m, d, o, t, e, lg = self.model, self.data, self.optim, self.train, self.ema, self.log
+        if m.preset not in PRESETS:
+            raise ConfigError(f"unknown preset {m.preset!r} (model.preset); known presets: {', '.join(PRESETS)}")
+        if not isinstance(m.overrides, dict):
+            raise ConfigError(f"model.overrides must be a mapping such as {{hidden_size: 256}}, got {m.overrides!r}")
+        unknown = sorted(set(m.overrides) - config_keys())
         if unknown:
-            raise ValueError(f"model.overrides has unknown keys {unknown}; valid: {sorted(config_keys())}")
-        if self.data.name not in ("fashion-mnist", "folder", "latents"):
-            raise ValueError(f"data.name must be fashion-mnist, folder or latents, got {self.data.name!r}")
-        if self.train.mixed_precision not in ("no", "fp16", "bf16"):
-            raise ValueError(f"train.mixed_precision must be no, fp16 or bf16, got {self.train.mixed_precision!r}")
+            raise ConfigError(f"model.overrides has unknown keys {unknown}; valid: {sorted(config_keys())}")
+        _one_of("data.name", d.name, ("fashion-mnist", "folder", "latents"))
+        _one_of("train.mixed_precision", t.mixed_precision, ("no", "fp16", "bf16"))
         for name in ("global_batch_size", "grad_accum_steps", "max_steps", "checkpoint_every", "keep_last"):
-            if getattr(self.train, name) < 1:
-                raise ValueError(f"train.{name} must be >= 1, got {getattr(self.train, name)}")
-        if not 0.0 <= self.ema.decay <= 1.0:
-            raise ValueError(f"ema.decay must be in [0, 1], got {self.ema.decay}")
+            _at_least(f"train.{name}", getattr(t, name), 1)
+        _at_least("log.log_every", lg.log_every, 1)
+        _at_least("ema.update_every", e.update_every, 1)
+        _at_least("log.sample_steps", lg.sample_steps, 1)
+        for name in ("sample_every", "sample_per_class", "sample_max_classes"):
+            _at_least(f"log.{name}", getattr(lg, name), 0)
+        _at_least("data.num_workers", d.num_workers, 0)
+        _at_least("data.subset_per_class", d.subset_per_class, 0)
+        _at_least("data.image_size", d.image_size, 1)
+        _one_of("data.channels", d.channels, (1, 3))
+        _at_least("optim.warmup_steps", o.warmup_steps, 0)
+        for key, value in (("optim.lr", o.lr), ("optim.eps", o.eps), ("optim.weight_decay", o.weight_decay),
+                           ("optim.grad_clip", o.grad_clip), ("train.time_limit_minutes", t.time_limit_minutes),
+                           ("train.moh_loss_coeff", t.moh_loss_coeff), ("log.sample_cfg_scale", lg.sample_cfg_scale)):  # fmt: skip
+            if not math.isfinite(value) or (key != "log.sample_cfg_scale" and value < 0):
+                raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
+        if o.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {o.lr}")
+        if not 0.0 <= e.decay <= 1.0:
+            raise ConfigError(f"ema.decay must be in [0, 1], got {e.decay}")
+        if not 0.0 <= d.max_bad_fraction <= 1.0:
+            raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
+        if t.resume is not None and not isinstance(t.resume, str):
+            raise ConfigError(f"train.resume must be 'latest' or the path of a checkpoint folder, got {t.resume!r}")
+        if t.resume is not None and t.resume != "latest" and not (Path(t.resume) / "trainer_state.json").is_file():
+            raise ConfigError(f"train.resume={t.resume}: not a complete checkpoint folder (use 'latest' or a "
+                              f"path such as runs/x/checkpoints/step-00001000)")  # fmt: skip
+        if t.resume is not None and t.overwrite:
+            raise ConfigError("train.resume and train.overwrite contradict each other: resume keeps the run, "
+                              "overwrite clears it")  # fmt: skip
+
+
+def _at_least(key: str, value: Any, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{key} must be >= {low}, got {value}")
+
+
+def _one_of(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
 def _from_dict(cls, data: dict[str, Any], where: str):
     if not isinstance(data, dict):
-        raise ValueError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{(where or 'config').rstrip('.')} must be a mapping, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(f"unknown config keys {[f'{where}{k}' for k in unknown]}; valid: {[f'{where}{k}' for k in fields]}")
+        raise ConfigError(f"unknown config keys {[f'{where}{k}' for k in unknown]}; valid: {[f'{where}{k}' for k in fields]}")
     kwargs = {}
     for name, value in data.items():
         default = getattr(cls(), name)
         if dataclasses.is_dataclass(default):
-            kwargs[name] = _from_dict(type(default), value or {}, f"{where}{name}.")
+            kwargs[name] = _from_dict(type(default), {} if value is None else value, f"{where}{name}.")
         elif isinstance(default, tuple) and isinstance(value, list):
             kwargs[name] = tuple(value)
         else:
@@ -153,7 +197,7 @@ def _coerce(value: Any, default: Any, key: str) -> Any:
         if isinstance(default, str) and not isinstance(value, str):
             raise TypeError
     except (TypeError, ValueError):
-        raise ValueError(f"{key} must be a {type(default).__name__}, got {value!r}") from None
+        raise ConfigError(f"{key} must be a {type(default).__name__}, got {value!r}") from None
     return value
 
 
@@ -172,15 +216,18 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     """Apply ``section.key=value`` strings (values parsed as YAML) to a nested dict."""
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r} must look like section.key=value")
+            raise ConfigError(f"override {item!r} must look like section.key=value")
         key, value = item.split("=", 1)
         parts = key.strip().lstrip("-").split(".")
         node = raw
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ValueError(f"cannot set {key}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(value)
+                raise ConfigError(f"cannot set {key}: {part} is not a section")
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(err)})") from None
     return raw
 
 
@@ -194,16 +241,25 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a YAML config; a top-level ``base: other.yaml`` (relative to this file) is read first."""
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} not found")
+        raise ConfigError(f"config file {path} not found")
     if path.resolve() in seen:
-        raise ValueError(f"config files include each other in a loop: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+        raise ConfigError(f"config files include each other in a loop: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a mapping of sections")
+        raise ConfigError(f"{path} must hold a mapping of sections")
     base = raw.pop("base", None)
     if base is None:
         return raw
     return _merge(_read_yaml(path.parent / base, (*seen, path.resolve())), raw)
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or err}{where}"
 
 
 def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None) -> Config:

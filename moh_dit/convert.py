@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 import torch
 from safetensors.torch import load_file
 
+from .artifacts import ensure_writable_dir, ensure_writable_file
+from .errors import ConversionError
 from .model import MoHDiT, _per_layer
 from .presets import PRESETS
 
@@ -44,10 +46,6 @@ logger = logging.getLogger(__name__)
 DIT_HEADS_BY_WIDTH = {384: 6, 768: 12, 1024: 16, 1152: 16}  # DiT-S/B/L/XL
 
 
-class ConversionError(ValueError):
-    """A checkpoint that cannot be mapped onto MoHDiT as asked, with what differs."""
-
-
 # ----------------------------------------------------------------------------------------------------
 # Reading
 # ----------------------------------------------------------------------------------------------------
@@ -62,7 +60,8 @@ def read_checkpoint(path: str | Path, prefer_ema: bool = True) -> tuple[dict[str
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - anything that is not plain tensors is refused
-        raise ConversionError(f"{path} is not a plain tensor checkpoint; refusing to unpickle it ({err})") from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConversionError(f"{path} is not a plain tensor checkpoint; refusing to unpickle it ({first})") from None
     which = "state dict"
     if isinstance(obj, dict) and any(k in obj for k in ("ema", "model")) and not any(
         isinstance(v, torch.Tensor) for v in obj.values()
@@ -458,7 +457,8 @@ def load_any(src: str | Path, **hints) -> tuple[MoHDiT, Optional[object], dict, 
     from .generate import load_pipeline
 
     pipe = load_pipeline(src, device="cpu")
-    return pipe.transformer, pipe.vae, pipe.id2label, {"source": str(src), "format": "moh-dit"}
+    return pipe.transformer, pipe.vae, pipe.id2label, {"source": str(src), "format": "moh-dit",
+                                                       "provenance": pipe.provenance}  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -482,6 +482,14 @@ def main(argv=None) -> None:
 
     hints = dict(preset=args.preset, num_heads=args.num_heads, top_k=args.top_k, num_classes=args.num_classes,
                  prefer_ema=not args.model_weights)  # fmt: skip
+    out = Path(args.out)
+    # the target is checked before the (possibly long) load and conversion
+    if args.to == "pipeline" or args.to == "diffusers":
+        ensure_writable_dir(out.parent if out.parent != Path("") else Path("."), "the folder of the output")
+        if out.exists() and not out.is_dir():
+            raise ConversionError(f"{out} exists and is not a folder")
+    else:
+        ensure_writable_file(out, "the output file")
     model, vae, id2label, report = load_any(args.src, **hints)
     if args.id2label:
         id2label = {int(k): v for k, v in json.loads(Path(args.id2label).read_text()).items()}
@@ -496,15 +504,19 @@ def main(argv=None) -> None:
                   f"{layer['routed']} routed, relative output deviation {layer['relative_deviation']:.4f}")  # fmt: skip
         print(f"whole model: relative output deviation {moh_report['model_relative_deviation']:.4f}, "
               f"{moh_report['active_heads']} heads active")  # fmt: skip
-    out = Path(args.out)
     if args.to == "pipeline":
-        from .latents import load_vae
-        from .pipeline import MoHDiTPipeline, make_scheduler
+        from .latents import load_vae, vae_record
+        from .pipeline import MoHDiTPipeline
 
         if args.vae:
             vae = load_vae(args.vae)
-        pipe = MoHDiTPipeline(model, make_scheduler("ddpm", model.config.learn_sigma), vae, id2label)
-        pipe.save_pretrained(out, safe_serialization=True)
+        # reference DiT/MoH-DiT checkpoints are latent-space models; a moh-dit source knows what it is
+        latent = True if Path(args.src).is_file() else None
+        pipe = MoHDiTPipeline.build(model, vae, id2label, latent_space=latent if vae is None else True)
+        source = {"converted_from": str(Path(args.src).resolve()), "format": report.get("format", report.get("weights")),
+                  "to_moh": bool(args.to_moh), "step": (report.get("provenance") or {}).get("step"),
+                  "vae": vae_record(vae, args.vae) if vae is not None else None}  # fmt: skip
+        pipe.save(out, source)
         (out / "conversion_report.json").write_text(json.dumps(report, indent=2, default=str))
     elif args.to in ("reference", "reference-train"):
         sd = ours_to_reference(model)

@@ -13,15 +13,24 @@ import math
 import os
 import struct
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
+
+from .artifacts import fingerprint_files
+from .errors import DataError
+from .seeding import epoch_seed
+
+if TYPE_CHECKING:
+    from .config import DataSection
 
 __all__ = [
+    "DataError",
     "IMAGE_EXTENSIONS",
     "FASHION_MNIST_CLASSES",
     "ImageFolderDataset",
@@ -30,6 +39,11 @@ __all__ = [
     "center_crop_arr",
     "read_idx",
     "to_model_range",
+    "list_images",
+    "load_image",
+    "TrainingData",
+    "build_dataset",
+    "load_training_data",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,10 +58,6 @@ FASHION_MNIST_FILES = {
 }
 FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 FASHION_MNIST_SEARCH_PATHS = ("/usr/share/datasets/fashion-mnist", "~/.cache/moh-dit/fashion-mnist")
-
-
-class DataError(RuntimeError):
-    """A data set cannot be read: missing files, nothing usable, or too many corrupt images."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -76,6 +86,23 @@ def to_model_range(arr: np.ndarray) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------
 # Image folder
 # ----------------------------------------------------------------------------------------------------
+def list_images(folder: str | os.PathLike) -> list[str]:
+    """Image files anywhere below ``folder``, by folder then name; hidden files and folders are skipped."""
+    found = []
+    for dirpath, dirnames, files in os.walk(folder, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found.append((dirpath, sorted(f for f in files if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS))))
+    return [os.path.join(dirpath, f) for dirpath, files in sorted(found) for f in files]
+
+
+def load_image(path: str | os.PathLike, image_size: Optional[int] = None, channels: int = 3) -> np.ndarray:
+    """Decode one image to uint8 (H, W) or (H, W, 3), ADM-center-cropped to ``image_size`` when given;
+    raises ``OSError``/``ValueError`` for a corrupt file."""
+    with Image.open(path) as img:
+        img = img.convert("L" if channels == 1 else "RGB")
+        return np.asarray(center_crop_arr(img, image_size) if image_size else img)
+
+
 class ImageFolderDataset(Dataset):
     """One sub-folder per class (sorted names -> ids 0..K-1), images anywhere below it.
 
@@ -97,14 +124,9 @@ class ImageFolderDataset(Dataset):
         self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not self.classes:
             raise DataError(f"{self.root} has no class sub-folders (expected {self.root}/<class name>/<images>)")
-        self.samples: list[tuple[str, int]] = []
-        for label, name in enumerate(self.classes):
-            for dirpath, _, files in sorted(os.walk(self.root / name, followlinks=True)):
-                for f in sorted(files):
-                    if f.lower().endswith(IMAGE_EXTENSIONS):
-                        self.samples.append((os.path.join(dirpath, f), label))
+        self.samples = [(path, label) for label, name in enumerate(self.classes) for path in list_images(self.root / name)]
         if not self.samples:
-            raise DataError(f"no images with extensions {IMAGE_EXTENSIONS} under {self.root}")
+            raise DataError(f"no images with extensions {', '.join(IMAGE_EXTENSIONS)} under {self.root}")
         self.image_size = image_size
         self.channels = channels
         self.max_bad_fraction = max_bad_fraction
@@ -121,12 +143,18 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def describe(self) -> dict:
+        """What identifies this data set: a listing fingerprint (class folders and relative file names; not
+        the bytes, which would mean reading every image at every start), the preprocessing and the count."""
+        return {
+            "name": "folder", "source": str(self.root.resolve()), "count": len(self.samples),
+            "fingerprint": fingerprint_files(self.root, [p for p, _ in self.samples], content=False),
+            "image_size": self.image_size, "channels": self.channels, "skipped": sorted(self.bad_files),
+        }  # fmt: skip
+
     def load(self, index: int) -> np.ndarray:
         """Decode and preprocess one image to uint8 (H, W[, C]); raises on a corrupt file."""
-        path, _ = self.samples[index]
-        with Image.open(path) as img:
-            img = img.convert("L" if self.channels == 1 else "RGB")
-            return np.asarray(center_crop_arr(img, self.image_size))
+        return load_image(self.samples[index][0], self.image_size, self.channels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         limit = max(1, int(self.max_bad_fraction * len(self.samples)))
@@ -266,6 +294,7 @@ class FashionMNIST(Dataset):
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, got {channels}")
         self.root = folder
+        self.split = split
         self.image_size = image_size
         self.channels = channels
         self.classes = list(FASHION_MNIST_CLASSES)
@@ -280,6 +309,14 @@ class FashionMNIST(Dataset):
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def describe(self) -> dict:
+        """What identifies this data set: the SHA-256 of the split's two IDX files and the preprocessing."""
+        files = [_find_idx(self.root, stem) for stem in FASHION_MNIST_FILES[self.split]]
+        return {
+            "name": "fashion-mnist", "split": self.split, "source": str(self.root.resolve()), "count": len(self),
+            "fingerprint": fingerprint_files(self.root, files), "image_size": self.image_size, "channels": self.channels,
+        }  # fmt: skip
 
     def load(self, index: int) -> np.ndarray:
         arr = self.images[index]
@@ -324,7 +361,7 @@ class ShardedEpochBatchSampler:
         return self.batches_per_epoch - self.start_batch
 
     def __iter__(self) -> Iterator[list[int]]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
         order = torch.randperm(self.dataset_size, generator=g)
         per_rank = self.batches_per_epoch * self.batch_size
         # interleave ranks batch by batch so that every global step sees a fresh, disjoint set of items
@@ -342,3 +379,95 @@ def subset_indices(labels: Sequence[int], per_class: int) -> list[int]:
             seen[label] = seen.get(label, 0) + 1
             out.append(i)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# What training reads: the data set, its classes, and the space the model works in
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class TrainingData:
+    """A training data set and what the model must know about it.
+
+    Attributes:
+        dataset: items ``(x, label)``: images in [-1, 1], or posterior moments for ``latent_input``.
+        id2label: class names (empty when the data has none).
+        num_classes: distinct classes of the data.
+        in_channels, sample_size: the model's input (latent channels and size with a VAE).
+        latent_input: items are pre-extracted posterior moments (2 flips, mean/std, c, h, w).
+        vae: the ``AutoencoderKL`` (to encode images on the fly, and to decode previews and exported
+            pipelines), or ``None`` in pixel space.
+        vae_record: what identifies the VAE (see :func:`moh_dit.latents.vae_record`).
+        scaling_factor: latent scaling of the VAE (1 in pixel space).
+        description: what identifies the data (name, fingerprint, count, preprocessing).
+    """
+
+    dataset: Dataset
+    id2label: dict[int, str]
+    num_classes: int
+    in_channels: int
+    sample_size: int
+    latent_input: bool = False
+    vae: Optional[torch.nn.Module] = None
+    vae_record: Optional[dict] = None
+    scaling_factor: float = 1.0
+    description: dict = field(default_factory=dict)
+
+
+def build_dataset(section: "DataSection") -> Dataset:
+    """The data set named by a config's ``data`` section (without subsetting)."""
+    from .latents import LatentDataset
+
+    if section.name == "fashion-mnist":
+        return FashionMNIST(section.path, split=section.split, image_size=section.image_size, channels=section.channels,
+                            download=section.download)  # fmt: skip
+    if not section.path:
+        what = "a folder with one sub-folder per class" if section.name == "folder" else "a file written by `python -m moh_dit.latents`"
+        raise DataError(f"data.name={section.name} needs data.path ({what})")
+    if section.name == "folder":
+        return ImageFolderDataset(section.path, section.image_size, channels=section.channels,
+                                  max_bad_fraction=section.max_bad_fraction)  # fmt: skip
+    return LatentDataset(section.path)
+
+
+def load_training_data(section: "DataSection", device: str | torch.device = "cpu") -> TrainingData:
+    """Read the data set and resolve the space the model works in.
+
+    Pixel space (``data.vae=none``): the images themselves. With a VAE: images are encoded on the fly,
+    and the VAE must load now (it is needed for previews and the exported pipeline; finding out after days
+    of training would be too late). Pre-extracted latents: the VAE recorded in the latent file's manifest
+    is authoritative; ``data.vae`` may only name the same VAE (the same path or hub id, or a copy with the
+    same weights), anything else is an error.
+    """
+    from .latents import LatentDataset, check_vae, load_vae, resolve_vae_spec, vae_record
+
+    base = build_dataset(section)
+    described = base.describe()
+    dataset: Dataset = base
+    if section.subset_per_class > 0:
+        dataset = Subset(base, subset_indices(base.targets, section.subset_per_class))
+        described = dict(described, subset_per_class=section.subset_per_class, count=len(dataset))
+    id2label = dict(base.id2label)
+    num_classes = len(id2label) if id2label else len(set(base.targets))
+    if isinstance(base, LatentDataset):
+        record = base.vae
+        wanted = resolve_vae_spec(section.vae)
+        spec = wanted or record.get("spec")
+        vae = load_vae(spec, device=device)
+        if vae is None:
+            raise DataError(f"the latents in {base.path} record no VAE; extract them again")
+        if wanted is not None and wanted != record.get("spec"):
+            check_vae(vae, wanted, record, f"the latents {base.path}")
+        elif record.get("sha256"):
+            check_vae(vae, spec, record, f"the latents {base.path}")
+        c, size = base.latent_shape[0], base.latent_shape[-1]
+        return TrainingData(dataset, id2label, num_classes, c, size, True, vae, dict(record, spec=spec),
+                            float(record["scaling_factor"]), described)  # fmt: skip
+    vae = load_vae(section.vae, device=device)
+    if vae is None:
+        return TrainingData(dataset, id2label, num_classes, section.channels, section.image_size, description=described)
+    record = vae_record(vae, section.vae)
+    factor = record["downsample_factor"]
+    if section.image_size % factor:
+        raise DataError(f"data.image_size={section.image_size} is not divisible by the VAE's downsampling factor {factor}")
+    return TrainingData(dataset, id2label, num_classes, record["latent_channels"], section.image_size // factor,
+                        False, vae, record, record["scaling_factor"], described)  # fmt: skip

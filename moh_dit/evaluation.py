@@ -1,13 +1,15 @@
 """Scoring samples the way the DiT and MoH-DiT papers do: FID, sFID, IS, precision and recall against an
-ADM reference batch, with features from torch-fidelity's TF-compatible Inception (REFERENCE.md section 5).
+ADM reference batch, with features from torch-fidelity's TF-compatible Inception (see docs/evaluation.md).
 
 Pieces:
-- :func:`load_images` reads an ADM ``.npz`` (``arr_0``) or a folder of PNGs and validates it.
+- :func:`load_images` reads an ADM ``.npz`` (``arr_0``), a folder of samples, or a tree of real images
+  (center-cropped as ADM does to a given size) and validates it.
 - Feature extractors return ``pool`` (FID, precision/recall), ``logits`` (IS) and ``spatial`` (sFID)
   features. :class:`InceptionFeatures` is the paper protocol; :class:`RegisteredFeatures` wraps any
   extractor registered with torch-fidelity's ``register_feature_extractor`` (tests, small domains).
 - :func:`reference_statistics` reads an ADM reference batch, or computes statistics for any folder /
-  ``.npz`` of real images once and caches them in a compact ``.npz`` with a record of how they were made.
+  ``.npz`` of real images once and caches them, keyed by the reference's content, the extractor, its
+  weights and the crop, so that a changed reference is never scored against stale statistics.
 - :func:`evaluate` puts it together and returns every number plus the settings that produced it.
 """
 from __future__ import annotations
@@ -17,14 +19,17 @@ import hashlib
 import json
 import logging
 import os
+import zipfile
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 import numpy as np
 import torch
-from PIL import Image
 from tqdm.auto import tqdm
 
+from .artifacts import atomic_write_json, ensure_writable_dir, fingerprint_file, fingerprint_files, sibling
+from .data import list_images, load_image
+from .errors import EvaluationError
 from .metrics import feature_statistics, frechet_distance, inception_score, precision_recall
 
 __all__ = [
@@ -37,17 +42,17 @@ __all__ = [
     "evaluate",
     "INCEPTION_WEIGHTS_FILE",
     "INCEPTION_WEIGHTS_URL",
+    "EvaluationError",
+    "check_plain_tensor_file",
+    "write_metrics",
 ]
 
 logger = logging.getLogger(__name__)
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + INCEPTION_WEIGHTS_FILE
 INCEPTION_WEIGHTS_ENV = "MOH_DIT_INCEPTION_WEIGHTS"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-
-
-class EvaluationError(ValueError):
-    """Inputs that cannot be evaluated: wrong dtype, shape or range, missing files or weights."""
+CACHE_ENV = "MOH_DIT_CACHE"
+STATS_FORMAT = 2
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -75,36 +80,48 @@ def validate_images(arr: np.ndarray, source: str) -> np.ndarray:
     return arr
 
 
-def load_images(path: str | os.PathLike, limit: Optional[int] = None) -> np.ndarray:
-    """An ADM-style ``.npz`` (``arr_0``), a ``.npy``, or a folder of images (sorted by name) -> uint8 NHWC RGB."""
+def load_images(path: str | os.PathLike, limit: Optional[int] = None, image_size: Optional[int] = None) -> np.ndarray:
+    """An ADM-style ``.npz`` (``arr_0``), a ``.npy``, or a folder of images -> uint8 NHWC RGB.
+
+    Folders are read recursively (a class-per-folder tree works), in path order. With ``image_size`` every
+    image is center-cropped and resized as ADM prepares references; without it all images must already
+    have the same size.
+    """
     path = Path(path)
     if not path.exists():
         raise EvaluationError(f"{path} does not exist")
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = list_images(path)
         if not files:
-            raise EvaluationError(f"{path} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+            raise EvaluationError(f"{path} holds no images (looked for image files in it and its sub-folders)")
         files = files[:limit] if limit else files
-        first = np.asarray(Image.open(files[0]).convert("RGB"))
-        arr = np.empty((len(files), *first.shape), dtype=np.uint8)
+        arr = None
         for i, f in enumerate(tqdm(files, desc=f"reading {path.name}", unit="img", leave=False)):
             try:
-                img = np.asarray(Image.open(f).convert("RGB"))
-            except OSError as err:
+                img = load_image(f, image_size, channels=3)
+            except (OSError, ValueError, SyntaxError) as err:
                 raise EvaluationError(f"{f} is not a readable image: {err}") from None
-            if img.shape != first.shape:
-                raise EvaluationError(f"{f} has shape {img.shape}, but {files[0].name} has {first.shape}")
+            if arr is None:
+                arr = np.empty((len(files), *img.shape), dtype=np.uint8)
+            if img.shape != arr.shape[1:]:
+                raise EvaluationError(f"{f} has shape {img.shape}, but {Path(files[0]).name} has {arr.shape[1:]}: "
+                                      f"give a crop size (--reference-size) to center-crop them alike")  # fmt: skip
             arr[i] = img
         return arr
-    if path.suffix == ".npz":
-        with np.load(path) as data:
-            if "arr_0" not in data:
-                raise EvaluationError(f"{path} has no 'arr_0' array (keys: {list(data.keys())})")
-            arr = data["arr_0"]
-    elif path.suffix == ".npy":
-        arr = np.load(path)
-    else:
-        raise EvaluationError(f"{path}: expected a folder of images, an .npz (arr_0) or an .npy")
+    try:
+        if path.suffix == ".npz":
+            with np.load(path) as data:
+                if "arr_0" not in data:
+                    raise EvaluationError(f"{path} has no 'arr_0' array (keys: {list(data.keys())})")
+                arr = data["arr_0"]
+        elif path.suffix == ".npy":
+            arr = np.load(path)
+        else:
+            raise EvaluationError(f"{path}: expected a folder of images, an .npz (arr_0) or an .npy")
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        if isinstance(err, EvaluationError):
+            raise
+        raise EvaluationError(f"{path} is not a readable array file ({str(err).splitlines()[0]}); truncated?") from None
     return validate_images(arr[:limit] if limit else arr, str(path))
 
 
@@ -134,12 +151,24 @@ def find_inception_weights(path: Optional[str] = None) -> Path:
     )
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def check_plain_tensor_file(path: str | os.PathLike, what: str = "weights") -> str:
+    """Open a weights file with ``torch.load(weights_only=True)`` before any third-party loader sees it
+    (torch-fidelity unpickles weights files unrestricted, which runs whatever code a crafted file holds).
+    Returns its SHA-256; anything but plain tensors is refused."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"{what} file {path} not found")
+    if path.suffix == ".safetensors":  # no pickle inside by construction; just check it is readable
+        from .artifacts import read_safetensors
+
+        read_safetensors(path)
+        return fingerprint_file(path)
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any failure means we do not trust the file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise EvaluationError(f"{path} is not a plain tensor state dict; refusing to unpickle it ({first})") from None
+    return fingerprint_file(path)
 
 
 class InceptionFeatures:
@@ -157,11 +186,7 @@ class InceptionFeatures:
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
         path = find_inception_weights(weights_path)
-        try:
-            torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any failure means we do not trust the file
-            raise EvaluationError(f"{path} is not a plain tensor state dict; refusing to unpickle it ({err})") from None
-        self.weights_sha256 = _sha256(path)
+        self.weights_sha256 = check_plain_tensor_file(path, "Inception weights")
         self.net = FeatureExtractorInceptionV3(self.name, ["2048", "logits_unbiased"], feature_extractor_weights_path=str(path))
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.net.to(self.device).eval()
@@ -199,6 +224,8 @@ class RegisteredFeatures:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.net = create_feature_extractor(name, list(self.kinds.values()), cuda=False, verbose=False, **kwargs)
         self.net.to(self.device)
+        if self.weights_sha256 is None:  # extractors that load their own default weights may say which
+            self.weights_sha256 = getattr(self.net, "weights_sha256", None)
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -234,35 +261,63 @@ def extract_features(extractor: FeatureExtractor, images: np.ndarray, batch_size
 # ----------------------------------------------------------------------------------------------------
 # Reference statistics
 # ----------------------------------------------------------------------------------------------------
-def _cache_path(ref: Path, extractor: FeatureExtractor) -> Path:
-    tag = extractor.name.replace("/", "-")
-    return ref.with_name(f"{ref.name}.moh-dit-stats.{tag}.npz")
+def reference_fingerprint(ref: Path) -> str:
+    """SHA-256 of a reference's content: the file's bytes, or every image file below a folder."""
+    if ref.is_dir():
+        return fingerprint_files(ref, list_images(ref))
+    return fingerprint_file(ref)
+
+
+def _cache_dirs(ref: Path) -> list[Path]:
+    """Where cached statistics live: beside the reference, and a user cache for read-only references."""
+    user = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "moh-dit") / "reference-stats"
+    return [ref.parent, user]
+
+
+def _cache_name(ref: Path, extractor: FeatureExtractor, key: str) -> str:
+    return f"{ref.name}.moh-dit-stats.{extractor.name.replace('/', '-')}.{key[:16]}.npz"
 
 
 def reference_statistics(reference: str | os.PathLike, extractor: FeatureExtractor, batch_size: int = 100,
-                         cache: bool = True, max_pr_images: int = 10000) -> dict:  # fmt: skip
+                         cache: bool = True, max_pr_images: int = 10000, image_size: Optional[int] = None) -> dict:  # fmt: skip
     """Statistics of the reference set: ``mu``/``sigma`` (FID), ``mu_s``/``sigma_s`` (sFID), ``pool``
     features of up to ``max_pr_images`` images (precision/recall) and ``info`` (how they were made).
 
     An ADM reference batch (``arr_0`` plus ``mu``, ``sigma``, ``mu_s``, ``sigma_s``) is used as the ADM
     evaluator uses it: the stored statistics for FID and sFID (computed on the whole training set), the
-    images only for precision/recall. Any other folder or ``.npz`` of real images gets everything computed
-    from its images. Results are cached beside the reference, keyed by extractor and weights hash.
+    images only for precision/recall. Any other folder, image tree or ``.npz`` of real images gets
+    everything computed from its images (center-cropped to ``image_size`` when given). Results are cached
+    under a key of the reference's content, the extractor, its weights, the crop and the P/R subset size;
+    beside the reference, or in ``$MOH_DIT_CACHE`` (default ``~/.cache/moh-dit``) when that folder is
+    read-only.
     """
     ref = Path(reference)
-    cache_file = _cache_path(ref, extractor)
-    if cache and cache_file.is_file():
-        with np.load(cache_file) as data:
-            info = json.loads(str(data["info"]))
-            if info.get("weights_sha256") == extractor.weights_sha256 and info.get("source_size") == _size(ref):
-                return {k: data[k] for k in data.files if k != "info"} | {"info": info}
-        logger.info("cached statistics %s are stale; recomputing", cache_file)
+    if not ref.exists():
+        raise EvaluationError(f"reference {ref} does not exist")
+    content = reference_fingerprint(ref)
+    crop = image_size if ref.is_dir() else None  # arrays are used as they are
+    recipe = {"format": STATS_FORMAT, "content_sha256": content, "extractor": extractor.name,
+              "weights_sha256": extractor.weights_sha256, "image_size": crop, "max_pr_images": max_pr_images}  # fmt: skip
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+    name = _cache_name(ref, extractor, key)
+    if cache:
+        for folder in _cache_dirs(ref):
+            cached = folder / name
+            if cached.is_file():
+                try:
+                    with np.load(cached) as data:
+                        info = json.loads(str(data["info"]))
+                        if info.get("recipe") == recipe:
+                            logger.info("reference statistics from cache %s", cached)
+                            return {k: data[k] for k in data.files if k != "info"} | {"info": info}
+                except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+                    logger.warning("ignoring damaged cache %s", cached)
 
     stored: dict[str, np.ndarray] = {}
     if ref.suffix == ".npz" and ref.is_file():
         with np.load(ref) as data:
             stored = {k: data[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in data}
-    images = load_images(ref)
+    images = load_images(ref, image_size=crop)
     if len(images) < 2:
         raise EvaluationError(f"reference {ref} has {len(images)} images; need at least 2")
     pr_images = images[:max_pr_images]
@@ -281,25 +336,34 @@ def reference_statistics(reference: str | os.PathLike, extractor: FeatureExtract
         origin = "computed from the reference images"
     stats["pool"] = feats["pool"][:max_pr_images]
     info = {
-        "reference": str(ref),
-        "source_size": _size(ref),
+        "reference": str(ref.resolve()),
+        "content_sha256": content,
         "extractor": extractor.name,
         "weights_sha256": extractor.weights_sha256,
+        "image_size": int(images.shape[1]),
+        "center_crop": crop is not None,
         "num_images": int(len(images)),
         "num_pr_images": int(len(stats["pool"])),
         "statistics": origin,
+        "recipe": recipe,
     }
     if cache:
-        tmp = cache_file.with_name(cache_file.name + ".tmp.npz")
-        np.savez(tmp, info=np.array(json.dumps(info)), **stats)
-        os.replace(tmp, cache_file)
+        _write_cache(ref, name, stats, info)
     return stats | {"info": info}
 
 
-def _size(path: Path) -> int:
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    return path.stat().st_size
+def _write_cache(ref: Path, name: str, stats: dict, info: dict) -> None:
+    for folder in _cache_dirs(ref):
+        try:
+            ensure_writable_dir(folder, "cache folder")
+            tmp = folder / f".{name}.tmp.npz"
+            np.savez(tmp, info=np.array(json.dumps(info)), **stats)
+            os.replace(tmp, folder / name)
+            logger.info("cached reference statistics in %s", folder / name)
+            return
+        except OSError:
+            continue
+    logger.warning("could not cache the reference statistics (no writable cache folder)")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -307,9 +371,13 @@ def _size(path: Path) -> int:
 # ----------------------------------------------------------------------------------------------------
 def evaluate(samples: np.ndarray, reference: str | os.PathLike, extractor: FeatureExtractor,
              batch_size: int = 100, fp16_distances: bool = False, pr_k: int = 3, pr_block: int = 10000,
-             is_split_size: int = 5000, cache: bool = True) -> dict:  # fmt: skip
-    """FID, sFID, IS, precision and recall of uint8 NHWC ``samples`` against ``reference``."""
-    ref = reference_statistics(reference, extractor, batch_size, cache)
+             is_split_size: int = 5000, cache: bool = True, reference_size: Optional[int] = None) -> dict:  # fmt: skip
+    """FID, sFID, IS, precision and recall of uint8 NHWC ``samples`` against ``reference``. An image-folder
+    reference is center-cropped to ``reference_size`` (default: the samples' size)."""
+    samples = validate_images(samples, "samples")
+    ref = reference_statistics(reference, extractor, batch_size, cache, image_size=reference_size or samples.shape[1])
+    if ref["info"].get("image_size") not in (None, samples.shape[1]) and "stored statistics" not in ref["info"]["statistics"]:
+        logger.warning("reference images are %d px, samples %d px", ref["info"]["image_size"], samples.shape[1])
     feats = extract_features(extractor, samples, batch_size, "sample features")
     results: dict = {}
     mu, sigma = feature_statistics(feats["pool"])
@@ -323,7 +391,15 @@ def evaluate(samples: np.ndarray, reference: str | os.PathLike, extractor: Featu
                                                                fp16=fp16_distances)  # fmt: skip
     return {"metrics": results, "reference": ref["info"], "num_samples": int(len(samples)),
             "extractor": extractor.name, "weights_sha256": extractor.weights_sha256,
-            "settings": {"fp16_distances": fp16_distances, "pr_k": pr_k, "is_split_size": is_split_size}}  # fmt: skip
+            "settings": {"fp16_distances": fp16_distances, "pr_k": pr_k, "is_split_size": is_split_size,
+                         "batch_size": batch_size}}  # fmt: skip
+
+
+def write_metrics(path: str | os.PathLike, result: dict) -> Path:
+    """The metrics JSON (kind ``metrics``), written atomically."""
+    from .artifacts import code_version, utc_now
+
+    return atomic_write_json(path, {"kind": "metrics", "created": utc_now(), "code": code_version(), **result})
 
 
 def format_table(metrics: dict) -> str:
@@ -352,6 +428,25 @@ def resolve_extractor(name: str, weights: Optional[str], device: Optional[str],
     pool = cls.get_default_feature_layer_for_metric("fid")
     logits = "logits_unbiased" if "logits_unbiased" in provided else ("logits" if "logits" in provided else None)
     spatial = "spatial" if "spatial" in provided else None
-    kwargs = {"feature_extractor_weights_path": weights} if weights else {}
-    sha = _sha256(Path(weights)) if weights else None
-    return RegisteredFeatures(name, pool, logits, spatial, device, sha, **kwargs)
+    # every weights file that reaches a third-party loader is checked first (see check_plain_tensor_file)
+    sha = check_plain_tensor_file(weights, f"{name} weights") if weights else None
+    kwargs = {"feature_extractor_weights_path": str(weights)} if weights else {}
+    try:
+        return RegisteredFeatures(name, pool, logits, spatial, device, sha, **kwargs)
+    except OSError as err:  # URLError, HTTPError, no route: torch-fidelity downloads weights it does not have
+        raise EvaluationError(
+            f"the weights of extractor {name!r} could not be downloaded ({str(err).splitlines()[0]}); if you are "
+            f"offline, fetch them elsewhere and pass --extractor-weights PATH"
+        ) from None
+
+
+def import_extractor_module(name: Optional[str]) -> None:
+    """Import a module that registers feature extractors with torch-fidelity (``--extractor-module``)."""
+    if not name:
+        return
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except ImportError as err:
+        raise EvaluationError(f"--extractor-module {name}: cannot import it ({err})") from None

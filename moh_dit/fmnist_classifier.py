@@ -24,6 +24,8 @@ from torch import nn
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY, register_feature_extractor
 
+from .artifacts import fingerprint_file
+
 __all__ = ["FashionClassifier", "train_classifier", "DEFAULT_WEIGHTS", "EXTRACTOR_NAME", "load_classifier"]
 
 logger = logging.getLogger(__name__)
@@ -139,7 +141,9 @@ class FashionClassifierExtractor(FeatureExtractorBase):
 
     def __init__(self, name, features_list, feature_extractor_weights_path=None, **kwargs):
         super().__init__(name, features_list)
-        self.net = load_classifier(feature_extractor_weights_path)
+        path = Path(feature_extractor_weights_path or os.environ.get(WEIGHTS_ENV) or DEFAULT_WEIGHTS)
+        self.net = load_classifier(path)
+        self.weights_sha256 = fingerprint_file(path) if path.is_file() else None
         self.requires_grad_(False)
 
     def forward(self, x):

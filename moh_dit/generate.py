@@ -1,10 +1,12 @@
-"""Loading a model from whatever the user has, and generating many samples reproducibly.
+r"""Loading a model from whatever the user has, and generating many samples reproducibly.
 
-``load_pipeline`` accepts a training run folder, a checkpoint folder, a pipeline folder or a transformer
-folder; the architecture always comes from the saved config. ``generate_samples`` writes N images (PNG,
-named by index) and an ADM-style ``.npz``; each image's label and noise depend only on (seed, index), so
-the result is the same for any number of processes or batch size, and an interrupted run fills in only
-the missing indices.
+``load_pipeline`` accepts a training run folder (its newest weights: the exported pipeline, or a newer
+checkpoint), a checkpoint folder, a pipeline folder or a transformer folder; the architecture always comes
+from the saved config, and the log says which weights were loaded. ``generate_samples`` writes N images
+(PNG, named by index) and an ADM-style ``.npz``. Each image's label and noise depend only on (seed,
+index), and images are computed in fixed blocks of ``batch_size`` indices, so every image is bit-identical
+for any number of processes; an interrupted run fills in only the missing blocks, and a folder is resumed
+only when its manifest matches the model and settings.
 
     accelerate launch --num_processes 8 sample.py runs/imagenet/pipeline --num-samples 50000 \
         --sample-dir samples/xl --cfg-scale 1.5 --guidance-channels 3
@@ -13,46 +15,168 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
 from PIL import Image
-from safetensors.torch import load_file
-from tqdm.auto import tqdm
 
-from .latents import load_vae
+from .artifacts import (
+    RunLayout,
+    checkpoint_step,
+    fingerprint_module,
+    prepare_sample_folder,
+    read_safetensors,
+    sample_npz_path,
+    sibling,
+    weight_health,
+)
+from .errors import ArtifactError, ConfigError
+from .latents import check_vae, load_vae
 from .model import MoHDiT
-from .pipeline import MoHDiTPipeline, make_scheduler, to_uint8
+from .pipeline import MoHDiTPipeline
+from .seeding import index_generator, label_for_index
+from .tracking import Progress
 
-__all__ = ["load_pipeline", "generate_samples", "GenerationSettings", "index_generator", "label_for_index"]
+__all__ = [
+    "DTYPES",
+    "GenerationSettings",
+    "ModelSource",
+    "resolve_model_source",
+    "load_pipeline",
+    "load_transformer",
+    "generate_samples",
+    "sample_manifest",
+    "index_generator",
+    "label_for_index",
+    "pack_npz",
+    "describe_samples",
+]
 
 logger = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ----------------------------------------------------------------------------------------------------
+# Which weights a path means
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class ModelSource:
+    """Where weights come from: ``kind`` is ``pipeline``, ``checkpoint`` or ``transformer``; ``step`` is
+    the training step when known; ``run`` the run folder it belongs to."""
+
+    kind: str
+    path: Path
+    step: Optional[int] = None
+    run: Optional[Path] = None
+    note: str = ""
+
+    def describe(self) -> str:
+        step = f" (step {self.step})" if self.step is not None else ""
+        what = {"pipeline": "exported pipeline", "checkpoint": "EMA weights of checkpoint",
+                "transformer": "transformer folder"}[self.kind]  # fmt: skip
+        return f"{what} {self.path}{step}{self.note}"
+
+
+def _pipeline_step(folder: Path) -> Optional[int]:
+    manifest = MoHDiTPipeline.manifest_of(folder)
+    return (manifest or {}).get("source", {}).get("step")
+
+
+def resolve_model_source(path: str | os.PathLike) -> ModelSource:
+    """What a user's path means. For a run folder: the newest weights, i.e. the latest checkpoint when it is
+    newer than the exported pipeline (a run trained on after its export), else the pipeline."""
+    path = Path(path)
+    if not path.exists():
+        raise ArtifactError(f"{path} does not exist (expected a run, checkpoint, pipeline or transformer folder)")
+    if (path / "model_index.json").is_file():
+        return ModelSource("pipeline", path, _pipeline_step(path))
+    if (path / "trainer_state.json").is_file():
+        return ModelSource("checkpoint", path, checkpoint_step(path), path.parent.parent)
+    layout = RunLayout(path)
+    pipe = layout.pipeline if (layout.pipeline / "model_index.json").is_file() else None
+    latest = layout.latest_checkpoint()
+    if pipe is not None or latest is not None:
+        pipe_step = _pipeline_step(pipe) if pipe is not None else None
+        ckpt_step = checkpoint_step(latest) if latest is not None else None
+        if latest is not None and (pipe is None or pipe_step is None or ckpt_step > pipe_step):
+            note = f"; newer than the exported pipeline (step {pipe_step})" if pipe is not None and pipe_step is not None else ""
+            return ModelSource("checkpoint", latest, ckpt_step, path, note)
+        return ModelSource("pipeline", pipe, pipe_step, path)
+    if layout.checkpoints.is_dir():
+        raise ArtifactError(f"{path} is a run folder without any complete checkpoint or exported pipeline")
+    if (path / "config.json").is_file():
+        cfg = json.loads((path / "config.json").read_text())
+        if cfg.get("_class_name") != "MoHDiT":
+            raise ArtifactError(f"{path}/config.json describes a {cfg.get('_class_name')!r}, not a MoHDiT")
+        return ModelSource("transformer", path)
+    raise ArtifactError(
+        f"{path} holds no model_index.json, pipeline/, checkpoints/, trainer_state.json or config.json: "
+        f"not a moh-dit run, checkpoint, pipeline or transformer folder"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------------------
-def _pipeline_from_checkpoint(ckpt: Path, prefer_ema: bool = True) -> MoHDiTPipeline:
-    """A training checkpoint (``model/``, ``ema.safetensors``, ``trainer_state.json``) -> pipeline."""
-    model = MoHDiT.from_pretrained(ckpt / "model")
-    ema_file = ckpt / "ema.safetensors"
-    if prefer_ema and ema_file.is_file():
-        ema = load_file(ema_file)
+def _damaged(path: Path, err: Exception) -> ArtifactError:
+    return ArtifactError(f"{path} cannot be loaded: {str(err).strip().splitlines()[0]} (damaged files, or "
+                         f"weights that are not safetensors?)")  # fmt: skip
+
+
+def _check_health(model: torch.nn.Module, where: str) -> None:
+    sane, peak = weight_health(model.state_dict().values())
+    if not sane:
+        raise ArtifactError(f"the weights in {where} are not finite or have exploded (max |w| = {peak:.3g}); was the "
+                            f"run stopped for a non-finite loss? Use an earlier checkpoint")  # fmt: skip
+
+
+def _checkpoint_model(ckpt: Path, prefer_ema: bool = True) -> tuple[MoHDiT, dict]:
+    """A training checkpoint's model (with its EMA weights by default) and its trainer state."""
+    try:
+        model = MoHDiT.from_pretrained(ckpt / "model", use_safetensors=True)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise _damaged(ckpt / "model", err) from None
+    if prefer_ema:
+        ema = read_safetensors(ckpt / "ema.safetensors", "cpu")
         missing = [n for n, _ in model.named_parameters() if n not in ema]
         if missing:
-            raise ValueError(f"{ema_file} does not match the model: missing {missing[:5]}")
+            raise ArtifactError(f"{ckpt / 'ema.safetensors'} does not match the model: missing {missing[:5]}")
         with torch.no_grad():
             for name, param in model.named_parameters():
                 param.copy_(ema[name])
-    state = json.loads((ckpt / "trainer_state.json").read_text())
-    vae = load_vae(state.get("vae")) if state.get("vae") not in (None, "none") else None
-    return MoHDiTPipeline(model.eval(), make_scheduler("ddpm", model.config.learn_sigma), vae, state.get("id2label"))
+    return model, json.loads((ckpt / "trainer_state.json").read_text())
+
+
+def _checkpoint_vae(state: dict, ckpt: Path):
+    """The VAE recorded in a checkpoint (a record with a fingerprint; older checkpoints: a spec)."""
+    record = state.get("vae")
+    if isinstance(record, dict):
+        if not record.get("spec"):
+            return None
+        vae = load_vae(record["spec"])
+        check_vae(vae, record["spec"], record, f"checkpoint {ckpt}")
+        return vae
+    return load_vae(record) if record not in (None, "none") else None
+
+
+def load_transformer(path: str | os.PathLike) -> tuple[MoHDiT, ModelSource]:
+    """The transformer of a run (newest weights), checkpoint (EMA), pipeline or transformer folder."""
+    source = resolve_model_source(path)
+    if source.kind == "checkpoint":
+        model, _ = _checkpoint_model(source.path)
+    else:
+        try:
+            sub = "transformer" if source.kind == "pipeline" else None
+            model = MoHDiT.from_pretrained(source.path, subfolder=sub, use_safetensors=True)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise _damaged(source.path, err) from None
+    _check_health(model, str(source.path))
+    return model.eval(), source
 
 
 def load_pipeline(
@@ -62,49 +186,52 @@ def load_pipeline(
     scheduler: Optional[str] = None,
     vae: Optional[str] = None,
 ) -> MoHDiTPipeline:
-    """Load a pipeline from a run folder (its exported ``pipeline/``, else its latest checkpoint, EMA
-    weights), a checkpoint folder, a pipeline folder or a bare transformer folder.
+    """Load a pipeline from a run folder (its newest weights), a checkpoint folder (EMA weights), a pipeline
+    folder or a bare transformer folder, and log which weights were loaded.
 
     Args:
         device: defaults to CUDA when available, else CPU.
         dtype: ``fp32``, ``bf16`` or ``fp16`` for the transformer (the VAE stays in fp32).
         scheduler: replace the saved scheduler (``ddpm``, ``ddim``, ``dpm-solver``).
         vae: replace or add the VAE (hub id or folder).
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist (expected a run, checkpoint, pipeline or transformer folder)")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
-    if (path / "model_index.json").is_file():
-        pipe = MoHDiTPipeline.from_pretrained(path)
-    elif (path / "pipeline" / "model_index.json").is_file():
-        pipe = MoHDiTPipeline.from_pretrained(path / "pipeline")
-    elif (path / "trainer_state.json").is_file():
-        pipe = _pipeline_from_checkpoint(path)
-    elif (path / "checkpoints").is_dir():
-        from .training import find_checkpoint
 
-        ckpt = find_checkpoint(path)
-        if ckpt is None:
-            raise FileNotFoundError(f"{path} is a run folder without any complete checkpoint or exported pipeline")
-        pipe = _pipeline_from_checkpoint(ckpt)
-    elif (path / "config.json").is_file():
-        cfg = json.loads((path / "config.json").read_text())
-        if cfg.get("_class_name") != "MoHDiT":
-            raise ValueError(f"{path}/config.json describes a {cfg.get('_class_name')!r}, not a MoHDiT")
-        model = MoHDiT.from_pretrained(path)
-        pipe = MoHDiTPipeline(model.eval(), make_scheduler("ddpm", model.config.learn_sigma), None, {})
+    The pipeline carries ``provenance`` (source, step, fingerprint), which sample manifests record.
+    """
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    source = resolve_model_source(path)
+    manifest = None
+    if source.kind == "pipeline":
+        try:
+            pipe = MoHDiTPipeline.from_pretrained(source.path, use_safetensors=True)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise _damaged(source.path, err) from None
+        manifest = MoHDiTPipeline.manifest_of(source.path)
+    elif source.kind == "checkpoint":
+        model, state = _checkpoint_model(source.path)
+        latent = isinstance(state.get("vae"), dict) and state["vae"].get("spec") is not None
+        pipe = MoHDiTPipeline.build(model, _checkpoint_vae(state, source.path), state.get("id2label"),
+                                    latent_space=latent or None)  # fmt: skip
     else:
-        raise FileNotFoundError(
-            f"{path} holds no model_index.json, pipeline/, checkpoints/, trainer_state.json or config.json: "
-            f"not a moh-dit run, checkpoint, pipeline or transformer folder"
-        )
+        model, _ = load_transformer(source.path)
+        pipe = MoHDiTPipeline.build(model)
+    _check_health(pipe.transformer, str(source.path))
+    fingerprint = fingerprint_module(pipe.transformer)
+    if manifest is not None and manifest.get("transformer_sha256") not in (None, fingerprint):
+        raise ArtifactError(f"the weights in {source.path} are not those its manifest records (fingerprint "
+                            f"{fingerprint[:12]} vs {manifest['transformer_sha256'][:12]}): the folder was modified; "
+                            f"export it again")  # fmt: skip
     if vae is not None:
         pipe.register_modules(vae=load_vae(vae))
     if scheduler is not None:
         pipe.with_scheduler(scheduler)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    logger.info("loaded %s", source.describe())
+    pipe.provenance = {"source": str(source.path.resolve()), "kind": source.kind, "step": source.step,
+                       "run": str(source.run.resolve()) if source.run else None, "transformer_sha256": fingerprint}  # fmt: skip
+    if isinstance(device, str) or device is None:
+        from .cli import resolve_device
+
+        device = resolve_device(device)
     pipe.to(device)
     if dtype != "fp32":
         pipe.transformer.to(DTYPES[dtype])
@@ -114,23 +241,11 @@ def load_pipeline(
 # ----------------------------------------------------------------------------------------------------
 # Reproducible N-sample generation
 # ----------------------------------------------------------------------------------------------------
-def index_generator(seed: int, index: int) -> torch.Generator:
-    """The generator of image ``index``: its label, initial noise and every ancestral noise draw."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + index) % (2**63))
-
-
-def label_for_index(seed: int, index: int, num_classes: int, mode: str) -> int:
-    """Uniform at random (from a generator independent of the noise) or class-balanced (index mod K)."""
-    if mode == "balanced":
-        return index % num_classes
-    if mode == "uniform":
-        g = torch.Generator().manual_seed((seed * 7_919 + index * 104_729 + 17) % (2**63))
-        return int(torch.randint(0, num_classes, (1,), generator=g))
-    raise ValueError(f"label mode must be 'uniform' or 'balanced', got {mode!r}")
-
-
 @dataclass
 class GenerationSettings:
+    """What to generate. ``batch_size`` is also the block size: images are always computed with the same
+    block-mates, which is what makes them bit-identical for any number of processes."""
+
     num_samples: int = 50_000
     seed: int = 0
     batch_size: int = 32
@@ -139,8 +254,47 @@ class GenerationSettings:
     guidance_channels: Optional[int] = None
     label_mode: str = "uniform"
 
+    def validate(self) -> None:
+        for name in ("num_samples", "batch_size", "num_inference_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not math.isfinite(self.guidance_scale):
+            raise ConfigError(f"guidance_scale must be a finite number, got {self.guidance_scale}")
+        if self.label_mode not in ("uniform", "balanced"):
+            raise ConfigError(f"label_mode must be uniform or balanced, got {self.label_mode!r}")
+
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return asdict(self)
+
+
+def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_size: int = 1) -> dict[str, Any]:
+    """What makes a set of samples: ``identity`` holds everything that changes the pixels (weights of the
+    transformer and the VAE, their dtype, the scheduler, steps, guidance, seed, labels); the rest is a record
+    (source, step, count, batch, processes, device), which does not stop a resume."""
+    transformer = pipe.transformer
+    conditional = transformer.config.num_classes > 0
+    scheduler = {k: v for k, v in dict(pipe.scheduler.config).items() if not k.startswith("_")}
+    identity = {
+        "transformer_sha256": fingerprint_module(transformer),
+        "dtype": str(transformer.dtype).removeprefix("torch."),
+        "vae_sha256": fingerprint_module(pipe.vae) if pipe.vae is not None else None,
+        "scheduler": dict(scheduler, name=type(pipe.scheduler).__name__),
+        "num_inference_steps": settings.num_inference_steps,
+        "guidance_scale": settings.guidance_scale if conditional else 1.0,
+        "guidance_channels": settings.guidance_channels,
+        "seed": settings.seed,
+        "label_mode": settings.label_mode if conditional else None,
+        "num_classes": transformer.config.num_classes,
+    }
+    return {
+        "identity": identity,
+        "model": getattr(pipe, "provenance", None),
+        "id2label": {str(k): v for k, v in pipe.id2label.items()},
+        "count": settings.num_samples,
+        "batch_size": settings.batch_size,
+        "world_size": world_size,
+        "device": transformer.device.type,
+    }
 
 
 def _png_path(sample_dir: Path, index: int) -> Path:
@@ -162,89 +316,85 @@ def generate_samples(
     sample_dir: str | os.PathLike,
     settings: GenerationSettings,
     accelerator=None,
-    npz_path: Optional[str | os.PathLike] = None,
+    overwrite: bool = False,
 ) -> Optional[Path]:
-    """Generate ``settings.num_samples`` images into ``sample_dir`` (resuming), then pack them into an
-    ADM-style ``.npz`` (``arr_0`` uint8 NHWC RGB, ``arr_1`` labels). Returns the ``.npz`` path on the main
-    process. With ``accelerator`` the missing indices are split over its processes."""
-    sample_dir = Path(sample_dir)
+    """Generate ``settings.num_samples`` images into ``sample_dir`` (resuming a folder whose manifest
+    matches), then pack them into the ADM-style ``.npz`` beside it (``arr_0`` uint8 NHWC RGB, ``arr_1``
+    labels, ``moh_dit_manifest``). Returns the ``.npz`` path on the main process. With ``accelerator`` the
+    missing blocks are split over its processes."""
+    settings.validate()
+    if pipe.config.get("latent_space", False) and pipe.vae is None:
+        raise ConfigError("this model generates latents and the pipeline has no VAE: pass the VAE it was trained with")
+    sample_dir = Path(str(sample_dir).rstrip("/"))
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     is_main = rank == 0
-    num_classes = pipe.transformer.config.num_classes
-    if is_main:
-        sample_dir.mkdir(parents=True, exist_ok=True)
-        (sample_dir / "settings.json").write_text(json.dumps(settings.to_dict(), indent=2))
+    manifest = sample_manifest(pipe, settings, world)
+    prepare_sample_folder(sample_dir, manifest, overwrite, write=is_main)
     if accelerator:
         accelerator.wait_for_everyone()
-    todo = missing_indices(sample_dir, settings.num_samples)
-    mine = todo[rank::world]
+
+    n, block = settings.num_samples, settings.batch_size
+    missing = set(missing_indices(sample_dir, n))
+    todo = [b for b in range(-(-n // block)) if any(i in missing for i in range(b * block, min((b + 1) * block, n)))]
     if is_main:
-        logger.info("%d of %d samples present; generating %d over %d processes", settings.num_samples - len(todo),
-                    settings.num_samples, len(todo), world)  # fmt: skip
-    bar = tqdm(total=len(todo), disable=not is_main, desc="sampling", unit="img", dynamic_ncols=True)
-    start = time.time()
+        source = (getattr(pipe, "provenance", None) or {}).get("source", "an in-memory model")
+        logger.info("sampling from %s: %d of %d images present in %s; generating %d on %d process(es)", source,
+                    n - len(missing), n, sample_dir, len(missing), world)  # fmt: skip
+    num_classes = pipe.transformer.config.num_classes
+    progress = Progress(len(todo) * block, desc="sampling", unit="img", enabled=is_main)
     pipe.set_progress_bar_config(disable=True)
-    for b in range(0, len(mine), settings.batch_size):
-        batch = mine[b : b + settings.batch_size]
-        gens = [index_generator(settings.seed, i) for i in batch]
-        kwargs = dict(num_images=len(batch))
+    for b in todo[rank::world]:
+        # the whole block, also indices past N: an image's block-mates fix its numerics, so any N, process
+        # count or resume gives the same bits
+        batch = list(range(b * block, (b + 1) * block))
+        kwargs: dict[str, Any] = dict(num_images=len(batch))
         if num_classes > 0:
             kwargs = dict(class_labels=[label_for_index(settings.seed, i, num_classes, settings.label_mode) for i in batch])
         images = pipe(**kwargs, guidance_scale=settings.guidance_scale if num_classes > 0 else 1.0,
-                      num_inference_steps=settings.num_inference_steps, generator=gens,
+                      num_inference_steps=settings.num_inference_steps,
+                      generator=[index_generator(settings.seed, i) for i in batch],
                       guidance_channels=settings.guidance_channels, output_type="uint8", progress=False).images  # fmt: skip
         for i, img in zip(batch, images):
-            _save_png(img, _png_path(sample_dir, i))
-        bar.update(len(batch) * world)  # the other ranks progress at about the same rate
-        bar.set_postfix(img_s=f"{(b + len(batch)) * world / (time.time() - start):.2f}")
-    bar.close()
+            if i in missing:
+                _save_png(img, _png_path(sample_dir, i))
+        progress.update(block * world)  # the other processes progress at about the same rate
+    progress.close()
     if accelerator:
         accelerator.wait_for_everyone()
     if not is_main:
         return None
-    still = missing_indices(sample_dir, settings.num_samples)
+    still = missing_indices(sample_dir, n)
     if still:
-        raise RuntimeError(f"{len(still)} samples are missing after generation (e.g. index {still[0]})")
-    return pack_npz(sample_dir, settings, npz_path or sample_dir.with_suffix(".npz"), num_classes)
+        raise ArtifactError(f"{len(still)} samples are missing in {sample_dir} after generation (e.g. index {still[0]})")
+    return pack_npz(sample_dir, dict(manifest, count=n), sample_npz_path(sample_dir))
 
 
-def pack_npz(sample_dir: Path, settings: GenerationSettings, npz_path, num_classes: int) -> Path:
-    """Read PNGs 0..N-1 back into one ``.npz`` (grayscale repeated to RGB, as the ADM evaluator expects)."""
-    npz_path = Path(npz_path)
+def pack_npz(sample_dir: Path, manifest: dict[str, Any], npz_path: Path) -> Path:
+    """Read PNGs 0..N-1 back into one ``.npz`` (grayscale repeated to RGB, as the ADM evaluator expects),
+    with the samples' manifest stored inside, so the file says what made it wherever it is copied."""
+    n, identity = manifest["count"], manifest["identity"]
     first = np.asarray(Image.open(_png_path(sample_dir, 0)))
     h, w = first.shape[:2]
-    arr = np.empty((settings.num_samples, h, w, 3), dtype=np.uint8)
-    for i in tqdm(range(settings.num_samples), desc="packing npz", unit="img", leave=False):
+    arr = np.empty((n, h, w, 3), dtype=np.uint8)
+    for i in range(n):
         img = np.asarray(Image.open(_png_path(sample_dir, i)))
+        if img.shape[:2] != (h, w):
+            raise ArtifactError(f"{_png_path(sample_dir, i)} has shape {img.shape}, but image 0 has {first.shape}")
         arr[i] = img[:, :, None] if img.ndim == 2 else img[:, :, :3]
-    labels = np.array([label_for_index(settings.seed, i, num_classes, settings.label_mode) if num_classes else -1
-                       for i in range(settings.num_samples)], dtype=np.int64)  # fmt: skip
-    tmp = npz_path.with_name(npz_path.name + ".tmp.npz")
-    np.savez(tmp, arr_0=arr, arr_1=labels)
+    k = identity["num_classes"]
+    labels = np.array([label_for_index(identity["seed"], i, k, identity["label_mode"]) if k else -1 for i in range(n)],
+                      dtype=np.int64)  # fmt: skip
+    tmp = sibling(npz_path, ".tmp.npz")
+    np.savez(tmp, arr_0=arr, arr_1=labels, moh_dit_manifest=np.array(json.dumps(dict(manifest, kind="samples"))))
     os.replace(tmp, npz_path)
     return npz_path
 
 
-def sample_grid(
-    pipe: MoHDiTPipeline,
-    class_labels: Sequence,
-    per_class: int,
-    seed: int,
-    guidance_scale: float,
-    num_inference_steps: int,
-    guidance_channels: Optional[int] = None,
-    batch_size: int = 64,
-):
-    """Images for a labelled grid: ``per_class`` samples of every requested class, one row per class."""
-    ids = pipe.get_label_ids(class_labels) if pipe.transformer.config.num_classes else [None]
-    labels = [c for c in ids for _ in range(per_class)]
-    out = []
-    for b in range(0, len(labels), batch_size):
-        chunk = labels[b : b + batch_size]
-        gens = [index_generator(seed, b + j) for j in range(len(chunk))]
-        kwargs = dict(class_labels=chunk) if ids[0] is not None else dict(num_images=len(chunk))
-        out.append(pipe(**kwargs, guidance_scale=guidance_scale if ids[0] is not None else 1.0,
-                        num_inference_steps=num_inference_steps, generator=gens,
-                        guidance_channels=guidance_channels, output_type="uint8").images)  # fmt: skip
-    names = [pipe.id2label.get(c, str(c)) for c in ids] if ids[0] is not None else None
-    return np.concatenate(out), names
+def describe_samples(manifest: Optional[dict]) -> str:
+    if not manifest:
+        return "samples without a moh-dit manifest"
+    ident, model = manifest["identity"], manifest.get("model") or {}
+    step = f" step {model['step']}" if model.get("step") is not None else ""
+    return (f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
+            f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, guidance {ident['guidance_scale']}")  # fmt: skip
+

@@ -11,7 +11,11 @@ diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class 
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -25,7 +29,10 @@ from diffusers import (
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from .artifacts import fingerprint_module, read_manifest, replace_folder, write_manifest
+from .errors import ConfigError, NonFiniteSampleError
 from .model import MoHDiT
+from .seeding import index_generator
 
 __all__ = ["MoHDiTPipeline", "make_scheduler", "SCHEDULERS", "resolve_class_labels", "to_uint8"]
 
@@ -109,11 +116,46 @@ class MoHDiTPipeline(DiffusionPipeline):
         scheduler: SchedulerMixin,
         vae: Optional[AutoencoderKL] = None,
         id2label: Optional[dict] = None,
+        latent_space: Optional[bool] = None,
     ) -> None:
         super().__init__()
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
         id2label = {int(k): str(v) for k, v in (id2label or {}).items()}
-        self.register_to_config(id2label=id2label)
+        if latent_space is None:  # pipelines saved before this was recorded: a VAE or non-image channels
+            latent_space = vae is not None or transformer.config.in_channels not in (1, 3)
+        self.register_to_config(id2label=id2label, latent_space=bool(latent_space))
+
+    @classmethod
+    def build(
+        cls,
+        transformer: MoHDiT,
+        vae: Optional[AutoencoderKL] = None,
+        id2label: Optional[dict] = None,
+        scheduler: str = "ddpm",
+        latent_space: Optional[bool] = None,
+    ) -> "MoHDiTPipeline":
+        """The one way moh-dit assembles a pipeline: a model (put in eval mode), an optional VAE, class
+        names, and a scheduler by name for the model's variance type (DiT's DDPM by default)."""
+        return cls(transformer.eval(), make_scheduler(scheduler, transformer.config.learn_sigma), vae, id2label,
+                   latent_space)  # fmt: skip
+
+    def save(self, folder: str | os.PathLike, source: dict[str, Any]) -> Path:
+        """``save_pretrained`` (safetensors) plus a manifest of what the weights are (fingerprints) and where
+        they came from (``source``: run, step, EMA or model weights, conversion). Written into a temporary
+        folder and renamed, so the folder is the old or the new pipeline, never half of each."""
+        folder = Path(folder)
+        tmp = folder.with_name(f".tmp-{folder.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.save_pretrained(tmp, safe_serialization=True)
+        write_manifest(tmp, "pipeline", source=source, transformer_sha256=fingerprint_module(self.transformer),
+                       vae_sha256=fingerprint_module(self.vae) if self.vae is not None else None,
+                       latent_space=self.config.latent_space, id2label={str(k): v for k, v in self.id2label.items()})  # fmt: skip
+        replace_folder(tmp, folder)
+        return folder
+
+    @staticmethod
+    def manifest_of(folder: str | os.PathLike) -> Optional[dict]:
+        return read_manifest(folder, "pipeline")
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -194,13 +236,23 @@ class MoHDiTPipeline(DiffusionPipeline):
             latents: initial noise (N, C, H, W) instead of drawing it.
             num_images: batch size for unconditional models.
             guidance_channels: guide only the first this-many channels (3 reproduces the papers).
-            output_type: ``"pil"``, ``"np"`` (float in [0, 1], NHWC), ``"pt"`` (float in [-1, 1], NCHW) or
-                ``"uint8"`` (NHWC, ADM quantisation).
+            output_type: ``"pil"``, ``"np"`` (float in [0, 1], NHWC), ``"pt"`` (float in [-1, 1], NCHW),
+                ``"uint8"`` (NHWC, ADM quantisation) or ``"latent"`` (the model's output before decoding).
         """
         transformer = self.transformer
         cfg = transformer.config
-        if output_type not in ("pil", "np", "pt", "uint8"):
-            raise ValueError(f"output_type must be pil, np, pt or uint8, got {output_type!r}")
+        if output_type not in ("pil", "np", "pt", "uint8", "latent"):
+            raise ValueError(f"output_type must be pil, np, pt, uint8 or latent, got {output_type!r}")
+        if not math.isfinite(guidance_scale):
+            raise ConfigError(f"guidance_scale must be a finite number, got {guidance_scale}")
+        max_steps = self.scheduler.config.num_train_timesteps
+        if not isinstance(num_inference_steps, int) or not 1 <= num_inference_steps <= max_steps:
+            raise ConfigError(f"num_inference_steps must be an integer between 1 and {max_steps}, got {num_inference_steps!r}")
+        if output_type != "latent" and self.vae is None and self.config.get("latent_space", False):
+            raise ConfigError(
+                f"this model generates {transformer.in_channels}-channel latents and the pipeline has no VAE to decode "
+                f"them: pass the VAE it was trained with (--vae / vae=...), or output_type='latent'"
+            )
         if cfg.num_classes > 0:
             if class_labels is None:
                 raise ValueError("class_labels are required for a class-conditional model")
@@ -237,7 +289,17 @@ class MoHDiTPipeline(DiffusionPipeline):
                 out = out[:, : transformer.in_channels]  # fast solvers take the noise prediction only
             latents = self.scheduler.step(out, t, latents, generator=generator).prev_sample
 
+        if not torch.isfinite(latents).all():
+            raise NonFiniteSampleError(
+                "sampling produced NaN or infinite values: the weights are probably broken (a run stopped for a "
+                "non-finite loss?) or the guidance scale is extreme"
+            )
+        if output_type == "latent":
+            self.maybe_free_model_hooks()
+            return ImagePipelineOutput(images=latents) if return_dict else (latents,)
         images = self.decode(latents)
+        if not torch.isfinite(images).all():
+            raise NonFiniteSampleError("the VAE decoded NaN or infinite values: its weights are probably broken")
         if output_type == "pt":
             result = images
         elif output_type == "uint8":
@@ -250,6 +312,32 @@ class MoHDiTPipeline(DiffusionPipeline):
         if not return_dict:
             return (result,)
         return ImagePipelineOutput(images=result)
+
+    def sample_grid(
+        self,
+        class_labels: Sequence[Union[int, str]],
+        per_class: int,
+        seed: int,
+        guidance_scale: float,
+        num_inference_steps: int,
+        guidance_channels: Optional[int] = None,
+        batch_size: int = 64,
+    ) -> tuple[np.ndarray, Optional[list[str]]]:
+        """``per_class`` uint8 images of every requested class, one row per class, for previews and
+        ``sample.py``; image ``i`` draws its noise from ``(seed, i)``. Returns the images and row names."""
+        conditional = self.transformer.config.num_classes > 0
+        ids = self.get_label_ids(class_labels) if conditional else [None]
+        labels = [c for c in ids for _ in range(per_class)]
+        out = []
+        for b in range(0, len(labels), batch_size):
+            chunk = labels[b : b + batch_size]
+            gens = [index_generator(seed, b + j) for j in range(len(chunk))]
+            kwargs = dict(class_labels=chunk) if conditional else dict(num_images=len(chunk))
+            out.append(self(**kwargs, guidance_scale=guidance_scale if conditional else 1.0,
+                            num_inference_steps=num_inference_steps, generator=gens,
+                            guidance_channels=guidance_channels, output_type="uint8", progress=False).images)  # fmt: skip
+        names = [self.id2label.get(c, str(c)) for c in ids] if conditional else None
+        return np.concatenate(out), names
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents -> images in [-1, 1] (identity in pixel space)."""

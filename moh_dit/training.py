@@ -1,24 +1,30 @@
-"""The training loop: DiT/MoH-DiT training on accelerate, from one CPU to many GPUs and nodes.
+r"""The training loop: DiT/MoH-DiT on accelerate, from one CPU to many GPUs and nodes.
+
+    python train.py --config configs/fashion_mnist_moh.yaml
+    accelerate launch --multi_gpu --num_processes 8 train.py --config configs/imagenet256/moh-dit-xl-2-90.yaml \
+        data.path=/data/imagenet/train
 
 What it adds over the reference scripts: exact resume (model, EMA, optimizer, grad scaler, step, RNG
-states and data position; a SIGKILLed run resumes to the same per-step losses), atomic checkpoints,
-mixed precision, gradient accumulation and checkpointing, the diffusion loss and the MoH loss logged
-separately and averaged over processes, per-layer head usage, and a clean stop on a non-finite loss.
+states, data position and the open loss window; a SIGKILLed run resumes to the same per-step losses),
+checkpoints written atomically and only from finite, sane weights, a clean stop with a checkpoint on
+SIGINT/SIGTERM (how schedulers preempt), a run folder that is never mixed with another run, mixed
+precision, gradient accumulation and checkpointing, the diffusion and MoH losses logged separately and
+averaged over processes, and per-layer head usage.
 
-All randomness of a step (flips, timesteps, noise, label dropout, posterior draws) comes from a
-generator seeded by (seed, rank, step, micro-batch), and the data order is a pure function of
-(seed, epoch, rank); that is what makes a resumed run bit-identical to an uninterrupted one.
+All randomness of a step comes from a generator seeded by (seed, rank, step, micro-batch) and the data
+order is a pure function of (seed, epoch, rank) (see ``moh_dit.seeding``); that is what makes a resumed
+run bit-identical to an uninterrupted one.
 """
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
-import os
 import random
-import shutil
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -26,219 +32,221 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from diffusers.training_utils import EMAModel
-from safetensors.torch import load_file, save_file
-from torch.utils.data import DataLoader, Dataset, Subset
-from tqdm.auto import tqdm
+from torch.utils.data import DataLoader
 
-from .config import Config, EMASection, config_to_dict
-from .data import FashionMNIST, ImageFolderDataset, ShardedEpochBatchSampler, subset_indices
+from .artifacts import (
+    RunLayout,
+    atomic_write_text,
+    begin_checkpoint,
+    check_run_manifest,
+    checkpoint_step,
+    find_checkpoint,
+    finish_checkpoint,
+    format_differences,
+    open_run_folder,
+    prune_checkpoints,
+    read_checkpoint,
+    weight_health,
+    write_checkpoint_weights,
+    write_rank_state,
+    write_run_manifest,
+)
+from .config import Config, EMASection, ModelSection, config_to_dict
+from .data import ShardedEpochBatchSampler, TrainingData, load_training_data
 from .diffusion import DiffusionObjective
+from .errors import ArtifactError, ConfigError, NonFiniteLossError
 from .images import make_grid
-from .latents import LatentDataset, encode_posterior, load_vae, sample_posterior
+from .latents import encode_posterior, sample_posterior
 from .model import MoHDiT
-from .generate import sample_grid
-from .pipeline import MoHDiTPipeline, make_scheduler
+from .pipeline import MoHDiTPipeline
 from .presets import preset_config
+from .seeding import step_generator
+from .tracking import LossWindow, MetricsLog, Progress
 
-__all__ = ["train", "Trainer", "NonFiniteLossError", "find_checkpoint", "build_dataset", "build_model", "make_ema"]
+__all__ = ["train", "Trainer", "NonFiniteLossError", "find_checkpoint", "build_model", "make_ema", "run_identity"]
 
 logger = logging.getLogger("moh_dit.train")
-CHECKPOINT_PREFIX = "step-"
-
-
-class NonFiniteLossError(RuntimeError):
-    """Training stopped because the loss became NaN or infinite."""
 
 
 # ----------------------------------------------------------------------------------------------------
-# Data and model construction
+# Construction
 # ----------------------------------------------------------------------------------------------------
-def build_dataset(config: Config) -> Dataset:
-    d = config.data
-    if d.name == "fashion-mnist":
-        ds = FashionMNIST(d.path, split=d.split, image_size=d.image_size, channels=d.channels, download=d.download)
-    elif d.name == "folder":
-        if not d.path:
-            raise ValueError("data.name=folder needs data.path (a folder with one sub-folder per class)")
-        ds = ImageFolderDataset(d.path, d.image_size, channels=d.channels, max_bad_fraction=d.max_bad_fraction)
-    else:
-        if not d.path:
-            raise ValueError("data.name=latents needs data.path (a file written by `python -m moh_dit.latents`)")
-        ds = LatentDataset(d.path)
-    if d.subset_per_class > 0:
-        return Subset(ds, subset_indices(ds.targets, d.subset_per_class))
-    return ds
+def build_model(section: ModelSection, data: TrainingData) -> MoHDiT:
+    """The preset with overrides and the data's shape filled in (checked when given explicitly), or the
+    weights of ``init_from``."""
+    if section.init_from:
+        from .generate import load_transformer
 
-
-def build_model(config: Config, in_channels: int, sample_size: int, num_classes: int) -> MoHDiT:
-    """The preset with overrides; data-derived fields filled in, and checked when given explicitly."""
-    if config.model.init_from:
-        path = Path(config.model.init_from)
-        sub = "transformer" if (path / "transformer" / "config.json").exists() else None
-        model = MoHDiT.from_pretrained(path, subfolder=sub)
+        model, source = load_transformer(section.init_from)
+        logger.info("initialised from %s", source.describe())
     else:
-        derived = dict(in_channels=in_channels, sample_size=sample_size, num_classes=num_classes)
-        overrides = dict(config.model.overrides)
-        for key, value in derived.items():
+        overrides = dict(section.overrides)
+        for key, value in dict(in_channels=data.in_channels, sample_size=data.sample_size,
+                               num_classes=data.num_classes).items():  # fmt: skip
             overrides.setdefault(key, value)
-        model = MoHDiT(**preset_config(config.model.preset, **overrides))
+        model = MoHDiT(**preset_config(section.preset, **overrides))
     cfg = model.config
-    for key, value in dict(in_channels=in_channels, sample_size=sample_size).items():
+    for key, value in dict(in_channels=data.in_channels, sample_size=data.sample_size).items():
         if cfg[key] != value:
-            raise ValueError(f"model {key}={cfg[key]} does not match the data ({key}={value})")
-    if cfg.num_classes != num_classes:
-        raise ValueError(f"model has num_classes={cfg.num_classes} but the data set has {num_classes} classes")
+            raise ConfigError(f"model {key}={cfg[key]} does not match the data ({key}={value})")
+    if cfg.num_classes != data.num_classes:
+        raise ConfigError(f"model has num_classes={cfg.num_classes} but the data set has {data.num_classes} classes")
     return model
 
 
-# ----------------------------------------------------------------------------------------------------
-# Checkpoints
-# ----------------------------------------------------------------------------------------------------
-def find_checkpoint(output_dir: str | os.PathLike, which: str = "latest") -> Optional[Path]:
-    """``latest`` -> the newest complete checkpoint under ``output_dir/checkpoints`` (or None); a path ->
-    that checkpoint, which must exist."""
-    if which != "latest":
-        path = Path(which)
-        if not (path / "trainer_state.json").is_file():
-            raise FileNotFoundError(f"{path} is not a complete checkpoint (no trainer_state.json)")
-        return path
-    root = Path(output_dir) / "checkpoints"
-    done = [p for p in root.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and (p / "trainer_state.json").is_file()]
-    return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]), default=None)
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state()}
-    return {
-        "python": [state["python"][0], list(state["python"][1]), state["python"][2]],
-        "numpy": [state["numpy"][0], state["numpy"][1].tolist(), *state["numpy"][2:]],
-    }
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    npy = state["numpy"]
-    np.random.set_state((npy[0], np.array(npy[1], dtype=np.uint32), *npy[2:]))
-
-
-def make_ema(model: torch.nn.Module, ec: EMASection) -> EMAModel:
+def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
     """diffusers' EMA configured as DiT: a copy of the model at step 0, then a constant ``decay`` from the
     first update on (``update_after_step=-1``; with 0 diffusers' first update would copy the weights).
-    ``ec.warmup`` switches to diffusers' warm-up schedule instead."""
+    ``section.warmup`` switches to diffusers' warm-up schedule instead."""
     return EMAModel(
         model.parameters(),
-        decay=ec.decay,
-        min_decay=0.0 if ec.warmup else ec.decay,
-        update_after_step=0 if ec.warmup else -1,
-        use_ema_warmup=ec.warmup,
-        inv_gamma=ec.inv_gamma,
-        power=ec.power,
+        decay=section.decay,
+        min_decay=0.0 if section.warmup else section.decay,
+        update_after_step=0 if section.warmup else -1,
+        use_ema_warmup=section.warmup,
+        inv_gamma=section.inv_gamma,
+        power=section.power,
         foreach=True,
     )
 
 
+def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dict, dict]:
+    """``(identity, settings)`` of a run. The identity (architecture, data, seed, global batch) makes a run
+    this run: a resume with another identity is refused. Settings may change on resume; changes are logged
+    and recorded in the run's manifest."""
+    full = config_to_dict(config)
+    data_keys = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
+    identity = {
+        "model": {k: v for k, v in dict(model.config).items() if not k.startswith("_")},
+        "data": {k: full["data"][k] for k in data_keys} | {"fingerprint": data.description.get("fingerprint"),
+                                                            "vae_sha256": (data.vae_record or {}).get("sha256")},  # fmt: skip
+        "train": {"seed": config.train.seed, "global_batch_size": config.train.global_batch_size},
+    }
+    volatile = ("resume", "overwrite", "output_dir")
+    settings = {name: full[name] for name in ("optim", "ema", "log")}
+    settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile and k not in identity["train"]}
+    settings["data"] = {k: v for k, v in full["data"].items() if k not in data_keys and k != "vae"}
+    return identity, settings
+
+
+# ----------------------------------------------------------------------------------------------------
+# Stopping on a signal
+# ----------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM ask the loop to stop after the current step (it saves a checkpoint and exits
+    cleanly); a second signal aborts at once. Yields the list of received signal numbers."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        if received:
+            raise KeyboardInterrupt
+        received.append(signum)
+        logger.warning("received %s: stopping after this step with a checkpoint (send it again to abort now)",
+                       signal.Signals(signum).name)  # fmt: skip
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _python_rng_state() -> dict[str, Any]:
+    py, npy = random.getstate(), np.random.get_state()
+    return {"python": [py[0], list(py[1]), py[2]], "numpy": [npy[0], npy[1].tolist(), *npy[2:]]}
+
+
+def _set_python_rng_state(state: dict[str, Any]) -> None:
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np.random.set_state((npy[0], np.array(npy[1], dtype=np.uint32), *npy[2:]))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trainer
+# ----------------------------------------------------------------------------------------------------
 class Trainer:
-    """Owns the accelerator, model, EMA, optimizer and data; ``run()`` trains to ``train.max_steps``."""
+    """Set-up, one micro-step, and ``run()``: the loop that trains to ``train.max_steps``."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        tc = config.train
-        self.output_dir = Path(tc.output_dir)
-        cpu = not torch.cuda.is_available()  # Accelerator(cpu=True) makes CPU processes see each other
-        self.accelerator = Accelerator(
-            mixed_precision=tc.mixed_precision,
-            gradient_accumulation_steps=tc.grad_accum_steps,
-            cpu=cpu,
+        train_cfg = config.train
+        self.layout = RunLayout(train_cfg.output_dir)
+        self.accelerator = acc = Accelerator(
+            mixed_precision=train_cfg.mixed_precision,
+            gradient_accumulation_steps=train_cfg.grad_accum_steps,
+            cpu=not torch.cuda.is_available(),  # Accelerator(cpu=True) makes CPU processes see each other
             log_with="tensorboard" if config.log.tensorboard else None,
-            project_dir=str(self.output_dir),
+            project_dir=str(self.layout.root),
         )
-        acc = self.accelerator
         self.world, self.rank = acc.num_processes, acc.process_index
-        per_step = self.world * tc.grad_accum_steps
-        if tc.global_batch_size % per_step:
-            raise ValueError(
-                f"train.global_batch_size={tc.global_batch_size} is not divisible by "
-                f"{self.world} processes x {tc.grad_accum_steps} accumulation steps"
-            )
-        self.micro_batch = tc.global_batch_size // per_step
+        logger.info("%d process(es) on %s", self.world, acc.device)
+        per_step = self.world * train_cfg.grad_accum_steps
+        if train_cfg.global_batch_size % per_step:
+            raise ValueError(f"train.global_batch_size={train_cfg.global_batch_size} is not divisible by "
+                             f"{self.world} processes x {train_cfg.grad_accum_steps} accumulation steps")  # fmt: skip
+        self.micro_batch = train_cfg.global_batch_size // per_step
         if torch.cuda.is_available():
-            torch.backends.cuda.matmul.allow_tf32 = tc.allow_tf32
-            torch.backends.cudnn.allow_tf32 = tc.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = train_cfg.allow_tf32
 
-        # data
-        self.dataset = build_dataset(config)
-        base = self.dataset.dataset if isinstance(self.dataset, Subset) else self.dataset  # class names live here
-        self.id2label = getattr(base, "id2label", None) or {}
-        self.vae = None
-        self.scaling_factor = 1.0
-        self.latent_input = isinstance(base, LatentDataset)
-        if self.latent_input:
-            self.scaling_factor = base.scaling_factor
-            in_ch, size = base.latent_shape[0], base.latent_shape[-1]
-            # the VAE is only needed to decode previews and for the exported pipeline
-            spec = config.data.vae if config.data.vae != "none" else base.meta.get("vae")
-            self.vae_spec = spec
-            try:
-                self.vae = load_vae(spec, device=acc.device)
-            except (RuntimeError, OSError) as err:
-                logger.warning("latents were made with VAE %r, which cannot be loaded (%s): no sample grids, and the "
-                               "exported pipeline will have no VAE; pass data.vae=PATH to fix", spec, err)
-        else:
-            self.vae = load_vae(config.data.vae, device=acc.device)
-            self.vae_spec = config.data.vae
-            if self.vae is not None:
-                self.scaling_factor = float(self.vae.config.scaling_factor)
-                factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-                in_ch, size = self.vae.config.latent_channels, config.data.image_size // factor
-            else:
-                in_ch, size = config.data.channels, config.data.image_size
-        num_classes = len(self.id2label) if self.id2label else len(set(getattr(base, "targets", None) or [0]))
+        # the run folder first: an earlier run there is refused before any data or model is loaded
+        self.resume_from = open_run_folder(self.layout, train_cfg.resume, train_cfg.overwrite, acc.is_main_process)
+        acc.wait_for_everyone()
+        self.data = load_training_data(config.data, acc.device)
 
-        # model, EMA, optimizer (identical initialisation on every rank)
-        set_seed(tc.seed)
-        model = build_model(config, in_ch, size, num_classes)
-        if tc.gradient_checkpointing:
+        set_seed(train_cfg.seed)  # identical initialisation on every rank
+        model = build_model(config.model, self.data)
+        if train_cfg.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         model.train()
         self.ema = make_ema(model, config.ema)
         self.ema.to(acc.device)
-        oc = config.optim
-        optimizer = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=tuple(oc.betas), eps=oc.eps,
-                                      weight_decay=oc.weight_decay)  # fmt: skip
+        optim_cfg = config.optim
+        optimizer = torch.optim.AdamW(model.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                                      eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)  # fmt: skip
         self.model, self.optimizer = acc.prepare(model, optimizer)
-        if tc.compile:
+        if train_cfg.compile:
             self.model = torch.compile(self.model)
         self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma)
+        self.identity, self.settings = run_identity(config, self.data, model)
+        self.window = LossWindow(acc.device)
+        self.metrics = MetricsLog(self.layout.metrics, acc, config.log.tensorboard)
+        self.run_id: Optional[str] = None
         self.step = 0
         self.samples_seen = 0
-        self.sampler_args = dict(dataset_size=len(self.dataset), batch_size=self.micro_batch,
-                                 num_replicas=self.world, rank=self.rank, seed=tc.seed)  # fmt: skip
+        self.sampler_args = dict(dataset_size=len(self.data.dataset), batch_size=self.micro_batch,
+                                 num_replicas=self.world, rank=self.rank, seed=train_cfg.seed)  # fmt: skip
         self.batches_per_epoch = ShardedEpochBatchSampler(**self.sampler_args).batches_per_epoch
 
-    # ------------------------------------------------------------------------------------------------
     @property
     def unwrapped(self) -> MoHDiT:
         return self.accelerator.unwrap_model(self.model)
 
-    def _step_generator(self, micro: int) -> torch.Generator:
-        seed = ((self.config.train.seed * 1_000_003 + self.rank) * 1_000_003 + self.step) * 64 + micro
-        return torch.Generator().manual_seed(seed % (2**63))
+    def _param_names(self) -> list[str]:
+        return [n for n, _ in self.unwrapped.named_parameters()]
 
+    # ------------------------------------------------------------------------------------------------
+    # One micro-step
+    # ------------------------------------------------------------------------------------------------
     def _prepare_batch(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator):
         """Flip, encode (or draw from pre-extracted posteriors) and noise a micro-batch."""
-        device = self.accelerator.device
+        device, data = self.accelerator.device, self.data
         n = x.shape[0]
         flip = torch.rand(n, generator=gen) < 0.5 if self.config.data.random_flip else torch.zeros(n, dtype=torch.bool)
-        if self.latent_input:  # x: (N, 2 flips, 2 [mean, std], c, h, w)
+        if data.latent_input:  # x: (N, 2 flips, 2 [mean, std], c, h, w)
             moments = x[torch.arange(n), flip.long()]
-            x0 = sample_posterior(moments[:, 0], moments[:, 1], self.scaling_factor, gen).to(device)
+            x0 = sample_posterior(moments[:, 0], moments[:, 1], data.scaling_factor, gen).to(device)
         else:
             x = torch.where(flip[:, None, None, None], x.flip(-1), x).to(device)
-            if self.vae is not None:
-                mean, std = encode_posterior(self.vae, x)
+            if data.vae is not None:
+                mean, std = encode_posterior(data.vae, x)
                 eps = torch.randn(mean.shape, generator=gen).to(device)
-                x0 = (mean + std * eps) * self.scaling_factor
+                x0 = (mean + std * eps) * data.scaling_factor
             else:
                 x0 = x
         t = torch.randint(0, self.objective.num_timesteps, (n,), generator=gen).to(device)
@@ -247,7 +255,7 @@ class Trainer:
         return x0, y.to(device), t, noise, drop
 
     def _micro_step(self, x, y, micro: int, want_heads: bool):
-        gen = self._step_generator(micro)
+        gen = step_generator(self.config.train.seed, self.rank, self.step, micro, self.config.train.grad_accum_steps)
         x0, y, t, noise, drop = self._prepare_batch(x, y, gen)
         x_t = self.objective.add_noise(x0, noise, t)
         with self.accelerator.autocast():
@@ -261,30 +269,27 @@ class Trainer:
         return loss, diffusion_loss.detach(), moh_loss.detach(), out.head_masks
 
     # ------------------------------------------------------------------------------------------------
-    # Checkpointing
+    # Checkpoints
     # ------------------------------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step-N`` atomically (a temp folder renamed when every rank is done)."""
+    def save_checkpoint(self, prune: bool = True) -> Optional[Path]:
+        """Write ``checkpoints/step-N`` atomically. Writes nothing and returns ``None`` when the weights or
+        EMA are not finite or have exploded: such a state must never replace a good checkpoint."""
         acc = self.accelerator
-        root = self.output_dir / "checkpoints"
-        final = root / f"{CHECKPOINT_PREFIX}{self.step:08d}"
-        tmp = root / f".tmp-{CHECKPOINT_PREFIX}{self.step:08d}"
+        sane, self.weight_peak = weight_health([*self.unwrapped.parameters(), *self.ema.shadow_params])
+        if not sane:
+            return None
+        tmp, final = self.layout.checkpoint_tmp(self.step), self.layout.checkpoint(self.step)
         if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            begin_checkpoint(tmp)
         acc.wait_for_everyone()
         if acc.is_main_process:
-            self.unwrapped.save_pretrained(tmp / "model")
             ema_state = {n: p.detach().cpu().contiguous() for n, p in zip(self._param_names(), self.ema.shadow_params)}
-            save_file(ema_state, tmp / "ema.safetensors")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            if acc.scaler is not None:
-                torch.save(acc.scaler.state_dict(), tmp / "scaler.pt")
-        rng = {"torch": torch.get_rng_state()}
+            scaler = acc.scaler.state_dict() if acc.scaler is not None else None
+            fingerprints = write_checkpoint_weights(tmp, self.unwrapped, ema_state, self.optimizer.state_dict(), scaler)
+        rank_tensors = {"torch": torch.get_rng_state(), "window": self.window.state()}
         if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        save_file(rng, tmp / f"rng-rank{self.rank}.safetensors")
-        (tmp / f"rng-rank{self.rank}.json").write_text(json.dumps(_rng_state()))
+            rank_tensors["cuda"] = torch.cuda.get_rng_state()
+        write_rank_state(tmp, self.rank, rank_tensors, _python_rng_state())
         acc.wait_for_everyone()
         if acc.is_main_process:
             state = {
@@ -294,249 +299,233 @@ class Trainer:
                 "micro_batches_per_rank": self.step * self.config.train.grad_accum_steps,
                 "batches_per_epoch": self.batches_per_epoch,
                 "world_size": self.world,
-                "id2label": {str(k): v for k, v in self.id2label.items()},
-                "vae": self.vae_spec,
+                "id2label": {str(k): v for k, v in self.data.id2label.items()},
+                "vae": self.data.vae_record,
             }
-            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-            os.replace(tmp, final)  # atomic: a checkpoint folder without .tmp is complete
-            old = sorted(p for p in root.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir())
-            for stale in old[: -self.config.train.keep_last]:
-                shutil.rmtree(stale, ignore_errors=True)
+            finish_checkpoint(tmp, final, state, dict(run_id=self.run_id, step=self.step,
+                                                      max_abs_weight=self.weight_peak, **fingerprints))  # fmt: skip
+            if prune:
+                prune_checkpoints(self.layout, self.config.train.keep_last)
             logger.info("saved checkpoint %s", final)
         acc.wait_for_everyone()
         return final
 
-    def _param_names(self) -> list[str]:
-        return [n for n, _ in self.unwrapped.named_parameters()]
-
-    def load_checkpoint(self, path: Path) -> None:
-        state = json.loads((path / "trainer_state.json").read_text())
-        model = self.unwrapped
-        weights = path / "model" / "diffusion_pytorch_model.safetensors"
-        if not weights.is_file():
-            raise FileNotFoundError(f"checkpoint {path} has no model weights ({weights})")
-        saved_cfg = json.loads((path / "model" / "config.json").read_text())
-        mismatched = {k: (saved_cfg.get(k), v) for k, v in model.config.items() if not k.startswith("_")
-                      and saved_cfg.get(k) != (list(v) if isinstance(v, tuple) else v)}  # fmt: skip
-        if mismatched:
-            diff = ", ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in mismatched.items())
-            raise ValueError(f"checkpoint {path} is for another architecture ({diff})")
-        model.load_state_dict(load_file(weights, device=str(self.accelerator.device)))
-        ema = load_file(path / "ema.safetensors", device=str(self.accelerator.device))
-        for name, shadow in zip(self._param_names(), self.ema.shadow_params):
-            shadow.copy_(ema[name])
+    def load_checkpoint(self, path: Path, run_id: Optional[str] = None) -> None:
+        """Restore everything a checkpoint holds; it must be of this architecture and (when both record
+        one) of this run."""
+        acc = self.accelerator
+        contents = read_checkpoint(path, self.rank, acc.device)
+        owner = (contents.manifest or {}).get("run_id")
+        if run_id and owner and owner != run_id:
+            raise ArtifactError(f"{path} belongs to another run ({owner[:12]}) than {self.layout.root} ({run_id[:12]})")
+        saved = MoHDiT.load_config(path / "model")
+        diffs = [(k, saved.get(k), v) for k, v in self.unwrapped.config.items()
+                 if not k.startswith("_") and saved.get(k) != (list(v) if isinstance(v, tuple) else v)]  # fmt: skip
+        if diffs:
+            raise ArtifactError(f"checkpoint {path} is for another architecture ({format_differences(diffs)})")
+        self.unwrapped.load_state_dict(contents.model_state)
+        names = self._param_names()
+        missing = [n for n in names if n not in contents.ema_state]
+        if missing:
+            raise ArtifactError(f"{path}/ema.safetensors does not match the model: missing {missing[:5]}")
+        for name, shadow in zip(names, self.ema.shadow_params):
+            shadow.copy_(contents.ema_state[name])
+        state = contents.trainer_state
         self.ema.optimization_step = state["ema_optimization_step"]
-        opt = torch.load(path / "optimizer.pt", map_location=self.accelerator.device, weights_only=True)
-        self.optimizer.load_state_dict(opt)
-        if self.accelerator.scaler is not None and (path / "scaler.pt").is_file():
-            self.accelerator.scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
-        rng_file = path / f"rng-rank{self.rank}.safetensors"
-        if rng_file.is_file():
-            rng = load_file(rng_file)
+        self.optimizer.load_state_dict(contents.optimizer_state)
+        if acc.scaler is not None and contents.scaler_state is not None:
+            acc.scaler.load_state_dict(contents.scaler_state)
+        rng = contents.rank_tensors
+        if "torch" in rng:
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
-            _set_rng_state(json.loads((path / f"rng-rank{self.rank}.json").read_text()))
+            _set_python_rng_state(contents.rank_python)
+        self.window.load(rng.get("window"))
         if state.get("world_size") != self.world or state.get("batches_per_epoch") != self.batches_per_epoch:
             logger.warning("resuming with a different number of processes or data size: data order will differ")
-        self.step = state["step"]
-        self.samples_seen = state["samples_seen"]
+        self.step, self.samples_seen = state["step"], state["samples_seen"]
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    def _open_run(self) -> None:
+        """Check the run's manifest, resume from the chosen checkpoint, and record the start."""
+        acc = self.accelerator
+        recorded, changes = check_run_manifest(self.layout, self.identity, self.settings)
+        self.run_id = recorded["run_id"] if recorded else None
+        if self.resume_from is not None:
+            self.load_checkpoint(self.resume_from, self.run_id)
+        if changes:
+            logger.warning("resuming with changed settings: %s", format_differences(changes, limit=20))
+        self.metrics.truncate_after(self.step)
+        if acc.is_main_process:
+            atomic_write_text(self.layout.config, yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
+            event = {"event": "resume" if self.step else "start", "step": self.step, "world_size": self.world,
+                     "changed": {k: [a, b] for k, a, b in changes}}  # fmt: skip
+            self.run_id = write_run_manifest(self.layout, recorded, self.identity, self.settings, event)["run_id"]
+        acc.wait_for_everyone()
+
+    def _record_event(self, event: str, **fields: Any) -> None:
+        if self.accelerator.is_main_process:
+            recorded, _ = check_run_manifest(self.layout, self.identity, self.settings)
+            write_run_manifest(self.layout, recorded, self.identity, self.settings,
+                               {"event": event, "step": self.step, **fields})  # fmt: skip
+
+    def _stop_non_finite(self, diffusion_loss: torch.Tensor, moh_loss: torch.Tensor) -> None:
+        """The loss of step N + 1 is not finite: save step N if its weights are sane, and stop."""
+        self.optimizer.zero_grad(set_to_none=True)
+        path = self.save_checkpoint(prune=False)  # never prune older checkpoints for a rescue save
+        if path is not None:
+            where = f"the state before this step is saved in {path}"
+        else:
+            newest = self.layout.latest_checkpoint()
+            where = (f"the weights had already exploded (max |w| = {self.weight_peak:.3g}) and were not saved; the "
+                     f"newest good checkpoint is {newest or 'none'}")  # fmt: skip
+        self._record_event("stopped", reason="non-finite loss")
+        raise NonFiniteLossError(
+            f"non-finite loss at step {self.step + 1} (diffusion {diffusion_loss.item():.4g}, MoH {moh_loss.item():.4g}); "
+            f"{where}. Try a lower optim.lr, optim.grad_clip > 0, or train.mixed_precision=bf16/no"
+        )
+
+    def _checkpoint(self, prune: bool = True) -> Path:
+        path = self.save_checkpoint(prune)
+        if path is None:
+            newest = self.layout.latest_checkpoint()
+            self._record_event("stopped", reason="exploded weights")
+            raise NonFiniteLossError(
+                f"the weights exploded by step {self.step} (max |w| = {self.weight_peak:.3g}) and were not saved; "
+                f"the newest good checkpoint is {newest or 'none'}. Try a lower optim.lr or optim.grad_clip > 0"
+            )
+        return path
 
     # ------------------------------------------------------------------------------------------------
-    # Logging helpers
+    # Previews and export: the EMA weights in a pipeline
     # ------------------------------------------------------------------------------------------------
-    def _metrics_path(self) -> Path:
-        return self.output_dir / "metrics.jsonl"
-
-    def _truncate_metrics(self) -> None:
-        """After a resume, drop log lines from steps the interrupted run did after its checkpoint."""
-        path = self._metrics_path()
-        if self.accelerator.is_main_process and path.exists():
-            lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
-            path.write_text("".join(ln + "\n" for ln in lines))
-
-    @staticmethod
-    def head_usage(head_masks) -> list[list[float]]:
-        """Per layer, the fraction of tokens that used each head."""
-        return [m.float().mean(dim=(0, 1)).tolist() for m in head_masks]
-
     def ema_pipeline(self) -> MoHDiTPipeline:
-        """The EMA weights in a pipeline with DiT's sampler, the VAE and the class names."""
+        """The EMA weights with DiT's sampler, the VAE and the class names."""
         ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
         self.ema.copy_to(ema_model.parameters())
-        return MoHDiTPipeline(ema_model.eval(), make_scheduler("ddpm", ema_model.config.learn_sigma), self.vae,
-                              self.id2label)  # fmt: skip
+        return MoHDiTPipeline.build(ema_model, self.data.vae, self.data.id2label,
+                                    latent_space=self.data.vae_record is not None)  # fmt: skip
 
     @torch.no_grad()
     def save_sample_grid(self, tag: str) -> Optional[Path]:
         """A grid of EMA samples, one row per class (main process)."""
         if not self.accelerator.is_main_process:
             return None
-        lc = self.config.log
+        log_cfg = self.config.log
         pipe = self.ema_pipeline()
-        pipe.set_progress_bar_config(disable=True)
-        classes = list(range(min(pipe.transformer.config.num_classes, lc.sample_max_classes)))
-        images, names = sample_grid(pipe, classes, lc.sample_per_class, self.config.train.seed, lc.sample_cfg_scale,
-                                    lc.sample_steps)  # fmt: skip
-        grid = make_grid(images, ncols=lc.sample_per_class, row_labels=names)
-        out = self.output_dir / "samples" / f"{tag}.png"
+        classes = list(range(min(pipe.transformer.config.num_classes, log_cfg.sample_max_classes)))
+        images, names = pipe.sample_grid(classes, log_cfg.sample_per_class, self.config.train.seed,
+                                         log_cfg.sample_cfg_scale, log_cfg.sample_steps)  # fmt: skip
+        out = self.layout.samples / f"{tag}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
-        grid.save(out)
+        make_grid(images, ncols=log_cfg.sample_per_class, row_labels=names).save(out)
         return out
 
     def export_pipeline(self) -> Optional[Path]:
-        """The EMA model as a self-describing pipeline folder (``output_dir/pipeline``)."""
+        """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest."""
         acc = self.accelerator
         acc.wait_for_everyone()
         if not acc.is_main_process:
             return None
-        pipe = self.ema_pipeline()
-        out = self.output_dir / "pipeline"
-        tmp = self.output_dir / ".tmp-pipeline"
-        shutil.rmtree(tmp, ignore_errors=True)
-        pipe.save_pretrained(tmp, safe_serialization=True)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
-        return out
+        source = {"run": str(self.layout.root.resolve()), "run_id": self.run_id, "step": self.step, "weights": "ema",
+                  "vae": self.data.vae_record}  # fmt: skip
+        return self.ema_pipeline().save(self.layout.pipeline, source)
 
     # ------------------------------------------------------------------------------------------------
-    # Main loop
+    # The loop
     # ------------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        acc, tc, lc = self.accelerator, self.config.train, self.config.log
-        if acc.is_main_process:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            (self.output_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
-            (self.output_dir / "model_config.json").write_text(json.dumps(dict(self.unwrapped.config), indent=2))
-        if tc.resume:
-            ckpt = find_checkpoint(self.output_dir, tc.resume)
-            if ckpt is not None:
-                self.load_checkpoint(ckpt)
-                logger.info("resumed from %s at step %d", ckpt, self.step)
-            elif tc.resume != "latest":
-                raise FileNotFoundError(f"no checkpoint at {tc.resume}")
-            self._truncate_metrics()
-        if self.config.log.tensorboard:
+        acc, train_cfg, log_cfg = self.accelerator, self.config.train, self.config.log
+        self._open_run()
+        if log_cfg.tensorboard:
             acc.init_trackers("tensorboard")
-
         n_params = sum(p.numel() for p in self.unwrapped.parameters())
         active, total = self.unwrapped.head_counts()
-        logger.info(
-            "training %s: %s parameters, %d/%d heads active, %d processes x %d images x %d accumulation = %d per step",
-            self.config.model.preset, f"{n_params:,}", active, total, self.world, self.micro_batch,
-            tc.grad_accum_steps, tc.global_batch_size,
-        )  # fmt: skip
+        logger.info("training %s: %s parameters, %d/%d heads active, %d processes x %d images x %d accumulation = %d "
+                    "per step", self.config.model.preset, f"{n_params:,}", active, total, self.world, self.micro_batch,
+                    train_cfg.grad_accum_steps, train_cfg.global_batch_size)  # fmt: skip
         lr_at = lambda s: self.config.optim.lr * min(1.0, (s + 1) / max(1, self.config.optim.warmup_steps))  # noqa: E731
-        start_time = time.time()
-        window_start, window_steps = time.time(), 0
-        sums = torch.zeros(3, device=acc.device)  # diffusion loss, moh loss, count since the last log
-        last_heads = None
-        stop_reason = "max_steps"
-        bar = tqdm(total=tc.max_steps, initial=self.step, disable=not acc.is_local_main_process, desc="train",
-                   unit="step", dynamic_ncols=True)  # fmt: skip
-        micro_total = self.step * tc.grad_accum_steps
-        while self.step < tc.max_steps and stop_reason == "max_steps":
-            epoch, start_batch = divmod(micro_total, self.batches_per_epoch)
-            sampler = ShardedEpochBatchSampler(**self.sampler_args, epoch=epoch, start_batch=start_batch)
-            loader = DataLoader(self.dataset, batch_sampler=sampler, num_workers=self.config.data.num_workers,
-                                pin_memory=torch.cuda.is_available())  # fmt: skip
-            for x, y in loader:
-                micro = micro_total % tc.grad_accum_steps
-                micro_total += 1
-                want_heads = lc.head_usage and (self.step + 1) % lc.log_every == 0 and micro == 0
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr_at(self.step)
-                with acc.accumulate(self.model):
-                    loss, d_loss, m_loss, heads = self._micro_step(x, y, micro, want_heads)
-                    # one tiny all-reduce: do all ranks agree the loss is finite / time is not up?
-                    flags = torch.tensor([float(not torch.isfinite(loss)),
-                                          float(tc.time_limit_minutes > 0 and time.time() - start_time > 60 * tc.time_limit_minutes)],
-                                         device=acc.device)  # fmt: skip
-                    flags = acc.reduce(flags, reduction="sum") if self.world > 1 else flags
-                    if flags[0] > 0:
+        start_time = window_start = time.time()
+        window_steps, last_heads, stop = 0, None, None
+        progress = Progress(train_cfg.max_steps, self.step, "train", "step", acc.is_local_main_process)
+        micro_total = self.step * train_cfg.grad_accum_steps
+        with stop_signals() as received:
+            while self.step < train_cfg.max_steps and stop is None:
+                epoch, start_batch = divmod(micro_total, self.batches_per_epoch)
+                sampler = ShardedEpochBatchSampler(**self.sampler_args, epoch=epoch, start_batch=start_batch)
+                loader = DataLoader(self.data.dataset, batch_sampler=sampler, num_workers=self.config.data.num_workers,
+                                    pin_memory=torch.cuda.is_available())  # fmt: skip
+                for x, y in loader:
+                    micro = micro_total % train_cfg.grad_accum_steps
+                    micro_total += 1
+                    want_heads = log_cfg.head_usage and (self.step + 1) % log_cfg.log_every == 0 and micro == 0
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr_at(self.step)
+                    with acc.accumulate(self.model):
+                        loss, d_loss, m_loss, heads = self._micro_step(x, y, micro, want_heads)
+                        # one tiny all-reduce: is the loss finite, is time up, was a stop signal received?
+                        time_up = train_cfg.time_limit_minutes > 0 and time.time() - start_time > 60 * train_cfg.time_limit_minutes
+                        flags = torch.tensor([float(not torch.isfinite(loss)), float(time_up), float(bool(received))],
+                                             device=acc.device)  # fmt: skip
+                        flags = acc.reduce(flags, reduction="sum") if self.world > 1 else flags
+                        if flags[0] > 0:
+                            self._stop_non_finite(d_loss, m_loss)
+                        acc.backward(loss)
+                        if acc.sync_gradients and self.config.optim.grad_clip > 0:
+                            acc.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+                        self.optimizer.step()
                         self.optimizer.zero_grad(set_to_none=True)
-                        path = self.save_checkpoint()  # weights are still those of the last good step
-                        raise NonFiniteLossError(
-                            f"non-finite loss at step {self.step + 1} (diffusion {d_loss.item():.4g}, "
-                            f"MoH {m_loss.item():.4g}); the state before this step is saved in {path}. "
-                            f"Try a lower optim.lr, optim.grad_clip > 0, or train.mixed_precision=bf16/no."
-                        )
-                    acc.backward(loss)
-                    if acc.sync_gradients and self.config.optim.grad_clip > 0:
-                        acc.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                sums += torch.stack([d_loss, m_loss, torch.ones((), device=acc.device)])
-                if heads is not None:
-                    last_heads = heads
-                if flags[1] > 0:
-                    stop_reason = "time_limit"
-                if not acc.sync_gradients:
-                    continue
+                    self.window.add(d_loss, m_loss)
+                    last_heads = heads if heads is not None else last_heads
+                    if stop is None and flags[2] > 0:
+                        stop = signal.Signals(received[0]).name if received else "signal"
+                    elif stop is None and flags[1] > 0:
+                        stop = "time_limit"
+                    if not acc.sync_gradients:
+                        continue
 
-                # ---- one optimizer step done ----
-                self.step += 1
-                self.samples_seen += tc.global_batch_size
-                window_steps += 1
-                if self.step % self.config.ema.update_every == 0:
-                    self.ema.step(self.unwrapped.parameters())
-                bar.update(1)
-                if self.step % lc.log_every == 0 or self.step == tc.max_steps:
-                    avg = acc.reduce(sums, reduction="sum") if self.world > 1 else sums
-                    d_mean, m_mean = (avg[0] / avg[2]).item(), (avg[1] / avg[2]).item()
-                    elapsed = time.time() - window_start
-                    record = {
-                        "step": self.step,
-                        "diffusion_loss": d_mean,
-                        "moh_loss": m_mean,
-                        "lr": lr_at(self.step - 1),
-                        "steps_per_s": window_steps / elapsed,
-                        "images_per_s": window_steps * tc.global_batch_size / elapsed,
-                        "samples_seen": self.samples_seen,
-                    }
-                    if last_heads is not None:
-                        record["head_usage"] = self.head_usage(last_heads)
-                    self._log(record)
-                    bar.set_postfix(loss=f"{d_mean:.4f}", moh=f"{m_mean:.3f}", img_s=f"{record['images_per_s']:.0f}")
-                    sums.zero_()
-                    window_start, window_steps, last_heads = time.time(), 0, None
-                if self.step % tc.checkpoint_every == 0:
-                    self.save_checkpoint()
-                if lc.sample_every > 0 and self.step % lc.sample_every == 0 and (self.vae or not self.latent_input):
-                    self.save_sample_grid(f"step-{self.step:08d}")
-                if self.step >= tc.max_steps or stop_reason != "max_steps":
-                    break
-        bar.close()
-        if not (self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{self.step:08d}").exists():
-            self.save_checkpoint()
-        can_preview = lc.sample_per_class > 0 and (self.vae is not None or not self.latent_input)
-        grid = self.save_sample_grid("final") if can_preview else None
-        pipeline_dir = self.export_pipeline()
+                    # ---- one optimizer step done ----
+                    self.step += 1
+                    self.samples_seen += train_cfg.global_batch_size
+                    window_steps += 1
+                    if self.step % self.config.ema.update_every == 0:
+                        self.ema.step(self.unwrapped.parameters())
+                    if self.step % log_cfg.log_every == 0 or self.step == train_cfg.max_steps:
+                        d_mean, m_mean = self.window.means(acc)
+                        elapsed = time.time() - window_start
+                        record = {"step": self.step, "diffusion_loss": d_mean, "moh_loss": m_mean, "lr": lr_at(self.step - 1),
+                                  "steps_per_s": window_steps / elapsed,
+                                  "images_per_s": window_steps * train_cfg.global_batch_size / elapsed,
+                                  "samples_seen": self.samples_seen}  # fmt: skip
+                        if last_heads is not None:
+                            record["head_usage"] = [m.float().mean(dim=(0, 1)).tolist() for m in last_heads]
+                        self.metrics.write(record)
+                        progress.update(0, loss=f"{d_mean:.4f}", moh=f"{m_mean:.3f}", img_s=f"{record['images_per_s']:.0f}")
+                        self.window.reset()
+                        window_start, window_steps, last_heads = time.time(), 0, None
+                    progress.update(1)
+                    if self.step % train_cfg.checkpoint_every == 0:
+                        self._checkpoint()
+                    if log_cfg.sample_every > 0 and self.step % log_cfg.sample_every == 0 and log_cfg.sample_per_class:
+                        self.save_sample_grid(f"step-{self.step:08d}")
+                    if self.step >= train_cfg.max_steps or stop is not None:
+                        break
+        progress.close()
+        if checkpoint_step(self.layout.latest_checkpoint() or "") != self.step:
+            self._checkpoint()
+        finished = stop in (None, "time_limit")  # a signal means "preempted": save and leave, quickly
+        grid = self.save_sample_grid("final") if finished and log_cfg.sample_per_class > 0 else None
+        pipeline_dir = self.export_pipeline() if finished else None
+        self._record_event("stopped", reason=stop or "max_steps")
         acc.end_training()
-        summary = {"step": self.step, "stop_reason": stop_reason, "pipeline": str(pipeline_dir) if pipeline_dir else None,
+        summary = {"step": self.step, "stop_reason": stop or "max_steps", "pipeline": str(pipeline_dir) if pipeline_dir else None,
                    "sample_grid": str(grid) if grid else None, "minutes": (time.time() - start_time) / 60}  # fmt: skip
         if acc.is_main_process:
             logger.info("done: %s", summary)
+            if not finished:
+                logger.warning("stopped by %s at step %d; continue with train.resume=latest", stop, self.step)
         return summary
-
-    def _log(self, record: dict[str, Any]) -> None:
-        acc = self.accelerator
-        if not acc.is_main_process:
-            return
-        with open(self._metrics_path(), "a") as f:
-            f.write(json.dumps(record) + "\n")
-        scalars = {f"train/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
-        for layer, usage in enumerate(record.get("head_usage", [])):
-            mean = sum(usage) / len(usage)
-            scalars[f"heads/layer{layer:02d}_active_fraction"] = mean
-            scalars[f"heads/layer{layer:02d}_max_over_mean_load"] = max(usage) / mean if mean > 0 else 0.0
-        if self.config.log.tensorboard:
-            acc.log(scalars, step=record["step"])
-        logger.info(
-            "step %d | diffusion loss %.4f | moh loss %.4f | %.2f steps/s | %.1f images/s | lr %.2e",
-            record["step"], record["diffusion_loss"], record["moh_loss"], record["steps_per_s"],
-            record["images_per_s"], record["lr"],
-        )  # fmt: skip
 
 
 def train(config: Config) -> dict[str, Any]:

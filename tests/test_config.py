@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from moh_dit.config import Config, load_config
+from moh_dit.errors import ConfigError
 from moh_dit.presets import PRESETS
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
@@ -46,7 +47,7 @@ def test_base_file_is_merged(tmp_path):
 
 
 def test_missing_config_file():
-    with pytest.raises(FileNotFoundError, match="not found"):
+    with pytest.raises(ConfigError, match="not found"):
         load_config("configs/does-not-exist.yaml")
 
 

@@ -1,5 +1,6 @@
 """Evaluation: image validation, Inception features (randomly initialised, real architecture), reference
 statistics, evaluate_fid.py end to end with a tiny registered extractor, and ADM parity when available."""
+import hashlib
 import json
 import os
 import pickle
@@ -187,9 +188,10 @@ def test_reference_statistics_are_cached_with_a_record(tmp_path):
     np.savez(tmp_path / "ref.npz", arr_0=random_images(30))
     ext = resolve_extractor(TINY, None, "cpu")
     first = reference_statistics(tmp_path / "ref.npz", ext)
-    cache = tmp_path / f"ref.npz.moh-dit-stats.{TINY}.npz"
-    assert cache.exists()
+    caches = list(tmp_path.glob(f"ref.npz.moh-dit-stats.{TINY}.*.npz"))
+    assert len(caches) == 1
     assert first["info"]["num_images"] == 30 and first["info"]["extractor"] == TINY
+    assert first["info"]["content_sha256"] == hashlib.sha256((tmp_path / "ref.npz").read_bytes()).hexdigest()
     with mock.patch("moh_dit.evaluation.extract_features", side_effect=AssertionError("recomputed")):
         second = reference_statistics(tmp_path / "ref.npz", ext)
     np.testing.assert_array_equal(first["sigma"], second["sigma"])
@@ -241,20 +243,32 @@ def test_cli_from_a_model_records_sampling_settings(tmp_path):
                                 "--extractor", TINY, "--num-samples", "6", "--num-steps", "2", "--cfg-scale", "2.5",
                                 "--sample-batch-size", "4", "--out", str(tmp_path / "m.json")])  # fmt: skip
     assert result["num_samples"] == 6
-    settings = json.loads((tmp_path / "m.json").read_text())["command_line"]
-    assert settings["cfg_scale"] == 2.5 and settings["num_steps"] == 2 and settings["scheduler"] == "DDPMScheduler"
+    saved = json.loads((tmp_path / "m.json").read_text())
+    identity = saved["samples"]["manifest"]["identity"]
+    assert identity["guidance_scale"] == 2.5 and identity["num_inference_steps"] == 2
+    assert identity["scheduler"]["name"] == "DDPMScheduler" and saved["samples"]["manifest"]["count"] == 6
+    assert saved["kind"] == "metrics" and "command_line" not in saved
+
+
+def run_evaluate_cli(args):
+    """``evaluate_fid.py`` as the shell runs it: bad input ends with one line and exit code 2."""
+    from moh_dit.cli import run_cli
+
+    return run_cli(lambda: evaluate_fid.main(args))
 
 
 def test_cli_missing_weights_and_float_samples_fail_clearly(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     monkeypatch.delenv("MOH_DIT_INCEPTION_WEIGHTS", raising=False)
+    monkeypatch.delenv("MOH_DIT_DEBUG", raising=False)
     np.savez(tmp_path / "s.npz", arr_0=random_images(4))
     with pytest.raises(SystemExit) as exc:
-        evaluate_fid.main(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "s.npz")])
-    assert exc.value.code == 2 and "weights-inception-2015-12-05" in capsys.readouterr().err
+        run_evaluate_cli(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "s.npz")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "weights-inception-2015-12-05" in err and len(err.strip().splitlines()) == 1
     np.savez(tmp_path / "f.npz", arr_0=np.random.rand(4, 8, 8, 3))
     with pytest.raises(SystemExit):
-        evaluate_fid.main(["--samples", str(tmp_path / "f.npz"), "--reference", str(tmp_path / "s.npz"), "--extractor", TINY])
+        run_evaluate_cli(["--samples", str(tmp_path / "f.npz"), "--reference", str(tmp_path / "s.npz"), "--extractor", TINY])
     assert "must be uint8" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from moh_dit.config import load_config
+from moh_dit.errors import ArtifactError
 from moh_dit.generate import GenerationSettings, generate_samples, label_for_index, load_pipeline
 from moh_dit.training import train
 
@@ -55,12 +56,12 @@ def test_load_from_run_checkpoint_pipeline_and_transformer_folders(run_dir):
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(ArtifactError, match="does not exist"):
         load_pipeline(tmp_path / "nope")
-    with pytest.raises(FileNotFoundError, match="not a moh-dit"):
+    with pytest.raises(ArtifactError, match="not a moh-dit"):
         load_pipeline(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"_class_name": "UNet2DModel"}))
-    with pytest.raises(ValueError, match="not a MoHDiT"):
+    with pytest.raises(ArtifactError, match="not a MoHDiT"):
         load_pipeline(tmp_path)
 
 

@@ -5,6 +5,7 @@ import torch
 from diffusers import AutoencoderKL
 from torch.utils.data import Dataset
 
+from moh_dit.errors import ArtifactError, DataError
 from moh_dit.latents import LatentDataset, encode_posterior, extract_latents, load_vae, sample_posterior
 
 from .helpers.factories import tiny_vae
@@ -45,7 +46,7 @@ def test_load_vae_offline_hub_id_gives_clear_error(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(RuntimeError, match="could not load VAE"):
+    with pytest.raises(DataError, match="could not load VAE"):
         load_vae("someone/no-such-vae-here")
 
 
@@ -77,8 +78,8 @@ def test_extract_latents_round_trip_keeps_both_flips(tmp_path):
 
 
 def test_latent_dataset_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not found"):
+    with pytest.raises(DataError, match="not found"):
         LatentDataset(tmp_path / "missing.npy")
     np.save(tmp_path / "x.npy", np.zeros(3))
-    with pytest.raises(FileNotFoundError, match="description"):
+    with pytest.raises(ArtifactError, match="manifest of x.npy"):
         LatentDataset(tmp_path / "x.npy")

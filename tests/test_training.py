@@ -14,6 +14,7 @@ import torch
 
 from moh_dit.config import EMASection, load_config
 from moh_dit.data import DataError
+from moh_dit.errors import ConfigError
 from moh_dit.pipeline import MoHDiTPipeline
 from moh_dit.training import NonFiniteLossError, Trainer, find_checkpoint, make_ema, train
 
@@ -186,7 +187,7 @@ def test_non_finite_loss_stops_cleanly_and_saves(tmp_path, image_dir, monkeypatc
 @pytest.mark.parametrize(
     "override,error,message",
     [
-        ("model.preset=MoH-DiT-Huge/2", KeyError, "unknown preset"),
+        ("model.preset=MoH-DiT-Huge/2", ConfigError, "unknown preset"),
         ("data.path=/nonexistent/folder", DataError, "does not exist"),
         ("model.overrides={num_classes: 5}", ValueError, "num_classes=5"),
     ],
@@ -197,5 +198,5 @@ def test_bad_input_is_rejected_clearly(tmp_path, image_dir, override, error, mes
 
 
 def test_resume_from_a_missing_path_fails(tmp_path, image_dir):
-    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
-        Trainer(load_config(None, tiny_overrides(tmp_path / "r", image_dir, f"train.resume={tmp_path / 'nope'}"))).run()
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        load_config(None, tiny_overrides(tmp_path / "r", image_dir, f"train.resume={tmp_path / 'nope'}"))

@@ -1,0 +1,173 @@
+r"""Build an ADM-style reference batch from a tree of real images.
+
+The ADM evaluator compares samples against a reference ``.npz``: ``arr_0`` holds real images (uint8 NHWC,
+10,000 for ImageNet) used for precision and recall, and ``mu``/``sigma`` (pool features) and
+``mu_s``/``sigma_s`` (spatial features, for sFID) hold statistics of the whole training set. This module
+makes such a file from any folder or class-per-folder tree of images, center-cropped the way ADM prepares
+ImageNet, streaming the statistics so that a training set of any size fits in memory.
+
+    python -m moh_dit.reference /data/imagenet/train --image-size 256 --out refs/imagenet256.npz
+    python -m moh_dit.reference /data/faces --image-size 64 --out refs/faces64.npz --extractor inception \
+        --extractor-weights weights-inception-2015-12-05-6726825d.pth
+
+Without ``--extractor`` only the images are stored; evaluation then computes the statistics from them.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .artifacts import code_version, ensure_writable_file, sibling, utc_now
+from .data import list_images, load_image
+from .errors import DataError
+
+__all__ = ["build_reference", "RunningMoments"]
+
+logger = logging.getLogger(__name__)
+
+
+class RunningMoments:
+    """Mean and covariance (N - 1 normalisation, as ``numpy.cov``) accumulated over batches in float64."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.total: Optional[np.ndarray] = None
+        self.outer: Optional[np.ndarray] = None
+
+    def add(self, features: np.ndarray) -> None:
+        x = np.asarray(features, dtype=np.float64)
+        if self.total is None:
+            self.total, self.outer = np.zeros(x.shape[1]), np.zeros((x.shape[1], x.shape[1]))
+        self.n += len(x)
+        self.total += x.sum(axis=0)
+        self.outer += x.T @ x
+
+    def statistics(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.n < 2:
+            raise DataError(f"need at least 2 images for statistics, got {self.n}")
+        mu = self.total / self.n
+        return mu, (self.outer - self.n * np.outer(mu, mu)) / (self.n - 1)
+
+
+def build_reference(
+    source: str | os.PathLike,
+    image_size: int,
+    out: str | os.PathLike,
+    extractor=None,
+    batch_images: int = 10_000,
+    seed: int = 0,
+    batch_size: int = 100,
+    max_bad_fraction: float = 0.01,
+) -> Path:
+    """Write an ADM-style reference ``.npz`` for the images below ``source``.
+
+    ``arr_0``: ``batch_images`` images (all if fewer) chosen by a seeded permutation, center-cropped to
+    ``image_size``; ``arr_1``: their class ids when ``source`` has one sub-folder per class; with an
+    ``extractor``, ``mu``/``sigma`` (and ``mu_s``/``sigma_s`` when it has spatial features) over *all* images.
+    The manifest inside records the source, a fingerprint of every file's bytes, the crop and the extractor.
+    Unreadable images are skipped and listed; more than ``max_bad_fraction`` of them is an error.
+    """
+    source, out = Path(source), Path(out)
+    ensure_writable_file(out, "--out")
+    files = list_images(source) if source.is_dir() else []
+    if not files:
+        raise DataError(f"{source} holds no images (it must be a folder; sub-folders are read too)")
+    classes = sorted({Path(f).relative_to(source).parts[0] for f in files if len(Path(f).relative_to(source).parts) > 1})
+    class_of = {name: i for i, name in enumerate(classes)}
+    chosen = set(np.random.default_rng(seed).permutation(len(files))[:batch_images].tolist())
+    kept, labels, bad = [], [], []
+    pool, spatial = RunningMoments(), RunningMoments()
+    content = hashlib.sha256()
+    pending: list[np.ndarray] = []
+
+    def flush() -> None:
+        if extractor is not None and pending:
+            from .evaluation import extract_features
+
+            feats = extract_features(extractor, np.stack(pending), batch_size, "reference features")
+            pool.add(feats["pool"])
+            if "spatial" in feats:
+                spatial.add(feats["spatial"])
+        pending.clear()
+
+    from tqdm.auto import tqdm
+
+    for i, f in enumerate(tqdm(files, desc="reading reference images", unit="img", mininterval=10)):
+        rel = Path(f).relative_to(source)
+        try:
+            data = Path(f).read_bytes()
+            img = load_image(f, image_size, channels=3)
+        except (OSError, ValueError, SyntaxError) as err:
+            bad.append(str(rel))
+            logger.warning("skipping unreadable image %s (%s)", f, err)
+            if len(bad) > max(1, int(max_bad_fraction * len(files))):
+                raise DataError(f"{len(bad)} of {len(files)} images under {source} are unreadable (e.g. {bad[:3]})") from None
+            continue
+        content.update(rel.as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
+        if i in chosen:
+            kept.append(img)
+            labels.append(class_of.get(rel.parts[0], -1) if len(rel.parts) > 1 else -1)
+        pending.append(img)
+        if len(pending) >= batch_size * 10:
+            flush()
+    flush()
+    arrays: dict[str, np.ndarray] = {"arr_0": np.stack(kept)}
+    if classes:
+        arrays["arr_1"] = np.array(labels, dtype=np.int64)
+    if extractor is not None:
+        arrays["mu"], arrays["sigma"] = pool.statistics()
+        if spatial.n:
+            arrays["mu_s"], arrays["sigma_s"] = spatial.statistics()
+    manifest = {
+        "kind": "reference", "created": utc_now(), "code": code_version(), "source": str(source.resolve()),
+        "content_sha256": content.hexdigest(), "num_source_images": len(files) - len(bad), "skipped": bad,
+        "image_size": image_size, "crop": "ADM center crop", "num_batch_images": len(kept), "seed": seed,
+        "classes": classes, "statistics_over": pool.n if extractor is not None else 0,
+        "extractor": getattr(extractor, "name", None), "weights_sha256": getattr(extractor, "weights_sha256", None),
+    }  # fmt: skip
+    arrays["moh_dit_manifest"] = np.array(json.dumps(manifest))
+    tmp = sibling(out, ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Command line: build an ADM-style reference batch from an image tree."""
+    from .cli import positive_int
+
+    p = argparse.ArgumentParser(prog="python -m moh_dit.reference", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("source", help="folder of real images (sub-folders, e.g. one per class, are read too)")
+    p.add_argument("--image-size", type=positive_int, required=True, help="center-crop size, as the samples")
+    p.add_argument("--out", required=True, help="output .npz")
+    p.add_argument("--batch-images", type=positive_int, default=10_000, help="images kept in arr_0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extractor", default=None, help="also store statistics: 'inception' or a registered extractor")
+    p.add_argument("--extractor-weights", default=None)
+    p.add_argument("--extractor-module", default=None, help="python module to import first (may register extractors)")
+    p.add_argument("--batch-size", type=positive_int, default=100)
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    extractor = None
+    if args.extractor:
+        from .evaluation import import_extractor_module, resolve_extractor
+
+        import_extractor_module(args.extractor_module)
+        extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
+    out = build_reference(args.source, args.image_size, args.out, extractor, args.batch_images, args.seed, args.batch_size)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    from .cli import run_cli
+
+    run_cli(main)

@@ -1,0 +1,119 @@
+"""What a training run reports: the loss window between two log records, ``metrics.jsonl``, experiment
+trackers, and progress a user can follow in a terminal or in a scheduler's log file."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["LossWindow", "MetricsLog", "Progress"]
+
+logger = logging.getLogger("moh_dit.train")
+
+
+class LossWindow:
+    """Sums of the diffusion and MoH losses since the last log record, per process.
+
+    They are saved in every checkpoint, so that after a resume the first record averages the same steps as
+    an uninterrupted run would (and not only the steps since the resume).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(3, device=device)  # diffusion loss, MoH loss, micro-steps
+
+    def add(self, diffusion_loss: torch.Tensor, moh_loss: torch.Tensor) -> None:
+        self.sums += torch.stack([diffusion_loss.float(), moh_loss.float(), torch.ones((), device=self.sums.device)])
+
+    def means(self, accelerator) -> tuple[float, float]:
+        """Mean losses over the window and over all processes."""
+        total = accelerator.reduce(self.sums, reduction="sum") if accelerator.num_processes > 1 else self.sums
+        count = total[2].clamp_min(1)
+        return (total[0] / count).item(), (total[1] / count).item()
+
+    def reset(self) -> None:
+        self.sums.zero_()
+
+    def state(self) -> torch.Tensor:
+        return self.sums.detach().cpu().clone()
+
+    def load(self, state: Optional[torch.Tensor]) -> None:
+        if state is not None:
+            self.sums.copy_(state.to(self.sums.device))
+
+
+class MetricsLog:
+    """``metrics.jsonl`` (one JSON record per log step) plus accelerate's trackers, written by the main
+    process; a resumed run first drops the records of steps after its checkpoint."""
+
+    def __init__(self, path: Path, accelerator, use_trackers: bool) -> None:
+        self.path = path
+        self.accelerator = accelerator
+        self.use_trackers = use_trackers
+
+    def truncate_after(self, step: int) -> None:
+        if not self.accelerator.is_main_process or not self.path.exists():
+            return
+        kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        self.path.write_text("".join(ln + "\n" for ln in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.use_trackers:
+            scalars = {f"train/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+            for layer, usage in enumerate(record.get("head_usage", [])):
+                mean = sum(usage) / len(usage)
+                scalars[f"heads/layer{layer:02d}_active_fraction"] = mean
+                scalars[f"heads/layer{layer:02d}_max_over_mean_load"] = max(usage) / mean if mean > 0 else 0.0
+            self.accelerator.log(scalars, step=record["step"])
+        logger.info(
+            "step %d | diffusion loss %.4f | moh loss %.4f | %.2f steps/s | %.1f images/s | lr %.2e",
+            record["step"], record["diffusion_loss"], record["moh_loss"], record["steps_per_s"],
+            record["images_per_s"], record["lr"],
+        )  # fmt: skip
+
+
+class Progress:
+    """A progress bar in a terminal; in a log file (a scheduler job's output) a plain line every
+    ``every_s`` seconds instead of tqdm's carriage-return redraws, which flood such files."""
+
+    def __init__(self, total: int, initial: int = 0, desc: str = "", unit: str = "it", enabled: bool = True,
+                 every_s: float = 30.0) -> None:  # fmt: skip
+        self.total, self.count, self.desc, self.unit = total, initial, desc, unit
+        self.enabled, self.every_s = enabled, every_s
+        self.start = self.last = time.time()
+        self.start_count = initial
+        self.postfix = ""
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True)
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        self.count += n
+        if postfix:
+            self.postfix = ", ".join(f"{k}={v}" for k, v in postfix.items())
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix_str(self.postfix)
+        elif self.enabled and (time.time() - self.last >= self.every_s or self.count >= self.total):
+            self.last = time.time()
+            rate = (self.count - self.start_count) / max(self.last - self.start, 1e-9)
+            left = (self.total - self.count) / rate if rate > 0 else float("inf")
+            eta = time.strftime("%H:%M:%S", time.gmtime(left)) if left != float("inf") else "?"
+            extra = f" | {self.postfix}" if self.postfix else ""
+            print(f"{self.desc}: {self.count}/{self.total} {self.unit} ({100 * self.count / max(self.total, 1):.0f}%) "
+                  f"| {rate:.2f} {self.unit}/s | eta {eta}{extra}", file=sys.stderr, flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
