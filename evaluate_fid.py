@@ -77,23 +77,16 @@ def main(argv=None) -> dict:
     if not Path(args.reference).exists():
         raise FileNotFoundError(f"reference {args.reference} does not exist")
     if args.model:
-        from accelerate import Accelerator
+        from moh_dit.generate import GenerationSettings, resolve_model_source, sample_to_folder
 
-        from moh_dit.cli import resolve_device
-        from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, resolve_model_source
-
-        source = resolve_model_source(args.model)
-        sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, source)
+        sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, resolve_model_source(args.model))
         samples_path = sample_npz_path(sample_dir)
         out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
-        device = resolve_device(args.device)
-        accelerator = Accelerator(cpu=device.type == "cpu")
-        logging.getLogger("moh_dit").info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
         settings = GenerationSettings(num_samples=args.num_samples, seed=args.seed, batch_size=args.sample_batch_size,
                                       guidance_scale=args.cfg_scale, num_inference_steps=args.num_steps,
                                       guidance_channels=args.guidance_channels, label_mode=args.label_mode)  # fmt: skip
-        pipe = load_pipeline(args.model, accelerator.device, args.dtype, args.scheduler)
-        generate_samples(pipe, sample_dir, settings, accelerator, overwrite=args.overwrite)
+        accelerator, _ = sample_to_folder(args.model, sample_dir, settings, args.device, args.dtype, args.scheduler,
+                                          overwrite=args.overwrite)  # fmt: skip
         if not accelerator.is_main_process:
             return {}
     else:

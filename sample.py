@@ -46,22 +46,16 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from moh_dit.artifacts import ensure_writable_dir, ensure_writable_file
-    from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
+    from moh_dit.generate import load_pipeline
 
     if args.num_samples > 0:
-        from accelerate import Accelerator
+        from moh_dit.generate import GenerationSettings, sample_to_folder
 
-        from moh_dit.cli import resolve_device
-
-        device = resolve_device(args.device)
-        accelerator = Accelerator(cpu=device.type == "cpu")
-        logging.getLogger("moh_dit").info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
         settings = GenerationSettings(num_samples=args.num_samples, seed=args.seed, batch_size=args.batch_size,
                                       guidance_scale=args.cfg_scale, num_inference_steps=args.num_steps,
                                       guidance_channels=args.guidance_channels, label_mode=args.label_mode)  # fmt: skip
-        settings.validate()
-        pipe = load_pipeline(args.model, accelerator.device, args.dtype, args.scheduler, args.vae)
-        npz = generate_samples(pipe, args.sample_dir, settings, accelerator, overwrite=args.overwrite)
+        _, npz = sample_to_folder(args.model, args.sample_dir, settings, args.device, args.dtype, args.scheduler,
+                                  args.vae, args.overwrite)  # fmt: skip
         if npz is not None:
             print(f"wrote {args.num_samples} samples to {args.sample_dir} and {npz}")
         return

@@ -29,6 +29,7 @@ from moh_dit.config import load_config
 from moh_dit.data import FashionMNIST
 from moh_dit.diffusion import DiffusionObjective
 from moh_dit.evaluation import EvaluationError, InceptionFeatures, evaluate, load_images, resolve_extractor
+from moh_dit.artifacts import sample_npz_path
 from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
 from moh_dit.training import train
 
@@ -70,6 +71,7 @@ def train_one(model: str, seed: int, sc: dict, out: Path) -> Path:
         f"optim.warmup_steps={min(100, sc['steps'] // 4)}",
         # short runs: a constant 0.995 EMA would still hold ~10% of the initial weights after 450 steps
         "ema.warmup=true",
+        "train.resume=latest",  # an interrupted experiment continues its runs (a fresh folder starts at step 0)
     ]  # fmt: skip
     train(load_config(ROOT / "configs" / "fashion_mnist_moh.yaml", overrides))
     return run
@@ -109,7 +111,7 @@ def sample_and_score(run: Path, seed: int, guidance: float, sc: dict, ref: Path,
     settings = GenerationSettings(num_samples=sc["samples"], seed=1000 + seed, batch_size=250, guidance_scale=guidance,
                                   num_inference_steps=sc["sample_steps"], label_mode="balanced")  # fmt: skip
     start = time.time()
-    existing = (run / f"{tag}.npz").exists()
+    existing = sample_npz_path(run / tag).exists()
     npz = generate_samples(pipe, run / tag, settings)
     images_per_s = None if existing else sc["samples"] / (time.time() - start)
     timing_file = run / f"{tag}.timing.json"

@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
@@ -603,8 +604,8 @@ def read_npz_manifest(npz: str | os.PathLike) -> Optional[dict[str, Any]]:
             if "moh_dit_manifest" not in data.files:
                 return None
             return json.loads(str(data["moh_dit_manifest"]))
-    except (OSError, ValueError, EOFError) as err:
-        raise ArtifactError(f"{npz} is not a readable .npz ({err})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ArtifactError(f"{npz} is not a readable array file ({err}); truncated?") from None
 
 
 def _png_files(sample_dir: Path) -> list[Path]:

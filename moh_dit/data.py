@@ -451,13 +451,22 @@ def load_training_data(section: "DataSection", device: str | torch.device = "cpu
     if isinstance(base, LatentDataset):
         record = base.vae
         wanted = resolve_vae_spec(section.vae)
-        spec = wanted or record.get("spec")
-        vae = load_vae(spec, device=device)
-        if vae is None:
-            raise DataError(f"the latents in {base.path} record no VAE; extract them again")
         if wanted is not None and wanted != record.get("spec"):
+            # another name for the recorded VAE is fine (a copy in another folder, a cached hub id), as long
+            # as it is the same VAE; never fetched from the network just to find out it is not
+            try:
+                vae = load_vae(wanted, device=device, local_only=True)
+            except DataError:
+                raise DataError(f"data.vae={section.vae} differs from the VAE recorded with the latents "
+                                f"({record.get('spec')}) and is not available locally to compare: set data.vae=none "
+                                f"to use the recorded one") from None  # fmt: skip
             check_vae(vae, wanted, record, f"the latents {base.path}")
-        elif record.get("sha256"):
+            spec = wanted
+        else:
+            spec = record.get("spec")
+            if spec is None:
+                raise DataError(f"the latents in {base.path} record no VAE; extract them again")
+            vae = load_vae(spec, device=device)
             check_vae(vae, spec, record, f"the latents {base.path}")
         c, size = base.latent_shape[0], base.latent_shape[-1]
         return TrainingData(dataset, id2label, num_classes, c, size, True, vae, dict(record, spec=spec),

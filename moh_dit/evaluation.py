@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .artifacts import atomic_write_json, ensure_writable_dir, fingerprint_file, fingerprint_files, sibling
+from .artifacts import atomic_write_json, ensure_writable_dir, fingerprint_file, fingerprint_files
 from .data import list_images, load_image
 from .errors import EvaluationError
 from .metrics import feature_statistics, frechet_distance, inception_score, precision_recall

@@ -55,6 +55,7 @@ __all__ = [
     "label_for_index",
     "pack_npz",
     "describe_samples",
+    "sample_to_folder",
 ]
 
 logger = logging.getLogger(__name__)
@@ -199,13 +200,24 @@ def load_pipeline(
     """
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if isinstance(device, str) or device is None:
+        from .cli import resolve_device
+
+        device = resolve_device(device)  # a missing device fails before anything is loaded
     source = resolve_model_source(path)
     manifest = None
     if source.kind == "pipeline":
+        from diffusers.utils import logging as diffusers_logging
+
+        shown = diffusers_logging.is_progress_bar_enabled()
+        diffusers_logging.disable_progress_bar()  # a bar for loading two components is noise in logs
         try:
             pipe = MoHDiTPipeline.from_pretrained(source.path, use_safetensors=True)
         except (OSError, ValueError, RuntimeError) as err:
             raise _damaged(source.path, err) from None
+        finally:
+            if shown:
+                diffusers_logging.enable_progress_bar()
         manifest = MoHDiTPipeline.manifest_of(source.path)
     elif source.kind == "checkpoint":
         model, state = _checkpoint_model(source.path)
@@ -228,10 +240,6 @@ def load_pipeline(
     logger.info("loaded %s", source.describe())
     pipe.provenance = {"source": str(source.path.resolve()), "kind": source.kind, "step": source.step,
                        "run": str(source.run.resolve()) if source.run else None, "transformer_sha256": fingerprint}  # fmt: skip
-    if isinstance(device, str) or device is None:
-        from .cli import resolve_device
-
-        device = resolve_device(device)
     pipe.to(device)
     if dtype != "fp32":
         pipe.transformer.to(DTYPES[dtype])
@@ -367,6 +375,30 @@ def generate_samples(
     if still:
         raise ArtifactError(f"{len(still)} samples are missing in {sample_dir} after generation (e.g. index {still[0]})")
     return pack_npz(sample_dir, dict(manifest, count=n), sample_npz_path(sample_dir))
+
+
+def sample_to_folder(
+    model: str | os.PathLike,
+    sample_dir: str | os.PathLike,
+    settings: GenerationSettings,
+    device: Optional[str] = None,
+    dtype: str = "fp32",
+    scheduler: Optional[str] = None,
+    vae: Optional[str] = None,
+    overwrite: bool = False,
+):
+    """What ``sample.py --num-samples`` and ``evaluate_fid.py --model`` do: start accelerate (all processes of
+    an ``accelerate launch`` / ``torchrun``), log how many there are, load the model and generate. Returns
+    ``(accelerator, npz path on the main process)``."""
+    from accelerate import Accelerator
+
+    from .cli import resolve_device
+
+    settings.validate()
+    accelerator = Accelerator(cpu=resolve_device(device).type == "cpu")
+    logger.info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
+    pipe = load_pipeline(model, accelerator.device, dtype, scheduler, vae)
+    return accelerator, generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite)
 
 
 def pack_npz(sample_dir: Path, manifest: dict[str, Any], npz_path: Path) -> Path:

@@ -71,10 +71,12 @@ def resolve_vae_spec(spec: Optional[str]) -> Optional[str]:
     return str(spec)
 
 
-def load_vae(spec: Optional[str], device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+def load_vae(spec: Optional[str], device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+             local_only: bool = False):  # fmt: skip
     """``none`` -> None; a local folder (a VAE, or a pipeline with a ``vae/`` sub-folder) or a hub id such
     as ``stabilityai/sd-vae-ft-ema`` -> an ``AutoencoderKL`` in eval mode. Hub ids are looked up in the local
-    cache first, so an offline machine that has the VAE cached does not wait on the network."""
+    cache first, so an offline machine that has the VAE cached does not wait on the network;
+    ``local_only`` never goes to the network."""
     resolved = resolve_vae_spec(spec)
     if resolved is None:
         return None
@@ -87,6 +89,8 @@ def load_vae(spec: Optional[str], device: str | torch.device = "cpu", dtype: tor
             try:
                 vae = AutoencoderKL.from_pretrained(resolved, torch_dtype=dtype, local_files_only=True)
             except (OSError, ValueError):
+                if local_only:
+                    raise
                 vae = AutoencoderKL.from_pretrained(resolved, torch_dtype=dtype)
     except (OSError, ValueError) as err:
         where = "the folder is not a readable AutoencoderKL" if path.is_dir() else (
@@ -250,6 +254,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Command line: encode a data set once into a packed latent file for ``data.name=latents``."""
     import argparse
 
+    from .cli import positive_int, resolve_device
     from .data import FashionMNIST, ImageFolderDataset
 
     parser = argparse.ArgumentParser(prog="python -m moh_dit.latents", description=main.__doc__)

@@ -81,8 +81,13 @@ def build_reference(
         raise DataError(f"{source} holds no images (it must be a folder; sub-folders are read too)")
     classes = sorted({Path(f).relative_to(source).parts[0] for f in files if len(Path(f).relative_to(source).parts) > 1})
     class_of = {name: i for i, name in enumerate(classes)}
-    chosen = set(np.random.default_rng(seed).permutation(len(files))[:batch_images].tolist())
-    kept, labels, bad = [], [], []
+    # arr_0 takes the first ``batch_images`` readable files in a seeded random order; files ranked a little
+    # further are held too, to stand in for unreadable ones
+    bad_limit = max(1, int(max_bad_fraction * len(files)))
+    rank = np.empty(len(files), dtype=np.int64)
+    rank[np.random.default_rng(seed).permutation(len(files))] = np.arange(len(files))
+    candidates: list[tuple[int, np.ndarray, int]] = []
+    bad: list[str] = []
     pool, spatial = RunningMoments(), RunningMoments()
     content = hashlib.sha256()
     pending: list[np.ndarray] = []
@@ -107,20 +112,20 @@ def build_reference(
         except (OSError, ValueError, SyntaxError) as err:
             bad.append(str(rel))
             logger.warning("skipping unreadable image %s (%s)", f, err)
-            if len(bad) > max(1, int(max_bad_fraction * len(files))):
+            if len(bad) > bad_limit:
                 raise DataError(f"{len(bad)} of {len(files)} images under {source} are unreadable (e.g. {bad[:3]})") from None
             continue
         content.update(rel.as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
-        if i in chosen:
-            kept.append(img)
-            labels.append(class_of.get(rel.parts[0], -1) if len(rel.parts) > 1 else -1)
+        if rank[i] < batch_images + bad_limit:
+            candidates.append((int(rank[i]), img, class_of.get(rel.parts[0], -1) if len(rel.parts) > 1 else -1))
         pending.append(img)
         if len(pending) >= batch_size * 10:
             flush()
     flush()
-    arrays: dict[str, np.ndarray] = {"arr_0": np.stack(kept)}
+    kept = sorted(candidates, key=lambda c: c[0])[:batch_images]
+    arrays: dict[str, np.ndarray] = {"arr_0": np.stack([img for _, img, _ in kept])}
     if classes:
-        arrays["arr_1"] = np.array(labels, dtype=np.int64)
+        arrays["arr_1"] = np.array([label for _, _, label in kept], dtype=np.int64)
     if extractor is not None:
         arrays["mu"], arrays["sigma"] = pool.statistics()
         if spatial.n:
@@ -154,6 +159,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--extractor-weights", default=None)
     p.add_argument("--extractor-module", default=None, help="python module to import first (may register extractors)")
     p.add_argument("--batch-size", type=positive_int, default=100)
+    p.add_argument("--max-bad-fraction", type=float, default=0.01, help="share of unreadable images tolerated")
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -163,7 +169,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
         import_extractor_module(args.extractor_module)
         extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
-    out = build_reference(args.source, args.image_size, args.out, extractor, args.batch_images, args.seed, args.batch_size)
+    out = build_reference(args.source, args.image_size, args.out, extractor, args.batch_images, args.seed, args.batch_size,
+                          args.max_bad_fraction)  # fmt: skip
     print(f"wrote {out}")
 
 

@@ -491,7 +491,8 @@ class Trainer:
                     window_steps += 1
                     if self.step % self.config.ema.update_every == 0:
                         self.ema.step(self.unwrapped.parameters())
-                    if self.step % log_cfg.log_every == 0 or self.step == train_cfg.max_steps:
+                    on_boundary = self.step % log_cfg.log_every == 0
+                    if on_boundary or self.step == train_cfg.max_steps:
                         d_mean, m_mean = self.window.means(acc)
                         elapsed = time.time() - window_start
                         record = {"step": self.step, "diffusion_loss": d_mean, "moh_loss": m_mean, "lr": lr_at(self.step - 1),
@@ -502,8 +503,9 @@ class Trainer:
                             record["head_usage"] = [m.float().mean(dim=(0, 1)).tolist() for m in last_heads]
                         self.metrics.write(record)
                         progress.update(0, loss=f"{d_mean:.4f}", moh=f"{m_mean:.3f}", img_s=f"{record['images_per_s']:.0f}")
-                        self.window.reset()
-                        window_start, window_steps, last_heads = time.time(), 0, None
+                        if on_boundary:  # a last record between boundaries leaves the window open for a later resume
+                            self.window.reset()
+                            window_start, window_steps, last_heads = time.time(), 0, None
                     progress.update(1)
                     if self.step % train_cfg.checkpoint_every == 0:
                         self._checkpoint()

@@ -11,10 +11,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
-from torch_fidelity.feature_extractor_base import FeatureExtractorBase
-from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY, register_feature_extractor
 
 from moh_dit.evaluation import (
     EvaluationError,
@@ -31,45 +28,7 @@ sys.path.insert(0, str(ROOT))
 import evaluate_fid  # noqa: E402
 
 
-# ----------------------------------------------------------------------------------------------------
-# A tiny extractor registered with torch-fidelity
-# ----------------------------------------------------------------------------------------------------
-class TinyExtractor(FeatureExtractorBase):
-    """Fixed random projections of 8x8 downsampled images: 'pool' (24), 'logits_unbiased' (5), 'spatial' (12)."""
-
-    def __init__(self, name, features_list, **kwargs):
-        super().__init__(name, features_list)
-        g = torch.Generator().manual_seed(0)
-        self.register_buffer("w_pool", torch.randn(192, 24, generator=g))
-        self.register_buffer("w_logits", torch.randn(24, 5, generator=g))
-        self.register_buffer("w_spatial", torch.randn(192, 12, generator=g))
-
-    def forward(self, x):
-        x = F.adaptive_avg_pool2d(x.float() / 255, 8).flatten(1)
-        pool = torch.tanh(x @ self.w_pool)
-        out = {"pool": pool, "logits_unbiased": pool @ self.w_logits, "spatial": x @ self.w_spatial}
-        return tuple(out[f] for f in self.features_list)
-
-    @staticmethod
-    def get_provided_features_list():
-        return "pool", "logits_unbiased", "spatial"
-
-    @staticmethod
-    def get_default_feature_layer_for_metric(metric):
-        return "pool"
-
-    @staticmethod
-    def can_be_compiled():
-        return False
-
-    @staticmethod
-    def get_dummy_input_for_compile():
-        return torch.zeros(1, 3, 8, 8, dtype=torch.uint8)
-
-
-TINY = "moh-dit-test-tiny"
-if TINY not in FEATURE_EXTRACTORS_REGISTRY:
-    register_feature_extractor(TINY, TinyExtractor)
+from .helpers.tiny_extractor import TINY  # noqa: E402  (registers the tiny extractor)
 
 
 def random_images(n, size=16, seed=0, shift=0):
@@ -298,3 +257,170 @@ def test_parity_with_adm_readme_numbers():
     assert m["inception_score"] == pytest.approx(215.837, abs=0.5)
     assert m["precision"] == pytest.approx(0.8265, abs=0.005)
     assert m["recall"] == pytest.approx(0.5309, abs=0.005)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Integrity: safe weights, content-keyed caches, outputs, image trees, what the JSON records
+# ----------------------------------------------------------------------------------------------------
+class _MakesFile:
+    """Unpickling this creates a file: proof that a loader ran code from the weights file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("extractor", ["vgg16", TINY])
+def test_weights_files_are_checked_before_any_extractor_loads_them(tmp_path, extractor, capsys, monkeypatch):
+    monkeypatch.delenv("MOH_DIT_DEBUG", raising=False)
+    marker = tmp_path / "code-ran"
+    evil = tmp_path / "evil.pth"
+    with open(evil, "wb") as f:
+        pickle.dump({"weights": _MakesFile(marker)}, f)
+    np.savez(tmp_path / "s.npz", arr_0=random_images(4))
+    with pytest.raises(SystemExit) as exc:
+        run_evaluate_cli(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "s.npz"),
+                          "--extractor", extractor, "--inception-weights", str(evil)])  # fmt: skip
+    assert exc.value.code == 2 and not marker.exists()
+    assert "refusing to unpickle" in capsys.readouterr().err
+
+
+def test_a_replaced_reference_is_never_scored_against_stale_statistics(tmp_path):
+    ext = resolve_extractor(TINY, None, "cpu")
+    samples = random_images(40, seed=5)
+    np.savez(tmp_path / "ref.npz", arr_0=random_images(40, seed=1))
+    evaluate(samples, tmp_path / "ref.npz", ext)  # caches the statistics of the first reference
+    size = (tmp_path / "ref.npz").stat().st_size
+    np.savez(tmp_path / "ref.npz", arr_0=random_images(40, seed=2, shift=60))  # other images, same shape and size
+    assert (tmp_path / "ref.npz").stat().st_size == size
+    cached = evaluate(samples, tmp_path / "ref.npz", ext)["metrics"]["fid"]
+    fresh = evaluate(samples, tmp_path / "ref.npz", ext, cache=False)["metrics"]["fid"]
+    assert cached == pytest.approx(fresh, rel=1e-9)
+
+
+def test_a_read_only_reference_folder_caches_elsewhere(tmp_path, monkeypatch):
+    import moh_dit.evaluation as evaluation
+    from moh_dit.errors import OutputError
+
+    ref_dir = tmp_path / "readonly"
+    ref_dir.mkdir()
+    np.savez(ref_dir / "ref.npz", arr_0=random_images(20))
+    real = evaluation.ensure_writable_dir
+
+    def refuse(path, what):
+        if Path(path) == ref_dir:
+            raise OutputError(f"{path} is not writable")
+        return real(path, what)
+
+    monkeypatch.setattr(evaluation, "ensure_writable_dir", refuse)
+    monkeypatch.setenv("MOH_DIT_CACHE", str(tmp_path / "cache"))
+    ext = resolve_extractor(TINY, None, "cpu")
+    first = reference_statistics(ref_dir / "ref.npz", ext)
+    assert not list(ref_dir.glob("*moh-dit-stats*")) and len(list((tmp_path / "cache").rglob("*.npz"))) == 1
+    with mock.patch("moh_dit.evaluation.extract_features", side_effect=AssertionError("recomputed")):
+        second = reference_statistics(ref_dir / "ref.npz", ext)
+    np.testing.assert_array_equal(first["mu"], second["mu"])
+
+
+def test_outputs_are_checked_before_the_work_and_numbers_survive_a_failed_write(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MOH_DIT_DEBUG", raising=False)
+    np.savez(tmp_path / "s.npz", arr_0=random_images(12))
+    np.savez(tmp_path / "r.npz", arr_0=random_images(12, seed=3))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with mock.patch("moh_dit.evaluation.extract_features", side_effect=AssertionError("worked before checking")):
+        with pytest.raises(SystemExit) as exc:
+            run_evaluate_cli(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "r.npz"),
+                              "--extractor", TINY, "--out", str(blocker / "m.json")])  # fmt: skip
+    assert exc.value.code == 2 and "not writable" in capsys.readouterr().err
+    with mock.patch("moh_dit.evaluation.atomic_write_json", side_effect=OSError(28, "No space left on device")):
+        with pytest.raises(SystemExit):
+            run_evaluate_cli(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "r.npz"),
+                              "--extractor", TINY, "--out", str(tmp_path / "m.json")])  # fmt: skip
+    captured = capsys.readouterr()
+    assert "FID" in captured.out and "the numbers are above" in captured.err
+
+
+def _image_tree(root, sizes=((20, 12), (9, 15), (16, 16))):
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(["cats", "dogs"]):
+        for i, (w, h) in enumerate(sizes):
+            (root / name / "sub").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / name / "sub" / f"{c}{i}.jpg")
+
+
+def test_a_class_tree_of_mixed_sizes_is_a_reference(tmp_path):
+    _image_tree(tmp_path / "tree")
+    ext = resolve_extractor(TINY, None, "cpu")
+    result = evaluate(random_images(8, size=8), tmp_path / "tree", ext, cache=False)
+    assert result["reference"]["num_images"] == 6 and result["reference"]["image_size"] == 8
+    assert result["reference"]["center_crop"]
+
+
+def test_reference_builder_writes_an_adm_style_batch(tmp_path):
+    from moh_dit.data import center_crop_arr, list_images
+    from moh_dit.metrics import feature_statistics
+    from moh_dit.reference import build_reference, main
+
+    _image_tree(tmp_path / "tree")
+    (tmp_path / "tree" / "dogs" / "sub" / "broken.png").write_bytes(b"not an image")
+    ext = resolve_extractor(TINY, None, "cpu")
+    out = build_reference(tmp_path / "tree", 8, tmp_path / "ref.npz", ext, batch_images=4, batch_size=2,
+                          max_bad_fraction=0.5)  # fmt: skip
+    with np.load(out) as data:
+        manifest = json.loads(str(data["moh_dit_manifest"]))
+        assert data["arr_0"].shape == (4, 8, 8, 3) and set(data["arr_1"].tolist()) <= {0, 1}
+        mu, sigma = data["mu"], data["sigma"]
+    assert manifest["classes"] == ["cats", "dogs"] and manifest["skipped"] == ["dogs/sub/broken.png"]
+    assert manifest["num_source_images"] == 6 and manifest["statistics_over"] == 6
+    files = [f for f in list_images(tmp_path / "tree") if not f.endswith("broken.png")]
+    imgs = np.stack([np.asarray(center_crop_arr(Image.open(f).convert("RGB"), 8)) for f in files])
+    mu_ref, sigma_ref = feature_statistics(ext(torch.from_numpy(imgs.transpose(0, 3, 1, 2).copy()))["pool"].numpy())
+    np.testing.assert_allclose(mu, mu_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sigma, sigma_ref, rtol=1e-4, atol=1e-6)
+    # the evaluator uses the stored statistics, and the command line writes the same file
+    stats = reference_statistics(out, ext, cache=False)
+    assert "stored statistics" in stats["info"]["statistics"]
+    main([str(tmp_path / "tree"), "--image-size", "8", "--out", str(tmp_path / "cli.npz"), "--batch-images", "4"])
+    with np.load(tmp_path / "cli.npz") as data:
+        assert data["arr_0"].shape == (4, 8, 8, 3) and "mu" not in data.files
+
+
+def test_metrics_of_existing_samples_record_the_samples_own_manifest(tmp_path):
+    from moh_dit.generate import GenerationSettings, generate_samples
+    from tests.test_pipeline import pipe_for, tiny_model
+
+    pipe = pipe_for(tiny_model(in_channels=3, sample_size=8, num_classes=3))
+    settings = GenerationSettings(num_samples=10, batch_size=4, num_inference_steps=3, guidance_scale=2.0, seed=7)
+    npz = generate_samples(pipe, tmp_path / "cfg2.0", settings)
+    np.savez(tmp_path / "r.npz", arr_0=random_images(10, size=8))
+    for source in (npz, tmp_path / "cfg2.0"):
+        result = evaluate_fid.main(["--samples", str(source), "--reference", str(tmp_path / "r.npz"), "--extractor", TINY])
+        identity = result["samples"]["manifest"]["identity"]
+        assert identity["num_inference_steps"] == 3 and identity["guidance_scale"] == 2.0 and identity["seed"] == 7
+        assert result["samples"]["manifest"]["count"] == 10 and "command_line" not in result
+    metrics = sorted(p.name for p in tmp_path.glob("*.metrics*.json"))
+    assert metrics == [f"cfg2.0.metrics-{TINY}.json"]
+
+
+def test_evaluating_a_run_that_trained_on_samples_the_new_weights(tmp_path):
+    from moh_dit.config import load_config
+    from moh_dit.training import train
+
+    from .helpers.factories import make_image_folder, tiny_train_overrides
+
+    make_image_folder(tmp_path / "images")
+    run = tmp_path / "run"
+    common = ("log.sample_per_class=0", "log.tensorboard=false")
+    train(load_config(None, tiny_train_overrides(run, tmp_path / "images", *common)))
+    np.savez(tmp_path / "r.npz", arr_0=random_images(10, size=8))
+    args = ["--model", str(run), "--reference", str(tmp_path / "r.npz"), "--extractor", TINY, "--num-samples", "6",
+            "--num-steps", "2", "--sample-batch-size", "3"]  # fmt: skip
+    first = evaluate_fid.main(args)
+    train(load_config(None, tiny_train_overrides(run, tmp_path / "images", "train.resume=latest", "train.max_steps=6", *common)))
+    second = evaluate_fid.main(args)
+    assert first["samples"]["manifest"]["model"]["step"] == 4 and second["samples"]["manifest"]["model"]["step"] == 6
+    assert first["samples"]["path"] != second["samples"]["path"]
+    assert first["samples"]["manifest"]["identity"]["transformer_sha256"] != second["samples"]["manifest"]["identity"]["transformer_sha256"]

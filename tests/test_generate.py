@@ -89,19 +89,6 @@ def test_balanced_labels():
         label_for_index(0, 0, 3, "zipf")
 
 
-def test_two_processes_give_the_same_samples(run_dir, tmp_path):
-    single = np.load(generate_samples(load_pipeline(run_dir, device="cpu"), tmp_path / "one", settings()))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(ROOT / "sample.py"),
-           str(run_dir), "--num-samples", "6", "--sample-dir", str(tmp_path / "two"), "--seed", "3", "--batch-size", "4",
-           "--cfg-scale", "2.0", "--num-steps", "4"]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    two = np.load(tmp_path / "two.npz")
-    assert np.abs(single["arr_0"].astype(int) - two["arr_0"].astype(int)).max() <= 1
-    assert single["arr_1"].tolist() == two["arr_1"].tolist()
-
-
 def test_sample_cli_grid_with_names_and_single_images(run_dir, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, str(ROOT / "sample.py"), str(run_dir), "--class-labels", "dark", "0", "--per-class", "3",
@@ -114,3 +101,99 @@ def test_sample_cli_grid_with_names_and_single_images(run_dir, tmp_path):
     bad = subprocess.run(cmd[:3] + ["--class-labels", "purple", "--num-steps", "2", "--out", str(tmp_path / "x.png")],
                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode != 0 and "unknown class name 'purple'" in bad.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# Integrity: sample folders say what made them
+# ----------------------------------------------------------------------------------------------------
+def test_a_sample_folder_is_resumed_only_with_the_same_model_and_settings(run_dir, tmp_path):
+    pipe = load_pipeline(run_dir, device="cpu")
+    npz = generate_samples(pipe, tmp_path / "s", settings())
+    first = np.load(npz)
+    with pytest.raises(ArtifactError, match=r"other settings \(seed: 3 -> 4\).*--overwrite"):
+        generate_samples(pipe, tmp_path / "s", settings(seed=4))
+    other = load_pipeline(run_dir / "pipeline", device="cpu")
+    with torch.no_grad():
+        next(other.transformer.parameters()).add_(0.01)  # another model
+    with pytest.raises(ArtifactError, match="transformer_sha256"):
+        generate_samples(other, tmp_path / "s", settings())
+    # overwrite: every image and label belongs to the new settings
+    again = np.load(generate_samples(pipe, tmp_path / "s", settings(seed=4), overwrite=True))
+    fresh = np.load(generate_samples(pipe, tmp_path / "fresh", settings(seed=4)))
+    assert np.array_equal(again["arr_0"], fresh["arr_0"]) and again["arr_1"].tolist() == fresh["arr_1"].tolist()
+    assert not np.array_equal(again["arr_0"], first["arr_0"])
+    manifest = json.loads(str(again["moh_dit_manifest"]))
+    assert manifest["identity"]["seed"] == 4 and manifest["count"] == 6 and manifest["model"]["step"] == 4
+
+
+def test_images_from_elsewhere_are_not_repacked(run_dir, tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    for i in range(6):
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(folder / f"{i:06d}.png")
+    with pytest.raises(ArtifactError, match="6 images without a moh-dit manifest"):
+        generate_samples(load_pipeline(run_dir, device="cpu"), folder, settings())
+
+
+def test_sample_folders_whose_names_differ_after_a_dot_keep_separate_npz(run_dir, tmp_path):
+    pipe = load_pipeline(run_dir, device="cpu")
+    a = generate_samples(pipe, tmp_path / "cfg1.5", settings(guidance_scale=1.5))
+    b = generate_samples(pipe, tmp_path / "cfg1.0", settings(guidance_scale=1.0))
+    assert a == tmp_path / "cfg1.5.npz" and b == tmp_path / "cfg1.0.npz" and a.exists() and b.exists()
+    assert json.loads(str(np.load(a)["moh_dit_manifest"]))["identity"]["guidance_scale"] == 1.5
+
+
+def test_non_finite_settings_and_weights_stop_sampling(run_dir, tmp_path):
+    from moh_dit.errors import ConfigError, NonFiniteSampleError
+
+    pipe = load_pipeline(run_dir, device="cpu")
+    for bad in (dict(guidance_scale=float("nan")), dict(guidance_scale=float("inf")), dict(num_inference_steps=0)):
+        with pytest.raises(ConfigError):
+            generate_samples(pipe, tmp_path / "bad", settings(**bad))
+        with pytest.raises(ConfigError):
+            pipe([0], progress=False, **bad)
+    with torch.no_grad():
+        pipe.transformer.final_layer.linear.bias.fill_(3e38)  # finite weights whose outputs overflow
+    with pytest.raises(NonFiniteSampleError, match="NaN or infinite"):
+        pipe([0, 1], num_inference_steps=2, progress=False)
+    broken = tmp_path / "nan-pipe"
+    pipe.transformer.final_layer.linear.bias.data.fill_(float("nan"))
+    pipe.save_pretrained(broken)
+    with pytest.raises(ArtifactError, match="not finite or have exploded"):
+        load_pipeline(broken, device="cpu")
+
+
+def test_a_run_loads_its_newest_weights_and_says_which(run_dir, tmp_path, caplog):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    old_pipeline = tmp_path / "pipeline-step4"
+    shutil.copytree(run / "pipeline", old_pipeline)
+    cfg = tiny_train_overrides(run, run_dir.parent / "images", "train.resume=latest", "train.max_steps=6",
+                               "log.sample_per_class=0")  # fmt: skip
+    train(load_config(None, cfg))
+    shutil.rmtree(run / "pipeline")
+    shutil.copytree(old_pipeline, run / "pipeline")  # an export older than the newest checkpoint
+    with caplog.at_level("INFO"):
+        pipe = load_pipeline(run, device="cpu")
+    assert "step-00000006 (step 6); newer than the exported pipeline (step 4)" in caplog.text
+    assert pipe.provenance["step"] == 6 and pipe.provenance["kind"] == "checkpoint"
+    newest = load_pipeline(run / "checkpoints" / "step-00000006", device="cpu")
+    for a, b in zip(pipe.transformer.state_dict().values(), newest.transformer.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir, tmp_path):
+    single = np.load(generate_samples(load_pipeline(run_dir, device="cpu"), tmp_path / "one", settings(num_samples=7)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(ROOT / "sample.py"),
+           str(run_dir), "--num-samples", "7", "--sample-dir", str(tmp_path / "two"), "--seed", "3", "--batch-size", "4",
+           "--cfg-scale", "2.0", "--num-steps", "4"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 process(es)" in result.stderr
+    two = np.load(tmp_path / "two.npz")
+    assert np.array_equal(single["arr_0"], two["arr_0"]) and single["arr_1"].tolist() == two["arr_1"].tolist()

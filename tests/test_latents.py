@@ -83,3 +83,130 @@ def test_latent_dataset_errors(tmp_path):
     np.save(tmp_path / "x.npy", np.zeros(3))
     with pytest.raises(ArtifactError, match="manifest of x.npy"):
         LatentDataset(tmp_path / "x.npy")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Integrity: the latent file's record of its VAE is authoritative
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def latent_setup(tmp_path_factory):
+    """Class folders, a tiny VAE saved locally, and latents extracted by the command line with a relative
+    --vae path."""
+    import os
+
+    from moh_dit.latents import main
+
+    from .helpers.factories import make_image_folder
+
+    root = tmp_path_factory.mktemp("latent-setup")
+    make_image_folder(root / "images")
+    tiny_vae().save_pretrained(root / "vae")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        main(["--data-path", "images", "--image-size", "16", "--vae", "vae", "--out", "lat/latents.npy",
+              "--num-workers", "0", "--batch-size", "4"])  # fmt: skip
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+def _latent_overrides(root, out, *extra):
+    from .helpers.factories import tiny_train_overrides
+
+    return tiny_train_overrides(out, root / "lat" / "latents.npy", "data.name=latents", "train.max_steps=2",
+                                "log.sample_per_class=0", *extra, image_size=16)  # fmt: skip
+
+
+def test_latents_record_the_vae_by_absolute_path_and_fingerprint(latent_setup):
+    import json
+
+    from moh_dit.artifacts import fingerprint_module
+
+    manifest = json.loads((latent_setup / "lat" / "latents.npy.json").read_text())
+    assert manifest["kind"] == "latents" and manifest["vae"]["spec"] == str((latent_setup / "vae").resolve())
+    assert manifest["vae"]["sha256"] == fingerprint_module(load_vae(str(latent_setup / "vae")))
+    assert manifest["vae"]["downsample_factor"] == 2 and manifest["data"]["count"] == 16
+    assert manifest["file_sha256"] and manifest["data"]["fingerprint"]
+
+
+def test_latent_training_uses_the_recorded_vae_and_exports_it(latent_setup, tmp_path):
+    import json
+
+    from moh_dit.config import load_config
+    from moh_dit.pipeline import MoHDiTPipeline
+    from moh_dit.training import train
+
+    out = tmp_path / "run"
+    train(load_config(None, _latent_overrides(latent_setup, out)))
+    pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
+    assert pipe.vae is not None and pipe.config.latent_space
+    recorded = json.loads((latent_setup / "lat" / "latents.npy.json").read_text())["vae"]["sha256"]
+    assert json.loads((out / "pipeline" / "manifest.json").read_text())["vae_sha256"] == recorded
+    # a copy of the same VAE elsewhere is the same VAE
+    import shutil
+
+    shutil.copytree(latent_setup / "vae", tmp_path / "vae-copy")
+    train(load_config(None, _latent_overrides(latent_setup, tmp_path / "run2", f"data.vae={tmp_path / 'vae-copy'}")))
+
+
+def test_a_conflicting_vae_is_an_error(latent_setup, tmp_path):
+    import json
+    import shutil
+    import time
+
+    from moh_dit.config import load_config
+    from moh_dit.training import Trainer
+
+    other = tiny_vae()
+    with torch.no_grad():
+        next(other.parameters()).add_(1.0)
+    other.save_pretrained(tmp_path / "other-vae")
+    with pytest.raises(ArtifactError, match="is not the VAE .* made with .*sha256"):
+        Trainer(load_config(None, _latent_overrides(latent_setup, tmp_path / "a", f"data.vae={tmp_path / 'other-vae'}")))
+    shutil.copytree(latent_setup / "vae", tmp_path / "rescaled")
+    cfg = json.loads((tmp_path / "rescaled" / "config.json").read_text())
+    (tmp_path / "rescaled" / "config.json").write_text(json.dumps(dict(cfg, scaling_factor=0.5)))
+    with pytest.raises(ArtifactError, match="scaling_factor"):
+        Trainer(load_config(None, _latent_overrides(latent_setup, tmp_path / "b", f"data.vae={tmp_path / 'rescaled'}")))
+    start = time.time()
+    with pytest.raises(DataError, match="differs from the VAE recorded .* set data.vae=none"):
+        Trainer(load_config(None, _latent_overrides(latent_setup, tmp_path / "c", "data.vae=someone/not-cached-vae")))
+    assert time.time() - start < 10  # no network retries
+
+
+def test_a_missing_recorded_vae_stops_before_training(latent_setup, tmp_path):
+    import shutil
+
+    from moh_dit.config import load_config
+    from moh_dit.training import Trainer
+
+    shutil.copytree(latent_setup, tmp_path / "moved")
+    manifest_path = tmp_path / "moved" / "lat" / "latents.npy.json"
+    import json
+
+    manifest = json.loads(manifest_path.read_text())
+    manifest["vae"]["spec"] = str(tmp_path / "gone-vae")
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="VAE folder .*gone-vae does not exist"):
+        Trainer(load_config(None, _latent_overrides(tmp_path / "moved", tmp_path / "r")))
+
+
+def test_a_latent_model_without_its_vae_does_not_write_images(latent_setup, tmp_path):
+    from moh_dit.config import load_config
+    from moh_dit.errors import ConfigError
+    from moh_dit.generate import GenerationSettings, generate_samples
+    from moh_dit.pipeline import MoHDiTPipeline
+    from moh_dit.training import train
+
+    out = tmp_path / "run"
+    train(load_config(None, _latent_overrides(latent_setup, out)))
+    pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
+    no_vae = MoHDiTPipeline.build(pipe.transformer, None, pipe.id2label, latent_space=True)
+    with pytest.raises(ConfigError, match="no VAE"):
+        generate_samples(no_vae, tmp_path / "s", GenerationSettings(num_samples=2, num_inference_steps=2))
+    with pytest.raises(ConfigError, match="no VAE"):
+        no_vae([0], num_inference_steps=2, progress=False)
+    latents = no_vae([0], num_inference_steps=2, output_type="latent", progress=False).images
+    assert latents.shape == (1, 4, 8, 8)
+    assert not (tmp_path / "s").exists()

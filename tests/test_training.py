@@ -200,3 +200,124 @@ def test_bad_input_is_rejected_clearly(tmp_path, image_dir, override, error, mes
 def test_resume_from_a_missing_path_fails(tmp_path, image_dir):
     with pytest.raises(ConfigError, match="not a complete checkpoint"):
         load_config(None, tiny_overrides(tmp_path / "r", image_dir, f"train.resume={tmp_path / 'nope'}"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Integrity: what a run folder may never lose or mix
+# ----------------------------------------------------------------------------------------------------
+def _state(ckpt):
+    from safetensors.torch import load_file
+
+    return load_file(Path(ckpt) / "model" / "diffusion_pytorch_model.safetensors")
+
+
+def test_exploding_weights_never_replace_the_last_good_checkpoint(tmp_path, image_dir):
+    out = tmp_path / "boom"
+    train(load_config(None, tiny_overrides(out, image_dir, "train.keep_last=1", "log.sample_per_class=0")))
+    good = find_checkpoint(out)
+    assert good.name == "step-00000004"
+    before = _state(good)
+    # the same run continued with an absurd learning rate: the weights explode at once
+    with pytest.raises(NonFiniteLossError, match="not saved; the newest good checkpoint is .*step-00000004"):
+        train(load_config(None, tiny_overrides(out, image_dir, "train.keep_last=1", "train.resume=latest",
+                                               "optim.lr=1e30", "train.max_steps=12", "log.sample_per_class=0")))  # fmt: skip
+    assert [p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step-00000004"]
+    after = _state(find_checkpoint(out))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    # and the run resumes from it
+    summary = train(load_config(None, tiny_overrides(out, image_dir, "train.keep_last=1", "train.resume=latest",
+                                                     "train.max_steps=6", "log.sample_per_class=0")))  # fmt: skip
+    assert summary["step"] == 6 and find_checkpoint(out).name == "step-00000006"
+
+
+def test_non_finite_loss_right_after_a_resume_rewrites_its_own_checkpoint(tmp_path, image_dir, monkeypatch):
+    out = tmp_path / "again"
+    train(load_config(None, tiny_overrides(out, image_dir, "log.sample_per_class=0")))
+    trainer = Trainer(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=8",
+                                                        "log.sample_per_class=0")))  # fmt: skip
+    original = trainer._micro_step
+
+    def poisoned(x, y, micro, want_heads):
+        loss, d, m, h = original(x, y, micro, want_heads)
+        return loss * float("nan"), d, m, h
+
+    monkeypatch.setattr(trainer, "_micro_step", poisoned)
+    with pytest.raises(NonFiniteLossError, match="state before this step is saved in .*step-00000004"):
+        trainer.run()
+    assert find_checkpoint(out).name == "step-00000004"
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp folders left
+    assert train(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=6",
+                                                  "log.sample_per_class=0")))["step"] == 6  # fmt: skip
+
+
+def test_an_existing_run_folder_is_refused_without_resume_or_overwrite(tmp_path, image_dir):
+    from moh_dit.errors import ArtifactError
+
+    out = tmp_path / "taken"
+    train(load_config(None, tiny_overrides(out, image_dir, "log.sample_per_class=0")))
+    metrics_before = (out / "metrics.jsonl").read_text()
+    with pytest.raises(ArtifactError, match=r"already holds a run with checkpoints up to step 4.*train.resume=latest"):
+        Trainer(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=2", "log.sample_per_class=0")))
+    assert (out / "metrics.jsonl").read_text() == metrics_before
+    # explicit overwrite: a fresh run, nothing of the old one mixed in
+    train(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=2", "train.overwrite=true",
+                                           "log.sample_per_class=0")))  # fmt: skip
+    assert [m["step"] for m in read_metrics(out)] == [1, 2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002"]
+
+
+def test_resume_with_another_set_up_is_refused_and_changed_settings_are_recorded(tmp_path, image_dir):
+    from moh_dit.errors import ArtifactError
+
+    out = tmp_path / "ident"
+    train(load_config(None, tiny_overrides(out, image_dir, "log.sample_per_class=0")))
+    with pytest.raises(ArtifactError, match=r"another set-up \(train.seed: 0 -> 1"):
+        Trainer(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.seed=1"))).run()
+    train(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=6", "optim.lr=5e-4",
+                                           "log.sample_per_class=0")))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    resume = [e for e in manifest["events"] if e["event"] == "resume"][0]
+    assert resume["step"] == 4 and resume["changed"]["optim.lr"] == [1e-3, 5e-4]
+    ckpt_manifest = json.loads((find_checkpoint(out) / "manifest.json").read_text())
+    assert ckpt_manifest["run_id"] == manifest["run_id"] and ckpt_manifest["step"] == 6
+    pipe_manifest = json.loads((out / "pipeline" / "manifest.json").read_text())
+    assert pipe_manifest["source"]["step"] == 6 and pipe_manifest["source"]["run_id"] == manifest["run_id"]
+
+
+def test_first_record_after_a_resume_averages_the_same_steps(tmp_path, image_dir):
+    """log_every=4 with checkpoints every 5 steps: the window 5..8 straddles the resume at step 5."""
+    common = ("log.log_every=4", "train.checkpoint_every=5", "log.sample_per_class=0", "log.head_usage=false")
+    ref = tmp_path / "ref"
+    train(load_config(None, tiny_overrides(ref, image_dir, "train.max_steps=12", *common)))
+    split = tmp_path / "split"
+    train(load_config(None, tiny_overrides(split, image_dir, "train.max_steps=5", *common)))
+    train(load_config(None, tiny_overrides(split, image_dir, "train.max_steps=12", "train.resume=latest", *common)))
+    a = {m["step"]: m["diffusion_loss"] for m in read_metrics(ref)}
+    b = {m["step"]: m["diffusion_loss"] for m in read_metrics(split)}
+    assert [a[s] for s in (4, 8, 12)] == [b[s] for s in (4, 8, 12)]
+
+
+def test_sigterm_and_sigint_save_a_checkpoint_and_resume_exactly(tmp_path, image_dir):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    common = ("train.checkpoint_every=1000", "log.sample_per_class=0", "log.log_every=3", "log.head_usage=false")
+    ref = tmp_path / "ref"
+    subprocess.run(_train_cmd(tiny_overrides(ref, image_dir, "train.max_steps=30", *common)), check=True, env=env,
+                   capture_output=True)  # fmt: skip
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        run = tmp_path / sig.name
+        proc = subprocess.Popen(_train_cmd(tiny_overrides(run, image_dir, "train.max_steps=100000", *common)),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.time() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 2):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, err[-2000:]
+        assert "Traceback" not in err and "continue with train.resume=latest" in err
+        step = int(find_checkpoint(run).name.split("-")[1])
+        assert 6 <= step < 100000 and not (run / "pipeline").exists()
+        subprocess.run(_train_cmd(tiny_overrides(run, image_dir, "train.max_steps=30", "train.resume=latest", *common)),
+                       check=True, env=env, capture_output=True)  # fmt: skip
+        assert [(m["step"], m["diffusion_loss"]) for m in read_metrics(ref)] == [
+            (m["step"], m["diffusion_loss"]) for m in read_metrics(run) if m["step"] % 3 == 0]
