@@ -7,7 +7,7 @@ real ones (xavier-uniform) and denormals flushed. Ratios are to multi-head atten
 run, next to the ideal FLOP ratio of exact skipping and the share of that ideal saving achieved.
 
     python benchmarks/attention.py                       # full grid
-    python benchmarks/attention.py --calibrate           # also refit moh_dit/perf_calibration.json
+    python benchmarks/attention.py --calibrate           # also fit the auto cost model for this device
     python benchmarks/attention.py --quick               # a tiny grid (smoke test)
 
 Writes benchmarks/results/attention_<device>.{json,md,png}.
@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from moh_dit.attention import MoHAttention
-from moh_dit.perf import CALIBRATION_FILE, FEATURE_NAMES, ideal_attention_ratio
+from moh_dit.attention_processors import AutoProcessor, DenseProcessor, SparseProcessor, padded_active_fraction, padded_rows
+from moh_dit.perf import CALIBRATION_DIR, FEATURE_NAMES, ideal_attention_ratio
 from moh_dit.perf import features as perf_features
 from moh_dit.presets import PRESETS
 
@@ -59,7 +60,7 @@ def preset_layouts() -> list[tuple[str, int, int, int, int, int]]:
 
 def make_layers(dim, heads, head_dim, shared, top_k, device):
     torch.manual_seed(0)
-    mha = MoHAttention(dim, heads, head_dim=head_dim, use_moh=False).to(device)
+    mha = MoHAttention(dim, heads, head_dim=head_dim, attention_type="mha").to(device)
     moh = MoHAttention(dim, heads, head_dim=head_dim, num_shared_heads=shared, top_k=top_k).to(device)
     for layer in (mha, moh):
         for m in layer.modules():
@@ -88,14 +89,16 @@ def bench_shape(dim, heads, head_dim, shared, top_k, tokens, batch, device, dtyp
     with torch.no_grad():
         mask = moh.compute_gates(x)[2]
     # what the sparse path really computes: every routed head padded to the busiest one
-    padded = moh.padded_active_fraction(moh.padded_rows(mask), tokens) if mask is not None else 1.0
+    padded = padded_active_fraction(moh, padded_rows(mask), tokens) if mask is not None else 1.0
     results = {"padded_rho": padded}
+    auto = AutoProcessor()  # one per shape, as a model layer keeps one: its choice is made once
+    processors = {"mha": DenseProcessor(), "dense": DenseProcessor(), "sparse": SparseProcessor(), "auto": auto}
     for backward in (False, True):
         def run(layer, mode):
             fn = torch.compile(layer) if compile_ else layer
 
             def step():
-                layer.execution = mode if mode != "mha" else "dense"  # the MoH modes share one layer
+                layer.set_execution(processors[mode])  # the MoH modes share one layer
                 with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                     if backward:
                         xi = x.detach().requires_grad_(True)
@@ -132,15 +135,15 @@ def bench_shape(dim, heads, head_dim, shared, top_k, tokens, batch, device, dtyp
             "mha_spread": spread,
             "ideal_ratio": ideal,
             "ideal_saving_achieved": saving,
-            "auto_choice": moh.resolve_execution(x.detach().requires_grad_(backward)) if backward else
-            _choice_no_grad(moh, x),
+            "auto_choice": auto.choose(moh, x.detach().requires_grad_(backward)) if backward else
+            _choice_no_grad(auto, moh, x),
         }
     return results
 
 
-def _choice_no_grad(layer, x):
+def _choice_no_grad(auto, layer, x):
     with torch.no_grad():
-        return layer.resolve_execution(x)
+        return auto.choose(layer, x)
 
 
 def fit_calibration(rows, device_type):
@@ -208,7 +211,11 @@ def main(argv=None) -> dict:
     p.add_argument("--no-presets", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny shapes for a smoke test")
     p.add_argument("--calibrate", action="store_true", help="refit the auto cost model for this device")
-    p.add_argument("--calibration-file", default=str(CALIBRATION_FILE))
+    p.add_argument("--calibration-file", default=None,
+                   help="where --calibrate writes (default: <out>/calibration_<device>[_tag].json); use it with "
+                        "$MOH_DIT_CALIBRATION, or --install it as the shipped calibration of this device type")
+    p.add_argument("--install", action="store_true",
+                   help="with --calibrate: also write moh_dit/calibrations/<device type>.json (to commit)")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--tag", default="", help="suffix for the result file names")
     args = p.parse_args(argv)
@@ -251,16 +258,19 @@ def main(argv=None) -> dict:
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     result = {"device": dev_name, "device_type": device.type, "torch": torch.__version__, "dtype": args.dtype,
               "compile": args.compile, "batch": batch, "rounds": args.rounds, "repeats": repeats, "min_time": args.min_time, "rows": rows}  # fmt: skip
-    if args.calibrate:
-        cal_file = Path(args.calibration_file)
-        cal = json.loads(cal_file.read_text()) if cal_file.is_file() else {}
-        new = fit_calibration(rows, device.type)
-        cal.update(new)
-        cal_file.write_text(json.dumps(cal, indent=2) + "\n")
-        result["calibration"] = new
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"attention_{device.type}{('_' + args.tag) if args.tag else ''}"
+    tag = f"{device.type}{('_' + args.tag) if args.tag else ''}"
+    stem = f"attention_{tag}"
+    if args.calibrate:
+        new = fit_calibration(rows, device.type)
+        targets = [Path(args.calibration_file or out / f"calibration_{tag}.json")]
+        if args.install:
+            targets.append(CALIBRATION_DIR / f"{device.type}.json")
+        for cal_file in targets:
+            cal_file.write_text(json.dumps(new, indent=2) + "\n")
+            print(f"wrote calibration {cal_file}")
+        result["calibration"] = new
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     (out / f"{stem}.md").write_text(markdown(result))
     plot(rows, out / f"{stem}.png", f"MoH attention vs multi-head attention ({dev_name}, {args.dtype})")

@@ -68,8 +68,10 @@ __all__ = [
     "read_npz_manifest",
     "read_safetensors",
     "open_run_folder",
-    "check_run_manifest",
-    "write_run_manifest",
+    "RunRecord",
+    "TrainingState",
+    "save_checkpoint",
+    "restore_checkpoint",
     "read_checkpoint",
     "prune_checkpoints",
     "replace_folder",
@@ -452,33 +454,42 @@ def open_run_folder(layout: RunLayout, resume: Optional[str], overwrite: bool, c
     return ckpt
 
 
-def check_run_manifest(layout: RunLayout, identity: dict, settings: dict) -> tuple[Optional[dict], list]:
-    """On resume: the run's manifest and the changed settings. A different identity (architecture, data,
-    seed, batch) means another run: one line names the difference."""
-    recorded = read_manifest(layout.root, "run")
-    if recorded is None:
-        return None, []
-    diffs = differences(recorded.get("identity", {}), identity)
-    if diffs:
-        raise ArtifactError(
-            f"{layout.root} holds a run with another set-up ({format_differences(diffs)}); resuming would mix two "
-            f"runs: choose a new train.output_dir, or train.overwrite=true without train.resume to start over"
-        )
-    return recorded, differences(recorded.get("settings", {}), settings)
+class RunRecord:
+    """The run manifest of a run folder: the run's identity, its settings and its events.
 
+    Made at the start of every run or resume (by every process; only the main process writes): a
+    recorded identity other than ``identity`` (architecture, data, seed, global batch) is another run, and
+    stops with one line. Settings may change; :attr:`changes` lists them.
+    """
 
-def write_run_manifest(layout: RunLayout, recorded: Optional[dict], identity: dict, settings: dict,
-                       event: dict) -> dict:  # fmt: skip
-    """Create the run manifest, or append ``event`` (a start, resume or stop) to an existing one."""
-    import uuid
+    def __init__(self, layout: RunLayout, identity: dict, settings: dict) -> None:
+        self.layout, self.identity, self.settings = layout, identity, settings
+        self.recorded = read_manifest(layout.root, "run")
+        diffs = differences(self.recorded.get("identity", {}), identity) if self.recorded else []
+        if diffs:
+            raise ArtifactError(
+                f"{layout.root} holds a run with another set-up ({format_differences(diffs)}); resuming would mix two "
+                f"runs: choose a new train.output_dir, or train.overwrite=true without train.resume to start over"
+            )
+        self.changes = differences(self.recorded.get("settings", {}), settings) if self.recorded else []
 
-    run_id = recorded["run_id"] if recorded else uuid.uuid4().hex
-    events = (recorded or {}).get("events", []) + [dict(event, time=utc_now(), code=code_version())]
-    created = recorded["created"] if recorded else utc_now()
-    manifest = {"kind": "run", "format": MANIFEST_FORMAT, "run_id": run_id, "created": created,
-                "code": code_version(), "identity": identity, "settings": settings, "events": events}  # fmt: skip
-    atomic_write_json(layout.manifest, manifest)
-    return manifest
+    @property
+    def run_id(self) -> Optional[str]:
+        return self.recorded["run_id"] if self.recorded else None
+
+    def write(self, event: str, **fields: Any) -> dict:
+        """Create the manifest, or append an event (start, resume, stopped) to it."""
+        import uuid
+
+        previous = self.recorded or {}
+        self.recorded = {
+            "kind": "run", "format": MANIFEST_FORMAT, "run_id": previous.get("run_id") or uuid.uuid4().hex,
+            "created": previous.get("created") or utc_now(), "code": code_version(), "identity": self.identity,
+            "settings": self.settings,
+            "events": previous.get("events", []) + [dict(event=event, **fields, time=utc_now(), code=code_version())],
+        }  # fmt: skip
+        atomic_write_json(self.layout.manifest, self.recorded)
+        return self.recorded
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -499,38 +510,114 @@ class CheckpointContents:
     manifest: Optional[dict[str, Any]]
 
 
-def begin_checkpoint(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+@dataclass
+class TrainingState:
+    """The live objects a training checkpoint saves and restores (the model unwrapped from accelerate)."""
+
+    model: torch.nn.Module
+    ema: Any  # diffusers' EMAModel
+    optimizer: Any
+    scaler: Any  # accelerate's grad scaler, or None
+    window: Any  # moh_dit.tracking.LossWindow
+
+    def param_names(self) -> list[str]:
+        return [n for n, _ in self.model.named_parameters()]
+
+    def health(self) -> tuple[bool, float]:
+        return weight_health([*self.model.parameters(), *self.ema.shadow_params])
 
 
-def write_checkpoint_weights(tmp: Path, model, ema_state: dict[str, torch.Tensor], optimizer_state: Any,
-                             scaler_state: Any) -> dict[str, str]:  # fmt: skip
-    """Model (diffusers folder), EMA and optimizer (and grad scaler); returns the weight fingerprints."""
+def save_checkpoint(layout: RunLayout, step: int, state: TrainingState, accelerator, trainer_state: dict,
+                    manifest: dict, keep_last: Optional[int]) -> tuple[Optional[Path], float]:  # fmt: skip
+    """Write ``checkpoints/step-N`` from every process (the main one writes the shared files, each its own
+    RNG states) into a temporary folder renamed when complete. Writes nothing and returns ``(None, peak)``
+    when the weights or EMA are not finite or have exploded: such a state never replaces a good checkpoint.
+    ``keep_last`` prunes older checkpoints (``None``: never, as for a rescue save)."""
     from safetensors.torch import save_file
 
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    save_file(ema_state, tmp / "ema.safetensors")
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    if scaler_state is not None:
-        torch.save(scaler_state, tmp / "scaler.pt")
-    return {"model_sha256": fingerprint_module(model), "ema_sha256": fingerprint_tensors(ema_state.items())}
+    sane, peak = state.health()  # identical on every process (DDP keeps the weights equal)
+    if not sane:
+        return None, peak
+    main = accelerator.is_main_process
+    tmp, final = layout.checkpoint_tmp(step), layout.checkpoint(step)
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    if main:
+        state.model.save_pretrained(tmp / "model", safe_serialization=True)
+        ema = {n: p.detach().cpu().contiguous() for n, p in zip(state.param_names(), state.ema.shadow_params)}
+        save_file(ema, tmp / "ema.safetensors")
+        torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
+        if state.scaler is not None:
+            torch.save(state.scaler.state_dict(), tmp / "scaler.pt")
+        manifest = dict(manifest, step=step, max_abs_weight=peak, model_sha256=fingerprint_module(state.model),
+                        ema_sha256=fingerprint_tensors(ema.items()))  # fmt: skip
+    rank = accelerator.process_index
+    rng = {"torch": torch.get_rng_state(), "window": state.window.state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    save_file(rng, tmp / f"rng-rank{rank}.safetensors")
+    (tmp / f"rng-rank{rank}.json").write_text(json.dumps(_python_rng_state()))
+    accelerator.wait_for_everyone()
+    if main:
+        (tmp / "trainer_state.json").write_text(json.dumps(dict(trainer_state, step=step), indent=2))
+        write_manifest(tmp, "checkpoint", **manifest)
+        replace_folder(tmp, final)
+        if keep_last:
+            prune_checkpoints(layout, keep_last)
+        logger.info("saved checkpoint %s", final)
+    accelerator.wait_for_everyone()
+    return final, peak
 
 
-def write_rank_state(tmp: Path, rank: int, tensors: dict[str, torch.Tensor], python_state: dict[str, Any]) -> None:
-    """One process's RNG states and loss window."""
-    from safetensors.torch import save_file
+def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: Optional[str]) -> dict:
+    """Restore everything a checkpoint holds into ``state`` (and this process's RNG states); it must be of
+    the same architecture and, when both record one, of the same run. Returns the trainer state."""
+    path = Path(path)
+    contents = read_checkpoint(path, accelerator.process_index, accelerator.device)
+    owner = (contents.manifest or {}).get("run_id")
+    if run_id and owner and owner != run_id:
+        raise ArtifactError(f"{path} belongs to another run ({owner[:12]}) than this run folder ({run_id[:12]})")
+    saved = json.loads((path / "model" / "config.json").read_text())
+    diffs = [(k, saved.get(k), _normalise(v)) for k, v in state.model.config.items()
+             if not k.startswith("_") and saved.get(k) != _normalise(v)]  # fmt: skip
+    if diffs:
+        raise ArtifactError(f"checkpoint {path} is for another architecture ({format_differences(diffs)})")
+    state.model.load_state_dict(contents.model_state)
+    names = state.param_names()
+    missing = [n for n in names if n not in contents.ema_state]
+    if missing:
+        raise ArtifactError(f"{path}/ema.safetensors does not match the model: missing {missing[:5]}")
+    for name, shadow in zip(names, state.ema.shadow_params):
+        shadow.copy_(contents.ema_state[name])
+    state.ema.optimization_step = contents.trainer_state["ema_optimization_step"]
+    state.optimizer.load_state_dict(contents.optimizer_state)
+    if state.scaler is not None and contents.scaler_state is not None:
+        state.scaler.load_state_dict(contents.scaler_state)
+    rng = contents.rank_tensors
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        _set_python_rng_state(contents.rank_python)
+    state.window.load(rng.get("window"))
+    return contents.trainer_state
 
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / f"rng-rank{rank}.safetensors")
-    (tmp / f"rng-rank{rank}.json").write_text(json.dumps(python_state))
+
+def _python_rng_state() -> dict[str, Any]:
+    import random
+
+    py, npy = random.getstate(), np.random.get_state()
+    return {"python": [py[0], list(py[1]), py[2]], "numpy": [npy[0], npy[1].tolist(), *npy[2:]]}
 
 
-def finish_checkpoint(tmp: Path, final: Path, trainer_state: dict[str, Any], manifest: dict[str, Any]) -> Path:
-    """Write the state and manifest, then rename: a ``step-N`` folder is always complete."""
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
-    write_manifest(tmp, "checkpoint", **manifest)
-    replace_folder(tmp, final)
-    return final
+def _set_python_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np.random.set_state((npy[0], np.array(npy[1], dtype=np.uint32), *npy[2:]))
 
 
 def prune_checkpoints(layout: RunLayout, keep_last: int) -> list[Path]:

@@ -147,16 +147,13 @@ def config_from_reference(
     return config
 
 
+# our router rows (MoHAttention.router_slices) -> the reference code's router names
+REFERENCE_ROUTERS = {"routed": "wg", "shared": "wg_1", "mix": "wg_0"}
+
+
 def _router_slices(attn) -> dict[str, slice]:
-    e, hs = attn._n_routed_logits, attn._n_shared_logits
-    out = {}
-    if e:
-        out["wg"] = slice(0, e)
-    if hs:
-        out["wg_1"] = slice(e, e + hs)
-    if attn._n_mix_logits:
-        out["wg_0"] = slice(e + hs, e + hs + 2)
-    return out
+    """The layer's fused router rows under the reference names, in the reference's order."""
+    return {REFERENCE_ROUTERS[name]: rows for name, rows in attn.router_slices().items()}
 
 
 def reference_to_ours(sd: dict[str, torch.Tensor], model: MoHDiT) -> dict[str, torch.Tensor]:

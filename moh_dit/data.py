@@ -412,6 +412,24 @@ class TrainingData:
     scaling_factor: float = 1.0
     description: dict = field(default_factory=dict)
 
+    def clean_latents(self, x: torch.Tensor, flip: torch.Tensor, generator: torch.Generator,
+                      device: torch.device) -> torch.Tensor:  # fmt: skip
+        """A micro-batch as the model's clean input x0: flipped where ``flip``, and in latent space either
+        drawn from the pre-extracted posterior of that flip or encoded by the VAE and drawn from its
+        posterior (the draws come from ``generator``)."""
+        from .latents import encode_posterior, sample_posterior
+
+        n = x.shape[0]
+        if self.latent_input:  # x: (N, 2 flips, 2 [mean, std], c, h, w)
+            moments = x[torch.arange(n), flip.long()]
+            return sample_posterior(moments[:, 0], moments[:, 1], self.scaling_factor, generator).to(device)
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x).to(device)
+        if self.vae is None:
+            return x
+        mean, std = encode_posterior(self.vae, x)
+        eps = torch.randn(mean.shape, generator=generator).to(device)
+        return (mean + std * eps) * self.scaling_factor
+
 
 def build_dataset(section: "DataSection") -> Dataset:
     """The data set named by a config's ``data`` section (without subsetting)."""

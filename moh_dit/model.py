@@ -204,7 +204,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
             try:
                 attn = MoHAttention(
                     hidden_size, h, head_dim=head_dim, num_shared_heads=h_s, top_k=k or 0,
-                    qkv_bias=qkv_bias, use_moh=attention_type == "moh",
+                    qkv_bias=qkv_bias, attention_type=attention_type,
                 )  # fmt: skip
             except ValueError as err:
                 raise ValueError(f"layer {layer}: {err}") from None
@@ -258,10 +258,8 @@ class MoHDiT(ModelMixin, ConfigMixin):
     def set_attention_execution(self, mode: str) -> None:
         """``"auto"`` (default: the faster of dense and sparse per layer and shape, by the calibrated cost
         model), ``"dense"`` (reference semantics) or ``"sparse"`` (exact head skipping). Results agree."""
-        if mode not in ("auto", "dense", "sparse"):
-            raise ValueError(f"execution mode must be auto, dense or sparse, got {mode!r}")
         for attn in self.attention_layers:
-            attn.execution = mode
+            attn.set_execution(mode)  # a processor per layer: auto keeps its choices per layer
 
     @property
     def num_routed_layers(self) -> int:

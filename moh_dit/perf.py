@@ -15,17 +15,27 @@ sequence length and the inverse width (fixed bookkeeping weighs more on short, n
 Auto picks ``sparse`` only where the fitted ratio is below ``1 - margin``; with no calibration for a
 device (or one fitted on other features) it picks ``dense``, so the default is never slower than the
 reference computation.
+
+Where calibrations live: the package ships one file per device type, ``moh_dit/calibrations/<type>.json``
+(fitted on this project's machines and committed with the benchmark report they come from). A
+calibration of your own hardware (``benchmarks/attention.py --calibrate`` writes
+``benchmarks/results/calibration_<device>.json``) is used by pointing ``$MOH_DIT_CALIBRATION`` at it;
+its entries replace the shipped ones of the same device type. Calibrations are read once, when an
+``auto`` processor is made, never during a forward pass.
 """
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["FEATURE_NAMES", "ideal_attention_ratio", "ideal_block_ratio", "choose_execution", "load_calibration", "CALIBRATION_FILE"]
+__all__ = ["FEATURE_NAMES", "ideal_attention_ratio", "ideal_block_ratio", "choose_execution", "load_calibration",
+           "CALIBRATION_DIR", "CALIBRATION_ENV"]  # fmt: skip
 
-CALIBRATION_FILE = Path(__file__).with_name("perf_calibration.json")
+CALIBRATION_DIR = Path(__file__).with_name("calibrations")
+CALIBRATION_ENV = "MOH_DIT_CALIBRATION"
 DEFAULT_MARGIN = 0.05
 
 
@@ -41,12 +51,23 @@ def ideal_block_ratio(active_fraction: float, tokens: int, dim: int) -> float:
     return (10 + 2 * active_fraction + 2 * active_fraction * r) / (12 + 2 * r)
 
 
-@lru_cache(maxsize=4)
 def load_calibration(path: Optional[str] = None) -> dict:
-    file = Path(path) if path else CALIBRATION_FILE
-    if not file.is_file():
-        return {}
-    return json.loads(file.read_text())
+    """The cost-model coefficients per ``<device type>/<infer|train>``: the shipped files, updated by
+    ``path`` or ``$MOH_DIT_CALIBRATION`` when given."""
+    return _load_calibration(path or os.environ.get(CALIBRATION_ENV) or None)
+
+
+@lru_cache(maxsize=4)
+def _load_calibration(extra: Optional[str]) -> dict:
+    cal: dict = {}
+    for file in sorted(CALIBRATION_DIR.glob("*.json")):
+        cal.update(json.loads(file.read_text()))
+    if extra:
+        file = Path(extra)
+        if not file.is_file():
+            raise FileNotFoundError(f"calibration file {file} (${CALIBRATION_ENV}) not found")
+        cal.update(json.loads(file.read_text()))
+    return cal
 
 
 def choose_execution(

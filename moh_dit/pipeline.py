@@ -339,6 +339,18 @@ class MoHDiTPipeline(DiffusionPipeline):
         names = [self.id2label.get(c, str(c)) for c in ids] if conditional else None
         return np.concatenate(out), names
 
+    def save_grid(self, path: str | os.PathLike, per_class: int, seed: int, guidance_scale: float,
+                  num_inference_steps: int, max_classes: Optional[int] = None) -> Path:  # fmt: skip
+        """A labelled PNG grid of the first ``max_classes`` classes (training previews)."""
+        from .images import make_grid
+
+        classes = list(range(min(self.transformer.config.num_classes, max_classes or self.transformer.config.num_classes)))
+        images, names = self.sample_grid(classes, per_class, seed, guidance_scale, num_inference_steps)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        make_grid(images, ncols=per_class, row_labels=names).save(path)
+        return path
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents -> images in [-1, 1] (identity in pixel space)."""
         if self.vae is None:

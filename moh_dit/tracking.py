@@ -17,17 +17,34 @@ logger = logging.getLogger("moh_dit.train")
 
 
 class LossWindow:
-    """Sums of the diffusion and MoH losses since the last log record, per process.
+    """Sums of the diffusion and MoH losses since the last log record, per process, and the speed over the
+    window.
 
-    They are saved in every checkpoint, so that after a resume the first record averages the same steps as
-    an uninterrupted run would (and not only the steps since the resume).
+    The sums are saved in every checkpoint, so that after a resume the first record averages the same steps
+    as an uninterrupted run would (and not only the steps since the resume).
     """
 
     def __init__(self, device: torch.device) -> None:
         self.sums = torch.zeros(3, device=device)  # diffusion loss, MoH loss, micro-steps
+        self.started, self.steps = time.time(), 0
 
     def add(self, diffusion_loss: torch.Tensor, moh_loss: torch.Tensor) -> None:
         self.sums += torch.stack([diffusion_loss.float(), moh_loss.float(), torch.ones((), device=self.sums.device)])
+
+    def record(self, accelerator, step: int, lr: float, batch: int, samples_seen: int, head_masks=None,
+               close: bool = True) -> dict[str, Any]:  # fmt: skip
+        """The log record of the window ending at ``step`` (losses averaged over processes, speed, per-layer
+        head usage); ``close`` starts the next window."""
+        diffusion, moh = self.means(accelerator)
+        elapsed = max(time.time() - self.started, 1e-9)
+        record = {"step": step, "diffusion_loss": diffusion, "moh_loss": moh, "lr": lr,
+                  "steps_per_s": self.steps / elapsed, "images_per_s": self.steps * batch / elapsed,
+                  "samples_seen": samples_seen}  # fmt: skip
+        if head_masks is not None:
+            record["head_usage"] = [m.float().mean(dim=(0, 1)).tolist() for m in head_masks]
+        if close:
+            self.reset()
+        return record
 
     def means(self, accelerator) -> tuple[float, float]:
         """Mean losses over the window and over all processes."""
@@ -37,6 +54,11 @@ class LossWindow:
 
     def reset(self) -> None:
         self.sums.zero_()
+        self.start_clock()
+
+    def start_clock(self) -> None:
+        """Measure speed from now on (after a resume, the sums carry over but the time does not)."""
+        self.started, self.steps = time.time(), 0
 
     def state(self) -> torch.Tensor:
         return self.sums.detach().cpu().clone()

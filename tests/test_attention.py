@@ -90,7 +90,7 @@ def test_forward_matches_brute_force(h, h_s, k):
 
 
 def test_multi_head_mode_matches_brute_force_and_has_no_router():
-    attn = MoHAttention(24, 4, use_moh=False)
+    attn = MoHAttention(24, 4, attention_type="mha")
     assert attn.router is None
     x = torch.randn(2, 5, 24)
     out, aux = attn(x, return_head_mask=True)
@@ -104,7 +104,7 @@ def test_uniform_routers_all_active_equal_multi_head(h, h_s):
     moh = MoHAttention(16, h, head_dim=4, num_shared_heads=h_s, top_k=h - h_s)
     if moh.router is not None:
         torch.nn.init.zeros_(moh.router.weight)
-    mha = MoHAttention(16, h, head_dim=4, use_moh=False)
+    mha = MoHAttention(16, h, head_dim=4, attention_type="mha")
     mha.qkv.load_state_dict(moh.qkv.state_dict())
     mha.proj.load_state_dict(moh.proj.state_dict())
     x = torch.randn(2, 6, 16)
@@ -254,7 +254,7 @@ def test_top_k_selection_carries_no_gradient():
         (dict(num_heads=4, num_shared_heads=2, top_k=0), "top_k=0"),
         (dict(num_heads=4, num_shared_heads=4, top_k=1), "no routed heads"),
         (dict(num_heads=5), "not divisible"),
-        (dict(num_heads=4, num_shared_heads=2, top_k=1, use_moh=False), "use_moh=False"),
+        (dict(num_heads=4, num_shared_heads=2, top_k=1, attention_type="mha"), "attention_type='mha'"),
     ],
 )
 def test_bad_layer_configs_fail_clearly(kwargs, message):

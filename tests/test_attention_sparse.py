@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from moh_dit.attention import MoHAttention
+from moh_dit.attention_processors import AutoProcessor, SparseProcessor
 from moh_dit.perf import choose_execution, ideal_attention_ratio, ideal_block_ratio
 
 LAYOUTS = [(6, 3, 2), (6, 0, 2), (5, 1, 3), (8, 2, 1), (12, 4, 4), (4, 4, 0)]
@@ -19,12 +20,13 @@ def layer(h, hs, k, dim=32, head_dim=8, seed=0, router_std=1.0):
 def run(attn, x, mode, rows_share=None, query_share=None):
     """Forward + gradients. ``rows_share`` / ``query_share`` force the per-row output-projection and
     per-row query variants of the sparse path on (1.0) or off (0.0)."""
-    attn.execution = mode
-    if rows_share is not None:
-        attn.SPARSE_OUTPUT_ROWS_MAX_SHARE = rows_share
-    if query_share is not None:
-        attn.SPARSE_QUERY_ROWS_MAX_SHARE = query_share
-        attn.SPARSE_QUERY_ROWS_MIN_TOKENS_WITH_GRAD = 0
+    if mode == "sparse":
+        kw = {} if rows_share is None else dict(output_rows_max_share=rows_share)
+        if query_share is not None:
+            kw.update(query_rows_max_share=query_share, query_rows_min_tokens_with_grad=0)
+        attn.set_execution(SparseProcessor(**kw))
+    else:
+        attn.set_execution(mode)
     x = x.detach().clone().requires_grad_(True)
     out, aux = attn(x, return_head_mask=True)
     loss = (out * torch.linspace(-1, 1, out.shape[-1])).sum()
@@ -76,41 +78,40 @@ def test_all_routed_heads_chosen_by_every_token():
 @pytest.mark.parametrize("query_share", [0.0, 1.0])
 def test_sparse_under_bf16_autocast(query_share):
     attn = layer(8, 2, 2)
-    attn.SPARSE_QUERY_ROWS_MAX_SHARE, attn.SPARSE_QUERY_ROWS_MIN_TOKENS_WITH_GRAD = query_share, 0
     x = torch.randn(2, 16, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        attn.execution = "dense"
+        attn.set_execution("dense")
         d, _ = attn(x)
-        attn.execution = "sparse"
+        attn.set_execution(SparseProcessor(query_rows_max_share=query_share, query_rows_min_tokens_with_grad=0))
         s, _ = attn(x)
     assert s.dtype == d.dtype == torch.bfloat16
     torch.testing.assert_close(s.float(), d.float(), rtol=0.05, atol=0.05)
 
 
 def test_sparse_variant_policy():
-    attn = layer(8, 2, 2)
+    sparse = SparseProcessor()
     with torch.no_grad():
-        assert attn.sparse_query_rows(40, 256) and not attn.sparse_query_rows(200, 256)
-    # with gradients, per-row queries only from SPARSE_QUERY_ROWS_MIN_TOKENS_WITH_GRAD tokens on
-    assert not attn.sparse_query_rows(40, 256)
-    assert attn.sparse_query_rows(300, 1024)
-    assert attn.sparse_output_rows(40, 256) and not attn.sparse_output_rows(200, 256)
+        assert sparse.query_rows(40, 256) and not sparse.query_rows(200, 256)
+    # with gradients, per-row queries only from query_rows_min_tokens_with_grad tokens on
+    assert not sparse.query_rows(40, 256)
+    assert sparse.query_rows(300, 1024)
+    assert sparse.output_rows(40, 256) and not sparse.output_rows(200, 256)
+    assert SparseProcessor(output_rows_max_share=0.1).output_rows(40, 256) is False
 
 
 def test_auto_mode_is_deterministic_and_never_changes_results():
     attn = layer(12, 4, 4)
     x = torch.randn(2, 16, 32)
-    attn.execution = "dense"
+    attn.set_execution("dense")
     ref, _ = attn(x)
-    attn.execution = "auto"
-    choices = {attn.resolve_execution(x) for _ in range(3)}
+    attn.set_execution("auto")
+    choices = {attn.processor.choose(attn, x) for _ in range(3)}
     assert len(choices) == 1
     out, _ = attn(x)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     # the choice depends only on the shape and configuration, not on the data or the routing
     fresh = layer(12, 4, 4, seed=5)
-    fresh.execution = "auto"
-    assert fresh.resolve_execution(torch.randn(2, 16, 32) * 100) == attn.resolve_execution(x)
+    assert fresh.processor.choose(fresh, torch.randn(2, 16, 32) * 100) == attn.processor.choose(attn, x)
 
 
 def test_cost_model():
@@ -157,19 +158,17 @@ def test_model_level_modes_agree():
 def test_auto_runs_dense_when_padding_leaves_nothing_to_skip(monkeypatch):
     """Auto picks sparse from the nominal activation; with the padded count known, unbalanced routing
     (every token choosing the same heads) falls back to the dense path, with the same result."""
-    import moh_dit.perf as perf
-
-    monkeypatch.setattr(perf, "load_calibration", lambda path=None: {"cpu/infer": {"coef": [0.0, 1.0, 0.0, 0.0, 0.0]}})
+    calibration = {"cpu/infer": {"coef": [0.0, 1.0, 0.0, 0.0, 0.0]}}
     attn = layer(8, 2, 2)
     calls = []
-    dense = attn._forward_dense
-    monkeypatch.setattr(attn, "_forward_dense", lambda *a: calls.append(1) or dense(*a))
+    dense = attn.dense_attention
+    monkeypatch.setattr(attn, "dense_attention", lambda *a: calls.append(1) or dense(*a))
     x = torch.randn(2, 64, 32)
     with torch.no_grad():
-        attn.execution = "dense"
+        attn.set_execution("dense")
         ref, _ = attn(x)
-        attn.execution = "auto"
-        assert attn.resolve_execution(x) == "sparse"  # nominal: 4 of 8 heads active
+        attn.set_execution(AutoProcessor(calibration))
+        assert attn.processor.choose(attn, x) == "sparse"  # nominal: 4 of 8 heads active
         calls.clear()
         out, aux = attn(x, return_head_mask=True)
         balanced = aux.head_mask[..., 2:].sum(dim=1).max() < 64
@@ -177,14 +176,14 @@ def test_auto_runs_dense_when_padding_leaves_nothing_to_skip(monkeypatch):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
         attn.router.weight.zero_()  # every token ties, so top-k picks the same two routed heads
-        attn.execution = "dense"
+        attn.set_execution("dense")
         ref, _ = attn(x)
-        attn.execution = "auto"
+        attn.set_execution(AutoProcessor(calibration))
         calls.clear()
         out, _ = attn(x)
         assert calls == [1]  # padded activation 1.0 leaves nothing to skip: dense ran
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-        attn.execution = "sparse"  # an explicit sparse request is honoured regardless
+        attn.set_execution("sparse")  # an explicit sparse request is honoured regardless
         calls.clear()
         torch.testing.assert_close(attn(x)[0], ref, rtol=1e-5, atol=1e-5)
         assert calls == []

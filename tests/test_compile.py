@@ -10,7 +10,7 @@ from moh_dit.attention import MoHAttention
 def test_compiled_attention_matches_eager_with_backward(mode):
     torch.manual_seed(0)
     attn = MoHAttention(32, 6, head_dim=8, num_shared_heads=2, top_k=2).train()
-    attn.execution = mode
+    attn.set_execution(mode)
     compiled = torch.compile(attn)
     x = torch.randn(2, 16, 32, requires_grad=True)
     out_e, _ = attn(x)
