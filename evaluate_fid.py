@@ -19,9 +19,8 @@ import logging
 import sys
 from pathlib import Path
 
-from moh_dit.cli import finite_float, positive_int, run_cli
-
-SCHEDULER_NAMES = ("ddpm", "ddim", "dpm-solver")
+from moh_dit.cli import add_sampling_arguments, positive_int, run_cli
+from moh_dit.options import EVAL_GUIDANCE, EVAL_STEPS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,18 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="do not read or write cached reference statistics")
     p.add_argument("--out", default=None, help="JSON file for all numbers and settings (default: beside the samples)")
     p.add_argument("--device", default=None)
-    g = p.add_argument_group("sampling (with --model)")
-    g.add_argument("--num-samples", type=positive_int, default=50000)
-    g.add_argument("--cfg-scale", type=finite_float, default=1.5)
-    g.add_argument("--guidance-channels", type=positive_int, default=None, help="3 reproduces the papers' guidance")
-    g.add_argument("--num-steps", type=positive_int, default=250)
-    g.add_argument("--scheduler", choices=SCHEDULER_NAMES, default=None)
-    g.add_argument("--label-mode", choices=["uniform", "balanced"], default="uniform")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--sample-batch-size", type=positive_int, default=64)
+    g = p.add_argument_group("sampling (with --model); defaults: the papers' FID protocol (see moh_dit.options)")
+    add_sampling_arguments(g, guidance=EVAL_GUIDANCE, num_steps=EVAL_STEPS, num_samples=50_000)
+    g.add_argument("--sample-batch-size", type=positive_int, default=64, help="also the block size of the samples")
     g.add_argument("--sample-dir", default=None, help="default: <run>/eval-samples-step<N>-<settings>")
-    g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
-    g.add_argument("--overwrite", action="store_true", help="replace samples in --sample-dir made with other settings")
     return p
 
 
@@ -82,9 +73,7 @@ def main(argv=None) -> dict:
         sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, resolve_model_source(args.model))
         samples_path = sample_npz_path(sample_dir)
         out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
-        settings = GenerationSettings(num_samples=args.num_samples, seed=args.seed, batch_size=args.sample_batch_size,
-                                      guidance_scale=args.cfg_scale, num_inference_steps=args.num_steps,
-                                      guidance_channels=args.guidance_channels, label_mode=args.label_mode)  # fmt: skip
+        settings = GenerationSettings.from_args(args, batch_size=args.sample_batch_size)
         accelerator, _ = sample_to_folder(args.model, sample_dir, settings, args.device, args.dtype, args.scheduler,
                                           overwrite=args.overwrite)  # fmt: skip
         if not accelerator.is_main_process:

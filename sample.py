@@ -12,9 +12,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from moh_dit.cli import finite_float, non_negative_int, positive_int, run_cli
-
-SCHEDULER_NAMES = ("ddpm", "ddim", "dpm-solver")
+from moh_dit.cli import add_sampling_arguments, positive_int, run_cli
+from moh_dit.options import EVAL_STEPS, GRID_GUIDANCE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,23 +21,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="run folder, checkpoint folder, pipeline folder or transformer folder")
     p.add_argument("--class-labels", nargs="*", default=None, help="class ids or names (default: every class)")
     p.add_argument("--per-class", type=positive_int, default=8, help="images per class in the grid")
-    p.add_argument("--cfg-scale", type=finite_float, default=4.0, help="classifier-free guidance scale (1 = off)")
-    p.add_argument("--guidance-channels", type=positive_int, default=None,
-                   help="guide only the first N channels (3 reproduces the DiT/MoH-DiT papers' FIDs)")
-    p.add_argument("--num-steps", type=positive_int, default=250)
-    p.add_argument("--scheduler", choices=SCHEDULER_NAMES, default=None, help="default: the one saved (DDPM)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="images per forward pass; with --num-samples also the block size (part of the samples' record)")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--vae", default=None, help="replace/add the VAE (hub id or folder)")
     p.add_argument("--out", default="samples.png", help="grid PNG")
     p.add_argument("--save-images", default=None, help="also write each grid image into this folder")
-    p.add_argument("--num-samples", type=non_negative_int, default=0, help="> 0: generate this many images for evaluation")
     p.add_argument("--sample-dir", default="samples", help="folder for --num-samples PNGs (the .npz is written beside it)")
-    p.add_argument("--label-mode", choices=["uniform", "balanced"], default="uniform")
-    p.add_argument("--overwrite", action="store_true", help="replace samples in --sample-dir made with other settings")
+    # the grid is for looking at (guidance 4.0, as DiT's visual samples); see moh_dit.options
+    add_sampling_arguments(p, guidance=GRID_GUIDANCE, num_steps=EVAL_STEPS, num_samples=0)
     return p
 
 
@@ -51,9 +42,7 @@ def main(argv=None) -> None:
     if args.num_samples > 0:
         from moh_dit.generate import GenerationSettings, sample_to_folder
 
-        settings = GenerationSettings(num_samples=args.num_samples, seed=args.seed, batch_size=args.batch_size,
-                                      guidance_scale=args.cfg_scale, num_inference_steps=args.num_steps,
-                                      guidance_channels=args.guidance_channels, label_mode=args.label_mode)  # fmt: skip
+        settings = GenerationSettings.from_args(args, batch_size=args.batch_size)
         _, npz = sample_to_folder(args.model, args.sample_dir, settings, args.device, args.dtype, args.scheduler,
                                   args.vae, args.overwrite)  # fmt: skip
         if npz is not None:

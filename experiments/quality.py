@@ -24,11 +24,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from moh_dit import fmnist_classifier  # noqa: F401  (registers the extractor)
 from moh_dit.config import load_config
 from moh_dit.data import FashionMNIST
 from moh_dit.diffusion import DiffusionObjective
 from moh_dit.evaluation import EvaluationError, InceptionFeatures, evaluate, load_images, resolve_extractor
+from experiments import fmnist_classifier
 from moh_dit.artifacts import sample_npz_path
 from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
 from moh_dit.training import train
@@ -64,16 +64,19 @@ def train_one(model: str, seed: int, sc: dict, out: Path) -> Path:
     run = out / "runs" / f"{slug(model)}-seed{seed}"
     if (run / "pipeline" / "model_index.json").exists():
         return run
-    overrides = [
-        f"model.preset={model}", f"train.seed={seed}", f"train.output_dir={run}", f"train.max_steps={sc['steps']}",
-        f"train.global_batch_size={sc['batch']}", f"train.checkpoint_every={sc['steps']}", f"log.log_every={sc['log_every']}",
-        "log.sample_per_class=0", "log.tensorboard=false", f"data.subset_per_class={sc['subset_per_class']}",
-        f"optim.warmup_steps={min(100, sc['steps'] // 4)}",
+    config = {
+        "base": str(ROOT / "configs" / "fashion_mnist_moh.yaml"),
+        "model": {"preset": model},
+        "data": {"subset_per_class": sc["subset_per_class"]},
+        "optim": {"warmup_steps": min(100, sc["steps"] // 4)},
         # short runs: a constant 0.995 EMA would still hold ~10% of the initial weights after 450 steps
-        "ema.warmup=true",
-        "train.resume=latest",  # an interrupted experiment continues its runs (a fresh folder starts at step 0)
-    ]  # fmt: skip
-    train(load_config(ROOT / "configs" / "fashion_mnist_moh.yaml", overrides))
+        "ema": {"warmup": True},
+        "log": {"log_every": sc["log_every"], "sample_per_class": 0, "tensorboard": False},
+        # resume=latest: an interrupted experiment continues its runs (a fresh folder starts at step 0)
+        "train": {"seed": seed, "output_dir": str(run), "max_steps": sc["steps"], "global_batch_size": sc["batch"],
+                  "checkpoint_every": sc["steps"], "resume": "latest"},
+    }  # fmt: skip
+    train(load_config(config))
     return run
 
 
@@ -144,7 +147,7 @@ def run_experiment(scale: str = "default", out: str | Path = "experiments/result
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ref = reference_npz(out, sc["reference"])
-    extractors = {"clf": resolve_extractor(fmnist_classifier.EXTRACTOR_NAME, None, "cpu")}
+    extractors = {"clf": resolve_extractor(fmnist_classifier.register(), None, "cpu")}
     try:
         extractors["inception"] = InceptionFeatures()
     except EvaluationError as err:
@@ -237,7 +240,7 @@ def report(result: dict, plots: dict) -> str:
         f"seeds {list(sc['seeds'])}; {sc['samples']} samples per model and guidance setting "
         f"({sc['scheduler']}, {sc['sample_steps']} steps, class-balanced labels), scored against the first "
         f"{sc['reference']} test images with the project's Fashion-MNIST classifier features "
-        f"(`moh_dit/fmnist_classifier.py`). Mean ± standard deviation over seeds. "
+        f"(`experiments/fmnist_classifier.py`). Mean ± standard deviation over seeds. "
         f"Reproduce: `python experiments/quality.py --scale {result['scale']}`.",
         "",
         f"| model | FID (no guidance) | FID (guidance {result['guidance']:g}) | precision | recall | final loss | "

@@ -1,13 +1,13 @@
 """Train the Fashion-MNIST classifier used as the offline feature extractor (about 8 minutes on 2 CPU cores).
 
-    python experiments/train_classifier.py                      # writes moh_dit/weights/fmnist_classifier.*
+    python experiments/train_classifier.py                      # writes experiments/weights/fmnist_classifier.*
     python experiments/train_classifier.py --seed 1 --out /tmp/clf.safetensors
 """
 import argparse
 import json
 import logging
 
-from moh_dit.fmnist_classifier import DEFAULT_WEIGHTS, train_classifier
+from experiments.fmnist_classifier import DEFAULT_WEIGHTS, train_classifier
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ the rest never reaches the model config. Unknown keys are errors, never silently
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import ConfigError
-from .presets import PRESETS, config_keys
+from .presets import preset_config
 
 __all__ = ["Config", "ModelSection", "DataSection", "OptimSection", "TrainSection", "EMASection", "LogSection",
            "load_config", "apply_overrides", "config_to_dict"]  # fmt: skip
@@ -106,13 +107,9 @@ class Config:
         """Every value checked once, when the config is read, so that a typo fails before any data, VAE or
         model is loaded."""
         m, d, o, t, e, lg = self.model, self.data, self.optim, self.train, self.ema, self.log
-        if m.preset not in PRESETS:
-            raise ConfigError(f"unknown preset {m.preset!r} (model.preset); known presets: {', '.join(PRESETS)}")
         if not isinstance(m.overrides, dict):
             raise ConfigError(f"model.overrides must be a mapping such as {{hidden_size: 256}}, got {m.overrides!r}")
-        unknown = sorted(set(m.overrides) - config_keys())
-        if unknown:
-            raise ConfigError(f"model.overrides has unknown keys {unknown}; valid: {sorted(config_keys())}")
+        preset_config(m.preset, **m.overrides)  # the preset name, the override keys and per-layer lengths, once
         _one_of("data.name", d.name, ("fashion-mnist", "folder", "latents"))
         _one_of("train.mixed_precision", t.mixed_precision, ("no", "fp16", "bf16"))
         for name in ("global_batch_size", "grad_accum_steps", "max_steps", "checkpoint_every", "keep_last"):
@@ -262,9 +259,15 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return f"{getattr(err, 'problem', None) or err}{where}"
 
 
-def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None) -> Config:
-    """Defaults, updated by the YAML file at ``path`` and then by ``overrides``; validated."""
-    raw = _read_yaml(Path(path)) if path is not None else {}
+def load_config(source: Optional[Union[str, Path, dict]] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Defaults, updated by ``source`` (a YAML file, or a dict of sections as the file would hold, which may
+    name a ``base`` file) and then by ``section.key=value`` ``overrides``; validated once."""
+    if isinstance(source, dict):
+        raw = copy.deepcopy(source)
+        base = raw.pop("base", None)
+        raw = _merge(_read_yaml(Path(base)), raw) if base is not None else raw
+    else:
+        raw = _read_yaml(Path(source)) if source is not None else {}
     raw = apply_overrides(raw, overrides or [])
     config = _from_dict(Config, raw, "")
     config.validate()

@@ -5,9 +5,9 @@ turning a pretrained multi-head DiT into a MoH-DiT to continue training.
     python -m moh_dit.convert moh_dit_xl_90.pt pipelines/moh-dit-xl-90 --vae /models/sd-vae-ft-ema
     python -m moh_dit.convert /models/DiT-XL-2-256 pipelines/dit-diffusers       # a diffusers pipeline folder
     python -m moh_dit.convert runs/x/pipeline out.pt --to reference              # back to the reference layout
-    python -m moh_dit.convert pipelines/dit-xl-2-256 pipelines/moh-from-dit --to-moh --shared 8 --top-k 4
+    python -m moh_dit.convert pipelines/dit-xl-2-256 pipelines/moh-from-dit --to-moh --shared 8 --moh-top-k 4
 
-Reference layout (REFERENCE.md section 7): ``x_embedder.proj``, ``t_embedder.mlp.{0,2}``,
+Reference layout (docs/interop.md): ``x_embedder.proj``, ``t_embedder.mlp.{0,2}``,
 ``y_embedder.embedding_table``, ``pos_embed``, ``blocks.i.{attn.qkv, attn.proj, mlp.fc1, mlp.fc2,
 adaLN_modulation.1}``, ``final_layer.{linear, adaLN_modulation.1}`` plus, for MoH-DiT, bias-free routers
 ``blocks.i.attn.wg`` (routed, E x D), ``wg_0`` (shared vs routed, 2 x D) and ``wg_1`` (shared, h_s x D).

@@ -1,7 +1,7 @@
 """DiT's diffusion training objective on top of diffusers' ``DDPMScheduler``.
 
 The noise schedule and the forward process come from diffusers. diffusers has no variational-bound
-term for a learned variance, so it is written here (REFERENCE.md section 4): with ``learn_sigma`` the
+term for a learned variance, so it is written here (docs/objective.md): with ``learn_sigma`` the
 model outputs ``2C`` channels, noise prediction ``eps`` and variance values ``v``, and
 
     log var  = f log(beta_t) + (1 - f) log(beta~_t),    f = (v + 1) / 2
@@ -22,6 +22,7 @@ import torch
 from diffusers import DDPMScheduler
 
 __all__ = [
+    "DIT_SCHEDULE",
     "DiffusionObjective",
     "DiffusionLosses",
     "make_train_scheduler",
@@ -30,13 +31,14 @@ __all__ = [
 ]
 
 
+# DiT's noise schedule (training and every sampler): 1000 steps, betas linear from 1e-4 to 0.02.
+DIT_SCHEDULE = dict(num_train_timesteps=1000, beta_start=1e-4, beta_end=0.02, beta_schedule="linear")
+
+
 def make_train_scheduler(num_train_timesteps: int = 1000, learn_sigma: bool = True) -> DDPMScheduler:
-    """DiT's schedule: 1000 steps, linear betas 1e-4 .. 0.02, noise prediction."""
+    """DiT's schedule (:data:`DIT_SCHEDULE`) with noise prediction."""
     return DDPMScheduler(
-        num_train_timesteps=num_train_timesteps,
-        beta_start=1e-4,
-        beta_end=0.02,
-        beta_schedule="linear",
+        **dict(DIT_SCHEDULE, num_train_timesteps=num_train_timesteps),
         prediction_type="epsilon",
         variance_type="learned_range" if learn_sigma else "fixed_small",
         clip_sample=False,

@@ -441,12 +441,15 @@ def resolve_extractor(name: str, weights: Optional[str], device: Optional[str],
 
 
 def import_extractor_module(name: Optional[str]) -> None:
-    """Import a module that registers feature extractors with torch-fidelity (``--extractor-module``)."""
+    """Import a module that provides feature extractors (``--extractor-module``) and call its ``register()``
+    if it has one (modules may also register with torch-fidelity when imported)."""
     if not name:
         return
     import importlib
 
     try:
-        importlib.import_module(name)
+        module = importlib.import_module(name)
     except ImportError as err:
         raise EvaluationError(f"--extractor-module {name}: cannot import it ({err})") from None
+    if callable(getattr(module, "register", None)):
+        module.register()

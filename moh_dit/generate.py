@@ -38,6 +38,7 @@ from .artifacts import (
 from .errors import ArtifactError, ConfigError
 from .latents import check_vae, load_vae
 from .model import MoHDiT
+from .options import EVAL_GUIDANCE, EVAL_STEPS, LABEL_MODES
 from .pipeline import MoHDiTPipeline
 from .seeding import index_generator, label_for_index
 from .tracking import Progress
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # keys: moh_dit.options.DTYPES
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -257,10 +258,17 @@ class GenerationSettings:
     num_samples: int = 50_000
     seed: int = 0
     batch_size: int = 32
-    guidance_scale: float = 1.5
-    num_inference_steps: int = 250
+    guidance_scale: float = EVAL_GUIDANCE
+    num_inference_steps: int = EVAL_STEPS
     guidance_channels: Optional[int] = None
     label_mode: str = "uniform"
+
+    @classmethod
+    def from_args(cls, args, batch_size: int) -> "GenerationSettings":
+        """From the sampling options of ``sample.py`` / ``evaluate_fid.py`` (see ``cli.add_sampling_arguments``)."""
+        return cls(num_samples=args.num_samples, seed=args.seed, batch_size=batch_size, guidance_scale=args.cfg_scale,
+                   num_inference_steps=args.num_steps, guidance_channels=args.guidance_channels,
+                   label_mode=args.label_mode)  # fmt: skip
 
     def validate(self) -> None:
         for name in ("num_samples", "batch_size", "num_inference_steps"):
@@ -268,8 +276,8 @@ class GenerationSettings:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not math.isfinite(self.guidance_scale):
             raise ConfigError(f"guidance_scale must be a finite number, got {self.guidance_scale}")
-        if self.label_mode not in ("uniform", "balanced"):
-            raise ConfigError(f"label_mode must be uniform or balanced, got {self.label_mode!r}")
+        if self.label_mode not in LABEL_MODES:
+            raise ConfigError(f"label_mode must be one of {', '.join(LABEL_MODES)}, got {self.label_mode!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,4 +1,4 @@
-"""Sample-quality metrics with the semantics of the ADM evaluator (REFERENCE.md section 5).
+"""Sample-quality metrics with the semantics of the ADM evaluator (docs/evaluation.md).
 
 - FID / sFID: Frechet distance between Gaussians fitted to features (covariance with N - 1), with
   ``scipy.linalg.sqrtm``; if the product's square root is not finite, 1e-6 is added to both diagonals;

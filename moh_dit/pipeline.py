@@ -29,6 +29,8 @@ from diffusers import (
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from .diffusion import DIT_SCHEDULE
+from .options import GRID_GUIDANCE, SCHEDULERS
 from .artifacts import fingerprint_module, read_manifest, replace_folder, write_manifest
 from .errors import ConfigError, NonFiniteSampleError
 from .model import MoHDiT
@@ -36,8 +38,6 @@ from .seeding import index_generator
 
 __all__ = ["MoHDiTPipeline", "make_scheduler", "SCHEDULERS", "resolve_class_labels", "to_uint8"]
 
-SCHEDULERS = ("ddpm", "ddim", "dpm-solver")
-_BASE_SCHEDULE = dict(num_train_timesteps=1000, beta_start=1e-4, beta_end=0.02, beta_schedule="linear")
 
 
 def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMixin:
@@ -48,18 +48,18 @@ def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMix
     """
     if name == "ddpm":
         return DDPMScheduler(
-            **_BASE_SCHEDULE,
+            **DIT_SCHEDULE,
             variance_type="learned_range" if learn_sigma else "fixed_small",
             clip_sample=False,
             timestep_spacing="linspace",
             prediction_type="epsilon",
         )
     if name == "ddim":
-        return DDIMScheduler(**_BASE_SCHEDULE, clip_sample=False, set_alpha_to_one=False, prediction_type="epsilon",
+        return DDIMScheduler(**DIT_SCHEDULE, clip_sample=False, set_alpha_to_one=False, prediction_type="epsilon",
                              timestep_spacing="linspace")  # fmt: skip
     if name == "dpm-solver":
         return DPMSolverMultistepScheduler(
-            **_BASE_SCHEDULE, algorithm_type="dpmsolver++", solver_order=2, prediction_type="epsilon",
+            **DIT_SCHEDULE, algorithm_type="dpmsolver++", solver_order=2, prediction_type="epsilon",
             timestep_spacing="linspace", lower_order_final=True,
         )  # fmt: skip
     raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
@@ -216,7 +216,7 @@ class MoHDiTPipeline(DiffusionPipeline):
     def __call__(
         self,
         class_labels: Union[int, str, Sequence[Union[int, str]], None] = None,
-        guidance_scale: float = 4.0,
+        guidance_scale: float = GRID_GUIDANCE,
         num_inference_steps: int = 250,
         generator: Optional[Union[torch.Generator, list[torch.Generator]]] = None,
         latents: Optional[torch.Tensor] = None,

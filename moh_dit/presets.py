@@ -4,7 +4,7 @@
     >>> model = create_model("MoH-DiT-S/2-90", num_classes=10)  # any config field can be overridden
     >>> list_presets("MoH-DiT")
 
-Per-layer head tables are from the MoH paper's released configurations (REFERENCE.md section 2). The
+Per-layer head tables are from the MoH paper's released configurations (docs/moh_attention.md). The
 defaults describe ImageNet 256 x 256 through the SD VAE: 32 x 32 x 4 latents, 1000 classes, learned sigma.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional
 
+from .errors import ConfigError
 from .model import MoHDiT
 
 __all__ = ["PRESETS", "config_keys", "create_model", "list_presets", "preset_config"]
@@ -132,17 +133,26 @@ def config_keys() -> set[str]:
     return {name for name in inspect.signature(MoHDiT.__init__).parameters if name != "self"}
 
 
+PER_LAYER_KEYS = ("num_heads", "num_shared_heads", "top_k")
+
+
 def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
-    """The :class:`MoHDiT` config of preset ``name`` with ``overrides`` applied (unknown keys rejected)."""
+    """The :class:`MoHDiT` config of preset ``name`` with ``overrides`` applied. Unknown presets and keys,
+    and per-layer lists whose length is not the depth, are rejected (all such lists in one message)."""
     if name not in PRESETS:
-        known = ", ".join(PRESETS)
-        raise KeyError(f"unknown preset {name!r}; known presets: {known}")
+        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
     allowed = config_keys()
     unknown = sorted(set(overrides) - allowed)
     if unknown:
-        raise TypeError(f"unknown MoHDiT config keys {unknown}; valid keys: {sorted(allowed)}")
+        raise ConfigError(f"unknown MoHDiT config keys {unknown}; valid keys: {sorted(allowed)}")
     config = {k: (list(v) if isinstance(v, list) else v) for k, v in PRESETS[name].items()}
     config.update(overrides)
+    depth = config.get("depth", 1)
+    wrong = [f"{k} ({len(config[k])} entries)" for k in PER_LAYER_KEYS if isinstance(config.get(k), (list, tuple))
+             and len(config[k]) != depth]  # fmt: skip
+    if wrong:
+        raise ConfigError(f"{name} with depth={depth}: {', '.join(wrong)} give one value per layer of another depth; "
+                          f"override them too (one int applies to every layer)")  # fmt: skip
     return config
 
 

@@ -30,6 +30,9 @@ if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ -z
 fi
 .venv/bin/python - <<'PY'
 import torch, torchvision, torch_fidelity, diffusers, accelerate
+# torch-fidelity imports torchvision, whose compiled ops must match torch (a mismatch fails here, not in a test)
+boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+assert torchvision.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.5).tolist() == [0], "torchvision's ops are broken"
 print(f"moh-dit environment ready: torch {torch.__version__}, torchvision {torchvision.__version__}, "
       f"diffusers {diffusers.__version__}, accelerate {accelerate.__version__}, "
       f"torch-fidelity {torch_fidelity.__version__}, cuda={torch.cuda.is_available()}")

@@ -1,4 +1,4 @@
-"""MoH attention against brute-force reimplementations of REFERENCE.md section 1."""
+"""MoH attention against brute-force reimplementations of the gate formulas (docs/moh_attention.md)."""
 import math
 
 import pytest

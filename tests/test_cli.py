@@ -18,10 +18,9 @@ from moh_dit.training import train
 from .helpers.factories import make_image_folder, tiny_train_overrides, tiny_vae
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import evaluate_fid  # noqa: E402
-import sample  # noqa: E402
-import train as train_script  # noqa: E402
+import evaluate_fid
+import sample
+import train as train_script
 
 UNWRITABLE = "/proc/moh-dit-cannot-write-here"  # not even root can create files in /proc
 

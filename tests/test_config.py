@@ -46,6 +46,20 @@ def test_base_file_is_merged(tmp_path):
         load_config(tmp_path / "loop.yaml")
 
 
+def test_configs_as_dicts_and_the_preset_checked_when_read(tmp_path):
+    (tmp_path / "base.yaml").write_text("train:\n  max_steps: 5\n")
+    cfg = load_config({"base": str(tmp_path / "base.yaml"), "model": {"overrides": {"hidden_size": 32}}},
+                      ["train.seed=4"])  # fmt: skip
+    assert (cfg.train.max_steps, cfg.train.seed, cfg.model.overrides) == (5, 4, {"hidden_size": 32})
+    source = {"model": {"preset": "MoH-DiT-Ti/4-75"}}
+    load_config(source)
+    assert source == {"model": {"preset": "MoH-DiT-Ti/4-75"}}  # not modified
+    with pytest.raises(ConfigError, match="unknown preset 'MoH-DiT-Tiny'"):
+        load_config({"model": {"preset": "MoH-DiT-Tiny"}})
+    with pytest.raises(ConfigError, match="num_heads .* num_shared_heads .* top_k"):
+        load_config({"model": {"preset": "MoH-DiT-S/2-75", "overrides": {"depth": 3}}})
+
+
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="not found"):
         load_config("configs/does-not-exist.yaml")

@@ -24,16 +24,14 @@ from moh_dit.convert import (
 )
 from moh_dit.diffusion import DiffusionObjective
 
+from .helpers.factories import give_signal, tiny_model
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def randomize(module, std=0.05, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.requires_grad:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-    return module
+    """Every trainable weight random: conversions must carry every tensor to the right place."""
+    return give_signal(module, std, seed, every_weight=True)
 
 
 def inputs(model_or_cfg, n=3, seed=1):
@@ -103,7 +101,7 @@ def reference_keys(depth, routers):
 
 def small_moh():
     # MoH-DiT-S/2-90's head tables at a narrow width: layers 0-7 have wg (3), wg_0 (2), wg_1 (3); 8-11 wg_1 (6)
-    return randomize(create_model("MoH-DiT-S/2-90", hidden_size=48, head_dim=8, sample_size=8, num_classes=10), 0.05)
+    return randomize(tiny_model("MoH-DiT-S/2-90", hidden_size=48, head_dim=8, sample_size=8, num_classes=10), 0.05)
 
 
 def test_export_uses_the_reference_key_layout():
@@ -131,7 +129,7 @@ def test_moh_reference_checkpoint_loads_strictly_and_infers_the_preset(tmp_path,
 
 
 def test_plain_dit_reference_checkpoint_and_exporter_round_trip(tmp_path):
-    model = randomize(create_model("DiT-S/2", hidden_size=48, head_dim=8, sample_size=8, num_classes=10)).eval()
+    model = randomize(tiny_model("DiT-S/2", hidden_size=48, head_dim=8, sample_size=8, num_classes=10)).eval()
     sd = ours_to_reference(model)
     assert sorted(sd) == reference_keys(12, [[]] * 12)
     torch.save(sd, tmp_path / "dit.pt")
@@ -200,7 +198,7 @@ def test_cli_writes_a_pipeline_that_loads(tmp_path):
 # DiT -> MoH-DiT
 # ----------------------------------------------------------------------------------------------------
 def small_dit():
-    return randomize(create_model("DiT-S/2", hidden_size=48, head_dim=8, sample_size=8, num_classes=10, depth=4), 0.08).eval()
+    return randomize(tiny_model("DiT-S/2", hidden_size=48, head_dim=8, sample_size=8, num_classes=10, depth=4), 0.08).eval()
 
 
 def test_all_heads_active_conversion_equals_the_original():

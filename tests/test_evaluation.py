@@ -24,8 +24,7 @@ from moh_dit.evaluation import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import evaluate_fid  # noqa: E402
+import evaluate_fid
 
 
 from .helpers.tiny_extractor import TINY  # noqa: E402  (registers the tiny extractor)
@@ -176,9 +175,9 @@ def test_evaluate_same_distribution_scores_better(tmp_path):
 
 def test_cli_end_to_end_from_a_tiny_pipeline(tmp_path):
     from moh_dit.generate import GenerationSettings, generate_samples
-    from tests.test_pipeline import pipe_for, tiny_model
+    from .helpers.factories import tiny_model, tiny_pipeline as pipe_for
 
-    pipe = pipe_for(tiny_model(in_channels=3, sample_size=8, num_classes=3))
+    pipe = pipe_for(tiny_model(signal=0.1, in_channels=3))
     npz = generate_samples(pipe, tmp_path / "samples", GenerationSettings(num_samples=12, batch_size=6, num_inference_steps=3))
     (tmp_path / "real").mkdir()
     for i, img in enumerate(random_images(15, size=8)):
@@ -194,9 +193,9 @@ def test_cli_end_to_end_from_a_tiny_pipeline(tmp_path):
 
 
 def test_cli_from_a_model_records_sampling_settings(tmp_path):
-    from tests.test_pipeline import pipe_for, tiny_model
+    from .helpers.factories import tiny_model, tiny_pipeline as pipe_for
 
-    pipe_for(tiny_model(in_channels=3, sample_size=8, num_classes=3)).save_pretrained(tmp_path / "pipe")
+    pipe_for(tiny_model(signal=0.1, in_channels=3)).save_pretrained(tmp_path / "pipe")
     np.savez(tmp_path / "ref.npz", arr_0=random_images(10, size=8))
     result = evaluate_fid.main(["--model", str(tmp_path / "pipe"), "--reference", str(tmp_path / "ref.npz"),
                                 "--extractor", TINY, "--num-samples", "6", "--num-steps", "2", "--cfg-scale", "2.5",
@@ -390,9 +389,9 @@ def test_reference_builder_writes_an_adm_style_batch(tmp_path):
 
 def test_metrics_of_existing_samples_record_the_samples_own_manifest(tmp_path):
     from moh_dit.generate import GenerationSettings, generate_samples
-    from tests.test_pipeline import pipe_for, tiny_model
+    from .helpers.factories import tiny_model, tiny_pipeline as pipe_for
 
-    pipe = pipe_for(tiny_model(in_channels=3, sample_size=8, num_classes=3))
+    pipe = pipe_for(tiny_model(signal=0.1, in_channels=3))
     settings = GenerationSettings(num_samples=10, batch_size=4, num_inference_steps=3, guidance_scale=2.0, seed=7)
     npz = generate_samples(pipe, tmp_path / "cfg2.0", settings)
     np.savez(tmp_path / "r.npz", arr_0=random_images(10, size=8))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moh_dit.data import find_fashion_mnist
-from moh_dit.fmnist_classifier import DEFAULT_WEIGHTS, EXTRACTOR_NAME, accuracy, load_classifier, train_classifier
+from experiments.fmnist_classifier import DEFAULT_WEIGHTS, accuracy, load_classifier, register, train_classifier
 
 needs_data = pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 
@@ -26,7 +26,7 @@ def test_shipped_classifier_reaches_its_recorded_test_accuracy():
 def test_classifier_is_registered_and_gives_features():
     from moh_dit.evaluation import resolve_extractor
 
-    ext = resolve_extractor(EXTRACTOR_NAME, None, "cpu")
+    ext = resolve_extractor(register(), None, "cpu")
     images = torch.randint(0, 256, (5, 3, 28, 28), dtype=torch.uint8)
     feats = ext(images)
     assert feats["pool"].shape == (5, 128) and feats["logits"].shape == (5, 10)

@@ -8,24 +8,20 @@ import torch
 from moh_dit import MoHDiT, create_model
 from moh_dit.embeddings import TimestepEmbedder, sincos_pos_embed_2d
 
+from .helpers.factories import give_signal, tiny_model
+
+
+# three layers: routed with 2 shared + top-1 of 2, routed with 3 shared + top-2 of 3, dense
+LAYOUT = dict(in_channels=3, depth=3, num_heads=[4, 6, 4], num_shared_heads=[2, 3, 4], top_k=[1, 2, 0], num_classes=5)
+
 
 def tiny(**overrides) -> MoHDiT:
-    config = dict(
-        sample_size=8, patch_size=2, in_channels=3, hidden_size=32, depth=3, num_heads=[4, 6, 4], head_dim=8,
-        num_shared_heads=[2, 3, 4], top_k=[1, 2, 0], num_classes=5,
-    )  # fmt: skip
-    config.update(overrides)
-    return MoHDiT(**config)
+    return tiny_model(**(LAYOUT | overrides))
 
 
 def randomize(model: MoHDiT, std: float = 0.2) -> MoHDiT:
-    """Give the zero-initialised adaLN and output layers weights, so every path carries signal."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "adaLN" in name or "final_layer.linear" in name or "router" in name:
-                p.normal_(0, std)
-    return model
+    """Give the zero-initialised adaLN and output layers and the routers weights, so every path carries signal."""
+    return give_signal(model, std, seed=1, routers=True)
 
 
 def inputs(model: MoHDiT, n: int = 3, seed: int = 0):

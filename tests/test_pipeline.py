@@ -6,32 +6,18 @@ import torch
 from moh_dit import MoHDiT
 from moh_dit.pipeline import MoHDiTPipeline, make_scheduler, resolve_class_labels, to_uint8
 
+from .helpers.factories import TINY_NAMES as NAMES
+from .helpers.factories import tiny_model as _tiny_model
+from .helpers.factories import tiny_pipeline as pipe_for
 from .helpers.factories import tiny_vae
 
-NAMES = {0: "cat", 1: "dog", 2: "Sneaker"}
 
-
-def tiny_model(in_channels=1, sample_size=8, num_classes=3, learn_sigma=True) -> MoHDiT:
-    torch.manual_seed(0)
-    model = MoHDiT(
-        sample_size=sample_size, patch_size=2, in_channels=in_channels, hidden_size=32, depth=2, num_heads=4,
-        head_dim=8, num_shared_heads=[2, 4], top_k=[1, 0], num_classes=num_classes, learn_sigma=learn_sigma,
-    )  # fmt: skip
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "adaLN" in name or "final_layer.linear" in name:
-                p.normal_(0, 0.1)
-    return model.eval()
-
-
-def pipe_for(model, vae=None, scheduler="ddpm"):
-    pipe = MoHDiTPipeline(model, make_scheduler(scheduler, model.config.learn_sigma), vae, NAMES)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+def tiny_model(**config) -> MoHDiT:
+    return _tiny_model(signal=0.1, **config).eval()
 
 
 # ----------------------------------------------------------------------------------------------------
-# DiT's sampler, written from the formulas (REFERENCE.md section 4)
+# DiT's sampler, written from the formulas (docs/objective.md)
 # ----------------------------------------------------------------------------------------------------
 def dit_reference_sampler(model, labels, noise_gen, steps, scale):
     """Respaced ancestral DDPM with the learned-range variance, from DiT's equations, in float64."""
@@ -162,10 +148,21 @@ def test_unconditional_model_samples_without_labels():
 # ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["ddim", "dpm-solver"])
 def test_fast_solvers_get_noise_channels_only(name):
+    """DDIM and DPM-Solver++ must see the noise prediction only (C channels); DiT's DDPM the learned
+    variance too (2C), which its learned-range step needs."""
     pipe = pipe_for(tiny_model(), scheduler=name)
+    seen = []
+    step = pipe.scheduler.step
+    pipe.scheduler.step = lambda output, *a, **k: seen.append(output.shape[1]) or step(output, *a, **k)
     images = pipe([0, 1], guidance_scale=2.0, num_inference_steps=5, generator=torch.Generator().manual_seed(0),
                   output_type="pt").images  # fmt: skip
     assert images.shape == (2, 1, 8, 8) and torch.isfinite(images).all()
+    assert seen == [1] * 5
+    ddpm = pipe_for(tiny_model(), scheduler="ddpm")
+    step = ddpm.scheduler.step
+    ddpm.scheduler.step = lambda output, *a, **k: seen.append(output.shape[1]) or step(output, *a, **k)
+    ddpm([0, 1], num_inference_steps=3, output_type="pt")
+    assert seen[5:] == [2] * 3
 
 
 def test_uint8_quantisation_follows_adm():

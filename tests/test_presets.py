@@ -1,5 +1,7 @@
 """Preset registry: exact parameter counts, head tables measured from a forward pass, overrides."""
 import pytest
+
+from moh_dit.errors import ConfigError
 import torch
 
 from moh_dit import PRESETS, create_model, list_presets, preset_config
@@ -83,10 +85,18 @@ def test_overrides_apply_and_do_not_leak_into_registry():
 
 
 def test_unknown_preset_lists_known_names():
-    with pytest.raises(KeyError, match="MoH-DiT-XL/2-90"):
+    with pytest.raises(ConfigError, match="MoH-DiT-XL/2-90"):
         create_model("MoH-DiT-XXL/2")
 
 
 def test_unknown_override_key_rejected():
-    with pytest.raises(TypeError, match="num_head"):
+    with pytest.raises(ConfigError, match="num_head"):
         create_model("DiT-S/2", num_head=3)
+
+
+def test_a_shallower_preset_names_every_per_layer_list_at_once():
+    with pytest.raises(ConfigError, match=r"depth=4: num_heads \(12 entries\), num_shared_heads \(12 entries\), "
+                                          r"top_k \(12 entries\)"):
+        preset_config("MoH-DiT-S/2-75", depth=4)
+    model = create_model("MoH-DiT-S/2-75", depth=4, num_heads=6, num_shared_heads=2, top_k=1, hidden_size=96)
+    assert [a.num_active_heads for a in model.attention_layers] == [3] * 4

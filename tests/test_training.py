@@ -189,7 +189,7 @@ def test_non_finite_loss_stops_cleanly_and_saves(tmp_path, image_dir, monkeypatc
     [
         ("model.preset=MoH-DiT-Huge/2", ConfigError, "unknown preset"),
         ("data.path=/nonexistent/folder", DataError, "does not exist"),
-        ("model.overrides={num_classes: 5}", ValueError, "num_classes=5"),
+        ("model.overrides.num_classes=5", ValueError, "num_classes=5"),
     ],
 )
 def test_bad_input_is_rejected_clearly(tmp_path, image_dir, override, error, message):

@@ -1,6 +1,45 @@
-"""Tiny models built in memory for tests (no downloads)."""
+"""Tiny models, pipelines, data and configs built in memory for tests (no downloads)."""
+from typing import Optional
+
 import torch
 from diffusers import AutoencoderKL
+
+from moh_dit import MoHDiT, create_model
+from moh_dit.pipeline import MoHDiTPipeline
+
+# a two-layer MoH-DiT: layer 0 routes (2 shared + top-1 of 2), layer 1 is dense (4 soft-weighted heads)
+TINY_MODEL = dict(sample_size=8, patch_size=2, in_channels=1, hidden_size=32, depth=2, num_heads=4, head_dim=8,
+                  num_shared_heads=[2, 4], top_k=[1, 0], num_classes=3)  # fmt: skip
+TINY_NAMES = {0: "cat", 1: "dog", 2: "Sneaker"}
+
+
+def give_signal(module: torch.nn.Module, std: float, seed: int = 0, routers: bool = False, every_weight: bool = False):
+    """Weights drawn from N(0, std): for the zero-initialised adaLN and output layers (and the routers, with
+    ``routers``) so that every path of a fresh DiT carries signal, or for every trainable weight."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            chosen = "adaLN" in name or "final_layer.linear" in name or (routers and "router" in name)
+            if p.requires_grad and (every_weight or chosen):
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return module
+
+
+def tiny_model(preset: Optional[str] = None, *, signal: float = 0.0, routers: bool = False, seed: int = 0,
+               **config) -> MoHDiT:  # fmt: skip
+    """The tests' model factory: ``preset`` with overrides, or :data:`TINY_MODEL` updated by ``config``;
+    ``signal`` > 0 gives the zero-initialised layers weights (see :func:`give_signal`)."""
+    torch.manual_seed(seed)
+    model = create_model(preset, **config) if preset else MoHDiT(**(TINY_MODEL | config))
+    return give_signal(model, signal, seed, routers) if signal else model
+
+
+def tiny_pipeline(model: Optional[MoHDiT] = None, vae=None, scheduler: str = "ddpm", id2label=None) -> MoHDiTPipeline:
+    """A pipeline around ``model`` (default: a tiny one with signal) with the test class names."""
+    model = model if model is not None else tiny_model(signal=0.1)
+    pipe = MoHDiTPipeline.build(model, vae, TINY_NAMES if id2label is None else id2label, scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def tiny_vae() -> AutoencoderKL:
@@ -29,12 +68,29 @@ def make_image_folder(root) -> None:
             Image.fromarray(img).save(root / name / f"{i}.png")
 
 
+def tiny_train_config(out_dir, data_dir, image_size=8) -> dict:
+    """A config (as a dict) for a tiny MoH-DiT trained for a few steps on ``make_image_folder`` data."""
+    return {
+        "model": {"preset": "MoH-DiT-Ti/4-75", "overrides": {"hidden_size": 32, "head_dim": 8, "patch_size": 2}},
+        "data": {"name": "folder", "path": str(data_dir), "image_size": image_size, "channels": 3},
+        "train": {"output_dir": str(out_dir), "global_batch_size": 4, "max_steps": 4, "checkpoint_every": 2},
+        "log": {"log_every": 1, "tensorboard": False, "sample_per_class": 1, "sample_steps": 3},
+        "optim": {"lr": 1e-3},
+        "ema": {"decay": 0.9},
+    }
+
+
+def as_overrides(config: dict, prefix: str = "") -> list[str]:
+    """A config dict as ``section.key=value`` command-line overrides (one leaf each)."""
+    out = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out += as_overrides(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={str(value).lower() if isinstance(value, bool) else value}")
+    return out
+
+
 def tiny_train_overrides(out_dir, data_dir, *extra, image_size=8):
-    """Config overrides for a tiny MoH-DiT trained for a few steps on ``make_image_folder`` data."""
-    return [
-        f"train.output_dir={out_dir}", "data.name=folder", f"data.path={data_dir}", f"data.image_size={image_size}",
-        "data.channels=3", "model.preset=MoH-DiT-Ti/4-75", "model.overrides={hidden_size: 32, head_dim: 8, patch_size: 2}",
-        "train.global_batch_size=4", "train.max_steps=4", "train.checkpoint_every=2", "log.log_every=1",
-        "log.tensorboard=false", "log.sample_per_class=1", "log.sample_steps=3", "optim.lr=1e-3", "ema.decay=0.9",
-        *extra,
-    ]  # fmt: skip
+    """:func:`tiny_train_config` as command-line overrides, followed by ``extra`` ones."""
+    return [*as_overrides(tiny_train_config(out_dir, data_dir, image_size)), *extra]

@@ -3,9 +3,13 @@ domain (the ImageNet Inception network is a poor judge of 28 x 28 grayscale clot
 cannot download here).
 
 The network is trained by :func:`train_classifier` (``python experiments/train_classifier.py``), from a seed,
-on the training split; its test-split accuracy is stored next to the weights. Importing this module registers
-it with torch-fidelity as ``fmnist-classifier`` with features ``pool`` (the 128-d penultimate layer, for FID
-and precision/recall) and ``logits_unbiased`` (10 classes, for the Inception-Score analogue).
+on the training split; its test-split accuracy is stored next to the weights (``experiments/weights/``). It
+serves the experiments and the tests, not the package. :func:`register` registers it with torch-fidelity as
+``fmnist-classifier`` with features ``pool`` (the 128-d penultimate layer, for FID, KID and precision/recall)
+and ``logits_unbiased`` (10 classes, for the Inception-Score analogue); on the command line:
+
+    python evaluate_fid.py --samples s.npz --reference ref.npz --extractor fmnist-classifier \
+        --extractor-module experiments.fmnist_classifier
 """
 from __future__ import annotations
 
@@ -24,9 +28,9 @@ from torch import nn
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY, register_feature_extractor
 
-from .artifacts import fingerprint_file
+from moh_dit.artifacts import fingerprint_file
 
-__all__ = ["FashionClassifier", "train_classifier", "DEFAULT_WEIGHTS", "EXTRACTOR_NAME", "load_classifier"]
+__all__ = ["FashionClassifier", "train_classifier", "DEFAULT_WEIGHTS", "EXTRACTOR_NAME", "load_classifier", "register"]
 
 logger = logging.getLogger(__name__)
 EXTRACTOR_NAME = "fmnist-classifier"
@@ -84,7 +88,7 @@ def train_classifier(
 ) -> dict:  # fmt: skip
     """Train on the Fashion-MNIST training split (random flips and 2-pixel shifts), report test accuracy,
     and save ``out`` (safetensors) plus ``out.json`` (accuracy, seed, settings)."""
-    from .data import FashionMNIST
+    from moh_dit.data import FashionMNIST
 
     torch.manual_seed(seed)
     train = FashionMNIST(data_root, split="train")
@@ -169,5 +173,8 @@ class FashionClassifierExtractor(FeatureExtractorBase):
         return torch.zeros(1, 3, 28, 28, dtype=torch.uint8)
 
 
-if EXTRACTOR_NAME not in FEATURE_EXTRACTORS_REGISTRY:
-    register_feature_extractor(EXTRACTOR_NAME, FashionClassifierExtractor)
+def register() -> str:
+    """Register the classifier with torch-fidelity (once); returns its extractor name."""
+    if EXTRACTOR_NAME not in FEATURE_EXTRACTORS_REGISTRY:
+        register_feature_extractor(EXTRACTOR_NAME, FashionClassifierExtractor)
+    return EXTRACTOR_NAME
