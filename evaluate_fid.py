@@ -14,6 +14,7 @@ the samples' size, or --reference-size); `python -m moh_dit.reference` saves suc
 Inception weights: --extractor-weights PATH, else $MOH_DIT_INCEPTION_WEIGHTS, else the torch hub cache
 ($TORCH_HOME/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth).
 """
+
 import argparse
 import logging
 import sys
@@ -29,12 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--samples", help="ADM-style .npz (arr_0) or a folder of images")
     src.add_argument("--model", help="run folder, checkpoint or pipeline folder to sample from")
     p.add_argument("--reference", required=True, help="ADM reference batch .npz, or a folder / .npz of real images")
-    p.add_argument("--reference-size", type=positive_int, default=None,
-                   help="center-crop size for an image-folder reference (default: the samples' size)")
-    p.add_argument("--extractor", default="inception", help="'inception' (paper protocol) or a torch-fidelity extractor name")
-    p.add_argument("--extractor-module", default=None, help="python module to import first (it may register extractors)")
-    p.add_argument("--extractor-weights", "--inception-weights", dest="extractor_weights", default=None,
-                   help="weights file of the extractor (checked to hold plain tensors before it is loaded)")
+    p.add_argument(
+        "--reference-size",
+        type=positive_int,
+        default=None,
+        help="center-crop size for an image-folder reference (default: the samples' size)",
+    )
+    p.add_argument(
+        "--extractor", default="inception", help="'inception' (paper protocol) or a torch-fidelity extractor name"
+    )
+    p.add_argument(
+        "--extractor-module", default=None, help="python module to import first (it may register extractors)"
+    )
+    p.add_argument(
+        "--extractor-weights",
+        "--inception-weights",
+        dest="extractor_weights",
+        default=None,
+        help="weights file of the extractor (checked to hold plain tensors before it is loaded)",
+    )
     p.add_argument("--batch-size", type=positive_int, default=100, help="feature extraction batch size")
     p.add_argument("--fp16-distances", action="store_true", help="emulate ADM's float16 precision/recall distances")
     p.add_argument("--no-cache", action="store_true", help="do not read or write cached reference statistics")
@@ -51,16 +65,31 @@ def default_sample_dir(args, source) -> Path:
     """One folder per model state and setting: a model that trains on gets a new folder, never stale samples."""
     root = source.run or (source.path if source.path.is_dir() else source.path.parent)
     step = f"step{source.step}-" if source.step is not None else ""
-    tag = (f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}-ch{args.guidance_channels or 'all'}-"
-           f"{args.scheduler or 'ddpm'}{args.num_steps}-{args.dtype}-seed{args.seed}")  # fmt: skip
+    tag = (
+        f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}-ch{args.guidance_channels or 'all'}-"
+        f"{args.scheduler or 'ddpm'}{args.num_steps}-{args.dtype}-seed{args.seed}"
+    )
     return root / f"eval-samples-{tag}"
 
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from moh_dit.artifacts import ensure_writable_file, metrics_path_for, read_manifest, read_npz_manifest, sample_npz_path
-    from moh_dit.evaluation import evaluate, format_table, import_extractor_module, load_images, resolve_extractor, write_metrics
+    from moh_dit.artifacts import (
+        ensure_writable_file,
+        metrics_path_for,
+        read_manifest,
+        read_npz_manifest,
+        sample_npz_path,
+    )
+    from moh_dit.evaluation import (
+        evaluate,
+        format_table,
+        import_extractor_module,
+        load_images,
+        resolve_extractor,
+        write_metrics,
+    )
 
     import_extractor_module(args.extractor_module)
     # everything that can fail fast does so before sampling or feature extraction
@@ -70,12 +99,15 @@ def main(argv=None) -> dict:
     if args.model:
         from moh_dit.generate import GenerationSettings, resolve_model_source, sample_to_folder
 
-        sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, resolve_model_source(args.model))
+        sample_dir = (
+            Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, resolve_model_source(args.model))
+        )
         samples_path = sample_npz_path(sample_dir)
         out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
         settings = GenerationSettings.from_args(args, batch_size=args.sample_batch_size)
-        accelerator, _ = sample_to_folder(args.model, sample_dir, settings, args.device, args.dtype, args.scheduler,
-                                          overwrite=args.overwrite)  # fmt: skip
+        accelerator, _ = sample_to_folder(
+            args.model, sample_dir, settings, args.device, args.dtype, args.scheduler, overwrite=args.overwrite
+        )
         if not accelerator.is_main_process:
             return {}
     else:
@@ -87,8 +119,15 @@ def main(argv=None) -> dict:
     else:
         manifest = read_npz_manifest(samples_path) if samples_path.suffix == ".npz" else None
     samples = load_images(samples_path, limit=(manifest or {}).get("count"))
-    result = evaluate(samples, args.reference, extractor, args.batch_size, args.fp16_distances, cache=not args.no_cache,
-                      reference_size=args.reference_size)  # fmt: skip
+    result = evaluate(
+        samples,
+        args.reference,
+        extractor,
+        args.batch_size,
+        args.fp16_distances,
+        cache=not args.no_cache,
+        reference_size=args.reference_size,
+    )
     result["samples"] = {"path": str(samples_path.resolve()), "manifest": manifest}
     # the numbers first: a failed write must not lose them
     print(format_table(result["metrics"]))

@@ -8,6 +8,7 @@ N images for evaluation (PNGs by index + ADM .npz beside the folder), on any num
         --sample-dir samples/xl90 --cfg-scale 1.5 --guidance-channels 3
     torchrun --standalone --nproc_per_node 2 sample.py runs/fashion_mnist_moh --num-samples 2000 --sample-dir s/f
 """
+
 import argparse
 import logging
 from pathlib import Path
@@ -21,13 +22,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="run folder, checkpoint folder, pipeline folder or transformer folder")
     p.add_argument("--class-labels", nargs="*", default=None, help="class ids or names (default: every class)")
     p.add_argument("--per-class", type=positive_int, default=8, help="images per class in the grid")
-    p.add_argument("--batch-size", type=positive_int, default=64,
-                   help="images per forward pass; with --num-samples also the block size (part of the samples' record)")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=64,
+        help="images per forward pass; with --num-samples also the block size (part of the samples' record)",
+    )
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--vae", default=None, help="replace/add the VAE (hub id or folder)")
     p.add_argument("--out", default="samples.png", help="grid PNG")
     p.add_argument("--save-images", default=None, help="also write each grid image into this folder")
-    p.add_argument("--sample-dir", default="samples", help="folder for --num-samples PNGs (the .npz is written beside it)")
+    p.add_argument(
+        "--sample-dir", default="samples", help="folder for --num-samples PNGs (the .npz is written beside it)"
+    )
     # the grid is for looking at (guidance 4.0, as DiT's visual samples); see moh_dit.options
     add_sampling_arguments(p, guidance=GRID_GUIDANCE, num_steps=EVAL_STEPS, num_samples=0)
     return p
@@ -43,8 +50,9 @@ def main(argv=None) -> None:
         from moh_dit.generate import GenerationSettings, sample_to_folder
 
         settings = GenerationSettings.from_args(args, batch_size=args.batch_size)
-        _, npz = sample_to_folder(args.model, args.sample_dir, settings, args.device, args.dtype, args.scheduler,
-                                  args.vae, args.overwrite)  # fmt: skip
+        _, npz = sample_to_folder(
+            args.model, args.sample_dir, settings, args.device, args.dtype, args.scheduler, args.vae, args.overwrite
+        )
         if npz is not None:
             print(f"wrote {args.num_samples} samples to {args.sample_dir} and {npz}")
         return
@@ -59,8 +67,15 @@ def main(argv=None) -> None:
         classes = list(range(pipe.transformer.config.num_classes))
     if classes:
         pipe.get_label_ids(classes)  # unknown names fail now
-    images, names = pipe.sample_grid(classes or [], args.per_class, args.seed, args.cfg_scale, args.num_steps,
-                                     args.guidance_channels, args.batch_size)  # fmt: skip
+    images, names = pipe.sample_grid(
+        classes or [],
+        args.per_class,
+        args.seed,
+        args.cfg_scale,
+        args.num_steps,
+        args.guidance_channels,
+        args.batch_size,
+    )
     from moh_dit.images import make_grid
 
     make_grid(images, ncols=args.per_class, row_labels=names).save(args.out)

@@ -20,6 +20,7 @@ Resume an interrupted run where it stopped (Ctrl-C or SIGTERM save a checkpoint 
 Continue training a converted model (e.g. a pretrained DiT turned into MoH-DiT by moh_dit.convert --to-moh):
     python train.py --config configs/imagenet256/dit-xl-2.yaml --init-from pipelines/moh-from-dit
 """
+
 import argparse
 import signal
 import sys
@@ -28,8 +29,11 @@ import sys
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file (see configs/)")
-    parser.add_argument("--init-from", default=None,
-                        help="start from these weights (a run, checkpoint, pipeline or transformer folder)")
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        help="start from these weights (a run, checkpoint, pipeline or transformer folder)",
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=100")
     args = parser.parse_args(argv)
 
@@ -43,8 +47,10 @@ def main(argv=None) -> None:
     if summary["stop_reason"] in ("SIGINT", "SIGTERM", "signal"):
         # stopped cleanly with a checkpoint; the conventional code of a run ended by that signal
         code = signal.Signals[summary["stop_reason"]].value if summary["stop_reason"] != "signal" else signal.SIGTERM
-        print(f"stopped at step {summary['step']} by {summary['stop_reason']}; continue with train.resume=latest",
-              file=sys.stderr)
+        print(
+            f"stopped at step {summary['step']} by {summary['stop_reason']}; continue with train.resume=latest",
+            file=sys.stderr,
+        )
         raise SystemExit(128 + int(code))
 
 

@@ -12,6 +12,7 @@ run, next to the ideal FLOP ratio of exact skipping and the share of that ideal 
 
 Writes benchmarks/results/attention_<device>.{json,md,png}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,13 @@ import numpy as np
 import torch
 
 from moh_dit.attention import MoHAttention
-from moh_dit.attention_processors import AutoProcessor, DenseProcessor, SparseProcessor, padded_active_fraction, padded_rows
+from moh_dit.attention_processors import (
+    AutoProcessor,
+    DenseProcessor,
+    SparseProcessor,
+    padded_active_fraction,
+    padded_rows,
+)
 from moh_dit.perf import CALIBRATION_DIR, FEATURE_NAMES, ideal_attention_ratio
 from moh_dit.perf import features as perf_features
 from moh_dit.presets import PRESETS
@@ -82,8 +89,9 @@ def timed(fn, device, repeats):
     return (time.perf_counter() - t0) / repeats
 
 
-def bench_shape(dim, heads, head_dim, shared, top_k, tokens, batch, device, dtype, rounds, repeats, compile_,
-                min_time=0.0):
+def bench_shape(
+    dim, heads, head_dim, shared, top_k, tokens, batch, device, dtype, rounds, repeats, compile_, min_time=0.0
+):
     mha, moh = make_layers(dim, heads, head_dim, shared, top_k, device)
     x = torch.randn(batch, tokens, dim, device=device)
     with torch.no_grad():
@@ -94,6 +102,7 @@ def bench_shape(dim, heads, head_dim, shared, top_k, tokens, batch, device, dtyp
     auto = AutoProcessor()  # one per shape, as a model layer keeps one: its choice is made once
     processors = {"mha": DenseProcessor(), "dense": DenseProcessor(), "sparse": SparseProcessor(), "auto": auto}
     for backward in (False, True):
+
         def run(layer, mode):
             fn = torch.compile(layer) if compile_ else layer
 
@@ -135,8 +144,9 @@ def bench_shape(dim, heads, head_dim, shared, top_k, tokens, batch, device, dtyp
             "mha_spread": spread,
             "ideal_ratio": ideal,
             "ideal_saving_achieved": saving,
-            "auto_choice": auto.choose(moh, x.detach().requires_grad_(backward)) if backward else
-            _choice_no_grad(auto, moh, x),
+            "auto_choice": auto.choose(moh, x.detach().requires_grad_(backward))
+            if backward
+            else _choice_no_grad(auto, moh, x),
         }
     return results
 
@@ -154,13 +164,23 @@ def fit_calibration(rows, device_type):
         if len(pts) < 2 * len(FEATURE_NAMES):
             continue
         # the padded activation is what the sparse path computes; auto re-checks with it at run time
-        X = np.array([perf_features(r.get("padded_rho", r["rho"]), (r["heads"] - r["shared"]) / r["heads"], r["tokens"],
-                                    r["dim"]) for r in pts])  # fmt: skip
+        X = np.array(
+            [
+                perf_features(
+                    r.get("padded_rho", r["rho"]), (r["heads"] - r["shared"]) / r["heads"], r["tokens"], r["dim"]
+                )
+                for r in pts
+            ]
+        )
         y = np.array([r[pass_]["sparse_over_dense"] for r in pts])
         coef, *_ = np.linalg.lstsq(X, y, rcond=None)
         resid = y - X @ coef
-        cal[f"{device_type}/{pass_}"] = {"coef": [float(c) for c in coef], "features": list(FEATURE_NAMES),
-                                         "points": len(pts), "rms_residual": float(np.sqrt(np.mean(resid**2)))}  # fmt: skip
+        cal[f"{device_type}/{pass_}"] = {
+            "coef": [float(c) for c in coef],
+            "features": list(FEATURE_NAMES),
+            "points": len(pts),
+            "rms_residual": float(np.sqrt(np.mean(resid**2))),
+        }
     return cal
 
 
@@ -211,11 +231,17 @@ def main(argv=None) -> dict:
     p.add_argument("--no-presets", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny shapes for a smoke test")
     p.add_argument("--calibrate", action="store_true", help="refit the auto cost model for this device")
-    p.add_argument("--calibration-file", default=None,
-                   help="where --calibrate writes (default: <out>/calibration_<device>[_tag].json); use it with "
-                        "$MOH_DIT_CALIBRATION, or --install it as the shipped calibration of this device type")
-    p.add_argument("--install", action="store_true",
-                   help="with --calibrate: also write moh_dit/calibrations/<device type>.json (to commit)")
+    p.add_argument(
+        "--calibration-file",
+        default=None,
+        help="where --calibrate writes (default: <out>/calibration_<device>[_tag].json); use it with "
+        "$MOH_DIT_CALIBRATION, or --install it as the shipped calibration of this device type",
+    )
+    p.add_argument(
+        "--install",
+        action="store_true",
+        help="with --calibrate: also write moh_dit/calibrations/<device type>.json (to commit)",
+    )
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--tag", default="", help="suffix for the result file names")
     args = p.parse_args(argv)
@@ -245,19 +271,42 @@ def main(argv=None) -> dict:
                     shapes.append(("preset", name, dim, heads, hd, s, k, t, (s + k) / heads))
     rows = []
     for kind, label, dim, heads, hd, s, k, t, rho in shapes:
-        res = bench_shape(dim, heads, hd, s, k, t, batch, device, dtype, args.rounds, repeats, args.compile,
-                          args.min_time)
-        row = {"kind": kind, "width": label, "dim": dim, "heads": heads, "head_dim": hd, "shared": s, "top_k": k,
-               "tokens": t, "rho": (s + k) / heads, **res}  # fmt: skip
+        res = bench_shape(
+            dim, heads, hd, s, k, t, batch, device, dtype, args.rounds, repeats, args.compile, args.min_time
+        )
+        row = {
+            "kind": kind,
+            "width": label,
+            "dim": dim,
+            "heads": heads,
+            "head_dim": hd,
+            "shared": s,
+            "top_k": k,
+            "tokens": t,
+            "rho": (s + k) / heads,
+            **res,
+        }
         rows.append(row)
-        print(f"{label:>36} T={t:<5} rho={row['rho']:.2f}  fwd: dense {res['infer']['ratio_to_mha']['dense']:.3f} "
-              f"sparse {res['infer']['ratio_to_mha']['sparse']:.3f} auto {res['infer']['ratio_to_mha']['auto']:.3f} "
-              f"(ideal {res['infer']['ideal_ratio']:.3f})  fwd+bwd: dense {res['train']['ratio_to_mha']['dense']:.3f} "
-              f"sparse {res['train']['ratio_to_mha']['sparse']:.3f} auto {res['train']['ratio_to_mha']['auto']:.3f}",
-              flush=True)  # fmt: skip
+        print(
+            f"{label:>36} T={t:<5} rho={row['rho']:.2f}  fwd: dense {res['infer']['ratio_to_mha']['dense']:.3f} "
+            f"sparse {res['infer']['ratio_to_mha']['sparse']:.3f} auto {res['infer']['ratio_to_mha']['auto']:.3f} "
+            f"(ideal {res['infer']['ideal_ratio']:.3f})  fwd+bwd: dense {res['train']['ratio_to_mha']['dense']:.3f} "
+            f"sparse {res['train']['ratio_to_mha']['sparse']:.3f} auto {res['train']['ratio_to_mha']['auto']:.3f}",
+            flush=True,
+        )
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    result = {"device": dev_name, "device_type": device.type, "torch": torch.__version__, "dtype": args.dtype,
-              "compile": args.compile, "batch": batch, "rounds": args.rounds, "repeats": repeats, "min_time": args.min_time, "rows": rows}  # fmt: skip
+    result = {
+        "device": dev_name,
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+        "compile": args.compile,
+        "batch": batch,
+        "rounds": args.rounds,
+        "repeats": repeats,
+        "min_time": args.min_time,
+        "rows": rows,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{device.type}{('_' + args.tag) if args.tag else ''}"
@@ -284,18 +333,22 @@ def target_summary(result) -> list[str]:
         ratios = [(r[pass_]["seconds"]["auto"] / r[pass_]["seconds"]["dense"], r) for r in result["rows"]]
         worst, worst_row = max(ratios, key=lambda x: x[0])
         above = [r for q, r in ratios if q > 1 + max(r[pass_]["mha_spread"], 0.02)]
-        lines.append(f"- auto / dense MoH, {title}: median {statistics.median(q for q, _ in ratios):.3f}, worst "
-                     f"{worst:.3f} ({worst_row['width']}, {worst_row['tokens']} tokens, rho {worst_row['rho']:.2f}, "
-                     f"auto chose {worst_row[pass_]['auto_choice']}); above 1 + that row's noise (or 2%): "
-                     f"{len(above)} of {len(ratios)}")  # fmt: skip
+        lines.append(
+            f"- auto / dense MoH, {title}: median {statistics.median(q for q, _ in ratios):.3f}, worst "
+            f"{worst:.3f} ({worst_row['width']}, {worst_row['tokens']} tokens, rho {worst_row['rho']:.2f}, "
+            f"auto chose {worst_row[pass_]['auto_choice']}); above 1 + that row's noise (or 2%): "
+            f"{len(above)} of {len(ratios)}"
+        )
     for r in result["rows"]:
         if r["dim"] == 1152 and r["tokens"] == 1024 and r["rho"] < 1:
             f, b = r["infer"], r["train"]
-            lines.append(f"- {r['width']}, 1024 tokens, rho {r['rho']:.2f}: best MoH mode / MHA "
-                         f"{min(f['ratio_to_mha']['dense'], f['ratio_to_mha']['sparse']):.3f} forward, "
-                         f"{min(b['ratio_to_mha']['dense'], b['ratio_to_mha']['sparse']):.3f} forward + backward "
-                         f"(auto {f['ratio_to_mha']['auto']:.3f} / {b['ratio_to_mha']['auto']:.3f}; "
-                         f"ideal {f['ideal_ratio']:.3f})")  # fmt: skip
+            lines.append(
+                f"- {r['width']}, 1024 tokens, rho {r['rho']:.2f}: best MoH mode / MHA "
+                f"{min(f['ratio_to_mha']['dense'], f['ratio_to_mha']['sparse']):.3f} forward, "
+                f"{min(b['ratio_to_mha']['dense'], b['ratio_to_mha']['sparse']):.3f} forward + backward "
+                f"(auto {f['ratio_to_mha']['auto']:.3f} / {b['ratio_to_mha']['auto']:.3f}; "
+                f"ideal {f['ideal_ratio']:.3f})"
+            )
     return lines + [""]
 
 
@@ -316,15 +369,20 @@ def markdown(result) -> str:
         *target_summary(result),
     ]
     for pass_, title in (("infer", "Forward"), ("train", "Forward + backward")):
-        lines += [f"## {title}", "",
-                  "| layer | tokens | active (padded) | MoH dense | MoH sparse | auto (choice) | ideal | saving achieved | noise |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"## {title}",
+            "",
+            "| layer | tokens | active (padded) | MoH dense | MoH sparse | auto (choice) | ideal | saving achieved | noise |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in result["rows"]:
             x = r[pass_]
             q = x["ratio_to_mha"]
-            lines.append(f"| {r['width']} | {r['tokens']} | {r['rho']:.2f} ({r['padded_rho']:.2f}) | {q['dense']:.3f} | {q['sparse']:.3f} | "
-                         f"{q['auto']:.3f} ({x['auto_choice']}) | {x['ideal_ratio']:.3f} | "
-                         f"{x['ideal_saving_achieved']:.2f} | {100 * x['mha_spread']:.0f}% |")  # fmt: skip
+            lines.append(
+                f"| {r['width']} | {r['tokens']} | {r['rho']:.2f} ({r['padded_rho']:.2f}) | {q['dense']:.3f} | {q['sparse']:.3f} | "
+                f"{q['auto']:.3f} ({x['auto_choice']}) | {x['ideal_ratio']:.3f} | "
+                f"{x['ideal_saving_achieved']:.2f} | {100 * x['mha_spread']:.0f}% |"
+            )
         lines.append("")
     if "calibration" in result:
         lines += ["## Calibration written", "", "```", json.dumps(result["calibration"], indent=2), "```", ""]

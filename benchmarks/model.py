@@ -9,6 +9,7 @@ process running the same step).
     python benchmarks/model.py                          # CPU: S and B at 256 px, batch 2
     python benchmarks/model.py --sizes S,B,XL --batch 32 --dtype bf16   # a GPU
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,23 @@ def step_fn(model, args, device, dtype):
 
 def peak_memory_child(name, mode, args) -> float:
     """Run one step in a fresh process; return its peak RSS growth over the model's own footprint (MB)."""
-    cmd = [sys.executable, __file__, "--child", name, mode, "--image-size", str(args.image_size), "--batch",
-           str(args.batch), "--hidden-size", str(args.hidden_size), "--dtype", args.dtype, "--device", "cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        name,
+        mode,
+        "--image-size",
+        str(args.image_size),
+        "--batch",
+        str(args.batch),
+        "--hidden-size",
+        str(args.hidden_size),
+        "--dtype",
+        args.dtype,
+        "--device",
+        "cpu",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=1800)
     if out.returncode != 0:
         return float("nan")
@@ -161,24 +177,40 @@ def main(argv=None) -> dict:
         size = name.removeprefix("MoH-").removeprefix("DiT-").split("/")[0]  # S, B, L or XL
         base = statistics.median(times[f"DiT-{size}/2"])
         med = statistics.median(times[label])
-        rows.append({"model": label, "preset": name, "mode": mode, "step_seconds": med, "ratio_to_dit": med / base,
-                     "images_per_s_250_steps": args.batch / (STEPS * med), "peak_activation_mb": peaks[label],
-                     "round_seconds": times[label]})  # fmt: skip
+        rows.append(
+            {
+                "model": label,
+                "preset": name,
+                "mode": mode,
+                "step_seconds": med,
+                "ratio_to_dit": med / base,
+                "images_per_s_250_steps": args.batch / (STEPS * med),
+                "peak_activation_mb": peaks[label],
+                "round_seconds": times[label],
+            }
+        )
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     result = {"device": dev_name, "torch": torch.__version__, "args": vars(args), "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"model_{device.type}{('_' + args.tag) if args.tag else ''}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# Model-level sampling benchmark ({dev_name}, torch {torch.__version__}, {args.dtype}"
-             f"{', torch.compile' if args.compile else ''})", "",
-             f"{args.image_size} px ({args.image_size // 8}x{args.image_size // 8} latents), {args.batch} images per guided step "
-             f"(batch {2 * args.batch}), median of {args.rounds} interleaved rounds; ratio to the DiT of the same width "
-             f"measured in the same run; images/s for 250 steps; peak memory is the growth during one step.", "",
-             "| model | step (s) | ratio to DiT | images/s (250 steps) | peak memory (MB) |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Model-level sampling benchmark ({dev_name}, torch {torch.__version__}, {args.dtype}"
+        f"{', torch.compile' if args.compile else ''})",
+        "",
+        f"{args.image_size} px ({args.image_size // 8}x{args.image_size // 8} latents), {args.batch} images per guided step "
+        f"(batch {2 * args.batch}), median of {args.rounds} interleaved rounds; ratio to the DiT of the same width "
+        f"measured in the same run; images/s for 250 steps; peak memory is the growth during one step.",
+        "",
+        "| model | step (s) | ratio to DiT | images/s (250 steps) | peak memory (MB) |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['step_seconds']:.4f} | {r['ratio_to_dit']:.3f} | "
-                     f"{r['images_per_s_250_steps']:.4f} | {r['peak_activation_mb']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['model']} | {r['step_seconds']:.4f} | {r['ratio_to_dit']:.3f} | "
+            f"{r['images_per_s_250_steps']:.4f} | {r['peak_activation_mb']:.0f} |"
+        )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return result

@@ -10,6 +10,7 @@ and the ratio to the baseline (DiT-S/2, fp32, pre-extracted latents) measured in
 The VAE has the SD-VAE architecture with random weights (no download needed; the cost is the same).
 Writes ``benchmarks/results/train_throughput_<device>.{json,md}``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,14 +33,21 @@ MODELS = ("DiT-S/2", "MoH-DiT-S/2-75")
 def make_vae(kind: str, device) -> AutoencoderKL:
     if kind == "sd":  # the architecture of stabilityai/sd-vae-ft-ema (diffusers' defaults for 4 blocks)
         vae = AutoencoderKL(
-            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=4,
-        )  # fmt: skip
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(128, 256, 512, 512),
+            layers_per_block=2,
+            latent_channels=4,
+        )
     else:  # tiny, for smoke tests
         vae = AutoencoderKL(
-            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 8, 8, 8), layers_per_block=1, latent_channels=4, norm_num_groups=4,
-        )  # fmt: skip
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(8, 8, 8, 8),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=4,
+        )
     return vae.to(device).eval().requires_grad_(False)
 
 
@@ -62,15 +70,20 @@ class Setup:
             self.images = torch.rand(b, 3, args.image_size, args.image_size, device=device) * 2 - 1
         else:
             with torch.no_grad():
-                mean, std = encode_posterior(vae, torch.rand(b, 3, args.image_size, args.image_size, device=device) * 2 - 1)
+                mean, std = encode_posterior(
+                    vae, torch.rand(b, 3, args.image_size, args.image_size, device=device) * 2 - 1
+                )
             self.moments = (mean, std)
         self.name = f"{name} | {precision} | {'VAE on the fly' if source == 'vae' else 'pre-extracted latents'}"
         self.key = (name, precision, source)
 
     def step(self) -> None:
         if self.source == "vae":
-            flipped = torch.where(torch.rand(len(self.images), device=self.device)[:, None, None, None] < 0.5,
-                                  self.images.flip(-1), self.images)  # fmt: skip
+            flipped = torch.where(
+                torch.rand(len(self.images), device=self.device)[:, None, None, None] < 0.5,
+                self.images.flip(-1),
+                self.images,
+            )
             mean, std = encode_posterior(self.vae, flipped)
         else:
             mean, std = self.moments
@@ -78,7 +91,11 @@ class Setup:
         t = torch.randint(0, 1000, (len(x0),), device=self.device)
         noise = torch.randn_like(x0)
         x_t = self.objective.add_noise(x0, noise, t)
-        ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.precision == "bf16" else torch.autocast(self.device.type, enabled=False)
+        ctx = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if self.precision == "bf16"
+            else torch.autocast(self.device.type, enabled=False)
+        )
         with ctx:
             out = self.model(x_t, t, self.labels)
         loss = self.objective.losses(out.sample.float(), x0, x_t, t, noise).loss.mean() + 0.01 * out.aux_loss
@@ -111,8 +128,12 @@ def main(argv=None) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     vae = make_vae(args.vae, device)
-    setups = [Setup(m, prec, src, args, vae, device) for m in MODELS for prec in args.precisions.split(",")
-              for src in ("latents", "vae")]  # fmt: skip
+    setups = [
+        Setup(m, prec, src, args, vae, device)
+        for m in MODELS
+        for prec in args.precisions.split(",")
+        for src in ("latents", "vae")
+    ]
     for s in setups:
         for _ in range(args.warmup):
             s.step()
@@ -130,21 +151,41 @@ def main(argv=None) -> dict:
     rows = []
     for s in setups:
         ips = args.batch_size * args.steps / statistics.median(times[s.key])
-        rows.append({"model": s.key[0], "precision": s.key[1], "input": s.key[2], "images_per_s": ips,
-                     "ratio_to_baseline": ips / base, "round_seconds": times[s.key]})  # fmt: skip
+        rows.append(
+            {
+                "model": s.key[0],
+                "precision": s.key[1],
+                "input": s.key[2],
+                "images_per_s": ips,
+                "ratio_to_baseline": ips / base,
+                "round_seconds": times[s.key],
+            }
+        )
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    result = {"device": dev_name, "torch": torch.__version__, "args": vars(args), "baseline": " | ".join(base_key),
-              "rows": rows}  # fmt: skip
+    result = {
+        "device": dev_name,
+        "torch": torch.__version__,
+        "args": vars(args),
+        "baseline": " | ".join(base_key),
+        "rows": rows,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "cuda" if device.type == "cuda" else "cpu"
     (out / f"train_throughput_{tag}.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# Training throughput ({dev_name}, torch {torch.__version__})", "",
-             f"image size {args.image_size}, batch {args.batch_size}, median of {args.rounds} interleaved rounds of "
-             f"{args.steps} steps; ratio to {result['baseline']} measured in the same run.", "",
-             "| model | precision | input | images/s | ratio |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Training throughput ({dev_name}, torch {torch.__version__})",
+        "",
+        f"image size {args.image_size}, batch {args.batch_size}, median of {args.rounds} interleaved rounds of "
+        f"{args.steps} steps; ratio to {result['baseline']} measured in the same run.",
+        "",
+        "| model | precision | input | images/s | ratio |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['precision']} | {r['input']} | {r['images_per_s']:.2f} | {r['ratio_to_baseline']:.3f} |")
+        lines.append(
+            f"| {r['model']} | {r['precision']} | {r['input']} | {r['images_per_s']:.2f} | {r['ratio_to_baseline']:.3f} |"
+        )
     (out / f"train_throughput_{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return result

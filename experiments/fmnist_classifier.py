@@ -11,6 +11,7 @@ and ``logits_unbiased`` (10 classes, for the Inception-Score analogue); on the c
     python evaluate_fid.py --samples s.npz --reference ref.npz --extractor fmnist-classifier \
         --extractor-module experiments.fmnist_classifier
 """
+
 from __future__ import annotations
 
 import json
@@ -83,9 +84,14 @@ def accuracy(model: FashionClassifier, images: np.ndarray, labels: np.ndarray, b
 
 
 def train_classifier(
-    out: str | os.PathLike = DEFAULT_WEIGHTS, seed: int = 0, epochs: int = 5, batch_size: int = 128, lr: float = 2e-3,
-    data_root: Optional[str] = None, limit: int = 0,
-) -> dict:  # fmt: skip
+    out: str | os.PathLike = DEFAULT_WEIGHTS,
+    seed: int = 0,
+    epochs: int = 5,
+    batch_size: int = 128,
+    lr: float = 2e-3,
+    data_root: Optional[str] = None,
+    limit: int = 0,
+) -> dict:
     """Train on the Fashion-MNIST training split (random flips and 2-pixel shifts), report test accuracy,
     and save ``out`` (safetensors) plus ``out.json`` (accuracy, seed, settings)."""
     from moh_dit.data import FashionMNIST
@@ -122,8 +128,15 @@ def train_classifier(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out)
-    info = {"test_accuracy": acc, "seed": seed, "epochs": epochs, "batch_size": batch_size, "lr": lr,
-            "train_images": int(len(images)), "minutes": (time.time() - start) / 60}  # fmt: skip
+    info = {
+        "test_accuracy": acc,
+        "seed": seed,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "train_images": int(len(images)),
+        "minutes": (time.time() - start) / 60,
+    }
     out.with_suffix(".json").write_text(json.dumps(info, indent=2))
     return info
 

@@ -11,6 +11,7 @@ data, for every seed; samples each model with and without guidance; evaluates FI
 curves and head-usage heatmaps (which heads the routers choose, per layer, as noise decreases). Finished
 runs are reused, so an interrupted experiment continues where it stopped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,25 +25,52 @@ from typing import Optional
 import numpy as np
 import torch
 
+from experiments import fmnist_classifier
+from moh_dit.artifacts import sample_npz_path
 from moh_dit.config import load_config
 from moh_dit.data import FashionMNIST
 from moh_dit.diffusion import DiffusionObjective
 from moh_dit.evaluation import EvaluationError, InceptionFeatures, evaluate, load_images, resolve_extractor
-from experiments import fmnist_classifier
-from moh_dit.artifacts import sample_npz_path
 from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
 from moh_dit.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("DiT-Ti/4", "MoH-DiT-Ti/4-90", "MoH-DiT-Ti/4-75", "MoH-DiT-Ti/4-50")
 SCALES = {
-    "tiny": dict(steps=3, batch=16, samples=24, sample_steps=3, scheduler="ddim", seeds=(0,), subset_per_class=8,
-                 reference=200, log_every=1),
-    "default": dict(steps=450, batch=64, samples=300, sample_steps=25, scheduler="ddim", seeds=(0, 1, 2),
-                    subset_per_class=0, reference=10000, log_every=25),
-    "gpu": dict(steps=20000, batch=256, samples=10000, sample_steps=250, scheduler="ddpm", seeds=(0, 1, 2),
-                subset_per_class=0, reference=10000, log_every=200),
-}  # fmt: skip
+    "tiny": dict(
+        steps=3,
+        batch=16,
+        samples=24,
+        sample_steps=3,
+        scheduler="ddim",
+        seeds=(0,),
+        subset_per_class=8,
+        reference=200,
+        log_every=1,
+    ),
+    "default": dict(
+        steps=450,
+        batch=64,
+        samples=300,
+        sample_steps=25,
+        scheduler="ddim",
+        seeds=(0, 1, 2),
+        subset_per_class=0,
+        reference=10000,
+        log_every=25,
+    ),
+    "gpu": dict(
+        steps=20000,
+        batch=256,
+        samples=10000,
+        sample_steps=250,
+        scheduler="ddpm",
+        seeds=(0, 1, 2),
+        subset_per_class=0,
+        reference=10000,
+        log_every=200,
+    ),
+}
 GUIDANCE = 1.5  # the DiT papers' FID setting
 logger = logging.getLogger("experiments.quality")
 
@@ -73,9 +101,15 @@ def train_one(model: str, seed: int, sc: dict, out: Path) -> Path:
         "ema": {"warmup": True},
         "log": {"log_every": sc["log_every"], "sample_per_class": 0, "tensorboard": False},
         # resume=latest: an interrupted experiment continues its runs (a fresh folder starts at step 0)
-        "train": {"seed": seed, "output_dir": str(run), "max_steps": sc["steps"], "global_batch_size": sc["batch"],
-                  "checkpoint_every": sc["steps"], "resume": "latest"},
-    }  # fmt: skip
+        "train": {
+            "seed": seed,
+            "output_dir": str(run),
+            "max_steps": sc["steps"],
+            "global_batch_size": sc["batch"],
+            "checkpoint_every": sc["steps"],
+            "resume": "latest",
+        },
+    }
     train(load_config(config))
     return run
 
@@ -111,8 +145,14 @@ def head_usage_by_timestep(run: Path, timesteps: list[int], n: int = 64) -> Opti
 def sample_and_score(run: Path, seed: int, guidance: float, sc: dict, ref: Path, extractors) -> dict:
     tag = f"samples-cfg{guidance:g}"
     pipe = load_pipeline(run, device="cuda" if torch.cuda.is_available() else "cpu", scheduler=sc["scheduler"])
-    settings = GenerationSettings(num_samples=sc["samples"], seed=1000 + seed, batch_size=250, guidance_scale=guidance,
-                                  num_inference_steps=sc["sample_steps"], label_mode="balanced")  # fmt: skip
+    settings = GenerationSettings(
+        num_samples=sc["samples"],
+        seed=1000 + seed,
+        batch_size=250,
+        guidance_scale=guidance,
+        num_inference_steps=sc["sample_steps"],
+        label_mode="balanced",
+    )
     start = time.time()
     existing = sample_npz_path(run / tag).exists()
     npz = generate_samples(pipe, run / tag, settings)
@@ -135,8 +175,11 @@ def aggregate(records: list[dict], keys: list[str]) -> dict:
     for key in keys:
         vals = [r[key] for r in records if r.get(key) is not None]
         if vals:
-            out[key] = {"mean": statistics.mean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-                        "values": vals}  # fmt: skip
+            out[key] = {
+                "mean": statistics.mean(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                "values": vals,
+            }
     return out
 
 
@@ -168,12 +211,22 @@ def run_experiment(scale: str = "default", out: str | Path = "experiments/result
                 u = head_usage_by_timestep(run, timesteps)
                 if u is not None:
                     usage[model] = u
-            logger.info("%s seed %d: %s", model, seed, {k: round(v, 4) for k, v in rec.items() if isinstance(v, float)})
+            logger.info(
+                "%s seed %d: %s", model, seed, {k: round(v, 4) for k, v in rec.items() if isinstance(v, float)}
+            )
     keys = sorted({k for r in records for k in r if k not in ("model", "seed")})
     summary = {m: aggregate([r for r in records if r["model"] == m], keys) for m in models}
-    result = {"scale": scale, "settings": sc, "guidance": GUIDANCE, "models": list(models), "records": records,
-              "summary": summary, "head_usage_timesteps": timesteps,
-              "head_usage": {m: u.tolist() for m, u in usage.items()}, "extractors": list(extractors)}  # fmt: skip
+    result = {
+        "scale": scale,
+        "settings": sc,
+        "guidance": GUIDANCE,
+        "models": list(models),
+        "records": records,
+        "summary": summary,
+        "head_usage_timesteps": timesteps,
+        "head_usage": {m: u.tolist() for m, u in usage.items()},
+        "extractors": list(extractors),
+    }
     (out / "results.json").write_text(json.dumps(result, indent=2))
     plots = make_plots(curves, usage, timesteps, out)
     (out / "RESULTS.md").write_text(report(result, plots))
@@ -254,9 +307,13 @@ def report(result: dict, plots: dict) -> str:
             f"{_fmt(s.get(f'clf_precision@{g}'))} | {_fmt(s.get(f'clf_recall@{g}'))} | "
             f"{_fmt(s.get('final_diffusion_loss'), 4)} | {_fmt(s.get('train_images_per_s'), 0)} | "
             f"{_fmt(s.get(f'sampling_images_per_s@{g}'), 0)} |"
-        )  # fmt: skip
-    lines += ["", "Precision and recall are for the guided samples; `results.json` has every number per seed,",
-              "including the unguided precision/recall and the classifier Inception Score.", ""]  # fmt: skip
+        )
+    lines += [
+        "",
+        "Precision and recall are for the guided samples; `results.json` has every number per seed,",
+        "including the unguided precision/recall and the classifier Inception Score.",
+        "",
+    ]
     if "loss" in plots:
         lines += [f"![loss curves]({plots['loss']})", ""]
     for m in models:
@@ -266,7 +323,9 @@ def report(result: dict, plots: dict) -> str:
     return "\n".join(lines)
 
 
-def _verdict(summary: dict, base: str, model: str, key: str, higher_is_better: bool) -> Optional[tuple[float, float, str]]:
+def _verdict(
+    summary: dict, base: str, model: str, key: str, higher_is_better: bool
+) -> Optional[tuple[float, float, str]]:
     """(model mean, baseline mean, verdict): a difference counts only beyond twice the seed-to-seed spread."""
     b, s = summary[base].get(key), summary[model].get(key)
     if not b or not s:
@@ -287,9 +346,11 @@ def conclusion(result: dict) -> str:
     parts = []
     for m in result["models"][1:]:
         bits = []
-        for label, key, higher, digits in (("guided FID", f"clf_fid@{g}", False, 2),
-                                           ("precision", f"clf_precision@{g}", True, 3),
-                                           ("recall", f"clf_recall@{g}", True, 3)):  # fmt: skip
+        for label, key, higher, digits in (
+            ("guided FID", f"clf_fid@{g}", False, 2),
+            ("precision", f"clf_precision@{g}", True, 3),
+            ("recall", f"clf_recall@{g}", True, 3),
+        ):
             v = _verdict(summary, base, m, key, higher)
             if v:
                 bits.append(f"{label} {v[0]:.{digits}f} vs {v[1]:.{digits}f} ({v[2]})")

@@ -1,8 +1,9 @@
 """Train the Fashion-MNIST classifier used as the offline feature extractor (about 8 minutes on 2 CPU cores).
 
-    python experiments/train_classifier.py                      # writes experiments/weights/fmnist_classifier.*
-    python experiments/train_classifier.py --seed 1 --out /tmp/clf.safetensors
+python experiments/train_classifier.py                      # writes experiments/weights/fmnist_classifier.*
+python experiments/train_classifier.py --seed 1 --out /tmp/clf.safetensors
 """
+
 import argparse
 import json
 import logging

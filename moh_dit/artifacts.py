@@ -18,6 +18,7 @@ out. The layouts:
 A fingerprint is a SHA-256: of a file's bytes, or of a model's tensors (names, dtypes, shapes, values), so
 the same weights have the same fingerprint whatever file format or folder they come from.
 """
+
 from __future__ import annotations
 
 import functools
@@ -156,15 +157,24 @@ def code_version() -> dict[str, Any]:
 
     from . import __version__
 
-    info: dict[str, Any] = {"moh_dit": __version__, "git_commit": None, "torch": torch.__version__,
-                            "diffusers": diffusers.__version__}  # fmt: skip
+    info: dict[str, Any] = {
+        "moh_dit": __version__,
+        "git_commit": None,
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+    }
     root = Path(__file__).resolve().parents[1]
     if (root / ".git").exists():
         try:
-            head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  timeout=5, check=True).stdout.strip()  # fmt: skip
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=5).stdout.strip()  # fmt: skip
+            head = subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+            ).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
             info["git_commit"] = head + ("-dirty" if dirty else "")
         except (OSError, subprocess.SubprocessError):
             pass
@@ -269,7 +279,9 @@ def _normalise(value: Any) -> Any:
 _MISSING = "<absent>"
 
 
-def differences(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+def differences(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = ""
+) -> list[tuple[str, Any, Any]]:
     """``(dotted key, recorded value, current value)`` for every leaf that differs."""
     out = []
     for key in sorted(set(recorded) | set(current), key=str):
@@ -350,9 +362,19 @@ class RunLayout:
 
     def existing_contents(self) -> list[Path]:
         """What an earlier run left here (the things a new run would mix with or overwrite)."""
-        names = [self.manifest, self.config, self.metrics, self.checkpoints, self.pipeline, self.samples,
-                 self.root / "model_config.json", self.tracker_state]  # fmt: skip
-        return [p for p in names if p.exists()] + sorted(self.root.glob("tensorboard*")) + sorted(self.root.glob("wandb"))
+        names = [
+            self.manifest,
+            self.config,
+            self.metrics,
+            self.checkpoints,
+            self.pipeline,
+            self.samples,
+            self.root / "model_config.json",
+            self.tracker_state,
+        ]
+        return (
+            [p for p in names if p.exists()] + sorted(self.root.glob("tensorboard*")) + sorted(self.root.glob("wandb"))
+        )
 
     def describe_existing(self) -> Optional[str]:
         """One phrase about an earlier run in this folder, or ``None`` when there is none."""
@@ -449,8 +471,10 @@ def open_run_folder(layout: RunLayout, resume: Optional[str], overwrite: bool, c
     ckpt = find_checkpoint(layout.root, resume)
     inside = layout.checkpoints.resolve() in ckpt.resolve().parents
     if not inside and existing:
-        raise ArtifactError(f"{layout.root} already holds {existing}; resuming {ckpt} (from another run) there would "
-                            f"mix the two: choose an empty train.output_dir")  # fmt: skip
+        raise ArtifactError(
+            f"{layout.root} already holds {existing}; resuming {ckpt} (from another run) there would "
+            f"mix the two: choose an empty train.output_dir"
+        )
     return ckpt
 
 
@@ -483,11 +507,15 @@ class RunRecord:
 
         previous = self.recorded or {}
         self.recorded = {
-            "kind": "run", "format": MANIFEST_FORMAT, "run_id": previous.get("run_id") or uuid.uuid4().hex,
-            "created": previous.get("created") or utc_now(), "code": code_version(), "identity": self.identity,
+            "kind": "run",
+            "format": MANIFEST_FORMAT,
+            "run_id": previous.get("run_id") or uuid.uuid4().hex,
+            "created": previous.get("created") or utc_now(),
+            "code": code_version(),
+            "identity": self.identity,
             "settings": self.settings,
             "events": previous.get("events", []) + [dict(event=event, **fields, time=utc_now(), code=code_version())],
-        }  # fmt: skip
+        }
         atomic_write_json(self.layout.manifest, self.recorded)
         return self.recorded
 
@@ -527,8 +555,15 @@ class TrainingState:
         return weight_health([*self.model.parameters(), *self.ema.shadow_params])
 
 
-def save_checkpoint(layout: RunLayout, step: int, state: TrainingState, accelerator, trainer_state: dict,
-                    manifest: dict, keep_last: Optional[int]) -> tuple[Optional[Path], float]:  # fmt: skip
+def save_checkpoint(
+    layout: RunLayout,
+    step: int,
+    state: TrainingState,
+    accelerator,
+    trainer_state: dict,
+    manifest: dict,
+    keep_last: Optional[int],
+) -> tuple[Optional[Path], float]:
     """Write ``checkpoints/step-N`` from every process (the main one writes the shared files, each its own
     RNG states) into a temporary folder renamed when complete. Writes nothing and returns ``(None, peak)``
     when the weights or EMA are not finite or have exploded: such a state never replaces a good checkpoint.
@@ -551,8 +586,13 @@ def save_checkpoint(layout: RunLayout, step: int, state: TrainingState, accelera
         torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
         if state.scaler is not None:
             torch.save(state.scaler.state_dict(), tmp / "scaler.pt")
-        manifest = dict(manifest, step=step, max_abs_weight=peak, model_sha256=fingerprint_module(state.model),
-                        ema_sha256=fingerprint_tensors(ema.items()))  # fmt: skip
+        manifest = dict(
+            manifest,
+            step=step,
+            max_abs_weight=peak,
+            model_sha256=fingerprint_module(state.model),
+            ema_sha256=fingerprint_tensors(ema.items()),
+        )
     rank = accelerator.process_index
     rng = {"torch": torch.get_rng_state(), "window": state.window.state()}
     if torch.cuda.is_available():
@@ -580,8 +620,11 @@ def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: Op
     if run_id and owner and owner != run_id:
         raise ArtifactError(f"{path} belongs to another run ({owner[:12]}) than this run folder ({run_id[:12]})")
     saved = json.loads((path / "model" / "config.json").read_text())
-    diffs = [(k, saved.get(k), _normalise(v)) for k, v in state.model.config.items()
-             if not k.startswith("_") and saved.get(k) != _normalise(v)]  # fmt: skip
+    diffs = [
+        (k, saved.get(k), _normalise(v))
+        for k, v in state.model.config.items()
+        if not k.startswith("_") and saved.get(k) != _normalise(v)
+    ]
     if diffs:
         raise ArtifactError(f"checkpoint {path} is for another architecture ({format_differences(diffs)})")
     state.model.load_state_dict(contents.model_state)
@@ -663,8 +706,17 @@ def read_checkpoint(path: Path, rank: int, device: str | torch.device) -> Checkp
     rank_tensors = read_safetensors(rank_file, "cpu") if rank_file.is_file() else {}
     rank_json = path / f"rng-rank{rank}.json"
     rank_python = json.loads(rank_json.read_text()) if rank_json.is_file() else {}
-    return CheckpointContents(path, model_state, ema_state, optimizer_state, scaler_state, rank_tensors, rank_python,
-                              trainer_state, read_manifest(path, "checkpoint"))  # fmt: skip
+    return CheckpointContents(
+        path,
+        model_state,
+        ema_state,
+        optimizer_state,
+        scaler_state,
+        rank_tensors,
+        rank_python,
+        trainer_state,
+        read_manifest(path, "checkpoint"),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -714,15 +766,21 @@ def prepare_sample_folder(sample_dir: Path, manifest: dict[str, Any], overwrite:
         old = read_manifest(sample_dir, "samples")
         pngs = _png_files(sample_dir)
         if old is not None and differences(old.get("identity", {}), new):
-            problems.append(f"{sample_dir} holds samples made with other settings "
-                            f"({format_differences(differences(old.get('identity', {}), new))})")  # fmt: skip
+            problems.append(
+                f"{sample_dir} holds samples made with other settings "
+                f"({format_differences(differences(old.get('identity', {}), new))})"
+            )
         elif old is None and pngs:
-            problems.append(f"{sample_dir} holds {len(pngs)} images without a moh-dit manifest "
-                            f"(from another tool or an older version)")  # fmt: skip
+            problems.append(
+                f"{sample_dir} holds {len(pngs)} images without a moh-dit manifest "
+                f"(from another tool or an older version)"
+            )
     if npz.is_file():
         old_npz = read_npz_manifest(npz)
         if old_npz is None or differences(old_npz.get("identity", {}), new):
-            what = "no manifest" if old_npz is None else format_differences(differences(old_npz.get("identity", {}), new))
+            what = (
+                "no manifest" if old_npz is None else format_differences(differences(old_npz.get("identity", {}), new))
+            )
             problems.append(f"{npz} was made by something else ({what})")
     if problems and not overwrite:
         raise ArtifactError(f"{'; '.join(problems)}: use a new --sample-dir, or pass --overwrite to replace them")

@@ -23,6 +23,7 @@ so that routing costs a single matmul; :meth:`MoHAttention.router_slices` says w
 *How* the gated heads are computed (every head, as the reference does, or only the chosen ones) is the
 job of an attention processor (``moh_dit.attention_processors``), chosen with :meth:`set_execution`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -235,5 +236,7 @@ class MoHAttention(nn.Module):
     def extra_repr(self) -> str:
         if self.attention_type == "mha":
             return f"dim={self.dim}, heads={self.num_heads}x{self.head_dim}, multi-head"
-        return (f"dim={self.dim}, heads={self.num_heads}x{self.head_dim}, shared={self.num_shared_heads}, "
-                f"top_k={self.top_k} of {self.num_routed_heads}, execution={self.execution}")  # fmt: skip
+        return (
+            f"dim={self.dim}, heads={self.num_heads}x{self.head_dim}, shared={self.num_shared_heads}, "
+            f"top_k={self.top_k} of {self.num_routed_heads}, execution={self.execution}"
+        )

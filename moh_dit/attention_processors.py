@@ -14,6 +14,7 @@ the execution. All three give the same results up to floating-point rounding.
     model.set_attention_execution("sparse")
     layer.set_execution(SparseProcessor(output_rows_max_share=0.2))
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,8 +28,15 @@ from .perf import DEFAULT_MARGIN, choose_execution, load_calibration
 if TYPE_CHECKING:
     from .attention import MoHAttention
 
-__all__ = ["DenseProcessor", "SparseProcessor", "AutoProcessor", "make_processor", "padded_rows",
-           "padded_active_fraction", "EXECUTION_MODES"]  # fmt: skip
+__all__ = [
+    "DenseProcessor",
+    "SparseProcessor",
+    "AutoProcessor",
+    "make_processor",
+    "padded_rows",
+    "padded_active_fraction",
+    "EXECUTION_MODES",
+]
 
 EXECUTION_MODES = ("auto", "dense", "sparse")
 
@@ -90,7 +98,9 @@ class SparseProcessor:
             return attn.dense_attention(x, gates)
         return self.attend(attn, x, gates, mask, padded_rows(mask))
 
-    def attend(self, attn: "MoHAttention", x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor, c: int) -> torch.Tensor:
+    def attend(
+        self, attn: "MoHAttention", x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor, c: int
+    ) -> torch.Tensor:
         """The sparse computation with every routed head padded to ``c`` rows."""
         n, t, d = x.shape
         h, hs, e, dh = attn.num_heads, attn.num_shared_heads, attn.num_routed_heads, attn.head_dim
@@ -171,8 +181,12 @@ class AutoProcessor:
 
     name = "auto"
 
-    def __init__(self, calibration: Optional[dict] = None, sparse: Optional[SparseProcessor] = None,
-                 margin: float = DEFAULT_MARGIN) -> None:  # fmt: skip
+    def __init__(
+        self,
+        calibration: Optional[dict] = None,
+        sparse: Optional[SparseProcessor] = None,
+        margin: float = DEFAULT_MARGIN,
+    ) -> None:
         self.calibration = load_calibration() if calibration is None else calibration
         self.sparse = sparse or SparseProcessor()
         self.margin = margin
@@ -180,10 +194,17 @@ class AutoProcessor:
 
     def predict(self, attn: "MoHAttention", x: torch.Tensor, active_fraction: float) -> str:
         return choose_execution(
-            device_type=x.device.type, tokens=x.shape[1], dim=attn.dim, num_heads=attn.num_heads,
-            head_dim=attn.head_dim, active_fraction=active_fraction, backward=torch.is_grad_enabled(),
-            routed_fraction=attn.num_routed_heads / attn.num_heads, calibration=self.calibration, margin=self.margin,
-        )  # fmt: skip
+            device_type=x.device.type,
+            tokens=x.shape[1],
+            dim=attn.dim,
+            num_heads=attn.num_heads,
+            head_dim=attn.head_dim,
+            active_fraction=active_fraction,
+            backward=torch.is_grad_enabled(),
+            routed_fraction=attn.num_routed_heads / attn.num_heads,
+            calibration=self.calibration,
+            margin=self.margin,
+        )
 
     def choose(self, attn: "MoHAttention", x: torch.Tensor) -> str:
         """``dense`` or ``sparse`` for inputs shaped like ``x`` (decided once per shape)."""

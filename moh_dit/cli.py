@@ -2,6 +2,7 @@
 
 Kept free of heavy imports (torch, diffusers) at module level, so that ``--help`` answers at once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,16 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 
     from .errors import MohDitError
 
-    types: list[type[BaseException]] = [MohDitError, ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile,
-                                         pickle.UnpicklingError, ImportError]  # fmt: skip
+    types: list[type[BaseException]] = [
+        MohDitError,
+        ValueError,
+        KeyError,
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+        pickle.UnpicklingError,
+        ImportError,
+    ]
     try:
         import yaml
 
@@ -107,18 +116,31 @@ def add_sampling_arguments(parser, guidance: float, num_steps: int, num_samples:
     """The sampling options ``sample.py`` and ``evaluate_fid.py`` share (names, types, choices)."""
     from .options import DTYPES, LABEL_MODES, SCHEDULERS
 
-    parser.add_argument("--num-samples", type=non_negative_int, default=num_samples,
-                        help="how many images to generate for evaluation (PNGs + an ADM .npz)")
-    parser.add_argument("--cfg-scale", type=finite_float, default=guidance, help="classifier-free guidance scale (1 = off)")
-    parser.add_argument("--guidance-channels", type=positive_int, default=None,
-                        help="guide only the first N channels (3 reproduces the DiT/MoH-DiT papers' FIDs)")
+    parser.add_argument(
+        "--num-samples",
+        type=non_negative_int,
+        default=num_samples,
+        help="how many images to generate for evaluation (PNGs + an ADM .npz)",
+    )
+    parser.add_argument(
+        "--cfg-scale", type=finite_float, default=guidance, help="classifier-free guidance scale (1 = off)"
+    )
+    parser.add_argument(
+        "--guidance-channels",
+        type=positive_int,
+        default=None,
+        help="guide only the first N channels (3 reproduces the DiT/MoH-DiT papers' FIDs)",
+    )
     parser.add_argument("--num-steps", type=positive_int, default=num_steps, help="sampling steps")
     parser.add_argument("--scheduler", choices=SCHEDULERS, default=None, help="default: the one saved (DiT's DDPM)")
     parser.add_argument("--label-mode", choices=LABEL_MODES, default="uniform")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="transformer dtype (the VAE stays fp32)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace samples in the sample folder that were made with other settings")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace samples in the sample folder that were made with other settings",
+    )
 
 
 def resolve_device(spec: Optional[str]):

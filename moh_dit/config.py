@@ -4,6 +4,7 @@ Architecture (``model``) is kept apart from training flags (``data``, ``optim``,
 ``log``), as in k-diffusion: the model section names a preset and may override any architecture field;
 the rest never reaches the model config. Unknown keys are errors, never silently ignored.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,18 @@ import yaml
 from .errors import ConfigError
 from .presets import preset_config
 
-__all__ = ["Config", "ModelSection", "DataSection", "OptimSection", "TrainSection", "EMASection", "LogSection",
-           "load_config", "apply_overrides", "config_to_dict"]  # fmt: skip
+__all__ = [
+    "Config",
+    "ModelSection",
+    "DataSection",
+    "OptimSection",
+    "TrainSection",
+    "EMASection",
+    "LogSection",
+    "load_config",
+    "apply_overrides",
+    "config_to_dict",
+]
 
 
 @dataclass
@@ -124,9 +135,15 @@ class Config:
         _at_least("data.image_size", d.image_size, 1)
         _one_of("data.channels", d.channels, (1, 3))
         _at_least("optim.warmup_steps", o.warmup_steps, 0)
-        for key, value in (("optim.lr", o.lr), ("optim.eps", o.eps), ("optim.weight_decay", o.weight_decay),
-                           ("optim.grad_clip", o.grad_clip), ("train.time_limit_minutes", t.time_limit_minutes),
-                           ("train.moh_loss_coeff", t.moh_loss_coeff), ("log.sample_cfg_scale", lg.sample_cfg_scale)):  # fmt: skip
+        for key, value in (
+            ("optim.lr", o.lr),
+            ("optim.eps", o.eps),
+            ("optim.weight_decay", o.weight_decay),
+            ("optim.grad_clip", o.grad_clip),
+            ("train.time_limit_minutes", t.time_limit_minutes),
+            ("train.moh_loss_coeff", t.moh_loss_coeff),
+            ("log.sample_cfg_scale", lg.sample_cfg_scale),
+        ):
             if not math.isfinite(value) or (key != "log.sample_cfg_scale" and value < 0):
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
         if o.lr <= 0:
@@ -138,11 +155,14 @@ class Config:
         if t.resume is not None and not isinstance(t.resume, str):
             raise ConfigError(f"train.resume must be 'latest' or the path of a checkpoint folder, got {t.resume!r}")
         if t.resume is not None and t.resume != "latest" and not (Path(t.resume) / "trainer_state.json").is_file():
-            raise ConfigError(f"train.resume={t.resume}: not a complete checkpoint folder (use 'latest' or a "
-                              f"path such as runs/x/checkpoints/step-00001000)")  # fmt: skip
+            raise ConfigError(
+                f"train.resume={t.resume}: not a complete checkpoint folder (use 'latest' or a "
+                f"path such as runs/x/checkpoints/step-00001000)"
+            )
         if t.resume is not None and t.overwrite:
-            raise ConfigError("train.resume and train.overwrite contradict each other: resume keeps the run, "
-                              "overwrite clears it")  # fmt: skip
+            raise ConfigError(
+                "train.resume and train.overwrite contradict each other: resume keeps the run, overwrite clears it"
+            )
 
 
 def _at_least(key: str, value: Any, low: int) -> None:
@@ -161,7 +181,9 @@ def _from_dict(cls, data: dict[str, Any], where: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown config keys {[f'{where}{k}' for k in unknown]}; valid: {[f'{where}{k}' for k in fields]}")
+        raise ConfigError(
+            f"unknown config keys {[f'{where}{k}' for k in unknown]}; valid: {[f'{where}{k}' for k in fields]}"
+        )
     kwargs = {}
     for name, value in data.items():
         default = getattr(cls(), name)

@@ -13,6 +13,7 @@ adaLN_modulation.1}``, ``final_layer.{linear, adaLN_modulation.1}`` plus, for Mo
 ``blocks.i.attn.wg`` (routed, E x D), ``wg_0`` (shared vs routed, 2 x D) and ``wg_1`` (shared, h_s x D).
 Our names are the same except that the three routers are one fused ``blocks.i.attn.router``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,10 @@ def read_checkpoint(path: str | Path, prefer_ema: bool = True) -> tuple[dict[str
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConversionError(f"{path} is not a plain tensor checkpoint; refusing to unpickle it ({first})") from None
     which = "state dict"
-    if isinstance(obj, dict) and any(k in obj for k in ("ema", "model")) and not any(
-        isinstance(v, torch.Tensor) for v in obj.values()
+    if (
+        isinstance(obj, dict)
+        and any(k in obj for k in ("ema", "model"))
+        and not any(isinstance(v, torch.Tensor) for v in obj.values())
     ):
         which = "ema" if prefer_ema and "ema" in obj else "model"
         if which not in obj:
@@ -116,9 +119,15 @@ def config_from_reference(
         if moh and hs is not None:
             h = hs + e
         else:
-            h = _per_layer("num_heads", num_heads, depth)[i] if num_heads is not None else DIT_HEADS_BY_WIDTH.get(hidden)
+            h = (
+                _per_layer("num_heads", num_heads, depth)[i]
+                if num_heads is not None
+                else DIT_HEADS_BY_WIDTH.get(hidden)
+            )
             if h is None:
-                raise ConversionError(f"cannot infer the number of heads of layer {i} (width {hidden}); pass num_heads")
+                raise ConversionError(
+                    f"cannot infer the number of heads of layer {i} (width {hidden}); pass num_heads"
+                )
         if inner % h:
             raise ConversionError(f"layer {i}: attention width {inner} is not divisible by {h} heads")
         heads.append(h)
@@ -127,16 +136,29 @@ def config_from_reference(
     if len(set(dims)) != 1:
         raise ConversionError(f"layers have different head sizes {sorted(set(dims))}; not supported")
     config = dict(
-        sample_size=grid * patch, patch_size=patch, in_channels=in_ch, hidden_size=hidden, depth=depth,
-        num_heads=heads if len(set(heads)) > 1 or moh else heads[0], head_dim=dims[0], num_classes=classes,
-        class_dropout_prob=0.1 if rows == classes + 1 and classes > 0 else 0.0, learn_sigma=out_ch == 2 * in_ch,
-    )  # fmt: skip
+        sample_size=grid * patch,
+        patch_size=patch,
+        in_channels=in_ch,
+        hidden_size=hidden,
+        depth=depth,
+        num_heads=heads if len(set(heads)) > 1 or moh else heads[0],
+        head_dim=dims[0],
+        num_classes=classes,
+        class_dropout_prob=0.1 if rows == classes + 1 and classes > 0 else 0.0,
+        learn_sigma=out_ch == 2 * in_ch,
+    )
     if not moh:
         config.update(attention_type="mha", num_shared_heads=None, top_k=0)
         return config
     if top_k is None:
-        match = [n for n, p in PRESETS.items() if p.get("attention_type") == "moh" and p["depth"] == depth
-                 and _per_layer("num_heads", p["num_heads"], depth) == heads and _per_layer("num_shared_heads", p["num_shared_heads"], depth) == shared]  # fmt: skip
+        match = [
+            n
+            for n, p in PRESETS.items()
+            if p.get("attention_type") == "moh"
+            and p["depth"] == depth
+            and _per_layer("num_heads", p["num_heads"], depth) == heads
+            and _per_layer("num_shared_heads", p["num_shared_heads"], depth) == shared
+        ]
         if not match:
             raise ConversionError(
                 f"MoH checkpoint with heads {heads} and shared heads {shared} matches no preset: pass top_k per layer"
@@ -191,8 +213,11 @@ def strict_load(model: MoHDiT, sd: dict[str, torch.Tensor], source: str) -> None
     target = model.state_dict()
     missing = sorted(set(target) - set(sd))
     unexpected = sorted(set(sd) - set(target))
-    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}"
-              for k in sorted(set(sd) & set(target)) if sd[k].shape != target[k].shape]  # fmt: skip
+    shapes = [
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}"
+        for k in sorted(set(sd) & set(target))
+        if sd[k].shape != target[k].shape
+    ]
     if missing or unexpected or shapes:
         lines = [f"{source} does not match the model:"]
         if shapes:
@@ -234,10 +259,14 @@ def load_reference_checkpoint(
 # ----------------------------------------------------------------------------------------------------
 def _diffusers_map(depth: int) -> list[tuple[str, str]]:
     """(ours, diffusers) name pairs for everything but q/k/v (fused in ours) and the embedders."""
-    pairs = [("x_embedder.proj.weight", "pos_embed.proj.weight"), ("x_embedder.proj.bias", "pos_embed.proj.bias"),
-             ("final_layer.adaLN_modulation.1.weight", "proj_out_1.weight"),
-             ("final_layer.adaLN_modulation.1.bias", "proj_out_1.bias"),
-             ("final_layer.linear.weight", "proj_out_2.weight"), ("final_layer.linear.bias", "proj_out_2.bias")]  # fmt: skip
+    pairs = [
+        ("x_embedder.proj.weight", "pos_embed.proj.weight"),
+        ("x_embedder.proj.bias", "pos_embed.proj.bias"),
+        ("final_layer.adaLN_modulation.1.weight", "proj_out_1.weight"),
+        ("final_layer.adaLN_modulation.1.bias", "proj_out_1.bias"),
+        ("final_layer.linear.weight", "proj_out_2.weight"),
+        ("final_layer.linear.bias", "proj_out_2.bias"),
+    ]
     for i in range(depth):
         b, d = f"blocks.{i}.", f"transformer_blocks.{i}."
         for suffix in ("weight", "bias"):
@@ -260,13 +289,22 @@ def from_diffusers(dit) -> MoHDiT:
     emb = "transformer_blocks.0.norm1.emb."
     rows = sd[emb + "class_embedder.embedding_table.weight"].shape[0]
     model = MoHDiT(
-        sample_size=cfg.sample_size, patch_size=cfg.patch_size, in_channels=cfg.in_channels, hidden_size=inner,
-        depth=cfg.num_layers, num_heads=cfg.num_attention_heads, head_dim=cfg.attention_head_dim,
-        attention_type="mha", num_classes=cfg.num_embeds_ada_norm,
+        sample_size=cfg.sample_size,
+        patch_size=cfg.patch_size,
+        in_channels=cfg.in_channels,
+        hidden_size=inner,
+        depth=cfg.num_layers,
+        num_heads=cfg.num_attention_heads,
+        head_dim=cfg.attention_head_dim,
+        attention_type="mha",
+        num_classes=cfg.num_embeds_ada_norm,
         class_dropout_prob=0.1 if rows == cfg.num_embeds_ada_norm + 1 else 0.0,
-        learn_sigma=cfg.out_channels == 2 * cfg.in_channels, norm_eps=1e-6, mlp_norm_eps=cfg.norm_eps,
-        timestep_freq_shift=1.0, qkv_bias=cfg.attention_bias,
-    )  # fmt: skip
+        learn_sigma=cfg.out_channels == 2 * cfg.in_channels,
+        norm_eps=1e-6,
+        mlp_norm_eps=cfg.norm_eps,
+        timestep_freq_shift=1.0,
+        qkv_bias=cfg.attention_bias,
+    )
     ours = {o: sd[d] for o, d in _diffusers_map(cfg.num_layers)}
     for i in range(cfg.num_layers):
         d = f"transformer_blocks.{i}.attn1."
@@ -292,20 +330,30 @@ def to_diffusers(model: MoHDiT):
 
     cfg = model.config
     if cfg.attention_type != "mha":
-        raise ConversionError("diffusers' DiTTransformer2DModel has no Mixture-of-Head attention; export MoH models "
-                              "to the reference layout instead")  # fmt: skip
+        raise ConversionError(
+            "diffusers' DiTTransformer2DModel has no Mixture-of-Head attention; export MoH models "
+            "to the reference layout instead"
+        )
     if cfg.norm_eps != 1e-6 or cfg.num_classes == 0 or not isinstance(cfg.num_heads, int):
         raise ConversionError("diffusers' DiT needs norm_eps 1e-6, class labels and one head count for all layers")
     head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_heads
     dit = DiTTransformer2DModel(
-        num_attention_heads=cfg.num_heads, attention_head_dim=head_dim, in_channels=cfg.in_channels,
-        out_channels=model.out_channels, num_layers=cfg.depth, sample_size=cfg.sample_size, patch_size=cfg.patch_size,
-        num_embeds_ada_norm=cfg.num_classes, attention_bias=cfg.qkv_bias,
+        num_attention_heads=cfg.num_heads,
+        attention_head_dim=head_dim,
+        in_channels=cfg.in_channels,
+        out_channels=model.out_channels,
+        num_layers=cfg.depth,
+        sample_size=cfg.sample_size,
+        patch_size=cfg.patch_size,
+        num_embeds_ada_norm=cfg.num_classes,
+        attention_bias=cfg.qkv_bias,
         norm_eps=cfg.mlp_norm_eps if cfg.mlp_norm_eps is not None else cfg.norm_eps,
-    )  # fmt: skip
+    )
     if cfg.timestep_freq_shift != 1.0:
-        logger.warning("diffusers' DiT uses timestep frequency shift 1; this model uses %s: outputs will differ slightly",
-                       cfg.timestep_freq_shift)  # fmt: skip
+        logger.warning(
+            "diffusers' DiT uses timestep frequency shift 1; this model uses %s: outputs will differ slightly",
+            cfg.timestep_freq_shift,
+        )
     sd = model.state_dict()
     out = {d: sd[o] for o, d in _diffusers_map(cfg.depth)}
     inner = cfg.num_heads * head_dim
@@ -381,8 +429,10 @@ def dit_to_moh(
     else:
         x, t, y = calibration
     inputs: dict[int, torch.Tensor] = {}
-    hooks = [blk.attn.register_forward_hook(lambda m, a, o, i=i: inputs.__setitem__(i, a[0].detach()))
-             for i, blk in enumerate(model.blocks)]  # fmt: skip
+    hooks = [
+        blk.attn.register_forward_hook(lambda m, a, o, i=i: inputs.__setitem__(i, a[0].detach()))
+        for i, blk in enumerate(model.blocks)
+    ]
     model.eval()
     reference_out = model(x, t, y).sample
     for hook in hooks:
@@ -412,8 +462,14 @@ def dit_to_moh(
                 spread = (feats @ w.T).std().clamp_min(1e-12)
                 router[:e] = (w * (router_logit_std / spread)).to(router.dtype)
             sd[pre + "router.weight"] = router
-        report["layers"].append({"layer": i, "shared_heads": [int(v) for v in order[:hs]], "top_k": dst.top_k,
-                                 "routed": dst.num_routed_heads})  # fmt: skip
+        report["layers"].append(
+            {
+                "layer": i,
+                "shared_heads": [int(v) for v in order[:hs]],
+                "top_k": dst.top_k,
+                "routed": dst.num_routed_heads,
+            }
+        )
     strict_load(moh, sd, "converted DiT")
     moh.eval()
     for i, (src, dst) in enumerate(zip(model.attention_layers, moh.attention_layers)):
@@ -450,19 +506,31 @@ def load_any(src: str | Path, **hints) -> tuple[MoHDiT, Optional[object], dict, 
     if cfg_file.is_file() and json.loads(cfg_file.read_text()).get("_class_name") == "DiTTransformer2DModel":
         from diffusers import DiTTransformer2DModel
 
-        return from_diffusers(DiTTransformer2DModel.from_pretrained(src)), None, {}, {"source": str(src), "format": "diffusers"}
+        return (
+            from_diffusers(DiTTransformer2DModel.from_pretrained(src)),
+            None,
+            {},
+            {"source": str(src), "format": "diffusers"},
+        )
     from .generate import load_pipeline
 
     pipe = load_pipeline(src, device="cpu")
-    return pipe.transformer, pipe.vae, pipe.id2label, {"source": str(src), "format": "moh-dit",
-                                                       "provenance": pipe.provenance}  # fmt: skip
+    return (
+        pipe.transformer,
+        pipe.vae,
+        pipe.id2label,
+        {"source": str(src), "format": "moh-dit", "provenance": pipe.provenance},
+    )
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m moh_dit.convert", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m moh_dit.convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("src", help="reference .pt/.safetensors, diffusers DiT folder, or a moh-dit folder")
-    p.add_argument("out", help="output: a pipeline folder (default), a .pt (--to reference) or a folder (--to diffusers)")
+    p.add_argument(
+        "out", help="output: a pipeline folder (default), a .pt (--to reference) or a folder (--to diffusers)"
+    )
     p.add_argument("--to", choices=["pipeline", "reference", "reference-train", "diffusers"], default="pipeline")
     p.add_argument("--vae", default=None, help="VAE for the pipeline: hub id or local folder")
     p.add_argument("--preset", default=None, help="require this preset's shapes instead of inferring them")
@@ -471,14 +539,25 @@ def main(argv=None) -> None:
     p.add_argument("--num-classes", type=int, default=None)
     p.add_argument("--id2label", default=None, help="JSON file mapping class ids to names")
     p.add_argument("--model-weights", action="store_true", help="use 'model' instead of 'ema' from train.py dicts")
-    p.add_argument("--to-moh", action="store_true", help="convert a multi-head DiT into MoH-DiT for continued training")
-    p.add_argument("--shared", type=int, nargs="+", default=None, help="with --to-moh: shared heads (one or per layer)")
-    p.add_argument("--moh-top-k", type=int, nargs="+", default=None, help="with --to-moh: routed top-k (one or per layer)")
+    p.add_argument(
+        "--to-moh", action="store_true", help="convert a multi-head DiT into MoH-DiT for continued training"
+    )
+    p.add_argument(
+        "--shared", type=int, nargs="+", default=None, help="with --to-moh: shared heads (one or per layer)"
+    )
+    p.add_argument(
+        "--moh-top-k", type=int, nargs="+", default=None, help="with --to-moh: routed top-k (one or per layer)"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    hints = dict(preset=args.preset, num_heads=args.num_heads, top_k=args.top_k, num_classes=args.num_classes,
-                 prefer_ema=not args.model_weights)  # fmt: skip
+    hints = dict(
+        preset=args.preset,
+        num_heads=args.num_heads,
+        top_k=args.top_k,
+        num_classes=args.num_classes,
+        prefer_ema=not args.model_weights,
+    )
     out = Path(args.out)
     # the target is checked before the (possibly long) load and conversion
     if args.to == "pipeline" or args.to == "diffusers":
@@ -497,10 +576,14 @@ def main(argv=None) -> None:
         model, moh_report = dit_to_moh(model, one(args.shared), one(args.moh_top_k))
         report["to_moh"] = moh_report
         for layer in moh_report["layers"]:
-            print(f"layer {layer['layer']:2d}: shared heads {layer['shared_heads']}, top-{layer['top_k']} of "
-                  f"{layer['routed']} routed, relative output deviation {layer['relative_deviation']:.4f}")  # fmt: skip
-        print(f"whole model: relative output deviation {moh_report['model_relative_deviation']:.4f}, "
-              f"{moh_report['active_heads']} heads active")  # fmt: skip
+            print(
+                f"layer {layer['layer']:2d}: shared heads {layer['shared_heads']}, top-{layer['top_k']} of "
+                f"{layer['routed']} routed, relative output deviation {layer['relative_deviation']:.4f}"
+            )
+        print(
+            f"whole model: relative output deviation {moh_report['model_relative_deviation']:.4f}, "
+            f"{moh_report['active_heads']} heads active"
+        )
     if args.to == "pipeline":
         from .latents import load_vae, vae_record
         from .pipeline import MoHDiTPipeline
@@ -510,9 +593,13 @@ def main(argv=None) -> None:
         # reference DiT/MoH-DiT checkpoints are latent-space models; a moh-dit source knows what it is
         latent = True if Path(args.src).is_file() else None
         pipe = MoHDiTPipeline.build(model, vae, id2label, latent_space=latent if vae is None else True)
-        source = {"converted_from": str(Path(args.src).resolve()), "format": report.get("format", report.get("weights")),
-                  "to_moh": bool(args.to_moh), "step": (report.get("provenance") or {}).get("step"),
-                  "vae": vae_record(vae, args.vae) if vae is not None else None}  # fmt: skip
+        source = {
+            "converted_from": str(Path(args.src).resolve()),
+            "format": report.get("format", report.get("weights")),
+            "to_moh": bool(args.to_moh),
+            "step": (report.get("provenance") or {}).get("step"),
+            "vae": vae_record(vae, args.vae) if vae is not None else None,
+        }
         pipe.save(out, source)
         (out / "conversion_report.json").write_text(json.dumps(report, indent=2, default=str))
     elif args.to in ("reference", "reference-train"):

@@ -5,6 +5,7 @@ Every dataset returns ``(image, label)`` with the image a float32 tensor (C, H, 
 random horizontal flips are drawn by the training loop from its per-step generator, so augmentation is
 reproducible after a resume and identical whether images come from disk or from pre-extracted latents.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -50,8 +51,17 @@ logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".jpe", ".ppm")
 FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-)  # fmt: skip
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 FASHION_MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -91,7 +101,9 @@ def list_images(folder: str | os.PathLike) -> list[str]:
     found = []
     for dirpath, dirnames, files in os.walk(folder, followlinks=True):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        found.append((dirpath, sorted(f for f in files if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS))))
+        found.append(
+            (dirpath, sorted(f for f in files if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS)))
+        )
     return [os.path.join(dirpath, f) for dirpath, files in sorted(found) for f in files]
 
 
@@ -124,7 +136,9 @@ class ImageFolderDataset(Dataset):
         self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not self.classes:
             raise DataError(f"{self.root} has no class sub-folders (expected {self.root}/<class name>/<images>)")
-        self.samples = [(path, label) for label, name in enumerate(self.classes) for path in list_images(self.root / name)]
+        self.samples = [
+            (path, label) for label, name in enumerate(self.classes) for path in list_images(self.root / name)
+        ]
         if not self.samples:
             raise DataError(f"no images with extensions {', '.join(IMAGE_EXTENSIONS)} under {self.root}")
         self.image_size = image_size
@@ -147,10 +161,14 @@ class ImageFolderDataset(Dataset):
         """What identifies this data set: a listing fingerprint (class folders and relative file names; not
         the bytes, which would mean reading every image at every start), the preprocessing and the count."""
         return {
-            "name": "folder", "source": str(self.root.resolve()), "count": len(self.samples),
+            "name": "folder",
+            "source": str(self.root.resolve()),
+            "count": len(self.samples),
             "fingerprint": fingerprint_files(self.root, [p for p, _ in self.samples], content=False),
-            "image_size": self.image_size, "channels": self.channels, "skipped": sorted(self.bad_files),
-        }  # fmt: skip
+            "image_size": self.image_size,
+            "channels": self.channels,
+            "skipped": sorted(self.bad_files),
+        }
 
     def load(self, index: int) -> np.ndarray:
         """Decode and preprocess one image to uint8 (H, W[, C]); raises on a corrupt file."""
@@ -270,9 +288,13 @@ class FashionMNIST(Dataset):
     """
 
     def __init__(
-        self, root: Optional[str] = None, split: str = "train", image_size: int = 28, channels: int = 1,
+        self,
+        root: Optional[str] = None,
+        split: str = "train",
+        image_size: int = 28,
+        channels: int = 1,
         download: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if split not in FASHION_MNIST_FILES:
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         folder = find_fashion_mnist(root)
@@ -290,7 +312,9 @@ class FashionMNIST(Dataset):
         self.images = read_idx(_find_idx(folder, image_stem))  # (N, 28, 28) uint8
         self.labels = read_idx(_find_idx(folder, label_stem)).astype(np.int64)
         if self.images.ndim != 3 or len(self.images) != len(self.labels):
-            raise DataError(f"Fashion-MNIST files in {folder} are inconsistent: {self.images.shape}, {self.labels.shape}")
+            raise DataError(
+                f"Fashion-MNIST files in {folder} are inconsistent: {self.images.shape}, {self.labels.shape}"
+            )
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, got {channels}")
         self.root = folder
@@ -314,9 +338,14 @@ class FashionMNIST(Dataset):
         """What identifies this data set: the SHA-256 of the split's two IDX files and the preprocessing."""
         files = [_find_idx(self.root, stem) for stem in FASHION_MNIST_FILES[self.split]]
         return {
-            "name": "fashion-mnist", "split": self.split, "source": str(self.root.resolve()), "count": len(self),
-            "fingerprint": fingerprint_files(self.root, files), "image_size": self.image_size, "channels": self.channels,
-        }  # fmt: skip
+            "name": "fashion-mnist",
+            "split": self.split,
+            "source": str(self.root.resolve()),
+            "count": len(self),
+            "fingerprint": fingerprint_files(self.root, files),
+            "image_size": self.image_size,
+            "channels": self.channels,
+        }
 
     def load(self, index: int) -> np.ndarray:
         arr = self.images[index]
@@ -344,9 +373,15 @@ class ShardedEpochBatchSampler:
     """
 
     def __init__(
-        self, dataset_size: int, batch_size: int, num_replicas: int = 1, rank: int = 0, seed: int = 0,
-        epoch: int = 0, start_batch: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        dataset_size: int,
+        batch_size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        epoch: int = 0,
+        start_batch: int = 0,
+    ) -> None:
         self.batches_per_epoch = dataset_size // (num_replicas * batch_size)
         if self.batches_per_epoch == 0:
             raise DataError(
@@ -412,8 +447,9 @@ class TrainingData:
     scaling_factor: float = 1.0
     description: dict = field(default_factory=dict)
 
-    def clean_latents(self, x: torch.Tensor, flip: torch.Tensor, generator: torch.Generator,
-                      device: torch.device) -> torch.Tensor:  # fmt: skip
+    def clean_latents(
+        self, x: torch.Tensor, flip: torch.Tensor, generator: torch.Generator, device: torch.device
+    ) -> torch.Tensor:
         """A micro-batch as the model's clean input x0: flipped where ``flip``, and in latent space either
         drawn from the pre-extracted posterior of that flip or encoded by the VAE and drawn from its
         posterior (the draws come from ``generator``)."""
@@ -436,14 +472,24 @@ def build_dataset(section: "DataSection") -> Dataset:
     from .latents import LatentDataset
 
     if section.name == "fashion-mnist":
-        return FashionMNIST(section.path, split=section.split, image_size=section.image_size, channels=section.channels,
-                            download=section.download)  # fmt: skip
+        return FashionMNIST(
+            section.path,
+            split=section.split,
+            image_size=section.image_size,
+            channels=section.channels,
+            download=section.download,
+        )
     if not section.path:
-        what = "a folder with one sub-folder per class" if section.name == "folder" else "a file written by `python -m moh_dit.latents`"
+        what = (
+            "a folder with one sub-folder per class"
+            if section.name == "folder"
+            else "a file written by `python -m moh_dit.latents`"
+        )
         raise DataError(f"data.name={section.name} needs data.path ({what})")
     if section.name == "folder":
-        return ImageFolderDataset(section.path, section.image_size, channels=section.channels,
-                                  max_bad_fraction=section.max_bad_fraction)  # fmt: skip
+        return ImageFolderDataset(
+            section.path, section.image_size, channels=section.channels, max_bad_fraction=section.max_bad_fraction
+        )
     return LatentDataset(section.path)
 
 
@@ -475,9 +521,11 @@ def load_training_data(section: "DataSection", device: str | torch.device = "cpu
             try:
                 vae = load_vae(wanted, device=device, local_only=True)
             except DataError:
-                raise DataError(f"data.vae={section.vae} differs from the VAE recorded with the latents "
-                                f"({record.get('spec')}) and is not available locally to compare: set data.vae=none "
-                                f"to use the recorded one") from None  # fmt: skip
+                raise DataError(
+                    f"data.vae={section.vae} differs from the VAE recorded with the latents "
+                    f"({record.get('spec')}) and is not available locally to compare: set data.vae=none "
+                    f"to use the recorded one"
+                ) from None
             check_vae(vae, wanted, record, f"the latents {base.path}")
             spec = wanted
         else:
@@ -487,14 +535,38 @@ def load_training_data(section: "DataSection", device: str | torch.device = "cpu
             vae = load_vae(spec, device=device)
             check_vae(vae, spec, record, f"the latents {base.path}")
         c, size = base.latent_shape[0], base.latent_shape[-1]
-        return TrainingData(dataset, id2label, num_classes, c, size, True, vae, dict(record, spec=spec),
-                            float(record["scaling_factor"]), described)  # fmt: skip
+        return TrainingData(
+            dataset,
+            id2label,
+            num_classes,
+            c,
+            size,
+            True,
+            vae,
+            dict(record, spec=spec),
+            float(record["scaling_factor"]),
+            described,
+        )
     vae = load_vae(section.vae, device=device)
     if vae is None:
-        return TrainingData(dataset, id2label, num_classes, section.channels, section.image_size, description=described)
+        return TrainingData(
+            dataset, id2label, num_classes, section.channels, section.image_size, description=described
+        )
     record = vae_record(vae, section.vae)
     factor = record["downsample_factor"]
     if section.image_size % factor:
-        raise DataError(f"data.image_size={section.image_size} is not divisible by the VAE's downsampling factor {factor}")
-    return TrainingData(dataset, id2label, num_classes, record["latent_channels"], section.image_size // factor,
-                        False, vae, record, record["scaling_factor"], described)  # fmt: skip
+        raise DataError(
+            f"data.image_size={section.image_size} is not divisible by the VAE's downsampling factor {factor}"
+        )
+    return TrainingData(
+        dataset,
+        id2label,
+        num_classes,
+        record["latent_channels"],
+        section.image_size // factor,
+        False,
+        vae,
+        record,
+        record["scaling_factor"],
+        described,
+    )

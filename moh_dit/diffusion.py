@@ -12,6 +12,7 @@ model outputs ``2C`` channels, noise prediction ``eps`` and variance values ``v`
 with the model mean computed from a *stop-gradient* copy of ``eps_hat``, so the VB term trains only the
 variance. This equals the improved-DDPM hybrid loss with lambda = 0.001 (DiT uses it with no weight).
 """
+
 from __future__ import annotations
 
 import math
@@ -131,9 +132,10 @@ class DiffusionObjective:
 
     def q_posterior(self, x_start, x_t, t):
         """Mean and clipped log-variance of q(x_{t-1} | x_t, x_0)."""
-        mean = self._gather(self.posterior_mean_coef1, t, x_t) * x_start + self._gather(
-            self.posterior_mean_coef2, t, x_t
-        ) * x_t
+        mean = (
+            self._gather(self.posterior_mean_coef1, t, x_t) * x_start
+            + self._gather(self.posterior_mean_coef2, t, x_t) * x_t
+        )
         return mean, self._gather(self.posterior_log_variance_clipped, t, x_t)
 
     def model_log_variance(self, var_values: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -144,9 +146,10 @@ class DiffusionObjective:
         return frac * max_log + (1 - frac) * min_log
 
     def predict_start_from_noise(self, x_t, t, eps):
-        return self._gather(self.sqrt_recip_alphas_cumprod, t, x_t) * x_t - self._gather(
-            self.sqrt_recipm1_alphas_cumprod, t, x_t
-        ) * eps
+        return (
+            self._gather(self.sqrt_recip_alphas_cumprod, t, x_t) * x_t
+            - self._gather(self.sqrt_recipm1_alphas_cumprod, t, x_t) * eps
+        )
 
     # ------------------------------------------------------------------------------------------------
     # Loss
@@ -158,11 +161,18 @@ class DiffusionObjective:
         model_mean, _ = self.q_posterior(pred_x0, x_t, t)
         model_log_var = self.model_log_variance(var_values, t)
         kl = _mean_flat(normal_kl(true_mean, true_log_var, model_mean, model_log_var)) / math.log(2.0)
-        nll = -_mean_flat(discretized_gaussian_log_likelihood(x_start, model_mean, 0.5 * model_log_var)) / math.log(2.0)
+        nll = -_mean_flat(discretized_gaussian_log_likelihood(x_start, model_mean, 0.5 * model_log_var)) / math.log(
+            2.0
+        )
         return torch.where(t == 0, nll, kl)
 
     def losses(
-        self, model_output: torch.Tensor, x_start: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, noise: torch.Tensor
+        self,
+        model_output: torch.Tensor,
+        x_start: torch.Tensor,
+        x_t: torch.Tensor,
+        t: torch.Tensor,
+        noise: torch.Tensor,
     ) -> DiffusionLosses:
         """Per-sample loss terms for a model output on ``x_t = add_noise(x_start, noise, t)``."""
         c = x_start.shape[1]

@@ -3,6 +3,7 @@
 Module and parameter names follow the public DiT checkpoints (``x_embedder.proj``, ``t_embedder.mlp``,
 ``y_embedder.embedding_table``) so that reference weights map onto ours one to one.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,7 +21,9 @@ def sincos_pos_embed_2d(embed_dim: int, grid_size: int) -> torch.Tensor:
     diffusers' helper reproduces DiT's layout (width coordinate first, half the channels each) when the
     base size equals the grid size and no interpolation is applied.
     """
-    return get_2d_sincos_pos_embed(embed_dim, grid_size, base_size=grid_size, interpolation_scale=1.0, output_type="pt")
+    return get_2d_sincos_pos_embed(
+        embed_dim, grid_size, base_size=grid_size, interpolation_scale=1.0, output_type="pt"
+    )
 
 
 class PatchEmbedder(nn.Module):

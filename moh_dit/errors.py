@@ -4,6 +4,7 @@ Every class derives from :class:`MohDitError`; the command-line entry points pri
 line and exit with code 2 (``MOH_DIT_DEBUG=1`` shows the traceback). Each also derives from the builtin
 that describes it best, so ``except ValueError`` keeps working for callers of the Python API.
 """
+
 from __future__ import annotations
 
 __all__ = [

@@ -12,6 +12,7 @@ Pieces:
   weights and the crop, so that a changed reference is never scored against stale statistics.
 - :func:`evaluate` puts it together and returns every number plus the settings that produced it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,7 +64,11 @@ def validate_images(arr: np.ndarray, source: str) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise EvaluationError(f"{source}: expected a numpy array, got {type(arr).__name__}")
     if arr.dtype != np.uint8:
-        hint = " (floats in [0, 1] or [-1, 1] must be quantised: clamp(127.5 x + 128, 0, 255) for [-1, 1])" if arr.dtype.kind == "f" else ""
+        hint = (
+            " (floats in [0, 1] or [-1, 1] must be quantised: clamp(127.5 x + 128, 0, 255) for [-1, 1])"
+            if arr.dtype.kind == "f"
+            else ""
+        )
         raise EvaluationError(f"{source}: images must be uint8, got {arr.dtype}{hint}")
     if arr.ndim == 3:
         arr = arr[..., None]
@@ -104,8 +109,10 @@ def load_images(path: str | os.PathLike, limit: Optional[int] = None, image_size
             if arr is None:
                 arr = np.empty((len(files), *img.shape), dtype=np.uint8)
             if img.shape != arr.shape[1:]:
-                raise EvaluationError(f"{f} has shape {img.shape}, but {Path(files[0]).name} has {arr.shape[1:]}: "
-                                      f"give a crop size (--reference-size) to center-crop them alike")  # fmt: skip
+                raise EvaluationError(
+                    f"{f} has shape {img.shape}, but {Path(files[0]).name} has {arr.shape[1:]}: "
+                    f"give a crop size (--reference-size) to center-crop them alike"
+                )
             arr[i] = img
         return arr
     try:
@@ -121,7 +128,9 @@ def load_images(path: str | os.PathLike, limit: Optional[int] = None, image_size
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         if isinstance(err, EvaluationError):
             raise
-        raise EvaluationError(f"{path} is not a readable array file ({str(err).splitlines()[0]}); truncated?") from None
+        raise EvaluationError(
+            f"{path} is not a readable array file ({str(err).splitlines()[0]}); truncated?"
+        ) from None
     return validate_images(arr[:limit] if limit else arr, str(path))
 
 
@@ -138,7 +147,11 @@ class FeatureExtractor(Protocol):
 def find_inception_weights(path: Optional[str] = None) -> Path:
     """``path``, else $MOH_DIT_INCEPTION_WEIGHTS, else the torch hub cache; a clear error if none exists."""
     hub = Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_FILE
-    for cand, origin in ((path, "--inception-weights"), (os.environ.get(INCEPTION_WEIGHTS_ENV), INCEPTION_WEIGHTS_ENV), (str(hub), "torch hub cache")):
+    for cand, origin in (
+        (path, "--inception-weights"),
+        (os.environ.get(INCEPTION_WEIGHTS_ENV), INCEPTION_WEIGHTS_ENV),
+        (str(hub), "torch hub cache"),
+    ):
         if not cand:
             continue
         if Path(cand).is_file():
@@ -187,7 +200,9 @@ class InceptionFeatures:
 
         path = find_inception_weights(weights_path)
         self.weights_sha256 = check_plain_tensor_file(path, "Inception weights")
-        self.net = FeatureExtractorInceptionV3(self.name, ["2048", "logits_unbiased"], feature_extractor_weights_path=str(path))
+        self.net = FeatureExtractorInceptionV3(
+            self.name, ["2048", "logits_unbiased"], feature_extractor_weights_path=str(path)
+        )
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.net.to(self.device).eval()
         self._spatial: list[torch.Tensor] = []
@@ -202,21 +217,34 @@ class InceptionFeatures:
     def __call__(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         self._spatial.clear()
         pool, logits = self.net(images.to(self.device))
-        return {"pool": pool.float(), "logits": logits.float(), "spatial": self.spatial_features(self._spatial.pop()).float()}
+        return {
+            "pool": pool.float(),
+            "logits": logits.float(),
+            "spatial": self.spatial_features(self._spatial.pop()).float(),
+        }
 
 
 class RegisteredFeatures:
     """Any torch-fidelity-registered extractor: ``pool_feature`` for FID and precision/recall, optionally
     ``logits_feature`` for IS and ``spatial_feature`` for sFID."""
 
-    def __init__(self, name: str, pool_feature: str, logits_feature: Optional[str] = None,
-                 spatial_feature: Optional[str] = None, device: Optional[str] = None,
-                 weights_sha256: Optional[str] = None, **kwargs) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        pool_feature: str,
+        logits_feature: Optional[str] = None,
+        spatial_feature: Optional[str] = None,
+        device: Optional[str] = None,
+        weights_sha256: Optional[str] = None,
+        **kwargs,
+    ) -> None:
         from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
         from torch_fidelity.utils import create_feature_extractor
 
         if name not in FEATURE_EXTRACTORS_REGISTRY:
-            raise EvaluationError(f"feature extractor {name!r} is not registered with torch-fidelity; known: {sorted(FEATURE_EXTRACTORS_REGISTRY)}")
+            raise EvaluationError(
+                f"feature extractor {name!r} is not registered with torch-fidelity; known: {sorted(FEATURE_EXTRACTORS_REGISTRY)}"
+            )
         self.name = name
         self.weights_sha256 = weights_sha256
         self.kinds = {"pool": pool_feature, "logits": logits_feature, "spatial": spatial_feature}
@@ -245,8 +273,9 @@ def tf32_disabled():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def extract_features(extractor: FeatureExtractor, images: np.ndarray, batch_size: int = 100,
-                     desc: str = "features") -> dict[str, np.ndarray]:  # fmt: skip
+def extract_features(
+    extractor: FeatureExtractor, images: np.ndarray, batch_size: int = 100, desc: str = "features"
+) -> dict[str, np.ndarray]:
     """Run ``extractor`` over uint8 NHWC images in batches; returns float32 arrays per feature kind."""
     images = validate_images(images, desc)
     parts: dict[str, list[np.ndarray]] = {}
@@ -278,8 +307,14 @@ def _cache_name(ref: Path, extractor: FeatureExtractor, key: str) -> str:
     return f"{ref.name}.moh-dit-stats.{extractor.name.replace('/', '-')}.{key[:16]}.npz"
 
 
-def reference_statistics(reference: str | os.PathLike, extractor: FeatureExtractor, batch_size: int = 100,
-                         cache: bool = True, max_pr_images: int = 10000, image_size: Optional[int] = None) -> dict:  # fmt: skip
+def reference_statistics(
+    reference: str | os.PathLike,
+    extractor: FeatureExtractor,
+    batch_size: int = 100,
+    cache: bool = True,
+    max_pr_images: int = 10000,
+    image_size: Optional[int] = None,
+) -> dict:
     """Statistics of the reference set: ``mu``/``sigma`` (FID), ``mu_s``/``sigma_s`` (sFID), ``pool``
     features of up to ``max_pr_images`` images (precision/recall) and ``info`` (how they were made).
 
@@ -296,8 +331,14 @@ def reference_statistics(reference: str | os.PathLike, extractor: FeatureExtract
         raise EvaluationError(f"reference {ref} does not exist")
     content = reference_fingerprint(ref)
     crop = image_size if ref.is_dir() else None  # arrays are used as they are
-    recipe = {"format": STATS_FORMAT, "content_sha256": content, "extractor": extractor.name,
-              "weights_sha256": extractor.weights_sha256, "image_size": crop, "max_pr_images": max_pr_images}  # fmt: skip
+    recipe = {
+        "format": STATS_FORMAT,
+        "content_sha256": content,
+        "extractor": extractor.name,
+        "weights_sha256": extractor.weights_sha256,
+        "image_size": crop,
+        "max_pr_images": max_pr_images,
+    }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
     name = _cache_name(ref, extractor, key)
     if cache:
@@ -369,14 +410,26 @@ def _write_cache(ref: Path, name: str, stats: dict, info: dict) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Putting it together
 # ----------------------------------------------------------------------------------------------------
-def evaluate(samples: np.ndarray, reference: str | os.PathLike, extractor: FeatureExtractor,
-             batch_size: int = 100, fp16_distances: bool = False, pr_k: int = 3, pr_block: int = 10000,
-             is_split_size: int = 5000, cache: bool = True, reference_size: Optional[int] = None) -> dict:  # fmt: skip
+def evaluate(
+    samples: np.ndarray,
+    reference: str | os.PathLike,
+    extractor: FeatureExtractor,
+    batch_size: int = 100,
+    fp16_distances: bool = False,
+    pr_k: int = 3,
+    pr_block: int = 10000,
+    is_split_size: int = 5000,
+    cache: bool = True,
+    reference_size: Optional[int] = None,
+) -> dict:
     """FID, sFID, IS, precision and recall of uint8 NHWC ``samples`` against ``reference``. An image-folder
     reference is center-cropped to ``reference_size`` (default: the samples' size)."""
     samples = validate_images(samples, "samples")
     ref = reference_statistics(reference, extractor, batch_size, cache, image_size=reference_size or samples.shape[1])
-    if ref["info"].get("image_size") not in (None, samples.shape[1]) and "stored statistics" not in ref["info"]["statistics"]:
+    if (
+        ref["info"].get("image_size") not in (None, samples.shape[1])
+        and "stored statistics" not in ref["info"]["statistics"]
+    ):
         logger.warning("reference images are %d px, samples %d px", ref["info"]["image_size"], samples.shape[1])
     feats = extract_features(extractor, samples, batch_size, "sample features")
     results: dict = {}
@@ -387,12 +440,22 @@ def evaluate(samples: np.ndarray, reference: str | os.PathLike, extractor: Featu
         results["sfid"] = frechet_distance(mu_s, sigma_s, ref["mu_s"], ref["sigma_s"])
     if "logits" in feats:
         results["inception_score"] = inception_score(feats["logits"], is_split_size)
-    results["precision"], results["recall"] = precision_recall(ref["pool"], feats["pool"], k=pr_k, block=pr_block,
-                                                               fp16=fp16_distances)  # fmt: skip
-    return {"metrics": results, "reference": ref["info"], "num_samples": int(len(samples)),
-            "extractor": extractor.name, "weights_sha256": extractor.weights_sha256,
-            "settings": {"fp16_distances": fp16_distances, "pr_k": pr_k, "is_split_size": is_split_size,
-                         "batch_size": batch_size}}  # fmt: skip
+    results["precision"], results["recall"] = precision_recall(
+        ref["pool"], feats["pool"], k=pr_k, block=pr_block, fp16=fp16_distances
+    )
+    return {
+        "metrics": results,
+        "reference": ref["info"],
+        "num_samples": int(len(samples)),
+        "extractor": extractor.name,
+        "weights_sha256": extractor.weights_sha256,
+        "settings": {
+            "fp16_distances": fp16_distances,
+            "pr_k": pr_k,
+            "is_split_size": is_split_size,
+            "batch_size": batch_size,
+        },
+    }
 
 
 def write_metrics(path: str | os.PathLike, result: dict) -> Path:
@@ -403,15 +466,25 @@ def write_metrics(path: str | os.PathLike, result: dict) -> Path:
 
 
 def format_table(metrics: dict) -> str:
-    names = {"fid": "FID", "sfid": "sFID", "inception_score": "Inception Score", "precision": "Precision", "recall": "Recall"}
+    names = {
+        "fid": "FID",
+        "sfid": "sFID",
+        "inception_score": "Inception Score",
+        "precision": "Precision",
+        "recall": "Recall",
+    }
     width = max(len(v) for v in names.values())
     rows = [f"{names[k]:<{width}}  {metrics[k]:.4f}" for k in names if k in metrics]
     rule = "-" * (width + 12)
     return "\n".join([rule, *rows, rule])
 
 
-def resolve_extractor(name: str, weights: Optional[str], device: Optional[str],
-                      factories: Optional[dict[str, Callable[[], FeatureExtractor]]] = None) -> FeatureExtractor:  # fmt: skip
+def resolve_extractor(
+    name: str,
+    weights: Optional[str],
+    device: Optional[str],
+    factories: Optional[dict[str, Callable[[], FeatureExtractor]]] = None,
+) -> FeatureExtractor:
     """``inception`` (the paper protocol) or the name of a torch-fidelity-registered extractor, whose
     pool feature is its FID default, whose logits (if provided) give the IS and whose ``spatial`` feature
     (if provided) gives the sFID."""
@@ -422,7 +495,9 @@ def resolve_extractor(name: str, weights: Optional[str], device: Optional[str],
     from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 
     if name not in FEATURE_EXTRACTORS_REGISTRY:
-        raise EvaluationError(f"unknown extractor {name!r}; use 'inception' or one of {sorted(FEATURE_EXTRACTORS_REGISTRY)}")
+        raise EvaluationError(
+            f"unknown extractor {name!r}; use 'inception' or one of {sorted(FEATURE_EXTRACTORS_REGISTRY)}"
+        )
     cls = FEATURE_EXTRACTORS_REGISTRY[name]
     provided = cls.get_provided_features_list()
     pool = cls.get_default_feature_layer_for_metric("fid")

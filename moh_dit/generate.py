@@ -11,6 +11,7 @@ only when its manifest matches the model and settings.
     accelerate launch --num_processes 8 sample.py runs/imagenet/pipeline --num-samples 50000 \
         --sample-dir samples/xl --cfg-scale 1.5 --guidance-channels 3
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,11 @@ class ModelSource:
 
     def describe(self) -> str:
         step = f" (step {self.step})" if self.step is not None else ""
-        what = {"pipeline": "exported pipeline", "checkpoint": "EMA weights of checkpoint",
-                "transformer": "transformer folder"}[self.kind]  # fmt: skip
+        what = {
+            "pipeline": "exported pipeline",
+            "checkpoint": "EMA weights of checkpoint",
+            "transformer": "transformer folder",
+        }[self.kind]
         return f"{what} {self.path}{step}{self.note}"
 
 
@@ -106,7 +110,11 @@ def resolve_model_source(path: str | os.PathLike) -> ModelSource:
         pipe_step = _pipeline_step(pipe) if pipe is not None else None
         ckpt_step = checkpoint_step(latest) if latest is not None else None
         if latest is not None and (pipe is None or pipe_step is None or ckpt_step > pipe_step):
-            note = f"; newer than the exported pipeline (step {pipe_step})" if pipe is not None and pipe_step is not None else ""
+            note = (
+                f"; newer than the exported pipeline (step {pipe_step})"
+                if pipe is not None and pipe_step is not None
+                else ""
+            )
             return ModelSource("checkpoint", latest, ckpt_step, path, note)
         return ModelSource("pipeline", pipe, pipe_step, path)
     if layout.checkpoints.is_dir():
@@ -126,15 +134,19 @@ def resolve_model_source(path: str | os.PathLike) -> ModelSource:
 # Loading
 # ----------------------------------------------------------------------------------------------------
 def _damaged(path: Path, err: Exception) -> ArtifactError:
-    return ArtifactError(f"{path} cannot be loaded: {str(err).strip().splitlines()[0]} (damaged files, or "
-                         f"weights that are not safetensors?)")  # fmt: skip
+    return ArtifactError(
+        f"{path} cannot be loaded: {str(err).strip().splitlines()[0]} (damaged files, or "
+        f"weights that are not safetensors?)"
+    )
 
 
 def _check_health(model: torch.nn.Module, where: str) -> None:
     sane, peak = weight_health(model.state_dict().values())
     if not sane:
-        raise ArtifactError(f"the weights in {where} are not finite or have exploded (max |w| = {peak:.3g}); was the "
-                            f"run stopped for a non-finite loss? Use an earlier checkpoint")  # fmt: skip
+        raise ArtifactError(
+            f"the weights in {where} are not finite or have exploded (max |w| = {peak:.3g}); was the "
+            f"run stopped for a non-finite loss? Use an earlier checkpoint"
+        )
 
 
 def _checkpoint_model(ckpt: Path, prefer_ema: bool = True) -> tuple[MoHDiT, dict]:
@@ -223,24 +235,32 @@ def load_pipeline(
     elif source.kind == "checkpoint":
         model, state = _checkpoint_model(source.path)
         latent = isinstance(state.get("vae"), dict) and state["vae"].get("spec") is not None
-        pipe = MoHDiTPipeline.build(model, _checkpoint_vae(state, source.path), state.get("id2label"),
-                                    latent_space=latent or None)  # fmt: skip
+        pipe = MoHDiTPipeline.build(
+            model, _checkpoint_vae(state, source.path), state.get("id2label"), latent_space=latent or None
+        )
     else:
         model, _ = load_transformer(source.path)
         pipe = MoHDiTPipeline.build(model)
     _check_health(pipe.transformer, str(source.path))
     fingerprint = fingerprint_module(pipe.transformer)
     if manifest is not None and manifest.get("transformer_sha256") not in (None, fingerprint):
-        raise ArtifactError(f"the weights in {source.path} are not those its manifest records (fingerprint "
-                            f"{fingerprint[:12]} vs {manifest['transformer_sha256'][:12]}): the folder was modified; "
-                            f"export it again")  # fmt: skip
+        raise ArtifactError(
+            f"the weights in {source.path} are not those its manifest records (fingerprint "
+            f"{fingerprint[:12]} vs {manifest['transformer_sha256'][:12]}): the folder was modified; "
+            f"export it again"
+        )
     if vae is not None:
         pipe.register_modules(vae=load_vae(vae))
     if scheduler is not None:
         pipe.with_scheduler(scheduler)
     logger.info("loaded %s", source.describe())
-    pipe.provenance = {"source": str(source.path.resolve()), "kind": source.kind, "step": source.step,
-                       "run": str(source.run.resolve()) if source.run else None, "transformer_sha256": fingerprint}  # fmt: skip
+    pipe.provenance = {
+        "source": str(source.path.resolve()),
+        "kind": source.kind,
+        "step": source.step,
+        "run": str(source.run.resolve()) if source.run else None,
+        "transformer_sha256": fingerprint,
+    }
     pipe.to(device)
     if dtype != "fp32":
         pipe.transformer.to(DTYPES[dtype])
@@ -266,9 +286,15 @@ class GenerationSettings:
     @classmethod
     def from_args(cls, args, batch_size: int) -> "GenerationSettings":
         """From the sampling options of ``sample.py`` / ``evaluate_fid.py`` (see ``cli.add_sampling_arguments``)."""
-        return cls(num_samples=args.num_samples, seed=args.seed, batch_size=batch_size, guidance_scale=args.cfg_scale,
-                   num_inference_steps=args.num_steps, guidance_channels=args.guidance_channels,
-                   label_mode=args.label_mode)  # fmt: skip
+        return cls(
+            num_samples=args.num_samples,
+            seed=args.seed,
+            batch_size=batch_size,
+            guidance_scale=args.cfg_scale,
+            num_inference_steps=args.num_steps,
+            guidance_channels=args.guidance_channels,
+            label_mode=args.label_mode,
+        )
 
     def validate(self) -> None:
         for name in ("num_samples", "batch_size", "num_inference_steps"):
@@ -354,8 +380,15 @@ def generate_samples(
     todo = [b for b in range(-(-n // block)) if any(i in missing for i in range(b * block, min((b + 1) * block, n)))]
     if is_main:
         source = (getattr(pipe, "provenance", None) or {}).get("source", "an in-memory model")
-        logger.info("sampling from %s: %d of %d images present in %s; generating %d on %d process(es)", source,
-                    n - len(missing), n, sample_dir, len(missing), world)  # fmt: skip
+        logger.info(
+            "sampling from %s: %d of %d images present in %s; generating %d on %d process(es)",
+            source,
+            n - len(missing),
+            n,
+            sample_dir,
+            len(missing),
+            world,
+        )
     num_classes = pipe.transformer.config.num_classes
     progress = Progress(len(todo) * block, desc="sampling", unit="img", enabled=is_main)
     pipe.set_progress_bar_config(disable=True)
@@ -365,11 +398,18 @@ def generate_samples(
         batch = list(range(b * block, (b + 1) * block))
         kwargs: dict[str, Any] = dict(num_images=len(batch))
         if num_classes > 0:
-            kwargs = dict(class_labels=[label_for_index(settings.seed, i, num_classes, settings.label_mode) for i in batch])
-        images = pipe(**kwargs, guidance_scale=settings.guidance_scale if num_classes > 0 else 1.0,
-                      num_inference_steps=settings.num_inference_steps,
-                      generator=[index_generator(settings.seed, i) for i in batch],
-                      guidance_channels=settings.guidance_channels, output_type="uint8", progress=False).images  # fmt: skip
+            kwargs = dict(
+                class_labels=[label_for_index(settings.seed, i, num_classes, settings.label_mode) for i in batch]
+            )
+        images = pipe(
+            **kwargs,
+            guidance_scale=settings.guidance_scale if num_classes > 0 else 1.0,
+            num_inference_steps=settings.num_inference_steps,
+            generator=[index_generator(settings.seed, i) for i in batch],
+            guidance_channels=settings.guidance_channels,
+            output_type="uint8",
+            progress=False,
+        ).images
         for i, img in zip(batch, images):
             if i in missing:
                 _save_png(img, _png_path(sample_dir, i))
@@ -381,7 +421,9 @@ def generate_samples(
         return None
     still = missing_indices(sample_dir, n)
     if still:
-        raise ArtifactError(f"{len(still)} samples are missing in {sample_dir} after generation (e.g. index {still[0]})")
+        raise ArtifactError(
+            f"{len(still)} samples are missing in {sample_dir} after generation (e.g. index {still[0]})"
+        )
     return pack_npz(sample_dir, dict(manifest, count=n), sample_npz_path(sample_dir))
 
 
@@ -422,8 +464,10 @@ def pack_npz(sample_dir: Path, manifest: dict[str, Any], npz_path: Path) -> Path
             raise ArtifactError(f"{_png_path(sample_dir, i)} has shape {img.shape}, but image 0 has {first.shape}")
         arr[i] = img[:, :, None] if img.ndim == 2 else img[:, :, :3]
     k = identity["num_classes"]
-    labels = np.array([label_for_index(identity["seed"], i, k, identity["label_mode"]) if k else -1 for i in range(n)],
-                      dtype=np.int64)  # fmt: skip
+    labels = np.array(
+        [label_for_index(identity["seed"], i, k, identity["label_mode"]) if k else -1 for i in range(n)],
+        dtype=np.int64,
+    )
     tmp = sibling(npz_path, ".tmp.npz")
     np.savez(tmp, arr_0=arr, arr_1=labels, moh_dit_manifest=np.array(json.dumps(dict(manifest, kind="samples"))))
     os.replace(tmp, npz_path)
@@ -435,6 +479,7 @@ def describe_samples(manifest: Optional[dict]) -> str:
         return "samples without a moh-dit manifest"
     ident, model = manifest["identity"], manifest.get("model") or {}
     step = f" step {model['step']}" if model.get("step") is not None else ""
-    return (f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
-            f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, guidance {ident['guidance_scale']}")  # fmt: skip
-
+    return (
+        f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
+        f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, guidance {ident['guidance_scale']}"
+    )

@@ -1,4 +1,5 @@
 """Image grids with class-name captions, for training previews and ``sample.py``."""
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -32,7 +33,9 @@ def make_grid(
     font = ImageFont.load_default()
     label_w = 0
     if row_labels:
-        label_w = max(int(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(str(t), font=font)) for t in row_labels) + 8
+        label_w = (
+            max(int(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(str(t), font=font)) for t in row_labels) + 8
+        )
     grid = Image.new("RGB", (label_w + ncols * (w + padding) + padding, nrows * (h + padding) + padding), "white")
     draw = ImageDraw.Draw(grid)
     for i in range(n):

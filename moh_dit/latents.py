@@ -8,6 +8,7 @@ memory map, with a manifest (``<file>.json``) beside it that records how it was 
     python -m moh_dit.latents --data-path /data/imagenet/train --image-size 256 \\
         --vae stabilityai/sd-vae-ft-ema --out latents/imagenet256.npy
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,8 +72,12 @@ def resolve_vae_spec(spec: Optional[str]) -> Optional[str]:
     return str(spec)
 
 
-def load_vae(spec: Optional[str], device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-             local_only: bool = False):  # fmt: skip
+def load_vae(
+    spec: Optional[str],
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    local_only: bool = False,
+):
     """``none`` -> None; a local folder (a VAE, or a pipeline with a ``vae/`` sub-folder) or a hub id such
     as ``stabilityai/sd-vae-ft-ema`` -> an ``AutoencoderKL`` in eval mode. Hub ids are looked up in the local
     cache first, so an offline machine that has the VAE cached does not wait on the network;
@@ -93,9 +98,14 @@ def load_vae(spec: Optional[str], device: str | torch.device = "cpu", dtype: tor
                     raise
                 vae = AutoencoderKL.from_pretrained(resolved, torch_dtype=dtype)
     except (OSError, ValueError) as err:
-        where = "the folder is not a readable AutoencoderKL" if path.is_dir() else (
-            f"it is not cached locally and could not be fetched from the hub; if you are offline, download it "
-            f"elsewhere (`hf download {resolved}`) and pass the local folder")
+        where = (
+            "the folder is not a readable AutoencoderKL"
+            if path.is_dir()
+            else (
+                f"it is not cached locally and could not be fetched from the hub; if you are offline, download it "
+                f"elsewhere (`hf download {resolved}`) and pass the local folder"
+            )
+        )
         raise DataError(f"could not load VAE {resolved}: {where} ({str(err).splitlines()[0]})") from None
     return vae.to(device).eval().requires_grad_(False)
 
@@ -115,11 +125,16 @@ def vae_record(vae: AutoencoderKL, spec: Optional[str]) -> dict:
 def check_vae(vae: AutoencoderKL, spec: Optional[str], record: dict, what: str) -> None:
     """Stop when ``vae`` is not the VAE described by ``record`` (weights, scaling factor, downsampling)."""
     mine = vae_record(vae, spec)
-    diffs = [(k, record.get(k), mine[k]) for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels")
-             if record.get(k) is not None and record.get(k) != mine[k]]  # fmt: skip
+    diffs = [
+        (k, record.get(k), mine[k])
+        for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels")
+        if record.get(k) is not None and record.get(k) != mine[k]
+    ]
     if diffs:
-        raise ArtifactError(f"VAE {mine['spec']} is not the VAE {what} was made with ({format_differences(diffs)}); "
-                            f"use the recorded VAE {record.get('spec')}")  # fmt: skip
+        raise ArtifactError(
+            f"VAE {mine['spec']} is not the VAE {what} was made with ({format_differences(diffs)}); "
+            f"use the recorded VAE {record.get('spec')}"
+        )
 
 
 @torch.no_grad()
@@ -190,10 +205,19 @@ def extract_latents(
         data_record.update(describe())
     os.replace(tmp, out_path)
     write_manifest(
-        out_path, "latents", format_version=FORMAT_VERSION, count=len(dataset), latent_shape=list(latent_shape),
-        dtype=dtype, image_size=int(x0.shape[-1]), image_channels=int(x0.shape[0]), vae=vae_record(vae, vae_name or None),
-        data=data_record, file_sha256=fingerprint_file(out_path), file_size=out_path.stat().st_size,
-    )  # fmt: skip
+        out_path,
+        "latents",
+        format_version=FORMAT_VERSION,
+        count=len(dataset),
+        latent_shape=list(latent_shape),
+        dtype=dtype,
+        image_size=int(x0.shape[-1]),
+        image_channels=int(x0.shape[0]),
+        vae=vae_record(vae, vae_name or None),
+        data=data_record,
+        file_sha256=fingerprint_file(out_path),
+        file_size=out_path.stat().st_size,
+    )
     return out_path
 
 
@@ -204,7 +228,11 @@ class LatentDataset(Dataset):
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            hint = " (an unfinished extraction left a .partial file: run it again)" if partial_path(self.path).exists() else ""
+            hint = (
+                " (an unfinished extraction left a .partial file: run it again)"
+                if partial_path(self.path).exists()
+                else ""
+            )
             raise DataError(f"latent file {self.path} not found{hint}")
         meta = read_manifest(self.path, "latents")
         if meta is None:
@@ -215,16 +243,20 @@ class LatentDataset(Dataset):
             raise ArtifactError(f"{self.path}: unsupported latent format {meta.get('format_version')}; extract again")
         self.meta = meta
         if self.path.stat().st_size != meta["file_size"]:
-            raise ArtifactError(f"{self.path} has {self.path.stat().st_size} bytes but its manifest says "
-                                f"{meta['file_size']}: the file was changed or truncated; extract again")  # fmt: skip
+            raise ArtifactError(
+                f"{self.path} has {self.path.stat().st_size} bytes but its manifest says "
+                f"{meta['file_size']}: the file was changed or truncated; extract again"
+            )
         try:
             self.table = np.load(self.path, mmap_mode="r")
         except (OSError, ValueError) as err:
             raise ArtifactError(f"{self.path} is not a readable latent file ({err}); extract again") from None
         expected = (2, 2, *meta["latent_shape"])
         if len(self.table) != meta["count"] or tuple(self.table.dtype["moments"].shape) != expected:
-            raise ArtifactError(f"{self.path} does not match its manifest ({len(self.table)} rows of "
-                                f"{self.table.dtype['moments'].shape}, manifest: {meta['count']} of {expected})")  # fmt: skip
+            raise ArtifactError(
+                f"{self.path} does not match its manifest ({len(self.table)} rows of "
+                f"{self.table.dtype['moments'].shape}, manifest: {meta['count']} of {expected})"
+            )
         self.vae = meta["vae"]
         self.scaling_factor = float(self.vae["scaling_factor"])
         self.latent_shape = tuple(meta["latent_shape"])
@@ -239,8 +271,12 @@ class LatentDataset(Dataset):
 
     def describe(self) -> dict:
         """What identifies this data set: the latent file's fingerprint (recorded at extraction)."""
-        return {"name": "latents", "fingerprint": self.meta["file_sha256"], "count": len(self),
-                "source": self.meta["data"]}  # fmt: skip
+        return {
+            "name": "latents",
+            "fingerprint": self.meta["file_sha256"],
+            "count": len(self),
+            "source": self.meta["data"],
+        }
 
     def __len__(self) -> int:
         return len(self.table)
@@ -285,8 +321,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     if resolve_vae_spec(args.vae) is None:
         parser.error("--vae none makes no sense for latent extraction")
     vae = load_vae(args.vae, device=device)
-    out = extract_latents(dataset, vae, out, batch_size=args.batch_size, num_workers=args.num_workers,
-                          dtype=args.dtype, vae_name=args.vae, id2label=dataset.id2label)  # fmt: skip
+    out = extract_latents(
+        dataset,
+        vae,
+        out,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        dtype=args.dtype,
+        vae_name=args.vae,
+        id2label=dataset.id2label,
+    )
     print(f"wrote {len(dataset)} latents to {out}")
 
 

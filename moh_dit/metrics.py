@@ -14,6 +14,7 @@ torch-fidelity computes FID (by eigenvalues), an IS with equal-count splits and 
 unsquared distances; those are not the ADM conventions, so the ADM versions are written here and the
 tests check that both agree wherever the conventions coincide.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,7 +91,9 @@ def knn_radii(features: torch.Tensor, k: int = 3, block: int = 10000, fp16: bool
     radii = []
     for start in range(0, len(features), block):
         rows = features[start : start + block]
-        dists = torch.cat([_sq_distances(rows, features[c : c + block], fp16) for c in range(0, len(features), block)], 1)
+        dists = torch.cat(
+            [_sq_distances(rows, features[c : c + block], fp16) for c in range(0, len(features), block)], 1
+        )
         radii.append(dists.kthvalue(k + 1, dim=1).values)  # the 0-th neighbour is the point itself
     return torch.cat(radii)
 

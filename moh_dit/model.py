@@ -7,6 +7,7 @@ architecture argument, including the per-layer head tables, lives in the diffuse
 
 Shapes: N batch, C channels, H x W image (or latent), p patch size, T = H*W/p**2 tokens, D width.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,9 +64,13 @@ class DiTBlock(nn.Module):
     """Transformer block with adaLN-Zero conditioning; the attention is MoH (or plain multi-head)."""
 
     def __init__(
-        self, hidden_size: int, attn: MoHAttention, mlp_ratio: float = 4.0, norm_eps: float = 1e-6,
+        self,
+        hidden_size: int,
+        attn: MoHAttention,
+        mlp_ratio: float = 4.0,
+        norm_eps: float = 1e-6,
         mlp_norm_eps: float = 1e-6,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
         self.attn = attn
@@ -203,13 +208,25 @@ class MoHDiT(ModelMixin, ConfigMixin):
         for layer, (h, h_s, k) in enumerate(zip(heads, shared, topks)):
             try:
                 attn = MoHAttention(
-                    hidden_size, h, head_dim=head_dim, num_shared_heads=h_s, top_k=k or 0,
-                    qkv_bias=qkv_bias, attention_type=attention_type,
-                )  # fmt: skip
+                    hidden_size,
+                    h,
+                    head_dim=head_dim,
+                    num_shared_heads=h_s,
+                    top_k=k or 0,
+                    qkv_bias=qkv_bias,
+                    attention_type=attention_type,
+                )
             except ValueError as err:
                 raise ValueError(f"layer {layer}: {err}") from None
-            blocks.append(DiTBlock(hidden_size, attn, mlp_ratio=mlp_ratio, norm_eps=norm_eps,
-                                   mlp_norm_eps=norm_eps if mlp_norm_eps is None else mlp_norm_eps))  # fmt: skip
+            blocks.append(
+                DiTBlock(
+                    hidden_size,
+                    attn,
+                    mlp_ratio=mlp_ratio,
+                    norm_eps=norm_eps,
+                    mlp_norm_eps=norm_eps if mlp_norm_eps is None else mlp_norm_eps,
+                )
+            )
         self.blocks = nn.ModuleList(blocks)
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps)
         self.gradient_checkpointing = False

@@ -1,6 +1,7 @@
 """The choices the command lines offer and their defaults, in one place (and light: no torch import, so
 ``--help`` answers at once). The code that acts on a choice (``make_scheduler``, ``load_pipeline``)
 validates against the same names."""
+
 from __future__ import annotations
 
 __all__ = ["SCHEDULERS", "DTYPES", "LABEL_MODES", "GRID_GUIDANCE", "EVAL_GUIDANCE", "EVAL_STEPS"]

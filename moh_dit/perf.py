@@ -23,6 +23,7 @@ calibration of your own hardware (``benchmarks/attention.py --calibrate`` writes
 its entries replace the shipped ones of the same device type. Calibrations are read once, when an
 ``auto`` processor is made, never during a forward pass.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["FEATURE_NAMES", "ideal_attention_ratio", "ideal_block_ratio", "choose_execution", "load_calibration",
-           "CALIBRATION_DIR", "CALIBRATION_ENV"]  # fmt: skip
+__all__ = [
+    "FEATURE_NAMES",
+    "ideal_attention_ratio",
+    "ideal_block_ratio",
+    "choose_execution",
+    "load_calibration",
+    "CALIBRATION_DIR",
+    "CALIBRATION_ENV",
+]
 
 CALIBRATION_DIR = Path(__file__).with_name("calibrations")
 CALIBRATION_ENV = "MOH_DIT_CALIBRATION"
@@ -85,7 +93,9 @@ def choose_execution(
     """``"sparse"`` if the calibrated model predicts it to be faster than dense by more than ``margin``."""
     if active_fraction >= 1.0:
         return "dense"
-    cal = (calibration if calibration is not None else load_calibration()).get(f"{device_type}/{'train' if backward else 'infer'}")
+    cal = (calibration if calibration is not None else load_calibration()).get(
+        f"{device_type}/{'train' if backward else 'infer'}"
+    )
     if not cal or tuple(cal.get("features", FEATURE_NAMES)) != FEATURE_NAMES or len(cal["coef"]) != len(FEATURE_NAMES):
         return "dense"  # uncalibrated, or fitted on another feature set: stay with the reference computation
     if not cal.get("min_tokens", 0) <= tokens:
@@ -104,5 +114,7 @@ def features(active_fraction: float, routed_fraction: float, tokens: int, dim: i
     return [1.0, ideal_attention_ratio(active_fraction, tokens, dim), routed_fraction, 256.0 / tokens, 384.0 / dim]
 
 
-def predict_sparse_over_dense(cal: dict, active_fraction: float, routed_fraction: float, tokens: int, dim: int) -> float:
+def predict_sparse_over_dense(
+    cal: dict, active_fraction: float, routed_fraction: float, tokens: int, dim: int
+) -> float:
     return float(sum(c * f for c, f in zip(cal["coef"], features(active_fraction, routed_fraction, tokens, dim))))

@@ -9,6 +9,7 @@ diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class 
     pipe = MoHDiTPipeline.from_pretrained("runs/fmnist/pipeline")
     images = pipe(["Sneaker", "Bag"], guidance_scale=4.0, num_inference_steps=250).images
 """
+
 from __future__ import annotations
 
 import math
@@ -29,15 +30,14 @@ from diffusers import (
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from .diffusion import DIT_SCHEDULE
-from .options import GRID_GUIDANCE, SCHEDULERS
 from .artifacts import fingerprint_module, read_manifest, replace_folder, write_manifest
+from .diffusion import DIT_SCHEDULE
 from .errors import ConfigError, NonFiniteSampleError
 from .model import MoHDiT
+from .options import GRID_GUIDANCE, SCHEDULERS
 from .seeding import index_generator
 
 __all__ = ["MoHDiTPipeline", "make_scheduler", "SCHEDULERS", "resolve_class_labels", "to_uint8"]
-
 
 
 def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMixin:
@@ -55,13 +55,22 @@ def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMix
             prediction_type="epsilon",
         )
     if name == "ddim":
-        return DDIMScheduler(**DIT_SCHEDULE, clip_sample=False, set_alpha_to_one=False, prediction_type="epsilon",
-                             timestep_spacing="linspace")  # fmt: skip
+        return DDIMScheduler(
+            **DIT_SCHEDULE,
+            clip_sample=False,
+            set_alpha_to_one=False,
+            prediction_type="epsilon",
+            timestep_spacing="linspace",
+        )
     if name == "dpm-solver":
         return DPMSolverMultistepScheduler(
-            **DIT_SCHEDULE, algorithm_type="dpmsolver++", solver_order=2, prediction_type="epsilon",
-            timestep_spacing="linspace", lower_order_final=True,
-        )  # fmt: skip
+            **DIT_SCHEDULE,
+            algorithm_type="dpmsolver++",
+            solver_order=2,
+            prediction_type="epsilon",
+            timestep_spacing="linspace",
+            lower_order_final=True,
+        )
     raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
 
 
@@ -136,8 +145,9 @@ class MoHDiTPipeline(DiffusionPipeline):
     ) -> "MoHDiTPipeline":
         """The one way moh-dit assembles a pipeline: a model (put in eval mode), an optional VAE, class
         names, and a scheduler by name for the model's variance type (DiT's DDPM by default)."""
-        return cls(transformer.eval(), make_scheduler(scheduler, transformer.config.learn_sigma), vae, id2label,
-                   latent_space)  # fmt: skip
+        return cls(
+            transformer.eval(), make_scheduler(scheduler, transformer.config.learn_sigma), vae, id2label, latent_space
+        )
 
     def save(self, folder: str | os.PathLike, source: dict[str, Any]) -> Path:
         """``save_pretrained`` (safetensors) plus a manifest of what the weights are (fingerprints) and where
@@ -147,9 +157,15 @@ class MoHDiTPipeline(DiffusionPipeline):
         tmp = folder.with_name(f".tmp-{folder.name}")
         shutil.rmtree(tmp, ignore_errors=True)
         self.save_pretrained(tmp, safe_serialization=True)
-        write_manifest(tmp, "pipeline", source=source, transformer_sha256=fingerprint_module(self.transformer),
-                       vae_sha256=fingerprint_module(self.vae) if self.vae is not None else None,
-                       latent_space=self.config.latent_space, id2label={str(k): v for k, v in self.id2label.items()})  # fmt: skip
+        write_manifest(
+            tmp,
+            "pipeline",
+            source=source,
+            transformer_sha256=fingerprint_module(self.transformer),
+            vae_sha256=fingerprint_module(self.vae) if self.vae is not None else None,
+            latent_space=self.config.latent_space,
+            id2label={str(k): v for k, v in self.id2label.items()},
+        )
         replace_folder(tmp, folder)
         return folder
 
@@ -247,7 +263,9 @@ class MoHDiTPipeline(DiffusionPipeline):
             raise ConfigError(f"guidance_scale must be a finite number, got {guidance_scale}")
         max_steps = self.scheduler.config.num_train_timesteps
         if not isinstance(num_inference_steps, int) or not 1 <= num_inference_steps <= max_steps:
-            raise ConfigError(f"num_inference_steps must be an integer between 1 and {max_steps}, got {num_inference_steps!r}")
+            raise ConfigError(
+                f"num_inference_steps must be an integer between 1 and {max_steps}, got {num_inference_steps!r}"
+            )
         if output_type != "latent" and self.vae is None and self.config.get("latent_space", False):
             raise ConfigError(
                 f"this model generates {transformer.in_channels}-channel latents and the pipeline has no VAE to decode "
@@ -260,7 +278,9 @@ class MoHDiTPipeline(DiffusionPipeline):
             batch = len(label_ids)
             labels = torch.tensor(label_ids, device=self._execution_device)
             if guidance_scale != 1.0 and transformer.null_class_id is None:
-                raise ValueError("this model was trained without label dropout: it has no null class, use guidance_scale=1")
+                raise ValueError(
+                    "this model was trained without label dropout: it has no null class, use guidance_scale=1"
+                )
         else:
             if class_labels is not None:
                 raise ValueError("this model is unconditional: pass num_images instead of class_labels")
@@ -279,8 +299,9 @@ class MoHDiTPipeline(DiffusionPipeline):
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         latents = latents * self.scheduler.init_noise_sigma
         keep_variance = isinstance(self.scheduler, DDPMScheduler) and self.scheduler.config.variance_type in (
-            "learned", "learned_range",
-        )  # fmt: skip
+            "learned",
+            "learned_range",
+        )
         steps = self.scheduler.timesteps
         for t in self.progress_bar(steps) if progress else steps:
             model_in = self.scheduler.scale_model_input(latents, t)
@@ -333,18 +354,35 @@ class MoHDiTPipeline(DiffusionPipeline):
             chunk = labels[b : b + batch_size]
             gens = [index_generator(seed, b + j) for j in range(len(chunk))]
             kwargs = dict(class_labels=chunk) if conditional else dict(num_images=len(chunk))
-            out.append(self(**kwargs, guidance_scale=guidance_scale if conditional else 1.0,
-                            num_inference_steps=num_inference_steps, generator=gens,
-                            guidance_channels=guidance_channels, output_type="uint8", progress=False).images)  # fmt: skip
+            out.append(
+                self(
+                    **kwargs,
+                    guidance_scale=guidance_scale if conditional else 1.0,
+                    num_inference_steps=num_inference_steps,
+                    generator=gens,
+                    guidance_channels=guidance_channels,
+                    output_type="uint8",
+                    progress=False,
+                ).images
+            )
         names = [self.id2label.get(c, str(c)) for c in ids] if conditional else None
         return np.concatenate(out), names
 
-    def save_grid(self, path: str | os.PathLike, per_class: int, seed: int, guidance_scale: float,
-                  num_inference_steps: int, max_classes: Optional[int] = None) -> Path:  # fmt: skip
+    def save_grid(
+        self,
+        path: str | os.PathLike,
+        per_class: int,
+        seed: int,
+        guidance_scale: float,
+        num_inference_steps: int,
+        max_classes: Optional[int] = None,
+    ) -> Path:
         """A labelled PNG grid of the first ``max_classes`` classes (training previews)."""
         from .images import make_grid
 
-        classes = list(range(min(self.transformer.config.num_classes, max_classes or self.transformer.config.num_classes)))
+        classes = list(
+            range(min(self.transformer.config.num_classes, max_classes or self.transformer.config.num_classes))
+        )
         images, names = self.sample_grid(classes, per_class, seed, guidance_scale, num_inference_steps)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

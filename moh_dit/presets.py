@@ -7,6 +7,7 @@
 Per-layer head tables are from the MoH paper's released configurations (docs/moh_attention.md). The
 defaults describe ImageNet 256 x 256 through the SD VAE: 32 x 32 x 4 latents, 1000 classes, learned sigma.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -57,53 +58,61 @@ def _build_registry() -> dict[str, dict[str, Any]]:
 
     # MoH-DiT (MoH paper). Lists: heads per layer, shared heads per layer, top-k per layer (0 = dense).
     presets["MoH-DiT-XL/2-90"] = _moh(
-        "XL", 72,
+        "XL",
+        72,
         heads=_runs((8, 9), (16, 10), (24, 9)),
         shared=_runs((8, 9), (16, 10), (16, 9)),
         top_k=_runs((0, 19), (3, 9)),
-    )  # fmt: skip
+    )
     presets["MoH-DiT-XL/2-75"] = _moh(
-        "XL", 72,
+        "XL",
+        72,
         heads=_runs((8, 9), (16, 10), (24, 9)),
         shared=_runs((8, 9), (10, 10), (14, 9)),
         top_k=_runs((0, 9), (2, 10), (2, 9)),
-    )  # fmt: skip
+    )
     presets["MoH-DiT-L/2-90"] = _moh(
-        "L", 64,
+        "L",
+        64,
         heads=_runs((8, 8), (16, 8), (24, 8)),
         shared=_runs((8, 8), (16, 8), (16, 8)),
         top_k=_runs((0, 16), (3, 8)),
-    )  # fmt: skip
+    )
     presets["MoH-DiT-L/2-75"] = _moh(
-        "L", 64,
+        "L",
+        64,
         heads=_runs((8, 8), (16, 8), (24, 8)),
         shared=_runs((8, 8), (8, 8), (12, 8)),
         top_k=_runs((0, 8), (4, 8), (4, 8)),
-    )  # fmt: skip
+    )
     presets["MoH-DiT-B/2-90"] = _moh(
-        "B", 64,
+        "B",
+        64,
         heads=_runs((12, 12)),
         shared=_runs((6, 5), (7, 5), (12, 2)),
         top_k=_runs((4, 10), (0, 2)),
-    )  # fmt: skip
+    )
     presets["MoH-DiT-B/2-75"] = _moh(
-        "B", 64,
+        "B",
+        64,
         heads=_runs((12, 12)),
         shared=_runs((4, 2), (6, 8), (12, 2)),
         top_k=_runs((2, 2), (3, 8), (0, 2)),
-    )  # fmt: skip
+    )
     presets["MoH-DiT-S/2-90"] = _moh(
-        "S", 64,
+        "S",
+        64,
         heads=_runs((6, 12)),
         shared=_runs((3, 8), (6, 4)),
         top_k=_runs((2, 8), (0, 4)),
-    )  # fmt: skip
+    )
     presets["MoH-DiT-S/2-75"] = _moh(
-        "S", 64,
+        "S",
+        64,
         heads=_runs((6, 12)),
         shared=_runs((2, 2), (3, 8), (6, 2)),
         top_k=_runs((1, 2), (1, 4), (2, 4), (0, 2)),
-    )  # fmt: skip
+    )
 
     # Small CPU presets for 28-32 px images in pixel space ("Ti": width 192, depth 6, 6 heads of 32,
     # patch 4 -> 49 tokens at 28 px). The MoH twins follow the S/2 pattern: routed early layers, dense
@@ -148,11 +157,16 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
     config = {k: (list(v) if isinstance(v, list) else v) for k, v in PRESETS[name].items()}
     config.update(overrides)
     depth = config.get("depth", 1)
-    wrong = [f"{k} ({len(config[k])} entries)" for k in PER_LAYER_KEYS if isinstance(config.get(k), (list, tuple))
-             and len(config[k]) != depth]  # fmt: skip
+    wrong = [
+        f"{k} ({len(config[k])} entries)"
+        for k in PER_LAYER_KEYS
+        if isinstance(config.get(k), (list, tuple)) and len(config[k]) != depth
+    ]
     if wrong:
-        raise ConfigError(f"{name} with depth={depth}: {', '.join(wrong)} give one value per layer of another depth; "
-                          f"override them too (one int applies to every layer)")  # fmt: skip
+        raise ConfigError(
+            f"{name} with depth={depth}: {', '.join(wrong)} give one value per layer of another depth; "
+            f"override them too (one int applies to every layer)"
+        )
     return config
 
 

@@ -12,6 +12,7 @@ ImageNet, streaming the statistics so that a training set of any size fits in me
 
 Without ``--extractor`` only the images are stored; evaluation then computes the statistics from them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,7 +80,9 @@ def build_reference(
     files = list_images(source) if source.is_dir() else []
     if not files:
         raise DataError(f"{source} holds no images (it must be a folder; sub-folders are read too)")
-    classes = sorted({Path(f).relative_to(source).parts[0] for f in files if len(Path(f).relative_to(source).parts) > 1})
+    classes = sorted(
+        {Path(f).relative_to(source).parts[0] for f in files if len(Path(f).relative_to(source).parts) > 1}
+    )
     class_of = {name: i for i, name in enumerate(classes)}
     # arr_0 takes the first ``batch_images`` readable files in a seeded random order; files ranked a little
     # further are held too, to stand in for unreadable ones
@@ -113,7 +116,9 @@ def build_reference(
             bad.append(str(rel))
             logger.warning("skipping unreadable image %s (%s)", f, err)
             if len(bad) > bad_limit:
-                raise DataError(f"{len(bad)} of {len(files)} images under {source} are unreadable (e.g. {bad[:3]})") from None
+                raise DataError(
+                    f"{len(bad)} of {len(files)} images under {source} are unreadable (e.g. {bad[:3]})"
+                ) from None
             continue
         content.update(rel.as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
         if rank[i] < batch_images + bad_limit:
@@ -131,12 +136,22 @@ def build_reference(
         if spatial.n:
             arrays["mu_s"], arrays["sigma_s"] = spatial.statistics()
     manifest = {
-        "kind": "reference", "created": utc_now(), "code": code_version(), "source": str(source.resolve()),
-        "content_sha256": content.hexdigest(), "num_source_images": len(files) - len(bad), "skipped": bad,
-        "image_size": image_size, "crop": "ADM center crop", "num_batch_images": len(kept), "seed": seed,
-        "classes": classes, "statistics_over": pool.n if extractor is not None else 0,
-        "extractor": getattr(extractor, "name", None), "weights_sha256": getattr(extractor, "weights_sha256", None),
-    }  # fmt: skip
+        "kind": "reference",
+        "created": utc_now(),
+        "code": code_version(),
+        "source": str(source.resolve()),
+        "content_sha256": content.hexdigest(),
+        "num_source_images": len(files) - len(bad),
+        "skipped": bad,
+        "image_size": image_size,
+        "crop": "ADM center crop",
+        "num_batch_images": len(kept),
+        "seed": seed,
+        "classes": classes,
+        "statistics_over": pool.n if extractor is not None else 0,
+        "extractor": getattr(extractor, "name", None),
+        "weights_sha256": getattr(extractor, "weights_sha256", None),
+    }
     arrays["moh_dit_manifest"] = np.array(json.dumps(manifest))
     tmp = sibling(out, ".tmp.npz")
     np.savez(tmp, **arrays)
@@ -148,8 +163,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Command line: build an ADM-style reference batch from an image tree."""
     from .cli import positive_int
 
-    p = argparse.ArgumentParser(prog="python -m moh_dit.reference", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m moh_dit.reference", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("source", help="folder of real images (sub-folders, e.g. one per class, are read too)")
     p.add_argument("--image-size", type=positive_int, required=True, help="center-crop size, as the samples")
     p.add_argument("--out", required=True, help="output .npz")
@@ -169,8 +185,16 @@ def main(argv: Optional[list[str]] = None) -> None:
 
         import_extractor_module(args.extractor_module)
         extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
-    out = build_reference(args.source, args.image_size, args.out, extractor, args.batch_images, args.seed, args.batch_size,
-                          args.max_bad_fraction)  # fmt: skip
+    out = build_reference(
+        args.source,
+        args.image_size,
+        args.out,
+        extractor,
+        args.batch_images,
+        args.seed,
+        args.batch_size,
+        args.max_bad_fraction,
+    )
     print(f"wrote {out}")
 
 

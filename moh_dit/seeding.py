@@ -11,6 +11,7 @@ makes results independent of batch size, process count and interruptions:
 The constants are arbitrary primes; they are part of the reproducibility contract (changing them changes
 every image and loss), so they live here once.
 """
+
 from __future__ import annotations
 
 import torch

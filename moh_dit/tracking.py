@@ -1,5 +1,6 @@
 """What a training run reports: the loss window between two log records, ``metrics.jsonl``, experiment
 trackers, and progress a user can follow in a terminal or in a scheduler's log file."""
+
 from __future__ import annotations
 
 import json
@@ -31,15 +32,22 @@ class LossWindow:
     def add(self, diffusion_loss: torch.Tensor, moh_loss: torch.Tensor) -> None:
         self.sums += torch.stack([diffusion_loss.float(), moh_loss.float(), torch.ones((), device=self.sums.device)])
 
-    def record(self, accelerator, step: int, lr: float, batch: int, samples_seen: int, head_masks=None,
-               close: bool = True) -> dict[str, Any]:  # fmt: skip
+    def record(
+        self, accelerator, step: int, lr: float, batch: int, samples_seen: int, head_masks=None, close: bool = True
+    ) -> dict[str, Any]:
         """The log record of the window ending at ``step`` (losses averaged over processes, speed, per-layer
         head usage); ``close`` starts the next window."""
         diffusion, moh = self.means(accelerator)
         elapsed = max(time.time() - self.started, 1e-9)
-        record = {"step": step, "diffusion_loss": diffusion, "moh_loss": moh, "lr": lr,
-                  "steps_per_s": self.steps / elapsed, "images_per_s": self.steps * batch / elapsed,
-                  "samples_seen": samples_seen}  # fmt: skip
+        record = {
+            "step": step,
+            "diffusion_loss": diffusion,
+            "moh_loss": moh,
+            "lr": lr,
+            "steps_per_s": self.steps / elapsed,
+            "images_per_s": self.steps * batch / elapsed,
+            "samples_seen": samples_seen,
+        }
         if head_masks is not None:
             record["head_usage"] = [m.float().mean(dim=(0, 1)).tolist() for m in head_masks]
         if close:
@@ -80,7 +88,9 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         if not self.accelerator.is_main_process or not self.path.exists():
             return
-        kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        kept = [
+            ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step
+        ]
         self.path.write_text("".join(ln + "\n" for ln in kept))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -97,17 +107,28 @@ class MetricsLog:
             self.accelerator.log(scalars, step=record["step"])
         logger.info(
             "step %d | diffusion loss %.4f | moh loss %.4f | %.2f steps/s | %.1f images/s | lr %.2e",
-            record["step"], record["diffusion_loss"], record["moh_loss"], record["steps_per_s"],
-            record["images_per_s"], record["lr"],
-        )  # fmt: skip
+            record["step"],
+            record["diffusion_loss"],
+            record["moh_loss"],
+            record["steps_per_s"],
+            record["images_per_s"],
+            record["lr"],
+        )
 
 
 class Progress:
     """A progress bar in a terminal; in a log file (a scheduler job's output) a plain line every
     ``every_s`` seconds instead of tqdm's carriage-return redraws, which flood such files."""
 
-    def __init__(self, total: int, initial: int = 0, desc: str = "", unit: str = "it", enabled: bool = True,
-                 every_s: float = 30.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        total: int,
+        initial: int = 0,
+        desc: str = "",
+        unit: str = "it",
+        enabled: bool = True,
+        every_s: float = 30.0,
+    ) -> None:
         self.total, self.count, self.desc, self.unit = total, initial, desc, unit
         self.enabled, self.every_s = enabled, every_s
         self.start = self.last = time.time()
@@ -133,8 +154,12 @@ class Progress:
             left = (self.total - self.count) / rate if rate > 0 else float("inf")
             eta = time.strftime("%H:%M:%S", time.gmtime(left)) if left != float("inf") else "?"
             extra = f" | {self.postfix}" if self.postfix else ""
-            print(f"{self.desc}: {self.count}/{self.total} {self.unit} ({100 * self.count / max(self.total, 1):.0f}%) "
-                  f"| {rate:.2f} {self.unit}/s | eta {eta}{extra}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{self.desc}: {self.count}/{self.total} {self.unit} ({100 * self.count / max(self.total, 1):.0f}%) "
+                f"| {rate:.2f} {self.unit}/s | eta {eta}{extra}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.bar is not None:

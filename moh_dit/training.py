@@ -15,6 +15,7 @@ All randomness of a step comes from a generator seeded by (seed, rank, step, mic
 order is a pure function of (seed, epoch, rank) (see ``moh_dit.seeding``); that is what makes a resumed
 run bit-identical to an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -106,8 +107,8 @@ def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dic
     data_keys = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
     identity = {
         "model": {k: v for k, v in dict(model.config).items() if not k.startswith("_")},
-        "data": {k: full["data"][k] for k in data_keys} | {"fingerprint": data.description.get("fingerprint"),
-                                                            "vae_sha256": (data.vae_record or {}).get("sha256")},  # fmt: skip
+        "data": {k: full["data"][k] for k in data_keys}
+        | {"fingerprint": data.description.get("fingerprint"), "vae_sha256": (data.vae_record or {}).get("sha256")},
         "train": {"seed": config.train.seed, "global_batch_size": config.train.global_batch_size},
     }
     volatile = ("resume", "overwrite", "output_dir")
@@ -130,8 +131,10 @@ def stop_signals() -> Iterator[list[int]]:
         if received:
             raise KeyboardInterrupt
         received.append(signum)
-        logger.warning("received %s: stopping after this step with a checkpoint (send it again to abort now)",
-                       signal.Signals(signum).name)  # fmt: skip
+        logger.warning(
+            "received %s: stopping after this step with a checkpoint (send it again to abort now)",
+            signal.Signals(signum).name,
+        )
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -161,15 +164,18 @@ class Trainer:
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         logger.info("%d process(es) on %s", self.world, accelerator.device)
         if train_cfg.global_batch_size % (self.world * train_cfg.grad_accum_steps):
-            raise ConfigError(f"train.global_batch_size={train_cfg.global_batch_size} is not divisible by "
-                              f"{self.world} processes x {train_cfg.grad_accum_steps} accumulation steps")  # fmt: skip
+            raise ConfigError(
+                f"train.global_batch_size={train_cfg.global_batch_size} is not divisible by "
+                f"{self.world} processes x {train_cfg.grad_accum_steps} accumulation steps"
+            )
         self.micro_batch = train_cfg.global_batch_size // (self.world * train_cfg.grad_accum_steps)
         if torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = train_cfg.allow_tf32
 
         # the run folder first: an earlier run there is refused before any data or model is loaded
-        self.resume_from = open_run_folder(self.layout, train_cfg.resume, train_cfg.overwrite,
-                                           accelerator.is_main_process)  # fmt: skip
+        self.resume_from = open_run_folder(
+            self.layout, train_cfg.resume, train_cfg.overwrite, accelerator.is_main_process
+        )
         accelerator.wait_for_everyone()
         self.data = load_training_data(config.data, accelerator.device)
 
@@ -181,8 +187,13 @@ class Trainer:
         self.ema = make_ema(model, config.ema)
         self.ema.to(accelerator.device)
         optim_cfg = config.optim
-        optimizer = torch.optim.AdamW(model.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                                      eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)  # fmt: skip
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=optim_cfg.lr,
+            betas=tuple(optim_cfg.betas),
+            eps=optim_cfg.eps,
+            weight_decay=optim_cfg.weight_decay,
+        )
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         if train_cfg.compile:
             self.model = torch.compile(self.model)
@@ -192,8 +203,13 @@ class Trainer:
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model))
         self.metrics = MetricsLog(self.layout.metrics, accelerator, config.log.tensorboard)
         self.step = self.samples_seen = 0
-        self.sampler_args = dict(dataset_size=len(self.data.dataset), batch_size=self.micro_batch,
-                                 num_replicas=self.world, rank=self.rank, seed=train_cfg.seed)  # fmt: skip
+        self.sampler_args = dict(
+            dataset_size=len(self.data.dataset),
+            batch_size=self.micro_batch,
+            num_replicas=self.world,
+            rank=self.rank,
+            seed=train_cfg.seed,
+        )
         self.batches_per_epoch = ShardedEpochBatchSampler(**self.sampler_args).batches_per_epoch
 
     @property
@@ -207,8 +223,12 @@ class Trainer:
         while True:
             epoch, start_batch = divmod(micro_total, self.batches_per_epoch)
             sampler = ShardedEpochBatchSampler(**self.sampler_args, epoch=epoch, start_batch=start_batch)
-            for x, y in DataLoader(self.data.dataset, batch_sampler=sampler, num_workers=self.config.data.num_workers,
-                                   pin_memory=torch.cuda.is_available()):  # fmt: skip
+            for x, y in DataLoader(
+                self.data.dataset,
+                batch_sampler=sampler,
+                num_workers=self.config.data.num_workers,
+                pin_memory=torch.cuda.is_available(),
+            ):
                 yield micro_total % accumulation, x, y
                 micro_total += 1
 
@@ -224,8 +244,9 @@ class Trainer:
         x_t = self.objective.add_noise(x0, noise, t)
         with self.accelerator.autocast():
             y_in = y.to(device) if self.unwrapped.config.num_classes > 0 else None
-            out = self.model(x_t, t, y_in, force_drop_ids=drop if y_in is not None else None,
-                             return_head_masks=want_heads)  # fmt: skip
+            out = self.model(
+                x_t, t, y_in, force_drop_ids=drop if y_in is not None else None, return_head_masks=want_heads
+            )
         diffusion_loss = self.objective.losses(out.sample.float(), x0, x_t, t, noise).loss.mean()
         moh_loss = out.aux_loss.float()
         loss = diffusion_loss + self.config.train.moh_loss_coeff * moh_loss
@@ -236,13 +257,24 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------
     def save_checkpoint(self, prune: bool = True) -> Optional[Path]:
         """``checkpoints/step-N``, or ``None`` (nothing written) when the weights are not finite or exploded."""
-        info = {"samples_seen": self.samples_seen, "ema_optimization_step": self.ema.optimization_step,
-                "micro_batches_per_rank": self.step * self.config.train.grad_accum_steps, "world_size": self.world,
-                "batches_per_epoch": self.batches_per_epoch, "vae": self.data.vae_record,
-                "id2label": {str(k): v for k, v in self.data.id2label.items()}}  # fmt: skip
-        path, self.weight_peak = save_checkpoint(self.layout, self.step, self.state, self.accelerator, info,
-                                                 {"run_id": self.record.run_id},
-                                                 self.config.train.keep_last if prune else None)  # fmt: skip
+        info = {
+            "samples_seen": self.samples_seen,
+            "ema_optimization_step": self.ema.optimization_step,
+            "micro_batches_per_rank": self.step * self.config.train.grad_accum_steps,
+            "world_size": self.world,
+            "batches_per_epoch": self.batches_per_epoch,
+            "vae": self.data.vae_record,
+            "id2label": {str(k): v for k, v in self.data.id2label.items()},
+        }
+        path, self.weight_peak = save_checkpoint(
+            self.layout,
+            self.step,
+            self.state,
+            self.accelerator,
+            info,
+            {"run_id": self.record.run_id},
+            self.config.train.keep_last if prune else None,
+        )
         return path
 
     def _checkpoint_or_stop(self, diffusion_loss: Optional[torch.Tensor] = None, moh_loss=None) -> Path:
@@ -254,21 +286,28 @@ class Trainer:
         if path is not None:
             where = f"the state before this step is saved in {path}"
         else:
-            where = (f"the weights had already exploded (max |w| = {self.weight_peak:.3g}) and were not saved; the "
-                     f"newest good checkpoint is {self.layout.latest_checkpoint() or 'none'}")  # fmt: skip
+            where = (
+                f"the weights had already exploded (max |w| = {self.weight_peak:.3g}) and were not saved; the "
+                f"newest good checkpoint is {self.layout.latest_checkpoint() or 'none'}"
+            )
         if self.accelerator.is_main_process:
             self.record.write("stopped", step=self.step, reason="non-finite loss or exploded weights")
-        what = (f"non-finite loss at step {self.step + 1} (diffusion {diffusion_loss.item():.4g}, MoH {moh_loss.item():.4g})"
-                if diffusion_loss is not None else f"exploded weights at step {self.step}")  # fmt: skip
-        raise NonFiniteLossError(f"{what}; {where}. Try a lower optim.lr, optim.grad_clip > 0, or "
-                                 f"train.mixed_precision=bf16/no")  # fmt: skip
+        what = (
+            f"non-finite loss at step {self.step + 1} (diffusion {diffusion_loss.item():.4g}, MoH {moh_loss.item():.4g})"
+            if diffusion_loss is not None
+            else f"exploded weights at step {self.step}"
+        )
+        raise NonFiniteLossError(
+            f"{what}; {where}. Try a lower optim.lr, optim.grad_clip > 0, or train.mixed_precision=bf16/no"
+        )
 
     def ema_pipeline(self) -> MoHDiTPipeline:
         """The EMA weights with DiT's sampler, the VAE and the class names."""
         ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
         self.ema.copy_to(ema_model.parameters())
-        return MoHDiTPipeline.build(ema_model, self.data.vae, self.data.id2label,
-                                    latent_space=self.data.vae_record is not None)  # fmt: skip
+        return MoHDiTPipeline.build(
+            ema_model, self.data.vae, self.data.id2label, latent_space=self.data.vae_record is not None
+        )
 
     @torch.no_grad()
     def save_sample_grid(self, tag: str) -> Optional[Path]:
@@ -276,17 +315,27 @@ class Trainer:
         log_cfg = self.config.log
         if not self.accelerator.is_main_process:
             return None
-        return self.ema_pipeline().save_grid(self.layout.samples / f"{tag}.png", log_cfg.sample_per_class,
-                                             self.config.train.seed, log_cfg.sample_cfg_scale, log_cfg.sample_steps,
-                                             log_cfg.sample_max_classes)  # fmt: skip
+        return self.ema_pipeline().save_grid(
+            self.layout.samples / f"{tag}.png",
+            log_cfg.sample_per_class,
+            self.config.train.seed,
+            log_cfg.sample_cfg_scale,
+            log_cfg.sample_steps,
+            log_cfg.sample_max_classes,
+        )
 
     def export_pipeline(self) -> Optional[Path]:
         """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest."""
         self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
             return None
-        source = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step,
-                  "weights": "ema", "vae": self.data.vae_record}  # fmt: skip
+        source = {
+            "run": str(self.layout.root.resolve()),
+            "run_id": self.record.run_id,
+            "step": self.step,
+            "weights": "ema",
+            "vae": self.data.vae_record,
+        }
         return self.ema_pipeline().save(self.layout.pipeline, source)
 
     # ------------------------------------------------------------------------------------------------
@@ -305,16 +354,27 @@ class Trainer:
         self.metrics.truncate_after(self.step)
         if self.accelerator.is_main_process:
             atomic_write_text(self.layout.config, yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
-            self.record.write("resume" if self.step else "start", step=self.step, world_size=self.world,
-                              changed={k: [a, b] for k, a, b in self.record.changes})  # fmt: skip
+            self.record.write(
+                "resume" if self.step else "start",
+                step=self.step,
+                world_size=self.world,
+                changed={k: [a, b] for k, a, b in self.record.changes},
+            )
         self.accelerator.wait_for_everyone()
         if self.config.log.tensorboard:
             self.accelerator.init_trackers("tensorboard")
         active, total = self.unwrapped.head_counts()
-        logger.info("training %s: %s parameters, %d/%d heads active, %d processes x %d images x %d accumulation = %d "
-                    "per step", self.config.model.preset, f"{sum(p.numel() for p in self.unwrapped.parameters()):,}",
-                    active, total, self.world, self.micro_batch, self.config.train.grad_accum_steps,
-                    self.config.train.global_batch_size)  # fmt: skip
+        logger.info(
+            "training %s: %s parameters, %d/%d heads active, %d processes x %d images x %d accumulation = %d per step",
+            self.config.model.preset,
+            f"{sum(p.numel() for p in self.unwrapped.parameters()):,}",
+            active,
+            total,
+            self.world,
+            self.micro_batch,
+            self.config.train.grad_accum_steps,
+            self.config.train.global_batch_size,
+        )
 
     def run(self) -> dict[str, Any]:
         accelerator, train_cfg, log_cfg = self.accelerator, self.config.train, self.config.log
@@ -332,7 +392,9 @@ class Trainer:
                     loss, d_loss, m_loss, heads = self._micro_step(x, y, micro, want_heads)
                     # one tiny all-reduce: is the loss finite, is time up, was a stop signal received?
                     time_up = 0 < train_cfg.time_limit_minutes < (time.time() - start_time) / 60
-                    flags = torch.tensor([not torch.isfinite(loss), time_up, bool(received)], device=accelerator.device)
+                    flags = torch.tensor(
+                        [not torch.isfinite(loss), time_up, bool(received)], device=accelerator.device
+                    )
                     flags = accelerator.reduce(flags.float(), reduction="sum") if self.world > 1 else flags
                     if flags[0]:
                         self._checkpoint_or_stop(d_loss, m_loss)
@@ -357,12 +419,23 @@ class Trainer:
                 on_boundary = self.step % log_cfg.log_every == 0
                 if on_boundary or self.step == train_cfg.max_steps:
                     # a last record between boundaries leaves the window open for a later resume
-                    record = self.window.record(accelerator, self.step, lr_at(self.step - 1), train_cfg.global_batch_size,
-                                                self.samples_seen, last_heads, close=on_boundary)  # fmt: skip
+                    record = self.window.record(
+                        accelerator,
+                        self.step,
+                        lr_at(self.step - 1),
+                        train_cfg.global_batch_size,
+                        self.samples_seen,
+                        last_heads,
+                        close=on_boundary,
+                    )
                     self.metrics.write(record)
                     last_heads = None if on_boundary else last_heads
-                    progress.update(0, loss=f"{record['diffusion_loss']:.4f}", moh=f"{record['moh_loss']:.3f}",
-                                    img_s=f"{record['images_per_s']:.0f}")  # fmt: skip
+                    progress.update(
+                        0,
+                        loss=f"{record['diffusion_loss']:.4f}",
+                        moh=f"{record['moh_loss']:.3f}",
+                        img_s=f"{record['images_per_s']:.0f}",
+                    )
                 progress.update(1)
                 if self.step % train_cfg.checkpoint_every == 0:
                     self._checkpoint_or_stop()
@@ -379,8 +452,13 @@ class Trainer:
         if accelerator.is_main_process:
             self.record.write("stopped", step=self.step, reason=stop or "max_steps")
         accelerator.end_training()
-        summary = {"step": self.step, "stop_reason": stop or "max_steps", "pipeline": str(pipeline_dir) if pipeline_dir else None,
-                   "sample_grid": str(grid) if grid else None, "minutes": (time.time() - start_time) / 60}  # fmt: skip
+        summary = {
+            "step": self.step,
+            "stop_reason": stop or "max_steps",
+            "pipeline": str(pipeline_dir) if pipeline_dir else None,
+            "sample_grid": str(grid) if grid else None,
+            "minutes": (time.time() - start_time) / 60,
+        }
         if accelerator.is_main_process:
             logger.info("done: %s", summary)
             if not finished:

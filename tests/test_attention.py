@@ -1,4 +1,5 @@
 """MoH attention against brute-force reimplementations of the gate formulas (docs/moh_attention.md)."""
+
 import math
 
 import pytest

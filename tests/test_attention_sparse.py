@@ -1,4 +1,5 @@
 """Sparse (exact head skipping) and dense MoH attention: same outputs and gradients; auto mode."""
+
 import pytest
 import torch
 
@@ -120,8 +121,19 @@ def test_cost_model():
     assert choose_execution(active_fraction=0.5, backward=False, **kw) == "sparse"  # 0.1 + 0.673 < 0.95
     assert choose_execution(active_fraction=0.5, backward=True, **kw) == "dense"  # 0.6 + 0.4 > 0.95
     assert choose_execution(active_fraction=1.0, backward=False, **kw) == "dense"
-    assert choose_execution(device_type="cuda", tokens=1024, dim=1152, num_heads=16, head_dim=72, calibration=cal,
-                            active_fraction=0.5, backward=False) == "dense"  # uncalibrated device  # fmt: skip
+    assert (
+        choose_execution(
+            device_type="cuda",
+            tokens=1024,
+            dim=1152,
+            num_heads=16,
+            head_dim=72,
+            calibration=cal,
+            active_fraction=0.5,
+            backward=False,
+        )
+        == "dense"
+    )  # uncalibrated device
     # a calibration fitted on another feature set is ignored rather than misread
     old = {"cpu/infer": {"coef": [0.1, 1.0, 0.0, 0.0], "features": ["1", "ideal", "routed_share", "256/tokens"]}}
     assert choose_execution(active_fraction=0.5, backward=False, **{**kw, "calibration": old}) == "dense"

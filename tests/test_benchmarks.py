@@ -1,4 +1,5 @@
 """Smoke tests: every benchmark script runs end to end on a tiny shape and writes its reports."""
+
 import json
 import statistics
 from pathlib import Path
@@ -11,8 +12,26 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_train_throughput_reports_ratios_of_its_own_timings(tmp_path):
     from benchmarks import train_throughput
 
-    result = train_throughput.main(["--image-size", "16", "--batch-size", "2", "--steps", "1", "--rounds", "3",
-                                    "--warmup", "0", "--hidden-size", "48", "--vae", "tiny", "--out", str(tmp_path)])  # fmt: skip
+    result = train_throughput.main(
+        [
+            "--image-size",
+            "16",
+            "--batch-size",
+            "2",
+            "--steps",
+            "1",
+            "--rounds",
+            "3",
+            "--warmup",
+            "0",
+            "--hidden-size",
+            "48",
+            "--vae",
+            "tiny",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     rows = {(r["model"], r["precision"], r["input"]): r for r in result["rows"]}
     base = rows[("DiT-S/2", "fp32", "latents")]
     for key, row in rows.items():
@@ -31,8 +50,20 @@ def test_attention_benchmark_choices_ratios_and_calibration(tmp_path):
     from moh_dit.perf import FEATURE_NAMES
 
     cal_file = tmp_path / "cal.json"
-    result = attention.main(["--quick", "--rounds", "2", "--out", str(tmp_path), "--calibrate", "--calibration-file",
-                             str(cal_file), "--rhos", "1.0,0.5"])  # fmt: skip
+    result = attention.main(
+        [
+            "--quick",
+            "--rounds",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--calibrate",
+            "--calibration-file",
+            str(cal_file),
+            "--rhos",
+            "1.0,0.5",
+        ]
+    )
     by_rho = {r["rho"]: r for r in result["rows"]}
     assert by_rho[1.0]["infer"]["auto_choice"] == "dense"  # nothing to skip: auto must not pick sparse
     for row in result["rows"]:
@@ -59,21 +90,46 @@ def test_calibration_fit_recovers_a_known_cost_model():
             for shared, top_k in ((1, 2), (2, 2), (3, 4), (heads // 4, heads // 4)):
                 rho, routed = (shared + top_k) / heads, (heads - shared) / heads
                 ratio = sum(c * f for c, f in zip(true, features(rho, routed, tokens, dim)))
-                rows.append({"rho": rho, "heads": heads, "shared": shared, "tokens": tokens, "dim": dim,
-                             "infer": {"sparse_over_dense": ratio}, "train": {"sparse_over_dense": ratio + 0.1}})  # fmt: skip
+                rows.append(
+                    {
+                        "rho": rho,
+                        "heads": heads,
+                        "shared": shared,
+                        "tokens": tokens,
+                        "dim": dim,
+                        "infer": {"sparse_over_dense": ratio},
+                        "train": {"sparse_over_dense": ratio + 0.1},
+                    }
+                )
     cal = attention.fit_calibration(rows, "cpu")
     assert cal["cpu/infer"]["features"] == list(FEATURE_NAMES)
     assert cal["cpu/infer"]["coef"] == pytest.approx(true, abs=1e-6)
     assert cal["cpu/train"]["coef"][0] == pytest.approx(0.15, abs=1e-6) and cal["cpu/train"]["rms_residual"] < 1e-6
     assert predict_sparse_over_dense(cal["cpu/infer"], 0.5, 0.75, 512, 768) == pytest.approx(
-        sum(c * f for c, f in zip(true, features(0.5, 0.75, 512, 768))))
+        sum(c * f for c, f in zip(true, features(0.5, 0.75, 512, 768)))
+    )
 
 
 def test_model_benchmark_compares_each_mode_with_its_dit(tmp_path, capsys):
     from benchmarks import model
 
-    result = model.main(["--sizes", "S", "--image-size", "32", "--batch", "1", "--rounds", "2", "--hidden-size", "48",
-                         "--no-memory", "--out", str(tmp_path)])  # fmt: skip
+    result = model.main(
+        [
+            "--sizes",
+            "S",
+            "--image-size",
+            "32",
+            "--batch",
+            "1",
+            "--rounds",
+            "2",
+            "--hidden-size",
+            "48",
+            "--no-memory",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     rows = {r["model"]: r for r in result["rows"]}
     base = statistics.median(rows["DiT-S/2"]["round_seconds"])
     for label, row in rows.items():

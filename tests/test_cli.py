@@ -1,16 +1,19 @@
 """The command-line entry points: bad input ends with one line (exit code 2), never a traceback; help texts
 show their examples as written."""
+
 import ast
 import importlib
 import os
 import pickle
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import evaluate_fid
+import sample
+import train as train_script
 from moh_dit.cli import one_line, run_cli
 from moh_dit.config import load_config
 from moh_dit.training import train
@@ -18,9 +21,6 @@ from moh_dit.training import train
 from .helpers.factories import make_image_folder, tiny_train_overrides, tiny_vae
 
 ROOT = Path(__file__).resolve().parents[1]
-import evaluate_fid
-import sample
-import train as train_script
 
 UNWRITABLE = "/proc/moh-dit-cannot-write-here"  # not even root can create files in /proc
 
@@ -74,27 +74,38 @@ def train_args(world, out, *extra):
 # train.py
 # ----------------------------------------------------------------------------------------------------
 def test_data_problems(world, tmp_path, capsys):
-    assert "does not exist" in fails_in_one_line(train_script.main, train_args(world, "a", "data.path=/nonexistent"), capsys)
+    assert "does not exist" in fails_in_one_line(
+        train_script.main, train_args(world, "a", "data.path=/nonexistent"), capsys
+    )
     (tmp_path / "empty").mkdir()
-    assert "no class sub-folders" in fails_in_one_line(train_script.main, train_args(world, "b", f"data.path={tmp_path / 'empty'}"), capsys)
+    assert "no class sub-folders" in fails_in_one_line(
+        train_script.main, train_args(world, "b", f"data.path={tmp_path / 'empty'}"), capsys
+    )
     (tmp_path / "noimg" / "cls").mkdir(parents=True)
     (tmp_path / "noimg" / "cls" / "readme.txt").write_text("x")
-    assert "no images" in fails_in_one_line(train_script.main, train_args(world, "c", f"data.path={tmp_path / 'noimg'}"), capsys)
+    assert "no images" in fails_in_one_line(
+        train_script.main, train_args(world, "c", f"data.path={tmp_path / 'noimg'}"), capsys
+    )
     shutil.copytree(world / "images", tmp_path / "corrupt")
     for f in (tmp_path / "corrupt").rglob("*.png"):
         f.write_bytes(b"broken")
-    line = fails_in_one_line(train_script.main, train_args(world, "d", f"data.path={tmp_path / 'corrupt'}",
-                                                           "data.num_workers=1"), capsys)  # fmt: skip
+    line = fails_in_one_line(
+        train_script.main, train_args(world, "d", f"data.path={tmp_path / 'corrupt'}", "data.num_workers=1"), capsys
+    )
     assert "are unreadable" in line and "Original Traceback" not in line
 
 
 def test_bad_values_and_config_files(world, tmp_path, capsys):
-    for override, message in (("log.log_every=0", "log.log_every must be >= 1"),
-                              ("ema.update_every=0", "ema.update_every must be >= 1"),
-                              ("train.resume=123", "train.resume must be 'latest'"),
-                              ("model.overrides=foo", "model.overrides must be a mapping"),
-                              (f"train.output_dir={UNWRITABLE}", "not writable")):  # fmt: skip
-        args = train_args(world, "v", override) if "output_dir" not in override else [*train_args(world, "v"), override]
+    for override, message in (
+        ("log.log_every=0", "log.log_every must be >= 1"),
+        ("ema.update_every=0", "ema.update_every must be >= 1"),
+        ("train.resume=123", "train.resume must be 'latest'"),
+        ("model.overrides=foo", "model.overrides must be a mapping"),
+        (f"train.output_dir={UNWRITABLE}", "not writable"),
+    ):
+        args = (
+            train_args(world, "v", override) if "output_dir" not in override else [*train_args(world, "v"), override]
+        )
         assert message in fails_in_one_line(train_script.main, args, capsys)
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("train:\n  max_steps: [1, 2\n")
@@ -102,7 +113,9 @@ def test_bad_values_and_config_files(world, tmp_path, capsys):
 
 
 def test_a_non_finite_stop_is_one_line(world, capsys):
-    line = fails_in_one_line(train_script.main, train_args(world, "nan", "optim.lr=1e30", "train.max_steps=20"), capsys)
+    line = fails_in_one_line(
+        train_script.main, train_args(world, "nan", "optim.lr=1e30", "train.max_steps=20"), capsys
+    )
     assert "exploded" in line or "non-finite loss" in line
 
 
@@ -111,12 +124,20 @@ def test_a_non_finite_stop_is_one_line(world, capsys):
 # ----------------------------------------------------------------------------------------------------
 def test_sampling_arguments_and_devices(world, capsys):
     run = str(world / "run")
-    for args, message in ((["--cfg-scale", "nan"], "finite"), (["--cfg-scale", "inf"], "finite"),
-                          (["--num-steps", "0"], ">= 1"), (["--batch-size", "0"], ">= 1"), (["--batch-size", "-1"], ">= 1"),
-                          (["--per-class", "0"], ">= 1"), (["--num-samples", "-3"], ">= 0")):  # fmt: skip
+    for args, message in (
+        (["--cfg-scale", "nan"], "finite"),
+        (["--cfg-scale", "inf"], "finite"),
+        (["--num-steps", "0"], ">= 1"),
+        (["--batch-size", "0"], ">= 1"),
+        (["--batch-size", "-1"], ">= 1"),
+        (["--per-class", "0"], ">= 1"),
+        (["--num-samples", "-3"], ">= 0"),
+    ):
         assert message in usage_error(sample.main, [run, *args], capsys)
     assert "no CUDA GPU" in fails_in_one_line(sample.main, [run, "--device", "cuda", "--out", "/tmp/x.png"], capsys)
-    assert "VAE folder /nonexistent does not exist" in fails_in_one_line(sample.main, [run, "--vae", "/nonexistent"], capsys)
+    assert "VAE folder /nonexistent does not exist" in fails_in_one_line(
+        sample.main, [run, "--vae", "/nonexistent"], capsys
+    )
 
 
 def test_outputs_are_checked_before_sampling(world, capsys, monkeypatch):
@@ -155,15 +176,40 @@ def test_evaluation_inputs(world, tmp_path, capsys):
     np.savez(tmp_path / "s.npz", arr_0=np.zeros((4, 8, 8, 3), np.uint8))
     data = (tmp_path / "s.npz").read_bytes()
     (tmp_path / "cut.npz").write_bytes(data[: len(data) // 2])
-    line = fails_in_one_line(evaluate_fid.main, ["--samples", str(tmp_path / "cut.npz"), "--reference", str(tmp_path / "s.npz"),
-                                                 "--extractor", "moh-dit-test-tiny", "--extractor-module",
-                                                 "tests.helpers.tiny_extractor"], capsys)  # fmt: skip
+    line = fails_in_one_line(
+        evaluate_fid.main,
+        [
+            "--samples",
+            str(tmp_path / "cut.npz"),
+            "--reference",
+            str(tmp_path / "s.npz"),
+            "--extractor",
+            "moh-dit-test-tiny",
+            "--extractor-module",
+            "tests.helpers.tiny_extractor",
+        ],
+        capsys,
+    )
     assert "not a readable array file" in line
-    line = fails_in_one_line(evaluate_fid.main, ["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "s.npz"),
-                                                 "--extractor-module", "no_such_mod"], capsys)  # fmt: skip
+    line = fails_in_one_line(
+        evaluate_fid.main,
+        [
+            "--samples",
+            str(tmp_path / "s.npz"),
+            "--reference",
+            str(tmp_path / "s.npz"),
+            "--extractor-module",
+            "no_such_mod",
+        ],
+        capsys,
+    )
     assert "cannot import" in line
-    line = fails_in_one_line(evaluate_fid.main, ["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "s.npz"),
-                                                 "--extractor", "vgg16"], capsys, progress_lines_before=True)  # fmt: skip
+    line = fails_in_one_line(
+        evaluate_fid.main,
+        ["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "s.npz"), "--extractor", "vgg16"],
+        capsys,
+        progress_lines_before=True,
+    )
     assert "could not be downloaded" in line and "--extractor-weights" in line
 
 
@@ -176,14 +222,28 @@ def test_convert_and_latents_commands(world, tmp_path, capsys):
         pickle.dump({"model": NotATensor()}, f)
     assert "refusing to unpickle" in fails_in_one_line(convert.main, [str(evil), str(tmp_path / "out")], capsys)
     tiny_vae().save_pretrained(tmp_path / "vae")
-    line = fails_in_one_line(latents.main, ["--data-path", str(world / "images"), "--vae", str(tmp_path / "vae"),
-                                            "--out", f"{UNWRITABLE}/lat.npy", "--image-size", "16"], capsys)  # fmt: skip
+    line = fails_in_one_line(
+        latents.main,
+        [
+            "--data-path",
+            str(world / "images"),
+            "--vae",
+            str(tmp_path / "vae"),
+            "--out",
+            f"{UNWRITABLE}/lat.npy",
+            "--image-size",
+            "16",
+        ],
+        capsys,
+    )
     assert "not writable" in line
 
 
 def test_worker_tracebacks_become_their_last_line():
-    err = RuntimeError("Caught DataError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
-                       '  File "x.py", line 1\nmoh_dit.errors.DataError: 5 of 16 images under /d are unreadable')
+    err = RuntimeError(
+        "Caught DataError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "x.py", line 1\nmoh_dit.errors.DataError: 5 of 16 images under /d are unreadable'
+    )
     assert one_line(err) == "5 of 16 images under /d are unreadable"
 
 

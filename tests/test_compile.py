@@ -1,4 +1,5 @@
 """torch.compile on the MoH attention paths (slow: inductor compiles C++ on CPU; run with -m slow)."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """Config files and overrides: strict keys, typed values, base files, the shipped configs."""
+
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,16 @@ TRAIN_CONFIGS = [p for p in CONFIGS if "accelerate" not in p.parts]
 
 
 def test_defaults_and_overrides_are_typed():
-    cfg = load_config(None, ["train.max_steps=12", "optim.lr=3e-4", "data.vae=none", "model.overrides.num_classes=7",
-                             "optim.betas=[0.9, 0.95]"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "train.max_steps=12",
+            "optim.lr=3e-4",
+            "data.vae=none",
+            "model.overrides.num_classes=7",
+            "optim.betas=[0.9, 0.95]",
+        ],
+    )
     assert isinstance(cfg, Config)
     assert cfg.train.max_steps == 12 and cfg.optim.lr == pytest.approx(3e-4)
     assert cfg.model.overrides == {"num_classes": 7} and cfg.optim.betas == (0.9, 0.95)
@@ -48,8 +57,9 @@ def test_base_file_is_merged(tmp_path):
 
 def test_configs_as_dicts_and_the_preset_checked_when_read(tmp_path):
     (tmp_path / "base.yaml").write_text("train:\n  max_steps: 5\n")
-    cfg = load_config({"base": str(tmp_path / "base.yaml"), "model": {"overrides": {"hidden_size": 32}}},
-                      ["train.seed=4"])  # fmt: skip
+    cfg = load_config(
+        {"base": str(tmp_path / "base.yaml"), "model": {"overrides": {"hidden_size": 32}}}, ["train.seed=4"]
+    )
     assert (cfg.train.max_steps, cfg.train.seed, cfg.model.overrides) == (5, 4, {"hidden_size": 32})
     source = {"model": {"preset": "MoH-DiT-Ti/4-75"}}
     load_config(source)
@@ -78,7 +88,9 @@ def test_every_paper_preset_has_an_imagenet_config():
     assert wanted <= names
 
 
-@pytest.mark.parametrize("override", ["train.max_steps=abc", "train.compile=maybe", "optim.lr=fast", "train.max_steps=1.5"])
+@pytest.mark.parametrize(
+    "override", ["train.max_steps=abc", "train.compile=maybe", "optim.lr=fast", "train.max_steps=1.5"]
+)
 def test_wrongly_typed_values_are_rejected(override):
     with pytest.raises(ValueError, match="must be a"):
         load_config(None, [override])

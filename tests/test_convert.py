@@ -1,5 +1,6 @@
 """Interop: diffusers DiT both ways, reference-layout checkpoints (DiT, MoH-DiT, train.py dicts), exporters,
 and DiT -> MoH-DiT conversion for continued training."""
+
 import json
 import os
 import pickle
@@ -40,20 +41,35 @@ def inputs(model_or_cfg, n=3, seed=1):
     s = cfg.sample_size
     g = torch.Generator().manual_seed(seed)
     classes = cfg.num_classes if hasattr(cfg, "num_classes") else cfg.num_embeds_ada_norm
-    return torch.randn(n, c, s, s, generator=g), torch.tensor([3, 500, 999])[:n], torch.randint(0, classes, (n,), generator=g)
+    return (
+        torch.randn(n, c, s, s, generator=g),
+        torch.tensor([3, 500, 999])[:n],
+        torch.randint(0, classes, (n,), generator=g),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
 # diffusers
 # ----------------------------------------------------------------------------------------------------
 def tiny_diffusers_dit():
-    dit = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
-                                num_layers=2, sample_size=8, patch_size=2, num_embeds_ada_norm=10, norm_eps=1e-5)  # fmt: skip
+    dit = DiTTransformer2DModel(
+        num_attention_heads=2,
+        attention_head_dim=8,
+        in_channels=4,
+        out_channels=8,
+        num_layers=2,
+        sample_size=8,
+        patch_size=2,
+        num_embeds_ada_norm=10,
+        norm_eps=1e-5,
+    )
     randomize(dit, 0.1)
     with torch.no_grad():  # diffusers' per-block embedder copies hold the same weights, as in converted hub models
         for i in range(1, 2):
-            for (n0, p0), (_, pi) in zip(dit.transformer_blocks[0].norm1.emb.named_parameters(),
-                                         dit.transformer_blocks[i].norm1.emb.named_parameters()):  # fmt: skip
+            for (n0, p0), (_, pi) in zip(
+                dit.transformer_blocks[0].norm1.emb.named_parameters(),
+                dit.transformer_blocks[i].norm1.emb.named_parameters(),
+            ):
                 pi.copy_(p0)
     return dit.eval()
 
@@ -88,10 +104,20 @@ def test_per_block_embedders_that_differ_are_refused():
 # Reference layout
 # ----------------------------------------------------------------------------------------------------
 def reference_keys(depth, routers):
-    keys = ["x_embedder.proj.weight", "x_embedder.proj.bias", "t_embedder.mlp.0.weight", "t_embedder.mlp.0.bias",
-            "t_embedder.mlp.2.weight", "t_embedder.mlp.2.bias", "y_embedder.embedding_table.weight", "pos_embed",
-            "final_layer.linear.weight", "final_layer.linear.bias", "final_layer.adaLN_modulation.1.weight",
-            "final_layer.adaLN_modulation.1.bias"]  # fmt: skip
+    keys = [
+        "x_embedder.proj.weight",
+        "x_embedder.proj.bias",
+        "t_embedder.mlp.0.weight",
+        "t_embedder.mlp.0.bias",
+        "t_embedder.mlp.2.weight",
+        "t_embedder.mlp.2.bias",
+        "y_embedder.embedding_table.weight",
+        "pos_embed",
+        "final_layer.linear.weight",
+        "final_layer.linear.bias",
+        "final_layer.adaLN_modulation.1.weight",
+        "final_layer.adaLN_modulation.1.bias",
+    ]
     for i in range(depth):
         for part in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "adaLN_modulation.1"):
             keys += [f"blocks.{i}.{part}.weight", f"blocks.{i}.{part}.bias"]
@@ -119,7 +145,11 @@ def test_export_uses_the_reference_key_layout():
 def test_moh_reference_checkpoint_loads_strictly_and_infers_the_preset(tmp_path, train_dict):
     model = small_moh().eval()
     sd = ours_to_reference(model)
-    obj = {"model": {k: torch.zeros_like(v) for k, v in sd.items()}, "ema": sd, "opt": {}, "args": {}} if train_dict else sd
+    obj = (
+        {"model": {k: torch.zeros_like(v) for k, v in sd.items()}, "ema": sd, "opt": {}, "args": {}}
+        if train_dict
+        else sd
+    )
     torch.save(obj, tmp_path / "ckpt.pt")
     loaded, report = load_reference_checkpoint(tmp_path / "ckpt.pt")
     assert report["weights"] == ("ema" if train_dict else "state dict")
@@ -137,20 +167,40 @@ def test_plain_dit_reference_checkpoint_and_exporter_round_trip(tmp_path):
     x, t, y = inputs(model)
     assert torch.equal(loaded(x, t, y).sample, model(x, t, y).sample)
     cfg = config_from_reference(sd, num_heads=6)
-    assert (cfg["hidden_size"], cfg["depth"], cfg["patch_size"], cfg["num_classes"], cfg["learn_sigma"]) == (48, 12, 2, 10, True)
+    assert (cfg["hidden_size"], cfg["depth"], cfg["patch_size"], cfg["num_classes"], cfg["learn_sigma"]) == (
+        48,
+        12,
+        2,
+        10,
+        True,
+    )
 
 
 def test_checkpoint_of_another_shape_says_what_differs(tmp_path):
     torch.save(ours_to_reference(small_moh()), tmp_path / "small.pt")
-    with pytest.raises(ConversionError, match=r"shape mismatches.*qkv\.weight: checkpoint \(144, 48\) vs model \(1152, 384\)"):
+    with pytest.raises(
+        ConversionError, match=r"shape mismatches.*qkv\.weight: checkpoint \(144, 48\) vs model \(1152, 384\)"
+    ):
         load_reference_checkpoint(tmp_path / "small.pt", preset="MoH-DiT-S/2-90")
     with pytest.raises(ConversionError, match="missing keys|unexpected keys"):
         load_reference_checkpoint(tmp_path / "small.pt", preset="DiT-S/2")
 
 
 def test_moh_checkpoint_without_matching_preset_needs_top_k(tmp_path):
-    model = randomize(MoHDiT(sample_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=4,
-                             head_dim=8, num_shared_heads=[1, 2], top_k=[2, 1], num_classes=5))  # fmt: skip
+    model = randomize(
+        MoHDiT(
+            sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            hidden_size=32,
+            depth=2,
+            num_heads=4,
+            head_dim=8,
+            num_shared_heads=[1, 2],
+            top_k=[2, 1],
+            num_classes=5,
+        )
+    )
     torch.save(ours_to_reference(model), tmp_path / "c.pt")
     with pytest.raises(ConversionError, match="pass top_k"):
         load_reference_checkpoint(tmp_path / "c.pt")
@@ -178,8 +228,20 @@ def test_cli_writes_a_pipeline_that_loads(tmp_path):
     torch.save(ours_to_reference(model), tmp_path / "moh.pt")
     (tmp_path / "labels.json").write_text(json.dumps({str(i): f"class {i}" for i in range(10)}))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-m", "moh_dit.convert", str(tmp_path / "moh.pt"), str(tmp_path / "pipe"),
-                             "--id2label", str(tmp_path / "labels.json")], env=env, capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moh_dit.convert",
+            str(tmp_path / "moh.pt"),
+            str(tmp_path / "pipe"),
+            "--id2label",
+            str(tmp_path / "labels.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     from moh_dit.generate import load_pipeline
 
@@ -187,8 +249,20 @@ def test_cli_writes_a_pipeline_that_loads(tmp_path):
     assert pipe.id2label[3] == "class 3"
     x, t, y = inputs(model)
     assert torch.equal(pipe.transformer(x, t, y).sample, model(x, t, y).sample)
-    back = subprocess.run([sys.executable, "-m", "moh_dit.convert", str(tmp_path / "pipe"), str(tmp_path / "back.pt"),
-                           "--to", "reference-train"], env=env, capture_output=True, text=True)  # fmt: skip
+    back = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moh_dit.convert",
+            str(tmp_path / "pipe"),
+            str(tmp_path / "back.pt"),
+            "--to",
+            "reference-train",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert back.returncode == 0, back.stderr[-2000:]
     reloaded, report = load_reference_checkpoint(tmp_path / "back.pt")
     assert report["weights"] == "ema" and torch.equal(reloaded(x, t, y).sample, model(x, t, y).sample)
@@ -198,7 +272,9 @@ def test_cli_writes_a_pipeline_that_loads(tmp_path):
 # DiT -> MoH-DiT
 # ----------------------------------------------------------------------------------------------------
 def small_dit():
-    return randomize(tiny_model("DiT-S/2", hidden_size=48, head_dim=8, sample_size=8, num_classes=10, depth=4), 0.08).eval()
+    return randomize(
+        tiny_model("DiT-S/2", hidden_size=48, head_dim=8, sample_size=8, num_classes=10, depth=4), 0.08
+    ).eval()
 
 
 def test_all_heads_active_conversion_equals_the_original():

@@ -1,4 +1,5 @@
 """Data sets: image folders (class mapping, corrupt files), IDX reading, ADM crop, the sharded sampler."""
+
 import gzip
 import logging
 import struct

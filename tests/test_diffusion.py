@@ -1,4 +1,5 @@
 """DiT's objective against closed forms, hand-computed coefficients and torch.distributions."""
+
 import math
 
 import pytest
@@ -70,7 +71,9 @@ def test_discretized_decoder_likelihood_against_exact_cdf():
 def test_discretized_likelihood_is_a_distribution_over_the_256_levels():
     levels = torch.linspace(-1, 1, 256)
     for mean, scale in [(0.0, 0.1), (0.7, 0.05), (-0.95, 0.3)]:
-        ll = discretized_gaussian_log_likelihood(levels, torch.full_like(levels, mean), torch.full_like(levels, math.log(scale)))
+        ll = discretized_gaussian_log_likelihood(
+            levels, torch.full_like(levels, mean), torch.full_like(levels, math.log(scale))
+        )
         assert ll.exp().sum().item() == pytest.approx(1.0, abs=1e-4)
 
 
@@ -88,7 +91,9 @@ def _independent_vb(obj, eps, var_values, x0, xt, t):
         log_post = torch.log(post_var if ti > 0 else post_var_1)
 
         def mean_of(x_start):
-            return (beta * ab_prev.sqrt() / (1 - ab)) * x_start + ((1 - ab_prev) * (1 - beta).sqrt() / (1 - ab)) * xt[i].double()
+            return (beta * ab_prev.sqrt() / (1 - ab)) * x_start + ((1 - ab_prev) * (1 - beta).sqrt() / (1 - ab)) * xt[
+                i
+            ].double()
 
         x0_hat = (xt[i].double() - (1 - ab).sqrt() * eps[i].double()) / ab.sqrt()
         f = (var_values[i].double() + 1) / 2
@@ -97,7 +102,9 @@ def _independent_vb(obj, eps, var_values, x0, xt, t):
             nll = -_exact_discretized_ll(x0[i], mean_of(x0_hat), 0.5 * log_var).mean() / math.log(2)
             out.append(nll)
         else:
-            kl = kl_divergence(Normal(mean_of(x0[i].double()), (0.5 * log_post).exp()), Normal(mean_of(x0_hat), (0.5 * log_var).exp()))
+            kl = kl_divergence(
+                Normal(mean_of(x0[i].double()), (0.5 * log_post).exp()), Normal(mean_of(x0_hat), (0.5 * log_var).exp())
+            )
             out.append(kl.mean() / math.log(2))
     return torch.stack(out)
 

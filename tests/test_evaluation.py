@@ -1,10 +1,10 @@
 """Evaluation: image validation, Inception features (randomly initialised, real architecture), reference
 statistics, evaluate_fid.py end to end with a tiny registered extractor, and ADM parity when available."""
+
 import hashlib
 import json
 import os
 import pickle
-import sys
 from pathlib import Path
 from unittest import mock
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+import evaluate_fid
 from moh_dit.evaluation import (
     EvaluationError,
     InceptionFeatures,
@@ -23,11 +24,9 @@ from moh_dit.evaluation import (
     resolve_extractor,
 )
 
+from .helpers.tiny_extractor import TINY  # importing it registers the tiny extractor
+
 ROOT = Path(__file__).resolve().parents[1]
-import evaluate_fid
-
-
-from .helpers.tiny_extractor import TINY  # noqa: E402  (registers the tiny extractor)
 
 
 def random_images(n, size=16, seed=0, shift=0):
@@ -91,8 +90,10 @@ def random_inception_weights(tmp_path_factory):
     """A state dict for torch-fidelity's Inception with random weights (no download)."""
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-    with mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None), \
-            mock.patch("torch_fidelity.feature_extractor_inceptionv3.load_state_dict_from_url", lambda *a, **k: {}):
+    with (
+        mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None),
+        mock.patch("torch_fidelity.feature_extractor_inceptionv3.load_state_dict_from_url", lambda *a, **k: {}),
+    ):
         torch.manual_seed(0)
         net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
     path = tmp_path_factory.mktemp("inception") / "weights-inception-2015-12-05-6726825d.pth"
@@ -175,16 +176,32 @@ def test_evaluate_same_distribution_scores_better(tmp_path):
 
 def test_cli_end_to_end_from_a_tiny_pipeline(tmp_path):
     from moh_dit.generate import GenerationSettings, generate_samples
-    from .helpers.factories import tiny_model, tiny_pipeline as pipe_for
+
+    from .helpers.factories import tiny_model
+    from .helpers.factories import tiny_pipeline as pipe_for
 
     pipe = pipe_for(tiny_model(signal=0.1, in_channels=3))
-    npz = generate_samples(pipe, tmp_path / "samples", GenerationSettings(num_samples=12, batch_size=6, num_inference_steps=3))
+    npz = generate_samples(
+        pipe, tmp_path / "samples", GenerationSettings(num_samples=12, batch_size=6, num_inference_steps=3)
+    )
     (tmp_path / "real").mkdir()
     for i, img in enumerate(random_images(15, size=8)):
         Image.fromarray(img).save(tmp_path / "real" / f"{i}.png")
     out = tmp_path / "metrics.json"
-    evaluate_fid.main(["--samples", str(npz), "--reference", str(tmp_path / "real"), "--extractor", TINY,
-                       "--out", str(out), "--batch-size", "5"])  # fmt: skip
+    evaluate_fid.main(
+        [
+            "--samples",
+            str(npz),
+            "--reference",
+            str(tmp_path / "real"),
+            "--extractor",
+            TINY,
+            "--out",
+            str(out),
+            "--batch-size",
+            "5",
+        ]
+    )
     result = json.loads(out.read_text())
     assert set(result["metrics"]) == {"fid", "sfid", "inception_score", "precision", "recall"}
     assert all(np.isfinite(v) for v in result["metrics"].values())
@@ -193,13 +210,31 @@ def test_cli_end_to_end_from_a_tiny_pipeline(tmp_path):
 
 
 def test_cli_from_a_model_records_sampling_settings(tmp_path):
-    from .helpers.factories import tiny_model, tiny_pipeline as pipe_for
+    from .helpers.factories import tiny_model
+    from .helpers.factories import tiny_pipeline as pipe_for
 
     pipe_for(tiny_model(signal=0.1, in_channels=3)).save_pretrained(tmp_path / "pipe")
     np.savez(tmp_path / "ref.npz", arr_0=random_images(10, size=8))
-    result = evaluate_fid.main(["--model", str(tmp_path / "pipe"), "--reference", str(tmp_path / "ref.npz"),
-                                "--extractor", TINY, "--num-samples", "6", "--num-steps", "2", "--cfg-scale", "2.5",
-                                "--sample-batch-size", "4", "--out", str(tmp_path / "m.json")])  # fmt: skip
+    result = evaluate_fid.main(
+        [
+            "--model",
+            str(tmp_path / "pipe"),
+            "--reference",
+            str(tmp_path / "ref.npz"),
+            "--extractor",
+            TINY,
+            "--num-samples",
+            "6",
+            "--num-steps",
+            "2",
+            "--cfg-scale",
+            "2.5",
+            "--sample-batch-size",
+            "4",
+            "--out",
+            str(tmp_path / "m.json"),
+        ]
+    )
     assert result["num_samples"] == 6
     saved = json.loads((tmp_path / "m.json").read_text())
     identity = saved["samples"]["manifest"]["identity"]
@@ -226,7 +261,9 @@ def test_cli_missing_weights_and_float_samples_fail_clearly(tmp_path, monkeypatc
     assert exc.value.code == 2 and "weights-inception-2015-12-05" in err and len(err.strip().splitlines()) == 1
     np.savez(tmp_path / "f.npz", arr_0=np.random.rand(4, 8, 8, 3))
     with pytest.raises(SystemExit):
-        run_evaluate_cli(["--samples", str(tmp_path / "f.npz"), "--reference", str(tmp_path / "s.npz"), "--extractor", TINY])
+        run_evaluate_cli(
+            ["--samples", str(tmp_path / "f.npz"), "--reference", str(tmp_path / "s.npz"), "--extractor", TINY]
+        )
     assert "must be uint8" in capsys.readouterr().err
 
 
@@ -246,8 +283,10 @@ def _have_weights():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (ADM_REF and ADM_SAMPLES and _have_weights()),
-                    reason="set MOH_DIT_ADM_REFERENCE, MOH_DIT_ADM_SAMPLES and provide the Inception weights")
+@pytest.mark.skipif(
+    not (ADM_REF and ADM_SAMPLES and _have_weights()),
+    reason="set MOH_DIT_ADM_REFERENCE, MOH_DIT_ADM_SAMPLES and provide the Inception weights",
+)
 def test_parity_with_adm_readme_numbers():
     result = evaluate(load_images(ADM_SAMPLES), ADM_REF, InceptionFeatures(), batch_size=250, fp16_distances=True)
     m = result["metrics"]
@@ -280,8 +319,18 @@ def test_weights_files_are_checked_before_any_extractor_loads_them(tmp_path, ext
         pickle.dump({"weights": _MakesFile(marker)}, f)
     np.savez(tmp_path / "s.npz", arr_0=random_images(4))
     with pytest.raises(SystemExit) as exc:
-        run_evaluate_cli(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "s.npz"),
-                          "--extractor", extractor, "--inception-weights", str(evil)])  # fmt: skip
+        run_evaluate_cli(
+            [
+                "--samples",
+                str(tmp_path / "s.npz"),
+                "--reference",
+                str(tmp_path / "s.npz"),
+                "--extractor",
+                extractor,
+                "--inception-weights",
+                str(evil),
+            ]
+        )
     assert exc.value.code == 2 and not marker.exists()
     assert "refusing to unpickle" in capsys.readouterr().err
 
@@ -331,13 +380,33 @@ def test_outputs_are_checked_before_the_work_and_numbers_survive_a_failed_write(
     blocker.write_text("")
     with mock.patch("moh_dit.evaluation.extract_features", side_effect=AssertionError("worked before checking")):
         with pytest.raises(SystemExit) as exc:
-            run_evaluate_cli(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "r.npz"),
-                              "--extractor", TINY, "--out", str(blocker / "m.json")])  # fmt: skip
+            run_evaluate_cli(
+                [
+                    "--samples",
+                    str(tmp_path / "s.npz"),
+                    "--reference",
+                    str(tmp_path / "r.npz"),
+                    "--extractor",
+                    TINY,
+                    "--out",
+                    str(blocker / "m.json"),
+                ]
+            )
     assert exc.value.code == 2 and "not writable" in capsys.readouterr().err
     with mock.patch("moh_dit.evaluation.atomic_write_json", side_effect=OSError(28, "No space left on device")):
         with pytest.raises(SystemExit):
-            run_evaluate_cli(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "r.npz"),
-                              "--extractor", TINY, "--out", str(tmp_path / "m.json")])  # fmt: skip
+            run_evaluate_cli(
+                [
+                    "--samples",
+                    str(tmp_path / "s.npz"),
+                    "--reference",
+                    str(tmp_path / "r.npz"),
+                    "--extractor",
+                    TINY,
+                    "--out",
+                    str(tmp_path / "m.json"),
+                ]
+            )
     captured = capsys.readouterr()
     assert "FID" in captured.out and "the numbers are above" in captured.err
 
@@ -366,8 +435,9 @@ def test_reference_builder_writes_an_adm_style_batch(tmp_path):
     _image_tree(tmp_path / "tree")
     (tmp_path / "tree" / "dogs" / "sub" / "broken.png").write_bytes(b"not an image")
     ext = resolve_extractor(TINY, None, "cpu")
-    out = build_reference(tmp_path / "tree", 8, tmp_path / "ref.npz", ext, batch_images=4, batch_size=2,
-                          max_bad_fraction=0.5)  # fmt: skip
+    out = build_reference(
+        tmp_path / "tree", 8, tmp_path / "ref.npz", ext, batch_images=4, batch_size=2, max_bad_fraction=0.5
+    )
     with np.load(out) as data:
         manifest = json.loads(str(data["moh_dit_manifest"]))
         assert data["arr_0"].shape == (4, 8, 8, 3) and set(data["arr_1"].tolist()) <= {0, 1}
@@ -389,14 +459,18 @@ def test_reference_builder_writes_an_adm_style_batch(tmp_path):
 
 def test_metrics_of_existing_samples_record_the_samples_own_manifest(tmp_path):
     from moh_dit.generate import GenerationSettings, generate_samples
-    from .helpers.factories import tiny_model, tiny_pipeline as pipe_for
+
+    from .helpers.factories import tiny_model
+    from .helpers.factories import tiny_pipeline as pipe_for
 
     pipe = pipe_for(tiny_model(signal=0.1, in_channels=3))
     settings = GenerationSettings(num_samples=10, batch_size=4, num_inference_steps=3, guidance_scale=2.0, seed=7)
     npz = generate_samples(pipe, tmp_path / "cfg2.0", settings)
     np.savez(tmp_path / "r.npz", arr_0=random_images(10, size=8))
     for source in (npz, tmp_path / "cfg2.0"):
-        result = evaluate_fid.main(["--samples", str(source), "--reference", str(tmp_path / "r.npz"), "--extractor", TINY])
+        result = evaluate_fid.main(
+            ["--samples", str(source), "--reference", str(tmp_path / "r.npz"), "--extractor", TINY]
+        )
         identity = result["samples"]["manifest"]["identity"]
         assert identity["num_inference_steps"] == 3 and identity["guidance_scale"] == 2.0 and identity["seed"] == 7
         assert result["samples"]["manifest"]["count"] == 10 and "command_line" not in result
@@ -415,11 +489,30 @@ def test_evaluating_a_run_that_trained_on_samples_the_new_weights(tmp_path):
     common = ("log.sample_per_class=0", "log.tensorboard=false")
     train(load_config(None, tiny_train_overrides(run, tmp_path / "images", *common)))
     np.savez(tmp_path / "r.npz", arr_0=random_images(10, size=8))
-    args = ["--model", str(run), "--reference", str(tmp_path / "r.npz"), "--extractor", TINY, "--num-samples", "6",
-            "--num-steps", "2", "--sample-batch-size", "3"]  # fmt: skip
+    args = [
+        "--model",
+        str(run),
+        "--reference",
+        str(tmp_path / "r.npz"),
+        "--extractor",
+        TINY,
+        "--num-samples",
+        "6",
+        "--num-steps",
+        "2",
+        "--sample-batch-size",
+        "3",
+    ]
     first = evaluate_fid.main(args)
-    train(load_config(None, tiny_train_overrides(run, tmp_path / "images", "train.resume=latest", "train.max_steps=6", *common)))
+    train(
+        load_config(
+            None, tiny_train_overrides(run, tmp_path / "images", "train.resume=latest", "train.max_steps=6", *common)
+        )
+    )
     second = evaluate_fid.main(args)
     assert first["samples"]["manifest"]["model"]["step"] == 4 and second["samples"]["manifest"]["model"]["step"] == 6
     assert first["samples"]["path"] != second["samples"]["path"]
-    assert first["samples"]["manifest"]["identity"]["transformer_sha256"] != second["samples"]["manifest"]["identity"]["transformer_sha256"]
+    assert (
+        first["samples"]["manifest"]["identity"]["transformer_sha256"]
+        != second["samples"]["manifest"]["identity"]["transformer_sha256"]
+    )

@@ -1,4 +1,5 @@
 """The quality experiment end to end on a tiny setting, and the Fashion-MNIST classifier it relies on."""
+
 import json
 from pathlib import Path
 
@@ -6,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from moh_dit.data import find_fashion_mnist
 from experiments.fmnist_classifier import DEFAULT_WEIGHTS, accuracy, load_classifier, register, train_classifier
+from moh_dit.data import find_fashion_mnist
 
 needs_data = pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 
@@ -44,8 +45,15 @@ def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
     result = run_experiment("tiny", tmp_path, models=("DiT-Ti/4", "MoH-DiT-Ti/4-50"), seeds=(0, 1))
     assert len(result["records"]) == 4
     rec = result["records"][0]
-    for key in ("clf_fid@cfg1", "clf_fid@cfg1.5", "clf_precision@cfg1.5", "clf_recall@cfg1.5", "final_diffusion_loss",
-                "train_images_per_s", "sampling_images_per_s@cfg1.5"):  # fmt: skip
+    for key in (
+        "clf_fid@cfg1",
+        "clf_fid@cfg1.5",
+        "clf_precision@cfg1.5",
+        "clf_recall@cfg1.5",
+        "final_diffusion_loss",
+        "train_images_per_s",
+        "sampling_images_per_s@cfg1.5",
+    ):
         assert np.isfinite(rec[key]), key
     assert set(result["summary"]["MoH-DiT-Ti/4-50"]["clf_fid@cfg1.5"]) == {"mean", "std", "values"}
     usage = np.array(result["head_usage"]["MoH-DiT-Ti/4-50"])

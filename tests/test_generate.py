@@ -1,4 +1,5 @@
 """Loading models from runs, checkpoints and folders; reproducible, resumable N-sample generation; sample.py."""
+
 import json
 import os
 import subprocess
@@ -52,7 +53,9 @@ def test_load_from_run_checkpoint_pipeline_and_transformer_folders(run_dir):
         fallback = load_pipeline(run_dir, device="cpu")
     finally:
         (run_dir / "pipeline.bak").rename(run_dir / "pipeline")
-    assert torch.equal(next(iter(fallback.transformer.state_dict().values())), next(iter(from_ckpt.transformer.state_dict().values())))
+    assert torch.equal(
+        next(iter(fallback.transformer.state_dict().values())), next(iter(from_ckpt.transformer.state_dict().values()))
+    )
 
 
 def test_load_errors(tmp_path):
@@ -91,15 +94,35 @@ def test_balanced_labels():
 
 def test_sample_cli_grid_with_names_and_single_images(run_dir, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, str(ROOT / "sample.py"), str(run_dir), "--class-labels", "dark", "0", "--per-class", "3",
-           "--num-steps", "3", "--out", str(tmp_path / "grid.png"), "--save-images", str(tmp_path / "single"),
-           "--scheduler", "ddim"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "sample.py"),
+        str(run_dir),
+        "--class-labels",
+        "dark",
+        "0",
+        "--per-class",
+        "3",
+        "--num-steps",
+        "3",
+        "--out",
+        str(tmp_path / "grid.png"),
+        "--save-images",
+        str(tmp_path / "single"),
+        "--scheduler",
+        "ddim",
+    ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "grid.png").exists()
     assert len(list((tmp_path / "single").glob("*_dark.png"))) == 3
-    bad = subprocess.run(cmd[:3] + ["--class-labels", "purple", "--num-steps", "2", "--out", str(tmp_path / "x.png")],
-                         env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    bad = subprocess.run(
+        cmd[:3] + ["--class-labels", "purple", "--num-steps", "2", "--out", str(tmp_path / "x.png")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode != 0 and "unknown class name 'purple'" in bad.stderr
 
 
@@ -172,8 +195,9 @@ def test_a_run_loads_its_newest_weights_and_says_which(run_dir, tmp_path, caplog
     shutil.copytree(run_dir, run)
     old_pipeline = tmp_path / "pipeline-step4"
     shutil.copytree(run / "pipeline", old_pipeline)
-    cfg = tiny_train_overrides(run, run_dir.parent / "images", "train.resume=latest", "train.max_steps=6",
-                               "log.sample_per_class=0")  # fmt: skip
+    cfg = tiny_train_overrides(
+        run, run_dir.parent / "images", "train.resume=latest", "train.max_steps=6", "log.sample_per_class=0"
+    )
     train(load_config(None, cfg))
     shutil.rmtree(run / "pipeline")
     shutil.copytree(old_pipeline, run / "pipeline")  # an export older than the newest checkpoint
@@ -188,9 +212,28 @@ def test_a_run_loads_its_newest_weights_and_says_which(run_dir, tmp_path, caplog
 
 def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir, tmp_path):
     single = np.load(generate_samples(load_pipeline(run_dir, device="cpu"), tmp_path / "one", settings(num_samples=7)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(ROOT / "sample.py"),
-           str(run_dir), "--num-samples", "7", "--sample-dir", str(tmp_path / "two"), "--seed", "3", "--batch-size", "4",
-           "--cfg-scale", "2.0", "--num-steps", "4"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "sample.py"),
+        str(run_dir),
+        "--num-samples",
+        "7",
+        "--sample-dir",
+        str(tmp_path / "two"),
+        "--seed",
+        "3",
+        "--batch-size",
+        "4",
+        "--cfg-scale",
+        "2.0",
+        "--num-steps",
+        "4",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

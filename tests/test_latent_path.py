@@ -2,6 +2,7 @@
 locally saved random AutoencoderKL -> training on two processes -> sampling on two processes -> a reference
 built from the image tree -> evaluation. Every artifact's manifest must point at the one before it, and
 nothing may fall back silently."""
+
 import json
 import os
 import subprocess
@@ -34,15 +35,40 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
 
     # 1. latents (the corrupt image is dropped and recorded)
     lat = tmp_path / "latents" / "train.npy"
-    _run([sys.executable, "-m", "moh_dit.latents", "--data-path", images, "--image-size", "16", "--vae",
-          tmp_path / "vae", "--out", lat, "--num-workers", "0", "--batch-size", "4"])  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "moh_dit.latents",
+            "--data-path",
+            images,
+            "--image-size",
+            "16",
+            "--vae",
+            tmp_path / "vae",
+            "--out",
+            lat,
+            "--num-workers",
+            "0",
+            "--batch-size",
+            "4",
+        ]
+    )
     lat_manifest = json.loads(Path(f"{lat}.json").read_text())
-    assert lat_manifest["data"]["count"] == 16 and lat_manifest["data"]["skipped"] == [str(images / "dark" / "broken.png")]
+    assert lat_manifest["data"]["count"] == 16 and lat_manifest["data"]["skipped"] == [
+        str(images / "dark" / "broken.png")
+    ]
 
     # 2. training on two processes, from the latents' own VAE record
     run = tmp_path / "run"
-    train = _run(_torchrun(ROOT / "train.py", *tiny_train_overrides(run, lat, "data.name=latents", "train.max_steps=4",
-                                                                    "log.sample_per_class=1", image_size=16)))  # fmt: skip
+    train = _run(
+        _torchrun(
+            ROOT / "train.py",
+            *tiny_train_overrides(
+                run, lat, "data.name=latents", "train.max_steps=4", "log.sample_per_class=1", image_size=16
+            ),
+        )
+    )
     assert "2 process(es)" in train.stderr and "cannot be loaded" not in train.stderr
     run_manifest = json.loads((run / "manifest.json").read_text())
     assert run_manifest["identity"]["data"]["fingerprint"] == lat_manifest["file_sha256"]
@@ -67,11 +93,38 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
 
     # 4. a reference from the image tree, and the evaluation that records both sides
     ref = tmp_path / "ref.npz"
-    _run([sys.executable, "-m", "moh_dit.reference", images, "--image-size", "16", "--out", ref,
-          "--max-bad-fraction", "0.1"])  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "moh_dit.reference",
+            images,
+            "--image-size",
+            "16",
+            "--out",
+            ref,
+            "--max-bad-fraction",
+            "0.1",
+        ]
+    )
     out = tmp_path / "metrics.json"
-    _run([sys.executable, ROOT / "evaluate_fid.py", "--samples", tmp_path / "s" / "cfg1.5.npz", "--reference", ref,
-          "--extractor", "moh-dit-test-tiny", "--extractor-module", "tests.helpers.tiny_extractor", "--out", out], cwd=ROOT)  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            ROOT / "evaluate_fid.py",
+            "--samples",
+            tmp_path / "s" / "cfg1.5.npz",
+            "--reference",
+            ref,
+            "--extractor",
+            "moh-dit-test-tiny",
+            "--extractor-module",
+            "tests.helpers.tiny_extractor",
+            "--out",
+            out,
+        ],
+        cwd=ROOT,
+    )
     metrics = json.loads(out.read_text())
     assert metrics["samples"]["manifest"] == samples_manifest
     with np.load(ref) as data:

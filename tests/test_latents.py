@@ -1,4 +1,5 @@
 """VAE loading and pre-extracted latents, with a tiny randomly initialised AutoencoderKL."""
+
 import numpy as np
 import pytest
 import torch
@@ -60,8 +61,9 @@ def test_sample_posterior_statistics():
 def test_extract_latents_round_trip_keeps_both_flips(tmp_path):
     vae = tiny_vae()
     ds = Images()
-    path = extract_latents(ds, vae, tmp_path / "lat.npy", batch_size=2, dtype="float32", vae_name="tiny",
-                           id2label=ds.id2label)  # fmt: skip
+    path = extract_latents(
+        ds, vae, tmp_path / "lat.npy", batch_size=2, dtype="float32", vae_name="tiny", id2label=ds.id2label
+    )
     assert path.exists() and not (tmp_path / "lat.npy.partial.npy").exists()
     lat = LatentDataset(path)
     assert len(lat) == 5 and lat.latent_shape == (4, 8, 8)
@@ -104,8 +106,22 @@ def latent_setup(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        main(["--data-path", "images", "--image-size", "16", "--vae", "vae", "--out", "lat/latents.npy",
-              "--num-workers", "0", "--batch-size", "4"])  # fmt: skip
+        main(
+            [
+                "--data-path",
+                "images",
+                "--image-size",
+                "16",
+                "--vae",
+                "vae",
+                "--out",
+                "lat/latents.npy",
+                "--num-workers",
+                "0",
+                "--batch-size",
+                "4",
+            ]
+        )
     finally:
         os.chdir(cwd)
     return root
@@ -114,8 +130,15 @@ def latent_setup(tmp_path_factory):
 def _latent_overrides(root, out, *extra):
     from .helpers.factories import tiny_train_overrides
 
-    return tiny_train_overrides(out, root / "lat" / "latents.npy", "data.name=latents", "train.max_steps=2",
-                                "log.sample_per_class=0", *extra, image_size=16)  # fmt: skip
+    return tiny_train_overrides(
+        out,
+        root / "lat" / "latents.npy",
+        "data.name=latents",
+        "train.max_steps=2",
+        "log.sample_per_class=0",
+        *extra,
+        image_size=16,
+    )
 
 
 def test_latents_record_the_vae_by_absolute_path_and_fingerprint(latent_setup):
@@ -163,12 +186,16 @@ def test_a_conflicting_vae_is_an_error(latent_setup, tmp_path):
         next(other.parameters()).add_(1.0)
     other.save_pretrained(tmp_path / "other-vae")
     with pytest.raises(ArtifactError, match="is not the VAE .* made with .*sha256"):
-        Trainer(load_config(None, _latent_overrides(latent_setup, tmp_path / "a", f"data.vae={tmp_path / 'other-vae'}")))
+        Trainer(
+            load_config(None, _latent_overrides(latent_setup, tmp_path / "a", f"data.vae={tmp_path / 'other-vae'}"))
+        )
     shutil.copytree(latent_setup / "vae", tmp_path / "rescaled")
     cfg = json.loads((tmp_path / "rescaled" / "config.json").read_text())
     (tmp_path / "rescaled" / "config.json").write_text(json.dumps(dict(cfg, scaling_factor=0.5)))
     with pytest.raises(ArtifactError, match="scaling_factor"):
-        Trainer(load_config(None, _latent_overrides(latent_setup, tmp_path / "b", f"data.vae={tmp_path / 'rescaled'}")))
+        Trainer(
+            load_config(None, _latent_overrides(latent_setup, tmp_path / "b", f"data.vae={tmp_path / 'rescaled'}"))
+        )
     start = time.time()
     with pytest.raises(DataError, match="differs from the VAE recorded .* set data.vae=none"):
         Trainer(load_config(None, _latent_overrides(latent_setup, tmp_path / "c", "data.vae=someone/not-cached-vae")))

@@ -1,4 +1,5 @@
 """FID, IS and precision/recall against closed forms, brute force and torch-fidelity."""
+
 import math
 
 import numpy as np
@@ -42,7 +43,9 @@ def test_fid_zero_on_itself_symmetric_and_matches_torch_fidelity():
     my, sy = feature_statistics(y)
     assert abs(frechet_distance(mx, sx, mx, sx)) < 1e-8
     assert frechet_distance(mx, sx, my, sy) == pytest.approx(frechet_distance(my, sy, mx, sx), rel=1e-9)
-    tf = fid_statistics_to_metric(fid_features_to_statistics(torch.from_numpy(x)), fid_features_to_statistics(torch.from_numpy(y)), False)
+    tf = fid_statistics_to_metric(
+        fid_features_to_statistics(torch.from_numpy(x)), fid_features_to_statistics(torch.from_numpy(y)), False
+    )
     assert frechet_distance(mx, sx, my, sy) == pytest.approx(tf["frechet_inception_distance"], rel=1e-6)
 
 
@@ -89,7 +92,9 @@ def test_is_partial_last_split_and_file_order():
         py = p.mean(0)
         return math.exp(np.mean(np.sum(p * (np.log(p) - np.log(py)), axis=1)))
 
-    assert inception_score(logits, split_size=5) == pytest.approx((brute(logits[:5]) + brute(logits[5:])) / 2, rel=1e-10)
+    assert inception_score(logits, split_size=5) == pytest.approx(
+        (brute(logits[:5]) + brute(logits[5:])) / 2, rel=1e-10
+    )
     assert inception_score(logits, split_size=5) != pytest.approx(inception_score(logits[::-1].copy(), split_size=5))
 
 
@@ -143,7 +148,9 @@ def test_precision_recall_matches_torch_fidelity_and_fp16_is_close():
     ref = rng.normal(size=(300, 32)).astype(np.float32)
     gen = (rng.normal(size=(200, 32)) * 1.2).astype(np.float32)
     ours = precision_recall(ref, gen, block=64, device="cpu")
-    theirs = calculate_precision_recall_full(torch.from_numpy(gen), torch.from_numpy(ref), neighborhood=3, batch_size=64)
+    theirs = calculate_precision_recall_full(
+        torch.from_numpy(gen), torch.from_numpy(ref), neighborhood=3, batch_size=64
+    )
     assert ours == pytest.approx(theirs, abs=1e-6)
     half = precision_recall(ref, gen, block=64, fp16=True, device="cpu")
     assert half == pytest.approx(ours, abs=0.02)

@@ -1,4 +1,5 @@
 """MoHDiT: DiT structure and initialisation, labels, auxiliary loss, save/load, validation."""
+
 import math
 
 import numpy as np
@@ -9,7 +10,6 @@ from moh_dit import MoHDiT, create_model
 from moh_dit.embeddings import TimestepEmbedder, sincos_pos_embed_2d
 
 from .helpers.factories import give_signal, tiny_model
-
 
 # three layers: routed with 2 shared + top-1 of 2, routed with 3 shared + top-2 of 3, dense
 LAYOUT = dict(in_channels=3, depth=3, num_heads=[4, 6, 4], num_shared_heads=[2, 3, 4], top_k=[1, 2, 0], num_classes=5)

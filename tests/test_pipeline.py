@@ -1,4 +1,5 @@
 """MoHDiTPipeline: DiT's DDPM-250 sampler reproduced from the formulas, guidance, labels, save/load."""
+
 import numpy as np
 import pytest
 import torch
@@ -57,8 +58,13 @@ def dit_reference_sampler(model, labels, noise_gen, steps, scale):
 def test_ddpm_matches_dit_reference_sampler(steps, scale):
     model = tiny_model()
     labels = [0, 2, 1]
-    ours = pipe_for(model)(labels, guidance_scale=scale, num_inference_steps=steps,
-                           generator=torch.Generator().manual_seed(5), output_type="pt").images  # fmt: skip
+    ours = pipe_for(model)(
+        labels,
+        guidance_scale=scale,
+        num_inference_steps=steps,
+        generator=torch.Generator().manual_seed(5),
+        output_type="pt",
+    ).images
     ref = dit_reference_sampler(model, labels, torch.Generator().manual_seed(5), steps, scale)
     torch.testing.assert_close(ours.double(), ref, rtol=1e-3, atol=1e-3)
 
@@ -93,7 +99,9 @@ def test_scale_one_is_the_conditional_model_and_cfg_batches_both_halves():
         hook.remove()
     torch.testing.assert_close(one, cond)
     assert calls == [2, 4]  # scale 1: conditional only; otherwise one batched forward of both halves
-    torch.testing.assert_close(guided[:, :4], uncond[:, :4] + 3.0 * (cond[:, :4] - uncond[:, :4]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        guided[:, :4], uncond[:, :4] + 3.0 * (cond[:, :4] - uncond[:, :4]), rtol=1e-4, atol=1e-5
+    )
     torch.testing.assert_close(guided[:, 4:], cond[:, 4:], rtol=1e-5, atol=1e-6)  # variance from the conditional half
 
 
@@ -154,8 +162,9 @@ def test_fast_solvers_get_noise_channels_only(name):
     seen = []
     step = pipe.scheduler.step
     pipe.scheduler.step = lambda output, *a, **k: seen.append(output.shape[1]) or step(output, *a, **k)
-    images = pipe([0, 1], guidance_scale=2.0, num_inference_steps=5, generator=torch.Generator().manual_seed(0),
-                  output_type="pt").images  # fmt: skip
+    images = pipe(
+        [0, 1], guidance_scale=2.0, num_inference_steps=5, generator=torch.Generator().manual_seed(0), output_type="pt"
+    ).images
     assert images.shape == (2, 1, 8, 8) and torch.isfinite(images).all()
     assert seen == [1] * 5
     ddpm = pipe_for(tiny_model(), scheduler="ddpm")
@@ -173,7 +182,10 @@ def test_uint8_quantisation_follows_adm():
 
 def test_output_types_agree():
     pipe = pipe_for(tiny_model())
-    run = lambda kind: pipe([0, 1], num_inference_steps=3, generator=torch.Generator().manual_seed(1), output_type=kind).images  # noqa: E731
+
+    def run(kind):
+        return pipe([0, 1], num_inference_steps=3, generator=torch.Generator().manual_seed(1), output_type=kind).images
+
     pt, arr, u8, pil = run("pt"), run("np"), run("uint8"), run("pil")
     np.testing.assert_allclose(arr, ((pt + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy(), atol=1e-6)
     assert u8.dtype == np.uint8 and len(pil) == 2 and pil[0].size == (8, 8)

@@ -1,10 +1,10 @@
 """Preset registry: exact parameter counts, head tables measured from a forward pass, overrides."""
-import pytest
 
-from moh_dit.errors import ConfigError
+import pytest
 import torch
 
 from moh_dit import PRESETS, create_model, list_presets, preset_config
+from moh_dit.errors import ConfigError
 
 # 256 px ImageNet (32 x 32 x 4 latents), 1000 classes, learned sigma, frozen positional embedding counted.
 PARAM_COUNTS = {
@@ -95,8 +95,11 @@ def test_unknown_override_key_rejected():
 
 
 def test_a_shallower_preset_names_every_per_layer_list_at_once():
-    with pytest.raises(ConfigError, match=r"depth=4: num_heads \(12 entries\), num_shared_heads \(12 entries\), "
-                                          r"top_k \(12 entries\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"depth=4: num_heads \(12 entries\), num_shared_heads \(12 entries\), "
+        r"top_k \(12 entries\)",
+    ):
         preset_config("MoH-DiT-S/2-75", depth=4)
     model = create_model("MoH-DiT-S/2-75", depth=4, num_heads=6, num_shared_heads=2, top_k=1, hidden_size=96)
     assert [a.num_active_heads for a in model.attention_layers] == [3] * 4

@@ -1,5 +1,6 @@
 """The training loop on CPU: tiny runs in pixel and latent space, exact resume after SIGKILL, two
 processes, EMA semantics, bad input, non-finite loss."""
+
 import json
 import os
 import signal
@@ -57,9 +58,21 @@ def test_pixel_space_run_logs_checkpoints_and_exports(tmp_path, image_dir):
 
 def test_loss_decreases_on_a_memorisation_task(tmp_path, image_dir):
     out = tmp_path / "mem"
-    train(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=80", "train.global_batch_size=8",
-                                            "train.checkpoint_every=1000", "log.sample_per_class=0",
-                                            "optim.lr=2e-3", "log.head_usage=false")))  # fmt: skip
+    train(
+        load_config(
+            None,
+            tiny_overrides(
+                out,
+                image_dir,
+                "train.max_steps=80",
+                "train.global_batch_size=8",
+                "train.checkpoint_every=1000",
+                "log.sample_per_class=0",
+                "optim.lr=2e-3",
+                "log.head_usage=false",
+            ),
+        )
+    )
     losses = [m["diffusion_loss"] for m in read_metrics(out)]
     assert np.mean(losses[-15:]) < 0.6 * np.mean(losses[:15])
 
@@ -70,16 +83,20 @@ def test_training_with_a_tiny_vae_and_with_pre_extracted_latents(tmp_path, image
 
     tiny_vae().save_pretrained(tmp_path / "vae")
     out = tmp_path / "latent-run"
-    train(load_config(None, tiny_overrides(out, image_dir, f"data.vae={tmp_path / 'vae'}", "train.max_steps=2",
-                                            image_size=16)))  # fmt: skip
+    train(
+        load_config(
+            None, tiny_overrides(out, image_dir, f"data.vae={tmp_path / 'vae'}", "train.max_steps=2", image_size=16)
+        )
+    )
     assert np.isfinite(read_metrics(out)[-1]["diffusion_loss"])
     pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
     assert pipe.vae is not None and pipe.transformer.config.in_channels == 4
     assert pipe([1], num_inference_steps=2, output_type="np", progress=False).images.shape == (1, 16, 16, 3)
 
     ds = ImageFolderDataset(image_dir, 16)
-    lat = extract_latents(ds, load_vae(str(tmp_path / "vae")), tmp_path / "lat.npy", vae_name=str(tmp_path / "vae"),
-                          id2label=ds.id2label)  # fmt: skip
+    lat = extract_latents(
+        ds, load_vae(str(tmp_path / "vae")), tmp_path / "lat.npy", vae_name=str(tmp_path / "vae"), id2label=ds.id2label
+    )
     out2 = tmp_path / "packed-run"
     train(load_config(None, tiny_overrides(out2, lat, "data.name=latents", "train.max_steps=2", image_size=16)))
     assert np.isfinite(read_metrics(out2)[-1]["diffusion_loss"])
@@ -93,13 +110,26 @@ def _train_cmd(overrides):
 def test_sigkill_and_resume_reproduce_per_step_losses(tmp_path, image_dir):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     ref = tmp_path / "ref"
-    subprocess.run(_train_cmd(tiny_overrides(ref, image_dir, "train.max_steps=24", "train.checkpoint_every=5",
-                                             "log.sample_per_class=0")), check=True, env=env, capture_output=True)  # fmt: skip
+    subprocess.run(
+        _train_cmd(
+            tiny_overrides(ref, image_dir, "train.max_steps=24", "train.checkpoint_every=5", "log.sample_per_class=0")
+        ),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(tiny_overrides(killed, image_dir, "train.max_steps=100000",
-                                                      "train.checkpoint_every=5", "log.sample_per_class=0")),
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        _train_cmd(
+            tiny_overrides(
+                killed, image_dir, "train.max_steps=100000", "train.checkpoint_every=5", "log.sample_per_class=0"
+            )
+        ),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while find_checkpoint(killed) is None and time.time() < deadline:
         time.sleep(0.02)
@@ -107,9 +137,21 @@ def test_sigkill_and_resume_reproduce_per_step_losses(tmp_path, image_dir):
     proc.wait()
     at_kill = find_checkpoint(killed)
     assert at_kill is not None and int(at_kill.name.split("-")[1]) < 24
-    subprocess.run(_train_cmd(tiny_overrides(killed, image_dir, "train.max_steps=24", "train.checkpoint_every=5",
-                                             "train.resume=latest", "log.sample_per_class=0")),
-                   check=True, env=env, capture_output=True)  # fmt: skip
+    subprocess.run(
+        _train_cmd(
+            tiny_overrides(
+                killed,
+                image_dir,
+                "train.max_steps=24",
+                "train.checkpoint_every=5",
+                "train.resume=latest",
+                "log.sample_per_class=0",
+            )
+        ),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
 
     a, b = read_metrics(ref), read_metrics(killed)
     assert [m["step"] for m in b] == list(range(1, 25))
@@ -124,9 +166,17 @@ def test_sigkill_and_resume_reproduce_per_step_losses(tmp_path, image_dir):
 def test_two_process_cpu_run(tmp_path, image_dir):
     out = tmp_path / "ddp"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "helpers" / "ddp_probe.py"), str(out),
-           *tiny_overrides(out / "run", image_dir, "train.max_steps=3", "log.sample_per_class=0")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "tests" / "helpers" / "ddp_probe.py"),
+        str(out),
+        *tiny_overrides(out / "run", image_dir, "train.max_steps=3", "log.sample_per_class=0"),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -160,9 +210,19 @@ def test_ema_is_dit_constant_decay_from_a_copy():
 
 def test_gradient_accumulation_splits_the_global_batch(tmp_path, image_dir):
     out = tmp_path / "accum"
-    trainer = Trainer(load_config(None, tiny_overrides(out, image_dir, "train.grad_accum_steps=2",
-                                                        "train.global_batch_size=8", "train.max_steps=2",
-                                                        "log.sample_per_class=0")))  # fmt: skip
+    trainer = Trainer(
+        load_config(
+            None,
+            tiny_overrides(
+                out,
+                image_dir,
+                "train.grad_accum_steps=2",
+                "train.global_batch_size=8",
+                "train.max_steps=2",
+                "log.sample_per_class=0",
+            ),
+        )
+    )
     assert trainer.micro_batch == 4
     summary = trainer.run()
     assert summary["step"] == 2 and trainer.samples_seen == 16
@@ -170,8 +230,14 @@ def test_gradient_accumulation_splits_the_global_batch(tmp_path, image_dir):
 
 def test_non_finite_loss_stops_cleanly_and_saves(tmp_path, image_dir, monkeypatch):
     out = tmp_path / "nan"
-    trainer = Trainer(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=10", "train.checkpoint_every=100",
-                                                        "log.sample_per_class=0")))  # fmt: skip
+    trainer = Trainer(
+        load_config(
+            None,
+            tiny_overrides(
+                out, image_dir, "train.max_steps=10", "train.checkpoint_every=100", "log.sample_per_class=0"
+            ),
+        )
+    )
     original = trainer._micro_step
 
     def poisoned(x, y, micro, want_heads):
@@ -219,22 +285,48 @@ def test_exploding_weights_never_replace_the_last_good_checkpoint(tmp_path, imag
     before = _state(good)
     # the same run continued with an absurd learning rate: the weights explode at once
     with pytest.raises(NonFiniteLossError, match="not saved; the newest good checkpoint is .*step-00000004"):
-        train(load_config(None, tiny_overrides(out, image_dir, "train.keep_last=1", "train.resume=latest",
-                                               "optim.lr=1e30", "train.max_steps=12", "log.sample_per_class=0")))  # fmt: skip
+        train(
+            load_config(
+                None,
+                tiny_overrides(
+                    out,
+                    image_dir,
+                    "train.keep_last=1",
+                    "train.resume=latest",
+                    "optim.lr=1e30",
+                    "train.max_steps=12",
+                    "log.sample_per_class=0",
+                ),
+            )
+        )
     assert [p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step-00000004"]
     after = _state(find_checkpoint(out))
     assert all(torch.equal(before[k], after[k]) for k in before)
     # and the run resumes from it
-    summary = train(load_config(None, tiny_overrides(out, image_dir, "train.keep_last=1", "train.resume=latest",
-                                                     "train.max_steps=6", "log.sample_per_class=0")))  # fmt: skip
+    summary = train(
+        load_config(
+            None,
+            tiny_overrides(
+                out,
+                image_dir,
+                "train.keep_last=1",
+                "train.resume=latest",
+                "train.max_steps=6",
+                "log.sample_per_class=0",
+            ),
+        )
+    )
     assert summary["step"] == 6 and find_checkpoint(out).name == "step-00000006"
 
 
 def test_non_finite_loss_right_after_a_resume_rewrites_its_own_checkpoint(tmp_path, image_dir, monkeypatch):
     out = tmp_path / "again"
     train(load_config(None, tiny_overrides(out, image_dir, "log.sample_per_class=0")))
-    trainer = Trainer(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=8",
-                                                        "log.sample_per_class=0")))  # fmt: skip
+    trainer = Trainer(
+        load_config(
+            None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=8", "log.sample_per_class=0")
+        )
+    )
     original = trainer._micro_step
 
     def poisoned(x, y, micro, want_heads):
@@ -246,8 +338,15 @@ def test_non_finite_loss_right_after_a_resume_rewrites_its_own_checkpoint(tmp_pa
         trainer.run()
     assert find_checkpoint(out).name == "step-00000004"
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp folders left
-    assert train(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=6",
-                                                  "log.sample_per_class=0")))["step"] == 6  # fmt: skip
+    assert (
+        train(
+            load_config(
+                None,
+                tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=6", "log.sample_per_class=0"),
+            )
+        )["step"]
+        == 6
+    )
 
 
 def test_an_existing_run_folder_is_refused_without_resume_or_overwrite(tmp_path, image_dir):
@@ -260,8 +359,11 @@ def test_an_existing_run_folder_is_refused_without_resume_or_overwrite(tmp_path,
         Trainer(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=2", "log.sample_per_class=0")))
     assert (out / "metrics.jsonl").read_text() == metrics_before
     # explicit overwrite: a fresh run, nothing of the old one mixed in
-    train(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=2", "train.overwrite=true",
-                                           "log.sample_per_class=0")))  # fmt: skip
+    train(
+        load_config(
+            None, tiny_overrides(out, image_dir, "train.max_steps=2", "train.overwrite=true", "log.sample_per_class=0")
+        )
+    )
     assert [m["step"] for m in read_metrics(out)] == [1, 2]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002"]
 
@@ -273,8 +375,14 @@ def test_resume_with_another_set_up_is_refused_and_changed_settings_are_recorded
     train(load_config(None, tiny_overrides(out, image_dir, "log.sample_per_class=0")))
     with pytest.raises(ArtifactError, match=r"another set-up \(train.seed: 0 -> 1"):
         Trainer(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.seed=1"))).run()
-    train(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=6", "optim.lr=5e-4",
-                                           "log.sample_per_class=0")))  # fmt: skip
+    train(
+        load_config(
+            None,
+            tiny_overrides(
+                out, image_dir, "train.resume=latest", "train.max_steps=6", "optim.lr=5e-4", "log.sample_per_class=0"
+            ),
+        )
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     resume = [e for e in manifest["events"] if e["event"] == "resume"][0]
     assert resume["step"] == 4 and resume["changed"]["optim.lr"] == [1e-3, 5e-4]
@@ -301,12 +409,21 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_resume_exactly(tmp_path, image
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     common = ("train.checkpoint_every=1000", "log.sample_per_class=0", "log.log_every=3", "log.head_usage=false")
     ref = tmp_path / "ref"
-    subprocess.run(_train_cmd(tiny_overrides(ref, image_dir, "train.max_steps=30", *common)), check=True, env=env,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        _train_cmd(tiny_overrides(ref, image_dir, "train.max_steps=30", *common)),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
         run = tmp_path / sig.name
-        proc = subprocess.Popen(_train_cmd(tiny_overrides(run, image_dir, "train.max_steps=100000", *common)),
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            _train_cmd(tiny_overrides(run, image_dir, "train.max_steps=100000", *common)),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.time() + 120
         while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 2):
             assert time.time() < deadline and proc.poll() is None
@@ -317,7 +434,12 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_resume_exactly(tmp_path, image
         assert "Traceback" not in err and "continue with train.resume=latest" in err
         step = int(find_checkpoint(run).name.split("-")[1])
         assert 6 <= step < 100000 and not (run / "pipeline").exists()
-        subprocess.run(_train_cmd(tiny_overrides(run, image_dir, "train.max_steps=30", "train.resume=latest", *common)),
-                       check=True, env=env, capture_output=True)  # fmt: skip
+        subprocess.run(
+            _train_cmd(tiny_overrides(run, image_dir, "train.max_steps=30", "train.resume=latest", *common)),
+            check=True,
+            env=env,
+            capture_output=True,
+        )
         assert [(m["step"], m["diffusion_loss"]) for m in read_metrics(ref)] == [
-            (m["step"], m["diffusion_loss"]) for m in read_metrics(run) if m["step"] % 3 == 0]
+            (m["step"], m["diffusion_loss"]) for m in read_metrics(run) if m["step"] % 3 == 0
+        ]

@@ -1,7 +1,8 @@
 """Run a few training steps under torchrun and record, per rank, what the rank saw and what it holds.
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/helpers/ddp_probe.py OUT_DIR key=value ...
+python -m torch.distributed.run --standalone --nproc_per_node 2 tests/helpers/ddp_probe.py OUT_DIR key=value ...
 """
+
 import hashlib
 import json
 import sys
@@ -35,7 +36,9 @@ def main() -> None:
         "seen": trainer.seen,
         "local_losses": trainer.local_losses,
         "weights_sha": hashlib.sha1(weights.numpy().tobytes()).hexdigest(),
-        "ema_sha": hashlib.sha1(torch.cat([p.double().flatten() for p in trainer.ema.shadow_params]).numpy().tobytes()).hexdigest(),
+        "ema_sha": hashlib.sha1(
+            torch.cat([p.double().flatten() for p in trainer.ema.shadow_params]).numpy().tobytes()
+        ).hexdigest(),
     }
     with open(f"{out_dir}/rank{trainer.rank}.json", "w") as f:
         json.dump(record, f)

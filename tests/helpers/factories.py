@@ -1,4 +1,5 @@
 """Tiny models, pipelines, data and configs built in memory for tests (no downloads)."""
+
 from typing import Optional
 
 import torch
@@ -8,8 +9,18 @@ from moh_dit import MoHDiT, create_model
 from moh_dit.pipeline import MoHDiTPipeline
 
 # a two-layer MoH-DiT: layer 0 routes (2 shared + top-1 of 2), layer 1 is dense (4 soft-weighted heads)
-TINY_MODEL = dict(sample_size=8, patch_size=2, in_channels=1, hidden_size=32, depth=2, num_heads=4, head_dim=8,
-                  num_shared_heads=[2, 4], top_k=[1, 0], num_classes=3)  # fmt: skip
+TINY_MODEL = dict(
+    sample_size=8,
+    patch_size=2,
+    in_channels=1,
+    hidden_size=32,
+    depth=2,
+    num_heads=4,
+    head_dim=8,
+    num_shared_heads=[2, 4],
+    top_k=[1, 0],
+    num_classes=3,
+)
 TINY_NAMES = {0: "cat", 1: "dog", 2: "Sneaker"}
 
 
@@ -25,8 +36,9 @@ def give_signal(module: torch.nn.Module, std: float, seed: int = 0, routers: boo
     return module
 
 
-def tiny_model(preset: Optional[str] = None, *, signal: float = 0.0, routers: bool = False, seed: int = 0,
-               **config) -> MoHDiT:  # fmt: skip
+def tiny_model(
+    preset: Optional[str] = None, *, signal: float = 0.0, routers: bool = False, seed: int = 0, **config
+) -> MoHDiT:
     """The tests' model factory: ``preset`` with overrides, or :data:`TINY_MODEL` updated by ``config``;
     ``signal`` > 0 gives the zero-initialised layers weights (see :func:`give_signal`)."""
     torch.manual_seed(seed)
@@ -46,11 +58,16 @@ def tiny_vae() -> AutoencoderKL:
     """A randomly initialised AutoencoderKL with a downsampling factor of 2 and 4 latent channels."""
     torch.manual_seed(0)
     return AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
         down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
         up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4, sample_size=16,
-    ).eval()  # fmt: skip
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        sample_size=16,
+    ).eval()
 
 
 def make_image_folder(root) -> None:

@@ -1,5 +1,6 @@
 """A tiny feature extractor registered with torch-fidelity as ``moh-dit-test-tiny`` (importing this module
 registers it, so ``--extractor-module tests.helpers.tiny_extractor`` works on the command line)."""
+
 import torch
 import torch.nn.functional as F
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
