@@ -1,20 +1,42 @@
 """moh-dit: class-conditional image generation with MoH-DiT, a Diffusion Transformer with Mixture-of-Head
-attention. Train, sample and evaluate in one package."""
+attention. Train, sample and evaluate in one package.
 
-from .attention import AttentionAux, MoHAttention, load_balance_loss
-from .model import MoHDiT, MoHDiTOutput
-from .presets import PRESETS, create_model, list_presets, preset_config
+The names below are imported on first use, so that ``import moh_dit`` (and every command's ``--help``)
+does not pay for torch and diffusers until they are needed.
+"""
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-__all__ = [
-    "AttentionAux",
-    "MoHAttention",
-    "MoHDiT",
-    "MoHDiTOutput",
-    "PRESETS",
-    "create_model",
-    "list_presets",
-    "load_balance_loss",
-    "preset_config",
-]
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"  # the one version number (pyproject.toml reads it from here)
+
+_EXPORTS = {
+    "AttentionAux": "attention",
+    "MoHAttention": "attention",
+    "load_balance_loss": "attention",
+    "MoHDiT": "model",
+    "MoHDiTOutput": "model",
+    "PRESETS": "presets",
+    "create_model": "presets",
+    "list_presets": "presets",
+    "preset_config": "presets",
+    "MoHDiTPipeline": "pipeline",
+    "load_pipeline": "generate",
+    "MohDitError": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'moh_dit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))

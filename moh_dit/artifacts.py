@@ -601,7 +601,10 @@ def save_checkpoint(
     (tmp / f"rng-rank{rank}.json").write_text(json.dumps(_python_rng_state()))
     accelerator.wait_for_everyone()
     if main:
-        (tmp / "trainer_state.json").write_text(json.dumps(dict(trainer_state, step=step), indent=2))
+        ema_step = state.ema.optimization_step
+        (tmp / "trainer_state.json").write_text(
+            json.dumps(dict(trainer_state, step=step, ema_optimization_step=ema_step), indent=2)
+        )
         write_manifest(tmp, "checkpoint", **manifest)
         replace_folder(tmp, final)
         if keep_last:

@@ -1,11 +1,7 @@
 """Interop: checkpoints of facebookresearch/DiT, SkyworkAI/MoH (MoH-DiT) and diffusers' DiT, both ways, and
 turning a pretrained multi-head DiT into a MoH-DiT to continue training.
 
-    python -m moh_dit.convert DiT-XL-2-256x256.pt pipelines/dit-xl-2-256 --vae stabilityai/sd-vae-ft-ema
-    python -m moh_dit.convert moh_dit_xl_90.pt pipelines/moh-dit-xl-90 --vae /models/sd-vae-ft-ema
-    python -m moh_dit.convert /models/DiT-XL-2-256 pipelines/dit-diffusers       # a diffusers pipeline folder
-    python -m moh_dit.convert runs/x/pipeline out.pt --to reference              # back to the reference layout
-    python -m moh_dit.convert pipelines/dit-xl-2-256 pipelines/moh-from-dit --to-moh --shared 8 --moh-top-k 4
+The command line is ``moh-dit convert`` (``moh_dit/commands/convert.py``).
 
 Reference layout (docs/interop.md): ``x_embedder.proj``, ``t_embedder.mlp.{0,2}``,
 ``y_embedder.embedding_table``, ``pos_embed``, ``blocks.i.{attn.qkv, attn.proj, mlp.fc1, mlp.fc2,
@@ -16,7 +12,6 @@ Our names are the same except that the three routers are one fused ``blocks.i.at
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -26,7 +21,6 @@ from typing import Optional, Sequence
 import torch
 from safetensors.torch import load_file
 
-from .artifacts import ensure_writable_dir, ensure_writable_file
 from .errors import ConversionError
 from .model import MoHDiT, _per_layer
 from .presets import PRESETS
@@ -523,94 +517,8 @@ def load_any(src: str | Path, **hints) -> tuple[MoHDiT, Optional[object], dict, 
     )
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m moh_dit.convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("src", help="reference .pt/.safetensors, diffusers DiT folder, or a moh-dit folder")
-    p.add_argument(
-        "out", help="output: a pipeline folder (default), a .pt (--to reference) or a folder (--to diffusers)"
-    )
-    p.add_argument("--to", choices=["pipeline", "reference", "reference-train", "diffusers"], default="pipeline")
-    p.add_argument("--vae", default=None, help="VAE for the pipeline: hub id or local folder")
-    p.add_argument("--preset", default=None, help="require this preset's shapes instead of inferring them")
-    p.add_argument("--num-heads", type=int, default=None, help="heads of a plain DiT checkpoint (default: DiT's)")
-    p.add_argument("--top-k", type=int, nargs="+", default=None, help="MoH top-k per layer if no preset matches")
-    p.add_argument("--num-classes", type=int, default=None)
-    p.add_argument("--id2label", default=None, help="JSON file mapping class ids to names")
-    p.add_argument("--model-weights", action="store_true", help="use 'model' instead of 'ema' from train.py dicts")
-    p.add_argument(
-        "--to-moh", action="store_true", help="convert a multi-head DiT into MoH-DiT for continued training"
-    )
-    p.add_argument(
-        "--shared", type=int, nargs="+", default=None, help="with --to-moh: shared heads (one or per layer)"
-    )
-    p.add_argument(
-        "--moh-top-k", type=int, nargs="+", default=None, help="with --to-moh: routed top-k (one or per layer)"
-    )
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
-    hints = dict(
-        preset=args.preset,
-        num_heads=args.num_heads,
-        top_k=args.top_k,
-        num_classes=args.num_classes,
-        prefer_ema=not args.model_weights,
-    )
-    out = Path(args.out)
-    # the target is checked before the (possibly long) load and conversion
-    if args.to == "pipeline" or args.to == "diffusers":
-        ensure_writable_dir(out.parent if out.parent != Path("") else Path("."), "the folder of the output")
-        if out.exists() and not out.is_dir():
-            raise ConversionError(f"{out} exists and is not a folder")
-    else:
-        ensure_writable_file(out, "the output file")
-    model, vae, id2label, report = load_any(args.src, **hints)
-    if args.id2label:
-        id2label = {int(k): v for k, v in json.loads(Path(args.id2label).read_text()).items()}
-    if args.to_moh:
-        if not args.shared or not args.moh_top_k:
-            p.error("--to-moh needs --shared and --moh-top-k")
-        one = lambda v: v[0] if len(v) == 1 else v  # noqa: E731
-        model, moh_report = dit_to_moh(model, one(args.shared), one(args.moh_top_k))
-        report["to_moh"] = moh_report
-        for layer in moh_report["layers"]:
-            print(
-                f"layer {layer['layer']:2d}: shared heads {layer['shared_heads']}, top-{layer['top_k']} of "
-                f"{layer['routed']} routed, relative output deviation {layer['relative_deviation']:.4f}"
-            )
-        print(
-            f"whole model: relative output deviation {moh_report['model_relative_deviation']:.4f}, "
-            f"{moh_report['active_heads']} heads active"
-        )
-    if args.to == "pipeline":
-        from .latents import load_vae, vae_record
-        from .pipeline import MoHDiTPipeline
-
-        if args.vae:
-            vae = load_vae(args.vae)
-        # reference DiT/MoH-DiT checkpoints are latent-space models; a moh-dit source knows what it is
-        latent = True if Path(args.src).is_file() else None
-        pipe = MoHDiTPipeline.build(model, vae, id2label, latent_space=latent if vae is None else True)
-        source = {
-            "converted_from": str(Path(args.src).resolve()),
-            "format": report.get("format", report.get("weights")),
-            "to_moh": bool(args.to_moh),
-            "step": (report.get("provenance") or {}).get("step"),
-            "vae": vae_record(vae, args.vae) if vae is not None else None,
-        }
-        pipe.save(out, source)
-        (out / "conversion_report.json").write_text(json.dumps(report, indent=2, default=str))
-    elif args.to in ("reference", "reference-train"):
-        sd = ours_to_reference(model)
-        torch.save({"model": sd, "ema": sd} if args.to == "reference-train" else sd, out)
-    else:
-        to_diffusers(model).save_pretrained(out)
-    print(f"wrote {out}")
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m moh_dit.convert: the same as `moh-dit convert`
     from moh_dit.cli import run_cli
+    from moh_dit.commands.convert import main
 
     run_cli(main)

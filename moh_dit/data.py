@@ -447,6 +447,17 @@ class TrainingData:
     scaling_factor: float = 1.0
     description: dict = field(default_factory=dict)
 
+    def record(self) -> dict:
+        """What a checkpoint keeps of the data: the VAE record and the class names."""
+        return {"vae": self.vae_record, "id2label": {str(k): v for k, v in self.id2label.items()}}
+
+    def loader(self, batch_sampler, num_workers: int):
+        """A DataLoader over the data set in the batches of ``batch_sampler``."""
+        from torch.utils.data import DataLoader
+
+        pin = torch.cuda.is_available()
+        return DataLoader(self.dataset, batch_sampler=batch_sampler, num_workers=num_workers, pin_memory=pin)
+
     def clean_latents(
         self, x: torch.Tensor, flip: torch.Tensor, generator: torch.Generator, device: torch.device
     ) -> torch.Tensor:

@@ -5,7 +5,7 @@ standard deviation, so training still draws a fresh flip and a fresh posterior s
 image is seen (fast-DiT freezes one of each). Everything lives in a single ``.npy`` file read through a
 memory map, with a manifest (``<file>.json``) beside it that records how it was made.
 
-    python -m moh_dit.latents --data-path /data/imagenet/train --image-size 256 \\
+    moh-dit latents --data-path /data/imagenet/train --image-size 256 \\
         --vae stabilityai/sd-vae-ft-ema --out latents/imagenet256.npy
 """
 
@@ -286,55 +286,8 @@ class LatentDataset(Dataset):
         return torch.from_numpy(np.array(row["moments"], dtype=np.float32)), int(row["label"])
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    """Command line: encode a data set once into a packed latent file for ``data.name=latents``."""
-    import argparse
-
-    from .cli import positive_int, resolve_device
-    from .data import FashionMNIST, ImageFolderDataset
-
-    parser = argparse.ArgumentParser(prog="python -m moh_dit.latents", description=main.__doc__)
-    parser.add_argument("--data-name", choices=["folder", "fashion-mnist"], default="folder")
-    parser.add_argument("--data-path", help="image folder (one sub-folder per class) or IDX folder")
-    parser.add_argument("--image-size", type=positive_int, default=256)
-    parser.add_argument("--channels", type=int, choices=[1, 3], default=3)
-    parser.add_argument("--vae", default="stabilityai/sd-vae-ft-ema", help="hub id or local AutoencoderKL folder")
-    parser.add_argument("--out", required=True, help="output .npy file")
-    parser.add_argument("--batch-size", type=positive_int, default=64)
-    parser.add_argument("--num-workers", type=int, default=4)
-    parser.add_argument("--dtype", choices=["float16", "float32"], default="float16")
-    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    device = resolve_device(args.device)
-    out = Path(args.out)
-    ensure_writable_dir(out.parent, "--out folder")
-    if args.data_name == "folder":
-        if not args.data_path:
-            parser.error("--data-path is required for --data-name folder")
-        dataset = ImageFolderDataset(args.data_path, args.image_size, channels=args.channels)
-        bad = dataset.scan()
-        if bad:
-            logger.warning("dropped %d unreadable images", len(bad))
-    else:
-        dataset = FashionMNIST(args.data_path, image_size=args.image_size, channels=args.channels)
-    if resolve_vae_spec(args.vae) is None:
-        parser.error("--vae none makes no sense for latent extraction")
-    vae = load_vae(args.vae, device=device)
-    out = extract_latents(
-        dataset,
-        vae,
-        out,
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        dtype=args.dtype,
-        vae_name=args.vae,
-        id2label=dataset.id2label,
-    )
-    print(f"wrote {len(dataset)} latents to {out}")
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m moh_dit.latents: the same as `moh-dit latents`
     from moh_dit.cli import run_cli
+    from moh_dit.commands.latents import main
 
     run_cli(main)

@@ -15,7 +15,6 @@ Without ``--extractor`` only the images are stored; evaluation then computes the
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -159,46 +158,8 @@ def build_reference(
     return out
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    """Command line: build an ADM-style reference batch from an image tree."""
-    from .cli import positive_int
-
-    p = argparse.ArgumentParser(
-        prog="python -m moh_dit.reference", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("source", help="folder of real images (sub-folders, e.g. one per class, are read too)")
-    p.add_argument("--image-size", type=positive_int, required=True, help="center-crop size, as the samples")
-    p.add_argument("--out", required=True, help="output .npz")
-    p.add_argument("--batch-images", type=positive_int, default=10_000, help="images kept in arr_0")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--extractor", default=None, help="also store statistics: 'inception' or a registered extractor")
-    p.add_argument("--extractor-weights", default=None)
-    p.add_argument("--extractor-module", default=None, help="python module to import first (may register extractors)")
-    p.add_argument("--batch-size", type=positive_int, default=100)
-    p.add_argument("--max-bad-fraction", type=float, default=0.01, help="share of unreadable images tolerated")
-    p.add_argument("--device", default=None)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    extractor = None
-    if args.extractor:
-        from .evaluation import import_extractor_module, resolve_extractor
-
-        import_extractor_module(args.extractor_module)
-        extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
-    out = build_reference(
-        args.source,
-        args.image_size,
-        args.out,
-        extractor,
-        args.batch_images,
-        args.seed,
-        args.batch_size,
-        args.max_bad_fraction,
-    )
-    print(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    from .cli import run_cli
+if __name__ == "__main__":  # python -m moh_dit.reference: the same as `moh-dit reference`
+    from moh_dit.cli import run_cli
+    from moh_dit.commands.reference import main
 
     run_cli(main)

@@ -25,16 +25,17 @@ class LossWindow:
     as an uninterrupted run would (and not only the steps since the resume).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, global_batch_size: int) -> None:
         self.sums = torch.zeros(3, device=device)  # diffusion loss, MoH loss, micro-steps
+        self.batch = global_batch_size
         self.started, self.steps = time.time(), 0
 
     def add(self, diffusion_loss: torch.Tensor, moh_loss: torch.Tensor) -> None:
         self.sums += torch.stack([diffusion_loss.float(), moh_loss.float(), torch.ones((), device=self.sums.device)])
 
     def record(
-        self, accelerator, step: int, lr: float, batch: int, samples_seen: int, head_masks=None, close: bool = True
-    ) -> dict[str, Any]:
+        self, accelerator, step: int, lr: float, samples_seen: int, head_masks=None, close: bool = True
+    ) -> dict:
         """The log record of the window ending at ``step`` (losses averaged over processes, speed, per-layer
         head usage); ``close`` starts the next window."""
         diffusion, moh = self.means(accelerator)
@@ -45,7 +46,7 @@ class LossWindow:
             "moh_loss": moh,
             "lr": lr,
             "steps_per_s": self.steps / elapsed,
-            "images_per_s": self.steps * batch / elapsed,
+            "images_per_s": self.steps * self.batch / elapsed,
             "samples_seen": samples_seen,
         }
         if head_masks is not None:
@@ -93,7 +94,15 @@ class MetricsLog:
         ]
         self.path.write_text("".join(ln + "\n" for ln in kept))
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any], progress: Optional["Progress"] = None) -> None:
+        """Append ``record`` (main process), send it to the trackers, log it, and show it on ``progress``."""
+        if progress is not None:
+            progress.update(
+                0,
+                loss=f"{record['diffusion_loss']:.4f}",
+                moh=f"{record['moh_loss']:.3f}",
+                img_s=f"{record['images_per_s']:.0f}",
+            )
         if not self.accelerator.is_main_process:
             return
         with open(self.path, "a") as f:

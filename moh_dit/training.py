@@ -23,6 +23,7 @@ import logging
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -31,7 +32,6 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from diffusers.training_utils import EMAModel
-from torch.utils.data import DataLoader
 
 from .artifacts import (
     RunLayout,
@@ -131,10 +131,8 @@ def stop_signals() -> Iterator[list[int]]:
         if received:
             raise KeyboardInterrupt
         received.append(signum)
-        logger.warning(
-            "received %s: stopping after this step with a checkpoint (send it again to abort now)",
-            signal.Signals(signum).name,
-        )
+        name = signal.Signals(signum).name
+        logger.warning("received %s: stopping after this step with a checkpoint (send it again to abort now)", name)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -144,6 +142,60 @@ def stop_signals() -> Iterator[list[int]]:
             signal.signal(sig, old)
 
 
+def make_accelerator(config: Config) -> Accelerator:
+    """accelerate for this run; ``Accelerator(cpu=True)`` on machines without CUDA makes CPU processes see
+    each other (``torchrun --nproc_per_node N``)."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config.train.allow_tf32
+    return Accelerator(
+        mixed_precision=config.train.mixed_precision,
+        gradient_accumulation_steps=config.train.grad_accum_steps,
+        cpu=not torch.cuda.is_available(),
+        log_with="tensorboard" if config.log.tensorboard else None,
+        project_dir=config.train.output_dir,
+    )
+
+
+def micro_batch_size(config: Config, world: int) -> int:
+    """Images per process and micro-step: the global batch split over processes and accumulation steps."""
+    per_step = world * config.train.grad_accum_steps
+    if config.train.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={config.train.global_batch_size} is not divisible by {world} processes x "
+            f"{config.train.grad_accum_steps} accumulation steps"
+        )
+    return config.train.global_batch_size // per_step
+
+
+def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimizer:
+    o = config.optim
+    return torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+
+
+def learning_rate(config: Config, step: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then constant (as DiT)."""
+    return config.optim.lr * min(1.0, (step + 1) / max(1, config.optim.warmup_steps))
+
+
+def non_finite_error(
+    step: int, saved: Optional[Path], peak: float, newest: Optional[Path], losses=None
+) -> NonFiniteLossError:
+    """The one-line stop for a non-finite loss at ``step + 1`` (``losses``) or exploded weights at ``step``."""
+    if losses is not None:
+        what = f"non-finite loss at step {step + 1} (diffusion {losses[0].item():.4g}, MoH {losses[1].item():.4g})"
+    else:
+        what = f"exploded weights at step {step}"
+    where = (
+        f"the state before this step is saved in {saved}"
+        if saved is not None
+        else f"the weights had already exploded (max |w| = {peak:.3g}) and were not saved; the newest good "
+        f"checkpoint is {newest or 'none'}"
+    )
+    return NonFiniteLossError(
+        f"{what}; {where}. Try a lower optim.lr, optim.grad_clip > 0, or train.mixed_precision=bf16/no"
+    )
+
+
 # ----------------------------------------------------------------------------------------------------
 # The trainer
 # ----------------------------------------------------------------------------------------------------
@@ -151,28 +203,13 @@ class Trainer:
     """Set-up, one micro-step, and ``run()``: the loop that trains to ``train.max_steps``."""
 
     def __init__(self, config: Config) -> None:
-        self.config = config
-        train_cfg = config.train
-        self.layout = RunLayout(train_cfg.output_dir)
-        self.accelerator = accelerator = Accelerator(
-            mixed_precision=train_cfg.mixed_precision,
-            gradient_accumulation_steps=train_cfg.grad_accum_steps,
-            cpu=not torch.cuda.is_available(),  # Accelerator(cpu=True) makes CPU processes see each other
-            log_with="tensorboard" if config.log.tensorboard else None,
-            project_dir=str(self.layout.root),
-        )
+        self.config, self.layout = config, RunLayout(config.train.output_dir)
+        self.accelerator = accelerator = make_accelerator(config)
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         logger.info("%d process(es) on %s", self.world, accelerator.device)
-        if train_cfg.global_batch_size % (self.world * train_cfg.grad_accum_steps):
-            raise ConfigError(
-                f"train.global_batch_size={train_cfg.global_batch_size} is not divisible by "
-                f"{self.world} processes x {train_cfg.grad_accum_steps} accumulation steps"
-            )
-        self.micro_batch = train_cfg.global_batch_size // (self.world * train_cfg.grad_accum_steps)
-        if torch.cuda.is_available():
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = train_cfg.allow_tf32
-
+        self.micro_batch = micro_batch_size(config, self.world)
         # the run folder first: an earlier run there is refused before any data or model is loaded
+        train_cfg = config.train
         self.resume_from = open_run_folder(
             self.layout, train_cfg.resume, train_cfg.overwrite, accelerator.is_main_process
         )
@@ -183,34 +220,21 @@ class Trainer:
         model = build_model(config.model, self.data)
         if train_cfg.gradient_checkpointing:
             model.enable_gradient_checkpointing()
-        model.train()
-        self.ema = make_ema(model, config.ema)
+        self.ema = make_ema(model.train(), config.ema)
         self.ema.to(accelerator.device)
-        optim_cfg = config.optim
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=optim_cfg.lr,
-            betas=tuple(optim_cfg.betas),
-            eps=optim_cfg.eps,
-            weight_decay=optim_cfg.weight_decay,
-        )
-        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.model, self.optimizer = accelerator.prepare(model, make_optimizer(model, config))
         if train_cfg.compile:
             self.model = torch.compile(self.model)
-        self.window = LossWindow(accelerator.device)
+        self.window = LossWindow(accelerator.device, train_cfg.global_batch_size)
         self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window)
         self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma)
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model))
         self.metrics = MetricsLog(self.layout.metrics, accelerator, config.log.tensorboard)
         self.step = self.samples_seen = 0
-        self.sampler_args = dict(
-            dataset_size=len(self.data.dataset),
-            batch_size=self.micro_batch,
-            num_replicas=self.world,
-            rank=self.rank,
-            seed=train_cfg.seed,
+        self.sampler = partial(
+            ShardedEpochBatchSampler, len(self.data.dataset), self.micro_batch, self.world, self.rank, train_cfg.seed
         )
-        self.batches_per_epoch = ShardedEpochBatchSampler(**self.sampler_args).batches_per_epoch
+        self.batches_per_epoch = self.sampler().batches_per_epoch
 
     @property
     def unwrapped(self) -> MoHDiT:
@@ -221,14 +245,8 @@ class Trainer:
         accumulation = self.config.train.grad_accum_steps
         micro_total = self.step * accumulation
         while True:
-            epoch, start_batch = divmod(micro_total, self.batches_per_epoch)
-            sampler = ShardedEpochBatchSampler(**self.sampler_args, epoch=epoch, start_batch=start_batch)
-            for x, y in DataLoader(
-                self.data.dataset,
-                batch_sampler=sampler,
-                num_workers=self.config.data.num_workers,
-                pin_memory=torch.cuda.is_available(),
-            ):
+            epoch, start = divmod(micro_total, self.batches_per_epoch)
+            for x, y in self.data.loader(self.sampler(epoch=epoch, start_batch=start), self.config.data.num_workers):
                 yield micro_total % accumulation, x, y
                 micro_total += 1
 
@@ -244,9 +262,8 @@ class Trainer:
         x_t = self.objective.add_noise(x0, noise, t)
         with self.accelerator.autocast():
             y_in = y.to(device) if self.unwrapped.config.num_classes > 0 else None
-            out = self.model(
-                x_t, t, y_in, force_drop_ids=drop if y_in is not None else None, return_head_masks=want_heads
-            )
+            drop = drop if y_in is not None else None
+            out = self.model(x_t, t, y_in, force_drop_ids=drop, return_head_masks=want_heads)
         diffusion_loss = self.objective.losses(out.sample.float(), x0, x_t, t, noise).loss.mean()
         moh_loss = out.aux_loss.float()
         loss = diffusion_loss + self.config.train.moh_loss_coeff * moh_loss
@@ -255,88 +272,42 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------
     # Checkpoints, previews, export
     # ------------------------------------------------------------------------------------------------
-    def save_checkpoint(self, prune: bool = True) -> Optional[Path]:
-        """``checkpoints/step-N``, or ``None`` (nothing written) when the weights are not finite or exploded."""
-        info = {
-            "samples_seen": self.samples_seen,
-            "ema_optimization_step": self.ema.optimization_step,
-            "micro_batches_per_rank": self.step * self.config.train.grad_accum_steps,
-            "world_size": self.world,
-            "batches_per_epoch": self.batches_per_epoch,
-            "vae": self.data.vae_record,
-            "id2label": {str(k): v for k, v in self.data.id2label.items()},
-        }
-        path, self.weight_peak = save_checkpoint(
-            self.layout,
-            self.step,
-            self.state,
-            self.accelerator,
-            info,
-            {"run_id": self.record.run_id},
-            self.config.train.keep_last if prune else None,
+    def save_checkpoint(self, losses=None) -> Path:
+        """``checkpoints/step-N``. Exploded or non-finite weights are never written (a stop instead); with
+        ``losses`` (a non-finite loss at the next step) the rescue save never prunes, and the run stops."""
+        info = dict(self.data.record(), samples_seen=self.samples_seen, world_size=self.world)
+        info["batches_per_epoch"] = self.batches_per_epoch
+        keep = self.config.train.keep_last if losses is None else None
+        path, peak = save_checkpoint(
+            self.layout, self.step, self.state, self.accelerator, info, {"run_id": self.record.run_id}, keep
         )
-        return path
-
-    def _checkpoint_or_stop(self, diffusion_loss: Optional[torch.Tensor] = None, moh_loss=None) -> Path:
-        """A checkpoint of the current step; with losses, the stop for a non-finite loss at the next step.
-        Exploded weights are never saved, and a rescue save never prunes older checkpoints."""
-        path = self.save_checkpoint(prune=diffusion_loss is None)
-        if path is not None and diffusion_loss is None:
+        if path is not None and losses is None:
             return path
-        if path is not None:
-            where = f"the state before this step is saved in {path}"
-        else:
-            where = (
-                f"the weights had already exploded (max |w| = {self.weight_peak:.3g}) and were not saved; the "
-                f"newest good checkpoint is {self.layout.latest_checkpoint() or 'none'}"
-            )
         if self.accelerator.is_main_process:
             self.record.write("stopped", step=self.step, reason="non-finite loss or exploded weights")
-        what = (
-            f"non-finite loss at step {self.step + 1} (diffusion {diffusion_loss.item():.4g}, MoH {moh_loss.item():.4g})"
-            if diffusion_loss is not None
-            else f"exploded weights at step {self.step}"
-        )
-        raise NonFiniteLossError(
-            f"{what}; {where}. Try a lower optim.lr, optim.grad_clip > 0, or train.mixed_precision=bf16/no"
-        )
+        raise non_finite_error(self.step, path, peak, self.layout.latest_checkpoint(), losses)
 
     def ema_pipeline(self) -> MoHDiTPipeline:
         """The EMA weights with DiT's sampler, the VAE and the class names."""
         ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
         self.ema.copy_to(ema_model.parameters())
-        return MoHDiTPipeline.build(
-            ema_model, self.data.vae, self.data.id2label, latent_space=self.data.vae_record is not None
-        )
+        latent = self.data.vae_record is not None
+        return MoHDiTPipeline.build(ema_model, self.data.vae, self.data.id2label, latent_space=latent)
 
     @torch.no_grad()
     def save_sample_grid(self, tag: str) -> Optional[Path]:
         """A grid of EMA samples, one row per class (main process)."""
-        log_cfg = self.config.log
-        if not self.accelerator.is_main_process:
-            return None
-        return self.ema_pipeline().save_grid(
-            self.layout.samples / f"{tag}.png",
-            log_cfg.sample_per_class,
-            self.config.train.seed,
-            log_cfg.sample_cfg_scale,
-            log_cfg.sample_steps,
-            log_cfg.sample_max_classes,
-        )
+        log, seed = self.config.log, self.config.train.seed
+        if self.accelerator.is_main_process:
+            args = (log.sample_per_class, seed, log.sample_cfg_scale, log.sample_steps, log.sample_max_classes)
+            return self.ema_pipeline().save_grid(self.layout.samples / f"{tag}.png", *args)
 
     def export_pipeline(self) -> Optional[Path]:
         """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest."""
         self.accelerator.wait_for_everyone()
-        if not self.accelerator.is_main_process:
-            return None
-        source = {
-            "run": str(self.layout.root.resolve()),
-            "run_id": self.record.run_id,
-            "step": self.step,
-            "weights": "ema",
-            "vae": self.data.vae_record,
-        }
-        return self.ema_pipeline().save(self.layout.pipeline, source)
+        if self.accelerator.is_main_process:
+            run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
+            return self.ema_pipeline().save(self.layout.pipeline, dict(run, weights="ema", vae=self.data.vae_record))
 
     # ------------------------------------------------------------------------------------------------
     # The loop
@@ -354,32 +325,23 @@ class Trainer:
         self.metrics.truncate_after(self.step)
         if self.accelerator.is_main_process:
             atomic_write_text(self.layout.config, yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
+            changed = {k: [a, b] for k, a, b in self.record.changes}
             self.record.write(
-                "resume" if self.step else "start",
-                step=self.step,
-                world_size=self.world,
-                changed={k: [a, b] for k, a, b in self.record.changes},
+                "resume" if self.step else "start", step=self.step, world_size=self.world, changed=changed
             )
         self.accelerator.wait_for_everyone()
         if self.config.log.tensorboard:
             self.accelerator.init_trackers("tensorboard")
-        active, total = self.unwrapped.head_counts()
+        (active, total), params = self.unwrapped.head_counts(), sum(p.numel() for p in self.unwrapped.parameters())
+        t = self.config.train
         logger.info(
-            "training %s: %s parameters, %d/%d heads active, %d processes x %d images x %d accumulation = %d per step",
-            self.config.model.preset,
-            f"{sum(p.numel() for p in self.unwrapped.parameters()):,}",
-            active,
-            total,
-            self.world,
-            self.micro_batch,
-            self.config.train.grad_accum_steps,
-            self.config.train.global_batch_size,
+            f"training {self.config.model.preset}: {params:,} parameters, {active}/{total} heads active, {self.world} "
+            f"processes x {self.micro_batch} images x {t.grad_accum_steps} accumulation = {t.global_batch_size} per step"
         )
 
     def run(self) -> dict[str, Any]:
         accelerator, train_cfg, log_cfg = self.accelerator, self.config.train, self.config.log
         self._start()
-        lr_at = lambda s: self.config.optim.lr * min(1.0, (s + 1) / max(1, self.config.optim.warmup_steps))  # noqa: E731
         start_time, last_heads, stop = time.time(), None, None
         self.window.start_clock()
         progress = Progress(train_cfg.max_steps, self.step, "train", "step", accelerator.is_local_main_process)
@@ -387,7 +349,7 @@ class Trainer:
             for micro, x, y in self._batches() if self.step < train_cfg.max_steps else ():
                 want_heads = log_cfg.head_usage and (self.step + 1) % log_cfg.log_every == 0 and micro == 0
                 for group in self.optimizer.param_groups:
-                    group["lr"] = lr_at(self.step)
+                    group["lr"] = learning_rate(self.config, self.step)
                 with accelerator.accumulate(self.model):
                     loss, d_loss, m_loss, heads = self._micro_step(x, y, micro, want_heads)
                     # one tiny all-reduce: is the loss finite, is time up, was a stop signal received?
@@ -397,7 +359,7 @@ class Trainer:
                     )
                     flags = accelerator.reduce(flags.float(), reduction="sum") if self.world > 1 else flags
                     if flags[0]:
-                        self._checkpoint_or_stop(d_loss, m_loss)
+                        self.save_checkpoint(losses=(d_loss, m_loss))  # saves what is sane, then stops
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and self.config.optim.grad_clip > 0:
                         accelerator.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
@@ -419,46 +381,30 @@ class Trainer:
                 on_boundary = self.step % log_cfg.log_every == 0
                 if on_boundary or self.step == train_cfg.max_steps:
                     # a last record between boundaries leaves the window open for a later resume
-                    record = self.window.record(
-                        accelerator,
-                        self.step,
-                        lr_at(self.step - 1),
-                        train_cfg.global_batch_size,
-                        self.samples_seen,
-                        last_heads,
-                        close=on_boundary,
-                    )
-                    self.metrics.write(record)
+                    lr = learning_rate(self.config, self.step - 1)
+                    record = self.window.record(accelerator, self.step, lr, self.samples_seen, last_heads, on_boundary)
+                    self.metrics.write(record, progress)
                     last_heads = None if on_boundary else last_heads
-                    progress.update(
-                        0,
-                        loss=f"{record['diffusion_loss']:.4f}",
-                        moh=f"{record['moh_loss']:.3f}",
-                        img_s=f"{record['images_per_s']:.0f}",
-                    )
                 progress.update(1)
                 if self.step % train_cfg.checkpoint_every == 0:
-                    self._checkpoint_or_stop()
+                    self.save_checkpoint()
                 if log_cfg.sample_every > 0 and self.step % log_cfg.sample_every == 0 and log_cfg.sample_per_class:
                     self.save_sample_grid(f"step-{self.step:08d}")
                 if self.step >= train_cfg.max_steps or stop is not None:
                     break
         progress.close()
         if checkpoint_step(self.layout.latest_checkpoint() or "") != self.step:
-            self._checkpoint_or_stop()
+            self.save_checkpoint()
         finished = stop in (None, "time_limit")  # a signal means "preempted": save and leave, quickly
         grid = self.save_sample_grid("final") if finished and log_cfg.sample_per_class > 0 else None
-        pipeline_dir = self.export_pipeline() if finished else None
+        pipeline = self.export_pipeline() if finished else None
         if accelerator.is_main_process:
             self.record.write("stopped", step=self.step, reason=stop or "max_steps")
         accelerator.end_training()
-        summary = {
-            "step": self.step,
-            "stop_reason": stop or "max_steps",
-            "pipeline": str(pipeline_dir) if pipeline_dir else None,
-            "sample_grid": str(grid) if grid else None,
-            "minutes": (time.time() - start_time) / 60,
-        }
+        minutes = (time.time() - start_time) / 60
+        summary = dict(
+            step=self.step, stop_reason=stop or "max_steps", pipeline=pipeline, sample_grid=grid, minutes=minutes
+        )
         if accelerator.is_main_process:
             logger.info("done: %s", summary)
             if not finished:

@@ -187,20 +187,7 @@ def test_checkpoint_of_another_shape_says_what_differs(tmp_path):
 
 
 def test_moh_checkpoint_without_matching_preset_needs_top_k(tmp_path):
-    model = randomize(
-        MoHDiT(
-            sample_size=8,
-            patch_size=2,
-            in_channels=4,
-            hidden_size=32,
-            depth=2,
-            num_heads=4,
-            head_dim=8,
-            num_shared_heads=[1, 2],
-            top_k=[2, 1],
-            num_classes=5,
-        )
-    )
+    model = randomize(tiny_model(in_channels=4, num_shared_heads=[1, 2], top_k=[2, 1], num_classes=5))
     torch.save(ours_to_reference(model), tmp_path / "c.pt")
     with pytest.raises(ConversionError, match="pass top_k"):
         load_reference_checkpoint(tmp_path / "c.pt")

@@ -378,35 +378,14 @@ def test_outputs_are_checked_before_the_work_and_numbers_survive_a_failed_write(
     np.savez(tmp_path / "r.npz", arr_0=random_images(12, seed=3))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    args = ["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "r.npz"), "--extractor", TINY]
     with mock.patch("moh_dit.evaluation.extract_features", side_effect=AssertionError("worked before checking")):
         with pytest.raises(SystemExit) as exc:
-            run_evaluate_cli(
-                [
-                    "--samples",
-                    str(tmp_path / "s.npz"),
-                    "--reference",
-                    str(tmp_path / "r.npz"),
-                    "--extractor",
-                    TINY,
-                    "--out",
-                    str(blocker / "m.json"),
-                ]
-            )
+            run_evaluate_cli([*args, "--out", str(blocker / "m.json")])
     assert exc.value.code == 2 and "not writable" in capsys.readouterr().err
     with mock.patch("moh_dit.evaluation.atomic_write_json", side_effect=OSError(28, "No space left on device")):
         with pytest.raises(SystemExit):
-            run_evaluate_cli(
-                [
-                    "--samples",
-                    str(tmp_path / "s.npz"),
-                    "--reference",
-                    str(tmp_path / "r.npz"),
-                    "--extractor",
-                    TINY,
-                    "--out",
-                    str(tmp_path / "m.json"),
-                ]
-            )
+            run_evaluate_cli([*args, "--out", str(tmp_path / "m.json")])
     captured = capsys.readouterr()
     assert "FID" in captured.out and "the numbers are above" in captured.err
 
@@ -428,9 +407,10 @@ def test_a_class_tree_of_mixed_sizes_is_a_reference(tmp_path):
 
 
 def test_reference_builder_writes_an_adm_style_batch(tmp_path):
+    from moh_dit.commands.reference import main
     from moh_dit.data import center_crop_arr, list_images
     from moh_dit.metrics import feature_statistics
-    from moh_dit.reference import build_reference, main
+    from moh_dit.reference import build_reference
 
     _image_tree(tmp_path / "tree")
     (tmp_path / "tree" / "dogs" / "sub" / "broken.png").write_bytes(b"not an image")

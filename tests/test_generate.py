@@ -15,7 +15,7 @@ from moh_dit.errors import ArtifactError
 from moh_dit.generate import GenerationSettings, generate_samples, label_for_index, load_pipeline
 from moh_dit.training import train
 
-from .helpers.factories import make_image_folder, tiny_train_overrides
+from .helpers.factories import make_image_folder, run_command, tiny_train_overrides, torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -212,31 +212,8 @@ def test_a_run_loads_its_newest_weights_and_says_which(run_dir, tmp_path, caplog
 
 def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir, tmp_path):
     single = np.load(generate_samples(load_pipeline(run_dir, device="cpu"), tmp_path / "one", settings(num_samples=7)))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(ROOT / "sample.py"),
-        str(run_dir),
-        "--num-samples",
-        "7",
-        "--sample-dir",
-        str(tmp_path / "two"),
-        "--seed",
-        "3",
-        "--batch-size",
-        "4",
-        "--cfg-scale",
-        "2.0",
-        "--num-steps",
-        "4",
-    ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    args = "--num-samples 7 --seed 3 --batch-size 4 --cfg-scale 2.0 --num-steps 4".split()
+    result = run_command(torchrun(ROOT / "sample.py", run_dir, "--sample-dir", tmp_path / "two", *args))
     assert "2 process(es)" in result.stderr
     two = np.load(tmp_path / "two.npz")
     assert np.array_equal(single["arr_0"], two["arr_0"]) and single["arr_1"].tolist() == two["arr_1"].tolist()

@@ -4,27 +4,14 @@ built from the image tree -> evaluation. Every artifact's manifest must point at
 nothing may fall back silently."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from .helpers.factories import make_image_folder, tiny_train_overrides, tiny_vae
+from .helpers.factories import make_image_folder, run_command, tiny_train_overrides, tiny_vae, torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(cmd, **kw):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, **kw)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
-
-
-def _torchrun(*args):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *map(str, args)]
 
 
 def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
@@ -35,7 +22,7 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
 
     # 1. latents (the corrupt image is dropped and recorded)
     lat = tmp_path / "latents" / "train.npy"
-    _run(
+    run_command(
         [
             sys.executable,
             "-m",
@@ -61,8 +48,8 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
 
     # 2. training on two processes, from the latents' own VAE record
     run = tmp_path / "run"
-    train = _run(
-        _torchrun(
+    train = run_command(
+        torchrun(
             ROOT / "train.py",
             *tiny_train_overrides(
                 run, lat, "data.name=latents", "train.max_steps=4", "log.sample_per_class=1", image_size=16
@@ -81,9 +68,9 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
 
     # 3. sampling on two processes and on one: the same bits, and the record of what made them
     common = ["--num-samples", "10", "--batch-size", "4", "--num-steps", "3", "--cfg-scale", "1.5"]
-    two = _run(_torchrun(ROOT / "sample.py", run, "--sample-dir", tmp_path / "s" / "cfg1.5", *common))
+    two = run_command(torchrun(ROOT / "sample.py", run, "--sample-dir", tmp_path / "s" / "cfg1.5", *common))
     assert "2 process(es)" in two.stderr
-    _run([sys.executable, ROOT / "sample.py", run, "--sample-dir", tmp_path / "s1" / "cfg1.5", *common])
+    run_command([sys.executable, ROOT / "sample.py", run, "--sample-dir", tmp_path / "s1" / "cfg1.5", *common])
     a, b = np.load(tmp_path / "s" / "cfg1.5.npz"), np.load(tmp_path / "s1" / "cfg1.5.npz")
     assert a["arr_0"].shape == (10, 16, 16, 3) and np.array_equal(a["arr_0"], b["arr_0"])
     samples_manifest = json.loads(str(a["moh_dit_manifest"]))
@@ -93,7 +80,7 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
 
     # 4. a reference from the image tree, and the evaluation that records both sides
     ref = tmp_path / "ref.npz"
-    _run(
+    run_command(
         [
             sys.executable,
             "-m",
@@ -108,7 +95,7 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
         ]
     )
     out = tmp_path / "metrics.json"
-    _run(
+    run_command(
         [
             sys.executable,
             ROOT / "evaluate_fid.py",

@@ -96,7 +96,7 @@ def latent_setup(tmp_path_factory):
     --vae path."""
     import os
 
-    from moh_dit.latents import main
+    from moh_dit.commands.latents import main
 
     from .helpers.factories import make_image_folder
 

@@ -17,9 +17,9 @@ from moh_dit.config import EMASection, load_config
 from moh_dit.data import DataError
 from moh_dit.errors import ConfigError
 from moh_dit.pipeline import MoHDiTPipeline
-from moh_dit.training import NonFiniteLossError, Trainer, find_checkpoint, make_ema, train
+from moh_dit.training import NonFiniteLossError, Trainer, find_checkpoint, make_ema
 
-from .helpers.factories import make_image_folder, tiny_train_overrides, tiny_vae
+from .helpers.factories import make_image_folder, run_command, tiny_train_overrides, tiny_vae, torchrun, train_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def read_metrics(out_dir):
 # ----------------------------------------------------------------------------------------------------
 def test_pixel_space_run_logs_checkpoints_and_exports(tmp_path, image_dir):
     out = tmp_path / "run"
-    summary = train(load_config(None, tiny_overrides(out, image_dir)))
+    summary = train_tiny(out, image_dir)
     assert summary["step"] == 4 and summary["stop_reason"] == "max_steps"
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
@@ -58,20 +58,15 @@ def test_pixel_space_run_logs_checkpoints_and_exports(tmp_path, image_dir):
 
 def test_loss_decreases_on_a_memorisation_task(tmp_path, image_dir):
     out = tmp_path / "mem"
-    train(
-        load_config(
-            None,
-            tiny_overrides(
-                out,
-                image_dir,
-                "train.max_steps=80",
-                "train.global_batch_size=8",
-                "train.checkpoint_every=1000",
-                "log.sample_per_class=0",
-                "optim.lr=2e-3",
-                "log.head_usage=false",
-            ),
-        )
+    train_tiny(
+        out,
+        image_dir,
+        "train.max_steps=80",
+        "train.global_batch_size=8",
+        "train.checkpoint_every=1000",
+        "log.sample_per_class=0",
+        "optim.lr=2e-3",
+        "log.head_usage=false",
     )
     losses = [m["diffusion_loss"] for m in read_metrics(out)]
     assert np.mean(losses[-15:]) < 0.6 * np.mean(losses[:15])
@@ -83,11 +78,7 @@ def test_training_with_a_tiny_vae_and_with_pre_extracted_latents(tmp_path, image
 
     tiny_vae().save_pretrained(tmp_path / "vae")
     out = tmp_path / "latent-run"
-    train(
-        load_config(
-            None, tiny_overrides(out, image_dir, f"data.vae={tmp_path / 'vae'}", "train.max_steps=2", image_size=16)
-        )
-    )
+    train_tiny(out, image_dir, f"data.vae={tmp_path / 'vae'}", "train.max_steps=2", image_size=16)
     assert np.isfinite(read_metrics(out)[-1]["diffusion_loss"])
     pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
     assert pipe.vae is not None and pipe.transformer.config.in_channels == 4
@@ -98,7 +89,7 @@ def test_training_with_a_tiny_vae_and_with_pre_extracted_latents(tmp_path, image
         ds, load_vae(str(tmp_path / "vae")), tmp_path / "lat.npy", vae_name=str(tmp_path / "vae"), id2label=ds.id2label
     )
     out2 = tmp_path / "packed-run"
-    train(load_config(None, tiny_overrides(out2, lat, "data.name=latents", "train.max_steps=2", image_size=16)))
+    train_tiny(out2, lat, "data.name=latents", "train.max_steps=2", image_size=16)
     assert np.isfinite(read_metrics(out2)[-1]["diffusion_loss"])
     assert MoHDiTPipeline.from_pretrained(out2 / "pipeline").vae is not None
 
@@ -166,20 +157,10 @@ def test_sigkill_and_resume_reproduce_per_step_losses(tmp_path, image_dir):
 def test_two_process_cpu_run(tmp_path, image_dir):
     out = tmp_path / "ddp"
     out.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(ROOT / "tests" / "helpers" / "ddp_probe.py"),
-        str(out),
-        *tiny_overrides(out / "run", image_dir, "train.max_steps=3", "log.sample_per_class=0"),
-    ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    probe = ROOT / "tests" / "helpers" / "ddp_probe.py"
+    run_command(
+        torchrun(probe, out, *tiny_overrides(out / "run", image_dir, "train.max_steps=3", "log.sample_per_class=0"))
+    )
     r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["world"] == r1["world"] == 2
     assert all(a != b for a, b in zip(r0["seen"], r1["seen"]))  # different data on each rank
@@ -279,49 +260,34 @@ def _state(ckpt):
 
 def test_exploding_weights_never_replace_the_last_good_checkpoint(tmp_path, image_dir):
     out = tmp_path / "boom"
-    train(load_config(None, tiny_overrides(out, image_dir, "train.keep_last=1", "log.sample_per_class=0")))
+    train_tiny(out, image_dir, "train.keep_last=1", "log.sample_per_class=0")
     good = find_checkpoint(out)
     assert good.name == "step-00000004"
     before = _state(good)
     # the same run continued with an absurd learning rate: the weights explode at once
     with pytest.raises(NonFiniteLossError, match="not saved; the newest good checkpoint is .*step-00000004"):
-        train(
-            load_config(
-                None,
-                tiny_overrides(
-                    out,
-                    image_dir,
-                    "train.keep_last=1",
-                    "train.resume=latest",
-                    "optim.lr=1e30",
-                    "train.max_steps=12",
-                    "log.sample_per_class=0",
-                ),
-            )
+        train_tiny(
+            out,
+            image_dir,
+            "train.keep_last=1",
+            "train.resume=latest",
+            "optim.lr=1e30",
+            "train.max_steps=12",
+            "log.sample_per_class=0",
         )
     assert [p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step-00000004"]
     after = _state(find_checkpoint(out))
     assert all(torch.equal(before[k], after[k]) for k in before)
     # and the run resumes from it
-    summary = train(
-        load_config(
-            None,
-            tiny_overrides(
-                out,
-                image_dir,
-                "train.keep_last=1",
-                "train.resume=latest",
-                "train.max_steps=6",
-                "log.sample_per_class=0",
-            ),
-        )
+    summary = train_tiny(
+        out, image_dir, "train.keep_last=1", "train.resume=latest", "train.max_steps=6", "log.sample_per_class=0"
     )
     assert summary["step"] == 6 and find_checkpoint(out).name == "step-00000006"
 
 
 def test_non_finite_loss_right_after_a_resume_rewrites_its_own_checkpoint(tmp_path, image_dir, monkeypatch):
     out = tmp_path / "again"
-    train(load_config(None, tiny_overrides(out, image_dir, "log.sample_per_class=0")))
+    train_tiny(out, image_dir, "log.sample_per_class=0")
     trainer = Trainer(
         load_config(
             None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=8", "log.sample_per_class=0")
@@ -339,13 +305,7 @@ def test_non_finite_loss_right_after_a_resume_rewrites_its_own_checkpoint(tmp_pa
     assert find_checkpoint(out).name == "step-00000004"
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp folders left
     assert (
-        train(
-            load_config(
-                None,
-                tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=6", "log.sample_per_class=0"),
-            )
-        )["step"]
-        == 6
+        train_tiny(out, image_dir, "train.resume=latest", "train.max_steps=6", "log.sample_per_class=0")["step"] == 6
     )
 
 
@@ -353,17 +313,13 @@ def test_an_existing_run_folder_is_refused_without_resume_or_overwrite(tmp_path,
     from moh_dit.errors import ArtifactError
 
     out = tmp_path / "taken"
-    train(load_config(None, tiny_overrides(out, image_dir, "log.sample_per_class=0")))
+    train_tiny(out, image_dir, "log.sample_per_class=0")
     metrics_before = (out / "metrics.jsonl").read_text()
     with pytest.raises(ArtifactError, match=r"already holds a run with checkpoints up to step 4.*train.resume=latest"):
         Trainer(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=2", "log.sample_per_class=0")))
     assert (out / "metrics.jsonl").read_text() == metrics_before
     # explicit overwrite: a fresh run, nothing of the old one mixed in
-    train(
-        load_config(
-            None, tiny_overrides(out, image_dir, "train.max_steps=2", "train.overwrite=true", "log.sample_per_class=0")
-        )
-    )
+    train_tiny(out, image_dir, "train.max_steps=2", "train.overwrite=true", "log.sample_per_class=0")
     assert [m["step"] for m in read_metrics(out)] == [1, 2]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002"]
 
@@ -372,17 +328,10 @@ def test_resume_with_another_set_up_is_refused_and_changed_settings_are_recorded
     from moh_dit.errors import ArtifactError
 
     out = tmp_path / "ident"
-    train(load_config(None, tiny_overrides(out, image_dir, "log.sample_per_class=0")))
+    train_tiny(out, image_dir, "log.sample_per_class=0")
     with pytest.raises(ArtifactError, match=r"another set-up \(train.seed: 0 -> 1"):
         Trainer(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.seed=1"))).run()
-    train(
-        load_config(
-            None,
-            tiny_overrides(
-                out, image_dir, "train.resume=latest", "train.max_steps=6", "optim.lr=5e-4", "log.sample_per_class=0"
-            ),
-        )
-    )
+    train_tiny(out, image_dir, "train.resume=latest", "train.max_steps=6", "optim.lr=5e-4", "log.sample_per_class=0")
     manifest = json.loads((out / "manifest.json").read_text())
     resume = [e for e in manifest["events"] if e["event"] == "resume"][0]
     assert resume["step"] == 4 and resume["changed"]["optim.lr"] == [1e-3, 5e-4]
@@ -396,10 +345,10 @@ def test_first_record_after_a_resume_averages_the_same_steps(tmp_path, image_dir
     """log_every=4 with checkpoints every 5 steps: the window 5..8 straddles the resume at step 5."""
     common = ("log.log_every=4", "train.checkpoint_every=5", "log.sample_per_class=0", "log.head_usage=false")
     ref = tmp_path / "ref"
-    train(load_config(None, tiny_overrides(ref, image_dir, "train.max_steps=12", *common)))
+    train_tiny(ref, image_dir, "train.max_steps=12", *common)
     split = tmp_path / "split"
-    train(load_config(None, tiny_overrides(split, image_dir, "train.max_steps=5", *common)))
-    train(load_config(None, tiny_overrides(split, image_dir, "train.max_steps=12", "train.resume=latest", *common)))
+    train_tiny(split, image_dir, "train.max_steps=5", *common)
+    train_tiny(split, image_dir, "train.max_steps=12", "train.resume=latest", *common)
     a = {m["step"]: m["diffusion_loss"] for m in read_metrics(ref)}
     b = {m["step"]: m["diffusion_loss"] for m in read_metrics(split)}
     assert [a[s] for s in (4, 8, 12)] == [b[s] for s in (4, 8, 12)]

@@ -111,3 +111,32 @@ def as_overrides(config: dict, prefix: str = "") -> list[str]:
 def tiny_train_overrides(out_dir, data_dir, *extra, image_size=8):
     """:func:`tiny_train_config` as command-line overrides, followed by ``extra`` ones."""
     return [*as_overrides(tiny_train_config(out_dir, data_dir, image_size)), *extra]
+
+
+def train_tiny(out_dir, data_dir, *extra, image_size=8) -> dict:
+    """Train :func:`tiny_train_config` in this process, with ``extra`` ``section.key=value`` overrides."""
+    from moh_dit.config import load_config
+    from moh_dit.training import train
+
+    return train(load_config(tiny_train_config(out_dir, data_dir, image_size), list(extra)))
+
+
+def torchrun(*args) -> list[str]:
+    """The command line of two CPU processes running ``args`` (a script and its arguments)."""
+    import sys
+
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *map(str, args)]
+
+
+def run_command(cmd, timeout: int = 300, **kw):
+    """Run a command line as a subprocess with the repository importable and one thread per process; it must
+    succeed. Returns the completed process (text output)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    result = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result

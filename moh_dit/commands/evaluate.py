@@ -1,0 +1,141 @@
+r"""Evaluate FID, sFID, Inception Score, precision and recall like the ADM evaluator (DiT / MoH-DiT papers).
+
+Existing samples (ADM .npz with arr_0, or a folder of PNGs):
+    python evaluate_fid.py --samples samples/xl90.npz --reference VIRTUAL_imagenet256_labeled.npz
+
+A model (run folder, checkpoint or pipeline folder): sample N images first (resumable, any number of
+processes), then evaluate on the main process:
+    accelerate launch --num_processes 8 evaluate_fid.py --model runs/imagenet256/moh-dit-xl-2-90 \
+        --reference VIRTUAL_imagenet256_labeled.npz --num-samples 50000 --cfg-scale 1.5 --guidance-channels 3
+
+The reference may also be a folder or class-per-folder tree of real images (center-cropped as ADM does to
+the samples' size, or --reference-size); `python -m moh_dit.reference` saves such a tree as a reference .npz.
+
+Inception weights: --extractor-weights PATH, else $MOH_DIT_INCEPTION_WEIGHTS, else the torch hub cache
+($TORCH_HOME/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth).
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+from moh_dit.cli import add_sampling_arguments, positive_int
+from moh_dit.options import EVAL_GUIDANCE, EVAL_STEPS
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--samples", help="ADM-style .npz (arr_0) or a folder of images")
+    src.add_argument("--model", help="run folder, checkpoint or pipeline folder to sample from")
+    p.add_argument("--reference", required=True, help="ADM reference batch .npz, or a folder / .npz of real images")
+    p.add_argument(
+        "--reference-size",
+        type=positive_int,
+        default=None,
+        help="center-crop size for an image-folder reference (default: the samples' size)",
+    )
+    p.add_argument(
+        "--extractor", default="inception", help="'inception' (paper protocol) or a torch-fidelity extractor name"
+    )
+    p.add_argument(
+        "--extractor-module", default=None, help="python module to import first (it may register extractors)"
+    )
+    p.add_argument(
+        "--extractor-weights",
+        "--inception-weights",
+        dest="extractor_weights",
+        default=None,
+        help="weights file of the extractor (checked to hold plain tensors before it is loaded)",
+    )
+    p.add_argument("--batch-size", type=positive_int, default=100, help="feature extraction batch size")
+    p.add_argument("--fp16-distances", action="store_true", help="emulate ADM's float16 precision/recall distances")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write cached reference statistics")
+    p.add_argument("--out", default=None, help="JSON file for all numbers and settings (default: beside the samples)")
+    p.add_argument("--device", default=None)
+    g = p.add_argument_group("sampling (with --model); defaults: the papers' FID protocol (see moh_dit.options)")
+    add_sampling_arguments(g, guidance=EVAL_GUIDANCE, num_steps=EVAL_STEPS, num_samples=50_000)
+    g.add_argument("--sample-batch-size", type=positive_int, default=64, help="also the block size of the samples")
+    g.add_argument("--sample-dir", default=None, help="default: <run>/eval-samples-step<N>-<settings>")
+    return p
+
+
+def default_sample_dir(args, source) -> Path:
+    """One folder per model state and setting: a model that trains on gets a new folder, never stale samples."""
+    root = source.run or (source.path if source.path.is_dir() else source.path.parent)
+    step = f"step{source.step}-" if source.step is not None else ""
+    tag = (
+        f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}-ch{args.guidance_channels or 'all'}-"
+        f"{args.scheduler or 'ddpm'}{args.num_steps}-{args.dtype}-seed{args.seed}"
+    )
+    return root / f"eval-samples-{tag}"
+
+
+def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from moh_dit.artifacts import (
+        ensure_writable_file,
+        metrics_path_for,
+        read_manifest,
+        read_npz_manifest,
+        sample_npz_path,
+    )
+    from moh_dit.evaluation import (
+        evaluate,
+        format_table,
+        import_extractor_module,
+        load_images,
+        resolve_extractor,
+        write_metrics,
+    )
+
+    import_extractor_module(args.extractor_module)
+    # everything that can fail fast does so before sampling or feature extraction
+    extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
+    if not Path(args.reference).exists():
+        raise FileNotFoundError(f"reference {args.reference} does not exist")
+    if args.model:
+        from moh_dit.generate import GenerationSettings, resolve_model_source, sample_to_folder
+
+        sample_dir = (
+            Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, resolve_model_source(args.model))
+        )
+        samples_path = sample_npz_path(sample_dir)
+        out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
+        settings = GenerationSettings.from_args(args, batch_size=args.sample_batch_size)
+        accelerator, _ = sample_to_folder(
+            args.model, sample_dir, settings, args.device, args.dtype, args.scheduler, overwrite=args.overwrite
+        )
+        if not accelerator.is_main_process:
+            return {}
+    else:
+        samples_path = Path(args.samples)
+        out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
+
+    if samples_path.is_dir():
+        manifest = read_manifest(samples_path, "samples")
+    else:
+        manifest = read_npz_manifest(samples_path) if samples_path.suffix == ".npz" else None
+    samples = load_images(samples_path, limit=(manifest or {}).get("count"))
+    result = evaluate(
+        samples,
+        args.reference,
+        extractor,
+        args.batch_size,
+        args.fp16_distances,
+        cache=not args.no_cache,
+        reference_size=args.reference_size,
+    )
+    result["samples"] = {"path": str(samples_path.resolve()), "manifest": manifest}
+    # the numbers first: a failed write must not lose them
+    print(format_table(result["metrics"]))
+    try:
+        write_metrics(out, result)
+    except OSError as err:
+        print(f"error: could not write {out} ({err.strerror or err}); the numbers are above", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"wrote {out}")
+    return result

@@ -1,0 +1,90 @@
+r"""Sample images from a trained MoH-DiT / DiT.
+
+A labelled grid (default), from a run folder (its newest weights), checkpoint, pipeline or transformer folder:
+    python sample.py runs/fashion_mnist_moh --class-labels Sneaker Bag 0 --per-class 8 --out grid.png
+
+N images for evaluation (PNGs by index + ADM .npz beside the folder), on any number of processes, resumable:
+    accelerate launch --num_processes 8 sample.py runs/imagenet256/moh-dit-xl-2-90 --num-samples 50000 \
+        --sample-dir samples/xl90 --cfg-scale 1.5 --guidance-channels 3
+    torchrun --standalone --nproc_per_node 2 sample.py runs/fashion_mnist_moh --num-samples 2000 --sample-dir s/f
+"""
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Optional
+
+from moh_dit.cli import add_sampling_arguments, positive_int
+from moh_dit.options import EVAL_STEPS, GRID_GUIDANCE
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="run folder, checkpoint folder, pipeline folder or transformer folder")
+    p.add_argument("--class-labels", nargs="*", default=None, help="class ids or names (default: every class)")
+    p.add_argument("--per-class", type=positive_int, default=8, help="images per class in the grid")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=64,
+        help="images per forward pass; with --num-samples also the block size (part of the samples' record)",
+    )
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--vae", default=None, help="replace/add the VAE (hub id or folder)")
+    p.add_argument("--out", default="samples.png", help="grid PNG")
+    p.add_argument("--save-images", default=None, help="also write each grid image into this folder")
+    p.add_argument(
+        "--sample-dir", default="samples", help="folder for --num-samples PNGs (the .npz is written beside it)"
+    )
+    # the grid is for looking at (guidance 4.0, as DiT's visual samples); see moh_dit.options
+    add_sampling_arguments(p, guidance=GRID_GUIDANCE, num_steps=EVAL_STEPS, num_samples=0)
+    return p
+
+
+def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from moh_dit.artifacts import ensure_writable_dir, ensure_writable_file
+    from moh_dit.generate import load_pipeline
+
+    if args.num_samples > 0:
+        from moh_dit.generate import GenerationSettings, sample_to_folder
+
+        settings = GenerationSettings.from_args(args, batch_size=args.batch_size)
+        _, npz = sample_to_folder(
+            args.model, args.sample_dir, settings, args.device, args.dtype, args.scheduler, args.vae, args.overwrite
+        )
+        if npz is not None:
+            print(f"wrote {args.num_samples} samples to {args.sample_dir} and {npz}")
+        return
+
+    # outputs are checked before the work, not after minutes of sampling
+    ensure_writable_file(args.out, "--out")
+    if args.save_images:
+        ensure_writable_dir(args.save_images, "--save-images")
+    pipe = load_pipeline(args.model, args.device, args.dtype, args.scheduler, args.vae)
+    classes = args.class_labels
+    if not classes and pipe.transformer.config.num_classes:
+        classes = list(range(pipe.transformer.config.num_classes))
+    if classes:
+        pipe.get_label_ids(classes)  # unknown names fail now
+    images, names = pipe.sample_grid(
+        classes or [],
+        args.per_class,
+        args.seed,
+        args.cfg_scale,
+        args.num_steps,
+        args.guidance_channels,
+        args.batch_size,
+    )
+    from moh_dit.images import make_grid
+
+    make_grid(images, ncols=args.per_class, row_labels=names).save(args.out)
+    if args.save_images:
+        from PIL import Image
+
+        folder = Path(args.save_images)
+        for i, img in enumerate(images):
+            name = f"{i:04d}_{names[i // args.per_class]}" if names else f"{i:04d}"
+            Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img).save(folder / f"{name.replace('/', '-')}.png")
+    print(f"wrote {args.out} ({len(images)} images)")
