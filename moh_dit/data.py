@@ -494,7 +494,7 @@ def build_dataset(section: "DataSection") -> Dataset:
         what = (
             "a folder with one sub-folder per class"
             if section.name == "folder"
-            else "a file written by `python -m moh_dit.latents`"
+            else "a file written by `moh-dit latents`"
         )
         raise DataError(f"data.name={section.name} needs data.path ({what})")
     if section.name == "folder":

@@ -6,8 +6,8 @@ The ADM evaluator compares samples against a reference ``.npz``: ``arr_0`` holds
 makes such a file from any folder or class-per-folder tree of images, center-cropped the way ADM prepares
 ImageNet, streaming the statistics so that a training set of any size fits in memory.
 
-    python -m moh_dit.reference /data/imagenet/train --image-size 256 --out refs/imagenet256.npz
-    python -m moh_dit.reference /data/faces --image-size 64 --out refs/faces64.npz --extractor inception \
+    moh-dit reference /data/imagenet/train --image-size 256 --out refs/imagenet256.npz
+    moh-dit reference /data/faces --image-size 64 --out refs/faces64.npz --extractor inception \
         --extractor-weights weights-inception-2015-12-05-6726825d.pth
 
 Without ``--extractor`` only the images are stored; evaluation then computes the statistics from them.

@@ -9,7 +9,7 @@ processes), then evaluate on the main process:
         --reference VIRTUAL_imagenet256_labeled.npz --num-samples 50000 --cfg-scale 1.5 --guidance-channels 3
 
 The reference may also be a folder or class-per-folder tree of real images (center-cropped as ADM does to
-the samples' size, or --reference-size); `python -m moh_dit.reference` saves such a tree as a reference .npz.
+the samples' size, or --reference-size); `moh-dit reference` saves such a tree as a reference .npz.
 
 Inception weights: --extractor-weights PATH, else $MOH_DIT_INCEPTION_WEIGHTS, else the torch hub cache
 ($TORCH_HOME/hub/checkpoints/weights-inception-2015-12-05-6726825d.pth).
