@@ -117,49 +117,59 @@ class Config:
     def validate(self) -> None:
         """Every value checked once, when the config is read, so that a typo fails before any data, VAE or
         model is loaded."""
-        m, d, o, t, e, lg = self.model, self.data, self.optim, self.train, self.ema, self.log
-        if not isinstance(m.overrides, dict):
-            raise ConfigError(f"model.overrides must be a mapping such as {{hidden_size: 256}}, got {m.overrides!r}")
-        preset_config(m.preset, **m.overrides)  # the preset name, the override keys and per-layer lengths, once
-        _one_of("data.name", d.name, ("fashion-mnist", "folder", "latents"))
-        _one_of("train.mixed_precision", t.mixed_precision, ("no", "fp16", "bf16"))
+        model, data, optim, train, ema, log = self.model, self.data, self.optim, self.train, self.ema, self.log
+        if not isinstance(model.overrides, dict):
+            raise ConfigError(
+                f"model.overrides must be a mapping such as {{hidden_size: 256}}, got {model.overrides!r}"
+            )
+        preset_config(
+            model.preset, **model.overrides
+        )  # the preset name, the override keys and per-layer lengths, once
+        _one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))
+        _one_of("train.mixed_precision", train.mixed_precision, ("no", "fp16", "bf16"))
         for name in ("global_batch_size", "grad_accum_steps", "max_steps", "checkpoint_every", "keep_last"):
-            _at_least(f"train.{name}", getattr(t, name), 1)
-        _at_least("log.log_every", lg.log_every, 1)
-        _at_least("ema.update_every", e.update_every, 1)
-        _at_least("log.sample_steps", lg.sample_steps, 1)
+            _at_least(f"train.{name}", getattr(train, name), 1)
+        _at_least("log.log_every", log.log_every, 1)
+        _at_least("ema.update_every", ema.update_every, 1)
+        _at_least("log.sample_steps", log.sample_steps, 1)
         for name in ("sample_every", "sample_per_class", "sample_max_classes"):
-            _at_least(f"log.{name}", getattr(lg, name), 0)
-        _at_least("data.num_workers", d.num_workers, 0)
-        _at_least("data.subset_per_class", d.subset_per_class, 0)
-        _at_least("data.image_size", d.image_size, 1)
-        _one_of("data.channels", d.channels, (1, 3))
-        _at_least("optim.warmup_steps", o.warmup_steps, 0)
+            _at_least(f"log.{name}", getattr(log, name), 0)
+        _at_least("data.num_workers", data.num_workers, 0)
+        _at_least("data.subset_per_class", data.subset_per_class, 0)
+        _at_least("data.image_size", data.image_size, 1)
+        _one_of("data.channels", data.channels, (1, 3))
+        _at_least("optim.warmup_steps", optim.warmup_steps, 0)
         for key, value in (
-            ("optim.lr", o.lr),
-            ("optim.eps", o.eps),
-            ("optim.weight_decay", o.weight_decay),
-            ("optim.grad_clip", o.grad_clip),
-            ("train.time_limit_minutes", t.time_limit_minutes),
-            ("train.moh_loss_coeff", t.moh_loss_coeff),
-            ("log.sample_cfg_scale", lg.sample_cfg_scale),
+            ("optim.lr", optim.lr),
+            ("optim.eps", optim.eps),
+            ("optim.weight_decay", optim.weight_decay),
+            ("optim.grad_clip", optim.grad_clip),
+            ("train.time_limit_minutes", train.time_limit_minutes),
+            ("train.moh_loss_coeff", train.moh_loss_coeff),
+            ("log.sample_cfg_scale", log.sample_cfg_scale),
         ):
             if not math.isfinite(value) or (key != "log.sample_cfg_scale" and value < 0):
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
-        if o.lr <= 0:
-            raise ConfigError(f"optim.lr must be > 0, got {o.lr}")
-        if not 0.0 <= e.decay <= 1.0:
-            raise ConfigError(f"ema.decay must be in [0, 1], got {e.decay}")
-        if not 0.0 <= d.max_bad_fraction <= 1.0:
-            raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
-        if t.resume is not None and not isinstance(t.resume, str):
-            raise ConfigError(f"train.resume must be 'latest' or the path of a checkpoint folder, got {t.resume!r}")
-        if t.resume is not None and t.resume != "latest" and not (Path(t.resume) / "trainer_state.json").is_file():
+        if optim.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {optim.lr}")
+        if not 0.0 <= ema.decay <= 1.0:
+            raise ConfigError(f"ema.decay must be in [0, 1], got {ema.decay}")
+        if not 0.0 <= data.max_bad_fraction <= 1.0:
+            raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {data.max_bad_fraction}")
+        if train.resume is not None and not isinstance(train.resume, str):
             raise ConfigError(
-                f"train.resume={t.resume}: not a complete checkpoint folder (use 'latest' or a "
+                f"train.resume must be 'latest' or the path of a checkpoint folder, got {train.resume!r}"
+            )
+        if (
+            train.resume is not None
+            and train.resume != "latest"
+            and not (Path(train.resume) / "trainer_state.json").is_file()
+        ):
+            raise ConfigError(
+                f"train.resume={train.resume}: not a complete checkpoint folder (use 'latest' or a "
                 f"path such as runs/x/checkpoints/step-00001000)"
             )
-        if t.resume is not None and t.overwrite:
+        if train.resume is not None and train.overwrite:
             raise ConfigError(
                 "train.resume and train.overwrite contradict each other: resume keeps the run, overwrite clears it"
             )

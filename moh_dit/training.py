@@ -168,8 +168,10 @@ def micro_batch_size(config: Config, world: int) -> int:
 
 
 def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimizer:
-    o = config.optim
-    return torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    optim = config.optim
+    return torch.optim.AdamW(
+        model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+    )
 
 
 def learning_rate(config: Config, step: int) -> float:
@@ -333,10 +335,10 @@ class Trainer:
         if self.config.log.tensorboard:
             self.accelerator.init_trackers("tensorboard")
         (active, total), params = self.unwrapped.head_counts(), sum(p.numel() for p in self.unwrapped.parameters())
-        t = self.config.train
+        train_cfg = self.config.train
         logger.info(
             f"training {self.config.model.preset}: {params:,} parameters, {active}/{total} heads active, {self.world} "
-            f"processes x {self.micro_batch} images x {t.grad_accum_steps} accumulation = {t.global_batch_size} per step"
+            f"processes x {self.micro_batch} images x {train_cfg.grad_accum_steps} accumulation = {train_cfg.global_batch_size} per step"
         )
 
     def run(self) -> dict[str, Any]:
