@@ -8,10 +8,10 @@ import re
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from moh_dit.commands import COMMANDS
 
