@@ -99,7 +99,7 @@ def train_one(model: str, seed: int, sc: dict, out: Path) -> Path:
         "optim": {"warmup_steps": min(100, sc["steps"] // 4)},
         # short runs: a constant 0.995 EMA would still hold ~10% of the initial weights after 450 steps
         "ema": {"warmup": True},
-        "log": {"log_every": sc["log_every"], "sample_per_class": 0, "tensorboard": False},
+        "log": {"log_every": sc["log_every"], "sample_per_class": 0, "trackers": []},
         # resume=latest: an interrupted experiment continues its runs (a fresh folder starts at step 0)
         "train": {
             "seed": seed,

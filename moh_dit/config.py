@@ -101,7 +101,8 @@ class LogSection:
     sample_max_classes: int = 10
     sample_cfg_scale: float = 4.0
     sample_steps: int = 250
-    tensorboard: bool = True
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
+    project: str = "moh-dit"  # the trackers' project name (a wandb project, a TensorBoard sub-folder)
     head_usage: bool = True
 
 
@@ -169,10 +170,21 @@ class Config:
                 f"train.resume={train.resume}: not a complete checkpoint folder (use 'latest' or a "
                 f"path such as runs/x/checkpoints/step-00001000)"
             )
+        unknown = sorted(set(log.trackers) - set(TRACKERS))
+        if unknown:
+            raise ConfigError(f"log.trackers: unknown tracker(s) {unknown}; accelerate knows {', '.join(TRACKERS)}")
         if train.resume is not None and train.overwrite:
             raise ConfigError(
                 "train.resume and train.overwrite contradict each other: resume keeps the run, overwrite clears it"
             )
+
+
+# Trackers accelerate can log to (accelerate.tracking.LOGGER_TYPE_TO_CLASS); checked without importing it.
+TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab", "trackio")
+# keys of earlier versions, and what replaces them
+RENAMED = {
+    "log.tensorboard": "log.tensorboard was replaced by log.trackers (e.g. log.trackers=[tensorboard], or [] for none)"
+}
 
 
 def _at_least(key: str, value: Any, low: int) -> None:
@@ -190,6 +202,9 @@ def _from_dict(cls, data: dict[str, Any], where: str):
         raise ConfigError(f"{(where or 'config').rstrip('.')} must be a mapping, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
+    renamed = [RENAMED[f"{where}{k}"] for k in unknown if f"{where}{k}" in RENAMED]
+    if renamed:
+        raise ConfigError("; ".join(renamed))
     if unknown:
         raise ConfigError(
             f"unknown config keys {[f'{where}{k}' for k in unknown]}; valid: {[f'{where}{k}' for k in fields]}"
@@ -225,6 +240,10 @@ def _coerce(value: Any, default: Any, key: str) -> Any:
             return float(value)
         if isinstance(default, str) and not isinstance(value, str):
             raise TypeError
+        if isinstance(default, list):
+            value = [value] if isinstance(value, str) else value  # one tracker may be given without brackets
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise TypeError
     except (TypeError, ValueError):
         raise ConfigError(f"{key} must be a {type(default).__name__}, got {value!r}") from None
     return value

@@ -7,9 +7,11 @@ import json
 import logging
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 __all__ = ["LossWindow", "MetricsLog", "Progress"]
@@ -77,6 +79,49 @@ class LossWindow:
             self.sums.copy_(state.to(self.sums.device))
 
 
+def tracker_available(name: str) -> bool:
+    """Whether the package behind one of accelerate's trackers is installed."""
+    from accelerate import utils
+
+    check = getattr(utils, f"is_{name}_available", None)
+    return bool(check()) if check is not None else False
+
+
+def flat_config(config: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``section.key`` scalars (lists as text), the form trackers store hyperparameters in."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out |= flat_config(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
+    return out
+
+
+def start_trackers(accelerator, names: list[str], project: str, state_file: Path, config: dict, step: int) -> dict:
+    """Start accelerate's trackers with the resolved config. A resumed run continues the same tracker run:
+    the wandb run id is kept in ``state_file`` (the run folder's ``trackers.json``) and reused with
+    ``resume="allow"``; TensorBoard keeps its folder and drops events after the checkpoint's step
+    (``purge_step``), as ``metrics.jsonl`` drops its records. Returns the tracker state."""
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    init_kwargs: dict[str, dict] = {}
+    if "wandb" in names:
+        run_id = state.get("wandb", {}).get("id") or uuid.uuid4().hex[:12]  # letters and digits, as wandb's own
+        state["wandb"] = {"id": run_id, "project": project}
+        init_kwargs["wandb"] = {
+            "id": run_id,
+            "resume": "allow",
+            "dir": str(state_file.parent),
+            "name": state_file.parent.name,
+        }
+    if "tensorboard" in names and step > 0:
+        init_kwargs["tensorboard"] = {"purge_step": step + 1}
+    accelerator.init_trackers(project, config=flat_config(config), init_kwargs=init_kwargs)
+    if accelerator.is_main_process and state:
+        state_file.write_text(json.dumps(state, indent=2))
+    return state
+
+
 class MetricsLog:
     """``metrics.jsonl`` (one JSON record per log step) plus accelerate's trackers, written by the main
     process; a resumed run first drops the records of steps after its checkpoint."""
@@ -85,6 +130,25 @@ class MetricsLog:
         self.path = path
         self.accelerator = accelerator
         self.use_trackers = use_trackers
+        self.logged_images: dict[str, int] = {}
+
+    def log_image(self, tag: str, image_file: Path, step: int) -> None:
+        """An image file for every tracker that takes images (TensorBoard, wandb, ...); once per tag and step
+        (a final preview grid repeats the last periodic one)."""
+        if not self.use_trackers or not self.accelerator.is_main_process or self.logged_images.get(tag) == step:
+            return
+        self.logged_images[tag] = step
+        from PIL import Image
+
+        image = np.asarray(Image.open(image_file).convert("RGB"))
+        for tracker in self.accelerator.trackers:
+            try:
+                if tracker.name == "tensorboard":
+                    tracker.log_images({tag: image[None]}, step=step, dataformats="NHWC")
+                else:
+                    tracker.log_images({tag: [image]}, step=step)
+            except (NotImplementedError, AttributeError, TypeError) as err:
+                logger.debug("tracker %s takes no images (%s)", tracker.name, err)
 
     def truncate_after(self, step: int) -> None:
         if not self.accelerator.is_main_process or not self.path.exists():

@@ -30,7 +30,7 @@ from typing import Any, Iterator, Optional
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import ProjectConfiguration, set_seed
 from diffusers.training_utils import EMAModel
 
 from .artifacts import (
@@ -53,7 +53,7 @@ from .model import MoHDiT
 from .pipeline import MoHDiTPipeline
 from .presets import preset_config
 from .seeding import step_generator
-from .tracking import LossWindow, MetricsLog, Progress
+from .tracking import LossWindow, MetricsLog, Progress, start_trackers, tracker_available
 
 __all__ = ["train", "Trainer", "NonFiniteLossError", "find_checkpoint", "build_model", "make_ema", "run_identity"]
 
@@ -147,12 +147,19 @@ def make_accelerator(config: Config) -> Accelerator:
     each other (``torchrun --nproc_per_node N``)."""
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config.train.allow_tf32
+    missing = [name for name in config.log.trackers if not tracker_available(name)]
+    if missing:
+        raise ConfigError(
+            f"log.trackers: {', '.join(missing)} not installed; pip install {' '.join(missing)} (or set "
+            f"log.trackers to the ones you have; tensorboard comes with moh-dit)"
+        )
+    run = Path(config.train.output_dir)
     return Accelerator(
         mixed_precision=config.train.mixed_precision,
         gradient_accumulation_steps=config.train.grad_accum_steps,
         cpu=not torch.cuda.is_available(),
-        log_with="tensorboard" if config.log.tensorboard else None,
-        project_dir=config.train.output_dir,
+        log_with=list(config.log.trackers) or None,
+        project_config=ProjectConfiguration(project_dir=str(run), logging_dir=str(run / "tensorboard")),
     )
 
 
@@ -231,7 +238,7 @@ class Trainer:
         self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window)
         self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma)
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model))
-        self.metrics = MetricsLog(self.layout.metrics, accelerator, config.log.tensorboard)
+        self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
         self.step = self.samples_seen = 0
         self.sampler = partial(
             ShardedEpochBatchSampler, len(self.data.dataset), self.micro_batch, self.world, self.rank, train_cfg.seed
@@ -302,7 +309,9 @@ class Trainer:
         log, seed = self.config.log, self.config.train.seed
         if self.accelerator.is_main_process:
             args = (log.sample_per_class, seed, log.sample_cfg_scale, log.sample_steps, log.sample_max_classes)
-            return self.ema_pipeline().save_grid(self.layout.samples / f"{tag}.png", *args)
+            path = self.ema_pipeline().save_grid(self.layout.samples / f"{tag}.png", *args)
+            self.metrics.log_image("samples", path, self.step)
+            return path
 
     def export_pipeline(self) -> Optional[Path]:
         """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest."""
@@ -332,8 +341,15 @@ class Trainer:
                 "resume" if self.step else "start", step=self.step, world_size=self.world, changed=changed
             )
         self.accelerator.wait_for_everyone()
-        if self.config.log.tensorboard:
-            self.accelerator.init_trackers("tensorboard")
+        if self.config.log.trackers:
+            start_trackers(
+                self.accelerator,
+                self.config.log.trackers,
+                self.config.log.project,
+                self.layout.tracker_state,
+                config_to_dict(self.config),
+                self.step,
+            )
         (active, total), params = self.unwrapped.head_counts(), sum(p.numel() for p in self.unwrapped.parameters())
         train_cfg = self.config.train
         logger.info(

@@ -466,7 +466,7 @@ def test_evaluating_a_run_that_trained_on_samples_the_new_weights(tmp_path):
 
     make_image_folder(tmp_path / "images")
     run = tmp_path / "run"
-    common = ("log.sample_per_class=0", "log.tensorboard=false")
+    common = ("log.sample_per_class=0", "log.trackers=[]")
     train(load_config(None, tiny_train_overrides(run, tmp_path / "images", *common)))
     np.savez(tmp_path / "r.npz", arr_0=random_images(10, size=8))
     args = [

@@ -5,6 +5,7 @@ editable checkout cannot stand in for the installed package."""
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -21,8 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("fresh")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
-                    str(base / "wheel"), str(ROOT)], check=True, capture_output=True)  # fmt: skip
+    # build from a copy of the sources, so the build leaves nothing in the checkout
+    skip = shutil.ignore_patterns(".venv", ".git", "build", "runs", "*.egg-info", "__pycache__", ".pytest_cache")
+    shutil.copytree(ROOT, base / "src", ignore=skip)
+    wheel_cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w"]
+    subprocess.run([*wheel_cmd, str(base / "wheel"), str(base / "src")], check=True, capture_output=True)
+
     (wheel,) = (base / "wheel").glob("moh_dit-*.whl")
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

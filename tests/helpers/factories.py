@@ -91,7 +91,7 @@ def tiny_train_config(out_dir, data_dir, image_size=8) -> dict:
         "model": {"preset": "MoH-DiT-Ti/4-75", "overrides": {"hidden_size": 32, "head_dim": 8, "patch_size": 2}},
         "data": {"name": "folder", "path": str(data_dir), "image_size": image_size, "channels": 3},
         "train": {"output_dir": str(out_dir), "global_batch_size": 4, "max_steps": 4, "checkpoint_every": 2},
-        "log": {"log_every": 1, "tensorboard": False, "sample_per_class": 1, "sample_steps": 3},
+        "log": {"log_every": 1, "trackers": [], "sample_per_class": 1, "sample_steps": 3},
         "optim": {"lr": 1e-3},
         "ema": {"decay": 0.9},
     }
