@@ -82,6 +82,7 @@ class TrainSection:
     keep_last: int = 3
     resume: Optional[str] = None  # latest | PATH
     overwrite: bool = False  # clear an earlier run in output_dir (what moh-dit wrote there) before starting
+    push_to_hub: Optional[str] = None  # a Hub repo id: upload the exported pipeline (with its card) at the end
 
 
 @dataclass

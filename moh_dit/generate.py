@@ -439,7 +439,7 @@ def sample_to_folder(
 ):
     """What ``sample.py --num-samples`` and ``evaluate_fid.py --model`` do: start accelerate (all processes of
     an ``accelerate launch`` / ``torchrun``), log how many there are, load the model and generate. Returns
-    ``(accelerator, npz path on the main process)``."""
+    ``(accelerator, npz path on the main process, pipeline)``."""
     from accelerate import Accelerator
 
     from .cli import resolve_device
@@ -448,7 +448,7 @@ def sample_to_folder(
     accelerator = Accelerator(cpu=resolve_device(device).type == "cpu")
     logger.info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
     pipe = load_pipeline(model, accelerator.device, dtype, scheduler, vae)
-    return accelerator, generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite)
+    return accelerator, generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite), pipe
 
 
 def pack_npz(sample_dir: Path, manifest: dict[str, Any], npz_path: Path) -> Path:

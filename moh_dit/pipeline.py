@@ -31,6 +31,7 @@ from diffusers import (
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from .artifacts import fingerprint_module, read_manifest, replace_folder, write_manifest
+from .card import write_card
 from .diffusion import DIT_SCHEDULE
 from .errors import ConfigError, NonFiniteSampleError
 from .model import MoHDiT
@@ -150,14 +151,15 @@ class MoHDiTPipeline(DiffusionPipeline):
         )
 
     def save(self, folder: str | os.PathLike, source: dict[str, Any]) -> Path:
-        """``save_pretrained`` (safetensors) plus a manifest of what the weights are (fingerprints) and where
-        they came from (``source``: run, step, EMA or model weights, conversion). Written into a temporary
+        """``save_pretrained`` (safetensors), a manifest of what the weights are (fingerprints) and where they
+        came from (``source``: run, step, EMA or model weights, training settings, conversion), and a model
+        card (``README.md``, see ``moh_dit.card``). Written into a temporary
         folder and renamed, so the folder is the old or the new pipeline, never half of each."""
         folder = Path(folder)
         tmp = folder.with_name(f".tmp-{folder.name}")
         shutil.rmtree(tmp, ignore_errors=True)
         self.save_pretrained(tmp, safe_serialization=True)
-        write_manifest(
+        manifest = write_manifest(
             tmp,
             "pipeline",
             source=source,
@@ -166,6 +168,7 @@ class MoHDiTPipeline(DiffusionPipeline):
             latent_space=self.config.latent_space,
             id2label={str(k): v for k, v in self.id2label.items()},
         )
+        write_card(tmp, self, manifest)  # README.md: what it is, how it was made, how to use it
         replace_folder(tmp, folder)
         return folder
 

@@ -45,6 +45,7 @@ from .artifacts import (
     restore_checkpoint,
     save_checkpoint,
 )
+from .card import push_folder
 from .config import Config, EMASection, ModelSection, config_to_dict
 from .data import ShardedEpochBatchSampler, TrainingData, load_training_data
 from .diffusion import DiffusionObjective
@@ -318,7 +319,20 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
-            return self.ema_pipeline().save(self.layout.pipeline, dict(run, weights="ema", vae=self.data.vae_record))
+            path = self.ema_pipeline().save(
+                self.layout.pipeline,
+                dict(run, weights="ema", vae=self.data.vae_record, training=self.training_summary()),
+            )
+            if self.config.train.push_to_hub:
+                push_folder(path, self.config.train.push_to_hub)
+            return path
+
+    def training_summary(self) -> dict:
+        """What a model card says about the training (see ``moh_dit.card``)."""
+        full = config_to_dict(self.config)
+        data = {k: v for k, v in self.data.description.items() if k in ("name", "count", "fingerprint", "split")}
+        train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
+        return dict(train, preset=self.config.model.preset, data=data, optim=full["optim"], ema=full["ema"])
 
     # ------------------------------------------------------------------------------------------------
     # The loop

@@ -40,6 +40,13 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--moh-top-k", type=int, nargs="+", default=None, help="with --to-moh: routed top-k (one or per layer)"
     )
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO_ID",
+        default=None,
+        help="also upload the pipeline folder (with its model card) to this Hugging Face Hub repository",
+    )
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository as private")
     return p
 
 
@@ -66,6 +73,8 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
             raise ConversionError(f"{out} exists and is not a folder")
     else:
         ensure_writable_file(out, "the output file")
+    if args.push_to_hub and args.to != "pipeline":
+        p.error("--push-to-hub uploads pipeline folders: use it with --to pipeline")
     model, vae, id2label, report = load_any(args.src, **hints)
     if args.id2label:
         id2label = {int(k): v for k, v in json.loads(Path(args.id2label).read_text()).items()}
@@ -102,6 +111,11 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
         }
         pipe.save(out, source)
         (out / "conversion_report.json").write_text(json.dumps(report, indent=2, default=str))
+        if args.push_to_hub:
+            from moh_dit.card import push_folder
+
+            push_folder(out, args.push_to_hub, private=args.private)
+            print(f"uploaded {out} to https://huggingface.co/{args.push_to_hub}")
     elif args.to in ("reference", "reference-train"):
         import torch
 

@@ -97,16 +97,16 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
     extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
     if not Path(args.reference).exists():
         raise FileNotFoundError(f"reference {args.reference} does not exist")
+    source = None
     if args.model:
         from moh_dit.generate import GenerationSettings, resolve_model_source, sample_to_folder
 
-        sample_dir = (
-            Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, resolve_model_source(args.model))
-        )
+        source = resolve_model_source(args.model)
+        sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, source)
         samples_path = sample_npz_path(sample_dir)
         out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
         settings = GenerationSettings.from_args(args, batch_size=args.sample_batch_size)
-        accelerator, _ = sample_to_folder(
+        accelerator, _, pipe = sample_to_folder(
             args.model, sample_dir, settings, args.device, args.dtype, args.scheduler, overwrite=args.overwrite
         )
         if not accelerator.is_main_process:
@@ -138,4 +138,19 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
         print(f"error: could not write {out} ({err.strerror or err}); the numbers are above", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"wrote {out}")
+    if args.model and source.kind == "pipeline":
+        add_to_card(source.path, pipe, result)
     return result
+
+
+def add_to_card(folder: Path, pipe, result: dict) -> None:
+    """An evaluation of a pipeline folder's own weights (the same fingerprint: not another dtype) goes into
+    its ``evaluations.json`` and model card."""
+    from moh_dit.card import record_evaluation
+    from moh_dit.pipeline import MoHDiTPipeline
+
+    manifest = MoHDiTPipeline.manifest_of(folder)
+    identity = (result["samples"]["manifest"] or {}).get("identity", {})
+    if manifest and manifest.get("transformer_sha256") == identity.get("transformer_sha256"):
+        record_evaluation(folder, pipe, manifest, result)
+        print(f"added the metrics to the model card {folder / 'README.md'}")

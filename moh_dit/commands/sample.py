@@ -51,7 +51,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
         from moh_dit.generate import GenerationSettings, sample_to_folder
 
         settings = GenerationSettings.from_args(args, batch_size=args.batch_size)
-        _, npz = sample_to_folder(
+        _, npz, _ = sample_to_folder(
             args.model, args.sample_dir, settings, args.device, args.dtype, args.scheduler, args.vae, args.overwrite
         )
         if npz is not None:
