@@ -26,6 +26,7 @@ from .model import MoHDiT, _per_layer
 from .presets import PRESETS
 
 __all__ = [
+    "imagenet_class_names",
     "read_checkpoint",
     "config_from_reference",
     "reference_to_ours",
@@ -39,6 +40,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 DIT_HEADS_BY_WIDTH = {384: 6, 768: 12, 1024: 16, 1152: 16}  # DiT-S/B/L/XL
+
+
+def imagenet_class_names() -> dict[int, str]:
+    """ImageNet-1k's class names by id, from the metadata torchvision ships with its weight definitions (no
+    download): the names of DiT's 1000 classes."""
+    from torchvision.models import ResNet50_Weights
+
+    return dict(enumerate(ResNet50_Weights.IMAGENET1K_V1.meta["categories"]))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class 
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import shutil
@@ -83,15 +84,30 @@ def resolve_class_labels(
         labels = [labels]
     if isinstance(labels, torch.Tensor):
         labels = labels.tolist()
-    names = {v.lower(): k for k, v in (id2label or {}).items()}
+    id2label = id2label or {}
+    exact = {v: k for k, v in id2label.items()}
+    folded: dict[str, list[int]] = {}
+    for k, v in id2label.items():
+        folded.setdefault(v.lower(), []).append(k)
     ids = []
     for label in labels:
         if isinstance(label, str) and not label.strip().lstrip("-").isdigit():
-            key = label.strip().lower()
-            if key not in names:
-                known = ", ".join(repr(v) for v in (id2label or {}).values()) or "none (this model has no class names)"
-                raise ValueError(f"unknown class name {label!r}; known classes: {known}")
-            ids.append(names[key])
+            key = label.strip()
+            if key in exact:
+                ids.append(exact[key])
+                continue
+            matches = folded.get(key.lower(), [])
+            if len(matches) > 1:  # e.g. ImageNet's "Cardigan" (a dog) and "cardigan" (a sweater)
+                options = ", ".join(f"{id2label[i]!r} = {i}" for i in matches)
+                raise ValueError(f"class name {label!r} is ambiguous ({options}): use the exact name or the id")
+            if not matches:
+                close = difflib.get_close_matches(key.lower(), list(folded), n=3, cutoff=0.6)
+                hint = f"; did you mean {', '.join(repr(id2label[folded[c][0]]) for c in close)}?" if close else ""
+                shown = ", ".join(repr(v) for v in list(id2label.values())[:12])
+                more = f" ... ({len(id2label)} in all)" if len(id2label) > 12 else ""
+                known = f"known classes: {shown}{more}" if id2label else "this model has no class names"
+                raise ValueError(f"unknown class name {label!r}{hint} ({known})")
+            ids.append(matches[0])
             continue
         idx = int(label)
         if not 0 <= idx < num_classes:

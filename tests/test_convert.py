@@ -315,3 +315,38 @@ def test_75_percent_conversion_reports_deviation_and_fine_tunes(tmp_path):
 def test_dit_to_moh_rejects_moh_input():
     with pytest.raises(ConversionError, match="multi-head"):
         dit_to_moh(small_moh(), shared=2, top_k=1)
+
+
+def test_a_1000_class_checkpoint_gets_imagenet_names_and_samples_by_name(tmp_path):
+    from moh_dit.commands import convert as convert_command
+    from moh_dit.commands import sample as sample_command
+    from moh_dit.pipeline import MoHDiTPipeline
+
+    from .helpers.factories import tiny_vae
+
+    model = randomize(tiny_model("DiT-S/2", hidden_size=32, head_dim=8, depth=2, sample_size=8, in_channels=4))
+    assert model.config.num_classes == 1000
+    torch.save(ours_to_reference(model), tmp_path / "DiT-tiny.pt")
+    tiny_vae().save_pretrained(tmp_path / "vae")  # 4 latent channels, downsampling 2
+    convert_command.main(
+        [str(tmp_path / "DiT-tiny.pt"), str(tmp_path / "pipe"), "--num-heads", "4", "--vae", str(tmp_path / "vae")]
+    )
+    pipe = MoHDiTPipeline.from_pretrained(tmp_path / "pipe")
+    assert pipe.id2label[207] == "golden retriever" and pipe.id2label[0] == "tench" and len(pipe.id2label) == 1000
+    assert pipe.get_label_ids(["golden retriever", "Tench"]) == [207, 0]
+    assert json.loads((tmp_path / "pipe" / "conversion_report.json").read_text())["class_names"].startswith("ImageNet")
+    sample_command.main(
+        [
+            str(tmp_path / "pipe"),
+            "--class-labels",
+            "golden retriever",
+            "tench",
+            "--per-class",
+            "2",
+            "--num-steps",
+            "2",
+            "--out",
+            str(tmp_path / "grid.png"),
+        ]
+    )
+    assert (tmp_path / "grid.png").exists()

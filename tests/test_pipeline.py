@@ -123,12 +123,21 @@ def test_class_names_and_ids():
     assert resolve_class_labels(["CAT", 2, "dog", "1"], 3, NAMES) == [0, 2, 1, 1]
     assert resolve_class_labels("sneaker", 3, NAMES) == [2]
     assert resolve_class_labels(1, 3, NAMES) == [1]
-    with pytest.raises(ValueError, match=r"unknown class name 'horse'; known classes: 'cat', 'dog', 'Sneaker'"):
+    with pytest.raises(ValueError, match=r"unknown class name 'horse' \(known classes: 'cat', 'dog', 'Sneaker'\)"):
         resolve_class_labels(["horse"], 3, NAMES)
     with pytest.raises(ValueError, match="out of range"):
         resolve_class_labels([3], 3, NAMES)
     with pytest.raises(ValueError, match="out of range"):
         resolve_class_labels([-1], 3, NAMES)
+
+
+def test_close_and_ambiguous_class_names():
+    names = {0: "Cardigan", 1: "cardigan", 2: "golden retriever"}
+    assert resolve_class_labels(["Cardigan", "cardigan", "Golden Retriever"], 3, names) == [0, 1, 2]
+    with pytest.raises(ValueError, match="'CARDIGAN' is ambiguous \\('Cardigan' = 0, 'cardigan' = 1\\)"):
+        resolve_class_labels(["CARDIGAN"], 3, names)
+    with pytest.raises(ValueError, match="did you mean 'golden retriever'"):
+        resolve_class_labels(["golden retreiver"], 3, names)
 
 
 def test_pipeline_rejects_bad_requests():

@@ -29,7 +29,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--num-heads", type=int, default=None, help="heads of a plain DiT checkpoint (default: DiT's)")
     p.add_argument("--top-k", type=int, nargs="+", default=None, help="MoH top-k per layer if no preset matches")
     p.add_argument("--num-classes", type=int, default=None)
-    p.add_argument("--id2label", default=None, help="JSON file mapping class ids to names")
+    p.add_argument(
+        "--id2label",
+        default=None,
+        help="JSON file mapping class ids to names (1000-class checkpoints get ImageNet's names)",
+    )
     p.add_argument("--model-weights", action="store_true", help="use 'model' instead of 'ema' from train.py dicts")
     p.add_argument(
         "--to-moh", action="store_true", help="convert a multi-head DiT into MoH-DiT for continued training"
@@ -78,6 +82,12 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     model, vae, id2label, report = load_any(args.src, **hints)
     if args.id2label:
         id2label = {int(k): v for k, v in json.loads(Path(args.id2label).read_text()).items()}
+    elif not id2label and model.config.num_classes == 1000:
+        from moh_dit.convert import imagenet_class_names
+
+        id2label = imagenet_class_names()  # DiT / MoH-DiT checkpoints are ImageNet-1k models and carry no names
+        report["class_names"] = "ImageNet-1k (torchvision's metadata)"
+        print("attached the ImageNet-1k class names (e.g. 207 = 'golden retriever'); --id2label FILE to use others")
     if args.to_moh:
         if not args.shared or not args.moh_top_k:
             p.error("--to-moh needs --shared and --moh-top-k")
