@@ -37,7 +37,10 @@ __all__ = [
 class ModelSection:
     preset: str = "MoH-DiT-Ti/4-75"
     overrides: dict[str, Any] = field(default_factory=dict)  # any MoHDiT config key, e.g. num_classes
-    init_from: Optional[str] = None  # a transformer folder / pipeline folder to start from
+    init_from: Optional[str] = None  # a run, checkpoint, pipeline or transformer folder to start from
+    # with init_from and data of another class count: strict (an error), resize (keep the shared label rows
+    # and the null row) or reinit (a new label table); every other weight is kept
+    init_classes: str = "strict"
 
 
 @dataclass
@@ -128,6 +131,7 @@ class Config:
             model.preset, **model.overrides
         )  # the preset name, the override keys and per-layer lengths, once
         _one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))
+        _one_of("model.init_classes", model.init_classes, ("strict", "resize", "reinit"))
         _one_of("train.mixed_precision", train.mixed_precision, ("no", "fp16", "bf16"))
         for name in ("global_batch_size", "grad_accum_steps", "max_steps", "checkpoint_every", "keep_last"):
             _at_least(f"train.{name}", getattr(train, name), 1)

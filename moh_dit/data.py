@@ -116,7 +116,8 @@ def load_image(path: str | os.PathLike, image_size: Optional[int] = None, channe
 
 
 class ImageFolderDataset(Dataset):
-    """One sub-folder per class (sorted names -> ids 0..K-1), images anywhere below it.
+    """One sub-folder per class (sorted names -> ids 0..K-1), images anywhere below it; a folder without
+    sub-folders is one class.
 
     Args:
         root: the folder holding the class folders.
@@ -134,13 +135,17 @@ class ImageFolderDataset(Dataset):
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, got {channels}")
         self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
-        if not self.classes:
-            raise DataError(f"{self.root} has no class sub-folders (expected {self.root}/<class name>/<images>)")
-        self.samples = [
-            (path, label) for label, name in enumerate(self.classes) for path in list_images(self.root / name)
-        ]
+        if self.classes:
+            self.samples = [
+                (p, label) for label, name in enumerate(self.classes) for p in list_images(self.root / name)
+            ]
+        else:  # a flat folder of images is one class (e.g. for an unconditional model)
+            self.classes, self.samples = [self.root.name], [(p, 0) for p in list_images(self.root)]
         if not self.samples:
-            raise DataError(f"no images with extensions {', '.join(IMAGE_EXTENSIONS)} under {self.root}")
+            raise DataError(
+                f"no images with extensions {', '.join(IMAGE_EXTENSIONS)} under {self.root} (expected class "
+                f"sub-folders {self.root}/<class>/<images>, or images directly in it)"
+            )
         self.image_size = image_size
         self.channels = channels
         self.max_bad_fraction = max_bad_fraction

@@ -294,6 +294,32 @@ class MoHDiT(ModelMixin, ConfigMixin):
             return None
         return self.config.num_classes
 
+    def with_num_classes(self, num_classes: int, mode: str = "resize", seed: int = 0) -> tuple["MoHDiT", dict]:
+        """A copy of this model for ``num_classes`` classes (0: unconditional), for fine-tuning on data with
+        another class count. Every weight but the label table is kept. ``resize`` keeps the rows of the
+        classes both have (ids below the smaller count) and the null-class row; ``reinit`` starts a new table.
+        New rows are drawn as DiT initialises the table, N(0, 0.02). Returns the model and a report of what
+        was kept and what is new."""
+        if mode not in ("resize", "reinit"):
+            raise ValueError(f"mode must be 'resize' or 'reinit', got {mode!r}")
+        config = {k: v for k, v in self.config.items() if not k.startswith("_")}
+        torch.manual_seed(seed)
+        target = type(self)(**dict(config, num_classes=num_classes)).to(self.pos_embed.device)
+        source = self.state_dict()
+        table = "y_embedder.embedding_table.weight"
+        kept = {k: v for k, v in source.items() if k != table}
+        missing = target.load_state_dict(kept, strict=False).missing_keys
+        report = {"kept": sorted(kept), "new": sorted(missing), "classes": [self.config.num_classes, num_classes]}
+        if mode == "resize" and table in source and target.y_embedder is not None:
+            old, new = source[table], target.y_embedder.embedding_table.weight
+            shared = min(self.config.num_classes, num_classes)
+            with torch.no_grad():
+                new[:shared] = old[:shared]
+                if self.null_class_id is not None and target.null_class_id is not None:
+                    new[target.null_class_id] = old[self.null_class_id]
+            report["label_rows_kept"] = list(range(shared)) + (["null"] if self.null_class_id is not None else [])
+        return target, report
+
     # ------------------------------------------------------------------------------------------------
     # Forward
     # ------------------------------------------------------------------------------------------------

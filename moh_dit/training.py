@@ -64,14 +64,34 @@ logger = logging.getLogger("moh_dit.train")
 # ----------------------------------------------------------------------------------------------------
 # Construction
 # ----------------------------------------------------------------------------------------------------
-def build_model(section: ModelSection, data: TrainingData) -> MoHDiT:
+def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, Optional[dict]]:
     """The preset with overrides and the data's shape filled in (checked when given explicitly), or the
-    weights of ``init_from``."""
+    weights of ``init_from``; returns the model and, for ``init_from``, a report of what was kept.
+
+    ``num_classes=0`` (an override) trains an unconditional model on any data (labels are ignored).
+    """
+    report = None
+    wanted = section.overrides.get("num_classes", data.num_classes)
     if section.init_from:
         from .generate import load_transformer
 
         model, source = load_transformer(section.init_from)
         logger.info("initialised from %s", source.describe())
+        report = {"init_from": source.describe()}
+        if model.config.num_classes != wanted:
+            if section.init_classes == "strict":
+                raise ConfigError(
+                    f"{section.init_from} has {model.config.num_classes} classes but this run has {wanted}: pass "
+                    f"--init-classes resize (keep the shared label rows) or reinit (a new label table); every other "
+                    f"weight is kept"
+                )
+            model, report = model.with_num_classes(wanted, section.init_classes)
+            report["init_from"] = source.describe()
+            new = ", ".join(report["new"]) or "none"
+            logger.info(
+                f"label table {section.init_classes}d from {report['classes'][0]} to {report['classes'][1]} "
+                f"classes; kept {len(report['kept'])} tensors; new: {new}"
+            )
     else:
         derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
         model = MoHDiT(**preset_config(section.preset, **(derived | dict(section.overrides))))
@@ -79,9 +99,12 @@ def build_model(section: ModelSection, data: TrainingData) -> MoHDiT:
     for key, value in dict(in_channels=data.in_channels, sample_size=data.sample_size).items():
         if cfg[key] != value:
             raise ConfigError(f"model {key}={cfg[key]} does not match the data ({key}={value})")
-    if cfg.num_classes != data.num_classes:
-        raise ConfigError(f"model has num_classes={cfg.num_classes} but the data set has {data.num_classes} classes")
-    return model
+    if cfg.num_classes not in (0, data.num_classes):
+        raise ConfigError(
+            f"model has num_classes={cfg.num_classes} but the data set has {data.num_classes} classes "
+            f"(model.overrides.num_classes=0 trains an unconditional model)"
+        )
+    return model, report
 
 
 def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
@@ -227,7 +250,7 @@ class Trainer:
         self.data = load_training_data(config.data, accelerator.device)
 
         set_seed(train_cfg.seed)  # identical initialisation on every rank
-        model = build_model(config.model, self.data)
+        model, self.init_report = build_model(config.model, self.data)
         if train_cfg.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         self.ema = make_ema(model.train(), config.ema)
@@ -301,8 +324,8 @@ class Trainer:
         """The EMA weights with DiT's sampler, the VAE and the class names."""
         ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
         self.ema.copy_to(ema_model.parameters())
-        latent = self.data.vae_record is not None
-        return MoHDiTPipeline.build(ema_model, self.data.vae, self.data.id2label, latent_space=latent)
+        latent, names = self.data.vae_record is not None, self.data.id2label if ema_model.config.num_classes else {}
+        return MoHDiTPipeline.build(ema_model, self.data.vae, names, latent_space=latent)
 
     @torch.no_grad()
     def save_sample_grid(self, tag: str) -> Optional[Path]:
@@ -351,9 +374,9 @@ class Trainer:
         if self.accelerator.is_main_process:
             atomic_write_text(self.layout.config, yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
             changed = {k: [a, b] for k, a, b in self.record.changes}
-            self.record.write(
-                "resume" if self.step else "start", step=self.step, world_size=self.world, changed=changed
-            )
+            init = {"init": self.init_report} if self.init_report and not self.step else {}
+            event = "resume" if self.step else "start"
+            self.record.write(event, step=self.step, world_size=self.world, changed=changed, **init)
         self.accelerator.wait_for_everyone()
         if self.config.log.trackers:
             start_trackers(

@@ -78,7 +78,7 @@ def test_data_problems(world, tmp_path, capsys):
         train_script.main, train_args(world, "a", "data.path=/nonexistent"), capsys
     )
     (tmp_path / "empty").mkdir()
-    assert "no class sub-folders" in fails_in_one_line(
+    assert "no images" in fails_in_one_line(
         train_script.main, train_args(world, "b", f"data.path={tmp_path / 'empty'}"), capsys
     )
     (tmp_path / "noimg" / "cls").mkdir(parents=True)

@@ -19,7 +19,15 @@ from moh_dit.errors import ConfigError
 from moh_dit.pipeline import MoHDiTPipeline
 from moh_dit.training import NonFiniteLossError, Trainer, find_checkpoint, make_ema
 
-from .helpers.factories import make_image_folder, run_command, tiny_train_overrides, tiny_vae, torchrun, train_tiny
+from .helpers.factories import (
+    as_overrides,
+    make_image_folder,
+    run_command,
+    tiny_train_overrides,
+    tiny_vae,
+    torchrun,
+    train_tiny,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -392,3 +400,80 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_resume_exactly(tmp_path, image
         assert [(m["step"], m["diffusion_loss"]) for m in read_metrics(ref)] == [
             (m["step"], m["diffusion_loss"]) for m in read_metrics(run) if m["step"] % 3 == 0
         ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Any class count
+# ----------------------------------------------------------------------------------------------------
+def test_unconditional_training_from_a_flat_folder_and_from_labelled_data(tmp_path, image_dir):
+    import shutil
+
+    from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i, f in enumerate(sorted(image_dir.rglob("*.png"))):
+        shutil.copy(f, flat / f"{i}.png")
+    out = tmp_path / "uncond"
+    train_tiny(out, flat, "model.overrides.num_classes=0", "log.sample_per_class=2")
+    pipe = load_pipeline(out, device="cpu")
+    assert pipe.transformer.config.num_classes == 0 and pipe.transformer.y_embedder is None and pipe.id2label == {}
+    assert (out / "samples" / "final.png").exists()
+    npz = np.load(generate_samples(pipe, tmp_path / "s", GenerationSettings(num_samples=3, num_inference_steps=2)))
+    assert npz["arr_0"].shape == (3, 8, 8, 3) and npz["arr_1"].tolist() == [-1, -1, -1]
+    summary = train_tiny(
+        tmp_path / "uncond-labelled", image_dir, "model.overrides.num_classes=0", "log.sample_per_class=0"
+    )
+    assert summary["step"] == 4
+
+
+def test_fine_tuning_on_data_with_another_class_count(tmp_path, image_dir):
+    import shutil
+
+    from moh_dit.generate import load_transformer
+
+    from .helpers.factories import tiny_train_config
+
+    source_run = tmp_path / "two-classes"
+    train_tiny(source_run, image_dir, "log.sample_per_class=0")
+    three = tmp_path / "three"
+    shutil.copytree(image_dir, three)
+    shutil.copytree(image_dir / "dark", three / "grey")
+    config = tiny_train_config(tmp_path / "x", three)
+    with pytest.raises(ConfigError, match="has 2 classes but this run has 3: pass --init-classes resize"):
+        Trainer(load_config(config, [f"model.init_from={source_run}"]))
+    source, _ = load_transformer(source_run)
+    before = source.state_dict()
+    table = "y_embedder.embedding_table.weight"
+    for mode in ("resize", "reinit"):
+        out = tmp_path / mode
+        extra = [f"train.output_dir={out}", f"model.init_from={source_run}", f"model.init_classes={mode}"]
+        trainer = Trainer(load_config(config, [*extra, "train.max_steps=1", "log.sample_per_class=0"]))
+        after = trainer.unwrapped.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before if k != table)
+        assert after[table].shape == (4, 32) and before[table].shape == (3, 32)  # 3 classes + null, 2 + null
+        kept = [torch.equal(after[table][i], before[table][i]) for i in (0, 1)] + [
+            torch.equal(after[table][3], before[table][2])
+        ]
+        assert kept == ([True] * 3 if mode == "resize" else [False] * 3)
+        trainer.run()
+        start = json.loads((out / "manifest.json").read_text())["events"][0]
+        assert (
+            start["init"]["new"] == [table] and start["init"]["classes"] == [2, 3] and len(start["init"]["kept"]) > 50
+        )
+    # the command line: --init-from and --init-classes, and a one-class model to fine-tune into an unconditional one
+    import train as train_script
+
+    train_script.main(
+        [
+            "--init-from",
+            str(source_run),
+            "--init-classes",
+            "reinit",
+            *as_overrides(tiny_train_config(tmp_path / "cli", image_dir)),
+            "model.overrides.num_classes=0",
+            "train.max_steps=1",
+            "log.sample_per_class=0",
+        ]
+    )
+    assert load_transformer(tmp_path / "cli")[0].y_embedder is None

@@ -17,8 +17,12 @@ Two processes on a CPU machine (accelerate's --cpu flag starts only one):
 Resume an interrupted run where it stopped (Ctrl-C or SIGTERM save a checkpoint first):
     python train.py --config ... train.resume=latest
 
-Continue training a converted model (e.g. a pretrained DiT turned into MoH-DiT by moh_dit.convert --to-moh):
+Continue training a converted model (e.g. a pretrained DiT turned into MoH-DiT by moh-dit convert --to-moh):
     python train.py --config configs/imagenet256/dit-xl-2.yaml --init-from pipelines/moh-from-dit
+
+Fine-tune on data with another number of classes, or train an unconditional model:
+    python train.py --config ... data.path=/data/birds --init-from runs/in256 --init-classes resize
+    python train.py --config ... model.overrides.num_classes=0
 """
 
 import argparse
@@ -37,6 +41,13 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         default=None,
         help="start from these weights (a run, checkpoint, pipeline or transformer folder)",
     )
+    parser.add_argument(
+        "--init-classes",
+        choices=["strict", "resize", "reinit"],
+        default=None,
+        help="with --init-from and data of another class count: resize (keep the shared label rows) or reinit "
+        "(a new label table); every other weight is kept (model.init_classes)",
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=100")
     return parser
 
@@ -50,6 +61,8 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     config = load_config(args.config, args.overrides)
     if args.init_from:
         config.model.init_from = args.init_from
+    if args.init_classes:
+        config.model.init_classes = args.init_classes
     summary = train(config)
     if summary["stop_reason"] in ("SIGINT", "SIGTERM", "signal"):
         # stopped cleanly with a checkpoint; the conventional code of a run ended by that signal
