@@ -25,6 +25,7 @@ from torch.utils.data import Dataset, Subset
 
 from .artifacts import fingerprint_files
 from .errors import DataError
+from .images import to_model_range
 from .seeding import epoch_seed
 
 if TYPE_CHECKING:
@@ -84,13 +85,6 @@ def center_crop_arr(image: Image.Image, image_size: int) -> Image.Image:
     top = (arr.shape[0] - image_size) // 2
     left = (arr.shape[1] - image_size) // 2
     return Image.fromarray(arr[top : top + image_size, left : left + image_size])
-
-
-def to_model_range(arr: np.ndarray) -> torch.Tensor:
-    """uint8 (H, W) or (H, W, C) -> float32 (C, H, W) in [-1, 1]."""
-    if arr.ndim == 2:
-        arr = arr[:, :, None]
-    return torch.from_numpy(np.array(arr.transpose(2, 0, 1), dtype=np.float32)).div_(127.5).sub_(1.0)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
-"""Image grids with class-name captions, for training previews and ``sample.py``."""
+"""Images: the model's value range, and grids with class-name captions for previews and ``sample.py``."""
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 import numpy as np
+import torch
 from PIL import Image, ImageDraw, ImageFont
 
-__all__ = ["make_grid"]
+__all__ = ["make_grid", "to_model_range"]
 
 
 def make_grid(
@@ -48,3 +49,10 @@ def make_grid(
         if r < nrows:
             draw.text((4, padding + r * (h + padding) + h // 2 - 5), str(text), fill="black", font=font)
     return grid
+
+
+def to_model_range(arr: np.ndarray) -> torch.Tensor:
+    """uint8 (H, W) or (H, W, C) -> float32 (C, H, W) in [-1, 1]."""
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return torch.from_numpy(np.array(arr.transpose(2, 0, 1), dtype=np.float32)).div_(127.5).sub_(1.0)

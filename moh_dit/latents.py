@@ -11,6 +11,8 @@ memory map, with a manifest (``<file>.json``) beside it that records how it was 
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import os
 from pathlib import Path
@@ -20,7 +22,6 @@ import numpy as np
 import torch
 from diffusers import AutoencoderKL
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from .artifacts import (
     ensure_writable_dir,
@@ -32,6 +33,8 @@ from .artifacts import (
     write_manifest,
 )
 from .errors import ArtifactError, DataError
+from .images import to_model_range
+from .tracking import Progress
 
 __all__ = [
     "load_vae",
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: rows of unreadable images kept (label -1); rows and count in the manifest
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -159,6 +162,39 @@ def partial_path(path: Path) -> Path:
     return sibling(path, ".partial.npy")
 
 
+class _MarkedImages(Dataset):
+    """A data set's items with a flag: ``(image, label, True)``, or zeros and ``False`` for an image that
+    cannot be read. Extraction reads every image once and marks the bad ones in the file, instead of
+    scanning the data set first."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        # once: some data sets build the list on every access; only data sets with ``load`` need it
+        self.targets = list(dataset.targets) if hasattr(dataset, "load") else None
+        self.shape = next(shape for i in range(len(dataset)) if (shape := self._shape(i)) is not None)
+
+    def _shape(self, index: int) -> Optional[tuple]:
+        """The shape of item ``index`` as the model sees it, or ``None`` if it cannot be read."""
+        load = getattr(self.dataset, "load", None)
+        try:
+            return tuple(to_model_range(load(index)).shape if load is not None else self.dataset[index][0].shape)
+        except (OSError, ValueError, SyntaxError):
+            return None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        load = getattr(self.dataset, "load", None)
+        if load is None:
+            x, y = self.dataset[index]
+            return x, y, True
+        try:
+            return to_model_range(load(index)), self.targets[index], True
+        except (OSError, ValueError, SyntaxError):
+            return torch.zeros(self.shape), -1, False
+
+
 @torch.no_grad()
 def extract_latents(
     dataset: Dataset,
@@ -169,61 +205,121 @@ def extract_latents(
     dtype: str = "float16",
     vae_name: str = "",
     id2label: Optional[dict[int, str]] = None,
-) -> Path:
+    accelerator=None,
+    max_bad_fraction: float = 0.01,
+    fp32_vae: Optional[AutoencoderKL] = None,
+) -> Optional[Path]:
     """Encode every image of ``dataset`` (unflipped and flipped) into one packed ``.npy`` file.
 
-    Rows are ``(moments, label)`` with ``moments`` of shape (2 flips, 2 [mean, std], c, h, w). The file is
-    written under a temporary name and renamed when complete, so an interrupted run leaves no file that
-    looks finished. Its manifest (``<file>.json``) records the data, the VAE (resolved path or hub id,
-    fingerprint, scaling factor, downsampling) and the shapes; training trusts that record over its config.
+    Rows are ``(moments, label)`` with ``moments`` of shape (2 flips, 2 [mean, std], c, h, w). Each image is
+    read once; an unreadable one keeps its row with label -1 and is listed in the manifest (more than
+    ``max_bad_fraction`` of them stops the extraction). With ``accelerator`` the images are split over its
+    processes in fixed blocks of ``batch_size``, each process writing its own rows of the one file; the
+    blocks are the same for any process count, so the file is bit-identical too. The VAE may run in half
+    precision (its dtype); the deviation of the posterior means from ``fp32_vae`` (the same VAE in fp32;
+    default: ``vae``'s rounded weights in fp32) is then measured on the first block and recorded. The file is written as ``.partial.npy`` and renamed when complete; its manifest
+    (``<file>.json``) records the data, the VAE (resolved path or hub id, fingerprint, scaling factor,
+    downsampling, dtype) and the shapes. Returns the path on the main process.
     """
     out_path = Path(out_path)
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    main = rank == 0
     ensure_writable_dir(out_path.parent, "latent output folder")
     device = next(vae.parameters()).device
-    x0, _ = dataset[0]
-    mean0, _ = encode_posterior(vae, x0[None].to(device))
-    latent_shape = tuple(mean0.shape[1:])
+    images = _MarkedImages(dataset)
+    latent_shape = tuple(encode_posterior(vae, torch.zeros(1, *images.shape, device=device))[0].shape[1:])
     row = np.dtype([("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")])
     tmp = partial_path(out_path)
-    table = np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(len(dataset),))
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
-    start = 0
-    for images, labels in tqdm(loader, desc="encoding latents", unit="batch"):
-        images = images.to(device)
-        both = torch.cat([images, images.flip(-1)])  # unflipped then flipped
+    if main:
+        np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(len(dataset),)).flush()
+    if accelerator:
+        accelerator.wait_for_everyone()
+    table = np.load(tmp, mmap_mode="r+")
+    blocks = list(range(-(-len(dataset) // batch_size)))[rank::world]
+    sampler = [list(range(b * batch_size, min((b + 1) * batch_size, len(dataset)))) for b in blocks]
+    loader = DataLoader(images, batch_sampler=sampler, num_workers=num_workers)
+    bad, deviation = [], None
+    progress = Progress(len(dataset), desc="encoding latents", unit="img", enabled=main)
+    for b, (x, labels, ok) in zip(blocks, loader):
+        x = x.to(device)
+        both = torch.cat([x, x.flip(-1)])  # unflipped then flipped
         mean, std = encode_posterior(vae, both)
-        n = images.shape[0]
+        if deviation is None and vae.dtype != torch.float32 and main:
+            keep = ok.repeat(2).to(device)
+            deviation = _deviation_from_fp32(fp32_vae or copy.deepcopy(vae).float(), both[keep], mean[keep])
+        n = x.shape[0]
         moments = torch.stack([torch.stack([mean[:n], std[:n]], 1), torch.stack([mean[n:], std[n:]], 1)], 1)
+        start = b * batch_size
         table["moments"][start : start + n] = moments.cpu().numpy().astype(dtype)
         table["label"][start : start + n] = labels.numpy()
-        start += n
+        bad += [start + i for i in range(n) if not ok[i]]
+        progress.update(n * world)  # the other processes progress at about the same rate
+    progress.close()
     table.flush()
     del table
-    data_record = {"count": len(dataset), "id2label": {str(k): v for k, v in (id2label or {}).items()}}
+    (tmp.parent / f".{tmp.name}.bad-{rank}.json").write_text(json.dumps(bad))
+    if accelerator:
+        accelerator.wait_for_everyone()
+    if not main:
+        return None
+    bad = sorted(i for r in range(world) for i in json.loads((tmp.parent / f".{tmp.name}.bad-{r}.json").read_text()))
+    for r in range(world):
+        (tmp.parent / f".{tmp.name}.bad-{r}.json").unlink()
+    skipped = [getattr(dataset, "samples", [[str(i)]] * len(dataset))[i][0] for i in bad]
+    if len(bad) > max(1, int(max_bad_fraction * len(dataset))):
+        raise DataError(f"{len(bad)} of {len(dataset)} images are unreadable (e.g. {skipped[:3]}); fix or remove them")
+    for path in skipped:
+        logger.warning("unreadable image %s: its row is marked and skipped in training", path)
+    data_record = {"count": len(dataset) - len(bad), "id2label": {str(k): v for k, v in (id2label or {}).items()}}
     describe = getattr(dataset, "describe", None)
     if describe is not None:
-        data_record.update(describe())
+        data_record.update(describe(), count=len(dataset) - len(bad), skipped=skipped)
     os.replace(tmp, out_path)
+    vae_info = dict(vae_record(vae, vae_name or None), dtype=str(vae.dtype).removeprefix("torch."))
+    if deviation is not None:
+        vae_info["deviation_from_fp32"] = deviation
+        logger.info(
+            "%s VAE: posterior means deviate from fp32 by %.3g at most (rms %.3g, %.2f%% of their std)",
+            vae_info["dtype"],
+            deviation["max_abs"],
+            deviation["rms"],
+            100 * deviation["rms_over_std"],
+        )
     write_manifest(
         out_path,
         "latents",
         format_version=FORMAT_VERSION,
-        count=len(dataset),
+        rows=len(dataset),
+        count=len(dataset) - len(bad),
         latent_shape=list(latent_shape),
         dtype=dtype,
-        image_size=int(x0.shape[-1]),
-        image_channels=int(x0.shape[0]),
-        vae=vae_record(vae, vae_name or None),
+        image_size=int(images.shape[-1]),
+        image_channels=int(images.shape[0]),
+        vae=vae_info,
         data=data_record,
+        world_size=world,
         file_sha256=fingerprint_file(out_path),
         file_size=out_path.stat().st_size,
     )
     return out_path
 
 
+def _deviation_from_fp32(reference: AutoencoderKL, images: torch.Tensor, mean: torch.Tensor) -> dict:
+    """How far a half-precision VAE's posterior means ``mean`` are from those of ``reference`` (fp32)."""
+    ref_mean, _ = encode_posterior(reference, images)
+    diff = (mean.float() - ref_mean).abs()
+    return {
+        "max_abs": float(diff.max()),
+        "rms": float(diff.square().mean().sqrt()),
+        "rms_over_std": float(diff.square().mean().sqrt() / ref_mean.std().clamp_min(1e-12)),
+        "images": int(images.shape[0] // 2),
+    }
+
+
 class LatentDataset(Dataset):
-    """Pre-extracted latents: item ``i`` is ``(moments (2, 2, c, h, w) float32, label)``. The manifest
-    beside the file is checked against the file (row count, size, shapes) when it is opened."""
+    """Pre-extracted latents: item ``i`` is ``(moments (2, 2, c, h, w) float32, label)``; rows of unreadable
+    images (label -1) are skipped. The manifest beside the file is checked against the file (rows, size,
+    shapes) when it is opened."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -252,11 +348,12 @@ class LatentDataset(Dataset):
         except (OSError, ValueError) as err:
             raise ArtifactError(f"{self.path} is not a readable latent file ({err}); extract again") from None
         expected = (2, 2, *meta["latent_shape"])
-        if len(self.table) != meta["count"] or tuple(self.table.dtype["moments"].shape) != expected:
+        if len(self.table) != meta["rows"] or tuple(self.table.dtype["moments"].shape) != expected:
             raise ArtifactError(
                 f"{self.path} does not match its manifest ({len(self.table)} rows of "
-                f"{self.table.dtype['moments'].shape}, manifest: {meta['count']} of {expected})"
+                f"{self.table.dtype['moments'].shape}, manifest: {meta['rows']} of {expected})"
             )
+        self.rows = np.flatnonzero(np.asarray(self.table["label"]) >= 0)  # unreadable images are marked -1
         self.vae = meta["vae"]
         self.scaling_factor = float(self.vae["scaling_factor"])
         self.latent_shape = tuple(meta["latent_shape"])
@@ -267,7 +364,7 @@ class LatentDataset(Dataset):
 
     @property
     def targets(self) -> list[int]:
-        return self.table["label"].tolist()
+        return np.asarray(self.table["label"])[self.rows].tolist()
 
     def describe(self) -> dict:
         """What identifies this data set: the latent file's fingerprint (recorded at extraction)."""
@@ -279,10 +376,10 @@ class LatentDataset(Dataset):
         }
 
     def __len__(self) -> int:
-        return len(self.table)
+        return len(self.rows)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        row = self.table[index]
+        row = self.table[self.rows[index]]
         return torch.from_numpy(np.array(row["moments"], dtype=np.float32)), int(row["label"])
 
 

@@ -1,5 +1,7 @@
 """VAE loading and pre-extracted latents, with a tiny randomly initialised AutoencoderKL."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -237,3 +239,85 @@ def test_a_latent_model_without_its_vae_does_not_write_images(latent_setup, tmp_
     latents = no_vae([0], num_inference_steps=2, output_type="latent", progress=False).images
     assert latents.shape == (1, 4, 8, 8)
     assert not (tmp_path / "s").exists()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fast extraction: processes, half precision, each image read once
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corrupt_folder(tmp_path_factory):
+    from .helpers.factories import make_image_folder
+
+    root = tmp_path_factory.mktemp("corrupt-folder")
+    make_image_folder(root / "images")
+    (root / "images" / "bright" / "3.png").write_bytes(b"not an image")
+    tiny_vae().save_pretrained(root / "vae")
+    return root
+
+
+def test_two_processes_write_the_same_file_as_one(corrupt_folder, tmp_path):
+    from .helpers.factories import run_command, torchrun
+
+    args = [
+        "--data-path",
+        corrupt_folder / "images",
+        "--image-size",
+        "16",
+        "--vae",
+        corrupt_folder / "vae",
+        "--num-workers",
+        "0",
+        "--batch-size",
+        "3",
+        "--max-bad-fraction",
+        "0.1",
+    ]
+    import sys
+
+    run_command([sys.executable, "-m", "moh_dit", "latents", *args, "--out", tmp_path / "one.npy"])
+    two = run_command(torchrun("-m", "moh_dit", "latents", *args, "--out", tmp_path / "two.npy"))
+    assert "2 process(es)" in two.stderr
+    a, b = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
+    assert a.tobytes() == b.tobytes()  # bit-identical
+    one_m, two_m = (json.loads((tmp_path / f"{n}.npy.json").read_text()) for n in ("one", "two"))
+    assert (one_m["world_size"], two_m["world_size"]) == (1, 2) and one_m["file_sha256"] == two_m["file_sha256"]
+    assert one_m["rows"] == 16 and one_m["count"] == 15 and one_m["data"]["skipped"][0].endswith("bright/3.png")
+    lat = LatentDataset(tmp_path / "two.npy")
+    assert len(lat) == 15 and -1 not in lat.targets and a["label"].tolist().count(-1) == 1
+
+
+def test_each_image_is_read_once(corrupt_folder, tmp_path, monkeypatch):
+    from moh_dit.data import ImageFolderDataset
+
+    calls = []
+    original = ImageFolderDataset.load
+    monkeypatch.setattr(ImageFolderDataset, "load", lambda self, i: calls.append(i) or original(self, i))
+    ds = ImageFolderDataset(corrupt_folder / "images", 16)
+    extract_latents(ds, tiny_vae(), tmp_path / "lat.npy", batch_size=4, max_bad_fraction=0.1)
+    assert sorted(calls[1:]) == list(range(16))  # the first call finds the image shape
+
+
+def test_half_precision_vae_records_its_deviation_from_fp32(corrupt_folder, tmp_path):
+    from moh_dit.data import ImageFolderDataset
+
+    ds = ImageFolderDataset(corrupt_folder / "images", 16)
+    fp32 = LatentDataset(
+        extract_latents(ds, tiny_vae(), tmp_path / "fp32.npy", batch_size=4, dtype="float32", max_bad_fraction=0.1)
+    )
+    half = extract_latents(
+        ds,
+        tiny_vae().to(torch.bfloat16),
+        tmp_path / "bf16.npy",
+        batch_size=4,
+        dtype="float32",
+        max_bad_fraction=0.1,
+        fp32_vae=tiny_vae(),
+    )
+    record = json.loads((tmp_path / "bf16.npy.json").read_text())["vae"]
+    assert (
+        record["dtype"] == "bfloat16" and record["deviation_from_fp32"]["images"] == 3
+    )  # the first block: 3 readable images
+    dev = record["deviation_from_fp32"]
+    measured = np.abs(np.load(half)["moments"][:3, :, 0] - np.load(tmp_path / "fp32.npy")["moments"][:3, :, 0])
+    assert dev["max_abs"] == pytest.approx(float(measured.max()), rel=0.05) and 0 < dev["rms_over_std"] < 0.05
+    assert len(fp32) == 15
