@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-__all__ = ["make_grid", "to_model_range"]
+__all__ = ["heatmap", "make_grid", "to_model_range"]
 
 
 def make_grid(
@@ -56,3 +56,45 @@ def to_model_range(arr: np.ndarray) -> torch.Tensor:
     if arr.ndim == 2:
         arr = arr[:, :, None]
     return torch.from_numpy(np.array(arr.transpose(2, 0, 1), dtype=np.float32)).div_(127.5).sub_(1.0)
+
+
+# viridis at five points, interpolated: perceptually ordered, readable in grey
+_VIRIDIS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64)
+
+
+def _viridis(value: float) -> tuple[int, int, int]:
+    pos = float(np.clip(value, 0, 1)) * (len(_VIRIDIS) - 1)
+    lo = int(min(pos, len(_VIRIDIS) - 2))
+    return tuple(int(x) for x in _VIRIDIS[lo] + (pos - lo) * (_VIRIDIS[lo + 1] - _VIRIDIS[lo]))
+
+
+def heatmap(
+    values: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str], title: str = "", cell: int = 22
+) -> Image.Image:
+    """A labelled heatmap of ``values`` (rows x columns) in [0, 1]; NaN cells (e.g. heads a layer does not
+    have) are drawn light grey. Drawn with PIL alone, so no plotting library is needed."""
+    values = np.asarray(values, dtype=np.float64)
+    rows, cols = values.shape
+    font = ImageFont.load_default()
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    left = max(int(measure.textlength(str(t), font=font)) for t in row_labels) + 8
+    top = 20 if title else 4
+    width, height = max(left + cols * cell + 4, left + 5 * 48), top + rows * cell + 18
+    image = Image.new("RGB", (width, height + 16), "white")
+    draw = ImageDraw.Draw(image)
+    if title:
+        draw.text((4, 4), title, fill="black", font=font)
+    for r in range(rows):
+        draw.text((4, top + r * cell + cell // 2 - 5), str(row_labels[r]), fill="black", font=font)
+        for c in range(cols):
+            v = values[r, c]
+            color = (230, 230, 230) if np.isnan(v) else _viridis(v)
+            x0, y0 = left + c * cell, top + r * cell
+            draw.rectangle([x0, y0, x0 + cell - 2, y0 + cell - 2], fill=color)
+    for c in range(cols):
+        draw.text((left + c * cell + 4, top + rows * cell + 2), str(col_labels[c]), fill="black", font=font)
+    for i, v in enumerate(np.linspace(0, 1, 5)):
+        x0 = left + i * 48
+        draw.rectangle([x0, height, x0 + 10, height + 10], fill=_viridis(v))
+        draw.text((x0 + 13, height), f"{v:.2g}", fill="black", font=font)
+    return image

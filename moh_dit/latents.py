@@ -15,6 +15,7 @@ import copy
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -238,7 +239,7 @@ def extract_latents(
     blocks = list(range(-(-len(dataset) // batch_size)))[rank::world]
     sampler = [list(range(b * batch_size, min((b + 1) * batch_size, len(dataset)))) for b in blocks]
     loader = DataLoader(images, batch_sampler=sampler, num_workers=num_workers)
-    bad, deviation = [], None
+    bad, deviation, started = [], None, time.time()
     progress = Progress(len(dataset), desc="encoding latents", unit="img", enabled=main)
     for b, (x, labels, ok) in zip(blocks, loader):
         x = x.to(device)
@@ -257,6 +258,9 @@ def extract_latents(
     progress.close()
     table.flush()
     del table
+    if accelerator:
+        accelerator.wait_for_everyone()
+    seconds = time.time() - started
     (tmp.parent / f".{tmp.name}.bad-{rank}.json").write_text(json.dumps(bad))
     if accelerator:
         accelerator.wait_for_everyone()
@@ -298,6 +302,7 @@ def extract_latents(
         vae=vae_info,
         data=data_record,
         world_size=world,
+        encode_seconds=seconds,
         file_sha256=fingerprint_file(out_path),
         file_size=out_path.stat().st_size,
     )

@@ -10,8 +10,9 @@ Shapes: N batch, C channels, H x W image (or latent), p patch size, T = H*W/p**2
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -293,6 +294,34 @@ class MoHDiT(ModelMixin, ConfigMixin):
         if self.y_embedder is None or not self.y_embedder.has_null_class:
             return None
         return self.config.num_classes
+
+    @contextlib.contextmanager
+    def recording_head_usage(self) -> Iterator[list[torch.Tensor]]:
+        """Within the context, every forward pass adds up which heads its tokens used. Yields one tensor per
+        layer, (heads,) shares of tokens that used each head (shared heads: 1), updated as passes run."""
+        counts = [torch.zeros(a.num_heads, dtype=torch.float64) for a in self.attention_layers]
+        tokens = [0] * len(counts)
+        usage = [c.clone() for c in counts]
+
+        def hook(layer: int, attn: MoHAttention):
+            def record(module, args, output) -> None:
+                x = args[0]
+                used = torch.ones(*x.shape[:2], attn.num_heads, dtype=torch.float64, device=x.device)
+                mask = attn.compute_gates(x)[2]  # the same routing as the forward pass (cheap: one router matmul)
+                if mask is not None:
+                    used[..., attn.num_shared_heads :] = mask.double()
+                counts[layer] += used.sum(dim=(0, 1)).cpu()
+                tokens[layer] += x.shape[0] * x.shape[1]
+                usage[layer].copy_(counts[layer] / tokens[layer])
+
+            return record
+
+        handles = [a.register_forward_hook(hook(i, a)) for i, a in enumerate(self.attention_layers)]
+        try:
+            yield usage
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def with_num_classes(self, num_classes: int, mode: str = "resize", seed: int = 0) -> tuple["MoHDiT", dict]:
         """A copy of this model for ``num_classes`` classes (0: unconditional), for fine-tuning on data with

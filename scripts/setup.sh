@@ -22,11 +22,15 @@ fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "${args[@]}" \
     2> >(grep -v "is ignored: it is neither" >&2)
 
-# Fashion-MNIST for the embedded default and the real-data tests: Debian ships the IDX files.
-if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ -z "${MOH_DIT_SKIP_APT:-}" ] \
-        && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
-        || echo "note: could not install dataset-fashion-mnist; set data.path to a folder with the IDX files"
+# From Debian's packages: Fashion-MNIST (the embedded default and the real-data tests) and Chromium with its
+# driver (the browser test of the demo page). Skipped when present, when not root, or with MOH_DIT_SKIP_APT.
+wanted=()
+[ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || wanted+=(dataset-fashion-mnist)
+command -v chromium >/dev/null || wanted+=(chromium)
+command -v chromedriver >/dev/null || wanted+=(chromium-driver)
+if [ ${#wanted[@]} -gt 0 ] && [ -z "${MOH_DIT_SKIP_APT:-}" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${wanted[@]}" >/dev/null) \
+        || echo "note: could not install ${wanted[*]} (Fashion-MNIST: set data.path; Chromium: the browser test is skipped)"
 fi
 .venv/bin/python - <<'PY'
 import torch, torchvision, torch_fidelity, diffusers, accelerate

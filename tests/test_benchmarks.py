@@ -139,3 +139,29 @@ def test_model_benchmark_compares_each_mode_with_its_dit(tmp_path, capsys):
     assert {("MoH-DiT-S/2-75", m) for m in ("dense", "sparse", "auto")} <= modes
     model.main(["--child", "MoH-DiT-S/2-90", "auto", "--image-size", "32", "--batch", "1", "--hidden-size", "48"])
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["peak_mb"] >= 0
+
+
+def test_latents_benchmark_reads_the_manifest_timings(tmp_path):
+    from benchmarks import latents
+
+    result = latents.main(
+        ["--images", "4", "--image-size", "32", "--batch-size", "2", "--processes", "1", "--out", str(tmp_path)]
+    )
+    fp32, bf16 = result["rows"]
+    assert fp32["ratio_to_first"] == 1.0 and bf16["ratio_to_first"] == pytest.approx(
+        bf16["images_per_s"] / fp32["images_per_s"]
+    )
+    assert fp32["images_per_s"] == pytest.approx(4 / fp32["seconds"]) and "deviation_from_fp32" in bf16
+    assert "| 1 | bf16 |" in (tmp_path / "latents_cpu.md").read_text()
+
+
+def test_cli_startup_benchmark(tmp_path):
+    from benchmarks import cli_startup
+
+    result = cli_startup.main(["--rounds", "1", "--out", str(tmp_path)])
+    from moh_dit.commands import COMMANDS
+
+    commands = [r["command"] for r in result["rows"]]
+    assert all(f"moh-dit {name} --help" in commands for name in COMMANDS) and len(commands) == len(COMMANDS) + 2
+    assert all(r["seconds"] == r["rounds"][0] > 0 for r in result["rows"])
+    assert "| `moh-dit train --help` |" in (tmp_path / "cli_startup_cpu.md").read_text()

@@ -15,6 +15,7 @@ import evaluate_fid
 import sample
 import train as train_script
 from moh_dit.cli import one_line, run_cli
+from moh_dit.commands import COMMANDS
 from moh_dit.config import load_config
 from moh_dit.training import train
 
@@ -250,7 +251,7 @@ def test_worker_tracebacks_become_their_last_line():
 # ----------------------------------------------------------------------------------------------------
 # Help texts
 # ----------------------------------------------------------------------------------------------------
-COMMANDS = ["train", "sample", "evaluate", "convert", "latents", "reference"]
+
 MODULES = [f"moh_dit.commands.{c}" for c in COMMANDS] + ["moh_dit.latents", "moh_dit.generate", "moh_dit.training"]
 
 

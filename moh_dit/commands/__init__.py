@@ -6,6 +6,7 @@
     moh-dit convert DiT-XL-2-256x256.pt pipelines/dit-xl-2 --vae stabilityai/sd-vae-ft-ema
     moh-dit latents --data-path /data/imagenet/train --image-size 256 --out latents/in256.npy
     moh-dit reference /data/imagenet/train --image-size 256 --out refs/in256.npz
+    moh-dit demo runs/fashion_mnist_moh
 
 Each subcommand module has ``build_parser(prog)`` and ``main(argv, prog)`` and imports torch only after its
 arguments are parsed, so ``--help`` answers at once. ``train.py``, ``sample.py`` and ``evaluate_fid.py`` at
@@ -26,6 +27,7 @@ COMMANDS = {
     "convert": "convert DiT / MoH-DiT / diffusers checkpoints, or turn a DiT into MoH-DiT",
     "latents": "encode a data set once into a packed latent file",
     "reference": "build an ADM-style reference batch from an image tree",
+    "demo": "open a local web page to try a model (needs the demo extra)",
 }
 
 

@@ -1,0 +1,96 @@
+"""A local web page to try a trained model: pick a class (by name), guidance, steps, scheduler and seed, and
+see the samples; for MoH models also a heatmap of which routed heads the tokens used while sampling.
+
+Gradio is an optional extra (``pip install "moh-dit[demo]"``); the page runs on this machine only.
+
+    moh-dit demo runs/fashion_mnist_moh
+    moh-dit demo pipelines/dit-xl-2 --port 7861 --device cuda
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import ConfigError
+from .images import heatmap, make_grid
+from .options import GRID_GUIDANCE, SCHEDULERS
+
+__all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
+
+ALL_CLASSES = "(all classes)"  # one row per class, up to MAX_ROWS
+MAX_ROWS = 16
+
+
+def head_usage_heatmap(usage, model) -> Optional[Any]:
+    """Per layer and head, the share of tokens that used the head (shared heads always 1), as an image;
+    ``None`` for models without routed heads."""
+    if model.num_routed_layers == 0:
+        return None
+    widest = max(len(u) for u in usage)
+    values = np.full((len(usage), widest), np.nan)
+    for layer, u in enumerate(usage):
+        values[layer, : len(u)] = u.numpy()
+    rows = [f"layer {i} ({a.num_shared_heads} shared)" for i, a in enumerate(model.attention_layers)]
+    return heatmap(values, rows, [str(h) for h in range(widest)], "share of tokens that used each head")
+
+
+def generate(pipe, class_name: Optional[str], per_class: int, guidance: float, steps: int, scheduler: str, seed: int):
+    """One request of the page: ``(grid image, head-usage heatmap or None, a line about what ran)``."""
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"unknown scheduler {scheduler!r}")
+    pipe.with_scheduler(scheduler)
+    conditional = pipe.transformer.config.num_classes > 0
+    if not conditional:
+        classes = []
+    elif class_name == ALL_CLASSES:
+        classes = list(range(min(pipe.transformer.config.num_classes, MAX_ROWS)))
+    else:
+        classes = [class_name]
+    start = time.time()
+    with pipe.transformer.recording_head_usage() as usage:
+        images, names = pipe.sample_grid(classes, int(per_class), int(seed), float(guidance), int(steps))
+    grid = make_grid(images, ncols=int(per_class), row_labels=names)
+    source = (getattr(pipe, "provenance", None) or {}).get("source", "the model")
+    info = f"{len(images)} images from {source} in {time.time() - start:.1f} s ({scheduler}, {steps} steps)"
+    return grid, head_usage_heatmap(usage, pipe.transformer), info
+
+
+def build_demo(pipe, title: str = "MoH-DiT"):
+    """The Gradio page around ``pipe``."""
+    import gradio as gr
+
+    names = list(pipe.id2label.values()) or [str(i) for i in range(pipe.transformer.config.num_classes)]
+    names = [ALL_CLASSES, *names] if names else names
+    conditional = pipe.transformer.config.num_classes > 0
+    active, total = pipe.transformer.head_counts()
+    with gr.Blocks(title=title) as page:
+        gr.Markdown(f"## {title}\n{active} of {total} heads active per token. Pick a class and press Generate.")
+        with gr.Row():
+            with gr.Column(scale=1):
+                label = gr.Dropdown(
+                    names,
+                    value=names[1] if len(names) > 1 else None,
+                    label="class",
+                    elem_id="class",
+                    visible=conditional,
+                    filterable=True,
+                )
+                guidance = gr.Slider(1.0, 10.0, value=GRID_GUIDANCE, step=0.25, label="guidance", elem_id="guidance")
+                steps = gr.Slider(2, 250, value=50, step=1, label="steps", elem_id="steps")
+                scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
+                seed = gr.Number(value=0, precision=0, label="seed", elem_id="seed")
+                per_class = gr.Slider(1, 16, value=8, step=1, label="images", elem_id="count")
+                button = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Column(scale=2):
+                grid = gr.Image(label="samples", type="pil", elem_id="grid")
+                usage = gr.Image(label="routed heads used", type="pil", elem_id="heads")
+                info = gr.Markdown(elem_id="info")
+        button.click(
+            lambda *args: generate(pipe, *args),
+            [label, per_class, guidance, steps, scheduler, seed],
+            [grid, usage, info],
+        )
+    return page
