@@ -31,7 +31,15 @@ from tqdm.auto import tqdm
 from .artifacts import atomic_write_json, ensure_writable_dir, fingerprint_file, fingerprint_files
 from .data import list_images, load_image
 from .errors import EvaluationError
-from .metrics import feature_statistics, frechet_distance, inception_score, precision_recall
+from .metrics import (
+    KID_SUBSETS,
+    bootstrap_interval,
+    feature_statistics,
+    frechet_distance,
+    inception_score,
+    kernel_inception_distance,
+    precision_recall,
+)
 
 __all__ = [
     "load_images",
@@ -421,9 +429,13 @@ def evaluate(
     is_split_size: int = 5000,
     cache: bool = True,
     reference_size: Optional[int] = None,
+    bootstrap: int = 0,
 ) -> dict:
-    """FID, sFID, IS, precision and recall of uint8 NHWC ``samples`` against ``reference``. An image-folder
-    reference is center-cropped to ``reference_size`` (default: the samples' size)."""
+    """FID, sFID, IS, KID, precision and recall of uint8 NHWC ``samples`` against ``reference``. An
+    image-folder reference is center-cropped to ``reference_size`` (default: the samples' size). KID is
+    computed against the reference's precision/recall images (torch-fidelity's subsets of up to 1000).
+    With ``bootstrap`` > 0, 90% percentile intervals of FID and KID over that many resamples of the
+    samples are added (``fid_interval``, ``kid_interval``)."""
     samples = validate_images(samples, "samples")
     ref = reference_statistics(reference, extractor, batch_size, cache, image_size=reference_size or samples.shape[1])
     if (
@@ -443,6 +455,15 @@ def evaluate(
     results["precision"], results["recall"] = precision_recall(
         ref["pool"], feats["pool"], k=pr_k, block=pr_block, fp16=fp16_distances
     )
+    results["kid"], results["kid_std"], kid_size = kernel_inception_distance(ref["pool"], feats["pool"])
+    if bootstrap:
+        pool = feats["pool"]
+        results["fid_interval"] = bootstrap_interval(
+            pool, lambda f: frechet_distance(*feature_statistics(f), ref["mu"], ref["sigma"]), bootstrap
+        )
+        results["kid_interval"] = bootstrap_interval(
+            pool, lambda f: kernel_inception_distance(ref["pool"], f, subsets=10)[0], bootstrap
+        )
     return {
         "metrics": results,
         "reference": ref["info"],
@@ -451,6 +472,8 @@ def evaluate(
         "weights_sha256": extractor.weights_sha256,
         "settings": {
             "fp16_distances": fp16_distances,
+            "kid": {"subsets": KID_SUBSETS, "subset_size": kid_size, "kernel": "(x.y / d + 1)^3"},
+            "bootstrap_rounds": bootstrap,
             "pr_k": pr_k,
             "is_split_size": is_split_size,
             "batch_size": batch_size,
@@ -470,11 +493,20 @@ def format_table(metrics: dict) -> str:
         "fid": "FID",
         "sfid": "sFID",
         "inception_score": "Inception Score",
+        "kid": "KID",
         "precision": "Precision",
         "recall": "Recall",
     }
     width = max(len(v) for v in names.values())
-    rows = [f"{names[k]:<{width}}  {metrics[k]:.4f}" for k in names if k in metrics]
+    rows = []
+    for key, name in names.items():
+        if key not in metrics:
+            continue
+        extra = f"  (std over subsets {metrics['kid_std']:.5f})" if key == "kid" else ""
+        if f"{key}_interval" in metrics:
+            low, high = metrics[f"{key}_interval"]
+            extra += f"  (90% bootstrap {low:.5g} .. {high:.5g})"
+        rows.append(f"{name:<{width}}  {metrics[key]:.{5 if key == 'kid' else 4}f}{extra}")
     rule = "-" * (width + 12)
     return "\n".join([rule, *rows, rule])
 

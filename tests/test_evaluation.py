@@ -170,7 +170,7 @@ def test_evaluate_same_distribution_scores_better(tmp_path):
     ext = resolve_extractor(TINY, None, "cpu")
     same = evaluate(random_images(60, seed=2), tmp_path / "ref.npz", ext)["metrics"]
     shifted = evaluate(random_images(60, seed=2, shift=80), tmp_path / "ref.npz", ext)["metrics"]
-    assert set(same) == {"fid", "sfid", "inception_score", "precision", "recall"}
+    assert set(same) == {"fid", "sfid", "inception_score", "kid", "kid_std", "precision", "recall"}
     assert same["fid"] < shifted["fid"] and same["sfid"] < shifted["sfid"]
 
 
@@ -203,7 +203,7 @@ def test_cli_end_to_end_from_a_tiny_pipeline(tmp_path):
         ]
     )
     result = json.loads(out.read_text())
-    assert set(result["metrics"]) == {"fid", "sfid", "inception_score", "precision", "recall"}
+    assert set(result["metrics"]) == {"fid", "sfid", "inception_score", "kid", "kid_std", "precision", "recall"}
     assert all(np.isfinite(v) for v in result["metrics"].values())
     assert result["num_samples"] == 12 and result["extractor"] == TINY
     assert result["reference"]["num_images"] == 15
@@ -496,3 +496,55 @@ def test_evaluating_a_run_that_trained_on_samples_the_new_weights(tmp_path):
         first["samples"]["manifest"]["identity"]["transformer_sha256"]
         != second["samples"]["manifest"]["identity"]["transformer_sha256"]
     )
+
+
+def test_kid_agrees_with_torch_fidelity_on_the_same_features(tmp_path):
+    """torch-fidelity computes KID end to end from the same images and extractor."""
+    import torch_fidelity
+
+    samples, reference = random_images(60, seed=4, shift=30), random_images(80, seed=5)
+    np.savez(tmp_path / "ref.npz", arr_0=reference)
+    ours = evaluate(samples, tmp_path / "ref.npz", resolve_extractor(TINY, None, "cpu"), cache=False)["metrics"]
+
+    class Images(torch.utils.data.Dataset):
+        def __init__(self, arr):
+            self.arr = arr
+
+        def __len__(self):
+            return len(self.arr)
+
+        def __getitem__(self, i):
+            return torch.from_numpy(self.arr[i].transpose(2, 0, 1).copy())
+
+    theirs = torch_fidelity.calculate_metrics(
+        input1=Images(reference),
+        input2=Images(samples),
+        kid=True,
+        feature_extractor=TINY,
+        kid_subset_size=60,
+        cuda=False,
+        verbose=False,
+        save_cpu_ram=True,
+    )
+    assert ours["kid"] == pytest.approx(theirs["kernel_inception_distance_mean"], rel=1e-5)
+    assert ours["kid_std"] == pytest.approx(theirs["kernel_inception_distance_std"], rel=1e-4)
+
+
+def test_bootstrap_intervals_in_the_cli_json(tmp_path):
+    np.savez(tmp_path / "s.npz", arr_0=random_images(30, seed=2))
+    np.savez(tmp_path / "r.npz", arr_0=random_images(30, seed=3))
+    result = evaluate_fid.main(
+        [
+            "--samples",
+            str(tmp_path / "s.npz"),
+            "--reference",
+            str(tmp_path / "r.npz"),
+            "--extractor",
+            TINY,
+            "--bootstrap",
+            "10",
+        ]
+    )
+    m = result["metrics"]
+    assert m["fid_interval"][0] <= m["fid_interval"][1] and m["kid_interval"][0] <= m["kid_interval"][1]
+    assert json.loads((tmp_path / f"s.metrics-{TINY}.json").read_text())["metrics"]["kid"] == m["kid"]

@@ -161,3 +161,41 @@ def test_knn_radii_exclude_self_and_need_enough_points():
     assert knn_radii(x, k=1).tolist() == [1.0, 1.0, 4.0, 9.0]
     with pytest.raises(ValueError, match="more than k"):
         knn_radii(x, k=4)
+
+
+# ----------------------------------------------------------------------------------------------------
+# KID and bootstrap intervals
+# ----------------------------------------------------------------------------------------------------
+def _mmd2_unbiased(x: np.ndarray, y: np.ndarray) -> float:
+    """The unbiased squared MMD with the cubic polynomial kernel, written out."""
+    d = x.shape[1]
+    k = lambda a, b: (a @ b.T / d + 1) ** 3  # noqa: E731
+    m = len(x)
+    kxx, kyy, kxy = k(x, x), k(y, y), k(x, y)
+    return (kxx.sum() - np.trace(kxx)) / (m * (m - 1)) + (kyy.sum() - np.trace(kyy)) / (m * (m - 1)) - 2 * kxy.mean()
+
+
+def test_kid_is_the_unbiased_polynomial_mmd():
+    from moh_dit.metrics import kernel_inception_distance
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 8)), rng.normal(0.3, 1.2, size=(50, 8))
+    # one subset of every row: the subsets are permutations, the estimate is the full-sample one
+    kid, std, size = kernel_inception_distance(x, y, subsets=1, subset_size=50)
+    assert size == 50 and std == 0.0
+    assert kid == pytest.approx(_mmd2_unbiased(x, y), rel=1e-10)
+    same, _, _ = kernel_inception_distance(x, rng.normal(size=(50, 8)), subsets=20, subset_size=25)
+    far, _, _ = kernel_inception_distance(x, y, subsets=20, subset_size=25)
+    assert abs(same) < far  # unbiased: about 0 for the same distribution, positive for another
+
+
+def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_samples():
+    from moh_dit.metrics import bootstrap_interval
+
+    rng = np.random.default_rng(1)
+    small, large = rng.normal(size=40), rng.normal(size=4000)
+    lo_s, hi_s = bootstrap_interval(small, np.mean, rounds=200)
+    lo_l, hi_l = bootstrap_interval(large, np.mean, rounds=200)
+    assert lo_s < small.mean() < hi_s and lo_l < large.mean() < hi_l
+    assert (hi_l - lo_l) < (hi_s - lo_s) / 5  # ~ 1 / sqrt(n)
+    assert (hi_s - lo_s) == pytest.approx(2 * 1.645 * small.std() / np.sqrt(40), rel=0.35)

@@ -1,4 +1,5 @@
-r"""Evaluate FID, sFID, Inception Score, precision and recall like the ADM evaluator (DiT / MoH-DiT papers).
+r"""Evaluate FID, sFID, Inception Score, precision and recall like the ADM evaluator (DiT / MoH-DiT papers),
+and KID, the number to trust below about 10,000 samples.
 
 Existing samples (ADM .npz with arr_0, or a folder of PNGs):
     python evaluate_fid.py --samples samples/xl90.npz --reference VIRTUAL_imagenet256_labeled.npz
@@ -53,6 +54,13 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=100, help="feature extraction batch size")
     p.add_argument("--fp16-distances", action="store_true", help="emulate ADM's float16 precision/recall distances")
     p.add_argument("--no-cache", action="store_true", help="do not read or write cached reference statistics")
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="add 90%% bootstrap intervals of FID and KID over this many resamples of the samples",
+    )
     p.add_argument("--out", default=None, help="JSON file for all numbers and settings (default: beside the samples)")
     p.add_argument("--device", default=None)
     g = p.add_argument_group("sampling (with --model); defaults: the papers' FID protocol (see moh_dit.options)")
@@ -128,6 +136,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
         args.fp16_distances,
         cache=not args.no_cache,
         reference_size=args.reference_size,
+        bootstrap=args.bootstrap,
     )
     result["samples"] = {"path": str(samples_path.resolve()), "manifest": manifest}
     # the numbers first: a failed write must not lose them
