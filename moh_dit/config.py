@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import ConfigError
+from .options import SCHEDULERS
 from .presets import preset_config
 
 __all__ = [
@@ -66,6 +67,8 @@ class OptimSection:
     eps: float = 1e-8
     grad_clip: float = 0.0  # max global grad norm; 0 disables
     warmup_steps: int = 0  # linear LR warm-up
+    schedule: str = "constant"  # after warm-up: constant (DiT) or cosine (decays to min_lr at train.max_steps)
+    min_lr: float = 0.0  # the end of the cosine schedule
 
 
 @dataclass
@@ -105,6 +108,7 @@ class LogSection:
     sample_max_classes: int = 10
     sample_cfg_scale: float = 4.0
     sample_steps: int = 250
+    sample_scheduler: str = "ddpm"  # ddpm | ddim | dpm-solver | ... (moh_dit.options.SCHEDULERS)
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
     project: str = "moh-dit"  # the trackers' project name (a wandb project, a TensorBoard sub-folder)
     head_usage: bool = True
@@ -132,6 +136,10 @@ class Config:
         )  # the preset name, the override keys and per-layer lengths, once
         _one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))
         _one_of("model.init_classes", model.init_classes, ("strict", "resize", "reinit"))
+        _one_of("optim.schedule", optim.schedule, ("constant", "cosine"))
+        _one_of("log.sample_scheduler", log.sample_scheduler, SCHEDULERS)
+        if not 0 <= optim.min_lr <= optim.lr:
+            raise ConfigError(f"optim.min_lr must be between 0 and optim.lr, got {optim.min_lr}")
         _one_of("train.mixed_precision", train.mixed_precision, ("no", "fp16", "bf16"))
         for name in ("global_batch_size", "grad_accum_steps", "max_steps", "checkpoint_every", "keep_last"):
             _at_least(f"train.{name}", getattr(train, name), 1)

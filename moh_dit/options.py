@@ -7,8 +7,8 @@ from __future__ import annotations
 __all__ = ["SCHEDULERS", "DTYPES", "LABEL_MODES", "GRID_GUIDANCE", "EVAL_GUIDANCE", "EVAL_STEPS"]
 
 # Sampling schedulers for DiT's training schedule (moh_dit.pipeline.make_scheduler): DiT's DDPM with the
-# learned variance, and two fast solvers that use the noise prediction only.
-SCHEDULERS = ("ddpm", "ddim", "dpm-solver")
+# learned variance, and fast solvers that use the noise prediction only.
+SCHEDULERS = ("ddpm", "ddim", "dpm-solver", "dpm-solver-sde", "unipc")
 
 # Transformer dtypes for sampling (the VAE stays in fp32).
 DTYPES = ("fp32", "bf16", "fp16")

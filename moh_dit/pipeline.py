@@ -13,6 +13,7 @@ diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class 
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 import os
 import shutil
@@ -28,6 +29,7 @@ from diffusers import (
     DiffusionPipeline,
     DPMSolverMultistepScheduler,
     ImagePipelineOutput,
+    UniPCMultistepScheduler,
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
@@ -46,7 +48,8 @@ def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMix
     """Sampling schedulers for DiT's training schedule.
 
     ``ddpm`` is DiT's protocol: ancestral sampling with the learned variance on linspace-respaced steps.
-    ``ddim`` (eta 0) and ``dpm-solver`` (DPM-Solver++ 2M) are faster and use only the noise prediction.
+    The others use only the noise prediction: ``ddim`` (eta 0), ``dpm-solver`` (DPM-Solver++ 2M),
+    ``dpm-solver-sde`` (its stochastic SDE variant) and ``unipc`` (UniPC, bh2).
     """
     if name == "ddpm":
         return DDPMScheduler(
@@ -68,6 +71,23 @@ def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMix
         return DPMSolverMultistepScheduler(
             **DIT_SCHEDULE,
             algorithm_type="dpmsolver++",
+            solver_order=2,
+            prediction_type="epsilon",
+            timestep_spacing="linspace",
+            lower_order_final=True,
+        )
+    if name == "dpm-solver-sde":
+        return DPMSolverMultistepScheduler(
+            **DIT_SCHEDULE,
+            algorithm_type="sde-dpmsolver++",
+            solver_order=2,
+            prediction_type="epsilon",
+            timestep_spacing="linspace",
+            lower_order_final=True,
+        )
+    if name == "unipc":
+        return UniPCMultistepScheduler(
+            **DIT_SCHEDULE,
             solver_order=2,
             prediction_type="epsilon",
             timestep_spacing="linspace",
@@ -322,12 +342,16 @@ class MoHDiTPipeline(DiffusionPipeline):
             "learned_range",
         )
         steps = self.scheduler.timesteps
+        # stochastic samplers draw their noise from the generator(s); deterministic ones take none
+        step_kwargs = (
+            {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
+        )
         for t in self.progress_bar(steps) if progress else steps:
             model_in = self.scheduler.scale_model_input(latents, t)
             out = self.guided_model_output(model_in, t, labels, guidance_scale, guidance_channels)
             if not keep_variance:
                 out = out[:, : transformer.in_channels]  # fast solvers take the noise prediction only
-            latents = self.scheduler.step(out, t, latents, generator=generator).prev_sample
+            latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
 
         if not torch.isfinite(latents).all():
             raise NonFiniteSampleError(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import threading
 import time
@@ -206,8 +207,14 @@ def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimi
 
 
 def learning_rate(config: Config, step: int) -> float:
-    """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then constant (as DiT)."""
-    return config.optim.lr * min(1.0, (step + 1) / max(1, config.optim.warmup_steps))
+    """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then constant (as DiT) or a
+    cosine decay to ``optim.min_lr`` at ``train.max_steps``."""
+    optim = config.optim
+    warmed = optim.lr * min(1.0, (step + 1) / max(1, optim.warmup_steps))
+    if optim.schedule == "constant" or step < optim.warmup_steps:
+        return warmed
+    progress = min(1.0, (step - optim.warmup_steps) / max(1, config.train.max_steps - optim.warmup_steps))
+    return optim.min_lr + (optim.lr - optim.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def non_finite_error(
@@ -320,12 +327,12 @@ class Trainer:
             self.record.write("stopped", step=self.step, reason="non-finite loss or exploded weights")
         raise non_finite_error(self.step, path, peak, self.layout.latest_checkpoint(), losses)
 
-    def ema_pipeline(self) -> MoHDiTPipeline:
-        """The EMA weights with DiT's sampler, the VAE and the class names."""
+    def ema_pipeline(self, scheduler: str = "ddpm") -> MoHDiTPipeline:
+        """The EMA weights with ``scheduler`` (DiT's DDPM by default), the VAE and the class names."""
         ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
         self.ema.copy_to(ema_model.parameters())
         latent, names = self.data.vae_record is not None, self.data.id2label if ema_model.config.num_classes else {}
-        return MoHDiTPipeline.build(ema_model, self.data.vae, names, latent_space=latent)
+        return MoHDiTPipeline.build(ema_model, self.data.vae, names, scheduler, latent_space=latent)
 
     @torch.no_grad()
     def save_sample_grid(self, tag: str) -> Optional[Path]:
@@ -333,7 +340,7 @@ class Trainer:
         log, seed = self.config.log, self.config.train.seed
         if self.accelerator.is_main_process:
             args = (log.sample_per_class, seed, log.sample_cfg_scale, log.sample_steps, log.sample_max_classes)
-            path = self.ema_pipeline().save_grid(self.layout.samples / f"{tag}.png", *args)
+            path = self.ema_pipeline(log.sample_scheduler).save_grid(self.layout.samples / f"{tag}.png", *args)
             self.metrics.log_image("samples", path, self.step)
             return path
 

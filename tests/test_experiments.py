@@ -40,30 +40,42 @@ def test_missing_classifier_weights_explain_how_to_make_them(tmp_path):
 
 @needs_data
 def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
-    from experiments.quality import run_experiment
+    from experiments.quality import GUIDANCE, run_experiment
 
     result = run_experiment("tiny", tmp_path, models=("DiT-Ti/4", "MoH-DiT-Ti/4-50"), seeds=(0, 1))
-    assert len(result["records"]) == 4
-    rec = result["records"][0]
-    for key in (
-        "clf_fid@cfg1",
-        "clf_fid@cfg1.5",
-        "clf_precision@cfg1.5",
-        "clf_recall@cfg1.5",
-        "final_diffusion_loss",
-        "train_images_per_s",
-        "sampling_images_per_s@cfg1.5",
-    ):
-        assert np.isfinite(rec[key]), key
-    assert set(result["summary"]["MoH-DiT-Ti/4-50"]["clf_fid@cfg1.5"]) == {"mean", "std", "values"}
-    usage = np.array(result["head_usage"]["MoH-DiT-Ti/4-50"])
+    records = result["study"]["records"]
+    assert len(records) == 4
+    guided = f"cfg{GUIDANCE:g}"
+    for rec in records:
+        assert np.isfinite(rec["final_diffusion_loss"]) and rec["train_images_per_s"] > 0
+        for setting in ("cfg1", guided):
+            scores = rec[setting]
+            for key in ("kid", "fid", "precision", "recall", "seconds_per_image"):
+                assert np.isfinite(scores[key]), (setting, key)
+            lo, hi = scores["kid_interval"]
+            assert lo <= hi and scores["num_samples"] == 24
+    usage = np.array(result["study"]["head_usage"]["MoH-DiT-Ti/4-50"])
     assert usage.shape == (6, 6, 6) and np.allclose(usage[:, :2], 1.0)  # shared heads always on
-    assert "DiT-Ti/4" not in result["head_usage"]
+    assert "DiT-Ti/4" not in result["study"]["head_usage"]
+
+    cont = result["continue"]
+    assert cont["points"] == [0, 1, 2]
+    arms = {(r["arm"], r["seed"], r["step"]) for r in cont["records"]}
+    assert arms == {(a, s, p) for a in ("DiT", "MoH-75", "MoH-50") for s in (0, 1) for p in (0, 1, 2)}
+    # the DiT at step 0 is the study's DiT: the same samples, the same score
+    dit0 = next(r for r in cont["records"] if r["arm"] == "DiT" and r["seed"] == 0 and r["step"] == 0)
+    study_dit = next(r for r in records if r["model"] == "DiT-Ti/4" and r["seed"] == 0)
+    assert dit0["kid"] == pytest.approx(study_dit[guided]["kid"])
+    converted = tmp_path / "continue" / "seed0" / "converted-MoH-50"
+    assert json.loads((converted / "transformer" / "config.json").read_text())["num_shared_heads"] in (2, [2] * 6)
+
     text = (tmp_path / "RESULTS.md").read_text()
-    assert "| MoH-DiT-Ti/4-50 |" in text and "Conclusion" in text
-    assert (tmp_path / "loss_curves.png").exists() and (tmp_path / "head_usage_MoH-DiT-Ti_4-50.png").exists()
-    again = run_experiment("tiny", tmp_path, models=("DiT-Ti/4",), seeds=(0,))  # finished runs are reused
-    assert again["records"][0]["clf_fid@cfg1"] == pytest.approx(rec["clf_fid@cfg1"])
+    assert "| MoH-DiT-Ti/4-50 |" in text and "Continue-tuning" in text and "Conclusion" in text
+    for plot in ("loss_curves.png", "head_usage_MoH-DiT-Ti_4-50.png", "continue_tuning_kid.png"):
+        assert (tmp_path / plot).exists(), plot
+    again = run_experiment("tiny", tmp_path, models=("DiT-Ti/4",), seeds=(0,), part="study")  # runs are reused
+    assert again["study"]["records"][0]["cfg1"]["kid"] == pytest.approx(study_dit["cfg1"]["kid"])
+    assert again["continue"] == json.loads(json.dumps(result["continue"]))  # the other part is kept from results.json
 
 
 @pytest.mark.slow

@@ -163,7 +163,7 @@ def test_unconditional_model_samples_without_labels():
 # ----------------------------------------------------------------------------------------------------
 # Schedulers, output types, save/load
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["ddim", "dpm-solver"])
+@pytest.mark.parametrize("name", ["ddim", "dpm-solver", "dpm-solver-sde", "unipc"])
 def test_fast_solvers_get_noise_channels_only(name):
     """DDIM and DPM-Solver++ must see the noise prediction only (C channels); DiT's DDPM the learned
     variance too (2C), which its learned-range step needs."""
@@ -181,6 +181,21 @@ def test_fast_solvers_get_noise_channels_only(name):
     ddpm.scheduler.step = lambda output, *a, **k: seen.append(output.shape[1]) or step(output, *a, **k)
     ddpm([0, 1], num_inference_steps=3, output_type="pt")
     assert seen[5:] == [2] * 3
+
+
+def test_the_stochastic_solver_draws_its_noise_from_the_generator():
+    """DPM-Solver++ SDE adds noise at every step: with the caller's generator it is reproducible whatever
+    the global RNG does, and another seed gives other images."""
+    pipe = pipe_for(tiny_model(), scheduler="dpm-solver-sde")
+
+    def run(seed, global_seed):
+        torch.manual_seed(global_seed)
+        gen = torch.Generator().manual_seed(seed)
+        return pipe([0, 1], guidance_scale=2.0, num_inference_steps=5, generator=gen, output_type="pt").images
+
+    first = run(0, global_seed=1)
+    assert torch.equal(first, run(0, global_seed=2))
+    assert not torch.equal(first, run(1, global_seed=1))
 
 
 def test_uint8_quantisation_follows_adm():

@@ -477,3 +477,56 @@ def test_fine_tuning_on_data_with_another_class_count(tmp_path, image_dir):
         ]
     )
     assert load_transformer(tmp_path / "cli")[0].y_embedder is None
+
+
+def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
+    from moh_dit.training import learning_rate
+
+    config = load_config(
+        None,
+        [
+            "optim.lr=1e-3",
+            "optim.min_lr=1e-5",
+            "optim.warmup_steps=10",
+            "optim.schedule=cosine",
+            "train.max_steps=110",
+        ],
+    )
+    warm = [learning_rate(config, s) for s in range(10)]
+    assert warm == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])
+    # after warm-up: torch's CosineAnnealingLR over the remaining 100 steps, down to min_lr
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100, eta_min=1e-5)
+    expected = []
+    for _ in range(101):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert [learning_rate(config, s) for s in range(10, 111)] == pytest.approx(expected, rel=1e-9)
+    assert learning_rate(config, 60) == pytest.approx(1e-5 + (1e-3 - 1e-5) / 2)
+    assert learning_rate(config, 500) == pytest.approx(1e-5)  # past the end: stays at min_lr
+    constant = load_config(None, ["optim.lr=1e-3", "optim.warmup_steps=10", "train.max_steps=110"])
+    assert [learning_rate(constant, s) for s in (9, 10, 109)] == pytest.approx([1e-3] * 3)
+    with pytest.raises(ConfigError, match="optim.schedule"):
+        load_config(None, ["optim.schedule=linear"])
+    with pytest.raises(ConfigError, match="optim.min_lr"):
+        load_config(None, ["optim.lr=1e-4", "optim.min_lr=1e-3"])
+
+
+def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp_path, image_dir, monkeypatch):
+    import moh_dit.pipeline as pipeline
+    from moh_dit.training import learning_rate
+
+    used, make = [], pipeline.make_scheduler
+    monkeypatch.setattr(pipeline, "make_scheduler", lambda name="ddpm", *a: used.append(name) or make(name, *a))
+    out = tmp_path / "run"
+    extra = ["optim.schedule=cosine", "optim.warmup_steps=1", "optim.min_lr=1e-4", "log.sample_scheduler=dpm-solver"]
+    train_tiny(out, image_dir, *extra)
+    config = load_config(out / "config.yaml")
+    lrs = [m["lr"] for m in read_metrics(out)]
+    assert lrs == pytest.approx([learning_rate(config, s) for s in range(4)])
+    assert lrs[1] == pytest.approx(1e-3) and lrs[3] < lrs[2] < lrs[1]
+    assert "dpm-solver" in used and (out / "samples" / "final.png").exists()
+    with pytest.raises(ConfigError, match="log.sample_scheduler"):
+        load_config(None, ["log.sample_scheduler=euler"])

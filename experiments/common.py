@@ -1,0 +1,73 @@
+"""What the experiments share: the Fashion-MNIST reference set, the classifier features they score with, and
+sampling + scoring a model (KID and FID with bootstrap intervals, precision, recall, time per image)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from experiments import fmnist_classifier
+from moh_dit.artifacts import sample_npz_path
+from moh_dit.data import FashionMNIST
+from moh_dit.evaluation import evaluate, load_images, resolve_extractor
+from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fashion_reference(out: Path, count: int = 10000) -> Path:
+    """The first ``count`` Fashion-MNIST test images as an ADM-style uint8 npz (gray repeated to RGB)."""
+    path = Path(out) / f"reference_fmnist_test_{count}.npz"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        test = FashionMNIST(split="test")
+        np.savez(path, arr_0=np.repeat(test.images[:count, :, :, None], 3, axis=3))
+    return path
+
+
+def classifier_features():
+    """The project's Fashion-MNIST classifier as a feature extractor (registered with torch-fidelity)."""
+    return resolve_extractor(fmnist_classifier.register(), None, "cpu")
+
+
+def sample_and_score(
+    model: Path,
+    folder: Path,
+    settings: GenerationSettings,
+    scheduler: str,
+    reference: Path,
+    extractor,
+    bootstrap: int = 20,
+) -> dict:
+    """Generate ``settings.num_samples`` images of ``model`` into ``folder`` (resumable; reused when done)
+    with ``scheduler``, and score them: KID, FID (90% bootstrap intervals), precision, recall, and the
+    sampling time per image (measured when the images are generated; kept beside them)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    timing = folder.with_name(folder.name + ".timing.json")
+    if not sample_npz_path(folder).exists():
+        pipe = load_pipeline(model, device=device, scheduler=scheduler)
+        start = time.time()
+        generate_samples(pipe, folder, settings)
+        timing.write_text(json.dumps({"seconds_per_image": (time.time() - start) / settings.num_samples}))
+    metrics = evaluate(
+        load_images(sample_npz_path(folder)), reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap
+    )["metrics"]
+    seconds = json.loads(timing.read_text())["seconds_per_image"] if timing.exists() else None
+    return dict(metrics, seconds_per_image=seconds, num_samples=settings.num_samples)
+
+
+def t_interval(values: list[float], level: float = 0.95) -> Optional[tuple[float, float]]:
+    """Mean +- Student-t half-width over seeds (None for one value)."""
+    if len(values) < 2:
+        return None
+    from scipy import stats
+
+    half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    mean = statistics.mean(values)
+    return mean - half, mean + half
