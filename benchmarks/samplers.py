@@ -9,6 +9,10 @@ step evaluates the conditional and the unconditional half in one batched call, a
     python -m benchmarks.samplers runs/fashion_mnist_moh                 # the grid and the guidance sweep
     python -m benchmarks.samplers runs/fashion_mnist_moh --samples 5000
 
+Settings are measured in order of use (the DDPM-250 reference, the fast solvers, the guidance sweep, then
+the rest) and the report is rewritten after each; `--limit-minutes 90` stops starting new ones after 90
+minutes, and the same command later continues (a CPU study of every setting takes about 2.5 hours).
+
 Also measured: how FID and KID of the same sampler change with the number of samples scored (FID's bias),
 which is why small-sample comparisons here use KID. Writes benchmarks/results/samplers_<device>.{json,md,png};
 sample sets are kept under --work and reused, so an interrupted study continues.
@@ -19,12 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from experiments.common import classifier_features, fashion_reference, sample_and_score
+from moh_dit.artifacts import sample_npz_path
 from moh_dit.evaluation import evaluate, load_images
 from moh_dit.generate import GenerationSettings
 
@@ -47,6 +53,27 @@ GRID = [
 SWEEP_SAMPLERS = [("dpm-solver", 20), ("ddim", 25)]
 GUIDANCE = [1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
+# The order the settings are measured in, so that a study stopped early (--limit-minutes) has the most
+# useful numbers: the DDPM-250 reference, the fast candidates, the guidance sweep of the first fast
+# sampler, then the expensive and the remaining settings.
+PRIORITY = [("ddpm", 250), ("dpm-solver", 20), ("dpm-solver", 10), ("dpm-solver", 25), ("unipc", 10), ("unipc", 25)]
+PRIORITY += [("ddim", 25), ("ddim", 10)]
+
+
+def plan(grid_guidance: float, quick: bool) -> tuple[list[tuple], list[tuple]]:
+    """The grid's and the sweep's settings as (scheduler, steps, guidance), each list in report order."""
+    grid = GRID[:1] + GRID[6:7] if quick else GRID
+    sweep = [(*SWEEP_SAMPLERS[0], g) for g in (GUIDANCE[:2] if quick else GUIDANCE)]
+    sweep += [] if quick else [(*SWEEP_SAMPLERS[1], g) for g in GUIDANCE]
+    return [(s, n, grid_guidance) for s, n in grid], sweep
+
+
+def measuring_order(grid: list[tuple], sweep: list[tuple]) -> list[tuple]:
+    first = [setting for setting in grid if setting[:2] in PRIORITY]
+    first.sort(key=lambda setting: PRIORITY.index(setting[:2]))
+    first_sweep = [setting for setting in sweep if setting[:2] == SWEEP_SAMPLERS[0]]
+    return list(dict.fromkeys(first + first_sweep + grid + sweep))
+
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,14 +85,19 @@ def main(argv=None) -> dict:
     p.add_argument("--work", default="runs/sampler-study", help="where the sample sets are kept")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--quick", action="store_true", help="a smoke run: 2 samplers, 2 guidance values")
+    p.add_argument(
+        "--limit-minutes",
+        type=float,
+        default=0.0,
+        help="start no new setting after this many minutes (0: no limit); a rerun continues where it stopped",
+    )
     args = p.parse_args(argv)
     torch.set_flush_denormal(True)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     reference, extractor = fashion_reference(work), classifier_features()
-    grid = GRID[:1] + GRID[6:7] if args.quick else GRID
-    sweep = [(SWEEP_SAMPLERS[0], g) for g in (GUIDANCE[:2] if args.quick else GUIDANCE)]
-    sweep += [] if args.quick else [(SWEEP_SAMPLERS[1], g) for g in GUIDANCE]
+    grid, sweep = plan(args.guidance, args.quick)
+    done: dict[tuple, dict] = {}
 
     def score(scheduler: str, steps: int, guidance: float) -> dict:
         settings = GenerationSettings(
@@ -76,7 +108,7 @@ def main(argv=None) -> dict:
             num_inference_steps=steps,
             label_mode="balanced",
         )
-        folder = work / f"{scheduler}{steps}-cfg{guidance:g}-n{args.samples}"
+        folder = sample_folder(scheduler, steps, guidance)
         row = sample_and_score(Path(args.model), folder, settings, scheduler, reference, extractor, args.bootstrap)
         print(
             f"{scheduler:>15} {steps:>4} steps, guidance {guidance:g}: KID {row['kid']:.5f}  FID {row['fid']:.2f}  "
@@ -85,9 +117,24 @@ def main(argv=None) -> dict:
         )
         return dict(row, scheduler=scheduler, steps=steps, nfe=steps, guidance=guidance, folder=str(folder))
 
-    rows = [score(s, n, args.guidance) for s, n in grid]
-    sweep_rows = [score(s, n, g) for (s, n), g in sweep]
-    bias = sample_size_effect(Path(rows[0]["folder"]), reference, extractor, args.samples)
+    def sample_folder(scheduler: str, steps: int, guidance: float) -> Path:
+        return work / f"{scheduler}{steps}-cfg{guidance:g}-n{args.samples}"
+
+    start = time.time()
+    for setting in measuring_order(grid, sweep):
+        sampled = sample_npz_path(sample_folder(*setting)).exists()  # only scoring left: never cut off
+        if args.limit_minutes and not sampled and time.time() - start > 60 * args.limit_minutes:
+            print(f"--limit-minutes {args.limit_minutes:g} reached; rerun the same command to continue", flush=True)
+            break
+        done[setting] = score(*setting)
+        write_results(args, grid, sweep, done, out, final=False)
+    return write_results(args, grid, sweep, done, out, final=True, reference=reference, extractor=extractor)
+
+
+def write_results(args, grid, sweep, done, out: Path, final: bool, reference=None, extractor=None) -> dict:
+    """The JSON, the markdown report and the plot of what is measured so far (after every setting, so an
+    interrupted study shows its numbers)."""
+    rows = [done[s] for s in grid if s in done]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else (platform.processor() or "cpu")
     result = {
         "model": args.model,
@@ -95,10 +142,16 @@ def main(argv=None) -> dict:
         "samples": args.samples,
         "guidance": args.guidance,
         "grid": rows,
-        "sweep": sweep_rows,
-        "sample_size_effect": bias,
+        "sweep": [done[s] for s in sweep if s in done],
+        "pending": [list(s) for s in dict.fromkeys(grid + sweep) if s not in done],
+        "sample_size_effect": [],
     }
-    result["choice"] = choose(rows)
+    reference_row = done.get(("ddpm", 250, args.guidance))
+    if final and reference_row:
+        result["sample_size_effect"] = sample_size_effect(
+            Path(reference_row["folder"]), reference, extractor, args.samples
+        )
+    result["choice"] = choose(rows) if reference_row and any(r["nfe"] <= 25 for r in rows) else None
     out.mkdir(parents=True, exist_ok=True)
     kind = "cuda" if torch.cuda.is_available() else "cpu"
     (out / f"samplers_{kind}.json").write_text(json.dumps(result, indent=2, default=str))
@@ -127,8 +180,6 @@ def choose(rows: list[dict]) -> dict:
 def sample_size_effect(folder: Path, reference: Path, extractor, total: int) -> list[dict]:
     """FID and KID of the first n images of one sample set, for growing n: FID's expected value falls with n
     (its bias), KID's does not."""
-    from moh_dit.artifacts import sample_npz_path
-
     images = load_images(sample_npz_path(folder))
     rows = []
     for n in sorted({min(n, total) for n in (250, 500, 1000, total)}):
@@ -153,12 +204,15 @@ def report(result: dict, image: str) -> str:
     ]
     for r in result["grid"]:
         lines.append(_row(r, f"{r['scheduler']} | {r['nfe']}"))
+    if choice:
+        lines += [
+            "",
+            f"Chosen fast default: **{choice['scheduler']} {choice['steps']} steps**, KID {choice['kid']:.4f} "
+            f"against DDPM-250's {choice['ddpm250_kid']:.4f} ("
+            + ("within 5%" if choice["within_5_percent"] else "the best at <= 25 NFE; not within 5%")
+            + f"), {choice['speedup']:.1f}x faster per image.",
+        ]
     lines += [
-        "",
-        f"Chosen fast default: **{choice['scheduler']} {choice['steps']} steps**, KID {choice['kid']:.4f} against "
-        f"DDPM-250's {choice['ddpm250_kid']:.4f} ("
-        + ("within 5%" if choice["within_5_percent"] else "the best at <= 25 NFE; not within 5%")
-        + f"), {choice['speedup']:.1f}x faster per image.",
         "",
         "## Guidance",
         "",
@@ -167,19 +221,23 @@ def report(result: dict, image: str) -> str:
     ]
     for r in result["sweep"]:
         lines.append(_row(r, f"{r['scheduler']} {r['steps']} | {r['guidance']:g}"))
-    lines += [
-        "",
-        "## FID and KID against the number of samples scored",
-        "",
-        f"The first n images of the DDPM-250 set ({result['grid'][0]['folder']}):",
-        "",
-        "| samples | FID | KID |",
-        "|---|---|---|",
-    ]
-    lines += [
-        f"| {r['samples']} | {r['fid']:.2f} | {r['kid']:.4f} (± {r['kid_std']:.4f}) |"
-        for r in result["sample_size_effect"]
-    ]
+    if result["sample_size_effect"]:
+        lines += [
+            "",
+            "## FID and KID against the number of samples scored",
+            "",
+            f"The first n images of the DDPM-250 set ({result['grid'][0]['folder']}):",
+            "",
+            "| samples | FID | KID |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {r['samples']} | {r['fid']:.2f} | {r['kid']:.4f} (± {r['kid_std']:.4f}) |"
+            for r in result["sample_size_effect"]
+        ]
+    if result["pending"]:
+        pending = ", ".join(f"{s} {n} (guidance {g:g})" for s, n, g in result["pending"])
+        lines += ["", f"**Not measured yet** (rerun the same command to continue): {pending}."]
     lines += ["", f"![KID and FID against model evaluations]({image})", ""]
     return "\n".join(lines)
 

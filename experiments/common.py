@@ -62,6 +62,17 @@ def sample_and_score(
     return dict(metrics, seconds_per_image=seconds, num_samples=settings.num_samples)
 
 
+def render_grid(model: Path, path: Path, scheduler: str, steps: int, guidance: float, per_class: int = 8) -> Path:
+    """A labelled grid of ``per_class`` images of every class (seed 0), as ``sample.py`` draws it."""
+    from moh_dit.images import make_grid
+
+    pipe = load_pipeline(model, device="cuda" if torch.cuda.is_available() else "cpu", scheduler=scheduler)
+    classes = list(range(pipe.transformer.config.num_classes))
+    images, names = pipe.sample_grid(classes, per_class, 0, guidance, steps)
+    make_grid(images, ncols=per_class, row_labels=names).save(path)
+    return path
+
+
 def t_interval(values: list[float], level: float = 0.95) -> Optional[tuple[float, float]]:
     """Mean +- Student-t half-width over seeds (None for one value)."""
     if len(values) < 2:

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 
-from experiments.common import ROOT, classifier_features, fashion_reference, sample_and_score
+from experiments.common import ROOT, classifier_features, fashion_reference, render_grid, sample_and_score
 from moh_dit.config import load_config
 from moh_dit.generate import GenerationSettings
+from moh_dit.options import GRID_GUIDANCE
 from moh_dit.training import train
 
 RECIPES = {
@@ -48,7 +48,11 @@ def train_recipe(name: str, config: str, overrides: list[str], out: Path) -> dic
             )
         )
         record.write_text(json.dumps(dict(summary, wall_minutes=(time.time() - start) / 60), default=str))
-    return json.loads(record.read_text())
+    trained = json.loads(record.read_text())
+    # the training speed from the run's own log: wall minutes also count whatever else the machine ran
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    speeds = sorted(r["images_per_s"] for r in logged if "images_per_s" in r)
+    return dict(trained, median_images_per_s=speeds[len(speeds) // 2] if speeds else None)
 
 
 def main(argv=None) -> dict:
@@ -59,6 +63,7 @@ def main(argv=None) -> dict:
     p.add_argument("--scheduler", default="dpm-solver")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--guidance", type=float, default=2.0)
+    p.add_argument("--grid-guidance", type=float, default=GRID_GUIDANCE, help="guidance of the grids")
     p.add_argument("--bootstrap", type=int, default=20)
     p.add_argument("--out", default="experiments/results/default")
     args = p.parse_args(argv)
@@ -93,10 +98,15 @@ def main(argv=None) -> dict:
             extractor,
             args.bootstrap,
         )
-        shutil.copy(out / "runs" / name / "samples" / "final.png", out / f"grid_{name}.png")
+        # every grid drawn alike (the runs' own preview grids used each recipe's preview sampler)
+        render_grid(
+            out / "runs" / name / "pipeline", out / f"grid_{name}.png", args.scheduler, args.steps, args.grid_guidance
+        )
         rows[name] = {"config": config, "overrides": overrides, "train": trained, **scores}
         logging.info("%s: KID %.5f FID %.2f", name, scores["kid"], scores["fid"])
-    protocol = {k: getattr(args, k) for k in ("samples", "scheduler", "steps", "guidance", "bootstrap")}
+    protocol = {
+        k: getattr(args, k) for k in ("samples", "scheduler", "steps", "guidance", "grid_guidance", "bootstrap")
+    }
     result = {"protocol": protocol, "rows": rows}
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     (out / "RESULTS.md").write_text(report(result))
@@ -114,14 +124,14 @@ def report(result: dict) -> str:
         "10,000 Fashion-MNIST test images with the project's classifier features; 90% bootstrap intervals over "
         f"{protocol['bootstrap']} resamples. Reproduce: `python -m experiments.default_comparison`.",
         "",
-        "| recipe | steps | minutes | KID | KID / v1 | FID | precision | recall |",
-        "|---|---|---|---|---|---|---|---|",
+        "| recipe | steps | minutes | images/s | KID | KID / v1 | FID | precision | recall |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():
         kid_lo, kid_hi = r["kid_interval"]
         fid_lo, fid_hi = r["fid_interval"]
         lines.append(
-            f"| {name} | {r['train']['step']} | {r['train']['wall_minutes']:.1f} | {r['kid']:.4f} [{kid_lo:.4f}, {kid_hi:.4f}] | "
+            f"| {name} | {r['train']['step']} | {r['train']['wall_minutes']:.1f} | {r['train']['median_images_per_s'] or 0:.0f} | {r['kid']:.4f} [{kid_lo:.4f}, {kid_hi:.4f}] | "
             f"{r['kid'] / base:.2f} | {r['fid']:.1f} [{fid_lo:.1f}, {fid_hi:.1f}] | {r['precision']:.3f} | {r['recall']:.3f} |"
         )
     lines += [
@@ -129,7 +139,14 @@ def report(result: dict) -> str:
         "Recipes: "
         + "; ".join(f"`{n}` = `{r['config']}` {' '.join(r['overrides'])}".strip() for n, r in rows.items()),
     ]
-    lines += ["", *[f"![{n}](grid_{n}.png)" for n in rows], ""]
+    lines += [f"- `{n}`: {r['train']['note']}" for n, r in rows.items() if r["train"].get("note")]
+    lines += [
+        "",
+        f"Grids: seed 0, {protocol['scheduler']} {protocol['steps']} steps, guidance {protocol['grid_guidance']:g}.",
+        "",
+        *[f"![{n}](grid_{n}.png)" for n in rows],
+        "",
+    ]
     return "\n".join(lines)
 
 

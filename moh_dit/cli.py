@@ -112,9 +112,18 @@ def finite_float(text: str) -> float:
     return value
 
 
-def add_sampling_arguments(parser, guidance: float, num_steps: int, num_samples: int) -> None:
-    """The sampling options ``sample.py`` and ``evaluate_fid.py`` share (names, types, choices)."""
-    from .options import DTYPES, LABEL_MODES, SCHEDULERS
+def add_sampling_arguments(parser, guidance: float, protocol: str, num_samples: int) -> None:
+    """The sampling options ``sample.py`` and ``evaluate_fid.py`` share (names, types, choices). Call
+    ``apply_protocol`` on the parsed arguments: it fills the scheduler and steps the user left open."""
+    from .options import DTYPES, LABEL_MODES, PROTOCOLS, SCHEDULERS
+
+    described = ", ".join(f"{name} = {sched} {steps} steps" for name, (sched, steps) in PROTOCOLS.items())
+    parser.add_argument(
+        "--protocol",
+        choices=list(PROTOCOLS),
+        default=protocol,
+        help=f"scheduler and steps unless --scheduler/--num-steps say otherwise ({described})",
+    )
 
     parser.add_argument(
         "--num-samples",
@@ -131,8 +140,10 @@ def add_sampling_arguments(parser, guidance: float, num_steps: int, num_samples:
         default=None,
         help="guide only the first N channels (3 reproduces the DiT/MoH-DiT papers' FIDs)",
     )
-    parser.add_argument("--num-steps", type=positive_int, default=num_steps, help="sampling steps")
-    parser.add_argument("--scheduler", choices=SCHEDULERS, default=None, help="default: the one saved (DiT's DDPM)")
+    parser.add_argument(
+        "--num-steps", type=positive_int, default=None, help="sampling steps (default: the protocol's)"
+    )
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default=None, help="default: the protocol's")
     parser.add_argument("--label-mode", choices=LABEL_MODES, default="uniform")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="transformer dtype (the VAE stays fp32)")
@@ -141,6 +152,15 @@ def add_sampling_arguments(parser, guidance: float, num_steps: int, num_samples:
         action="store_true",
         help="replace samples in the sample folder that were made with other settings",
     )
+
+
+def apply_protocol(args) -> None:
+    """Fill ``args.scheduler`` and ``args.num_steps`` from ``args.protocol`` where the user gave none."""
+    from .options import PROTOCOLS
+
+    scheduler, steps = PROTOCOLS[args.protocol]
+    args.scheduler = args.scheduler or scheduler
+    args.num_steps = args.num_steps or steps
 
 
 def resolve_device(spec: Optional[str]):

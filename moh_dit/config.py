@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import ConfigError
-from .options import SCHEDULERS
+from .options import FAST_SCHEDULER, FAST_STEPS, SCHEDULERS
 from .presets import preset_config
 
 __all__ = [
@@ -107,8 +107,8 @@ class LogSection:
     sample_per_class: int = 4
     sample_max_classes: int = 10
     sample_cfg_scale: float = 4.0
-    sample_steps: int = 250
-    sample_scheduler: str = "ddpm"  # ddpm | ddim | dpm-solver | ... (moh_dit.options.SCHEDULERS)
+    sample_steps: int = FAST_STEPS  # previews use the fast protocol (moh_dit.options.PROTOCOLS)
+    sample_scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.options.SCHEDULERS)
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
     project: str = "moh-dit"  # the trackers' project name (a wandb project, a TensorBoard sub-folder)
     head_usage: bool = True

@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .images import heatmap, make_grid
-from .options import GRID_GUIDANCE, SCHEDULERS
+from .options import FAST_SCHEDULER, FAST_STEPS, GRID_GUIDANCE, SCHEDULERS
 
 __all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
 
@@ -79,8 +79,8 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                     filterable=True,
                 )
                 guidance = gr.Slider(1.0, 10.0, value=GRID_GUIDANCE, step=0.25, label="guidance", elem_id="guidance")
-                steps = gr.Slider(2, 250, value=50, step=1, label="steps", elem_id="steps")
-                scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
+                steps = gr.Slider(2, 250, value=FAST_STEPS, step=1, label="steps", elem_id="steps")
+                scheduler = gr.Dropdown(list(SCHEDULERS), value=FAST_SCHEDULER, label="scheduler", elem_id="scheduler")
                 seed = gr.Number(value=0, precision=0, label="seed", elem_id="seed")
                 per_class = gr.Slider(1, 16, value=8, step=1, label="images", elem_id="count")
                 button = gr.Button("Generate", variant="primary", elem_id="generate")

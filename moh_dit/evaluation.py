@@ -26,7 +26,6 @@ from typing import Callable, Optional, Protocol
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from .artifacts import atomic_write_json, ensure_writable_dir, fingerprint_file, fingerprint_files
 from .data import list_images, load_image
@@ -40,6 +39,7 @@ from .metrics import (
     kernel_inception_distance,
     precision_recall,
 )
+from .tracking import progress
 
 __all__ = [
     "load_images",
@@ -109,7 +109,7 @@ def load_images(path: str | os.PathLike, limit: Optional[int] = None, image_size
             raise EvaluationError(f"{path} holds no images (looked for image files in it and its sub-folders)")
         files = files[:limit] if limit else files
         arr = None
-        for i, f in enumerate(tqdm(files, desc=f"reading {path.name}", unit="img", leave=False)):
+        for i, f in enumerate(progress(files, f"reading {path.name}", "img")):
             try:
                 img = load_image(f, image_size, channels=3)
             except (OSError, ValueError, SyntaxError) as err:
@@ -288,7 +288,7 @@ def extract_features(
     images = validate_images(images, desc)
     parts: dict[str, list[np.ndarray]] = {}
     with tf32_disabled():
-        for start in tqdm(range(0, len(images), batch_size), desc=desc, unit="batch", leave=False):
+        for start in progress(range(0, len(images), batch_size), desc, "batch"):
             batch = torch.from_numpy(np.ascontiguousarray(images[start : start + batch_size].transpose(0, 3, 1, 2)))
             for key, value in extractor(batch).items():
                 parts.setdefault(key, []).append(value.cpu().numpy().astype(np.float32))
@@ -459,10 +459,16 @@ def evaluate(
     if bootstrap:
         pool = feats["pool"]
         results["fid_interval"] = bootstrap_interval(
-            pool, lambda f: frechet_distance(*feature_statistics(f), ref["mu"], ref["sigma"]), bootstrap
+            pool,
+            lambda f: frechet_distance(*feature_statistics(f), ref["mu"], ref["sigma"]),
+            bootstrap,
+            estimate=results["fid"],
         )
         results["kid_interval"] = bootstrap_interval(
-            pool, lambda f: kernel_inception_distance(ref["pool"], f, subsets=10)[0], bootstrap
+            pool,
+            lambda f: kernel_inception_distance(ref["pool"], f, subsets=10)[0],
+            bootstrap,
+            estimate=results["kid"],
         )
     return {
         "metrics": results,

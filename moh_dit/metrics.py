@@ -176,11 +176,27 @@ def kernel_inception_distance(
 
 
 def bootstrap_interval(
-    samples: np.ndarray, statistic, rounds: int = 20, seed: int = 0, level: float = 0.9
+    samples: np.ndarray,
+    statistic,
+    rounds: int = 20,
+    seed: int = 0,
+    level: float = 0.9,
+    estimate: Optional[float] = None,
 ) -> tuple[float, float]:
-    """A percentile bootstrap interval of ``statistic(samples)`` over the generated samples (rows drawn with
-    replacement): how much the number moves with the particular images drawn, at this sample count."""
+    """A normal bootstrap interval of ``statistic(samples)``: the estimate +- z times the standard deviation
+    of the statistic over resamples of the generated samples (rows drawn with replacement), i.e. how much
+    the number moves with the particular images drawn, at this sample count.
+
+    Why not percentiles of the resampled values: a resample repeats about a third of the images, which
+    shifts both FID and KID upwards (duplicates look like a less diverse set), so percentile intervals of
+    an unbiased KID can miss the estimate altogether. The spread of the resampled values is not shifted.
+    ``estimate``: the reported value when ``statistic`` is a cheaper version of it (KID over fewer subsets,
+    whose extra subset noise only widens the interval); default ``statistic(samples)``."""
+    from statistics import NormalDist
+
     rng = np.random.default_rng(seed)
     values = [statistic(samples[rng.integers(0, len(samples), len(samples))]) for _ in range(rounds)]
-    low, high = np.percentile(values, [50 * (1 - level), 100 - 50 * (1 - level)])
-    return float(low), float(high)
+    estimate = float(statistic(samples)) if estimate is None else float(estimate)
+    spread = float(np.std(values, ddof=1))
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    return estimate - z * spread, estimate + z * spread

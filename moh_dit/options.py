@@ -4,7 +4,17 @@ validates against the same names."""
 
 from __future__ import annotations
 
-__all__ = ["SCHEDULERS", "DTYPES", "LABEL_MODES", "GRID_GUIDANCE", "EVAL_GUIDANCE", "EVAL_STEPS"]
+__all__ = [
+    "SCHEDULERS",
+    "DTYPES",
+    "LABEL_MODES",
+    "GRID_GUIDANCE",
+    "EVAL_GUIDANCE",
+    "EVAL_STEPS",
+    "PROTOCOLS",
+    "FAST_SCHEDULER",
+    "FAST_STEPS",
+]
 
 # Sampling schedulers for DiT's training schedule (moh_dit.pipeline.make_scheduler): DiT's DDPM with the
 # learned variance, and fast solvers that use the noise prediction only.
@@ -25,3 +35,10 @@ EVAL_GUIDANCE = 1.5
 
 # DiT's evaluation protocol: 250 DDPM steps.
 EVAL_STEPS = 250
+
+# Sampling protocols (scheduler, steps). "dit" is DiT's: DDPM with the learned variance over 250 steps, the
+# setting of every paper number; evaluate_fid.py uses it by default. "fast" is the cheapest setting whose
+# KID came within 5% of DDPM-250's in the sampler study (benchmarks/results/samplers_cpu.md, chosen by
+# benchmarks.samplers.choose); sample.py, the demo and the trainer's preview grids use it by default.
+PROTOCOLS = {"dit": ("ddpm", EVAL_STEPS), "fast": ("dpm-solver", 20)}
+FAST_SCHEDULER, FAST_STEPS = PROTOCOLS["fast"]

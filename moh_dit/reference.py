@@ -104,9 +104,9 @@ def build_reference(
                 spatial.add(feats["spatial"])
         pending.clear()
 
-    from tqdm.auto import tqdm
+    from .tracking import progress
 
-    for i, f in enumerate(tqdm(files, desc="reading reference images", unit="img", mininterval=10)):
+    for i, f in enumerate(progress(files, "reading reference images", "img")):
         rel = Path(f).relative_to(source)
         try:
             data = Path(f).read_bytes()

@@ -237,3 +237,15 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def progress(items, desc: str, unit: str = "it", total: Optional[int] = None, every_s: float = 30.0):
+    """Iterate over ``items`` with a ``Progress`` (a bar in a terminal, periodic lines in a log file)."""
+    items = list(items) if total is None and not hasattr(items, "__len__") else items
+    bar = Progress(len(items) if total is None else total, desc=desc, unit=unit, every_s=every_s)
+    try:
+        for item in items:
+            yield item
+            bar.update()
+    finally:
+        bar.close()

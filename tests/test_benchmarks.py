@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from moh_dit.data import find_fashion_mnist
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -165,3 +167,58 @@ def test_cli_startup_benchmark(tmp_path):
     assert all(f"moh-dit {name} --help" in commands for name in COMMANDS) and len(commands) == len(COMMANDS) + 2
     assert all(r["seconds"] == r["rounds"][0] > 0 for r in result["rows"])
     assert "| `moh-dit train --help` |" in (tmp_path / "cli_startup_cpu.md").read_text()
+
+
+def test_sampler_choice_is_the_fastest_within_five_percent_of_ddpm_250():
+    from benchmarks.samplers import choose
+
+    def row(scheduler, steps, kid, seconds):
+        return {"scheduler": scheduler, "steps": steps, "nfe": steps, "kid": kid, "seconds_per_image": seconds}
+
+    rows = [
+        row("ddpm", 250, 0.100, 1.0),
+        row("ddim", 50, 0.090, 0.2),  # better, but over 25 evaluations
+        row("ddim", 25, 0.104, 0.10),
+        row("dpm-solver", 20, 0.105, 0.08),  # within 5%, the fastest such
+        row("dpm-solver", 10, 0.120, 0.04),  # faster but 20% worse
+    ]
+    choice = choose(rows)
+    assert (choice["scheduler"], choice["steps"], choice["within_5_percent"]) == ("dpm-solver", 20, True)
+    assert choice["speedup"] == pytest.approx(1.0 / 0.08)
+    rows[3]["kid"] = 0.2
+    rows[2]["kid"] = 0.15  # none within 5%: the best KID at <= 25 evaluations, said so
+    choice = choose(rows)
+    assert (choice["scheduler"], choice["steps"], choice["within_5_percent"]) == ("dpm-solver", 10, False)
+
+
+@pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
+def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path):
+    from benchmarks import samplers
+    from moh_dit.pipeline import MoHDiTPipeline
+
+    from .helpers.factories import tiny_model
+
+    model = tiny_model(signal=0.1, sample_size=28, patch_size=4, num_classes=10)
+    names = {i: str(i) for i in range(10)}
+    MoHDiTPipeline.build(model, None, names).save(tmp_path / "model", {"test": True})
+    args = [str(tmp_path / "model"), "--quick", "--samples", "20", "--batch-size", "20", "--bootstrap", "3"]
+    stopped = samplers.main(
+        [*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--limit-minutes", "1e-9"]
+    )
+    assert stopped["grid"] == [] and stopped["choice"] is None and len(stopped["pending"]) == 4
+    assert "Not measured yet" in (tmp_path / "out" / "samplers_cpu.md").read_text()
+    result = samplers.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    assert result["pending"] == []
+    assert [(r["scheduler"], r["steps"]) for r in result["grid"]] == [("ddpm", 250), ("dpm-solver", 25)]
+    assert [r["guidance"] for r in result["sweep"]] == [1.0, 1.5]
+    for r in result["grid"] + result["sweep"]:
+        assert r["num_samples"] == 20 and r["seconds_per_image"] > 0 and r["kid_interval"][0] <= r["kid_interval"][1]
+    assert [r["samples"] for r in result["sample_size_effect"]] == [20]
+    assert result["choice"]["ddpm250_kid"] == result["grid"][0]["kid"]
+    text = (tmp_path / "out" / "samplers_cpu.md").read_text()
+    assert "| ddpm | 250 |" in text and "Chosen fast default" in text
+    # the sample sets are reused; scoring what is sampled is never cut off by the time limit
+    again = samplers.main(
+        [*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--limit-minutes", "1e-9"]
+    )
+    assert again["pending"] == [] and again["grid"][1]["kid"] == result["grid"][1]["kid"]

@@ -14,7 +14,7 @@ import pytest
 import evaluate_fid
 import sample
 import train as train_script
-from moh_dit.cli import one_line, run_cli
+from moh_dit.cli import apply_protocol, one_line, run_cli
 from moh_dit.commands import COMMANDS
 from moh_dit.config import load_config
 from moh_dit.training import train
@@ -139,6 +139,43 @@ def test_sampling_arguments_and_devices(world, capsys):
     assert "VAE folder /nonexistent does not exist" in fails_in_one_line(
         sample.main, [run, "--vae", "/nonexistent"], capsys
     )
+
+
+def test_sampling_protocols_choose_scheduler_and_steps_unless_given(world, tmp_path):
+    import json
+
+    from moh_dit.commands import evaluate
+    from moh_dit.commands import sample as sample_command
+    from moh_dit.options import PROTOCOLS
+
+    def chosen(module, *args):
+        parsed = module.build_parser().parse_args([*args])
+        apply_protocol(parsed)
+        return parsed.scheduler, parsed.num_steps
+
+    assert chosen(sample_command, "run") == PROTOCOLS["fast"]  # sample.py: the fast protocol of the sampler study
+    assert chosen(evaluate, "--reference", "r.npz", "--model", "m") == ("ddpm", 250)  # DiT's, for paper parity
+    assert chosen(sample_command, "run", "--protocol", "dit") == ("ddpm", 250)
+    assert chosen(sample_command, "run", "--protocol", "dit", "--num-steps", "50") == ("ddpm", 50)
+    assert chosen(sample_command, "run", "--scheduler", "ddim") == ("ddim", PROTOCOLS["fast"][1])
+    # and the samples record the scheduler that made them
+    for protocol, name in (("fast", "DPMSolverMultistepScheduler"), ("dit", "DDPMScheduler")):
+        folder = tmp_path / protocol
+        sample.main(
+            [
+                str(world / "run"),
+                "--num-samples",
+                "2",
+                "--num-steps",
+                "2",
+                "--protocol",
+                protocol,
+                "--sample-dir",
+                str(folder),
+            ]
+        )
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["identity"]["scheduler"]["name"] == name
 
 
 def test_outputs_are_checked_before_sampling(world, capsys, monkeypatch):

@@ -547,4 +547,6 @@ def test_bootstrap_intervals_in_the_cli_json(tmp_path):
     )
     m = result["metrics"]
     assert m["fid_interval"][0] <= m["fid_interval"][1] and m["kid_interval"][0] <= m["kid_interval"][1]
+    for key in ("fid", "kid"):  # centred on the reported value (resamples shift both upwards)
+        assert sum(m[f"{key}_interval"]) / 2 == pytest.approx(m[key], rel=1e-9)
     assert json.loads((tmp_path / f"s.metrics-{TINY}.json").read_text())["metrics"]["kid"] == m["kid"]

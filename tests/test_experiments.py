@@ -78,6 +78,25 @@ def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
     assert again["continue"] == json.loads(json.dumps(result["continue"]))  # the other part is kept from results.json
 
 
+@needs_data
+def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
+    from experiments import default_comparison
+
+    short = "train.max_steps=2,train.global_batch_size=8,log.log_every=1"
+    recipes = [f"old=configs/fashion_mnist_moh_v1.yaml:{short}", f"new=configs/fashion_mnist_moh.yaml:{short}"]
+    args = ["--only", "old", "new", "--samples", "20", "--steps", "2", "--bootstrap", "3", "--out", str(tmp_path)]
+    result = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])
+    assert list(result["rows"]) == ["old", "new"]
+    for name, row in result["rows"].items():
+        assert row["train"]["step"] == 2 and row["train"]["median_images_per_s"] > 0
+        assert row["num_samples"] == 20 and row["kid_interval"][0] <= row["kid_interval"][1]
+        assert (tmp_path / f"grid_{name}.png").exists()
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| old | 2 |" in text and "| new | 2 |" in text and "![new](grid_new.png)" in text
+    again = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])  # runs and samples are reused
+    assert again["rows"]["new"]["kid"] == result["rows"]["new"]["kid"]
+
+
 @pytest.mark.slow
 @needs_data
 def test_classifier_training_script_reaches_stated_accuracy(tmp_path):

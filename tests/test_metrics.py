@@ -199,3 +199,23 @@ def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_samples
     assert lo_s < small.mean() < hi_s and lo_l < large.mean() < hi_l
     assert (hi_l - lo_l) < (hi_s - lo_s) / 5  # ~ 1 / sqrt(n)
     assert (hi_s - lo_s) == pytest.approx(2 * 1.645 * small.std() / np.sqrt(40), rel=0.35)
+
+
+def test_kid_bootstrap_interval_is_centred_on_the_estimate_and_as_wide_as_the_spread_over_fresh_draws():
+    from moh_dit.metrics import bootstrap_interval, kernel_inception_distance
+
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(1500, 16))
+
+    def draw():
+        return rng.normal(size=(300, 16)) * 1.1 + 0.1
+
+    def kid(f):
+        return kernel_inception_distance(reference, f, subsets=10)[0]
+
+    samples = draw()
+    low, high = bootstrap_interval(samples, kid, rounds=40)
+    # resamples repeat images, which shifts KID up; the interval must still hold the (unbiased) estimate
+    assert (low + high) / 2 == pytest.approx(kid(samples), rel=1e-9)
+    fresh = np.std([kid(draw()) for _ in range(30)], ddof=1)  # the true spread of KID at 300 samples
+    assert (high - low) / (2 * 1.645) == pytest.approx(fresh, rel=0.5)

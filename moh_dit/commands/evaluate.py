@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from moh_dit.cli import add_sampling_arguments, positive_int
-from moh_dit.options import EVAL_GUIDANCE, EVAL_STEPS
+from moh_dit.cli import add_sampling_arguments, apply_protocol, positive_int
+from moh_dit.options import EVAL_GUIDANCE
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -64,7 +64,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON file for all numbers and settings (default: beside the samples)")
     p.add_argument("--device", default=None)
     g = p.add_argument_group("sampling (with --model); defaults: the papers' FID protocol (see moh_dit.options)")
-    add_sampling_arguments(g, guidance=EVAL_GUIDANCE, num_steps=EVAL_STEPS, num_samples=50_000)
+    add_sampling_arguments(g, guidance=EVAL_GUIDANCE, protocol="dit", num_samples=50_000)
     g.add_argument("--sample-batch-size", type=positive_int, default=64, help="also the block size of the samples")
     g.add_argument("--sample-dir", default=None, help="default: <run>/eval-samples-step<N>-<settings>")
     return p
@@ -76,13 +76,14 @@ def default_sample_dir(args, source) -> Path:
     step = f"step{source.step}-" if source.step is not None else ""
     tag = (
         f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}-ch{args.guidance_channels or 'all'}-"
-        f"{args.scheduler or 'ddpm'}{args.num_steps}-{args.dtype}-seed{args.seed}"
+        f"{args.scheduler}{args.num_steps}-{args.dtype}-seed{args.seed}"
     )
     return root / f"eval-samples-{tag}"
 
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
     args = build_parser(prog).parse_args(argv)
+    apply_protocol(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from moh_dit.artifacts import (
         ensure_writable_file,

@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from moh_dit.cli import add_sampling_arguments, positive_int
-from moh_dit.options import EVAL_STEPS, GRID_GUIDANCE
+from moh_dit.cli import add_sampling_arguments, apply_protocol, positive_int
+from moh_dit.options import GRID_GUIDANCE
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -36,13 +36,14 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--sample-dir", default="samples", help="folder for --num-samples PNGs (the .npz is written beside it)"
     )
-    # the grid is for looking at (guidance 4.0, as DiT's visual samples); see moh_dit.options
-    add_sampling_arguments(p, guidance=GRID_GUIDANCE, num_steps=EVAL_STEPS, num_samples=0)
+    # the grid is for looking at, with the fast protocol and the grid guidance; see moh_dit.options
+    add_sampling_arguments(p, guidance=GRID_GUIDANCE, protocol="fast", num_samples=0)
     return p
 
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     args = build_parser(prog).parse_args(argv)
+    apply_protocol(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from moh_dit.artifacts import ensure_writable_dir, ensure_writable_file
     from moh_dit.generate import load_pipeline
