@@ -161,18 +161,20 @@ def write_results(args, grid, sweep, done, out: Path, final: bool, reference=Non
 
 
 def choose(rows: list[dict]) -> dict:
-    """The fastest setting with at most 25 model evaluations whose KID is within 5% of DDPM-250's (or, if
-    none is, the best KID at <= 25 evaluations)."""
+    """The fast default: among settings with at most 25 model evaluations, the fastest whose KID is within 5%
+    of the best of them. (Not simply the fastest within 5% of DDPM-250: where a fast solver beats DDPM-250,
+    that would give away the better images for a few milliseconds.) Also says whether it meets the goal,
+    KID within 5% of DDPM-250's."""
     reference = next(r for r in rows if (r["scheduler"], r["steps"]) == ("ddpm", 250))
     fast = [r for r in rows if r["nfe"] <= 25]
-    within = [r for r in fast if r["kid"] <= 1.05 * reference["kid"]]
-    best = min(within, key=lambda r: r["seconds_per_image"]) if within else min(fast, key=lambda r: r["kid"])
+    best_kid = min(r["kid"] for r in fast)
+    best = min((r for r in fast if r["kid"] <= 1.05 * best_kid), key=lambda r: r["seconds_per_image"])
     return {
         "scheduler": best["scheduler"],
         "steps": best["steps"],
         "kid": best["kid"],
         "ddpm250_kid": reference["kid"],
-        "within_5_percent": bool(within),
+        "within_5_percent": bool(best["kid"] <= 1.05 * reference["kid"]),
         "speedup": reference["seconds_per_image"] / best["seconds_per_image"],
     }
 
@@ -209,8 +211,9 @@ def report(result: dict, image: str) -> str:
             "",
             f"Chosen fast default: **{choice['scheduler']} {choice['steps']} steps**, KID {choice['kid']:.4f} "
             f"against DDPM-250's {choice['ddpm250_kid']:.4f} ("
-            + ("within 5%" if choice["within_5_percent"] else "the best at <= 25 NFE; not within 5%")
-            + f"), {choice['speedup']:.1f}x faster per image.",
+            + ("within 5%: the goal is met" if choice["within_5_percent"] else "not within 5%: the goal is missed")
+            + f"), {choice['speedup']:.1f}x faster per image: the fastest setting of at most 25 model evaluations "
+            "whose KID is within 5% of the best of them.",
         ]
     lines += [
         "",
@@ -265,13 +268,15 @@ def plot(result: dict, path: Path) -> None:
         for ax, key in zip(axes[:2], ("kid", "fid")):
             y = np.array([r[key] for r in rows])
             err = np.array([[r[key] - r[f"{key}_interval"][0], r[f"{key}_interval"][1] - r[key]] for r in rows]).T
+            err = np.maximum(err, 0.0)  # intervals are centred on the value; guard results written by older code
             ax.errorbar(nfe, y, yerr=err, marker="o", capsize=3, label=name)
     for ax, key in zip(axes[:2], ("KID", "FID")):
         ax.set_xscale("log")
         ax.set_xlabel("model evaluations per image (NFE)")
         ax.set_ylabel(f"{key} (classifier features; lower is better)")
         ax.set_title(f"{key} against NFE, guidance {result['guidance']:g}")
-        ax.legend(fontsize=7)
+        if result["grid"]:
+            ax.legend(fontsize=7)
     for sampler, steps in SWEEP_SAMPLERS:
         rows = [r for r in result["sweep"] if (r["scheduler"], r["steps"]) == (sampler, steps)]
         if rows:
@@ -281,7 +286,8 @@ def plot(result: dict, path: Path) -> None:
     axes[2].set_xlabel("guidance scale")
     axes[2].set_ylabel("KID")
     axes[2].set_title("guidance sweep")
-    axes[2].legend(fontsize=7)
+    if result["sweep"]:
+        axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -82,7 +82,7 @@ SCALES = {
         bootstrap=20,
     ),
 }
-GUIDANCE = 2.0  # the guided setting (see benchmarks/results/samplers_cpu.md for the sweep); 1.0 is none
+GUIDANCE = 3.0  # the guided setting: the best KID of the sweep in benchmarks/results/samplers_cpu.md; 1.0 is none
 FINETUNE = ["optim.schedule=constant", "optim.lr=2e-4", "optim.warmup_steps=50", "ema.warmup=true"]
 TIMESTEPS = [999, 800, 600, 400, 200, 50]
 logger = logging.getLogger("experiments.quality")
