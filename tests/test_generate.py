@@ -13,6 +13,7 @@ import torch
 from moh_dit.config import load_config
 from moh_dit.errors import ArtifactError
 from moh_dit.generate import GenerationSettings, generate_samples, label_for_index, load_pipeline
+from moh_dit.options import PROTOCOLS
 from moh_dit.training import train
 
 from .helpers.factories import make_image_folder, run_command, tiny_train_overrides, torchrun
@@ -211,7 +212,9 @@ def test_a_run_loads_its_newest_weights_and_says_which(run_dir, tmp_path, caplog
 
 
 def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir, tmp_path):
-    single = np.load(generate_samples(load_pipeline(run_dir, device="cpu"), tmp_path / "one", settings(num_samples=7)))
+    # sample.py's default (the fast protocol's solver) against the same solver in this process
+    pipe = load_pipeline(run_dir, device="cpu", scheduler=PROTOCOLS["fast"][0])
+    single = np.load(generate_samples(pipe, tmp_path / "one", settings(num_samples=7)))
     args = "--num-samples 7 --seed 3 --batch-size 4 --cfg-scale 2.0 --num-steps 4".split()
     result = run_command(torchrun(ROOT / "sample.py", run_dir, "--sample-dir", tmp_path / "two", *args))
     assert "2 process(es)" in result.stderr
