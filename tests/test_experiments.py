@@ -82,7 +82,7 @@ def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
 def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     from experiments import default_comparison
 
-    short = "train.max_steps=2,train.global_batch_size=8,log.log_every=1"
+    short = "train.max_steps=2,train.global_batch_size=8,log.log_every=1,log.sample_per_class=1"
     recipes = [f"old=configs/fashion_mnist_moh_v1.yaml:{short}", f"new=configs/fashion_mnist_moh.yaml:{short}"]
     args = ["--only", "old", "new", "--samples", "20", "--steps", "2", "--bootstrap", "3", "--out", str(tmp_path)]
     result = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])
