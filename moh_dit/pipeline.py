@@ -67,32 +67,20 @@ def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMix
             prediction_type="epsilon",
             timestep_spacing="linspace",
         )
+    # the second-order multistep solvers share everything but the algorithm
+    multistep = dict(
+        **DIT_SCHEDULE,
+        solver_order=2,
+        prediction_type="epsilon",
+        timestep_spacing="linspace",
+        lower_order_final=True,
+    )
     if name == "dpm-solver":
-        return DPMSolverMultistepScheduler(
-            **DIT_SCHEDULE,
-            algorithm_type="dpmsolver++",
-            solver_order=2,
-            prediction_type="epsilon",
-            timestep_spacing="linspace",
-            lower_order_final=True,
-        )
+        return DPMSolverMultistepScheduler(**multistep, algorithm_type="dpmsolver++")
     if name == "dpm-solver-sde":
-        return DPMSolverMultistepScheduler(
-            **DIT_SCHEDULE,
-            algorithm_type="sde-dpmsolver++",
-            solver_order=2,
-            prediction_type="epsilon",
-            timestep_spacing="linspace",
-            lower_order_final=True,
-        )
+        return DPMSolverMultistepScheduler(**multistep, algorithm_type="sde-dpmsolver++")
     if name == "unipc":
-        return UniPCMultistepScheduler(
-            **DIT_SCHEDULE,
-            solver_order=2,
-            prediction_type="epsilon",
-            timestep_spacing="linspace",
-            lower_order_final=True,
-        )
+        return UniPCMultistepScheduler(**multistep)
     raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
 
 
