@@ -19,7 +19,14 @@ become shared or routed, routers fitted to pick each token's most useful heads),
 fine-tuned for N steps; against it, the DiT itself trained the same N steps with the same settings. KID is
 measured along the way (curves against fine-tuning steps).
 
-Finished runs, conversions and sample sets are reused, so an interrupted experiment continues.
+It runs in stages that add up: ``--seeds 0`` then ``--seeds 1`` (or ``--models``) each add their runs to
+``results.json``, which keeps every earlier record made with the same settings; RESULTS.md is rewritten after
+each run and lists what is still missing with the command that adds it. Finished runs, conversions and sample
+sets are reused (a reused run is resumed, so a folder made by another recipe is refused), so an interrupted
+experiment continues where it stopped.
+
+    python -m experiments.quality --part study --seeds 0       # stage 1: every model at seed 0 (~1 h)
+    python -m experiments.quality --part continue --seeds 0    # stage 2: continue-tuning of seed 0's DiT (~40 min)
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import numpy as np
 import torch
 
 from experiments.common import ROOT, classifier_features, fashion_reference, sample_and_score, t_interval
+from moh_dit.artifacts import atomic_write_json, atomic_write_text, fingerprint_file, read_manifest
 from moh_dit.config import load_config
 from moh_dit.data import FashionMNIST
 from moh_dit.diffusion import DiffusionObjective
@@ -46,6 +54,7 @@ CONVERSIONS = {  # the head tables of the MoH-DiT-Ti/4 presets: shared heads and
     "MoH-75": ([2, 2, 2, 2, 3, 6], [2, 2, 2, 2, 2, 0]),
     "MoH-50": (2, 1),
 }
+ARMS = ("DiT", *CONVERSIONS)  # DiT: the study's DiT trained on with the fine-tuning settings
 SCALES = {
     "tiny": dict(
         overrides=[
@@ -96,21 +105,22 @@ def slug(name: str) -> str:
 # Training and scoring
 # ----------------------------------------------------------------------------------------------------
 def train_run(run: Path, overrides: list[str]) -> Path:
-    """Train (or finish) one run with the embedded default's recipe and ``overrides``."""
-    if not (run / "pipeline" / "model_index.json").exists():
-        config = {"base": str(ROOT / "configs" / "fashion_mnist_moh.yaml")}
-        train(
-            load_config(
-                config,
-                [
-                    *overrides,
-                    f"train.output_dir={run}",
-                    "train.resume=latest",
-                    "log.trackers=[]",
-                    "log.sample_per_class=0",
-                ],
-            )
+    """Train (or finish) one run with the embedded default's recipe and ``overrides``. A finished run goes
+    through ``train`` too: resuming checks its recorded identity (architecture, data, seed, batch), so a
+    folder made by another recipe is refused instead of being scored as this one."""
+    config = {"base": str(ROOT / "configs" / "fashion_mnist_moh.yaml")}
+    train(
+        load_config(
+            config,
+            [
+                *overrides,
+                f"train.output_dir={run}",
+                "train.resume=latest",
+                "log.trackers=[]",
+                "log.sample_per_class=0",
+            ],
         )
+    )
     return run
 
 
@@ -155,40 +165,78 @@ def head_usage_by_timestep(run: Path, n: int = 64) -> Optional[np.ndarray]:
 # ----------------------------------------------------------------------------------------------------
 # The two parts
 # ----------------------------------------------------------------------------------------------------
-def run_study(sc: dict, out: Path, models, reference: Path, extractor) -> dict:
-    records, curves, usage = [], {}, {}
-    for model in models:
-        for seed in sc["seeds"]:
+def study_key(record: dict) -> tuple:
+    return (
+        MODELS.index(record["model"]) if record["model"] in MODELS else len(MODELS),
+        record["model"],
+        record["seed"],
+    )
+
+
+def continue_key(record: dict) -> tuple:
+    return (record["seed"], list(ARMS).index(record["arm"]), record["step"])
+
+
+def merge(earlier: list[dict], now: list[dict], key) -> list[dict]:
+    """The records of this stage plus those of earlier stages that it did not redo, in a stable order."""
+    redone = {key(r) for r in now}
+    return sorted([r for r in earlier if key(r) not in redone] + now, key=key)
+
+
+def run_study(sc: dict, out: Path, models, reference: Path, extractor, earlier=None, save=None) -> dict:
+    """Train and score every (seed, model), seed by seed, so that a study stopped early has every model at
+    the first seeds. ``earlier``: the part as a previous stage left it (kept where not redone); ``save``
+    is called with the part after each run."""
+    earlier = earlier or {"records": [], "head_usage": {}}
+    records, usage = [], dict(earlier.get("head_usage") or {})
+    for seed in sc["seeds"]:
+        for model in models:
             run = train_run(
                 out / "runs" / f"{slug(model)}-seed{seed}",
                 [*sc["overrides"], f"model.preset={model}", f"train.seed={seed}"],
             )
             curve, speed = losses_of(run)
-            curves.setdefault(model, []).append(curve)
             rec = {
                 "model": model,
                 "seed": seed,
+                "run_id": (read_manifest(run, "run") or {}).get("run_id"),
                 "final_diffusion_loss": statistics.mean(v for _, v in curve[-3:]),
                 "train_images_per_s": speed,
+                "loss_curve": curve,
             }
             for guidance in (1.0, GUIDANCE):
                 scores = score(run / "pipeline", run / f"samples-cfg{guidance:g}", guidance, sc, reference, extractor)
                 rec[f"cfg{guidance:g}"] = scores
             records.append(rec)
-            if seed == sc["seeds"][0] and model != "DiT-Ti/4":
+            if model != "DiT-Ti/4" and (model not in usage or seed == min(sc["planned_seeds"])):
                 u = head_usage_by_timestep(run)
                 usage[model] = u.tolist() if u is not None else None
             logger.info("%s seed %d: KID %.4f / %.4f", model, seed, rec["cfg1"]["kid"], rec[f"cfg{GUIDANCE:g}"]["kid"])
-    return {"records": records, "curves": curves, "head_usage": usage}
+            part = {"records": merge(earlier["records"], records, study_key), "head_usage": usage}
+            if save is not None:
+                save(part)
+    return {"records": merge(earlier["records"], records, study_key), "head_usage": usage}
 
 
-def run_continue(sc: dict, out: Path, reference: Path, extractor) -> dict:
+def run_continue(sc: dict, out: Path, reference: Path, extractor, earlier=None, save=None) -> dict:
+    """Convert each seed's DiT, fine-tune every arm and score it along the way (see the module docstring);
+    ``earlier`` and ``save`` as in ``run_study``."""
     from moh_dit.convert import dit_to_moh
     from moh_dit.pipeline import MoHDiTPipeline
 
     steps = sc["finetune_steps"]
     points = [0, steps // 2, steps]
+    earlier_records = (earlier or {}).get("records", [])
     records = []
+
+    def part(now: list[dict]) -> dict:
+        return {
+            "records": merge(earlier_records, now, continue_key),
+            "points": points,
+            "finetune": FINETUNE,
+            "steps": steps,
+        }
+
     for seed in sc["seeds"]:
         base = train_run(
             out / "runs" / f"DiT-Ti_4-seed{seed}", [*sc["overrides"], "model.preset=DiT-Ti/4", f"train.seed={seed}"]
@@ -230,30 +278,74 @@ def run_continue(sc: dict, out: Path, reference: Path, extractor) -> dict:
                 scores = score(model, tag, GUIDANCE, sc, reference, extractor)
                 records.append({"seed": seed, "arm": arm, "step": point, **scores})
                 logger.info("continue seed %d %s step %d: KID %.4f", seed, arm, point, scores["kid"])
-    return {"records": records, "points": points, "finetune": FINETUNE, "steps": steps}
+                if save is not None:
+                    save(part(records))
+    return part(records)
 
 
 def run_experiment(
     scale: str = "default", out: str | Path = "experiments/results", models=MODELS, seeds=None, part: str = "all"
 ) -> dict:
+    """Run ``part`` of the experiment for ``models`` and ``seeds`` (default: the scale's seeds) into ``out``.
+
+    The experiment runs in stages: ``results.json`` keeps every record of earlier stages made with the same
+    settings (scale, recipe, sampler, guidance, fine-tuning), and each stage adds or redoes its own; results
+    made with other settings are moved aside, never mixed in. ``RESULTS.md`` is rewritten after every run and
+    says which runs are still missing and the command that adds them."""
     sc = dict(SCALES[scale])
+    sc["planned_seeds"] = sc["seeds"]
     if seeds is not None:
         sc["seeds"] = tuple(seeds)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     reference, extractor = fashion_reference(out, sc["reference"]), classifier_features()
+    made_by = experiment_identity(scale)
     previous = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
-    result = {"scale": scale, "settings": {k: v for k, v in sc.items()}, "guidance": GUIDANCE, "models": list(models)}
-    result["study"] = (
-        run_study(sc, out, models, reference, extractor) if part in ("all", "study") else previous.get("study")
-    )
-    result["continue"] = (
-        run_continue(sc, out, reference, extractor) if part in ("all", "continue") else previous.get("continue")
-    )
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
-    plots = make_plots(result, out)
-    (out / "RESULTS.md").write_text(report(result, plots))
+    if previous and previous.get("made_by") != made_by:
+        aside = out / "results.previous.json"
+        logger.warning("%s was made with other settings; moved to %s, starting afresh", out / "results.json", aside)
+        (out / "results.json").replace(aside)
+        previous = {}
+    done = [r["model"] for r in (previous.get("study") or {}).get("records", [])]
+    named = list(dict.fromkeys([*models, *done]))
+    result = {
+        "scale": scale,
+        "made_by": made_by,
+        "settings": {k: v for k, v in sc.items() if k not in ("seeds", "planned_seeds")}
+        | {"seeds": list(sc["planned_seeds"])},
+        "guidance": GUIDANCE,
+        "models": sorted(named, key=lambda m: (MODELS.index(m) if m in MODELS else len(MODELS), m)),
+        "study": previous.get("study"),
+        "continue": previous.get("continue"),
+    }
+
+    def save(name: str):
+        def write(part_result: dict) -> None:
+            result[name] = part_result
+            atomic_write_json(out / "results.json", result)
+            atomic_write_text(out / "RESULTS.md", report(result, make_plots(result, out)))
+
+        return write
+
+    if part in ("all", "study"):
+        result["study"] = run_study(sc, out, models, reference, extractor, previous.get("study"), save("study"))
+    if part in ("all", "continue"):
+        result["continue"] = run_continue(sc, out, reference, extractor, previous.get("continue"), save("continue"))
+    atomic_write_json(out / "results.json", result)
+    atomic_write_text(out / "RESULTS.md", report(result, make_plots(result, out)))
     return result
+
+
+def experiment_identity(scale: str) -> dict:
+    """What makes two stages' records comparable: the scale's settings, the recipe file's content, the
+    guidance and the fine-tuning settings."""
+    return {
+        "scale": scale,
+        "settings": json.loads(json.dumps(SCALES[scale])),
+        "recipe_sha256": fingerprint_file(ROOT / "configs" / "fashion_mnist_moh.yaml"),
+        "guidance": GUIDANCE,
+        "finetune": FINETUNE,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -294,7 +386,10 @@ def make_plots(result: dict, out: Path) -> dict:
     study = result.get("study")
     if study:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for model, runs in study["curves"].items():
+        for model in result["models"]:
+            runs = [r["loss_curve"] for r in study["records"] if r["model"] == model]
+            if not runs:
+                continue
             steps = [s for s, _ in runs[0]]
             losses = np.array([[v for _, v in r[: len(steps)]] for r in runs if len(r) >= len(steps)])
             ax.plot(steps, losses.mean(0), label=model)
@@ -331,14 +426,16 @@ def make_plots(result: dict, out: Path) -> dict:
     if cont:
         fig, ax = plt.subplots(figsize=(6, 4))
         for arm in dict.fromkeys(r["arm"] for r in cont["records"]):
-            means, lows, highs = [], [], []
+            points, means, lows, highs = [], [], [], []
             for point in cont["points"]:
                 values = [r["kid"] for r in cont["records"] if r["arm"] == arm and r["step"] == point]
-                means.append(statistics.mean(values))
-                lows.append(min(values))
-                highs.append(max(values))
-            ax.plot(cont["points"], means, marker="o", label=arm if arm != "DiT" else "DiT (trained on)")
-            ax.fill_between(cont["points"], lows, highs, alpha=0.2)
+                if values:  # a stage may have stopped before this point
+                    points.append(point)
+                    means.append(statistics.mean(values))
+                    lows.append(min(values))
+                    highs.append(max(values))
+            ax.plot(points, means, marker="o", label=arm if arm != "DiT" else "DiT (trained on)")
+            ax.fill_between(points, lows, highs, alpha=0.2)
         ax.set(
             xlabel="fine-tuning steps",
             ylabel="KID (classifier features)",
@@ -359,13 +456,14 @@ def report(result: dict, plots: dict) -> str:
         "# MoH-DiT against DiT on Fashion-MNIST (evidence v2)",
         "",
         f"Scale `{result['scale']}`: every model trained with the embedded default's recipe "
-        "(`configs/fashion_mnist_moh.yaml`: pixel space 28 x 28, same steps, schedule, EMA and data) for seeds "
-        f"{list(sc['seeds'])}; {sc['samples']} class-balanced samples per model and setting ({scheduler}, {steps} "
+        "(`configs/fashion_mnist_moh.yaml`: pixel space 28 x 28, same steps, schedule, EMA and data), planned for "
+        f"seeds {list(sc['seeds'])}; {sc['samples']} class-balanced samples per model and setting ({scheduler}, {steps} "
         f"steps; no guidance and guidance {result['guidance']:g}) scored against {sc['reference']} Fashion-MNIST test "
         "images with the project's classifier features (`experiments/fmnist_classifier.py`). Across seeds: mean "
         "[95% t-interval]. KID is the number to compare at this sample count (unbiased); FID is shown for "
         f"completeness. Reproduce: `python -m experiments.quality --scale {result['scale']}`.",
         "",
+        *status(result),
     ]
     study = result.get("study")
     if study:
@@ -373,15 +471,16 @@ def report(result: dict, plots: dict) -> str:
         lines += [
             "## MoH-DiT against DiT",
             "",
-            f"| model | KID (no guidance) | KID (guidance {result['guidance']:g}) | FID (guidance {result['guidance']:g}) "
-            "| precision | recall | final loss | train img/s |",
-            "|---|---|---|---|---|---|---|---|",
+            f"| model | seeds | KID (no guidance) | KID (guidance {result['guidance']:g}) "
+            f"| FID (guidance {result['guidance']:g}) | precision | recall | final loss | train img/s |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        for m in result["models"]:
+        for m in [m for m in result["models"] if any(r["model"] == m for r in recs)]:
             loss = summary([r["final_diffusion_loss"] for r in recs if r["model"] == m])
             speed = summary([r["train_images_per_s"] for r in recs if r["model"] == m])
+            seeds = ", ".join(str(r["seed"]) for r in recs if r["model"] == m)
             lines.append(
-                f"| {m} | {_fmt(summary(per_model(recs, m, 'cfg1', 'kid')), 4)} | {_fmt(summary(per_model(recs, m, g, 'kid')), 4)} "
+                f"| {m} | {seeds} | {_fmt(summary(per_model(recs, m, 'cfg1', 'kid')), 4)} | {_fmt(summary(per_model(recs, m, g, 'kid')), 4)} "
                 f"| {_fmt(summary(per_model(recs, m, g, 'fid')), 1)} | {_fmt(summary(per_model(recs, m, g, 'precision')), 3)} "
                 f"| {_fmt(summary(per_model(recs, m, g, 'recall')), 3)} | {loss['mean']:.4f} | {speed['mean']:.0f} |"
             )
@@ -418,16 +517,53 @@ def report(result: dict, plots: dict) -> str:
             "|---|" + "---|" * len(cont["points"]),
         ]
         for arm in dict.fromkeys(r["arm"] for r in cont["records"]):
-            cells = [
-                _fmt(summary([r["kid"] for r in cont["records"] if r["arm"] == arm and r["step"] == p]), 4)
-                for p in cont["points"]
-            ]
+            cells = []
+            for point in cont["points"]:
+                values = [r["kid"] for r in cont["records"] if r["arm"] == arm and r["step"] == point]
+                seeds = ", ".join(str(r["seed"]) for r in cont["records"] if r["arm"] == arm and r["step"] == point)
+                cells.append(f"{_fmt(summary(values), 4)} (seeds {seeds})" if values else "not run yet")
             lines.append(f"| {arm if arm != 'DiT' else 'DiT (trained on)'} | " + " | ".join(cells) + " |")
         if "continue" in plots:
             lines += ["", f"![continue-tuning]({plots['continue']})"]
         lines += [""]
     lines += ["## Conclusion", "", conclusion(result), ""]
     return "\n".join(lines)
+
+
+def missing_runs(result: dict) -> tuple[list[tuple[str, int]], list[tuple[int, str, int]]]:
+    """The planned study runs ``(model, seed)`` and continue-tuning points ``(seed, arm, step)`` that no
+    stage has scored yet."""
+    seeds = result["settings"]["seeds"]
+    study = {(r["model"], r["seed"]) for r in (result.get("study") or {}).get("records", [])}
+    steps = result["settings"]["finetune_steps"]
+    cont = {(r["seed"], r["arm"], r["step"]) for r in (result.get("continue") or {}).get("records", [])}
+    return (
+        [(m, s) for s in seeds for m in MODELS if (m, s) not in study],
+        [(s, a, p) for s in seeds for a in ARMS for p in (0, steps // 2, steps) if (s, a, p) not in cont],
+    )
+
+
+def status(result: dict) -> list[str]:
+    """A paragraph that says whether every planned run is in, and if not which are missing and how to add them."""
+    study, cont = missing_runs(result)
+    if not study and not cont:
+        return ["Status: complete (every planned model, seed and fine-tuning point is scored).", ""]
+    lines = ["**Status: partial.** Missing so far:"]
+    scale = f" --scale {result['scale']}" if result["scale"] != "default" else ""
+    for seed in dict.fromkeys(s for _, s in study):
+        models = [m for m, s in study if s == seed]
+        lines.append(
+            f"- study, seed {seed}: {', '.join(models)} "
+            f"(`python -m experiments.quality{scale} --part study --seeds {seed}`)"
+        )
+    for seed in dict.fromkeys(s for s, _, _ in cont):
+        points = [f"{a} step {p}" for s, a, p in cont if s == seed]
+        lines.append(
+            f"- continue-tuning, seed {seed}: {', '.join(points)} "
+            f"(`python -m experiments.quality{scale} --part continue --seeds {seed}`)"
+        )
+    lines += ["", "Intervals over seeds appear once a model has two seeds; single values are one seed.", ""]
+    return lines
 
 
 def conclusion(result: dict) -> str:
@@ -455,18 +591,13 @@ def conclusion(result: dict) -> str:
     cont = result.get("continue")
     if cont:
         end = cont["points"][-1]
-        dit = [
-            r["kid"]
-            for r in sorted(cont["records"], key=lambda r: r["seed"])
-            if r["arm"] == "DiT" and r["step"] == end
-        ]
+        kid = {(r["arm"], r["seed"], r["step"]): r["kid"] for r in cont["records"]}
         for arm in [a for a in dict.fromkeys(r["arm"] for r in cont["records"]) if a != "DiT"]:
-            at0 = [r["kid"] for r in cont["records"] if r["arm"] == arm and r["step"] == 0]
-            tuned = [
-                r["kid"]
-                for r in sorted(cont["records"], key=lambda r: r["seed"])
-                if r["arm"] == arm and r["step"] == end
-            ]
+            seeds = sorted(s for a, s, p in kid if a == arm and p == end and ("DiT", s, end) in kid)
+            if not seeds:
+                continue
+            at0 = [kid[arm, s, 0] for s in seeds if (arm, s, 0) in kid] or [float("nan")]
+            tuned, dit = [kid[arm, s, end] for s in seeds], [kid["DiT", s, end] for s in seeds]
             diff = summary([a - b for a, b in zip(tuned, dit)])
             ci = diff["ci"]
             verdict = (

@@ -42,9 +42,14 @@ def test_missing_classifier_weights_explain_how_to_make_them(tmp_path):
 def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
     from experiments.quality import GUIDANCE, run_experiment
 
-    result = run_experiment("tiny", tmp_path, models=("DiT-Ti/4", "MoH-DiT-Ti/4-50"), seeds=(0, 1))
+    models = ("DiT-Ti/4", "MoH-DiT-Ti/4-50")
+    first = run_experiment("tiny", tmp_path, models=models, seeds=(0,))  # a first stage: seed 0 only
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "Status: partial" in text and "--scale tiny --part study --seeds 1" in text
+    result = run_experiment("tiny", tmp_path, models=models, seeds=(1,))  # the second stage adds seed 1
     records = result["study"]["records"]
-    assert len(records) == 4
+    assert [(r["model"], r["seed"]) for r in records] == [(m, s) for m in models for s in (0, 1)]
+    assert [r for r in records if r["seed"] == 0] == json.loads(json.dumps(first["study"]["records"]))
     guided = f"cfg{GUIDANCE:g}"
     for rec in records:
         assert np.isfinite(rec["final_diffusion_loss"]) and rec["train_images_per_s"] > 0
@@ -70,12 +75,33 @@ def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
     assert json.loads((converted / "transformer" / "config.json").read_text())["num_shared_heads"] in (2, [2] * 6)
 
     text = (tmp_path / "RESULTS.md").read_text()
-    assert "| MoH-DiT-Ti/4-50 |" in text and "Continue-tuning" in text and "Conclusion" in text
+    assert "| MoH-DiT-Ti/4-50 | 0, 1 |" in text and "Continue-tuning" in text and "Conclusion" in text
+    assert "Status: partial" in text and "MoH-DiT-Ti/4-90" in text  # two of the four planned models
     for plot in ("loss_curves.png", "head_usage_MoH-DiT-Ti_4-50.png", "continue_tuning_kid.png"):
         assert (tmp_path / plot).exists(), plot
     again = run_experiment("tiny", tmp_path, models=("DiT-Ti/4",), seeds=(0,), part="study")  # runs are reused
     assert again["study"]["records"][0]["cfg1"]["kid"] == pytest.approx(study_dit["cfg1"]["kid"])
+    assert len(again["study"]["records"]) == 4  # the runs this stage did not redo are kept
     assert again["continue"] == json.loads(json.dumps(result["continue"]))  # the other part is kept from results.json
+
+    # results made with other settings are moved aside, never mixed into a new stage
+    saved = json.loads((tmp_path / "results.json").read_text())
+    saved["made_by"]["guidance"] = 9.0
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    fresh = run_experiment("tiny", tmp_path, models=("DiT-Ti/4",), seeds=(0,), part="study")
+    assert len(fresh["study"]["records"]) == 1 and fresh["continue"] is None
+    assert (tmp_path / "results.previous.json").exists()
+
+
+@needs_data
+def test_quality_experiment_refuses_a_run_folder_made_by_another_recipe(tmp_path):
+    from experiments.quality import train_run
+    from moh_dit.errors import MohDitError
+
+    tiny = ["train.max_steps=1", "train.global_batch_size=8", "data.subset_per_class=2", "log.log_every=1"]
+    train_run(tmp_path / "run", [*tiny, "model.preset=DiT-Ti/4", "train.seed=0"])
+    with pytest.raises(MohDitError):  # the study would otherwise score this DiT as seed 1's run
+        train_run(tmp_path / "run", [*tiny, "model.preset=DiT-Ti/4", "train.seed=1"])
 
 
 @needs_data
