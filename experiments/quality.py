@@ -54,6 +54,7 @@ CONVERSIONS = {  # the head tables of the MoH-DiT-Ti/4 presets: shared heads and
     "MoH-75": ([2, 2, 2, 2, 3, 6], [2, 2, 2, 2, 2, 0]),
     "MoH-50": (2, 1),
 }
+SCRATCH = {"MoH-75": "MoH-DiT-Ti/4-75", "MoH-50": "MoH-DiT-Ti/4-50"}  # each conversion's architecture in the study
 ARMS = ("DiT", *CONVERSIONS)  # DiT: the study's DiT trained on with the fine-tuning settings
 SCALES = {
     "tiny": dict(
@@ -317,6 +318,7 @@ def run_experiment(
         "models": sorted(named, key=lambda m: (MODELS.index(m) if m in MODELS else len(MODELS), m)),
         "study": previous.get("study"),
         "continue": previous.get("continue"),
+        "notes": list(previous.get("notes", [])),
     }
 
     def save(name: str):
@@ -434,8 +436,13 @@ def make_plots(result: dict, out: Path) -> dict:
                     means.append(statistics.mean(values))
                     lows.append(min(values))
                     highs.append(max(values))
-            ax.plot(points, means, marker="o", label=arm if arm != "DiT" else "DiT (trained on)")
+            line = ax.plot(points, means, marker="o", label=arm if arm != "DiT" else "DiT (trained on)")[0]
             ax.fill_between(points, lows, highs, alpha=0.2)
+            scratch = SCRATCH.get(arm)
+            if study and scratch and per_model(study["records"], scratch, f"cfg{result['guidance']:g}", "kid"):
+                # the same architecture trained from scratch in the study, for as many steps as the DiT before conversion
+                kid = statistics.mean(per_model(study["records"], scratch, f"cfg{result['guidance']:g}", "kid"))
+                ax.axhline(kid, color=line.get_color(), linestyle="--", linewidth=1, label=f"{scratch} from scratch")
         ax.set(
             xlabel="fine-tuning steps",
             ylabel="KID (classifier features)",
@@ -464,6 +471,8 @@ def report(result: dict, plots: dict) -> str:
         f"completeness. Reproduce: `python -m experiments.quality --scale {result['scale']}`.",
         "",
         *status(result),
+        *[f"Note: {note}" for note in result.get("notes", [])],
+        *([""] if result.get("notes") else []),
     ]
     study = result.get("study")
     if study:
@@ -519,10 +528,25 @@ def report(result: dict, plots: dict) -> str:
         for arm in dict.fromkeys(r["arm"] for r in cont["records"]):
             cells = []
             for point in cont["points"]:
-                values = [r["kid"] for r in cont["records"] if r["arm"] == arm and r["step"] == point]
-                seeds = ", ".join(str(r["seed"]) for r in cont["records"] if r["arm"] == arm and r["step"] == point)
-                cells.append(f"{_fmt(summary(values), 4)} (seeds {seeds})" if values else "not run yet")
+                runs = [r for r in cont["records"] if r["arm"] == arm and r["step"] == point]
+                if not runs:
+                    cells.append("not run yet")
+                elif len(runs) == 1:  # one seed: the run's own 90% bootstrap interval over its samples
+                    lo, hi = runs[0]["kid_interval"]
+                    cells.append(f"{runs[0]['kid']:.4f} [{lo:.4f}, {hi:.4f}]* (seed {runs[0]['seed']})")
+                else:
+                    seeds = ", ".join(str(r["seed"]) for r in runs)
+                    cells.append(f"{_fmt(summary([r['kid'] for r in runs]), 4)} (seeds {seeds})")
             lines.append(f"| {arm if arm != 'DiT' else 'DiT (trained on)'} | " + " | ".join(cells) + " |")
+        if any(
+            len([r for r in cont["records"] if (r["arm"], r["step"]) == (a, p)]) == 1
+            for a in ARMS
+            for p in cont["points"]
+        ):
+            lines += [
+                "",
+                "\\* one seed so far: the 90% bootstrap interval of that run over its samples, not over seeds.",
+            ]
         if "continue" in plots:
             lines += ["", f"![continue-tuning]({plots['continue']})"]
         lines += [""]
@@ -587,7 +611,17 @@ def conclusion(result: dict) -> str:
                 lo, hi = d["ci"]
                 verdict = "no difference resolved" if lo <= 0 <= hi else ("lower" if hi < 0 else "higher")
                 bits.append(f"{label} {verdict} ({d['mean']:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}])")
-            parts.append(f"- {m} against {base}, paired by seed: " + "; ".join(bits) + ".")
+            if not any(r["model"] == m for r in study["records"]):
+                continue
+            if bits:
+                parts.append(f"- {m} against {base}, paired by seed: " + "; ".join(bits) + ".")
+            else:
+                ours, theirs = per_model(study["records"], m, g, "kid"), per_model(study["records"], base, g, "kid")
+                against = f"{statistics.mean(theirs):.4f}" if theirs else "not run yet"
+                parts.append(
+                    f"- {m} against {base}: guided KID {statistics.mean(ours):.4f} against {against} "
+                    f"({len(ours)} and {len(theirs)} seed(s) so far; a paired interval needs two of each)."
+                )
     cont = result.get("continue")
     if cont:
         end = cont["points"][-1]
@@ -614,9 +648,19 @@ def conclusion(result: dict) -> str:
                 f"{statistics.mean(tuned):.4f} after {end} steps, against {statistics.mean(dit):.4f} for the DiT "
                 f"trained as long: {verdict} ({diff['mean']:+.4f}"
                 + (f", 95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}])" if ci else ")")
+                + scratch_clause(result, arm)
                 + "."
             )
     return "\n".join(parts) if parts else "No results yet."
+
+
+def scratch_clause(result: dict, arm: str) -> str:
+    """How the converted-and-tuned model compares with its architecture trained from scratch in the study."""
+    study, name = result.get("study") or {}, SCRATCH.get(arm)
+    values = per_model(study.get("records", []), name, f"cfg{result['guidance']:g}", "kid") if name else []
+    if not values:
+        return ""
+    return f"; {name} trained from scratch for the DiT's steps reaches {statistics.mean(values):.4f} ({len(values)} seed(s))"
 
 
 def main(argv=None) -> None:
@@ -627,12 +671,16 @@ def main(argv=None) -> None:
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--seeds", nargs="+", type=int, default=None)
     p.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from an existing results.json")
+    p.add_argument("--note", default=None, help="add a note on how runs were made to results.json and RESULTS.md")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out or ("experiments/results" if args.scale != "tiny" else "experiments/results-tiny"))
-    if args.report_only:
+    if args.report_only or args.note:
         result = json.loads((out / "results.json").read_text())
-        (out / "RESULTS.md").write_text(report(result, make_plots(result, out)))
+        if args.note:
+            result.setdefault("notes", []).append(args.note)
+            atomic_write_json(out / "results.json", result)
+        atomic_write_text(out / "RESULTS.md", report(result, make_plots(result, out)))
     else:
         run_experiment(args.scale, out, args.models, args.seeds, args.part)
     print(f"wrote {out}/RESULTS.md")
