@@ -110,7 +110,7 @@ def train_run(run: Path, overrides: list[str]) -> Path:
     through ``train`` too: resuming checks its recorded identity (architecture, data, seed, batch), so a
     folder made by another recipe is refused instead of being scored as this one."""
     config = {"base": str(ROOT / "configs" / "fashion_mnist_moh.yaml")}
-    train(
+    done = train(
         load_config(
             config,
             [
@@ -122,6 +122,8 @@ def train_run(run: Path, overrides: list[str]) -> Path:
             ],
         )
     )
+    if done["stop_reason"] != "max_steps":  # stopped by a signal: it saved a checkpoint; nothing to score yet
+        raise SystemExit(f"{run} stopped at step {done['step']}; rerun the same command to continue from there")
     return run
 
 

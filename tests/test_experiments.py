@@ -84,6 +84,13 @@ def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
     assert len(again["study"]["records"]) == 4  # the runs this stage did not redo are kept
     assert again["continue"] == json.loads(json.dumps(result["continue"]))  # the other part is kept from results.json
 
+    from experiments.quality import main
+
+    main(["--scale", "tiny", "--out", str(tmp_path), "--note", "seed 0's DiT was copied in"])  # kept by later stages
+    assert "Note: seed 0's DiT was copied in" in (tmp_path / "RESULTS.md").read_text()
+    kept = run_experiment("tiny", tmp_path, models=("DiT-Ti/4",), seeds=(0,), part="study")
+    assert kept["notes"] == ["seed 0's DiT was copied in"]
+
     # results made with other settings are moved aside, never mixed into a new stage
     saved = json.loads((tmp_path / "results.json").read_text())
     saved["made_by"]["guidance"] = 9.0
