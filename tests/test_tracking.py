@@ -2,6 +2,7 @@
 resume continues; progress a log file can hold; the loss window."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,9 @@ def test_wandb_offline_run_is_continued_after_a_resume(tmp_path, image_dir, monk
     train_tiny(out, image_dir, "train.max_steps=4", "train.resume=latest", *common)
     assert json.loads((out / "trackers.json").read_text())["wandb"]["id"] == run_id
     runs = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+    # wandb names a folder offline-run-<second>-<id>; a second start within the same second gets a "-1" suffix
+    pattern = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
+    assert len(runs) == 2 and all(pattern.fullmatch(r.name) for r in runs), [r.name for r in runs]
 
 
 def test_trackers_are_checked_before_training(tmp_path, image_dir):
