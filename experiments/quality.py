@@ -49,6 +49,7 @@ from moh_dit.diffusion import DiffusionObjective
 from moh_dit.generate import GenerationSettings, load_pipeline, load_transformer
 from moh_dit.training import train
 
+RECIPE = ROOT / "configs" / "fashion_mnist_moh.yaml"  # every run's recipe: the embedded default's (b32)
 MODELS = ("DiT-Ti/4", "MoH-DiT-Ti/4-90", "MoH-DiT-Ti/4-75", "MoH-DiT-Ti/4-50")
 CONVERSIONS = {  # the head tables of the MoH-DiT-Ti/4 presets: shared heads and top-k per layer
     "MoH-75": ([2, 2, 2, 2, 3, 6], [2, 2, 2, 2, 2, 0]),
@@ -109,10 +110,9 @@ def train_run(run: Path, overrides: list[str]) -> Path:
     """Train (or finish) one run with the embedded default's recipe and ``overrides``. A finished run goes
     through ``train`` too: resuming checks its recorded identity (architecture, data, seed, batch), so a
     folder made by another recipe is refused instead of being scored as this one."""
-    config = {"base": str(ROOT / "configs" / "fashion_mnist_moh.yaml")}
     done = train(
         load_config(
-            config,
+            {"base": str(RECIPE)},
             [
                 *overrides,
                 f"train.output_dir={run}",
@@ -192,6 +192,10 @@ def run_study(sc: dict, out: Path, models, reference: Path, extractor, earlier=N
     is called with the part after each run."""
     earlier = earlier or {"records": [], "head_usage": {}}
     records, usage = [], dict(earlier.get("head_usage") or {})
+
+    def part(now: list[dict]) -> dict:
+        return {"records": merge(earlier["records"], now, study_key), "head_usage": usage}
+
     for seed in sc["seeds"]:
         for model in models:
             run = train_run(
@@ -215,10 +219,9 @@ def run_study(sc: dict, out: Path, models, reference: Path, extractor, earlier=N
                 u = head_usage_by_timestep(run)
                 usage[model] = u.tolist() if u is not None else None
             logger.info("%s seed %d: KID %.4f / %.4f", model, seed, rec["cfg1"]["kid"], rec[f"cfg{GUIDANCE:g}"]["kid"])
-            part = {"records": merge(earlier["records"], records, study_key), "head_usage": usage}
             if save is not None:
-                save(part)
-    return {"records": merge(earlier["records"], records, study_key), "head_usage": usage}
+                save(part(records))
+    return part(records)
 
 
 def run_continue(sc: dict, out: Path, reference: Path, extractor, earlier=None, save=None) -> dict:
@@ -346,7 +349,7 @@ def experiment_identity(scale: str) -> dict:
     return {
         "scale": scale,
         "settings": json.loads(json.dumps(SCALES[scale])),
-        "recipe_sha256": fingerprint_file(ROOT / "configs" / "fashion_mnist_moh.yaml"),
+        "recipe_sha256": fingerprint_file(RECIPE),
         "guidance": GUIDANCE,
         "finetune": FINETUNE,
     }
@@ -465,7 +468,7 @@ def report(result: dict, plots: dict) -> str:
         "# MoH-DiT against DiT on Fashion-MNIST (evidence v2)",
         "",
         f"Scale `{result['scale']}`: every model trained with the embedded default's recipe "
-        "(`configs/fashion_mnist_moh.yaml`: pixel space 28 x 28, same steps, schedule, EMA and data), planned for "
+        f"(`{RECIPE.relative_to(ROOT)}`: pixel space 28 x 28, same steps, schedule, EMA and data), planned for "
         f"seeds {list(sc['seeds'])}; {sc['samples']} class-balanced samples per model and setting ({scheduler}, {steps} "
         f"steps; no guidance and guidance {result['guidance']:g}) scored against {sc['reference']} Fashion-MNIST test "
         "images with the project's classifier features (`experiments/fmnist_classifier.py`). Across seeds: mean "
