@@ -444,9 +444,12 @@ def make_plots(result: dict, out: Path) -> dict:
             line = ax.plot(points, means, marker="o", label=arm if arm != "DiT" else "DiT (trained on)")[0]
             ax.fill_between(points, lows, highs, alpha=0.2)
             scratch = SCRATCH.get(arm)
-            if study and scratch and per_model(study["records"], scratch, f"cfg{result['guidance']:g}", "kid"):
+            values = (
+                per_model(study["records"], scratch, f"cfg{result['guidance']:g}", "kid") if study and scratch else []
+            )
+            if values:
                 # the same architecture trained from scratch in the study, for as many steps as the DiT before conversion
-                kid = statistics.mean(per_model(study["records"], scratch, f"cfg{result['guidance']:g}", "kid"))
+                kid = statistics.mean(values)
                 ax.axhline(kid, color=line.get_color(), linestyle="--", linewidth=1, label=f"{scratch} from scratch")
         ax.set(
             xlabel="fine-tuning steps",
