@@ -16,7 +16,7 @@ from experiments import fmnist_classifier
 from moh_dit.artifacts import sample_npz_path
 from moh_dit.data import FashionMNIST
 from moh_dit.evaluation import evaluate, load_images, resolve_extractor
-from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
+from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, missing_indices
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,11 +50,14 @@ def sample_and_score(
     sampling time per image (measured when the images are generated; kept beside them)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     timing = folder.with_name(folder.name + ".timing.json")
-    if not sample_npz_path(folder).exists():
-        pipe = load_pipeline(model, device=device, scheduler=scheduler)
-        start = time.time()
-        generate_samples(pipe, folder, settings)
-        timing.write_text(json.dumps({"seconds_per_image": (time.time() - start) / settings.num_samples}))
+    pipe = load_pipeline(model, device=device, scheduler=scheduler)
+    missing = len(missing_indices(folder, settings.num_samples)) if folder.is_dir() else settings.num_samples
+    start = time.time()
+    # also for a finished folder: generate_samples checks that its manifest names this model and these
+    # settings (a retrained model or another sampler is refused, never scored as this one) and repacks the npz
+    generate_samples(pipe, folder, settings)
+    if missing and (missing == settings.num_samples or not timing.exists()):
+        timing.write_text(json.dumps({"seconds_per_image": (time.time() - start) / missing}))
     metrics = evaluate(
         load_images(sample_npz_path(folder)), reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap
     )["metrics"]

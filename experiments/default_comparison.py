@@ -3,7 +3,7 @@ r"""The embedded default, before and after: each recipe is trained with the same
 count and with the same sampler, with KID and FID (90% bootstrap intervals) on the project's Fashion-MNIST
 classifier features.
 
-    python -m experiments.default_comparison                        # v1 (moh-dit 0.1) against the default
+    python -m experiments.default_comparison                        # v1 (moh-dit 0.1), v2 and the default
     python -m experiments.default_comparison --recipe cos=configs/fashion_mnist_moh_v1.yaml:optim.schedule=cosine
 
 Finished runs and sample sets are reused, so an interrupted comparison continues. Writes RESULTS.md,
@@ -26,7 +26,8 @@ from moh_dit.training import train
 
 RECIPES = {
     "v1": "configs/fashion_mnist_moh_v1.yaml",  # the default of moh-dit 0.1
-    "v2": "configs/fashion_mnist_moh.yaml",  # the default now
+    "v2": "configs/fashion_mnist_moh_v2.yaml",  # the default of the quality work's first step (b32)
+    "v3": "configs/fashion_mnist_moh.yaml",  # the default now (b16)
 }
 
 
@@ -40,13 +41,15 @@ def parse_recipe(text: str) -> tuple[str, str, list[str]]:
 def train_recipe(name: str, config: str, overrides: list[str], out: Path) -> dict:
     run = out / "runs" / name
     record = run.with_name(name + ".train.json")
-    if not record.exists():
-        start = time.time()
-        summary = train(
-            load_config(
-                ROOT / config, [*overrides, f"train.output_dir={run}", "train.resume=latest", "log.trackers=[]"]
-            )
-        )
+    start = time.time()
+    # a finished run goes through train() too: resuming checks that the folder was made by this recipe
+    # (architecture, data, seed, batch), so a reused name cannot score another recipe's model
+    summary = train(
+        load_config(ROOT / config, [*overrides, f"train.output_dir={run}", "train.resume=latest", "log.trackers=[]"])
+    )
+    if summary["stop_reason"] != "max_steps":  # stopped by a signal: a checkpoint is saved
+        raise SystemExit(f"{run} stopped at step {summary['step']}; rerun the same command to continue from there")
+    if not record.exists():  # the training time of the call that finished the run
         record.write_text(json.dumps(dict(summary, wall_minutes=(time.time() - start) / 60), default=str))
     trained = json.loads(record.read_text())
     # the training speed from the run's own log: wall minutes also count whatever else the machine ran
@@ -57,7 +60,7 @@ def train_recipe(name: str, config: str, overrides: list[str], out: Path) -> dic
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", action="append", default=[], help="NAME=CONFIG[:overrides], added to v1 and v2")
+    p.add_argument("--recipe", action="append", default=[], help="NAME=CONFIG[:overrides], added to v1, v2 and v3")
     p.add_argument("--only", nargs="+", default=None, help="run only these recipes")
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--scheduler", default="dpm-solver")

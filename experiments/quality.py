@@ -8,7 +8,7 @@ r"""MoH-DiT against DiT at the embedded default's budget, and a DiT continue-tun
     python -m experiments.quality --report-only         # rewrite RESULTS.md from results.json
 
 **The study** trains DiT-Ti/4 and its MoH-DiT twins at 90%, 75% and 50% active heads with the embedded
-default's recipe (configs/fashion_mnist_moh.yaml: same data, steps, schedule, EMA) for every seed, samples
+v2 default's recipe (configs/fashion_mnist_moh_v2.yaml: same data, steps, schedule, EMA) for every seed, samples
 each with and without guidance, and scores them on the project's Fashion-MNIST classifier features: KID and
 FID (90% bootstrap intervals per run), precision and recall; across seeds, means with 95% t-intervals and
 differences to DiT paired by seed. Also: loss curves and per-layer head usage as noise decreases.
@@ -49,7 +49,9 @@ from moh_dit.diffusion import DiffusionObjective
 from moh_dit.generate import GenerationSettings, load_pipeline, load_transformer
 from moh_dit.training import train
 
-RECIPE = ROOT / "configs" / "fashion_mnist_moh.yaml"  # every run's recipe: the embedded default's (b32)
+# every run's recipe: the embedded default's when the study began (b32), frozen byte for byte (its content is
+# part of the records' identity, so a later default cannot mix into them)
+RECIPE = ROOT / "configs" / "fashion_mnist_moh_v2.yaml"
 MODELS = ("DiT-Ti/4", "MoH-DiT-Ti/4-90", "MoH-DiT-Ti/4-75", "MoH-DiT-Ti/4-50")
 CONVERSIONS = {  # the head tables of the MoH-DiT-Ti/4 presets: shared heads and top-k per layer
     "MoH-75": ([2, 2, 2, 2, 3, 6], [2, 2, 2, 2, 2, 0]),
@@ -107,7 +109,7 @@ def slug(name: str) -> str:
 # Training and scoring
 # ----------------------------------------------------------------------------------------------------
 def train_run(run: Path, overrides: list[str]) -> Path:
-    """Train (or finish) one run with the embedded default's recipe and ``overrides``. A finished run goes
+    """Train (or finish) one run with the study's recipe (``RECIPE``) and ``overrides``. A finished run goes
     through ``train`` too: resuming checks its recorded identity (architecture, data, seed, batch), so a
     folder made by another recipe is refused instead of being scored as this one."""
     done = train(
@@ -470,7 +472,7 @@ def report(result: dict, plots: dict) -> str:
     lines = [
         "# MoH-DiT against DiT on Fashion-MNIST (evidence v2)",
         "",
-        f"Scale `{result['scale']}`: every model trained with the embedded default's recipe "
+        f"Scale `{result['scale']}`: every model trained with the v2 embedded default's recipe "
         f"(`{RECIPE.relative_to(ROOT)}`: pixel space 28 x 28, same steps, schedule, EMA and data), planned for "
         f"seeds {list(sc['seeds'])}; {sc['samples']} class-balanced samples per model and setting ({scheduler}, {steps} "
         f"steps; no guidance and guidance {result['guidance']:g}) scored against {sc['reference']} Fashion-MNIST test "

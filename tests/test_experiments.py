@@ -136,3 +136,23 @@ def test_classifier_training_script_reaches_stated_accuracy(tmp_path):
     info = train_classifier(tmp_path / "clf.safetensors", seed=0, epochs=5)
     assert info["test_accuracy"] >= 0.90
     assert Path(tmp_path / "clf.json").exists()
+
+
+@needs_data
+def test_sample_and_score_refuses_samples_made_by_another_model(tmp_path):
+    from experiments.common import classifier_features, fashion_reference, sample_and_score
+    from experiments.quality import train_run
+    from moh_dit.errors import ArtifactError
+    from moh_dit.generate import GenerationSettings
+
+    tiny = ["train.max_steps=1", "train.global_batch_size=8", "data.subset_per_class=2", "model.preset=DiT-Ti/4"]
+    first, second = (train_run(tmp_path / f"run{seed}", [*tiny, f"train.seed={seed}"]) for seed in (0, 1))
+    reference, extractor = fashion_reference(tmp_path, count=50), classifier_features()
+    settings = GenerationSettings(num_samples=8, seed=1000, batch_size=8, guidance_scale=1.0, num_inference_steps=2)
+    folder = tmp_path / "samples"
+    scores = sample_and_score(first / "pipeline", folder, settings, "ddim", reference, extractor, bootstrap=2)
+    assert scores["num_samples"] == 8 and scores["seconds_per_image"] > 0
+    again = sample_and_score(first / "pipeline", folder, settings, "ddim", reference, extractor, bootstrap=2)
+    assert again["kid"] == scores["kid"]  # the finished set is reused, not regenerated
+    with pytest.raises(ArtifactError, match="other settings"):  # a retrained model is never scored from old samples
+        sample_and_score(second / "pipeline", folder, settings, "ddim", reference, extractor, bootstrap=2)
