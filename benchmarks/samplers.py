@@ -138,6 +138,8 @@ def write_results(args, grid, sweep, done, out: Path, final: bool, reference=Non
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else (platform.processor() or "cpu")
     result = {
         "model": args.model,
+        # the weights every row was sampled from (read from the sample sets' manifests)
+        "transformer_sha256": sorted({r["transformer_sha256"] for r in done.values()}),
         "device": device,
         "samples": args.samples,
         "guidance": args.guidance,
@@ -195,7 +197,7 @@ def report(result: dict, image: str) -> str:
     lines = [
         f"# Samplers: quality per model evaluation ({result['device']})",
         "",
-        f"Model: `{result['model']}`. {result['samples']} class-balanced samples per setting, the same initial "
+        f"Model: `{result['model']}` (weights sha256 {', '.join(h[:12] for h in result.get('transformer_sha256', []))}). {result['samples']} class-balanced samples per setting, the same initial "
         f"noise for every sampler; scored against the 10,000 Fashion-MNIST test images with the project's "
         "classifier features; [90% bootstrap intervals]. NFE: denoiser calls per image (guided halves batched).",
         "",

@@ -43,6 +43,7 @@ from .artifacts import (
     find_checkpoint,
     format_differences,
     open_run_folder,
+    read_manifest,
     restore_checkpoint,
     save_checkpoint,
 )
@@ -335,19 +336,26 @@ class Trainer:
         return MoHDiTPipeline.build(ema_model, self.data.vae, names, scheduler, latent_space=latent)
 
     @torch.no_grad()
-    def save_sample_grid(self, tag: str) -> Optional[Path]:
-        """A grid of EMA samples, one row per class (main process)."""
+    def save_sample_grid(self, tag: str, reuse: bool = False) -> Optional[Path]:
+        """A grid of EMA samples, one row per class (main process). With ``reuse`` an existing grid of that
+        tag is kept when the settings are unchanged and the run's pipeline was exported at this step."""
         log, seed = self.config.log, self.config.train.seed
         if self.accelerator.is_main_process:
+            # drawn by this call's weights: the run's pipeline was exported at this very step
+            if reuse and (self.layout.samples / f"{tag}.png").is_file() and self.exported_at() == self.step:
+                return self.layout.samples / f"{tag}.png"
             args = (log.sample_per_class, seed, log.sample_cfg_scale, log.sample_steps, log.sample_max_classes)
             path = self.ema_pipeline(log.sample_scheduler).save_grid(self.layout.samples / f"{tag}.png", *args)
             self.metrics.log_image("samples", path, self.step)
             return path
 
-    def export_pipeline(self) -> Optional[Path]:
-        """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest."""
+    def export_pipeline(self, reuse: bool = False) -> Optional[Path]:
+        """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest. With
+        ``reuse`` a folder this run exported at this step is kept."""
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
+            if reuse and self.exported_at() == self.step:
+                return self.layout.pipeline
             run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
             path = self.ema_pipeline().save(
                 self.layout.pipeline,
@@ -356,6 +364,12 @@ class Trainer:
             if self.config.train.push_to_hub:
                 push_folder(path, self.config.train.push_to_hub)
             return path
+
+    def exported_at(self) -> Optional[int]:
+        """The step of this run's exported pipeline folder (None when there is none, or another run's)."""
+        manifest = read_manifest(self.layout.pipeline, "pipeline") if self.layout.pipeline.is_dir() else None
+        source = (manifest or {}).get("source") or {}
+        return source.get("step") if source.get("run_id") == self.record.run_id else None
 
     def training_summary(self) -> dict:
         """What a model card says about the training (see ``moh_dit.card``)."""
@@ -404,7 +418,7 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         accelerator, train_cfg, log_cfg = self.accelerator, self.config.train, self.config.log
         self._start()
-        start_time, last_heads, stop = time.time(), None, None
+        start_time, last_heads, stop, first_step = time.time(), None, None, self.step
         self.window.start_clock()
         progress = Progress(train_cfg.max_steps, self.step, "train", "step", accelerator.is_local_main_process)
         with stop_signals() as received:
@@ -458,8 +472,11 @@ class Trainer:
         if checkpoint_step(self.layout.latest_checkpoint() or "") != self.step:
             self.save_checkpoint()
         finished = stop in (None, "time_limit")  # a signal means "preempted": save and leave, quickly
-        grid = self.save_sample_grid("final") if finished and log_cfg.sample_per_class > 0 else None
-        pipeline = self.export_pipeline() if finished else None
+        # a run that had finished before this call, resumed with the same settings: its final grid and
+        # pipeline are kept, so rerunning a finished command is a quick check rather than minutes of sampling
+        untouched = self.step == first_step and not self.record.changes
+        grid = self.save_sample_grid("final", untouched) if finished and log_cfg.sample_per_class > 0 else None
+        pipeline = self.export_pipeline(untouched) if finished else None
         if accelerator.is_main_process:
             self.record.write("stopped", step=self.step, reason=stop or "max_steps")
         accelerator.end_training()

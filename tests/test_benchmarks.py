@@ -198,6 +198,7 @@ def test_sampler_choice_is_the_fastest_within_five_percent_of_the_best_fast_sett
 @pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path):
     from benchmarks import samplers
+    from moh_dit.artifacts import fingerprint_module
     from moh_dit.pipeline import MoHDiTPipeline
 
     from .helpers.factories import tiny_model
@@ -213,6 +214,7 @@ def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path)
     assert "Not measured yet" in (tmp_path / "out" / "samplers_cpu.md").read_text()
     result = samplers.main([*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
     assert result["pending"] == []
+    assert result["transformer_sha256"] == [fingerprint_module(model)]  # which weights every row scored
     assert [(r["scheduler"], r["steps"]) for r in result["grid"]] == [("ddpm", 250), ("dpm-solver", 25)]
     assert [r["guidance"] for r in result["sweep"]] == [1.0, 1.5]
     for r in result["grid"] + result["sweep"]:

@@ -349,6 +349,20 @@ def test_resume_with_another_set_up_is_refused_and_changed_settings_are_recorded
     assert pipe_manifest["source"]["step"] == 6 and pipe_manifest["source"]["run_id"] == manifest["run_id"]
 
 
+def test_rerunning_a_finished_run_keeps_its_grid_and_pipeline_unless_settings_changed(tmp_path, image_dir):
+    out = tmp_path / "done"
+    train_tiny(out, image_dir)
+    grid, weights = out / "samples" / "final.png", out / "pipeline" / "manifest.json"
+    stamps = grid.stat().st_mtime_ns, weights.stat().st_mtime_ns
+    again = train_tiny(out, image_dir, "train.resume=latest")  # finished: nothing to train, nothing to redraw
+    assert again["step"] == 4 and Path(again["pipeline"]) == out / "pipeline" and Path(again["sample_grid"]) == grid
+    assert (grid.stat().st_mtime_ns, weights.stat().st_mtime_ns) == stamps
+    train_tiny(out, image_dir, "train.resume=latest", "log.sample_cfg_scale=2.0")  # a changed setting: drawn anew
+    assert grid.stat().st_mtime_ns != stamps[0] and weights.stat().st_mtime_ns != stamps[1]
+    train_tiny(out, image_dir, "train.resume=latest", "train.max_steps=6")  # trained on: exported anew
+    assert json.loads(weights.read_text())["source"]["step"] == 6
+
+
 def test_first_record_after_a_resume_averages_the_same_steps(tmp_path, image_dir):
     """log_every=4 with checkpoints every 5 steps: the window 5..8 straddles the resume at step 5."""
     common = ("log.log_every=4", "train.checkpoint_every=5", "log.sample_per_class=0", "log.head_usage=false")
