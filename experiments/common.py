@@ -4,6 +4,7 @@ sampling + scoring a model (KID and FID with bootstrap intervals, precision, rec
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from experiments import fmnist_classifier
 from moh_dit.artifacts import read_npz_manifest, sample_npz_path
 from moh_dit.data import FashionMNIST
+from moh_dit.errors import ArtifactError
 from moh_dit.evaluation import evaluate, load_images, resolve_extractor
 from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, missing_indices
 
@@ -22,12 +24,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fashion_reference(out: Path, count: int = 10000) -> Path:
-    """The first ``count`` Fashion-MNIST test images as an ADM-style uint8 npz (gray repeated to RGB)."""
+    """The first ``count`` Fashion-MNIST test images as an ADM-style uint8 npz (gray repeated to RGB). An
+    existing file is checked against the test set (a second, cheap to read) before it is reused."""
     path = Path(out) / f"reference_fmnist_test_{count}.npz"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        test = FashionMNIST(split="test")
-        np.savez(path, arr_0=np.repeat(test.images[:count, :, :, None], 3, axis=3))
+    images = np.repeat(FashionMNIST(split="test").images[:count, :, :, None], 3, axis=3)
+    if path.exists():
+        with np.load(path) as stored:
+            if not ("arr_0" in stored.files and np.array_equal(stored["arr_0"], images)):
+                raise ArtifactError(f"{path} does not hold the first {count} Fashion-MNIST test images: delete it")
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez(tmp, arr_0=images)
+    os.replace(tmp, path)  # never a half-written reference
     return path
 
 

@@ -156,3 +156,18 @@ def test_sample_and_score_refuses_samples_made_by_another_model(tmp_path):
     assert again["kid"] == scores["kid"]  # the finished set is reused, not regenerated
     with pytest.raises(ArtifactError, match="other settings"):  # a retrained model is never scored from old samples
         sample_and_score(second / "pipeline", folder, settings, "ddim", reference, extractor, bootstrap=2)
+
+
+@needs_data
+def test_a_reference_file_that_is_not_the_test_set_is_refused(tmp_path):
+    from experiments.common import fashion_reference
+    from moh_dit.errors import ArtifactError
+
+    path = fashion_reference(tmp_path, count=20)
+    assert fashion_reference(tmp_path, count=20) == path  # reused after the check
+    with np.load(path) as stored:
+        images = stored["arr_0"].copy()
+    images[0, 0, 0] ^= 1
+    np.savez(path, arr_0=images)
+    with pytest.raises(ArtifactError, match="does not hold the first 20 Fashion-MNIST test images"):
+        fashion_reference(tmp_path, count=20)
