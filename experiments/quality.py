@@ -377,6 +377,13 @@ def paired(records: list[dict], model: str, base: str, setting: str, key: str) -
     return summary([x - y for x, y in zip(a, b)])
 
 
+def seedwise(values: list[float]) -> str:
+    """Each seed's difference, and whether they agree in sign (a hint that two seeds cannot resolve)."""
+    signs = {v > 0 for v in values}
+    agree = "same sign in every seed" if len(signs) == 1 else "signs differ between seeds"
+    return f"per seed {', '.join(f'{v:+.2f}' for v in values)}: {agree}"
+
+
 def _fmt(stat: dict, digits: int) -> str:
     if stat["ci"] is None:
         return f"{stat['mean']:.{digits}f}"
@@ -620,7 +627,8 @@ def conclusion(result: dict) -> str:
                     continue
                 lo, hi = d["ci"]
                 verdict = "no difference resolved" if lo <= 0 <= hi else ("lower" if hi < 0 else "higher")
-                bits.append(f"{label} {verdict} ({d['mean']:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}])")
+                per_seed = f"; {seedwise(d['values'])}" if key == "kid" else ""
+                bits.append(f"{label} {verdict} ({d['mean']:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}]{per_seed})")
             if not any(r["model"] == m for r in study["records"]):
                 continue
             if bits:
@@ -657,7 +665,7 @@ def conclusion(result: dict) -> str:
                 f"- Continue-tuning to {arm}: KID {statistics.mean(at0):.4f} right after conversion, "
                 f"{statistics.mean(tuned):.4f} after {end} steps, against {statistics.mean(dit):.4f} for the DiT "
                 f"trained as long: {verdict} ({diff['mean']:+.4f}"
-                + (f", 95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}])" if ci else ")")
+                + (f", 95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}]; {seedwise(diff['values'])})" if ci else ")")
                 + scratch_clause(result, arm)
                 + "."
             )

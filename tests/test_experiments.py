@@ -171,3 +171,18 @@ def test_a_reference_file_that_is_not_the_test_set_is_refused(tmp_path):
     np.savez(path, arr_0=images)
     with pytest.raises(ArtifactError, match="does not hold the first 20 Fashion-MNIST test images"):
         fashion_reference(tmp_path, count=20)
+
+
+def test_paired_differences_report_each_seed_and_whether_they_agree():
+    from experiments.quality import paired, seedwise
+
+    records = [
+        {"model": m, "seed": seed, "cfg3": {"kid": kid}}
+        for m, seed, kid in [("DiT", 0, 20.0), ("DiT", 1, 21.0), ("MoH", 0, 19.0), ("MoH", 1, 18.5)]
+    ]
+    d = paired(records, "MoH", "DiT", "cfg3", "kid")
+    assert d["values"] == [-1.0, -2.5] and d["mean"] == -1.75
+    lo, hi = d["ci"]  # t(0.975, 1) = 12.706; sd of the differences = 1.0607
+    assert abs(hi - lo - 2 * 12.7062 * 1.06066 / 2**0.5) < 1e-2
+    assert seedwise(d["values"]) == "per seed -1.00, -2.50: same sign in every seed"
+    assert seedwise([1.0, -0.5]).endswith("signs differ between seeds")
