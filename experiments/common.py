@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from experiments import fmnist_classifier
-from moh_dit.artifacts import read_npz_manifest, sample_npz_path
+from moh_dit.artifacts import read_npz_manifest
 from moh_dit.data import FashionMNIST
 from moh_dit.errors import ArtifactError
 from moh_dit.evaluation import evaluate, load_images, resolve_extractor
@@ -64,12 +64,13 @@ def sample_and_score(
     start = time.time()
     # also for a finished folder: generate_samples checks that its manifest names this model and these
     # settings (a retrained model or another sampler is refused, never scored as this one) and repacks the npz
-    made_by = read_npz_manifest(generate_samples(pipe, folder, settings))["identity"]
+    npz = generate_samples(pipe, folder, settings)
+    made_by = read_npz_manifest(npz)["identity"]
     if missing and (missing == settings.num_samples or not timing.exists()):
         timing.write_text(json.dumps({"seconds_per_image": (time.time() - start) / missing}))
-    metrics = evaluate(
-        load_images(sample_npz_path(folder)), reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap
-    )["metrics"]
+    metrics = evaluate(load_images(npz), reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap)[
+        "metrics"
+    ]
     seconds = json.loads(timing.read_text())["seconds_per_image"] if timing.exists() else None
     return dict(
         metrics,
