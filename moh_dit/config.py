@@ -18,7 +18,7 @@ import yaml
 
 from .errors import ConfigError
 from .options import FAST_SCHEDULER, FAST_STEPS, SCHEDULERS
-from .presets import preset_config
+from .presets import config_keys, preset_config
 
 __all__ = [
     "Config",
@@ -131,9 +131,13 @@ class Config:
             raise ConfigError(
                 f"model.overrides must be a mapping such as {{hidden_size: 256}}, got {model.overrides!r}"
             )
-        preset_config(
-            model.preset, **model.overrides
-        )  # the preset name, the override keys and per-layer lengths, once
+        if model.init_from:  # the weights carry their architecture; the trainer checks the overrides against it
+            # and records the preset the weights match
+            unknown = sorted(set(model.overrides) - config_keys())
+            if unknown:
+                raise ConfigError(f"unknown MoHDiT config keys {unknown}; valid keys: {sorted(config_keys())}")
+        else:  # the preset name, the override keys and per-layer lengths, once
+            preset_config(model.preset, **model.overrides)
         _one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))
         _one_of("model.init_classes", model.init_classes, ("strict", "resize", "reinit"))
         _one_of("optim.schedule", optim.schedule, ("constant", "cosine"))

@@ -11,12 +11,12 @@ defaults describe ImageNet 256 x 256 through the SD VAE: 32 x 32 x 4 latents, 10
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from .errors import ConfigError
 from .model import MoHDiT
 
-__all__ = ["PRESETS", "config_keys", "create_model", "list_presets", "preset_config"]
+__all__ = ["PRESETS", "config_keys", "create_model", "architecture", "list_presets", "match_preset", "preset_config"]
 
 # Width, depth and heads of the DiT sizes (head size 64, 72 for XL).
 _DIT_SIZES = {
@@ -168,6 +168,31 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
             f"override them too (one int applies to every layer)"
         )
     return config
+
+
+# The keys a data set fills in: a preset trained on other data is still that preset.
+DATA_KEYS = ("sample_size", "in_channels", "num_classes")
+
+
+def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every architecture argument of ``config`` (defaults filled in), per-layer values as one tuple per
+    layer, so that ``top_k=2`` and ``top_k=[2, 2, ...]`` compare equal."""
+    defaults = {k: p.default for k, p in inspect.signature(MoHDiT.__init__).parameters.items() if k != "self"}
+    full = {k: config.get(k, default) for k, default in defaults.items()}
+    for key in PER_LAYER_KEYS:
+        value = full[key]
+        full[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,) * full["depth"]
+    return full
+
+
+def match_preset(config: Mapping[str, Any]) -> Optional[str]:
+    """The name of the preset with the architecture of ``config`` (a :class:`MoHDiT` config; image size,
+    channels and class count may differ, see ``DATA_KEYS``), or None when no preset has it."""
+    wanted = architecture(config)
+    for name in PRESETS:
+        if architecture(preset_config(name, **{k: wanted[k] for k in DATA_KEYS})) == wanted:
+            return name
+    return None
 
 
 def create_model(name: str, **overrides: Any) -> MoHDiT:

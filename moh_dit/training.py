@@ -19,6 +19,7 @@ run bit-identical to an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import signal
@@ -54,7 +55,7 @@ from .diffusion import DiffusionObjective
 from .errors import ConfigError, NonFiniteLossError
 from .model import MoHDiT
 from .pipeline import MoHDiTPipeline
-from .presets import preset_config
+from .presets import architecture, match_preset, preset_config
 from .seeding import step_generator
 from .tracking import LossWindow, MetricsLog, Progress, start_trackers, tracker_available
 
@@ -93,6 +94,19 @@ def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, Opti
             logger.info(
                 f"label table {section.init_classes}d from {report['classes'][0]} to {report['classes'][1]} "
                 f"classes; kept {len(report['kept'])} tensors; new: {new}"
+            )
+        # an override is a claim about the architecture: one the weights contradict would be silently ignored
+        have = architecture(model.config)
+        claimed = architecture(dict(model.config) | dict(section.overrides))
+        wrong = [
+            f"{k}={section.overrides[k]!r} (the weights have {model.config[k]!r})"
+            for k in section.overrides
+            if k != "num_classes" and claimed[k] != have[k]
+        ]
+        if wrong:
+            raise ConfigError(
+                f"model.overrides contradict {section.init_from}: {', '.join(wrong)}; the architecture comes from "
+                f"init_from, so drop these overrides"
             )
     else:
         derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
@@ -259,6 +273,15 @@ class Trainer:
 
         set_seed(train_cfg.seed)  # identical initialisation on every rank
         model, self.init_report = build_model(config.model, self.data)
+        if config.model.init_from:  # the weights name the architecture; config, log and card say so
+            preset = match_preset(model.config) or "custom"
+            if preset != config.model.preset:
+                logger.info(
+                    "architecture from init_from: %s (model.preset %s is not used)", preset, config.model.preset
+                )
+                self.config = config = dataclasses.replace(
+                    config, model=dataclasses.replace(config.model, preset=preset)
+                )
         if train_cfg.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         self.ema = make_ema(model.train(), config.ema)
@@ -376,7 +399,8 @@ class Trainer:
         full = config_to_dict(self.config)
         data = {k: v for k, v in self.data.description.items() if k in ("name", "count", "fingerprint", "split")}
         train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
-        return dict(train, preset=self.config.model.preset, data=data, optim=full["optim"], ema=full["ema"])
+        preset = None if self.config.model.preset == "custom" else self.config.model.preset
+        return dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"])
 
     # ------------------------------------------------------------------------------------------------
     # The loop

@@ -103,3 +103,17 @@ def test_a_shallower_preset_names_every_per_layer_list_at_once():
         preset_config("MoH-DiT-S/2-75", depth=4)
     model = create_model("MoH-DiT-S/2-75", depth=4, num_heads=6, num_shared_heads=2, top_k=1, hidden_size=96)
     assert [a.num_active_heads for a in model.attention_layers] == [3] * 4
+
+
+def test_match_preset_names_the_architecture_of_a_config_whatever_its_data():
+    from moh_dit.presets import match_preset
+
+    for name in PRESETS:  # every preset is found from its own config, on other data too (no two presets alike)
+        assert match_preset(preset_config(name)) == name
+        assert match_preset(preset_config(name, num_classes=3, sample_size=12, in_channels=2)) == name
+    # a per-layer value given once equals the same value for every layer
+    uniform = dict(preset_config("MoH-DiT-Ti/4-50"), num_shared_heads=[2] * 6, top_k=[1] * 6)
+    assert match_preset(uniform) == "MoH-DiT-Ti/4-50"
+    assert match_preset(dict(create_model("DiT-Ti/4", num_classes=4).config)) == "DiT-Ti/4"
+    assert match_preset(preset_config("MoH-DiT-Ti/4-50", top_k=2)) is None
+    assert match_preset(preset_config("DiT-S/2", learn_sigma=False)) is None

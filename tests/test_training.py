@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from moh_dit.config import EMASection, load_config
 from moh_dit.data import DataError
@@ -491,6 +492,36 @@ def test_fine_tuning_on_data_with_another_class_count(tmp_path, image_dir):
         ]
     )
     assert load_transformer(tmp_path / "cli")[0].y_embedder is None
+
+
+def test_init_from_records_the_architecture_of_the_weights_not_the_config_preset(tmp_path, image_dir):
+    """With init_from the weights are the architecture: the run's config, manifest and card name the preset the
+    weights match (the config's preset is not used), and an override the weights contradict is an error."""
+    from moh_dit import create_model
+
+    from .helpers.factories import tiny_train_config
+
+    dit = tmp_path / "dit-transformer"
+    create_model("DiT-Ti/4", sample_size=8, in_channels=3, num_classes=2).save_pretrained(dit)
+    config = tiny_train_config(tmp_path / "from-dit", image_dir)
+    config["model"] = {"preset": "MoH-DiT-Ti/4-50", "init_from": str(dit), "overrides": {"patch_size": 4}}
+    Trainer(load_config(config, ["train.max_steps=1", "log.sample_per_class=0"])).run()
+    assert yaml.safe_load((tmp_path / "from-dit" / "config.yaml").read_text())["model"]["preset"] == "DiT-Ti/4"
+    manifest = json.loads((tmp_path / "from-dit" / "pipeline" / "manifest.json").read_text())
+    assert manifest["source"]["training"]["preset"] == "DiT-Ti/4"
+    assert "DiT-Ti/4" in (tmp_path / "from-dit" / "pipeline" / "README.md").read_text()
+
+    config["model"]["overrides"] = {"patch_size": 2, "hidden_size": 32}
+    config["train"]["output_dir"] = str(tmp_path / "contradicted")
+    with pytest.raises(ConfigError, match=r"contradict .*patch_size=2 \(the weights have 4\), hidden_size=32"):
+        Trainer(load_config(config))
+
+    source_run = tmp_path / "tiny"  # an architecture no preset has
+    train_tiny(source_run, image_dir, "log.sample_per_class=0", "train.max_steps=1")
+    out = tmp_path / "from-tiny"
+    train_tiny(out, image_dir, f"model.init_from={source_run}", "train.max_steps=1", "log.sample_per_class=0")
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["preset"] == "custom"
+    assert json.loads((out / "pipeline" / "manifest.json").read_text())["source"]["training"]["preset"] is None
 
 
 def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
