@@ -84,6 +84,7 @@ class TrainSection:
     gradient_checkpointing: bool = False
     compile: bool = False
     moh_loss_coeff: float = 0.01
+    snr_gamma: Optional[float] = None  # Min-SNR-gamma weighting of the noise MSE (e.g. 5); None: DiT's loss
     checkpoint_every: int = 50_000
     keep_last: int = 3
     resume: Optional[str] = None  # latest | PATH
@@ -170,6 +171,10 @@ class Config:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
         if optim.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {optim.lr}")
+        if train.snr_gamma is not None and not (
+            isinstance(train.snr_gamma, (int, float)) and math.isfinite(train.snr_gamma) and train.snr_gamma > 0
+        ):
+            raise ConfigError(f"train.snr_gamma must be a number > 0 (e.g. 5) or null, got {train.snr_gamma!r}")
         if not 0.0 <= ema.decay <= 1.0:
             raise ConfigError(f"ema.decay must be in [0, 1], got {ema.decay}")
         if not 0.0 <= data.max_bad_fraction <= 1.0:

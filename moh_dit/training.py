@@ -291,7 +291,7 @@ class Trainer:
             self.model = torch.compile(self.model)
         self.window = LossWindow(accelerator.device, train_cfg.global_batch_size)
         self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window)
-        self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma)
+        self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma, snr_gamma=train_cfg.snr_gamma)
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model))
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
         self.step = self.samples_seen = 0

@@ -38,11 +38,14 @@ def test_defaults_and_overrides_are_typed():
         ("data.name=imagenet", "data.name"),
         ("train.global_batch_size=0", "global_batch_size"),
         ("no_equals_sign", "section.key=value"),
+        ("train.snr_gamma=0", "train.snr_gamma must be a number > 0"),
+        ("train.snr_gamma=nan", "train.snr_gamma must be a number > 0"),
+        ("model.init_from=x model.overrides.num_head=3", "num_head"),  # checked with init_from too
     ],
 )
 def test_bad_keys_and_values_are_rejected(override, message):
     with pytest.raises(ValueError, match=message):
-        load_config(None, [override])
+        load_config(None, override.split(" "))
 
 
 def test_base_file_is_merged(tmp_path):

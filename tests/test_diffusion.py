@@ -159,3 +159,29 @@ def test_without_learned_sigma_the_loss_is_plain_mse():
     torch.testing.assert_close(terms.loss, ((out - noise) ** 2).mean(dim=(1, 2, 3)))
     with pytest.raises(ValueError, match="3 output channels"):
         obj.losses(torch.randn(2, 6, 4, 4), x0, x0, t, noise)
+
+
+def test_min_snr_weights_the_noise_mse_as_diffusers_compute_snr_gives():
+    from diffusers.training_utils import compute_snr
+
+    gamma = 5.0
+    weighted = DiffusionObjective(snr_gamma=gamma)
+    torch.manual_seed(0)
+    x0, noise = torch.randn(5, 3, 4, 4).clamp(-1, 1), torch.randn(5, 3, 4, 4)
+    t = torch.tensor([0, 10, 100, 500, 999])  # SNR from about 1e4 down to about 4e-5: both sides of gamma
+    xt = weighted.add_noise(x0, noise, t)
+    output = torch.randn(5, 6, 4, 4)
+    plain, terms = DiffusionObjective().losses(output, x0, xt, t, noise), weighted.losses(output, x0, xt, t, noise)
+    snr = compute_snr(weighted.scheduler, t).double()  # the library's SNR, then the paper's weight
+    expected_w = torch.minimum(snr, torch.full_like(snr, gamma)) / snr
+    assert (expected_w[:2] < 0.05).all() and (expected_w[3:] == 1).all()  # weighted down only above gamma
+    torch.testing.assert_close(terms.mse, plain.mse)
+    torch.testing.assert_close(terms.vb, plain.vb)
+    torch.testing.assert_close(terms.loss, expected_w.float() * plain.mse + plain.vb, rtol=1e-5, atol=0)
+    eps_only = DiffusionObjective(learn_sigma=False, snr_gamma=gamma)
+    out = torch.randn(5, 3, 4, 4)
+    torch.testing.assert_close(
+        eps_only.losses(out, x0, xt, t, noise).loss, expected_w.float() * ((out - noise) ** 2).mean(dim=(1, 2, 3))
+    )
+    with pytest.raises(ValueError, match="snr_gamma"):
+        DiffusionObjective(snr_gamma=0)

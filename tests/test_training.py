@@ -524,6 +524,13 @@ def test_init_from_records_the_architecture_of_the_weights_not_the_config_preset
     assert json.loads((out / "pipeline" / "manifest.json").read_text())["source"]["training"]["preset"] is None
 
 
+def test_snr_gamma_reaches_the_objective(tmp_path, image_dir):
+    from .helpers.factories import tiny_train_config
+
+    trainer = Trainer(load_config(tiny_train_config(tmp_path / "run", image_dir), ["train.snr_gamma=5"]))
+    assert trainer.objective.snr_gamma == 5 and trainer.objective.mse_weights[0] < 1e-3
+
+
 def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
     from moh_dit.training import learning_rate
 
