@@ -293,6 +293,15 @@ def differences(
     return out
 
 
+def _lookup(tree: Optional[Mapping[str, Any]], dotted: str) -> Any:
+    """The value at ``a.b.c`` in nested mappings, or ``_MISSING``."""
+    for key in dotted.split("."):
+        if not isinstance(tree, Mapping) or key not in tree:
+            return _MISSING
+        tree = tree[key]
+    return _normalise(tree)
+
+
 def format_differences(diffs: list[tuple[str, Any, Any]], limit: int = 6) -> str:
     """``key: recorded -> now`` pairs on one line."""
     text = ", ".join(f"{k}: {short(a)} -> {short(b)}" for k, a, b in diffs[:limit])
@@ -483,10 +492,12 @@ class RunRecord:
 
     Made at the start of every run or resume (by every process; only the main process writes): a
     recorded identity other than ``identity`` (architecture, data, seed, global batch) is another run, and
-    stops with one line. Settings may change; :attr:`changes` lists them.
+    stops with one line. Settings may change; :attr:`changes` lists them. A setting the record lacks (one
+    added by a later moh-dit) is no change when it has its value in ``defaults``, the settings of a default
+    config: runs made before it existed behaved as that default.
     """
 
-    def __init__(self, layout: RunLayout, identity: dict, settings: dict) -> None:
+    def __init__(self, layout: RunLayout, identity: dict, settings: dict, defaults: Optional[dict] = None) -> None:
         self.layout, self.identity, self.settings = layout, identity, settings
         self.recorded = read_manifest(layout.root, "run")
         diffs = differences(self.recorded.get("identity", {}), identity) if self.recorded else []
@@ -495,7 +506,8 @@ class RunRecord:
                 f"{layout.root} holds a run with another set-up ({format_differences(diffs)}); resuming would mix two "
                 f"runs: choose a new train.output_dir, or train.overwrite=true without train.resume to start over"
             )
-        self.changes = differences(self.recorded.get("settings", {}), settings) if self.recorded else []
+        changes = differences(self.recorded.get("settings", {}), settings) if self.recorded else []
+        self.changes = [(k, a, b) for k, a, b in changes if not (a == _MISSING and _lookup(defaults, k) == b)]
 
     @property
     def run_id(self) -> Optional[str]:

@@ -144,18 +144,26 @@ def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dic
     this run: a resume with another identity is refused. Settings may change on resume; changes are logged
     and recorded in the run's manifest."""
     full = config_to_dict(config)
-    data_keys = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
+    data_keys = _IDENTITY_DATA_KEYS
     identity = {
         "model": {k: v for k, v in dict(model.config).items() if not k.startswith("_")},
         "data": {k: full["data"][k] for k in data_keys}
         | {"fingerprint": data.description.get("fingerprint"), "vae_sha256": (data.vae_record or {}).get("sha256")},
         "train": {"seed": config.train.seed, "global_batch_size": config.train.global_batch_size},
     }
-    volatile = ("resume", "overwrite", "output_dir")
+    return identity, run_settings(full)
+
+
+_IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
+
+
+def run_settings(full: dict) -> dict:
+    """The settings part of a config (as ``config_to_dict`` gives it): what may change on resume."""
+    volatile, identity_train = ("resume", "overwrite", "output_dir"), ("seed", "global_batch_size")
     settings = {name: full[name] for name in ("optim", "ema", "log")}
-    settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile and k not in identity["train"]}
-    settings["data"] = {k: v for k, v in full["data"].items() if k not in data_keys and k != "vae"}
-    return identity, settings
+    settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile and k not in identity_train}
+    settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
+    return settings
 
 
 @contextlib.contextmanager
@@ -292,7 +300,8 @@ class Trainer:
         self.window = LossWindow(accelerator.device, train_cfg.global_batch_size)
         self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window)
         self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma, snr_gamma=train_cfg.snr_gamma)
-        self.record = RunRecord(self.layout, *run_identity(config, self.data, model))
+        defaults = run_settings(config_to_dict(Config()))
+        self.record = RunRecord(self.layout, *run_identity(config, self.data, model), defaults)
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
         self.step = self.samples_seen = 0
         self.sampler = partial(

@@ -358,6 +358,14 @@ def test_rerunning_a_finished_run_keeps_its_grid_and_pipeline_unless_settings_ch
     again = train_tiny(out, image_dir, "train.resume=latest")  # finished: nothing to train, nothing to redraw
     assert again["step"] == 4 and Path(again["pipeline"]) == out / "pipeline" and Path(again["sample_grid"]) == grid
     assert (grid.stat().st_mtime_ns, weights.stat().st_mtime_ns) == stamps
+    # a run recorded before a setting existed (here: snr_gamma) behaved as its default: no change
+    record = json.loads((out / "manifest.json").read_text())
+    del record["settings"]["train"]["snr_gamma"]
+    (out / "manifest.json").write_text(json.dumps(record))
+    train_tiny(out, image_dir, "train.resume=latest")
+    assert (grid.stat().st_mtime_ns, weights.stat().st_mtime_ns) == stamps
+    events = json.loads((out / "manifest.json").read_text())["events"]
+    assert not [e for e in events if e["event"] == "resume"][-1]["changed"]
     train_tiny(out, image_dir, "train.resume=latest", "log.sample_cfg_scale=2.0")  # a changed setting: drawn anew
     assert grid.stat().st_mtime_ns != stamps[0] and weights.stat().st_mtime_ns != stamps[1]
     train_tiny(out, image_dir, "train.resume=latest", "train.max_steps=6")  # trained on: exported anew
