@@ -3,7 +3,7 @@ r"""The embedded default, before and after: each recipe is trained with the same
 count and with the same sampler, with KID and FID (90% bootstrap intervals) on the project's Fashion-MNIST
 classifier features.
 
-    python -m experiments.default_comparison                        # v1 (moh-dit 0.1), v2 and the default
+    python -m experiments.default_comparison                        # v1 (moh-dit 0.1), v2, v3 and the default
     python -m experiments.default_comparison --recipe cos=configs/fashion_mnist_moh_v1.yaml:optim.schedule=cosine
 
 Finished runs and sample sets are reused, so an interrupted comparison continues. Writes RESULTS.md,
@@ -27,7 +27,8 @@ from moh_dit.training import train
 RECIPES = {
     "v1": "configs/fashion_mnist_moh_v1.yaml",  # the default of moh-dit 0.1
     "v2": "configs/fashion_mnist_moh_v2.yaml",  # the default of the quality work's first step (b32)
-    "v3": "configs/fashion_mnist_moh.yaml",  # the default now (b16)
+    "v3": "configs/fashion_mnist_moh_v3.yaml",  # b16: batch 16 x 5400 steps
+    "v4": "configs/fashion_mnist_moh.yaml",  # the default now: v3 with Min-SNR-5 loss weighting
 }
 
 
@@ -60,7 +61,7 @@ def train_recipe(name: str, config: str, overrides: list[str], out: Path) -> dic
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", action="append", default=[], help="NAME=CONFIG[:overrides], added to v1, v2 and v3")
+    p.add_argument("--recipe", action="append", default=[], help="NAME=CONFIG[:overrides], added to v1 ... v4")
     p.add_argument("--only", nargs="+", default=None, help="run only these recipes")
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--scheduler", default="dpm-solver")
