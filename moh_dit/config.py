@@ -18,7 +18,7 @@ import yaml
 
 from .errors import ConfigError
 from .options import FAST_SCHEDULER, FAST_STEPS, SCHEDULERS
-from .presets import config_keys, preset_config
+from .presets import check_config_keys, preset_config
 
 __all__ = [
     "Config",
@@ -134,9 +134,7 @@ class Config:
             )
         if model.init_from:  # the weights carry their architecture; the trainer checks the overrides against it
             # and records the preset the weights match
-            unknown = sorted(set(model.overrides) - config_keys())
-            if unknown:
-                raise ConfigError(f"unknown MoHDiT config keys {unknown}; valid keys: {sorted(config_keys())}")
+            check_config_keys(model.overrides)
         else:  # the preset name, the override keys and per-layer lengths, once
             preset_config(model.preset, **model.overrides)
         _one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))

@@ -11,12 +11,21 @@ defaults describe ImageNet 256 x 256 through the SD VAE: 32 x 32 x 4 latents, 10
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from .errors import ConfigError
 from .model import MoHDiT
 
-__all__ = ["PRESETS", "config_keys", "create_model", "architecture", "list_presets", "match_preset", "preset_config"]
+__all__ = [
+    "PRESETS",
+    "config_keys",
+    "create_model",
+    "architecture",
+    "check_config_keys",
+    "list_presets",
+    "match_preset",
+    "preset_config",
+]
 
 # Width, depth and heads of the DiT sizes (head size 64, 72 for XL).
 _DIT_SIZES = {
@@ -145,15 +154,20 @@ def config_keys() -> set[str]:
 PER_LAYER_KEYS = ("num_heads", "num_shared_heads", "top_k")
 
 
+def check_config_keys(keys: Iterable[str]) -> None:
+    """An error naming every key that is not a :class:`MoHDiT` config key."""
+    allowed = config_keys()
+    unknown = sorted(set(keys) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown MoHDiT config keys {unknown}; valid keys: {sorted(allowed)}")
+
+
 def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
     """The :class:`MoHDiT` config of preset ``name`` with ``overrides`` applied. Unknown presets and keys,
     and per-layer lists whose length is not the depth, are rejected (all such lists in one message)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
-    allowed = config_keys()
-    unknown = sorted(set(overrides) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown MoHDiT config keys {unknown}; valid keys: {sorted(allowed)}")
+    check_config_keys(overrides)
     config = {k: (list(v) if isinstance(v, list) else v) for k, v in PRESETS[name].items()}
     config.update(overrides)
     depth = config.get("depth", 1)

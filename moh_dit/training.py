@@ -139,29 +139,30 @@ def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
     )
 
 
+# the config keys that make a run this run (with the model's architecture and the data's fingerprint)
+_IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
+_IDENTITY_TRAIN_KEYS = ("seed", "global_batch_size")
+
+
 def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dict, dict]:
     """``(identity, settings)`` of a run. The identity (architecture, data, seed, global batch) makes a run
     this run: a resume with another identity is refused. Settings may change on resume; changes are logged
     and recorded in the run's manifest."""
     full = config_to_dict(config)
-    data_keys = _IDENTITY_DATA_KEYS
     identity = {
         "model": {k: v for k, v in dict(model.config).items() if not k.startswith("_")},
-        "data": {k: full["data"][k] for k in data_keys}
+        "data": {k: full["data"][k] for k in _IDENTITY_DATA_KEYS}
         | {"fingerprint": data.description.get("fingerprint"), "vae_sha256": (data.vae_record or {}).get("sha256")},
-        "train": {"seed": config.train.seed, "global_batch_size": config.train.global_batch_size},
+        "train": {k: full["train"][k] for k in _IDENTITY_TRAIN_KEYS},
     }
     return identity, run_settings(full)
 
 
-_IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
-
-
 def run_settings(full: dict) -> dict:
     """The settings part of a config (as ``config_to_dict`` gives it): what may change on resume."""
-    volatile, identity_train = ("resume", "overwrite", "output_dir"), ("seed", "global_batch_size")
+    volatile = ("resume", "overwrite", "output_dir")
     settings = {name: full[name] for name in ("optim", "ema", "log")}
-    settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile and k not in identity_train}
+    settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile + _IDENTITY_TRAIN_KEYS}
     settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
     return settings
 
