@@ -146,9 +146,14 @@ def list_presets(prefix: Optional[str] = None) -> list[str]:
     return [name for name in PRESETS if prefix is None or name.startswith(prefix)]
 
 
+def _init_defaults() -> dict[str, Any]:
+    """Every architecture argument of :class:`MoHDiT` with its default."""
+    return {k: p.default for k, p in inspect.signature(MoHDiT.__init__).parameters.items() if k != "self"}
+
+
 def config_keys() -> set[str]:
     """Every architecture argument of :class:`MoHDiT` (the keys a preset or an override may set)."""
-    return {name for name in inspect.signature(MoHDiT.__init__).parameters if name != "self"}
+    return set(_init_defaults())
 
 
 PER_LAYER_KEYS = ("num_heads", "num_shared_heads", "top_k")
@@ -191,8 +196,7 @@ DATA_KEYS = ("sample_size", "in_channels", "num_classes")
 def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
     """Every architecture argument of ``config`` (defaults filled in), per-layer values as one tuple per
     layer, so that ``top_k=2`` and ``top_k=[2, 2, ...]`` compare equal."""
-    defaults = {k: p.default for k, p in inspect.signature(MoHDiT.__init__).parameters.items() if k != "self"}
-    full = {k: config.get(k, default) for k, default in defaults.items()}
+    full = {k: config.get(k, default) for k, default in _init_defaults().items()}
     for key in PER_LAYER_KEYS:
         value = full[key]
         full[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,) * full["depth"]
