@@ -15,10 +15,11 @@ import torch
 
 from experiments import fmnist_classifier
 from moh_dit.artifacts import read_npz_manifest
-from moh_dit.data import FashionMNIST
+from moh_dit.data import FASHION_MNIST_CLASSES, FashionMNIST
 from moh_dit.errors import ArtifactError
-from moh_dit.evaluation import evaluate, load_images, resolve_extractor
+from moh_dit.evaluation import evaluate, extract_features, load_images, reference_statistics, resolve_extractor
 from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, missing_indices
+from moh_dit.metrics import kernel_inception_distance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,12 +73,41 @@ def sample_and_score(
         "metrics"
     ]
     seconds = json.loads(timing.read_text())["seconds_per_image"] if timing.exists() else None
+    with np.load(npz) as stored:
+        images, labels = stored["arr_0"], stored["arr_1"]
     return dict(
         metrics,
+        class_kid=per_class_kid(images, labels, reference, extractor),
+        recognised=recognition(images, labels),
         seconds_per_image=seconds,
         num_samples=settings.num_samples,
         transformer_sha256=made_by["transformer_sha256"],  # which weights were scored, wherever the folder moves
     )
+
+
+def per_class_kid(images: np.ndarray, labels: np.ndarray, reference: Path, extractor) -> list[Optional[float]]:
+    """KID of each class's samples against the reference's images of that class (None for a class with
+    fewer than 2 samples). ``reference`` is :func:`fashion_reference`'s file: the first test images in
+    order, so the test labels say which of its cached features belong to which class."""
+    ref = reference_statistics(reference, extractor)["pool"]  # (R, D), the reference's first R images
+    ref_labels = FashionMNIST(split="test").labels[: len(ref)]
+    feats = extract_features(extractor, images, 500, "per-class features")["pool"]
+    return [
+        kernel_inception_distance(ref[ref_labels == c], feats[labels == c])[0] if (labels == c).sum() >= 2 else None
+        for c in range(len(FASHION_MNIST_CLASSES))
+    ]
+
+
+def recognition(images: np.ndarray, labels: np.ndarray) -> list[Optional[float]]:
+    """Per class, the share of ``images`` of that label the project's classifier recognises as it."""
+    model = fmnist_classifier.load_classifier()
+    return fmnist_classifier.recognition_rates(fmnist_classifier.predict(model, images), labels)
+
+
+def real_recognition() -> list[Optional[float]]:
+    """The same on the 10,000 real test images: the most a generator can be expected to reach per class."""
+    test = FashionMNIST(split="test")
+    return recognition(test.images, test.labels)
 
 
 def render_grid(model: Path, path: Path, scheduler: str, steps: int, guidance: float, per_class: int = 8) -> Path:

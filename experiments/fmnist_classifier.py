@@ -74,13 +74,31 @@ def uint8_to_input(images: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def accuracy(model: FashionClassifier, images: np.ndarray, labels: np.ndarray, batch: int = 1000) -> float:
+def predict(model: FashionClassifier, images: np.ndarray, batch: int = 1000) -> np.ndarray:
+    """The classifier's label for each uint8 image, (N, H, W) grayscale or (N, H, W, C)."""
     model.eval()
-    correct = 0
+    images = np.asarray(images)
+    labels = []
     for i in range(0, len(images), batch):
-        x = uint8_to_input(torch.from_numpy(np.array(images[i : i + batch])).unsqueeze(1))
-        correct += (model(x).argmax(1).numpy() == labels[i : i + batch]).sum()
-    return float(correct / len(images))
+        x = torch.from_numpy(np.array(images[i : i + batch]))
+        x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)  # (N, C, H, W)
+        labels.append(model(uint8_to_input(x)).argmax(1).numpy())
+    return np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+
+
+def accuracy(model: FashionClassifier, images: np.ndarray, labels: np.ndarray, batch: int = 1000) -> float:
+    return float((predict(model, images, batch) == np.asarray(labels)).mean())
+
+
+def recognition_rates(predicted: np.ndarray, labels: np.ndarray, num_classes: int = 10) -> list[Optional[float]]:
+    """Per class, the share of the images of that class the classifier calls that class (its recall; None
+    for a class with no images). On generated images: how often a requested garment is recognisable."""
+    predicted, labels = np.asarray(predicted), np.asarray(labels)
+    rates = []
+    for c in range(num_classes):
+        of_class = labels == c
+        rates.append(float((predicted[of_class] == c).mean()) if of_class.any() else None)
+    return rates
 
 
 def train_classifier(

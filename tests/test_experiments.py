@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.fmnist_classifier import DEFAULT_WEIGHTS, accuracy, load_classifier, register, train_classifier
+from experiments.fmnist_classifier import (
+    DEFAULT_WEIGHTS,
+    accuracy,
+    load_classifier,
+    predict,
+    recognition_rates,
+    register,
+    train_classifier,
+)
 from moh_dit.data import find_fashion_mnist
 
 needs_data = pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
@@ -31,6 +39,37 @@ def test_classifier_is_registered_and_gives_features():
     images = torch.randint(0, 256, (5, 3, 28, 28), dtype=torch.uint8)
     feats = ext(images)
     assert feats["pool"].shape == (5, 128) and feats["logits"].shape == (5, 10)
+
+
+def test_recognition_rates_are_per_class_recall():
+    labels = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    predicted = np.array([0, 1, 0, 1, 1, 2, 0, 0, 0])
+    rates = recognition_rates(predicted, labels, num_classes=4)
+    assert rates == [pytest.approx(2 / 3), 1.0, 0.25, None]  # class 3 has no images: no rate, not 0
+
+
+def test_predict_takes_grayscale_and_rgb_uint8_alike():
+    model = load_classifier()
+    gray = torch.randint(0, 256, (7, 28, 28), dtype=torch.uint8).numpy()
+    rgb = np.repeat(gray[..., None], 3, axis=3)  # how sample folders store grayscale
+    assert np.array_equal(predict(model, gray, batch=3), predict(model, rgb))
+    labels = predict(model, gray)
+    assert accuracy(model, gray, labels) == 1.0 and accuracy(model, gray, (labels + 1) % 10) == 0.0
+
+
+@needs_data
+def test_per_class_kid_compares_each_class_with_the_same_class_of_the_reference(tmp_path):
+    from experiments.common import classifier_features, fashion_reference, per_class_kid
+    from moh_dit.data import FashionMNIST
+
+    train = FashionMNIST(split="train")
+    picked = np.concatenate([np.flatnonzero(train.labels == c)[:40] for c in range(10)])
+    images, labels = np.repeat(train.images[picked, :, :, None], 3, axis=3), train.labels[picked]
+    reference, extractor = fashion_reference(tmp_path), classifier_features()
+    right = per_class_kid(images, labels, reference, extractor)
+    wrong = per_class_kid(images, (labels + 1) % 10, reference, extractor)  # every class scored against another
+    assert max(right) < 20 and min(wrong) > 100  # the right class: noise around 0; a mix-up: hundreds
+    assert per_class_kid(images[:41], labels[:41], reference, extractor)[2:] == [None] * 8  # < 2 samples: no KID
 
 
 def test_missing_classifier_weights_explain_how_to_make_them(tmp_path):
@@ -126,6 +165,10 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
         assert (tmp_path / f"grid_{name}.png").exists()
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| old | 2 |" in text and "| new | 2 |" in text and "![new](grid_new.png)" in text
+    for row in result["rows"].values():  # 20 balanced samples: 2 of each class, so every rate is 0, 0.5 or 1
+        assert len(row["recognised"]) == 10 and set(row["recognised"]) <= {0.0, 0.5, 1.0}
+        assert len(row["class_kid"]) == 10 and all(np.isfinite(row["class_kid"]))
+    assert min(result["real_recognised"]) > 0.5 and "| real test images |" in text and "| Sandal |" in text
     again = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])  # runs and samples are reused
     assert again["rows"]["new"]["kid"] == result["rows"]["new"]["kid"]
 
