@@ -77,37 +77,39 @@ def sample_and_score(
         images, labels = stored["arr_0"], stored["arr_1"]
     return dict(
         metrics,
-        class_kid=per_class_kid(images, labels, reference, extractor),
-        recognised=recognition(images, labels),
+        **per_class_scores(images, labels, reference, extractor),
         seconds_per_image=seconds,
         num_samples=settings.num_samples,
         transformer_sha256=made_by["transformer_sha256"],  # which weights were scored, wherever the folder moves
     )
 
 
-def per_class_kid(images: np.ndarray, labels: np.ndarray, reference: Path, extractor) -> list[Optional[float]]:
-    """KID of each class's samples against the reference's images of that class (None for a class with
-    fewer than 2 samples). ``reference`` is :func:`fashion_reference`'s file: the first test images in
-    order, so the test labels say which of its cached features belong to which class."""
+def per_class_scores(images: np.ndarray, labels: np.ndarray, reference: Path, extractor) -> dict:
+    """Per class, from one pass of the classifier: ``class_kid``, KID of the class's samples against the
+    reference's images of that class (None for fewer than 2 samples), and ``recognised``, the share of the
+    class's samples the classifier labels as that class. ``reference`` is :func:`fashion_reference`'s file:
+    the first test images in order, so the test labels say which of its cached features belong to which
+    class."""
     ref = reference_statistics(reference, extractor)["pool"]  # (R, D), the reference's first R images
     ref_labels = FashionMNIST(split="test").labels[: len(ref)]
-    feats = extract_features(extractor, images, 500, "per-class features")["pool"]
-    return [
-        kernel_inception_distance(ref[ref_labels == c], feats[labels == c])[0] if (labels == c).sum() >= 2 else None
+    feats = extract_features(extractor, images, 500, "per-class features")  # pool (N, D), logits (N, classes)
+    kid = [
+        kernel_inception_distance(ref[ref_labels == c], feats["pool"][labels == c])[0]
+        if (labels == c).sum() >= 2
+        else None
         for c in range(len(FASHION_MNIST_CLASSES))
     ]
-
-
-def recognition(images: np.ndarray, labels: np.ndarray) -> list[Optional[float]]:
-    """Per class, the share of ``images`` of that label the project's classifier recognises as it."""
-    model = fmnist_classifier.load_classifier()
-    return fmnist_classifier.recognition_rates(fmnist_classifier.predict(model, images), labels)
+    recognised = fmnist_classifier.recognition_rates(feats["logits"].argmax(1), labels)
+    return {"class_kid": kid, "recognised": recognised}
 
 
 def real_recognition() -> list[Optional[float]]:
-    """The same on the 10,000 real test images: the most a generator can be expected to reach per class."""
+    """The share of each class's 1,000 real test images the classifier recognises: the most a generator can
+    be expected to reach per class, given the classifier's own errors."""
     test = FashionMNIST(split="test")
-    return recognition(test.images, test.labels)
+    return fmnist_classifier.recognition_rates(
+        fmnist_classifier.predict(fmnist_classifier.load_classifier(), test.images), test.labels
+    )
 
 
 def render_grid(model: Path, path: Path, scheduler: str, steps: int, guidance: float, per_class: int = 8) -> Path:

@@ -58,18 +58,23 @@ def test_predict_takes_grayscale_and_rgb_uint8_alike():
 
 
 @needs_data
-def test_per_class_kid_compares_each_class_with_the_same_class_of_the_reference(tmp_path):
-    from experiments.common import classifier_features, fashion_reference, per_class_kid
+def test_per_class_scores_compare_each_class_with_the_same_class_of_the_reference(tmp_path):
+    from experiments.common import classifier_features, fashion_reference, per_class_scores
     from moh_dit.data import FashionMNIST
 
     train = FashionMNIST(split="train")
     picked = np.concatenate([np.flatnonzero(train.labels == c)[:40] for c in range(10)])
     images, labels = np.repeat(train.images[picked, :, :, None], 3, axis=3), train.labels[picked]
     reference, extractor = fashion_reference(tmp_path), classifier_features()
-    right = per_class_kid(images, labels, reference, extractor)
-    wrong = per_class_kid(images, (labels + 1) % 10, reference, extractor)  # every class scored against another
-    assert max(right) < 20 and min(wrong) > 100  # the right class: noise around 0; a mix-up: hundreds
-    assert per_class_kid(images[:41], labels[:41], reference, extractor)[2:] == [None] * 8  # < 2 samples: no KID
+    right = per_class_scores(images, labels, reference, extractor)
+    wrong = per_class_scores(images, (labels + 1) % 10, reference, extractor)  # each class scored against another
+    kid_right, kid_wrong = right["class_kid"], wrong["class_kid"]
+    assert max(kid_right) < 20 and min(kid_wrong) > 100  # the right class: noise around 0; a mix-up: hundreds
+    # the classifier's own labels for these training images, from the same pass, agree with predict()
+    predicted = predict(load_classifier(), images)
+    assert right["recognised"] == recognition_rates(predicted, labels) and min(right["recognised"]) > 0.5
+    short = per_class_scores(images[:41], labels[:41], reference, extractor)
+    assert short["class_kid"][2:] == [None] * 8 and short["recognised"][2:] == [None] * 8  # < 2 samples: none
 
 
 def test_missing_classifier_weights_explain_how_to_make_them(tmp_path):
