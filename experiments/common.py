@@ -69,12 +69,11 @@ def sample_and_score(
     made_by = read_npz_manifest(npz)["identity"]
     if missing and (missing == settings.num_samples or not timing.exists()):
         timing.write_text(json.dumps({"seconds_per_image": (time.time() - start) / missing}))
-    metrics = evaluate(load_images(npz), reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap)[
-        "metrics"
-    ]
-    seconds = json.loads(timing.read_text())["seconds_per_image"] if timing.exists() else None
+    images = load_images(npz)  # (N, H, W, 3) uint8, validated; read once for both scores
     with np.load(npz) as stored:
-        images, labels = stored["arr_0"], stored["arr_1"]
+        labels = stored["arr_1"]
+    metrics = evaluate(images, reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap)["metrics"]
+    seconds = json.loads(timing.read_text())["seconds_per_image"] if timing.exists() else None
     return dict(
         metrics,
         **per_class_scores(images, labels, reference, extractor),
