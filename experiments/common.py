@@ -30,15 +30,23 @@ def fashion_reference(out: Path, count: int = 10000) -> Path:
     path = Path(out) / f"reference_fmnist_test_{count}.npz"
     images = np.repeat(FashionMNIST(split="test").images[:count, :, :, None], 3, axis=3)
     if path.exists():
-        with np.load(path) as stored:
-            if not ("arr_0" in stored.files and np.array_equal(stored["arr_0"], images)):
-                raise ArtifactError(f"{path} does not hold the first {count} Fashion-MNIST test images: delete it")
+        check_fashion_reference(path, count, images)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
     np.savez(tmp, arr_0=images)
     os.replace(tmp, path)  # never a half-written reference
     return path
+
+
+def check_fashion_reference(path: Path, count: int, images: Optional[np.ndarray] = None) -> None:
+    """Raise unless ``path`` holds exactly the first ``count`` Fashion-MNIST test images, in order (as
+    :func:`fashion_reference` writes them; ``images``: those images, when the caller has them)."""
+    if images is None:
+        images = np.repeat(FashionMNIST(split="test").images[:count, :, :, None], 3, axis=3)
+    with np.load(path) as stored:
+        if not ("arr_0" in stored.files and np.array_equal(stored["arr_0"], images)):
+            raise ArtifactError(f"{path} does not hold the first {count} Fashion-MNIST test images: delete it")
 
 
 def classifier_features():
@@ -90,6 +98,7 @@ def per_class_scores(images: np.ndarray, labels: np.ndarray, reference: Path, ex
     the first test images in order, so the test labels say which of its cached features belong to which
     class."""
     ref = reference_statistics(reference, extractor)["pool"]  # (R, D), the reference's first R images
+    check_fashion_reference(reference, len(ref))  # else the test labels would name the wrong images' classes
     ref_labels = FashionMNIST(split="test").labels[: len(ref)]
     feats = extract_features(extractor, images, 500, "per-class features")  # pool (N, D), logits (N, classes)
     kid = [

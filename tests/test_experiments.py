@@ -208,7 +208,8 @@ def test_sample_and_score_refuses_samples_made_by_another_model(tmp_path):
 
 @needs_data
 def test_a_reference_file_that_is_not_the_test_set_is_refused(tmp_path):
-    from experiments.common import fashion_reference
+    from experiments.common import classifier_features, fashion_reference, per_class_scores
+    from moh_dit.data import FashionMNIST
     from moh_dit.errors import ArtifactError
 
     path = fashion_reference(tmp_path, count=20)
@@ -219,6 +220,9 @@ def test_a_reference_file_that_is_not_the_test_set_is_refused(tmp_path):
     np.savez(path, arr_0=images)
     with pytest.raises(ArtifactError, match="does not hold the first 20 Fashion-MNIST test images"):
         fashion_reference(tmp_path, count=20)
+    samples = np.repeat(FashionMNIST(split="test").images[:20, :, :, None], 3, axis=3)
+    with pytest.raises(ArtifactError, match="does not hold the first 20"):  # per-class scores need its labels
+        per_class_scores(samples, np.arange(20) % 10, path, classifier_features())
 
 
 def test_paired_differences_report_each_seed_and_whether_they_agree():
