@@ -17,7 +17,7 @@ from experiments import fmnist_classifier
 from moh_dit.artifacts import read_npz_manifest
 from moh_dit.data import FASHION_MNIST_CLASSES, FashionMNIST
 from moh_dit.errors import ArtifactError
-from moh_dit.evaluation import evaluate, extract_features, load_images, reference_statistics, resolve_extractor
+from moh_dit.evaluation import evaluate, load_images, reference_statistics, resolve_extractor
 from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, missing_indices
 from moh_dit.metrics import kernel_inception_distance
 
@@ -80,34 +80,37 @@ def sample_and_score(
     images = load_images(npz)  # (N, H, W, 3) uint8, validated; read once for both scores
     with np.load(npz) as stored:
         labels = stored["arr_1"]
-    metrics = evaluate(images, reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap)["metrics"]
+    scored = evaluate(
+        images, reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap, return_features=True
+    )
     seconds = json.loads(timing.read_text())["seconds_per_image"] if timing.exists() else None
     return dict(
-        metrics,
-        **per_class_scores(images, labels, reference, extractor),
+        scored["metrics"],
+        **per_class_scores(scored["features"], labels, reference, extractor),
         seconds_per_image=seconds,
         num_samples=settings.num_samples,
         transformer_sha256=made_by["transformer_sha256"],  # which weights were scored, wherever the folder moves
     )
 
 
-def per_class_scores(images: np.ndarray, labels: np.ndarray, reference: Path, extractor) -> dict:
-    """Per class, from one pass of the classifier: ``class_kid``, KID of the class's samples against the
-    reference's images of that class (None for fewer than 2 samples), and ``recognised``, the share of the
-    class's samples the classifier labels as that class. ``reference`` is :func:`fashion_reference`'s file:
-    the first test images in order, so the test labels say which of its cached features belong to which
-    class."""
+def per_class_scores(features: dict, labels: np.ndarray, reference: Path, extractor) -> dict:
+    """Per class: ``class_kid``, KID of the class's samples against the reference's images of that class
+    (None for fewer than 2 samples), and ``recognised``, the share of the class's samples the classifier
+    labels as that class. ``features`` are the samples' features by the classifier ``extractor`` (the dict
+    :func:`evaluate` returns with ``return_features``, so one pass serves every score), ``labels`` their
+    classes. ``reference`` is :func:`fashion_reference`'s file: the first test images in order, so the
+    test labels say which of its cached features belong to which class."""
+    if "logits" not in features or len(features["pool"]) != len(labels):
+        raise ValueError(f"per_class_scores needs the classifier's pool features and logits of {len(labels)} samples")
     ref = reference_statistics(reference, extractor)["pool"]  # (R, D), the reference's first R images
     check_fashion_reference(reference, len(ref))  # else the test labels would name the wrong images' classes
     ref_labels = FashionMNIST(split="test").labels[: len(ref)]
-    feats = extract_features(extractor, images, 500, "per-class features")  # pool (N, D), logits (N, classes)
+    pool = features["pool"]  # (N, D)
     kid = [
-        kernel_inception_distance(ref[ref_labels == c], feats["pool"][labels == c])[0]
-        if (labels == c).sum() >= 2
-        else None
+        kernel_inception_distance(ref[ref_labels == c], pool[labels == c])[0] if (labels == c).sum() >= 2 else None
         for c in range(len(FASHION_MNIST_CLASSES))
     ]
-    recognised = fmnist_classifier.recognition_rates(feats["logits"].argmax(1), labels)
+    recognised = fmnist_classifier.recognition_rates(features["logits"].argmax(1), labels)
     return {"class_kid": kid, "recognised": recognised}
 
 

@@ -430,12 +430,15 @@ def evaluate(
     cache: bool = True,
     reference_size: Optional[int] = None,
     bootstrap: int = 0,
+    return_features: bool = False,
 ) -> dict:
     """FID, sFID, IS, KID, precision and recall of uint8 NHWC ``samples`` against ``reference``. An
     image-folder reference is center-cropped to ``reference_size`` (default: the samples' size). KID is
     computed against the reference's precision/recall images (torch-fidelity's subsets of up to 1000).
     With ``bootstrap`` > 0, 90% percentile intervals of FID and KID over that many resamples of the
-    samples are added (``fid_interval``, ``kid_interval``)."""
+    samples are added (``fid_interval``, ``kid_interval``). With ``return_features``, the samples' features
+    (``extract_features``'s dict) come back under ``features``, for further scores without a second pass;
+    drop them before :func:`write_metrics`."""
     samples = validate_images(samples, "samples")
     ref = reference_statistics(reference, extractor, batch_size, cache, image_size=reference_size or samples.shape[1])
     if (
@@ -470,7 +473,7 @@ def evaluate(
             bootstrap,
             estimate=results["kid"],
         )
-    return {
+    result = {
         "metrics": results,
         "reference": ref["info"],
         "num_samples": int(len(samples)),
@@ -485,6 +488,7 @@ def evaluate(
             "batch_size": batch_size,
         },
     }
+    return dict(result, features=feats) if return_features else result
 
 
 def write_metrics(path: str | os.PathLike, result: dict) -> Path:

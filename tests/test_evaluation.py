@@ -18,6 +18,7 @@ from moh_dit.evaluation import (
     EvaluationError,
     InceptionFeatures,
     evaluate,
+    extract_features,
     find_inception_weights,
     load_images,
     reference_statistics,
@@ -550,3 +551,15 @@ def test_bootstrap_intervals_in_the_cli_json(tmp_path):
     for key in ("fid", "kid"):  # centred on the reported value (resamples shift both upwards)
         assert sum(m[f"{key}_interval"]) / 2 == pytest.approx(m[key], rel=1e-9)
     assert json.loads((tmp_path / f"s.metrics-{TINY}.json").read_text())["metrics"]["kid"] == m["kid"]
+
+
+def test_evaluate_can_return_the_features_it_scored(tmp_path):
+    samples, reference = random_images(30, seed=6, shift=20), random_images(40, seed=7)
+    np.savez(tmp_path / "ref.npz", arr_0=reference)
+    extractor = resolve_extractor(TINY, None, "cpu")
+    plain = evaluate(samples, tmp_path / "ref.npz", extractor, cache=False)
+    with_features = evaluate(samples, tmp_path / "ref.npz", extractor, cache=False, return_features=True)
+    features, expected = with_features.pop("features"), extract_features(extractor, samples, 100)
+    assert "features" not in plain and with_features == plain  # the same scores; only the features are added
+    assert features.keys() == expected.keys()
+    assert all(np.array_equal(features[k], expected[k]) for k in expected)

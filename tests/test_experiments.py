@@ -17,6 +17,7 @@ from experiments.fmnist_classifier import (
     train_classifier,
 )
 from moh_dit.data import find_fashion_mnist
+from moh_dit.evaluation import extract_features
 
 needs_data = pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 
@@ -66,14 +67,15 @@ def test_per_class_scores_compare_each_class_with_the_same_class_of_the_referenc
     picked = np.concatenate([np.flatnonzero(train.labels == c)[:40] for c in range(10)])
     images, labels = np.repeat(train.images[picked, :, :, None], 3, axis=3), train.labels[picked]
     reference, extractor = fashion_reference(tmp_path), classifier_features()
-    right = per_class_scores(images, labels, reference, extractor)
-    wrong = per_class_scores(images, (labels + 1) % 10, reference, extractor)  # each class scored against another
+    features = extract_features(extractor, images, 100)
+    right = per_class_scores(features, labels, reference, extractor)
+    wrong = per_class_scores(features, (labels + 1) % 10, reference, extractor)  # each class scored against another
     kid_right, kid_wrong = right["class_kid"], wrong["class_kid"]
     assert max(kid_right) < 20 and min(kid_wrong) > 100  # the right class: noise around 0; a mix-up: hundreds
     # the classifier's own labels for these training images, from the same pass, agree with predict()
     predicted = predict(load_classifier(), images)
     assert right["recognised"] == recognition_rates(predicted, labels) and min(right["recognised"]) > 0.5
-    short = per_class_scores(images[:41], labels[:41], reference, extractor)
+    short = per_class_scores({k: v[:41] for k, v in features.items()}, labels[:41], reference, extractor)
     assert short["class_kid"][2:] == [None] * 8 and short["recognised"][2:] == [None] * 8  # < 2 samples: none
 
 
@@ -221,8 +223,12 @@ def test_a_reference_file_that_is_not_the_test_set_is_refused(tmp_path):
     with pytest.raises(ArtifactError, match="does not hold the first 20 Fashion-MNIST test images"):
         fashion_reference(tmp_path, count=20)
     samples = np.repeat(FashionMNIST(split="test").images[:20, :, :, None], 3, axis=3)
+    extractor = classifier_features()
+    features = extract_features(extractor, samples, 20)
     with pytest.raises(ArtifactError, match="does not hold the first 20"):  # per-class scores need its labels
-        per_class_scores(samples, np.arange(20) % 10, path, classifier_features())
+        per_class_scores(features, np.arange(20) % 10, path, extractor)
+    with pytest.raises(ValueError, match="logits of 19 samples"):  # features of other images than the labels
+        per_class_scores(features, np.arange(19) % 10, path, extractor)
 
 
 def test_paired_differences_report_each_seed_and_whether_they_agree():
@@ -238,3 +244,21 @@ def test_paired_differences_report_each_seed_and_whether_they_agree():
     assert abs(hi - lo - 2 * 12.7062 * 1.06066 / 2**0.5) < 1e-2
     assert seedwise(d["values"]) == "per seed -1.00, -2.50: same sign in every seed"
     assert seedwise([1.0, -0.5]).endswith("signs differ between seeds")
+
+
+@needs_data
+def test_flip_floor_shows_what_mirrored_shoes_cost_and_symmetric_garments_do_not(tmp_path):
+    from experiments import flip_floor
+
+    result = flip_floor.main(["--per-class", "40", "--out", str(tmp_path / "default")])
+    kid = {name: dict(zip(result["classes"], row["class_kid"])) for name, row in result["rows"].items()}
+    assert max(kid["as they are"].values()) < 20  # real images of the right class: noise around 0
+    for shoe in ("Sandal", "Ankle boot"):  # every shoe in the catalogue points the same way
+        assert kid["all mirrored"][shoe] > 100 and kid["half mirrored"][shoe] > 20
+    for garment in ("T-shirt/top", "Pullover", "Coat", "Shirt", "Bag"):  # near mirror-symmetric
+        assert kid["all mirrored"][garment] < 20
+    table = (tmp_path / "default" / "flip_floor.md").read_text()
+    assert all(f"| {name} |" in table for name in flip_floor.VARIANTS)
+    assert json.loads((tmp_path / "default" / "flip_floor.json").read_text()) == json.loads(json.dumps(result))
+    mirrored = flip_floor.mirrored(np.arange(12).reshape(1, 3, 4), 1.0)
+    assert np.array_equal(mirrored[0], np.arange(12).reshape(3, 4)[:, ::-1])
