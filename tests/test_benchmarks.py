@@ -228,3 +228,32 @@ def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path)
         [*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--limit-minutes", "1e-9"]
     )
     assert again["pending"] == [] and again["grid"][1]["kid"] == result["grid"][1]["kid"]
+
+
+@pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
+def test_config_throughput_times_the_trainers_own_steps_of_each_config(tmp_path):
+    from benchmarks import config_throughput
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(
+        "model: {preset: MoH-DiT-Ti/4-50, overrides: {hidden_size: 32, head_dim: 8, depth: 2}}\n"
+        "data: {name: fashion-mnist, image_size: 28, channels: 1, vae: none, num_workers: 0}\n"
+        "train: {global_batch_size: 4}\n"
+    )
+    result = config_throughput.main(
+        [str(config), "--set", "deeper=model.overrides.depth=3;train.global_batch_size=2"]
+        + ["--steps", "2", "--rounds", "3", "--warmup", "1", "--out", str(tmp_path), "--tag", "t"]
+    )
+    base, deeper = result["rows"]
+    assert (base["name"], deeper["name"]) == ("tiny", "deeper") and deeper["model_overrides"]["depth"] == 3
+    assert base["parameters"] < deeper["parameters"] and (base["batch_size"], deeper["batch_size"]) == (4, 2)
+    for row in result["rows"]:
+        assert row["optimizer_steps"] == 1 + 3 * 2  # warm-up and timed steps, all taken by the trainer
+        ips = row["batch_size"] * 2 / statistics.median(row["round_seconds"])
+        assert row["images_per_s"] == pytest.approx(ips) and len(row["round_seconds"]) == 3
+        assert row["ratio_to_baseline"] == pytest.approx(row["images_per_s"] / base["images_per_s"])
+    assert json.loads((tmp_path / "config_throughput_cpu_t.json").read_text())["baseline"] == "tiny"
+    table = (tmp_path / "config_throughput_cpu_t.md").read_text()
+    assert all(f"| {r['images_per_s']:.1f} | {r['ratio_to_baseline']:.3f} |" in table for r in result["rows"])
+    with pytest.raises(SystemExit, match="NAME=KEY=VALUE"):
+        config_throughput.parse_set("deeper")

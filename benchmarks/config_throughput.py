@@ -1,0 +1,157 @@
+"""Training throughput of whole training configs: the trainer's own steps (data, noising, forward, loss,
+backward, clipping, AdamW, EMA) for each config file, timed in interleaved rounds in one process, reported
+as the median images/s and the ratio to the first config measured in the same run.
+
+This is how the embedded default's recipes are compared for the "same 10 minutes" budget: a recipe that
+trains at 0.8x the images/s gets 0.8x the steps.
+
+    python benchmarks/config_throughput.py configs/fashion_mnist_moh_v4.yaml configs/fashion_mnist_moh.yaml
+    python benchmarks/config_throughput.py configs/fashion_mnist_moh.yaml --set "depth8=model.overrides.depth=8"
+
+``--set NAME=KEY=VALUE[;KEY=VALUE]`` adds the first config with overrides as one more row. Writes
+``benchmarks/results/config_throughput_<cpu|cuda>.{json,md}`` (``--tag`` names other files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from moh_dit.config import load_config
+from moh_dit.training import Trainer
+
+
+class TimedRun:
+    """One config's trainer, stepped outside its ``run()`` loop so that configs can take turns."""
+
+    def __init__(self, name: str, config_path: str, overrides: list[str], folder: Path) -> None:
+        config = load_config(config_path, [*overrides, f"train.output_dir={folder}", "log.trackers=[]"])
+        if config.train.grad_accum_steps != 1:
+            raise SystemExit(f"{name}: gradient accumulation is not timed by this benchmark")
+        self.name, self.path, self.config, self.overrides = name, config_path, config, overrides
+        self.trainer = Trainer(config)
+        self.batches = self.trainer._batches()
+        self.batch_size = config.train.global_batch_size
+        model = self.trainer.unwrapped
+        self.parameters = sum(p.numel() for p in model.parameters())
+        self.heads = model.head_counts()
+
+    def step(self) -> None:
+        """One optimizer step as ``Trainer.run`` takes it (without logging and checkpoints)."""
+        t, clip = self.trainer, self.config.optim.grad_clip
+        _, x, y = next(self.batches)
+        loss, *_ = t._micro_step(x, y, 0, False)
+        t.accelerator.backward(loss)
+        if clip > 0:
+            t.accelerator.clip_grad_norm_(t.model.parameters(), clip)
+        t.optimizer.step()
+        t.optimizer.zero_grad(set_to_none=True)
+        t.step += 1
+        if t.step % self.config.ema.update_every == 0:
+            t.ema.step(t.unwrapped.parameters())
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def parse_set(text: str) -> tuple[str, list[str]]:
+    """``NAME=KEY=VALUE[;KEY=VALUE]`` -> (NAME, [KEY=VALUE, ...]); ``;`` because values may hold commas."""
+    name, _, rest = text.partition("=")
+    if not name or "=" not in rest:
+        raise SystemExit(f"--set wants NAME=KEY=VALUE[;KEY=VALUE], got {text!r}")
+    return name, [o for o in rest.split(";") if o]
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("configs", nargs="+", help="training config files; the first is the baseline")
+    p.add_argument("--set", action="append", default=[], help="NAME=KEY=VALUE[;KEY=VALUE]: the first config, changed")
+    p.add_argument("--steps", type=int, default=50, help="timed optimizer steps per config per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps per config first")
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--tag", default="", help="file name suffix, e.g. the recipes compared")
+    args = p.parse_args(argv)
+    torch.set_flush_denormal(True)  # near-zero gates make denormals that slow CPU matmuls many times over
+    logging.getLogger("moh_dit").setLevel(logging.WARNING)
+    entries = [(Path(c).stem, c, []) for c in args.configs]
+    entries += [(name, args.configs[0], overrides) for name, overrides in map(parse_set, args.set)]
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [TimedRun(name, path, o, Path(tmp) / str(i)) for i, (name, path, o) in enumerate(entries)]
+        device = runs[0].trainer.accelerator.device
+        for run in runs:
+            for _ in range(args.warmup):
+                run.step()
+        seconds = {run.name: [] for run in runs}
+        for _ in range(args.rounds):
+            for run in runs:  # interleaved: every config sees the same machine state in each round
+                sync(device)
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    run.step()
+                sync(device)
+                seconds[run.name].append(time.perf_counter() - start)
+    rows = []
+    for run in runs:
+        images_per_s = run.batch_size * args.steps / statistics.median(seconds[run.name])
+        rows.append(
+            dict(
+                name=run.name,
+                config=str(run.path),
+                overrides=run.overrides,
+                preset=run.config.model.preset,
+                model_overrides=run.config.model.overrides,
+                parameters=run.parameters,
+                active_heads=list(run.heads),
+                batch_size=run.batch_size,
+                optimizer_steps=run.trainer.step,  # warm-up and timed steps the trainer really took
+                images_per_s=images_per_s,
+                round_seconds=seconds[run.name],
+            )
+        )
+    for row in rows:
+        row["ratio_to_baseline"] = row["images_per_s"] / rows[0]["images_per_s"]
+    result = dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        args=vars(args),
+        baseline=rows[0]["name"],
+        rows=rows,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"config_throughput_{device.type}" + (f"_{args.tag}" if args.tag else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
+    lines = [
+        f"# Training throughput per config ({result['device']}, {result['threads']} threads, torch {torch.__version__})",
+        "",
+        f"The trainer's own steps; median of {args.rounds} interleaved rounds of {args.steps} steps after "
+        f"{args.warmup} warm-up steps; ratio to {rows[0]['name']} measured in the same run.",
+        "",
+        "| config | model | parameters | batch | images/s | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        model = r["preset"] + "".join(f", {k} {v}" for k, v in r["model_overrides"].items())
+        lines.append(
+            f"| {r['name']} | {model} | {r['parameters'] / 1e6:.2f}M | {r['batch_size']} | "
+            f"{r['images_per_s']:.1f} | {r['ratio_to_baseline']:.3f} |"
+        )
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return result
+
+
+if __name__ == "__main__":
+    main()
