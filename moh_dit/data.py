@@ -515,6 +515,13 @@ def load_training_data(section: "DataSection", device: str | torch.device = "cpu
     from .latents import LatentDataset, check_vae, load_vae, resolve_vae_spec, vae_record
 
     base = build_dataset(section)
+    if section.name == "fashion-mnist" and section.random_flip:
+        # DiT's flips suit photos; in this catalogue every shoe points the same way, and a model trained
+        # with flips draws half of them mirrored (experiments/results/default/flip_floor.md)
+        logger.warning(
+            "data.random_flip=true on Fashion-MNIST: its shoes all point one way, so the model will draw "
+            "half of them mirrored; set data.random_flip=false unless that is what you want"
+        )
     described = base.describe()
     dataset: Dataset = base
     if section.subset_per_class > 0:

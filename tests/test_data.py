@@ -161,6 +161,18 @@ def test_real_fashion_mnist_files():
     assert np.bincount(train.labels).tolist() == [6000] * 10
 
 
+@pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
+def test_flips_on_fashion_mnist_are_called_out(caplog):
+    from moh_dit.config import DataSection
+    from moh_dit.data import load_training_data
+
+    with caplog.at_level(logging.WARNING, logger="moh_dit.data"):
+        load_training_data(DataSection(name="fashion-mnist", subset_per_class=2, random_flip=False))
+        assert "random_flip" not in caplog.text
+        load_training_data(DataSection(name="fashion-mnist", subset_per_class=2))  # DiT's default: flips on
+    assert "shoes all point one way" in caplog.text and "data.random_flip=false" in caplog.text
+
+
 # ----------------------------------------------------------------------------------------------------
 # Sampler
 # ----------------------------------------------------------------------------------------------------
