@@ -3,7 +3,7 @@ r"""The embedded default, before and after: each recipe is trained with the same
 count and with the same sampler, with KID and FID (90% bootstrap intervals) on the project's Fashion-MNIST
 classifier features.
 
-    python -m experiments.default_comparison                        # v1 (moh-dit 0.1), v2 ... v5 and the default
+    python -m experiments.default_comparison                        # v1 (moh-dit 0.1), v2 ... v6 and the default
     python -m experiments.default_comparison --recipe cos=configs/fashion_mnist_moh_v1.yaml:optim.schedule=cosine
 
 Finished runs and sample sets are reused, so an interrupted comparison continues. Writes RESULTS.md,
@@ -39,15 +39,28 @@ RECIPES = {
     "v3": "configs/fashion_mnist_moh_v3.yaml",  # b16: batch 16 x 5400 steps
     "v4": "configs/fashion_mnist_moh_v4.yaml",  # v3 with Min-SNR-5 loss weighting
     "v5": "configs/fashion_mnist_moh_v5.yaml",  # v4 at width 128, 8300 steps in the same time
-    "v6": "configs/fashion_mnist_moh.yaml",  # the default now: v5 with learning rate 3e-3
+    "v6": "configs/fashion_mnist_moh_v6.yaml",  # v5 with learning rate 3e-3
+    "v7": "configs/fashion_mnist_moh.yaml",  # the default now: v6 without random flips
 }
 
 
 def parse_recipe(text: str) -> tuple[str, str, list[str]]:
-    """``NAME=CONFIG[:key=value,key=value]``."""
-    name, rest = text.split("=", 1)
+    """``NAME=CONFIG[:key=value,key=value]``; a value may be a list, ``key=[2,2,0]``."""
+    name, sep, rest = text.partition("=")
+    if not (name and sep and rest):
+        raise SystemExit(f"--recipe wants NAME=CONFIG[:key=value,...], got {text!r}")
     config, _, overrides = rest.partition(":")
-    return name, config, [o for o in overrides.split(",") if o]
+    parts, depth, current = [], 0, ""
+    for char in overrides:  # commas split overrides, except inside a list's brackets
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if depth:
+        raise SystemExit(f"--recipe {text!r}: unbalanced brackets")
+    return name, config, [o for o in [*parts, current] if o]
 
 
 def train_recipe(name: str, config: str, overrides: list[str], out: Path) -> dict:
@@ -72,7 +85,7 @@ def train_recipe(name: str, config: str, overrides: list[str], out: Path) -> dic
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", action="append", default=[], help="NAME=CONFIG[:overrides], added to v1 ... v6")
+    p.add_argument("--recipe", action="append", default=[], help="NAME=CONFIG[:overrides], added to v1 ... v7")
     p.add_argument("--only", nargs="+", default=None, help="run only these recipes")
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--scheduler", default="dpm-solver")

@@ -180,6 +180,20 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     assert again["rows"]["new"]["kid"] == result["rows"]["new"]["kid"]
 
 
+def test_recipe_overrides_split_on_commas_outside_lists():
+    from experiments.default_comparison import parse_recipe
+
+    assert parse_recipe("d8=a.yaml:model.overrides.depth=8,model.overrides.top_k=[2,2,0],train.seed=1") == (
+        "d8",
+        "a.yaml",
+        ["model.overrides.depth=8", "model.overrides.top_k=[2,2,0]", "train.seed=1"],
+    )
+    assert parse_recipe("v=a.yaml") == ("v", "a.yaml", [])
+    for bad in ("a.yaml", "d=a.yaml:x=[1,2"):
+        with pytest.raises(SystemExit, match="--recipe"):
+            parse_recipe(bad)
+
+
 @pytest.mark.slow
 @needs_data
 def test_classifier_training_script_reaches_stated_accuracy(tmp_path):
