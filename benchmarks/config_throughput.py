@@ -83,24 +83,29 @@ def main(argv=None) -> dict:
     p.add_argument("--tag", default="", help="file name suffix, e.g. the recipes compared")
     args = p.parse_args(argv)
     torch.set_flush_denormal(True)  # near-zero gates make denormals that slow CPU matmuls many times over
-    logging.getLogger("moh_dit").setLevel(logging.WARNING)
     entries = [(Path(c).stem, c, []) for c in args.configs]
     entries += [(name, args.configs[0], overrides) for name, overrides in map(parse_set, args.set)]
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = [TimedRun(name, path, o, Path(tmp) / str(i)) for i, (name, path, o) in enumerate(entries)]
-        device = runs[0].trainer.accelerator.device
-        for run in runs:
-            for _ in range(args.warmup):
-                run.step()
-        seconds = {run.name: [] for run in runs}
-        for _ in range(args.rounds):
-            for run in runs:  # interleaved: every config sees the same machine state in each round
-                sync(device)
-                start = time.perf_counter()
-                for _ in range(args.steps):
+    package_logger = logging.getLogger("moh_dit")
+    level = package_logger.level
+    package_logger.setLevel(logging.WARNING)  # every trainer's start-up lines would bury the table
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = [TimedRun(name, path, o, Path(tmp) / str(i)) for i, (name, path, o) in enumerate(entries)]
+            device = runs[0].trainer.accelerator.device
+            for run in runs:
+                for _ in range(args.warmup):
                     run.step()
-                sync(device)
-                seconds[run.name].append(time.perf_counter() - start)
+            seconds = {run.name: [] for run in runs}
+            for _ in range(args.rounds):
+                for run in runs:  # interleaved: every config sees the same machine state in each round
+                    sync(device)
+                    start = time.perf_counter()
+                    for _ in range(args.steps):
+                        run.step()
+                    sync(device)
+                    seconds[run.name].append(time.perf_counter() - start)
+    finally:
+        package_logger.setLevel(level)  # the caller's logging as it was
     rows = []
     for run in runs:
         images_per_s = run.batch_size * args.steps / statistics.median(seconds[run.name])

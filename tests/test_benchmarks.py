@@ -1,6 +1,7 @@
 """Smoke tests: every benchmark script runs end to end on a tiny shape and writes its reports."""
 
 import json
+import logging
 import statistics
 from pathlib import Path
 
@@ -240,10 +241,12 @@ def test_config_throughput_times_the_trainers_own_steps_of_each_config(tmp_path)
         "data: {name: fashion-mnist, image_size: 28, channels: 1, vae: none, num_workers: 0}\n"
         "train: {global_batch_size: 4}\n"
     )
+    level = logging.getLogger("moh_dit").level
     result = config_throughput.main(
         [str(config), "--set", "deeper=model.overrides.depth=3;train.global_batch_size=2"]
         + ["--steps", "2", "--rounds", "3", "--warmup", "1", "--out", str(tmp_path), "--tag", "t"]
     )
+    assert logging.getLogger("moh_dit").level == level  # quiet while timing, then as it was
     base, deeper = result["rows"]
     assert (base["name"], deeper["name"]) == ("tiny", "deeper") and deeper["model_overrides"]["depth"] == 3
     assert base["parameters"] < deeper["parameters"] and (base["batch_size"], deeper["batch_size"]) == (4, 2)
