@@ -15,16 +15,19 @@ trains at 0.8x the images/s gets 0.8x the steps.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
+
+if not __package__:  # run as a file (python benchmarks/x.py): the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from benchmarks.timing import interleaved_rounds, write_report
 from moh_dit.config import load_config
 from moh_dit.training import Trainer
 
@@ -59,9 +62,12 @@ class TimedRun:
             t.ema.step(t.unwrapped.parameters())
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+def table_row(row: dict) -> str:
+    """One config's line of the markdown table."""
+    model = row["preset"] + "".join(f", {k} {v}" for k, v in row["model_overrides"].items())
+    cells = [row["name"], model, f"{row['parameters'] / 1e6:.2f}M", row["batch_size"]]
+    cells += [f"{row['images_per_s']:.1f}", f"{row['ratio_to_baseline']:.3f}"]
+    return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def parse_set(text: str) -> tuple[str, list[str]]:
@@ -92,18 +98,8 @@ def main(argv=None) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             runs = [TimedRun(name, path, o, Path(tmp) / str(i)) for i, (name, path, o) in enumerate(entries)]
             device = runs[0].trainer.accelerator.device
-            for run in runs:
-                for _ in range(args.warmup):
-                    run.step()
-            seconds = {run.name: [] for run in runs}
-            for _ in range(args.rounds):
-                for run in runs:  # interleaved: every config sees the same machine state in each round
-                    sync(device)
-                    start = time.perf_counter()
-                    for _ in range(args.steps):
-                        run.step()
-                    sync(device)
-                    seconds[run.name].append(time.perf_counter() - start)
+            steps = {run.name: run.step for run in runs}
+            seconds = interleaved_rounds(steps, device, args.warmup, args.rounds, args.steps)
     finally:
         package_logger.setLevel(level)  # the caller's logging as it was
     rows = []
@@ -134,10 +130,7 @@ def main(argv=None) -> dict:
         baseline=rows[0]["name"],
         rows=rows,
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"config_throughput_{device.type}" + (f"_{args.tag}" if args.tag else "")
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
     lines = [
         f"# Training throughput per config ({result['device']}, {result['threads']} threads, torch {torch.__version__})",
         "",
@@ -147,14 +140,8 @@ def main(argv=None) -> dict:
         "| config | model | parameters | batch | images/s | ratio |",
         "|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        model = r["preset"] + "".join(f", {k} {v}" for k, v in r["model_overrides"].items())
-        lines.append(
-            f"| {r['name']} | {model} | {r['parameters'] / 1e6:.2f}M | {r['batch_size']} | "
-            f"{r['images_per_s']:.1f} | {r['ratio_to_baseline']:.3f} |"
-        )
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    lines += [table_row(r) for r in rows]
+    write_report(Path(args.out), stem, result, lines)
     return result
 
 

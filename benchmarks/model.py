@@ -22,8 +22,12 @@ import sys
 import time
 from pathlib import Path
 
+if not __package__:  # run as a file (python benchmarks/x.py): the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
 
+from benchmarks.timing import write_report
 from moh_dit import create_model
 
 STEPS = 250
@@ -191,10 +195,7 @@ def main(argv=None) -> dict:
         )
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     result = {"device": dev_name, "torch": torch.__version__, "args": vars(args), "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"model_{device.type}{('_' + args.tag) if args.tag else ''}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     lines = [
         f"# Model-level sampling benchmark ({dev_name}, torch {torch.__version__}, {args.dtype}"
         f"{', torch.compile' if args.compile else ''})",
@@ -211,8 +212,7 @@ def main(argv=None) -> dict:
             f"| {r['model']} | {r['step_seconds']:.4f} | {r['ratio_to_dit']:.3f} | "
             f"{r['images_per_s_250_steps']:.4f} | {r['peak_activation_mb']:.0f} |"
         )
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(Path(args.out), stem, result, lines)
     return result
 
 

@@ -14,15 +14,18 @@ Writes ``benchmarks/results/train_throughput_<device>.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
-import time
+import sys
 from pathlib import Path
+
+if not __package__:  # run as a file (python benchmarks/x.py): the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 from diffusers import AutoencoderKL
 
+from benchmarks.timing import interleaved_rounds, write_report
 from moh_dit import create_model
 from moh_dit.diffusion import DiffusionObjective
 from moh_dit.latents import encode_posterior, sample_posterior
@@ -104,11 +107,6 @@ class Setup:
         self.opt.zero_grad(set_to_none=True)
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image-size", type=int, default=256)
@@ -134,18 +132,7 @@ def main(argv=None) -> dict:
         for prec in args.precisions.split(",")
         for src in ("latents", "vae")
     ]
-    for s in setups:
-        for _ in range(args.warmup):
-            s.step()
-    times = {s.key: [] for s in setups}
-    for r in range(args.rounds):
-        for s in setups:  # interleaved: every configuration sees the same machine state in each round
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                s.step()
-            sync(device)
-            times[s.key].append(time.perf_counter() - t0)
+    times = interleaved_rounds({s.key: s.step for s in setups}, device, args.warmup, args.rounds, args.steps)
     base_key = (MODELS[0], "fp32", "latents")
     base = args.batch_size * args.steps / statistics.median(times[base_key])
     rows = []
@@ -169,10 +156,6 @@ def main(argv=None) -> dict:
         "baseline": " | ".join(base_key),
         "rows": rows,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = "cuda" if device.type == "cuda" else "cpu"
-    (out / f"train_throughput_{tag}.json").write_text(json.dumps(result, indent=2))
     lines = [
         f"# Training throughput ({dev_name}, torch {torch.__version__})",
         "",
@@ -186,8 +169,7 @@ def main(argv=None) -> dict:
         lines.append(
             f"| {r['model']} | {r['precision']} | {r['input']} | {r['images_per_s']:.2f} | {r['ratio_to_baseline']:.3f} |"
         )
-    (out / f"train_throughput_{tag}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(Path(args.out), f"train_throughput_{device.type}", result, lines)
     return result
 
 

@@ -1,0 +1,44 @@
+"""What the throughput benchmarks share: interleaved timing rounds and the JSON + markdown report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Hashable
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a timer measures it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved_rounds(
+    steps: dict[Hashable, Callable[[], None]], device: torch.device, warmup: int, rounds: int, per_round: int
+) -> dict[Hashable, list[float]]:
+    """Seconds of ``per_round`` calls of each step function, in ``rounds`` rounds that visit every key in
+    turn, so that every configuration sees the same machine state in each round (clock drift, other load)."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    seconds: dict[Hashable, list[float]] = {key: [] for key in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(per_round):
+                step()
+            sync(device)
+            seconds[key].append(time.perf_counter() - start)
+    return seconds
+
+
+def write_report(out: Path, stem: str, result: dict, lines: list[str]) -> None:
+    """``<stem>.json`` (the result) and ``<stem>.md`` (the lines) under ``out``; the table is printed too."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
