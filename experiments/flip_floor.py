@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common import ROOT, classifier_features, fashion_reference, per_class_scores
+from moh_dit.artifacts import code_version
 from moh_dit.data import FASHION_MNIST_CLASSES, FashionMNIST
 from moh_dit.evaluation import extract_features
 
@@ -27,7 +28,7 @@ VARIANTS = ("as they are", "half mirrored", "all mirrored")
 
 def mirrored(images: np.ndarray, share: float, seed: int = 0) -> np.ndarray:
     """``images`` (N, H, W) with a random ``share`` of them flipped left to right."""
-    flip = np.random.default_rng(seed).random(len(images)) < share if share < 1 else np.ones(len(images), bool)
+    flip = np.random.default_rng(seed).random(len(images)) < share  # (N,); random() < 1: share 1 flips all
     return np.where(flip[:, None, None], images[:, :, ::-1], images)
 
 
@@ -41,9 +42,9 @@ def flip_floor(per_class: int, reference_dir: Path) -> dict:
     rows = {}
     for name, share in zip(VARIANTS, (0.0, 0.5, 1.0)):
         rgb = np.repeat(mirrored(images, share)[..., None], 3, axis=3)  # (N, 28, 28, 3)
-        scores = per_class_scores(extract_features(extractor, rgb, 500), labels, reference, extractor)
-        rows[name] = scores
-    return {"per_class": per_class, "classes": list(FASHION_MNIST_CLASSES), "rows": rows}
+        rows[name] = per_class_scores(extract_features(extractor, rgb, 500), labels, reference, extractor)
+    made_by = {"code": code_version(), "extractor": extractor.name, "weights_sha256": extractor.weights_sha256}
+    return {"per_class": per_class, "classes": list(FASHION_MNIST_CLASSES), "rows": rows, **made_by}
 
 
 def report(result: dict) -> str:

@@ -274,5 +274,7 @@ def test_flip_floor_shows_what_mirrored_shoes_cost_and_symmetric_garments_do_not
     table = (tmp_path / "default" / "flip_floor.md").read_text()
     assert all(f"| {name} |" in table for name in flip_floor.VARIANTS)
     assert json.loads((tmp_path / "default" / "flip_floor.json").read_text()) == json.loads(json.dumps(result))
+    assert result["extractor"] == "fmnist-classifier" and len(result["weights_sha256"]) == 64  # what scored it
+    assert result["code"]["moh_dit"]
     mirrored = flip_floor.mirrored(np.arange(12).reshape(1, 3, 4), 1.0)
     assert np.array_equal(mirrored[0], np.arange(12).reshape(3, 4)[:, ::-1])
