@@ -48,18 +48,15 @@ class TimedRun:
         self.heads = model.head_counts()
 
     def step(self) -> None:
-        """One optimizer step as ``Trainer.run`` takes it (without logging and checkpoints)."""
-        t, clip = self.trainer, self.config.optim.grad_clip
+        """One optimizer step, by the trainer's own methods as ``Trainer.run`` calls them (without its
+        logging, stop checks and checkpoints)."""
+        t = self.trainer
         _, x, y = next(self.batches)
-        loss, *_ = t._micro_step(x, y, 0, False)
-        t.accelerator.backward(loss)
-        if clip > 0:
-            t.accelerator.clip_grad_norm_(t.model.parameters(), clip)
-        t.optimizer.step()
-        t.optimizer.zero_grad(set_to_none=True)
-        t.step += 1
-        if t.step % self.config.ema.update_every == 0:
-            t.ema.step(t.unwrapped.parameters())
+        t.set_learning_rate()
+        with t.accelerator.accumulate(t.model):
+            loss, *_ = t._micro_step(x, y, 0, False)
+            t.apply_gradients(loss)
+        t.finish_step()
 
 
 def table_row(row: dict) -> str:

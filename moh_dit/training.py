@@ -343,6 +343,29 @@ class Trainer:
         loss = diffusion_loss + self.config.train.moh_loss_coeff * moh_loss
         return loss, diffusion_loss.detach(), moh_loss.detach(), out.head_masks
 
+    # The optimizer step, in three parts so that benchmarks/config_throughput.py times exactly this code
+    def set_learning_rate(self) -> None:
+        """The schedule's learning rate for the coming optimizer step."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.config, self.step)
+
+    def apply_gradients(self, loss: torch.Tensor) -> None:
+        """Backward; on the last micro-batch of a step (inside ``accelerator.accumulate``) also clip and
+        step the optimizer (accelerate makes ``step`` a no-op on the others)."""
+        accelerator = self.accelerator
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and self.config.optim.grad_clip > 0:
+            accelerator.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def finish_step(self) -> None:
+        """After an optimizer step: count it and update the EMA."""
+        self.step += 1
+        self.samples_seen += self.config.train.global_batch_size
+        if self.step % self.config.ema.update_every == 0:
+            self.ema.step(self.unwrapped.parameters())
+
     # ------------------------------------------------------------------------------------------------
     # Checkpoints, previews, export
     # ------------------------------------------------------------------------------------------------
@@ -458,8 +481,7 @@ class Trainer:
         with stop_signals() as received:
             for micro, x, y in self._batches() if self.step < train_cfg.max_steps else ():
                 want_heads = log_cfg.head_usage and (self.step + 1) % log_cfg.log_every == 0 and micro == 0
-                for group in self.optimizer.param_groups:
-                    group["lr"] = learning_rate(self.config, self.step)
+                self.set_learning_rate()
                 with accelerator.accumulate(self.model):
                     loss, d_loss, m_loss, heads = self._micro_step(x, y, micro, want_heads)
                     # one tiny all-reduce: is the loss finite, is time up, was a stop signal received?
@@ -470,11 +492,7 @@ class Trainer:
                     flags = accelerator.reduce(flags.float(), reduction="sum") if self.world > 1 else flags
                     if flags[0]:
                         self.save_checkpoint(losses=(d_loss, m_loss))  # saves what is sane, then stops
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and self.config.optim.grad_clip > 0:
-                        accelerator.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
+                    self.apply_gradients(loss)
                 self.window.add(d_loss, m_loss)
                 last_heads = heads if heads is not None else last_heads
                 if stop is None and (flags[2] or flags[1]):
@@ -483,11 +501,8 @@ class Trainer:
                     continue
 
                 # ---- one optimizer step done ----
-                self.step += 1
-                self.samples_seen += train_cfg.global_batch_size
+                self.finish_step()
                 self.window.steps += 1
-                if self.step % self.config.ema.update_every == 0:
-                    self.ema.step(self.unwrapped.parameters())
                 on_boundary = self.step % log_cfg.log_every == 0
                 if on_boundary or self.step == train_cfg.max_steps:
                     # a last record between boundaries leaves the window open for a later resume
