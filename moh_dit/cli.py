@@ -6,6 +6,7 @@ Kept free of heavy imports (torch, diffusers) at module level, so that ``--help`
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import re
@@ -112,7 +113,25 @@ def finite_float(text: str) -> float:
     return value
 
 
-def add_sampling_arguments(parser, guidance: float, protocol: str, num_samples: int) -> None:
+def apply_model_guidance(args, record: Optional[dict]) -> None:
+    """Guidance the user left open (``--cfg-scale`` unset): the model's recorded preview guidance, scale
+    and interval (``MoHDiTPipeline.preview_sampling``), else the package's grid guidance at every step.
+    A ``--cfg-scale`` given alone guides every step; ``--guidance-interval`` always wins. Logs the choice."""
+    from .options import GRID_GUIDANCE
+
+    if args.cfg_scale is not None:
+        why = "--cfg-scale"
+    elif record:
+        args.cfg_scale, why = record["guidance_scale"], "the model's recorded preview guidance"
+        if args.guidance_interval is None:
+            args.guidance_interval = record.get("guidance_interval")
+    else:
+        args.cfg_scale, why = GRID_GUIDANCE, "no recorded guidance: the package's grid default"
+    where = " at timesteps {}-{}".format(*args.guidance_interval) if args.guidance_interval else " at every step"
+    logging.getLogger("moh_dit").info("guidance %g%s (%s)", args.cfg_scale, where, why)
+
+
+def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num_samples: int) -> None:
     """The sampling options ``sample.py`` and ``evaluate_fid.py`` share (names, types, choices). Call
     ``apply_protocol`` on the parsed arguments: it fills the scheduler and steps the user left open."""
     from .options import DTYPES, LABEL_MODES, PROTOCOLS, SCHEDULERS
@@ -132,13 +151,26 @@ def add_sampling_arguments(parser, guidance: float, protocol: str, num_samples: 
         help="how many images to generate for evaluation (PNGs + an ADM .npz)",
     )
     parser.add_argument(
-        "--cfg-scale", type=finite_float, default=guidance, help="classifier-free guidance scale (1 = off)"
+        "--cfg-scale",
+        type=finite_float,
+        default=guidance,
+        help="classifier-free guidance scale (1 = off); default: "
+        + (f"{guidance:g}" if guidance is not None else "the model's own (see apply_model_guidance)"),
     )
     parser.add_argument(
         "--guidance-channels",
         type=positive_int,
         default=None,
         help="guide only the first N channels (3 reproduces the DiT/MoH-DiT papers' FIDs)",
+    )
+    parser.add_argument(
+        "--guidance-interval",
+        type=non_negative_int,
+        nargs=2,
+        metavar=("FIRST", "LAST"),
+        default=None,
+        help="guide only the steps at training timesteps FIRST..LAST (e.g. 100 600; 0 999 = every step, "
+        "as DiT); see docs/sampling.md",
     )
     parser.add_argument(
         "--num-steps", type=positive_int, default=None, help="sampling steps (default: the protocol's)"

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import ConfigError
-from .options import FAST_SCHEDULER, FAST_STEPS, SCHEDULERS
+from .options import FAST_SCHEDULER, FAST_STEPS, SCHEDULERS, check_guidance_interval
 from .presets import check_config_keys, preset_config
 
 __all__ = [
@@ -108,6 +108,7 @@ class LogSection:
     sample_per_class: int = 4
     sample_max_classes: int = 10
     sample_cfg_scale: float = 4.0
+    sample_guidance_interval: Optional[list[int]] = None  # [first, last] guided timesteps; null: every step
     sample_steps: int = FAST_STEPS  # previews use the fast protocol (moh_dit.options.PROTOCOLS)
     sample_scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.options.SCHEDULERS)
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
@@ -141,6 +142,10 @@ class Config:
         _one_of("model.init_classes", model.init_classes, ("strict", "resize", "reinit"))
         _one_of("optim.schedule", optim.schedule, ("constant", "cosine"))
         _one_of("log.sample_scheduler", log.sample_scheduler, SCHEDULERS)
+        try:
+            check_guidance_interval(log.sample_guidance_interval)
+        except ConfigError as err:
+            raise ConfigError(f"log.sample_{err}") from None
         if not 0 <= optim.min_lr <= optim.lr:
             raise ConfigError(f"optim.min_lr must be between 0 and optim.lr, got {optim.min_lr}")
         _one_of("train.mixed_precision", train.mixed_precision, ("no", "fp16", "bf16"))

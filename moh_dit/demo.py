@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .images import heatmap, make_grid
-from .options import FAST_SCHEDULER, FAST_STEPS, GRID_GUIDANCE, SCHEDULERS
+from .options import SCHEDULERS, check_guidance_interval
 
 __all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
 
@@ -37,8 +37,19 @@ def head_usage_heatmap(usage, model) -> Optional[Any]:
     return heatmap(values, rows, [str(h) for h in range(widest)], "share of tokens that used each head")
 
 
-def generate(pipe, class_name: Optional[str], per_class: int, guidance: float, steps: int, scheduler: str, seed: int):
-    """One request of the page: ``(grid image, head-usage heatmap or None, a line about what ran)``."""
+def generate(
+    pipe,
+    class_name: Optional[str],
+    per_class: int,
+    guidance: float,
+    steps: int,
+    scheduler: str,
+    seed: int,
+    guided_from: int = 0,
+    guided_to: Optional[int] = None,
+):
+    """One request of the page: ``(grid image, head-usage heatmap or None, a line about what ran)``. Guidance
+    applies at training timesteps ``guided_from..guided_to`` (default: all)."""
     if scheduler not in SCHEDULERS:
         raise ConfigError(f"unknown scheduler {scheduler!r}")
     pipe.with_scheduler(scheduler)
@@ -49,12 +60,23 @@ def generate(pipe, class_name: Optional[str], per_class: int, guidance: float, s
         classes = list(range(min(pipe.transformer.config.num_classes, MAX_ROWS)))
     else:
         classes = [class_name]
+    last = pipe.scheduler.config.num_train_timesteps - 1
+    first, final = int(guided_from), last if guided_to is None else int(guided_to)
+    if first > final:
+        raise ConfigError(f"guidance from timestep {first} to {final}: the first must not be after the last")
+    interval = check_guidance_interval([first, final], last + 1)
     start = time.time()
     with pipe.transformer.recording_head_usage() as usage:
-        images, names = pipe.sample_grid(classes, int(per_class), int(seed), float(guidance), int(steps))
+        images, names = pipe.sample_grid(
+            classes, int(per_class), int(seed), float(guidance), int(steps), guidance_interval=interval
+        )
     grid = make_grid(images, ncols=int(per_class), row_labels=names)
     source = (getattr(pipe, "provenance", None) or {}).get("source", "the model")
-    info = f"{len(images)} images from {source} in {time.time() - start:.1f} s ({scheduler}, {steps} steps)"
+    where = "at timesteps {}-{}".format(*interval) if interval else "at every step"
+    info = (
+        f"{len(images)} images from {source} in {time.time() - start:.1f} s ({scheduler}, {steps} steps, "
+        f"guidance {float(guidance):g} {where})"
+    )
     return grid, head_usage_heatmap(usage, pipe.transformer), info
 
 
@@ -66,6 +88,9 @@ def build_demo(pipe, title: str = "MoH-DiT"):
     names = [ALL_CLASSES, *names] if names else names
     conditional = pipe.transformer.config.num_classes > 0
     active, total = pipe.transformer.head_counts()
+    recorded = pipe.preview_sampling  # the controls start where the model's own previews were drawn
+    last = pipe.scheduler.config.num_train_timesteps - 1
+    first_guided, last_guided = recorded["guidance_interval"] or (0, last)
     with gr.Blocks(title=title) as page:
         gr.Markdown(f"## {title}\n{active} of {total} heads active per token. Pick a class and press Generate.")
         with gr.Row():
@@ -78,9 +103,21 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                     visible=conditional,
                     filterable=True,
                 )
-                guidance = gr.Slider(1.0, 10.0, value=GRID_GUIDANCE, step=0.25, label="guidance", elem_id="guidance")
-                steps = gr.Slider(2, 250, value=FAST_STEPS, step=1, label="steps", elem_id="steps")
-                scheduler = gr.Dropdown(list(SCHEDULERS), value=FAST_SCHEDULER, label="scheduler", elem_id="scheduler")
+                guidance = gr.Slider(
+                    1.0, 10.0, value=recorded["guidance_scale"], step=0.25, label="guidance", elem_id="guidance"
+                )
+                guided_from = gr.Slider(
+                    0, last, value=first_guided, step=1, label="guided from timestep", elem_id="guided-from"
+                )
+                guided_to = gr.Slider(
+                    0, last, value=last_guided, step=1, label="guided to timestep", elem_id="guided-to"
+                )
+                steps = gr.Slider(
+                    2, 250, value=recorded["num_inference_steps"], step=1, label="steps", elem_id="steps"
+                )
+                scheduler = gr.Dropdown(
+                    list(SCHEDULERS), value=recorded["scheduler"], label="scheduler", elem_id="scheduler"
+                )
                 seed = gr.Number(value=0, precision=0, label="seed", elem_id="seed")
                 per_class = gr.Slider(1, 16, value=8, step=1, label="images", elem_id="count")
                 button = gr.Button("Generate", variant="primary", elem_id="generate")
@@ -90,7 +127,7 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                 info = gr.Markdown(elem_id="info")
         button.click(
             lambda *args: generate(pipe, *args),
-            [label, per_class, guidance, steps, scheduler, seed],
+            [label, per_class, guidance, steps, scheduler, seed, guided_from, guided_to],
             [grid, usage, info],
         )
     return page

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+import yaml
 from PIL import Image
 
 from .artifacts import (
@@ -39,7 +40,7 @@ from .artifacts import (
 from .errors import ArtifactError, ConfigError
 from .latents import check_vae, load_vae
 from .model import MoHDiT
-from .options import EVAL_GUIDANCE, EVAL_STEPS, LABEL_MODES
+from .options import EVAL_GUIDANCE, EVAL_STEPS, LABEL_MODES, check_guidance_interval
 from .pipeline import MoHDiTPipeline
 from .seeding import index_generator, label_for_index
 from .tracking import Progress
@@ -58,6 +59,7 @@ __all__ = [
     "pack_npz",
     "describe_samples",
     "sample_to_folder",
+    "recorded_sampling",
 ]
 
 logger = logging.getLogger(__name__)
@@ -178,6 +180,32 @@ def _checkpoint_vae(state: dict, ckpt: Path):
     return load_vae(record) if record not in (None, "none") else None
 
 
+def _run_preview_sampling(source: ModelSource) -> Optional[dict]:
+    """For weights inside a run folder: the preview settings in the run's config.yaml (``None`` without one;
+    pipelines exported by moh-dit 0.2 and later carry their own record)."""
+    if source.run is None or not RunLayout(source.run).config.is_file():
+        return None
+    from .config import LogSection
+
+    log = (yaml.safe_load(RunLayout(source.run).config.read_text()) or {}).get("log") or {}
+    defaults = LogSection()
+    keys = dict(
+        guidance_scale="sample_cfg_scale",
+        guidance_interval="sample_guidance_interval",
+        scheduler="sample_scheduler",
+        num_inference_steps="sample_steps",
+    )
+    return {name: log.get(key, getattr(defaults, key)) for name, key in keys.items()}
+
+
+def recorded_sampling(path: str | os.PathLike) -> Optional[dict]:
+    """How the model at ``path`` (run, checkpoint, pipeline) is meant to be sampled, as recorded with it (see
+    ``MoHDiTPipeline.preview_sampling``), read without loading weights; ``None`` without a record."""
+    source = resolve_model_source(path)
+    manifest = MoHDiTPipeline.manifest_of(source.path) if source.kind == "pipeline" else None
+    return (manifest or {}).get("sampling") or _run_preview_sampling(source)
+
+
 def load_transformer(path: str | os.PathLike) -> tuple[MoHDiT, ModelSource]:
     """The transformer of a run (newest weights), checkpoint (EMA), pipeline or transformer folder."""
     source = resolve_model_source(path)
@@ -249,6 +277,7 @@ def load_pipeline(
             f"{fingerprint[:12]} vs {manifest['transformer_sha256'][:12]}): the folder was modified; "
             f"export it again"
         )
+    pipe.set_preview_sampling((manifest or {}).get("sampling") or _run_preview_sampling(source))
     if vae is not None:
         pipe.register_modules(vae=load_vae(vae))
     if scheduler is not None:
@@ -282,6 +311,7 @@ class GenerationSettings:
     num_inference_steps: int = EVAL_STEPS
     guidance_channels: Optional[int] = None
     label_mode: str = "uniform"
+    guidance_interval: Optional[tuple[int, int]] = None  # guided timesteps [first, last]; None: every step
 
     @classmethod
     def from_args(cls, args, batch_size: int) -> "GenerationSettings":
@@ -294,6 +324,7 @@ class GenerationSettings:
             num_inference_steps=args.num_steps,
             guidance_channels=args.guidance_channels,
             label_mode=args.label_mode,
+            guidance_interval=getattr(args, "guidance_interval", None),
         )
 
     def validate(self) -> None:
@@ -302,6 +333,7 @@ class GenerationSettings:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not math.isfinite(self.guidance_scale):
             raise ConfigError(f"guidance_scale must be a finite number, got {self.guidance_scale}")
+        self.guidance_interval = check_guidance_interval(self.guidance_interval)
         if self.label_mode not in LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {', '.join(LABEL_MODES)}, got {self.label_mode!r}")
 
@@ -328,6 +360,9 @@ def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_si
         "label_mode": settings.label_mode if conditional else None,
         "num_classes": transformer.config.num_classes,
     }
+    if conditional and settings.guidance_interval is not None:
+        # only when set: folders made before intervals existed guided every step and keep their identity
+        identity["guidance_interval"] = list(settings.guidance_interval)
     return {
         "identity": identity,
         "model": getattr(pipe, "provenance", None),
@@ -409,6 +444,7 @@ def generate_samples(
             guidance_channels=settings.guidance_channels,
             output_type="uint8",
             progress=False,
+            guidance_interval=settings.guidance_interval if num_classes > 0 else None,
         ).images
         for i, img in zip(batch, images):
             if i in missing:
@@ -482,4 +518,5 @@ def describe_samples(manifest: Optional[dict]) -> str:
     return (
         f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
         f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, guidance {ident['guidance_scale']}"
+        + (" at timesteps {}-{}".format(*ident["guidance_interval"]) if ident.get("guidance_interval") else "")
     )

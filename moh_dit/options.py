@@ -4,6 +4,10 @@ validates against the same names."""
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
+from .errors import ConfigError
+
 __all__ = [
     "SCHEDULERS",
     "DTYPES",
@@ -14,6 +18,7 @@ __all__ = [
     "PROTOCOLS",
     "FAST_SCHEDULER",
     "FAST_STEPS",
+    "check_guidance_interval",
 ]
 
 # Sampling schedulers for DiT's training schedule (moh_dit.pipeline.make_scheduler): DiT's DDPM with the
@@ -43,3 +48,27 @@ EVAL_STEPS = 250
 # less time per image); sample.py, the demo and the trainer's preview grids use it by default.
 PROTOCOLS = {"dit": ("ddpm", EVAL_STEPS), "fast": ("dpm-solver", 20)}
 FAST_SCHEDULER, FAST_STEPS = PROTOCOLS["fast"]
+
+
+def check_guidance_interval(interval: Any, num_train_timesteps: int = 1000) -> Optional[tuple[int, int]]:
+    """``None``, or ``(first, last)`` training timesteps (inclusive, ``0 <= first <= last < T``) as a tuple
+    of ints; anything else is a :class:`ConfigError` naming the expected form. An interval that covers every
+    timestep is ``None`` (the same pixels, so the same record).
+
+    Guidance inside an interval of noise levels only is Kynkaenniemi et al. 2024 (arXiv:2404.07724):
+    guidance at high noise narrows each class's variety, at low noise it sharpens artefacts (docs/sampling.md).
+    """
+    if interval is None:
+        return None
+    values = list(interval) if isinstance(interval, (list, tuple)) else None
+    if (
+        values is None
+        or len(values) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        or not 0 <= values[0] <= values[1] < num_train_timesteps
+    ):
+        raise ConfigError(
+            f"guidance_interval must be two timesteps [first, last] with 0 <= first <= last < "
+            f"{num_train_timesteps} (e.g. [100, 600]), or null for guidance at every step; got {interval!r}"
+        )
+    return None if values == [0, num_train_timesteps - 1] else (values[0], values[1])

@@ -36,12 +36,48 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from .artifacts import fingerprint_module, read_manifest, replace_folder, write_manifest
 from .card import write_card
 from .diffusion import DIT_SCHEDULE
-from .errors import ConfigError, NonFiniteSampleError
+from .errors import ArtifactError, ConfigError, NonFiniteSampleError
 from .model import MoHDiT
-from .options import GRID_GUIDANCE, SCHEDULERS
+from .options import FAST_SCHEDULER, FAST_STEPS, GRID_GUIDANCE, SCHEDULERS, check_guidance_interval
 from .seeding import index_generator
 
-__all__ = ["MoHDiTPipeline", "make_scheduler", "SCHEDULERS", "resolve_class_labels", "to_uint8"]
+__all__ = [
+    "MoHDiTPipeline",
+    "make_scheduler",
+    "SCHEDULERS",
+    "resolve_class_labels",
+    "to_uint8",
+    "guided_at",
+    "sampling_record",
+]
+
+
+def sampling_record(
+    guidance_scale: float = GRID_GUIDANCE,
+    guidance_interval: Optional[Sequence[int]] = None,
+    scheduler: str = FAST_SCHEDULER,
+    num_inference_steps: int = FAST_STEPS,
+) -> dict[str, Any]:
+    """How a model is meant to be looked at (its run's preview grids), as a pipeline's manifest records it
+    under ``sampling``; ``sample.py`` and the demo start from it."""
+    interval = check_guidance_interval(guidance_interval)
+    if not math.isfinite(guidance_scale) or scheduler not in SCHEDULERS or num_inference_steps < 1:
+        raise ConfigError(
+            f"not a sampling setting: guidance {guidance_scale}, scheduler {scheduler!r}, {num_inference_steps} steps"
+        )
+    return {
+        "guidance_scale": float(guidance_scale),
+        "guidance_interval": list(interval) if interval else None,
+        "scheduler": scheduler,
+        "num_inference_steps": int(num_inference_steps),
+    }
+
+
+def guided_at(t: Union[int, torch.Tensor], interval: Optional[Sequence[int]]) -> bool:
+    """Whether guidance applies at timestep ``t``: everywhere without an interval, else inside it."""
+    if interval is None:
+        return True
+    return interval[0] <= int(t) <= interval[1]
 
 
 def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMixin:
@@ -174,10 +210,11 @@ class MoHDiTPipeline(DiffusionPipeline):
             transformer.eval(), make_scheduler(scheduler, transformer.config.learn_sigma), vae, id2label, latent_space
         )
 
-    def save(self, folder: str | os.PathLike, source: dict[str, Any]) -> Path:
+    def save(self, folder: str | os.PathLike, source: dict[str, Any], sampling: Optional[dict] = None) -> Path:
         """``save_pretrained`` (safetensors), a manifest of what the weights are (fingerprints) and where they
-        came from (``source``: run, step, EMA or model weights, training settings, conversion), and a model
-        card (``README.md``, see ``moh_dit.card``). Written into a temporary
+        came from (``source``: run, step, EMA or model weights, training settings, conversion), how they are
+        meant to be sampled (``sampling``, see :func:`sampling_record`; default: :attr:`preview_sampling`),
+        and a model card (``README.md``, see ``moh_dit.card``). Written into a temporary
         folder and renamed, so the folder is the old or the new pipeline, never half of each."""
         folder = Path(folder)
         tmp = folder.with_name(f".tmp-{folder.name}")
@@ -191,6 +228,7 @@ class MoHDiTPipeline(DiffusionPipeline):
             vae_sha256=fingerprint_module(self.vae) if self.vae is not None else None,
             latent_space=self.config.latent_space,
             id2label={str(k): v for k, v in self.id2label.items()},
+            sampling=sampling or self.preview_sampling,
         )
         write_card(tmp, self, manifest)  # README.md: what it is, how it was made, how to use it
         replace_folder(tmp, folder)
@@ -199,6 +237,20 @@ class MoHDiTPipeline(DiffusionPipeline):
     @staticmethod
     def manifest_of(folder: str | os.PathLike) -> Optional[dict]:
         return read_manifest(folder, "pipeline")
+
+    @property
+    def preview_sampling(self) -> dict[str, Any]:
+        """The guidance (scale and interval), scheduler and steps this model's run drew its previews with,
+        as recorded with its weights (``load_pipeline`` reads it); the package's grid defaults for a model
+        without a record."""
+        return getattr(self, "recorded_sampling", None) or sampling_record()
+
+    def set_preview_sampling(self, record: Optional[dict]) -> None:
+        """Adopt a recorded ``sampling`` (checked; ``None`` keeps the package defaults)."""
+        try:
+            self.recorded_sampling = sampling_record(**record) if record else None
+        except (TypeError, ConfigError) as err:
+            raise ArtifactError(f"the model's recorded sampling {record!r} is not valid ({err})") from None
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -268,6 +320,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         output_type: str = "pil",
         return_dict: bool = True,
         progress: bool = True,
+        guidance_interval: Optional[Sequence[int]] = None,
     ):
         """Generate images.
 
@@ -279,6 +332,11 @@ class MoHDiTPipeline(DiffusionPipeline):
             latents: initial noise (N, C, H, W) instead of drawing it.
             num_images: batch size for unconditional models.
             guidance_channels: guide only the first this-many channels (3 reproduces the papers).
+            guidance_interval: ``(first, last)`` training timesteps, inclusive: guide only the steps whose
+                timestep lies inside, and take the conditional prediction alone elsewhere (one forward
+                instead of two). ``None`` guides every step, as DiT does. Guidance at high noise narrows
+                the classes' variety and at low noise sharpens artefacts; a middle interval avoids both
+                (Kynkaenniemi et al. 2024, arXiv:2404.07724; docs/sampling.md).
             output_type: ``"pil"``, ``"np"`` (float in [0, 1], NHWC), ``"pt"`` (float in [-1, 1], NCHW),
                 ``"uint8"`` (NHWC, ADM quantisation) or ``"latent"`` (the model's output before decoding).
         """
@@ -314,6 +372,7 @@ class MoHDiTPipeline(DiffusionPipeline):
             batch, labels = num_images or 1, None
         if guidance_channels is not None and not 1 <= guidance_channels <= transformer.in_channels:
             raise ValueError(f"guidance_channels must be between 1 and {transformer.in_channels}")
+        guidance_interval = check_guidance_interval(guidance_interval, max_steps)
 
         device = self._execution_device
         shape = (batch, transformer.in_channels, cfg.sample_size, cfg.sample_size)
@@ -336,7 +395,8 @@ class MoHDiTPipeline(DiffusionPipeline):
         )
         for t in self.progress_bar(steps) if progress else steps:
             model_in = self.scheduler.scale_model_input(latents, t)
-            out = self.guided_model_output(model_in, t, labels, guidance_scale, guidance_channels)
+            scale = guidance_scale if guided_at(t, guidance_interval) else 1.0
+            out = self.guided_model_output(model_in, t, labels, scale, guidance_channels)
             if not keep_variance:
                 out = out[:, : transformer.in_channels]  # fast solvers take the noise prediction only
             latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
@@ -374,6 +434,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         num_inference_steps: int,
         guidance_channels: Optional[int] = None,
         batch_size: int = 64,
+        guidance_interval: Optional[Sequence[int]] = None,
     ) -> tuple[np.ndarray, Optional[list[str]]]:
         """``per_class`` uint8 images of every requested class, one row per class, for previews and
         ``sample.py``; image ``i`` draws its noise from ``(seed, i)``. Returns the images and row names."""
@@ -394,6 +455,7 @@ class MoHDiTPipeline(DiffusionPipeline):
                     guidance_channels=guidance_channels,
                     output_type="uint8",
                     progress=False,
+                    guidance_interval=guidance_interval,
                 ).images
             )
         names = [self.id2label.get(c, str(c)) for c in ids] if conditional else None
@@ -407,6 +469,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         guidance_scale: float,
         num_inference_steps: int,
         max_classes: Optional[int] = None,
+        guidance_interval: Optional[Sequence[int]] = None,
     ) -> Path:
         """A labelled PNG grid of the first ``max_classes`` classes (training previews)."""
         from .images import make_grid
@@ -414,7 +477,9 @@ class MoHDiTPipeline(DiffusionPipeline):
         classes = list(
             range(min(self.transformer.config.num_classes, max_classes or self.transformer.config.num_classes))
         )
-        images, names = self.sample_grid(classes, per_class, seed, guidance_scale, num_inference_steps)
+        images, names = self.sample_grid(
+            classes, per_class, seed, guidance_scale, num_inference_steps, guidance_interval=guidance_interval
+        )
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         make_grid(images, ncols=per_class, row_labels=names).save(path)

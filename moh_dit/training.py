@@ -54,7 +54,7 @@ from .data import ShardedEpochBatchSampler, TrainingData, load_training_data
 from .diffusion import DiffusionObjective
 from .errors import ConfigError, NonFiniteLossError
 from .model import MoHDiT
-from .pipeline import MoHDiTPipeline
+from .pipeline import MoHDiTPipeline, sampling_record
 from .presets import architecture, match_preset, preset_config
 from .seeding import step_generator
 from .tracking import LossWindow, MetricsLog, Progress, start_trackers, tracker_available
@@ -401,7 +401,9 @@ class Trainer:
             if reuse and (self.layout.samples / f"{tag}.png").is_file() and self.exported_at() == self.step:
                 return self.layout.samples / f"{tag}.png"
             args = (log.sample_per_class, seed, log.sample_cfg_scale, log.sample_steps, log.sample_max_classes)
-            path = self.ema_pipeline(log.sample_scheduler).save_grid(self.layout.samples / f"{tag}.png", *args)
+            path = self.ema_pipeline(log.sample_scheduler).save_grid(
+                self.layout.samples / f"{tag}.png", *args, guidance_interval=log.sample_guidance_interval
+            )
             self.metrics.log_image("samples", path, self.step)
             return path
 
@@ -416,10 +418,19 @@ class Trainer:
             path = self.ema_pipeline().save(
                 self.layout.pipeline,
                 dict(run, weights="ema", vae=self.data.vae_record, training=self.training_summary()),
+                sampling=self.preview_sampling(),
             )
             if self.config.train.push_to_hub:
                 push_folder(path, self.config.train.push_to_hub)
             return path
+
+    def preview_sampling(self) -> dict[str, Any]:
+        """How this run's preview grids are drawn: recorded with the exported pipeline, where ``sample.py``
+        and the demo take it as the model's default guidance."""
+        log = self.config.log
+        return sampling_record(
+            log.sample_cfg_scale, log.sample_guidance_interval, log.sample_scheduler, log.sample_steps
+        )
 
     def exported_at(self) -> Optional[int]:
         """The step of this run's exported pipeline folder (None when there is none, or another run's)."""

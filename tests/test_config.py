@@ -40,6 +40,8 @@ def test_defaults_and_overrides_are_typed():
         ("no_equals_sign", "section.key=value"),
         ("train.snr_gamma=0", "train.snr_gamma must be a number > 0"),
         ("train.snr_gamma=nan", "train.snr_gamma must be a number > 0"),
+        ("log.sample_guidance_interval=[600,100]", r"log.sample_guidance_interval must be two timesteps"),
+        ("log.sample_guidance_interval=[0,1000]", r"0 <= first <= last < 1000"),
         ("model.init_from=x model.overrides.num_head=3", "num_head"),  # checked with init_from too
     ],
 )

@@ -23,7 +23,11 @@ def test_one_request_gives_a_grid_a_head_heatmap_and_a_line():
     pipe = tiny_pipeline()
     grid, heads, info = generate(pipe, "dog", per_class=3, guidance=2.0, steps=3, scheduler="ddim", seed=1)
     assert grid.size[1] > 8 and heads is not None and heads.size[0] > 50
-    assert info.startswith("3 images from") and "(ddim, 3 steps)" in info
+    assert info.startswith("3 images from") and "(ddim, 3 steps, guidance 2 at every step)" in info
+    banded = generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, guided_from=100, guided_to=600)
+    assert "guidance 2 at timesteps 100-600" in banded[2] and banded[0].tobytes() != grid.tobytes()
+    with pytest.raises(ValueError, match="the first must not be after the last"):
+        generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, guided_from=700, guided_to=600)
     everything = generate(pipe, ALL_CLASSES, per_class=2, guidance=2.0, steps=2, scheduler="ddpm", seed=1)[0]
     assert everything.size[1] > grid.size[1]  # one row per class
     dit = tiny_pipeline(tiny_model(attention_type="mha", num_shared_heads=None, top_k=0, signal=0.1))
@@ -48,7 +52,9 @@ def test_the_page_in_a_browser(tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     make_image_folder(tmp_path / "images")
-    train_tiny(tmp_path / "run", tmp_path / "images", "log.sample_per_class=0")
+    # the page starts at the guidance the run drew its previews with, recorded with the exported weights
+    recorded = ("log.sample_cfg_scale=2.5", "log.sample_guidance_interval=[100,600]")
+    train_tiny(tmp_path / "run", tmp_path / "images", "log.sample_per_class=0", *recorded)
     port = _free_port()
     env = {
         "PYTHONPATH": str(ROOT),
@@ -107,7 +113,7 @@ def test_the_page_in_a_browser(tmp_path):
         assert image.get_attribute("src").startswith(f"http://127.0.0.1:{port}/")
         WebDriverWait(driver, 30).until(lambda d: "images from" in d.find_element(By.CSS_SELECTOR, "#info").text)
         info = driver.find_element(By.CSS_SELECTOR, "#info").text
-        assert "8 images from" in info and "3 steps" in info
+        assert "8 images from" in info and "3 steps, guidance 2.5 at timesteps 100-600" in info
         with urllib.request.urlopen(image.get_attribute("src"), timeout=10) as response:
             assert response.read(8) == b"\x89PNG\r\n\x1a\n" or response.status == 200
         driver.save_screenshot(str(tmp_path / "demo.png"))

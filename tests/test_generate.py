@@ -115,6 +115,7 @@ def test_sample_cli_grid_with_names_and_single_images(run_dir, tmp_path):
     ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "guidance 4 at every step (the model's recorded preview guidance)" in result.stderr
     assert (tmp_path / "grid.png").exists()
     assert len(list((tmp_path / "single").glob("*_dark.png"))) == 3
     bad = subprocess.run(
@@ -148,6 +149,41 @@ def test_a_sample_folder_is_resumed_only_with_the_same_model_and_settings(run_di
     assert not np.array_equal(again["arr_0"], first["arr_0"])
     manifest = json.loads(str(again["moh_dit_manifest"]))
     assert manifest["identity"]["seed"] == 4 and manifest["count"] == 6 and manifest["model"]["step"] == 4
+
+
+def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
+    import moh_dit.pipeline as pipeline
+
+    seen, guided_at = [], pipeline.guided_at
+    monkeypatch.setattr(pipeline, "guided_at", lambda t, interval: seen.append(interval) or guided_at(t, interval))
+    pipe = load_pipeline(run_dir, device="cpu")
+    plain = generate_samples(pipe, tmp_path / "plain", settings())
+    assert "guidance_interval" not in json.loads(str(np.load(plain)["moh_dit_manifest"]))["identity"]
+    with pytest.raises(ArtifactError, match=r"guidance_interval: '<absent>' -> \[100, 600\]"):
+        generate_samples(pipe, tmp_path / "plain", settings(guidance_interval=(100, 600)))
+    banded = np.load(generate_samples(pipe, tmp_path / "banded", settings(guidance_interval=[100, 600])))
+    assert json.loads(str(banded["moh_dit_manifest"]))["identity"]["guidance_interval"] == [100, 600]
+    assert set(seen) == {None, (100, 600)}  # each folder sampled with its own setting (pixels: test_pipeline)
+    # an interval holding every timestep is plain guidance: the same record, so the folder is reused
+    assert generate_samples(pipe, tmp_path / "plain", settings(guidance_interval=(0, 999))) == plain
+
+
+def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
+    from argparse import Namespace
+
+    from moh_dit.cli import apply_model_guidance
+
+    record = {"guidance_scale": 2.5, "guidance_interval": [100, 600]}
+    cases = [
+        (dict(cfg_scale=None, guidance_interval=None), record, (2.5, [100, 600])),
+        (dict(cfg_scale=None, guidance_interval=[0, 999]), record, (2.5, [0, 999])),  # the interval flag wins
+        (dict(cfg_scale=1.5, guidance_interval=None), record, (1.5, None)),  # a scale alone guides every step
+        (dict(cfg_scale=None, guidance_interval=None), None, (4.0, None)),  # no record: the grid default
+    ]
+    for given, rec, want in cases:
+        args = Namespace(**given)
+        apply_model_guidance(args, rec)
+        assert (args.cfg_scale, args.guidance_interval) == want
 
 
 def test_images_from_elsewhere_are_not_repacked(run_dir, tmp_path):

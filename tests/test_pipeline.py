@@ -231,3 +231,61 @@ def test_save_and_load_round_trip(tmp_path, with_vae):
     assert torch.equal(a, b)
     if with_vae:
         assert a.shape == (2, 3, 16, 16)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Guidance in an interval of timesteps
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["ddpm", "dpm-solver"])
+def test_guidance_interval_guides_exactly_the_steps_inside(name):
+    pipe = pipe_for(tiny_model(), scheduler=name)
+    seen = []
+    inner = pipe.guided_model_output
+
+    def spy(x, t, labels, scale, channels=None):
+        seen.append((int(t), scale))
+        return inner(x, t, labels, scale, channels)
+
+    pipe.guided_model_output = spy
+    kwargs = dict(guidance_scale=3.0, num_inference_steps=10, output_type="pt")
+    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    banded = pipe([0, 1], guidance_interval=(300, 700), generator=gen(), **kwargs).images
+    steps = [t for t, _ in seen]
+    assert any(300 <= t <= 700 for t in steps) and any(not 300 <= t <= 700 for t in steps)
+    assert all(scale == (3.0 if 300 <= t <= 700 else 1.0) for t, scale in seen)
+    # the two ends: an interval holding every step is plain guidance, one holding none is no guidance
+    everywhere = pipe([0, 1], guidance_interval=(0, 999), generator=gen(), **kwargs).images
+    plain = pipe([0, 1], generator=gen(), **kwargs).images
+    nowhere = pipe([0, 1], guidance_interval=(998, 998), generator=gen(), **dict(kwargs, guidance_scale=3.0)).images
+    unguided = pipe([0, 1], generator=gen(), **dict(kwargs, guidance_scale=1.0)).images
+    assert torch.equal(everywhere, plain) and torch.equal(nowhere, unguided)
+    assert not torch.equal(banded, plain) and not torch.equal(banded, unguided)
+
+
+def test_guidance_interval_is_checked():
+    from moh_dit.errors import ConfigError
+    from moh_dit.options import check_guidance_interval
+
+    assert check_guidance_interval([100, 600]) == (100, 600)
+    assert check_guidance_interval((0, 999)) is None  # every step: the same pixels, the same record
+    assert check_guidance_interval(None) is None
+    for bad in ([600, 100], [-1, 5], [0, 1000], [5], "100,600", [1.5, 3], [True, 3]):
+        with pytest.raises(ConfigError, match=r"guidance_interval must be two timesteps \[first, last\]"):
+            check_guidance_interval(bad)
+    with pytest.raises(ConfigError, match="guidance_interval"):
+        pipe_for(tiny_model())([0], num_inference_steps=2, guidance_interval=(5, 1))
+
+
+def test_saved_pipelines_record_how_they_are_meant_to_be_sampled(tmp_path):
+    from moh_dit.errors import ArtifactError
+    from moh_dit.generate import load_pipeline, recorded_sampling
+    from moh_dit.pipeline import sampling_record
+
+    pipe = pipe_for(tiny_model())
+    assert pipe.preview_sampling == sampling_record()  # no record: the package's grid defaults
+    pipe.save(tmp_path / "p", {"note": "test"}, sampling=sampling_record(3.0, [100, 600], "ddim", 12))
+    want = {"guidance_scale": 3.0, "guidance_interval": [100, 600], "scheduler": "ddim", "num_inference_steps": 12}
+    assert recorded_sampling(tmp_path / "p") == want
+    assert load_pipeline(tmp_path / "p", device="cpu").preview_sampling == want
+    with pytest.raises(ArtifactError, match="recorded sampling"):
+        pipe.set_preview_sampling({"guidance_scale": 3.0, "guidance_interval": [600, 100]})

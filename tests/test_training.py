@@ -582,11 +582,22 @@ def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp
     monkeypatch.setattr(pipeline, "make_scheduler", lambda name="ddpm", *a: used.append(name) or make(name, *a))
     out = tmp_path / "run"
     extra = ["optim.schedule=cosine", "optim.warmup_steps=1", "optim.min_lr=1e-4", "log.sample_scheduler=dpm-solver"]
+    extra += ["log.sample_cfg_scale=2.5", "log.sample_guidance_interval=[100,600]"]
+    guided = []
+    monkeypatch.setattr(pipeline, "guided_at", lambda t, interval: guided.append(interval) or True)
     train_tiny(out, image_dir, *extra)
     config = load_config(out / "config.yaml")
     lrs = [m["lr"] for m in read_metrics(out)]
     assert lrs == pytest.approx([learning_rate(config, s) for s in range(4)])
     assert lrs[1] == pytest.approx(1e-3) and lrs[3] < lrs[2] < lrs[1]
     assert "dpm-solver" in used and (out / "samples" / "final.png").exists()
+    assert guided and set(guided) == {(100, 600)}  # the preview grid guided in the configured interval
+    # the exported pipeline records how the run drew its previews; a checkpoint's comes from the run's config
+    from moh_dit.generate import recorded_sampling
+
+    want = dict(guidance_scale=2.5, guidance_interval=[100, 600], scheduler="dpm-solver")
+    want["num_inference_steps"] = config.log.sample_steps
+    assert recorded_sampling(out) == recorded_sampling(out / "pipeline") == want
+    assert recorded_sampling(sorted((out / "checkpoints").iterdir())[-1]) == want
     with pytest.raises(ConfigError, match="log.sample_scheduler"):
         load_config(None, ["log.sample_scheduler=euler"])

@@ -74,8 +74,9 @@ def default_sample_dir(args, source) -> Path:
     """One folder per model state and setting: a model that trains on gets a new folder, never stale samples."""
     root = source.run or (source.path if source.path.is_dir() else source.path.parent)
     step = f"step{source.step}-" if source.step is not None else ""
+    interval = "-t{}-{}".format(*args.guidance_interval) if args.guidance_interval else ""
     tag = (
-        f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}-ch{args.guidance_channels or 'all'}-"
+        f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}{interval}-ch{args.guidance_channels or 'all'}-"
         f"{args.scheduler}{args.num_steps}-{args.dtype}-seed{args.seed}"
     )
     return root / f"eval-samples-{tag}"

@@ -14,8 +14,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from moh_dit.cli import add_sampling_arguments, apply_protocol, positive_int
-from moh_dit.options import GRID_GUIDANCE
+from moh_dit.cli import add_sampling_arguments, apply_model_guidance, apply_protocol, positive_int
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -36,8 +35,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--sample-dir", default="samples", help="folder for --num-samples PNGs (the .npz is written beside it)"
     )
-    # the grid is for looking at, with the fast protocol and the grid guidance; see moh_dit.options
-    add_sampling_arguments(p, guidance=GRID_GUIDANCE, protocol="fast", num_samples=0)
+    # the grid is for looking at: the fast protocol, and the guidance the model's run drew its previews with
+    add_sampling_arguments(p, guidance=None, protocol="fast", num_samples=0)
     return p
 
 
@@ -46,7 +45,9 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     apply_protocol(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from moh_dit.artifacts import ensure_writable_dir, ensure_writable_file
-    from moh_dit.generate import load_pipeline
+    from moh_dit.generate import load_pipeline, recorded_sampling
+
+    apply_model_guidance(args, recorded_sampling(args.model))
 
     if args.num_samples > 0:
         from moh_dit.generate import GenerationSettings, sample_to_folder
@@ -77,6 +78,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
         args.num_steps,
         args.guidance_channels,
         args.batch_size,
+        args.guidance_interval,
     )
     from moh_dit.images import make_grid
 
