@@ -147,8 +147,11 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
     else:
         lines.append("Not evaluated yet: `moh-dit evaluate --model <this folder> --reference ...` adds a row here.")
     example = ", ".join(repr(n) for n in names[:2]) if names else "0, 1"
+    sampling = manifest.get("sampling") or {}
+    scale, interval = sampling.get("guidance_scale", 4.0), sampling.get("guidance_interval")
+    banded = f", guidance_interval=({interval[0]}, {interval[1]})" if interval else ""
     call = (
-        f"pipe([{example}], guidance_scale=4.0, num_inference_steps=250)"
+        f"pipe([{example}], guidance_scale={float(scale)!r}{banded}, num_inference_steps=250)"
         if config["num_classes"]
         else "pipe(num_images=4)"
     )
@@ -164,7 +167,7 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
         "```",
         "",
         "```bash",
-        "moh-dit sample <this folder> --per-class 8 --out grid.png",
+        "moh-dit sample <this folder> --per-class 8 --out grid.png  # with the guidance recorded below",
         "moh-dit evaluate --model <this folder> --reference ref.npz --num-samples 50000",
         "```",
         "",
@@ -174,6 +177,13 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
         f"- VAE weights: {('SHA-256 `' + manifest['vae_sha256'] + '`') if manifest.get('vae_sha256') else 'none (pixel space)'}",
         f"- source: {source.get('run') or source.get('converted_from') or 'in memory'}"
         + (f", step {source['step']}" if source.get("step") is not None else ""),
+        "- sampling it was shown with (the default of `moh-dit sample` and the demo): "
+        + (
+            f"guidance {scale:g} {'at timesteps ' + '-'.join(map(str, interval)) if interval else 'at every step'}, "
+            f"{sampling.get('scheduler')} {sampling.get('num_inference_steps')} steps"
+            if sampling
+            else "not recorded"
+        ),
         f"- made by moh-dit {manifest.get('code', {}).get('moh_dit', __version__)}"
         + (f" (commit {manifest['code']['git_commit']})" if manifest.get("code", {}).get("git_commit") else ""),
         "",

@@ -43,6 +43,10 @@ def test_an_exported_pipeline_has_a_card_that_describes_it(run):
     manifest = json.loads((run / "pipeline" / "manifest.json").read_text())
     assert manifest["transformer_sha256"] in body and "Not evaluated yet" in body
     assert "pipe(['bright', 'dark'], guidance_scale=4.0" in body and "arXiv:2410.11842" in body
+    assert (
+        f"shown with (the default of `moh-dit sample` and the demo): guidance 4 at every step, {manifest['sampling']['scheduler']}"
+        in body
+    )
 
 
 def test_evaluating_the_pipeline_adds_its_metrics_to_the_card(run, tmp_path):
