@@ -4,6 +4,7 @@ sampling + scoring a model (KID and FID with bootstrap intervals, precision, rec
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import time
@@ -47,6 +48,23 @@ def check_fashion_reference(path: Path, count: int, images: Optional[np.ndarray]
     with np.load(path) as stored:
         if not ("arr_0" in stored.files and np.array_equal(stored["arr_0"], images)):
             raise ArtifactError(f"{path} does not hold the first {count} Fashion-MNIST test images: delete it")
+
+
+def add_scoring_arguments(parser, out: str) -> None:
+    """The options every sample-and-score study shares: sample count, sampler, bootstrap, output folder."""
+    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--scheduler", default="dpm-solver")
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--bootstrap", type=int, default=20)
+    parser.add_argument("--out", default=out)
+
+
+def start_scoring(args) -> tuple[Path, Path, object]:
+    """Logging, the output folder, the Fashion-MNIST test reference beside it and the classifier features."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out, fashion_reference(out.parent), classifier_features()
 
 
 def classifier_features():
@@ -123,13 +141,21 @@ def real_recognition() -> list[Optional[float]]:
     )
 
 
-def render_grid(model: Path, path: Path, scheduler: str, steps: int, guidance: float, per_class: int = 8) -> Path:
+def render_grid(
+    model: Path,
+    path: Path,
+    scheduler: str,
+    steps: int,
+    guidance: float,
+    per_class: int = 8,
+    guidance_interval: Optional[tuple[int, int]] = None,
+) -> Path:
     """A labelled grid of ``per_class`` images of every class (seed 0), as ``sample.py`` draws it."""
     from moh_dit.images import make_grid
 
     pipe = load_pipeline(model, device="cuda" if torch.cuda.is_available() else "cpu", scheduler=scheduler)
     classes = list(range(pipe.transformer.config.num_classes))
-    images, names = pipe.sample_grid(classes, per_class, 0, guidance, steps)
+    images, names = pipe.sample_grid(classes, per_class, 0, guidance, steps, guidance_interval=guidance_interval)
     make_grid(images, ncols=per_class, row_labels=names).save(path)
     return path
 

@@ -21,11 +21,11 @@ from typing import Optional
 
 from experiments.common import (
     ROOT,
-    classifier_features,
-    fashion_reference,
+    add_scoring_arguments,
     real_recognition,
     render_grid,
     sample_and_score,
+    start_scoring,
 )
 from moh_dit.config import load_config
 from moh_dit.data import FASHION_MNIST_CLASSES
@@ -87,23 +87,16 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", action="append", default=[], help="NAME=CONFIG[:overrides], added to v1 ... v7")
     p.add_argument("--only", nargs="+", default=None, help="run only these recipes")
-    p.add_argument("--samples", type=int, default=2000)
-    p.add_argument("--scheduler", default="dpm-solver")
-    p.add_argument("--steps", type=int, default=25)
     p.add_argument("--guidance", type=float, default=2.0)
     p.add_argument("--grid-guidance", type=float, default=GRID_GUIDANCE, help="guidance of the grids")
-    p.add_argument("--bootstrap", type=int, default=20)
-    p.add_argument("--out", default="experiments/results/default")
+    add_scoring_arguments(p, "experiments/results/default")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out, reference, extractor = start_scoring(args)
     recipes = {name: (config, []) for name, config in RECIPES.items()}
     for text in args.recipe:
         name, config, overrides = parse_recipe(text)
         recipes[name] = (config, overrides)
     names = args.only or list(recipes)
-    reference, extractor = fashion_reference(out.parent), classifier_features()
     settings = GenerationSettings(
         num_samples=args.samples,
         seed=1000,
@@ -179,14 +172,22 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def class_tables(rows: dict, real_recognised: Optional[list]) -> list[str]:
+RECOGNISED_NOTE = (
+    "It saturates on sandals: moh-dit 0.1's broken sandals are recognised about as often as the best recipe's, "
+    "so per-class KID is the measure there."
+)
+
+
+def class_tables(
+    rows: dict, real_recognised: Optional[list], what: str = "recipe", note: str = RECOGNISED_NOTE
+) -> list[str]:
     """Per class: KID against the test images of that class, and how many samples the classifier recognises
     as the class they were asked for. The hard classes (sandals, sneakers, bags, ankle boots) are where
     recipes differ most; the grid shows eight samples of each, these count all of them."""
     if not all(r.get("class_kid") and r.get("recognised") for r in rows.values()):
         return []  # rows scored before these columns existed: rerun the script to fill them
     header = [
-        "| recipe | " + " | ".join(n.split("/")[0] for n in FASHION_MNIST_CLASSES) + " |",
+        f"| {what} | " + " | ".join(n.split("/")[0] for n in FASHION_MNIST_CLASSES) + " |",
         "|---|" + "---|" * len(FASHION_MNIST_CLASSES),
     ]
 
@@ -198,8 +199,7 @@ def class_tables(rows: dict, real_recognised: Optional[list]) -> list[str]:
     lines += [
         "",
         "Recognised: the share of each class's samples that the classifier labels as that class, and the same on "
-        "the real test images (the classifier's own errors). It saturates on sandals: moh-dit 0.1's broken "
-        "sandals are recognised about as often as the best recipe's, so per-class KID is the measure there.",
+        f"the real test images (the classifier's own errors). {note}",
         "",
         *header,
     ]

@@ -179,6 +179,21 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     again = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])  # runs and samples are reused
     assert again["rows"]["new"]["kid"] == result["rows"]["new"]["kid"]
 
+    # the guidance study on the same model: each setting's samples carry their interval, one grid each
+    from experiments import guidance_interval
+
+    model = f"new={tmp_path / 'runs' / 'new' / 'pipeline'}"
+    study = ["--models", model, "--settings", "2", "2@100-600", "--samples", "20", "--steps", "2", "--bootstrap", "3"]
+    rows = guidance_interval.main([*study, "--out", str(tmp_path / "gi")])["rows"]
+    assert list(rows) == ["new 2", "new 2@100-600"] and rows["new 2@100-600"]["interval"] == (100, 600)
+    banded = np.load(tmp_path / "gi" / "runs" / "new" / "samples-dpm-solver2-cfg2-t100-600-n20.npz")
+    assert json.loads(str(banded["moh_dit_manifest"]))["identity"]["guidance_interval"] == [100, 600]
+    text = (tmp_path / "gi" / "RESULTS.md").read_text()
+    assert "| new | 2@100-600 |" in text and "| new 2@100-600 |" in text  # the main table and the per-class one
+    assert all((tmp_path / "gi" / r["grid"]).exists() for r in rows.values())
+    with pytest.raises(SystemExit, match="GUIDANCE@FIRST-LAST"):
+        guidance_interval.parse_setting("4@100")
+
 
 def test_recipe_overrides_split_on_commas_outside_lists():
     from experiments.default_comparison import parse_recipe
