@@ -26,23 +26,21 @@ from moh_dit.generate import GenerationSettings
 from moh_dit.options import check_guidance_interval
 
 MODELS = {"v7": "experiments/results/default/runs/v7/pipeline"}
-# guidance at every step around the default's earlier grid guidance (3), then intervals: their ends at
-# about the noise levels of Kynkaenniemi et al.'s EDM2 interval (sigma 0.28 .. 5.4 is t 85 .. 585 on DiT's
-# linear schedule), and one end moved at a time
+# guidance at every step (the comparison's 2 and the default's earlier grid guidance 3), then intervals:
+# ends near the noise levels of Kynkaenniemi et al.'s EDM2 interval (sigma 0.28 .. 5.4 is t 85 .. 585 on
+# DiT's linear schedule), one end moved at a time, and guidance cut only at low noise
 SETTINGS = (
     "2",
     "3",
-    "4",
+    "4@100-500",
+    "4@100-600",
+    "3@100-600",
+    "4@100-400",
+    "5@100-500",
+    "4@50-500",
+    "4@150-500",
     "3@100-999",
     "4@100-999",
-    "3@100-600",
-    "4@100-600",
-    "5@100-600",
-    "6@100-600",
-    "4@100-500",
-    "4@100-700",
-    "4@50-600",
-    "4@150-600",
 )
 
 

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from .options import describe_guidance
+
 __all__ = ["render_card", "write_card", "record_evaluation", "push_folder", "EVALUATIONS_FILE"]
 
 EVALUATIONS_FILE = "evaluations.json"
@@ -179,8 +181,7 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
         + (f", step {source['step']}" if source.get("step") is not None else ""),
         "- sampling it was shown with (the default of `moh-dit sample` and the demo): "
         + (
-            f"guidance {scale:g} {'at timesteps ' + '-'.join(map(str, interval)) if interval else 'at every step'}, "
-            f"{sampling.get('scheduler')} {sampling.get('num_inference_steps')} steps"
+            f"{describe_guidance(scale, interval)}, {sampling.get('scheduler')} {sampling.get('num_inference_steps')} steps"
             if sampling
             else "not recorded"
         ),
@@ -226,7 +227,7 @@ def record_evaluation(folder: str | os.PathLike, pipe, manifest: dict, result: d
         "extractor": result["extractor"],
         "reference": Path(result["reference"]["reference"]).name,
         "sampler": f"{identity.get('scheduler', {}).get('name', '?')} {identity.get('num_inference_steps')} steps, "
-        f"guidance {identity.get('guidance_scale')}",
+        + describe_guidance(identity.get("guidance_scale"), identity.get("guidance_interval")),
     }
     file = folder / EVALUATIONS_FILE
     entries = json.loads(file.read_text()) if file.is_file() else []

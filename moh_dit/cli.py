@@ -117,7 +117,7 @@ def apply_model_guidance(args, record: Optional[dict]) -> None:
     """Guidance the user left open (``--cfg-scale`` unset): the model's recorded preview guidance, scale
     and interval (``MoHDiTPipeline.preview_sampling``), else the package's grid guidance at every step.
     A ``--cfg-scale`` given alone guides every step; ``--guidance-interval`` always wins. Logs the choice."""
-    from .options import GRID_GUIDANCE
+    from .options import GRID_GUIDANCE, describe_guidance
 
     if args.cfg_scale is not None:
         why = "--cfg-scale"
@@ -127,8 +127,7 @@ def apply_model_guidance(args, record: Optional[dict]) -> None:
             args.guidance_interval = record.get("guidance_interval")
     else:
         args.cfg_scale, why = GRID_GUIDANCE, "no recorded guidance: the package's grid default"
-    where = " at timesteps {}-{}".format(*args.guidance_interval) if args.guidance_interval else " at every step"
-    logging.getLogger("moh_dit").info("guidance %g%s (%s)", args.cfg_scale, where, why)
+    logging.getLogger("moh_dit").info("%s (%s)", describe_guidance(args.cfg_scale, args.guidance_interval), why)
 
 
 def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num_samples: int) -> None:

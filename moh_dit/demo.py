@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .images import heatmap, make_grid
-from .options import SCHEDULERS, check_guidance_interval
+from .options import SCHEDULERS, check_guidance_interval, describe_guidance
 
 __all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
 
@@ -72,10 +72,9 @@ def generate(
         )
     grid = make_grid(images, ncols=int(per_class), row_labels=names)
     source = (getattr(pipe, "provenance", None) or {}).get("source", "the model")
-    where = "at timesteps {}-{}".format(*interval) if interval else "at every step"
     info = (
         f"{len(images)} images from {source} in {time.time() - start:.1f} s ({scheduler}, {steps} steps, "
-        f"guidance {float(guidance):g} {where})"
+        f"{describe_guidance(guidance, interval)})"
     )
     return grid, head_usage_heatmap(usage, pipe.transformer), info
 

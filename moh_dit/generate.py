@@ -40,7 +40,7 @@ from .artifacts import (
 from .errors import ArtifactError, ConfigError
 from .latents import check_vae, load_vae
 from .model import MoHDiT
-from .options import EVAL_GUIDANCE, EVAL_STEPS, LABEL_MODES, check_guidance_interval
+from .options import EVAL_GUIDANCE, EVAL_STEPS, LABEL_MODES, check_guidance_interval, describe_guidance
 from .pipeline import MoHDiTPipeline
 from .seeding import index_generator, label_for_index
 from .tracking import Progress
@@ -517,6 +517,6 @@ def describe_samples(manifest: Optional[dict]) -> str:
     step = f" step {model['step']}" if model.get("step") is not None else ""
     return (
         f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
-        f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, guidance {ident['guidance_scale']}"
-        + (" at timesteps {}-{}".format(*ident["guidance_interval"]) if ident.get("guidance_interval") else "")
+        f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, "
+        + describe_guidance(ident["guidance_scale"], ident.get("guidance_interval"))
     )

@@ -19,6 +19,7 @@ __all__ = [
     "FAST_SCHEDULER",
     "FAST_STEPS",
     "check_guidance_interval",
+    "describe_guidance",
 ]
 
 # Sampling schedulers for DiT's training schedule (moh_dit.pipeline.make_scheduler): DiT's DDPM with the
@@ -72,3 +73,9 @@ def check_guidance_interval(interval: Any, num_train_timesteps: int = 1000) -> O
             f"{num_train_timesteps} (e.g. [100, 600]), or null for guidance at every step; got {interval!r}"
         )
     return None if values == [0, num_train_timesteps - 1] else (values[0], values[1])
+
+
+def describe_guidance(scale: Any, interval: Optional[Any]) -> str:
+    """``guidance 4 at timesteps 100-500`` or ``guidance 4 at every step``, for logs, pages and cards."""
+    where = "at timesteps {}-{}".format(*interval) if interval else "at every step"
+    return f"guidance {float(scale):g} {where}"
