@@ -4,11 +4,11 @@ of each. Guidance at every step (DiT's way) is the baseline row; ``G@FIRST-LAST`
 whose training timestep lies in FIRST..LAST (``MoHDiTPipeline(guidance_interval=...)``).
 
     python -m experiments.guidance_interval                          # the default's model (v7), every setting
-    python -m experiments.guidance_interval --models v7s1=experiments/results/default/runs/v7s1/pipeline \
-        --settings 3 4@100-600
+    python -m experiments.default_comparison --out runs/v7s1 --only v7s1 \
+        --recipe "v7s1=configs/fashion_mnist_moh.yaml:train.seed=1"       # the same recipe, seed 1
+    python -m experiments.guidance_interval --models v7s1=runs/v7s1/runs/v7s1/pipeline --settings 2 3 4@100-500
 
-The models come from ``python -m experiments.default_comparison`` (v7 is the default's recipe; v7s1 the same
-recipe with ``train.seed=1``). Sample folders are reused when their records match, so an interrupted study
+The models come from ``python -m experiments.default_comparison`` (v7 is the default's recipe). Sample folders are reused when their records match, so an interrupted study
 continues. Writes RESULTS.md, results.json and grids under experiments/results/guidance_interval/.
 """
 

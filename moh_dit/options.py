@@ -34,8 +34,10 @@ DTYPES = ("fp32", "bf16", "fp16")
 LABEL_MODES = ("uniform", "balanced")
 
 # Guidance defaults differ on purpose. Grids are for looking at: DiT's visual samples use scale 4.0, which
-# trades diversity for clearly recognisable classes. Evaluations reproduce the papers' FID protocol, which
-# uses 1.5 (DiT); the MoH paper reports 1.25 as well. Pass --cfg-scale to choose otherwise.
+# trades diversity for clearly recognisable classes; it is the trainer's preview default, and sample.py's and
+# the demo's for a model that does not record its own (a run records its preview guidance, scale and
+# interval, with its exported pipeline). Evaluations reproduce the papers' FID protocol, which uses 1.5 (DiT)
+# at every step; the MoH paper reports 1.25 as well. Pass --cfg-scale / --guidance-interval to choose.
 GRID_GUIDANCE = 4.0
 EVAL_GUIDANCE = 1.5
 

@@ -395,6 +395,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         )
         for t in self.progress_bar(steps) if progress else steps:
             model_in = self.scheduler.scale_model_input(latents, t)
+            # by hand: diffusers' class-conditional DiTPipeline guides every step and has no interval option
             scale = guidance_scale if guided_at(t, guidance_interval) else 1.0
             out = self.guided_model_output(model_in, t, labels, scale, guidance_channels)
             if not keep_variance:
