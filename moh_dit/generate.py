@@ -41,7 +41,7 @@ from .errors import ArtifactError, ConfigError
 from .latents import check_vae, load_vae
 from .model import MoHDiT
 from .options import EVAL_GUIDANCE, EVAL_STEPS, LABEL_MODES, check_guidance_interval, describe_guidance
-from .pipeline import MoHDiTPipeline
+from .pipeline import MoHDiTPipeline, check_sampling_record
 from .seeding import index_generator, label_for_index
 from .tracking import Progress
 
@@ -198,12 +198,16 @@ def _run_preview_sampling(source: ModelSource) -> Optional[dict]:
     return {name: log.get(key, getattr(defaults, key)) for name, key in keys.items()}
 
 
+def _recorded(source: ModelSource, manifest: Optional[dict]) -> Optional[dict]:
+    """The sampling record of a pipeline's manifest, else of its run's config; checked."""
+    return check_sampling_record((manifest or {}).get("sampling") or _run_preview_sampling(source))
+
+
 def recorded_sampling(path: str | os.PathLike) -> Optional[dict]:
     """How the model at ``path`` (run, checkpoint, pipeline) is meant to be sampled, as recorded with it (see
     ``MoHDiTPipeline.preview_sampling``), read without loading weights; ``None`` without a record."""
     source = resolve_model_source(path)
-    manifest = MoHDiTPipeline.manifest_of(source.path) if source.kind == "pipeline" else None
-    return (manifest or {}).get("sampling") or _run_preview_sampling(source)
+    return _recorded(source, MoHDiTPipeline.manifest_of(source.path) if source.kind == "pipeline" else None)
 
 
 def load_transformer(path: str | os.PathLike) -> tuple[MoHDiT, ModelSource]:
@@ -277,7 +281,7 @@ def load_pipeline(
             f"{fingerprint[:12]} vs {manifest['transformer_sha256'][:12]}): the folder was modified; "
             f"export it again"
         )
-    pipe.set_preview_sampling((manifest or {}).get("sampling") or _run_preview_sampling(source))
+    pipe.set_preview_sampling(_recorded(source, manifest))
     if vae is not None:
         pipe.register_modules(vae=load_vae(vae))
     if scheduler is not None:

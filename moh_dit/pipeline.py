@@ -49,6 +49,7 @@ __all__ = [
     "to_uint8",
     "guided_at",
     "sampling_record",
+    "check_sampling_record",
 ]
 
 
@@ -71,6 +72,17 @@ def sampling_record(
         "scheduler": scheduler,
         "num_inference_steps": int(num_inference_steps),
     }
+
+
+def check_sampling_record(record: Optional[dict]) -> Optional[dict]:
+    """A recorded ``sampling`` (from a manifest or a run's config) in :func:`sampling_record`'s form, or
+    ``None``; a damaged one is an :class:`ArtifactError`."""
+    if not record:
+        return None
+    try:
+        return sampling_record(**record)
+    except (TypeError, ConfigError) as err:
+        raise ArtifactError(f"the model's recorded sampling {record!r} is not valid ({err})") from None
 
 
 def guided_at(t: Union[int, torch.Tensor], interval: Optional[Sequence[int]]) -> bool:
@@ -247,10 +259,7 @@ class MoHDiTPipeline(DiffusionPipeline):
 
     def set_preview_sampling(self, record: Optional[dict]) -> None:
         """Adopt a recorded ``sampling`` (checked; ``None`` keeps the package defaults)."""
-        try:
-            self.recorded_sampling = sampling_record(**record) if record else None
-        except (TypeError, ConfigError) as err:
-            raise ArtifactError(f"the model's recorded sampling {record!r} is not valid ({err})") from None
+        self.recorded_sampling = check_sampling_record(record)
 
     @property
     def id2label(self) -> dict[int, str]:

@@ -1,5 +1,7 @@
 """MoHDiTPipeline: DiT's DDPM-250 sampler reproduced from the formulas, guidance, labels, save/load."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -289,3 +291,8 @@ def test_saved_pipelines_record_how_they_are_meant_to_be_sampled(tmp_path):
     assert load_pipeline(tmp_path / "p", device="cpu").preview_sampling == want
     with pytest.raises(ArtifactError, match="recorded sampling"):
         pipe.set_preview_sampling({"guidance_scale": 3.0, "guidance_interval": [600, 100]})
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    manifest["sampling"]["guidance_interval"] = [100]  # a damaged record is refused, not half-used
+    (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="recorded sampling .* is not valid"):
+        recorded_sampling(tmp_path / "p")
