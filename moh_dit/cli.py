@@ -117,8 +117,9 @@ def apply_model_guidance(args, record: Optional[dict]) -> None:
     """Guidance the user left open (``--cfg-scale`` unset): the model's recorded preview guidance, scale
     and interval (``MoHDiTPipeline.preview_sampling``), else the package's grid guidance at every step.
     A ``--cfg-scale`` given alone guides every step; ``--guidance-interval`` always wins. Logs the choice."""
-    from .options import GRID_GUIDANCE, describe_guidance
+    from .options import GRID_GUIDANCE, check_guidance_interval, describe_guidance
 
+    check_guidance_interval(args.guidance_interval)  # before any model is loaded
     if args.cfg_scale is not None:
         why = "--cfg-scale"
     elif record:

@@ -184,6 +184,8 @@ def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
         args = Namespace(**given)
         apply_model_guidance(args, rec)
         assert (args.cfg_scale, args.guidance_interval) == want
+    with pytest.raises(ValueError, match=r"guidance_interval must be .* got \[600, 100\]"):
+        apply_model_guidance(Namespace(cfg_scale=None, guidance_interval=[600, 100]), record)
 
 
 def test_images_from_elsewhere_are_not_repacked(run_dir, tmp_path):
