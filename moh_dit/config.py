@@ -115,6 +115,16 @@ class LogSection:
     project: str = "moh-dit"  # the trackers' project name (a wandb project, a TensorBoard sub-folder)
     head_usage: bool = True
 
+    def preview_sampling(self) -> dict[str, Any]:
+        """How the previews are drawn, in the form a pipeline records it (``moh_dit.pipeline.sampling_record``'s
+        arguments): what ``sample.py`` and the demo later start from."""
+        return dict(
+            guidance_scale=self.sample_cfg_scale,
+            guidance_interval=self.sample_guidance_interval,
+            scheduler=self.sample_scheduler,
+            num_inference_steps=self.sample_steps,
+        )
+
 
 @dataclass
 class Config:

@@ -185,17 +185,13 @@ def _run_preview_sampling(source: ModelSource) -> Optional[dict]:
     pipelines exported by moh-dit 0.2 and later carry their own record)."""
     if source.run is None or not RunLayout(source.run).config.is_file():
         return None
+    import dataclasses
+
     from .config import LogSection
 
     log = (yaml.safe_load(RunLayout(source.run).config.read_text()) or {}).get("log") or {}
-    defaults = LogSection()
-    keys = dict(
-        guidance_scale="sample_cfg_scale",
-        guidance_interval="sample_guidance_interval",
-        scheduler="sample_scheduler",
-        num_inference_steps="sample_steps",
-    )
-    return {name: log.get(key, getattr(defaults, key)) for name, key in keys.items()}
+    known = {f.name for f in dataclasses.fields(LogSection)}  # keys of other versions are not ours to read
+    return LogSection(**{k: v for k, v in log.items() if k in known}).preview_sampling()
 
 
 def _recorded(source: ModelSource, manifest: Optional[dict]) -> Optional[dict]:

@@ -418,19 +418,11 @@ class Trainer:
             path = self.ema_pipeline().save(
                 self.layout.pipeline,
                 dict(run, weights="ema", vae=self.data.vae_record, training=self.training_summary()),
-                sampling=self.preview_sampling(),
+                sampling=sampling_record(**self.config.log.preview_sampling()),
             )
             if self.config.train.push_to_hub:
                 push_folder(path, self.config.train.push_to_hub)
             return path
-
-    def preview_sampling(self) -> dict[str, Any]:
-        """How this run's preview grids are drawn: recorded with the exported pipeline, where ``sample.py``
-        and the demo take it as the model's default guidance."""
-        log = self.config.log
-        return sampling_record(
-            log.sample_cfg_scale, log.sample_guidance_interval, log.sample_scheduler, log.sample_steps
-        )
 
     def exported_at(self) -> Optional[int]:
         """The step of this run's exported pipeline folder (None when there is none, or another run's)."""
