@@ -20,7 +20,7 @@ from moh_dit.data import FASHION_MNIST_CLASSES, FashionMNIST
 from moh_dit.errors import ArtifactError
 from moh_dit.evaluation import evaluate, load_images, reference_statistics, resolve_extractor
 from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, missing_indices
-from moh_dit.metrics import kernel_inception_distance
+from moh_dit.metrics import kernel_inception_distance, patch_seam_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,8 @@ def sample_and_score(
 ) -> dict:
     """Generate ``settings.num_samples`` images of ``model`` into ``folder`` (resumable; reused when done)
     with ``scheduler``, and score them: KID, FID (90% bootstrap intervals), precision, recall, and the
-    sampling time per image (measured when the images are generated; kept beside them)."""
+    sampling time per image (measured when the images are generated; kept beside them), and the patch-seam
+    excess overall and per class (:func:`seam_excess`)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     timing = folder.with_name(folder.name + ".timing.json")
     pipe = load_pipeline(model, device=device, scheduler=scheduler)
@@ -105,6 +106,7 @@ def sample_and_score(
     return dict(
         scored["metrics"],
         **per_class_scores(scored["features"], labels, reference, extractor),
+        **seam_excess(images, labels, pipe.patch_pixels),
         seconds_per_image=seconds,
         num_samples=settings.num_samples,
         transformer_sha256=made_by["transformer_sha256"],  # which weights were scored, wherever the folder moves
@@ -130,6 +132,24 @@ def per_class_scores(features: dict, labels: np.ndarray, reference: Path, extrac
     ]
     recognised = fmnist_classifier.recognition_rates(features["logits"].argmax(1), labels)
     return {"class_kid": kid, "recognised": recognised}
+
+
+def seam_excess(images: np.ndarray, labels: np.ndarray, patch: int) -> dict:
+    """The patch-seam ratio (:func:`moh_dit.metrics.patch_seam_ratio`) of the samples divided by that of the
+    Fashion-MNIST test images, over all samples (``seam_excess``, against all test images) and per class
+    (``class_seam_excess``, against the test images of that class; None for a class without samples).
+    1 means no sharper patch-grid lines than real images; the 4x4 texture of an undertrained grid is well
+    above it. ``patch``: the model's patch in pixels."""
+    test = FashionMNIST(split="test")
+    real_images, real_labels = np.asarray(test.images), np.asarray(test.labels)
+    excess = [
+        patch_seam_ratio(images[labels == c], patch) / patch_seam_ratio(real_images[real_labels == c], patch)
+        if (labels == c).any()
+        else None
+        for c in range(len(FASHION_MNIST_CLASSES))
+    ]
+    overall = patch_seam_ratio(images, patch) / patch_seam_ratio(real_images, patch)
+    return {"seam_excess": overall, "class_seam_excess": excess}
 
 
 def real_recognition() -> list[Optional[float]]:

@@ -206,6 +206,18 @@ def class_tables(
     lines += [line(n, r["recognised"], 2) for n, r in rows.items()]
     if real_recognised:
         lines.append(line("real test images", real_recognised, 2))
+    seams = {n: r for n, r in rows.items() if r.get("class_seam_excess")}
+    if seams:  # rows scored before the seam measure existed have none; rerunning the script adds them
+        lines += [
+            "",
+            "Patch seams: how much sharper the lines of the model's patch grid are in the samples than in the test "
+            "images of the same class (`moh_dit.metrics.patch_seam_ratio` of the samples over that of the real "
+            "images; 1 = like real images). The faint 4x4 texture of large bright areas shows up here.",
+            "",
+            header[0][:-1] + "| all |",
+            header[1] + "---|",
+            *[line(n, [*r["class_seam_excess"], r["seam_excess"]], 2) for n, r in seams.items()],
+        ]
     return lines
 
 

@@ -262,6 +262,14 @@ class MoHDiTPipeline(DiffusionPipeline):
         self.recorded_sampling = check_sampling_record(record)
 
     @property
+    def patch_pixels(self) -> int:
+        """The side of one transformer patch in output pixels (the patch times the VAE's down-sampling)."""
+        patch = self.transformer.config.patch_size
+        if self.vae is None:
+            return patch
+        return patch * 2 ** (len(self.vae.config.block_out_channels) - 1)  # diffusers' VAE scale factor
+
+    @property
     def id2label(self) -> dict[int, str]:
         return {int(k): v for k, v in (self.config.id2label or {}).items()}
 

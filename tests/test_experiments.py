@@ -79,6 +79,29 @@ def test_per_class_scores_compare_each_class_with_the_same_class_of_the_referenc
     assert short["class_kid"][2:] == [None] * 8 and short["recognised"][2:] == [None] * 8  # < 2 samples: none
 
 
+@needs_data
+def test_seam_excess_is_one_for_real_images_and_grows_with_patchwise_offsets():
+    from experiments.common import seam_excess
+    from moh_dit.data import FashionMNIST
+
+    train = FashionMNIST(split="train")  # other images than the test set the excess is measured against
+    picked = np.concatenate([np.flatnonzero(train.labels == c)[:300] for c in range(9)])  # no ankle boots
+    images, labels = train.images[picked], train.labels[picked]
+    real = seam_excess(np.repeat(images[..., None], 3, axis=3), labels, 4)
+    assert real["seam_excess"] == pytest.approx(1.0, abs=0.05)
+    assert (
+        all(v == pytest.approx(1.0, abs=0.1) for v in real["class_seam_excess"][:9])
+        and real["class_seam_excess"][9] is None
+    )
+    # each 4x4 patch of a bright area shifted by its own small offset: the texture of an undertrained model
+    offsets = np.kron(np.random.default_rng(0).normal(0, 20, (len(images), 7, 7)), np.ones((4, 4)))
+    textured = np.clip(images + offsets * (images > 60), 0, 255).astype(np.uint8)
+    seamy = seam_excess(textured, labels, 4)
+    assert seamy["seam_excess"] > real["seam_excess"] + 0.15
+    assert seamy["class_seam_excess"][1] > real["class_seam_excess"][1] + 0.15  # trousers too
+    assert seam_excess(textured, labels, 7)["seam_excess"] < seamy["seam_excess"]  # a grid that is not the model's
+
+
 def test_missing_classifier_weights_explain_how_to_make_them(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_classifier.py"):
         load_classifier(tmp_path / "none.safetensors")
@@ -175,7 +198,9 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     for row in result["rows"].values():  # 20 balanced samples: 2 of each class, so every rate is 0, 0.5 or 1
         assert len(row["recognised"]) == 10 and set(row["recognised"]) <= {0.0, 0.5, 1.0}
         assert len(row["class_kid"]) == 10 and all(np.isfinite(row["class_kid"]))
+        assert len(row["class_seam_excess"]) == 10 and np.isfinite(row["seam_excess"])
     assert min(result["real_recognised"]) > 0.5 and "| real test images |" in text and "| Sandal |" in text
+    assert "Patch seams" in text and "| Sandal | Shirt | Sneaker | Bag | Ankle boot | all |" in text
     again = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])  # runs and samples are reused
     assert again["rows"]["new"]["kid"] == result["rows"]["new"]["kid"]
 

@@ -9,7 +9,14 @@ from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics
 from torch_fidelity.metric_isc import isc_features_to_metric
 from torch_fidelity.metric_prc import calculate_precision_recall_full
 
-from moh_dit.metrics import feature_statistics, frechet_distance, inception_score, knn_radii, precision_recall
+from moh_dit.metrics import (
+    feature_statistics,
+    frechet_distance,
+    inception_score,
+    knn_radii,
+    patch_seam_ratio,
+    precision_recall,
+)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -219,3 +226,59 @@ def test_kid_bootstrap_interval_is_centred_on_the_estimate_and_as_wide_as_the_sp
     assert (low + high) / 2 == pytest.approx(kid(samples), rel=1e-9)
     fresh = np.std([kid(draw()) for _ in range(30)], ddof=1)  # the true spread of KID at 300 samples
     assert (high - low) / (2 * 1.645) == pytest.approx(fresh, rel=0.5)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Patch seams
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("patch,size", [(4, 28), (2, 9), (8, 32)])
+def test_patch_seam_ratio_closed_form_ramp_with_steps_at_the_grid(patch, size):
+    # a ramp of slope a in both directions plus a step s at every grid line: neighbours inside a patch
+    # differ by a, neighbours across a line by a + s, so the ratio is (a + s) / a exactly
+    a, s = 2.0, 3.0
+    i, j = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+    image = a * (i + j) + s * (i // patch + j // patch)
+    assert patch_seam_ratio(image[None], patch) == pytest.approx((a + s) / a, rel=1e-12)
+    smooth = a * (i + j)
+    assert patch_seam_ratio(np.stack([smooth, smooth]), patch) == pytest.approx(1.0, rel=1e-12)
+
+
+def brute_force_seam_ratio(images: np.ndarray, patch: int) -> float:
+    """Every pair of 4-neighbours, one at a time."""
+    gray = images.astype(np.float64).mean(axis=3)
+    seams, inside = [], []
+    for img in gray:
+        h, w = img.shape
+        for r in range(h):
+            for c in range(w):
+                for dr, dc in ((0, 1), (1, 0)):
+                    if r + dr < h and c + dc < w:
+                        on_line = (c + 1) % patch == 0 if dc else (r + 1) % patch == 0
+                        (seams if on_line else inside).append(abs(img[r + dr, c + dc] - img[r, c]))
+    return float(np.mean(seams) / np.mean(inside))
+
+
+def test_patch_seam_ratio_matches_brute_force_on_uint8_colour_images():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(3, 10, 7, 3), dtype=np.uint8)  # not square, not a multiple of 4
+    assert patch_seam_ratio(images, 4) == pytest.approx(brute_force_seam_ratio(images, 4), rel=1e-12)
+
+
+def test_patch_seam_ratio_sees_the_seams_of_patchwise_noise_and_not_a_shifted_grid():
+    # images whose 4x4 patches each get their own brightness offset: seams on the 4-grid, none on a grid
+    # that does not line up with it
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(64, 32, 32))
+    offsets = np.kron(rng.normal(size=(64, 8, 8)), np.ones((4, 4)))
+    ratio = patch_seam_ratio(base + offsets, 4)
+    assert ratio > 1.3 and patch_seam_ratio(base, 4) == pytest.approx(1.0, abs=0.05)
+    assert patch_seam_ratio(base + offsets, 3) < ratio
+
+
+def test_patch_seam_ratio_rejects_what_it_cannot_measure():
+    with pytest.raises(ValueError, match="larger than patch"):
+        patch_seam_ratio(np.zeros((2, 4, 4)), 4)
+    with pytest.raises(ValueError, match=">= 2"):
+        patch_seam_ratio(np.zeros((2, 8, 8)), 1)
+    with pytest.raises(ValueError, match="flat"):
+        patch_seam_ratio(np.ones((2, 8, 8)), 4)

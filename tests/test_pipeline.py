@@ -233,6 +233,8 @@ def test_save_and_load_round_trip(tmp_path, with_vae):
     assert torch.equal(a, b)
     if with_vae:
         assert a.shape == (2, 3, 16, 16)
+    # one token's patch in output pixels: image side / token grid side
+    assert loaded.patch_pixels == a.shape[-1] // (model.config.sample_size // model.config.patch_size)
 
 
 # ----------------------------------------------------------------------------------------------------
