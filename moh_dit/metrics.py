@@ -10,6 +10,9 @@
   share of reference points inside some sample ball. Distances are computed in blocks so 50K x 10K fits in
   memory, optionally in float16 as ADM does.
 
+Beside them, a diagnostic with no ADM counterpart: the patch-seam ratio, how much sharper the lines of a
+transformer's patch grid are than the rest of the image (the 4x4 texture of an undertrained DiT).
+
 torch-fidelity computes FID (by eigenvalues), an IS with equal-count splits and precision/recall with
 unsquared distances; those are not the ADM conventions, so the ADM versions are written here and the
 tests check that both agree wherever the conventions coincide.
