@@ -139,7 +139,9 @@ def seam_excess(images: np.ndarray, labels: np.ndarray, patch: int) -> dict:
     Fashion-MNIST test images, over all samples (``seam_excess``, against all test images) and per class
     (``class_seam_excess``, against the test images of that class; None for a class without samples).
     1 means no sharper patch-grid lines than real images; the 4x4 texture of an undertrained grid is well
-    above it. ``patch``: the model's patch in pixels."""
+    above it. ``seam_excess_any_offset`` is the largest overall excess over every offset of the grid
+    (``patch_seam_ratio(..., offset)``): grid averaging moves each copy's grid, and a seam moved off the
+    model's own grid would still show there. ``patch``: the model's patch in pixels."""
     test = FashionMNIST(split="test")
     real_images, real_labels = np.asarray(test.images), np.asarray(test.labels)
     excess = [
@@ -148,8 +150,11 @@ def seam_excess(images: np.ndarray, labels: np.ndarray, patch: int) -> dict:
         else None
         for c in range(len(FASHION_MNIST_CLASSES))
     ]
-    overall = patch_seam_ratio(images, patch) / patch_seam_ratio(real_images, patch)
-    return {"seam_excess": overall, "class_seam_excess": excess}
+    overall = [
+        patch_seam_ratio(images, patch, offset) / patch_seam_ratio(real_images, patch, offset)
+        for offset in range(patch)
+    ]
+    return {"seam_excess": overall[0], "class_seam_excess": excess, "seam_excess_any_offset": max(overall)}
 
 
 def real_recognition() -> list[Optional[float]]:
@@ -169,13 +174,16 @@ def render_grid(
     guidance: float,
     per_class: int = 8,
     guidance_interval: Optional[tuple[int, int]] = None,
+    grid_averaging: Optional[int] = None,
 ) -> Path:
     """A labelled grid of ``per_class`` images of every class (seed 0), as ``sample.py`` draws it."""
     from moh_dit.images import make_grid
 
     pipe = load_pipeline(model, device="cuda" if torch.cuda.is_available() else "cpu", scheduler=scheduler)
     classes = list(range(pipe.transformer.config.num_classes))
-    images, names = pipe.sample_grid(classes, per_class, 0, guidance, steps, guidance_interval=guidance_interval)
+    images, names = pipe.sample_grid(
+        classes, per_class, 0, guidance, steps, guidance_interval=guidance_interval, grid_averaging=grid_averaging
+    )
     make_grid(images, ncols=per_class, row_labels=names).save(path)
     return path
 

@@ -1,12 +1,15 @@
 r"""Guidance in an interval of timesteps, on the embedded default's trained model: KID and FID (90% bootstrap
 intervals) and per-class KID of class-balanced samples for each guidance scale and interval, with a grid
 of each. Guidance at every step (DiT's way) is the baseline row; ``G@FIRST-LAST`` guides only the steps
-whose training timestep lies in FIRST..LAST (``MoHDiTPipeline(guidance_interval=...)``).
+whose training timestep lies in FIRST..LAST (``MoHDiTPipeline(guidance_interval=...)``); a ``+avgT`` suffix
+also averages the prediction over shifted patch grids at the steps with timestep <= T
+(``MoHDiTPipeline(grid_averaging=T)``).
 
     python -m experiments.guidance_interval                          # the default's model (v7), every setting
     python -m experiments.default_comparison --out runs/v7s1 --only v7s1 \
         --recipe "v7s1=configs/fashion_mnist_moh.yaml:train.seed=1"       # the same recipe, seed 1
     python -m experiments.guidance_interval --models v7s1=runs/v7s1/runs/v7s1/pipeline --settings 2 3 4@100-500
+    python -m experiments.guidance_interval --settings 4@100-500+avg100 4@100-500+avg200
 
 The models come from ``python -m experiments.default_comparison`` (v7 is the default's recipe). Sample folders are reused when their records match, so an interrupted study
 continues. Writes RESULTS.md, results.json and grids under experiments/results/guidance_interval/.
@@ -23,7 +26,7 @@ from typing import Optional
 from experiments.common import add_scoring_arguments, real_recognition, render_grid, sample_and_score, start_scoring
 from experiments.default_comparison import class_tables
 from moh_dit.generate import GenerationSettings
-from moh_dit.options import check_guidance_interval
+from moh_dit.options import check_grid_averaging, check_guidance_interval
 
 MODELS = {"v7": "experiments/results/default/runs/v7/pipeline"}
 # guidance at every step (the comparison's 2 and the default's earlier grid guidance 3), then intervals:
@@ -41,17 +44,27 @@ SETTINGS = (
     "4@150-500",
     "3@100-999",
     "4@100-999",
+    # the default's setting with its patch grids averaged at the low-noise steps
+    "4@100-500+avg100",
+    "4@100-500+avg200",
 )
 
 
-def parse_setting(text: str) -> tuple[float, Optional[tuple[int, int]]]:
-    """``"4"`` -> (4.0, None); ``"4@100-600"`` -> (4.0, (100, 600))."""
-    scale, _, interval = text.partition("@")
+def parse_setting(text: str) -> tuple[float, Optional[tuple[int, int]], Optional[int]]:
+    """``"4"`` -> (4.0, None, None); ``"4@100-600"`` -> (4.0, (100, 600), None); ``"4@100-600+avg100"`` ->
+    (4.0, (100, 600), 100): guidance scale, guided interval, grid averaging."""
+    guidance, suffix, averaging = text.partition("+avg")
+    scale, _, interval = guidance.partition("@")
     try:
+        if suffix and not averaging:
+            raise ValueError("+avg without a timestep")
         value = float(scale)
-        return value, check_guidance_interval(tuple(int(v) for v in interval.split("-")) if interval else None)
+        banded = check_guidance_interval(tuple(int(v) for v in interval.split("-")) if interval else None)
+        return value, banded, check_grid_averaging(int(averaging)) if averaging else None
     except ValueError:  # ConfigError is one too
-        raise SystemExit(f"a setting is GUIDANCE or GUIDANCE@FIRST-LAST (e.g. 4@100-600), got {text!r}") from None
+        raise SystemExit(
+            f"a setting is GUIDANCE[@FIRST-LAST][+avgT] (e.g. 4@100-600 or 4@100-600+avg100), got {text!r}"
+        ) from None
 
 
 def main(argv=None) -> dict:
@@ -69,7 +82,7 @@ def main(argv=None) -> dict:
         if not model:
             raise SystemExit(f"--models wants NAME=PIPELINE, got {spec!r}")
         for text in args.settings:
-            scale, interval = parse_setting(text)
+            scale, interval, averaging = parse_setting(text)
             settings = GenerationSettings(
                 num_samples=args.samples,
                 seed=1000,  # the comparison's seed and labels: the guidance-2/3 rows are its samples' twins
@@ -78,16 +91,32 @@ def main(argv=None) -> dict:
                 num_inference_steps=args.steps,
                 label_mode="balanced",
                 guidance_interval=interval,
+                grid_averaging=averaging,
             )
             tag = f"{args.scheduler}{args.steps}-cfg{scale:g}" + ("-t{}-{}".format(*interval) if interval else "")
+            tag += f"-avg{averaging}" if averaging is not None else ""
             folder = out / "runs" / name / f"samples-{tag}-n{args.samples}"
             scores = sample_and_score(
                 Path(model), folder, settings, args.scheduler, reference, extractor, args.bootstrap
             )
             grid = out / f"grid_{name}_{tag}.png"
-            render_grid(Path(model), grid, args.scheduler, args.steps, scale, guidance_interval=interval)
+            render_grid(
+                Path(model),
+                grid,
+                args.scheduler,
+                args.steps,
+                scale,
+                guidance_interval=interval,
+                grid_averaging=averaging,
+            )
             rows[f"{name} {text}"] = dict(
-                scores, model=name, pipeline=model, guidance=scale, interval=interval, grid=grid.name
+                scores,
+                model=name,
+                pipeline=model,
+                guidance=scale,
+                interval=interval,
+                grid_averaging=averaging,
+                grid=grid.name,
             )
             logging.info("%s %s: KID %.3f FID %.1f", name, text, scores["kid"], scores["fid"])
             result = {
@@ -108,7 +137,8 @@ def report(result: dict) -> str:
         f"{protocol['samples']} class-balanced samples per row ({protocol['scheduler']}, {protocol['steps']} steps, "
         "seed 1000), scored against the 10,000 Fashion-MNIST test images with the project's classifier features; "
         f"90% bootstrap intervals over {protocol['bootstrap']} resamples. `G@A-B`: guidance G at the steps whose "
-        "training timestep is in A..B, none elsewhere; `G`: guidance at every step. Reproduce: "
+        "training timestep is in A..B, none elsewhere; `G`: guidance at every step; `+avgT`: the prediction "
+        "averaged over the patch grid's shifts at the steps with timestep <= T (grid averaging). Reproduce: "
         "`python -m experiments.guidance_interval` (docs/sampling.md explains the choice).",
         "",
         "| model | setting | KID | FID | precision | recall | ms / image |",
@@ -125,7 +155,8 @@ def report(result: dict) -> str:
     lines += [
         "",
         "ms / image: the wall time of generating the row's samples on whatever machine made them (CPU rows share it "
-        "with other work), a rough guide: outside the interval one forward pass replaces two.",
+        "with other work), a rough guide: outside the interval one forward pass replaces two; grid averaging runs "
+        "the steps it averages on four shifted copies in one batch.",
         "",
         *class_tables(rows, result.get("real_recognised"), what="model, setting", note=note),
         "",

@@ -151,7 +151,9 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
     example = ", ".join(repr(n) for n in names[:2]) if names else "0, 1"
     sampling = manifest.get("sampling") or {}
     scale, interval = sampling.get("guidance_scale", 4.0), sampling.get("guidance_interval")
+    averaging = sampling.get("grid_averaging")
     banded = f", guidance_interval=({interval[0]}, {interval[1]})" if interval else ""
+    banded += f", grid_averaging={averaging}" if averaging is not None else ""
     call = (
         f"pipe([{example}], guidance_scale={float(scale)!r}{banded}, num_inference_steps=250)"
         if config["num_classes"]
@@ -181,7 +183,8 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
         + (f", step {source['step']}" if source.get("step") is not None else ""),
         "- sampling it was shown with (the default of `moh-dit sample` and the demo): "
         + (
-            f"{describe_guidance(scale, interval)}, {sampling.get('scheduler')} {sampling.get('num_inference_steps')} steps"
+            f"{describe_guidance(scale, interval, averaging)}, {sampling.get('scheduler')} "
+            f"{sampling.get('num_inference_steps')} steps"
             if sampling
             else "not recorded"
         ),
@@ -227,7 +230,9 @@ def record_evaluation(folder: str | os.PathLike, pipe, manifest: dict, result: d
         "extractor": result["extractor"],
         "reference": Path(result["reference"]["reference"]).name,
         "sampler": f"{identity.get('scheduler', {}).get('name', '?')} {identity.get('num_inference_steps')} steps, "
-        + describe_guidance(identity.get("guidance_scale"), identity.get("guidance_interval")),
+        + describe_guidance(
+            identity.get("guidance_scale"), identity.get("guidance_interval"), identity.get("grid_averaging")
+        ),
     }
     file = folder / EVALUATIONS_FILE
     entries = json.loads(file.read_text()) if file.is_file() else []

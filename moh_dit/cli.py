@@ -103,6 +103,21 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
+def grid_averaging_arg(text: str):
+    """An argparse type: a training timestep (0-999) for ``--grid-averaging``, or ``off``."""
+    from .options import GRID_AVERAGING_OFF
+
+    if text.strip().lower() in (GRID_AVERAGING_OFF, "none"):
+        return GRID_AVERAGING_OFF
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a timestep such as 100, or off; got {text!r}") from None
+    if not 0 <= value <= 999:
+        raise argparse.ArgumentTypeError(f"must be a training timestep between 0 and 999, got {value}")
+    return value
+
+
 def finite_float(text: str) -> float:
     try:
         value = float(text)
@@ -115,9 +130,10 @@ def finite_float(text: str) -> float:
 
 def apply_model_guidance(args, record: Optional[dict]) -> None:
     """Guidance the user left open (``--cfg-scale`` unset): the model's recorded preview guidance, scale
-    and interval (``MoHDiTPipeline.preview_sampling``), else the package's grid guidance at every step.
-    A ``--cfg-scale`` given alone guides every step; ``--guidance-interval`` always wins. Logs the choice."""
-    from .options import GRID_GUIDANCE, check_guidance_interval, describe_guidance
+    and interval, and its grid averaging (``MoHDiTPipeline.preview_sampling``), else the package's grid
+    guidance at every step without averaging. A ``--cfg-scale`` given alone guides every step (as DiT, without
+    averaging); ``--guidance-interval`` and ``--grid-averaging`` (``off`` included) always win. Logs the choice."""
+    from .options import GRID_AVERAGING_OFF, GRID_GUIDANCE, check_guidance_interval, describe_guidance
 
     check_guidance_interval(args.guidance_interval)  # before any model is loaded
     if args.cfg_scale is not None:
@@ -126,9 +142,14 @@ def apply_model_guidance(args, record: Optional[dict]) -> None:
         args.cfg_scale, why = record["guidance_scale"], "the model's recorded preview guidance"
         if args.guidance_interval is None:
             args.guidance_interval = record.get("guidance_interval")
+        if args.grid_averaging is None:
+            args.grid_averaging = record.get("grid_averaging")
     else:
         args.cfg_scale, why = GRID_GUIDANCE, "no recorded guidance: the package's grid default"
-    logging.getLogger("moh_dit").info("%s (%s)", describe_guidance(args.cfg_scale, args.guidance_interval), why)
+    if args.grid_averaging == GRID_AVERAGING_OFF:
+        args.grid_averaging = None
+    described = describe_guidance(args.cfg_scale, args.guidance_interval, args.grid_averaging)
+    logging.getLogger("moh_dit").info("%s (%s)", described, why)
 
 
 def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num_samples: int) -> None:
@@ -171,6 +192,16 @@ def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num
         default=None,
         help="guide only the steps at training timesteps FIRST..LAST (e.g. 100 600; 0 999 = every step, "
         "as DiT); see docs/sampling.md",
+    )
+    parser.add_argument(
+        "--grid-averaging",
+        type=grid_averaging_arg,
+        default=None,
+        metavar="LAST",
+        help="at the steps with training timestep <= LAST, average the prediction over the patch grid's shifts "
+        "(fainter patch seams; e.g. 100); off for none"
+        + ("; default: the model's own" if guidance is None else "; default: off")
+        + " (docs/sampling.md)",
     )
     parser.add_argument(
         "--num-steps", type=positive_int, default=None, help="sampling steps (default: the protocol's)"

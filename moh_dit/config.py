@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from .errors import ConfigError
-from .options import FAST_SCHEDULER, FAST_STEPS, SCHEDULERS, check_guidance_interval
+from .options import FAST_SCHEDULER, FAST_STEPS, SCHEDULERS, check_grid_averaging, check_guidance_interval
 from .presets import check_config_keys, preset_config
 
 __all__ = [
@@ -109,6 +109,7 @@ class LogSection:
     sample_max_classes: int = 10
     sample_cfg_scale: float = 4.0
     sample_guidance_interval: Optional[list[int]] = None  # [first, last] guided timesteps; null: every step
+    sample_grid_averaging: Optional[int] = None  # average over shifted patch grids at timesteps <= this; null: none
     sample_steps: int = FAST_STEPS  # previews use the fast protocol (moh_dit.options.PROTOCOLS)
     sample_scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.options.SCHEDULERS)
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
@@ -123,6 +124,7 @@ class LogSection:
             guidance_interval=self.sample_guidance_interval,
             scheduler=self.sample_scheduler,
             num_inference_steps=self.sample_steps,
+            grid_averaging=self.sample_grid_averaging,
         )
 
 
@@ -154,6 +156,7 @@ class Config:
         _one_of("log.sample_scheduler", log.sample_scheduler, SCHEDULERS)
         try:
             check_guidance_interval(log.sample_guidance_interval)
+            check_grid_averaging(log.sample_grid_averaging)
         except ConfigError as err:
             raise ConfigError(f"log.sample_{err}") from None
         if not 0 <= optim.min_lr <= optim.lr:

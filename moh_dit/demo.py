@@ -1,5 +1,5 @@
-"""A local web page to try a trained model: pick a class (by name), guidance, steps, scheduler and seed, and
-see the samples; for MoH models also a heatmap of which routed heads the tokens used while sampling.
+"""A local web page to try a trained model: pick a class (by name), guidance, patch-grid averaging, steps,
+scheduler and seed, and see the samples; for MoH models also a heatmap of which routed heads the tokens used while sampling.
 
 Gradio is an optional extra (``pip install "moh-dit[demo]"``); the page runs on this machine only.
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .images import heatmap, make_grid
-from .options import SCHEDULERS, check_guidance_interval, describe_guidance
+from .options import SCHEDULERS, check_grid_averaging, check_guidance_interval, describe_guidance
 
 __all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
 
@@ -47,9 +47,11 @@ def generate(
     seed: int,
     guided_from: int = 0,
     guided_to: Optional[int] = None,
+    grid_averaging: Optional[int] = None,
 ):
     """One request of the page: ``(grid image, head-usage heatmap or None, a line about what ran)``. Guidance
-    applies at training timesteps ``guided_from..guided_to`` (default: all)."""
+    applies at training timesteps ``guided_from..guided_to`` (default: all); the steps at timesteps up to
+    ``grid_averaging`` average over shifted patch grids (default: none)."""
     if scheduler not in SCHEDULERS:
         raise ConfigError(f"unknown scheduler {scheduler!r}")
     pipe.with_scheduler(scheduler)
@@ -65,16 +67,23 @@ def generate(
     if first > final:
         raise ConfigError(f"guidance from timestep {first} to {final}: the first must not be after the last")
     interval = check_guidance_interval([first, final], last + 1)
+    averaging = check_grid_averaging(None if grid_averaging is None else int(grid_averaging), last + 1)
     start = time.time()
     with pipe.transformer.recording_head_usage() as usage:
         images, names = pipe.sample_grid(
-            classes, int(per_class), int(seed), float(guidance), int(steps), guidance_interval=interval
+            classes,
+            int(per_class),
+            int(seed),
+            float(guidance),
+            int(steps),
+            guidance_interval=interval,
+            grid_averaging=averaging,
         )
     grid = make_grid(images, ncols=int(per_class), row_labels=names)
     source = (getattr(pipe, "provenance", None) or {}).get("source", "the model")
     info = (
         f"{len(images)} images from {source} in {time.time() - start:.1f} s ({scheduler}, {steps} steps, "
-        f"{describe_guidance(guidance, interval)})"
+        f"{describe_guidance(guidance, interval, averaging)})"
     )
     return grid, head_usage_heatmap(usage, pipe.transformer), info
 
@@ -111,6 +120,19 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                 guided_to = gr.Slider(
                     0, last, value=last_guided, step=1, label="guided to timestep", elem_id="guided-to"
                 )
+                averaged = gr.Checkbox(
+                    value=recorded["grid_averaging"] is not None,
+                    label="average shifted patch grids at low noise (fainter patch seams)",
+                    elem_id="grid-averaging",
+                )
+                averaged_to = gr.Slider(
+                    0,
+                    last,
+                    value=100 if recorded["grid_averaging"] is None else recorded["grid_averaging"],
+                    step=1,
+                    label="... at timesteps up to",
+                    elem_id="grid-averaging-last",
+                )
                 steps = gr.Slider(
                     2, 250, value=recorded["num_inference_steps"], step=1, label="steps", elem_id="steps"
                 )
@@ -125,8 +147,9 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                 usage = gr.Image(label="routed heads used", type="pil", elem_id="heads")
                 info = gr.Markdown(elem_id="info")
         button.click(
-            lambda *args: generate(pipe, *args),
-            [label, per_class, guidance, steps, scheduler, seed, guided_from, guided_to],
+            # the last two controls: averaging on or off, and up to which timestep
+            lambda *args: generate(pipe, *args[:-2], args[-1] if args[-2] else None),
+            [label, per_class, guidance, steps, scheduler, seed, guided_from, guided_to, averaged, averaged_to],
             [grid, usage, info],
         )
     return page

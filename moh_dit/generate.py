@@ -40,7 +40,14 @@ from .artifacts import (
 from .errors import ArtifactError, ConfigError
 from .latents import check_vae, load_vae
 from .model import MoHDiT
-from .options import EVAL_GUIDANCE, EVAL_STEPS, LABEL_MODES, check_guidance_interval, describe_guidance
+from .options import (
+    EVAL_GUIDANCE,
+    EVAL_STEPS,
+    LABEL_MODES,
+    check_grid_averaging,
+    check_guidance_interval,
+    describe_guidance,
+)
 from .pipeline import MoHDiTPipeline, check_sampling_record
 from .seeding import index_generator, label_for_index
 from .tracking import Progress
@@ -312,6 +319,7 @@ class GenerationSettings:
     guidance_channels: Optional[int] = None
     label_mode: str = "uniform"
     guidance_interval: Optional[tuple[int, int]] = None  # guided timesteps [first, last]; None: every step
+    grid_averaging: Optional[int] = None  # average over shifted patch grids at timesteps <= this; None: nowhere
 
     @classmethod
     def from_args(cls, args, batch_size: int) -> "GenerationSettings":
@@ -325,6 +333,7 @@ class GenerationSettings:
             guidance_channels=args.guidance_channels,
             label_mode=args.label_mode,
             guidance_interval=getattr(args, "guidance_interval", None),
+            grid_averaging=getattr(args, "grid_averaging", None),
         )
 
     def validate(self) -> None:
@@ -334,6 +343,7 @@ class GenerationSettings:
         if not math.isfinite(self.guidance_scale):
             raise ConfigError(f"guidance_scale must be a finite number, got {self.guidance_scale}")
         self.guidance_interval = check_guidance_interval(self.guidance_interval)
+        self.grid_averaging = check_grid_averaging(self.grid_averaging)
         if self.label_mode not in LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {', '.join(LABEL_MODES)}, got {self.label_mode!r}")
 
@@ -363,6 +373,8 @@ def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_si
     if conditional and settings.guidance_interval is not None:
         # only when set: folders made before intervals existed guided every step and keep their identity
         identity["guidance_interval"] = list(settings.guidance_interval)
+    if settings.grid_averaging is not None:  # likewise: only when set
+        identity["grid_averaging"] = settings.grid_averaging
     return {
         "identity": identity,
         "model": getattr(pipe, "provenance", None),
@@ -445,6 +457,7 @@ def generate_samples(
             output_type="uint8",
             progress=False,
             guidance_interval=settings.guidance_interval if num_classes > 0 else None,
+            grid_averaging=settings.grid_averaging,
         ).images
         for i, img in zip(batch, images):
             if i in missing:
@@ -518,5 +531,5 @@ def describe_samples(manifest: Optional[dict]) -> str:
     return (
         f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
         f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, "
-        + describe_guidance(ident["guidance_scale"], ident.get("guidance_interval"))
+        + describe_guidance(ident["guidance_scale"], ident.get("guidance_interval"), ident.get("grid_averaging"))
     )

@@ -206,7 +206,7 @@ def bootstrap_interval(
     return estimate - z * spread, estimate + z * spread
 
 
-def patch_seam_ratio(images, patch: int) -> float:
+def patch_seam_ratio(images, patch: int, offset: int = 0) -> float:
     """How much sharper the patch grid's lines are than the image around them: the mean absolute difference
     between neighbouring pixels on either side of a line of the ``patch``-pixel grid, divided by the mean
     absolute difference between neighbouring pixels inside a patch (rows and columns together; colour
@@ -215,6 +215,10 @@ def patch_seam_ratio(images, patch: int) -> float:
     are not invariant to where the grid falls either (centred objects put their outlines in particular
     columns), so compare a set's ratio with that of real images of the same kind; their quotient is the
     seam excess (1 = no more seams than real images).
+
+    ``offset`` moves the grid by that many pixels right and down (0: the model's own grid, whose first line
+    lies between pixels ``patch - 1`` and ``patch``); sampling that shifts the grid (grid averaging) is
+    checked at every offset, so that seams moved elsewhere are not missed.
 
     ``images``: (N, H, W) or (N, H, W, C), any real dtype (uint8 as stored). Written here because no library
     we build on measures patch-grid artefacts."""
@@ -225,10 +229,12 @@ def patch_seam_ratio(images, patch: int) -> float:
         raise ValueError(
             f"patch_seam_ratio wants (N, H, W[, C]) images larger than patch {patch} >= 2, got {tuple(x.shape)}"
         )
+    if not 0 <= offset < patch:
+        raise ValueError(f"patch_seam_ratio: the offset must be between 0 and {patch - 1}, got {offset}")
     across_columns = (x[:, :, 1:] - x[:, :, :-1]).abs()  # (N, H, W - 1): column j against column j + 1
     across_rows = (x[:, 1:, :] - x[:, :-1, :]).abs()  # (N, H - 1, W)
-    on_line_col = torch.arange(1, x.shape[2]) % patch == 0  # the pair straddles a vertical grid line
-    on_line_row = torch.arange(1, x.shape[1]) % patch == 0
+    on_line_col = (torch.arange(1, x.shape[2]) - offset) % patch == 0  # the pair straddles a vertical grid line
+    on_line_row = (torch.arange(1, x.shape[1]) - offset) % patch == 0
     seams = torch.cat([across_columns[:, :, on_line_col].flatten(), across_rows[:, on_line_row, :].flatten()])
     inside = torch.cat([across_columns[:, :, ~on_line_col].flatten(), across_rows[:, ~on_line_row, :].flatten()])
     if inside.mean() == 0:

@@ -19,6 +19,8 @@ __all__ = [
     "FAST_SCHEDULER",
     "FAST_STEPS",
     "check_guidance_interval",
+    "check_grid_averaging",
+    "GRID_AVERAGING_OFF",
     "describe_guidance",
 ]
 
@@ -77,7 +79,27 @@ def check_guidance_interval(interval: Any, num_train_timesteps: int = 1000) -> O
     return None if values == [0, num_train_timesteps - 1] else (values[0], values[1])
 
 
-def describe_guidance(scale: Any, interval: Optional[Any]) -> str:
-    """``guidance 4 at timesteps 100-500`` or ``guidance 4 at every step``, for logs, pages and cards."""
+# ``--grid-averaging off``: no averaging even where the model records some (a command-line value only)
+GRID_AVERAGING_OFF = "off"
+
+
+def check_grid_averaging(last: Any, num_train_timesteps: int = 1000) -> Optional[int]:
+    """``None`` (off), or the last training timestep ``0 <= last < T`` at which the denoiser's prediction is
+    averaged over shifted patch grids (``MoHDiTPipeline(grid_averaging=...)``); anything else is a
+    :class:`ConfigError` naming the expected form."""
+    if last is None:
+        return None
+    if isinstance(last, bool) or not isinstance(last, int) or not 0 <= last < num_train_timesteps:
+        raise ConfigError(
+            f"grid_averaging must be a timestep between 0 and {num_train_timesteps - 1} (the steps at or below it "
+            f"average the prediction over shifted patch grids; e.g. 100), or null for none; got {last!r}"
+        )
+    return int(last)
+
+
+def describe_guidance(scale: Any, interval: Optional[Any], grid_averaging: Optional[int] = None) -> str:
+    """``guidance 4 at timesteps 100-500`` or ``guidance 4 at every step``, and where the patch grid is
+    averaged (``, patch grids averaged at timesteps 0-100``), for logs, pages and cards."""
     where = "at timesteps {}-{}".format(*interval) if interval else "at every step"
-    return f"guidance {float(scale):g} {where}"
+    averaged = f", patch grids averaged at timesteps 0-{grid_averaging}" if grid_averaging is not None else ""
+    return f"guidance {float(scale):g} {where}{averaged}"

@@ -402,7 +402,10 @@ class Trainer:
                 return self.layout.samples / f"{tag}.png"
             args = (log.sample_per_class, seed, log.sample_cfg_scale, log.sample_steps, log.sample_max_classes)
             path = self.ema_pipeline(log.sample_scheduler).save_grid(
-                self.layout.samples / f"{tag}.png", *args, guidance_interval=log.sample_guidance_interval
+                self.layout.samples / f"{tag}.png",
+                *args,
+                guidance_interval=log.sample_guidance_interval,
+                grid_averaging=log.sample_grid_averaging,
             )
             self.metrics.log_image("samples", path, self.step)
             return path

@@ -49,6 +49,17 @@ def test_an_exported_pipeline_has_a_card_that_describes_it(run):
     )
 
 
+def test_the_card_shows_the_recorded_guidance_interval_and_grid_averaging(run):
+    from moh_dit.card import render_card
+
+    pipe = MoHDiTPipeline.from_pretrained(run / "pipeline")
+    manifest = json.loads((run / "pipeline" / "manifest.json").read_text())
+    manifest["sampling"] = dict(manifest["sampling"], guidance_interval=[100, 500], grid_averaging=100)
+    body = render_card(pipe, manifest, [])
+    assert "guidance_scale=4.0, guidance_interval=(100, 500), grid_averaging=100, num_inference_steps=250)" in body
+    assert "guidance 4 at timesteps 100-500, patch grids averaged at timesteps 0-100, " in body
+
+
 def test_evaluating_the_pipeline_adds_its_metrics_to_the_card(run, tmp_path):
     from .test_evaluation import random_images
 
@@ -69,12 +80,15 @@ def test_evaluating_the_pipeline_adds_its_metrics_to_the_card(run, tmp_path):
             str(tmp_path / "s"),
             "--sample-batch-size",
             "4",
+            "--grid-averaging",
+            "1",
         ]
     )
     entries = json.loads((run / "pipeline" / "evaluations.json").read_text())
     assert entries[-1]["metrics"]["fid"] == result["metrics"]["fid"] and entries[-1]["num_samples"] == 8
     card = (run / "pipeline" / "README.md").read_text()
-    assert f"| 8 | {result['metrics']['fid']:.2f} |" in card and "DDPMScheduler 2 steps, guidance 1.5" in card
+    assert f"| 8 | {result['metrics']['fid']:.2f} |" in card
+    assert "DDPMScheduler 2 steps, guidance 1.5 at every step, patch grids averaged at timesteps 0-1" in card
     # another dtype is another model: its numbers do not go into this card
     evaluate_fid.main(
         [

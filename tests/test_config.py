@@ -42,6 +42,8 @@ def test_defaults_and_overrides_are_typed():
         ("train.snr_gamma=nan", "train.snr_gamma must be a number > 0"),
         ("log.sample_guidance_interval=[600,100]", r"log.sample_guidance_interval must be two timesteps"),
         ("log.sample_guidance_interval=[0,1000]", r"0 <= first <= last < 1000"),
+        ("log.sample_grid_averaging=1000", r"log.sample_grid_averaging must be a timestep between 0 and 999"),
+        ("log.sample_grid_averaging=[100]", r"log.sample_grid_averaging must be a timestep"),
         ("model.init_from=x model.overrides.num_head=3", "num_head"),  # checked with init_from too
     ],
 )

@@ -26,6 +26,11 @@ def test_one_request_gives_a_grid_a_head_heatmap_and_a_line():
     assert info.startswith("3 images from") and "(ddim, 3 steps, guidance 2 at every step)" in info
     banded = generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, guided_from=100, guided_to=600)
     assert "guidance 2 at timesteps 100-600" in banded[2] and banded[0].tobytes() != grid.tobytes()
+    averaged = generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, grid_averaging=500)
+    assert "guidance 2 at every step, patch grids averaged at timesteps 0-500)" in averaged[2]
+    assert averaged[0].tobytes() != grid.tobytes()
+    with pytest.raises(ValueError, match="grid_averaging must be a timestep"):
+        generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, grid_averaging=1000)
     with pytest.raises(ValueError, match="the first must not be after the last"):
         generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, guided_from=700, guided_to=600)
     everything = generate(pipe, ALL_CLASSES, per_class=2, guidance=2.0, steps=2, scheduler="ddpm", seed=1)[0]
@@ -53,7 +58,7 @@ def test_the_page_in_a_browser(tmp_path):
 
     make_image_folder(tmp_path / "images")
     # the page starts at the guidance the run drew its previews with, recorded with the exported weights
-    recorded = ("log.sample_cfg_scale=2.5", "log.sample_guidance_interval=[100,600]")
+    recorded = ("log.sample_cfg_scale=2.5", "log.sample_guidance_interval=[100,600]", "log.sample_grid_averaging=100")
     train_tiny(tmp_path / "run", tmp_path / "images", "log.sample_per_class=0", *recorded)
     port = _free_port()
     env = {
@@ -113,7 +118,8 @@ def test_the_page_in_a_browser(tmp_path):
         assert image.get_attribute("src").startswith(f"http://127.0.0.1:{port}/")
         WebDriverWait(driver, 30).until(lambda d: "images from" in d.find_element(By.CSS_SELECTOR, "#info").text)
         info = driver.find_element(By.CSS_SELECTOR, "#info").text
-        assert "8 images from" in info and "3 steps, guidance 2.5 at timesteps 100-600" in info
+        assert "8 images from" in info
+        assert "3 steps, guidance 2.5 at timesteps 100-600, patch grids averaged at timesteps 0-100)" in info
         with urllib.request.urlopen(image.get_attribute("src"), timeout=10) as response:
             assert response.read(8) == b"\x89PNG\r\n\x1a\n" or response.status == 200
         driver.save_screenshot(str(tmp_path / "demo.png"))

@@ -199,8 +199,9 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
         assert len(row["recognised"]) == 10 and set(row["recognised"]) <= {0.0, 0.5, 1.0}
         assert len(row["class_kid"]) == 10 and all(np.isfinite(row["class_kid"]))
         assert len(row["class_seam_excess"]) == 10 and np.isfinite(row["seam_excess"])
+        assert row["seam_excess_any_offset"] >= row["seam_excess"]  # the largest over every grid offset
     assert min(result["real_recognised"]) > 0.5 and "| real test images |" in text and "| Sandal |" in text
-    assert "Patch seams" in text and "| Sandal | Shirt | Sneaker | Bag | Ankle boot | all |" in text
+    assert "Patch seams" in text and "| Sandal | Shirt | Sneaker | Bag | Ankle boot | all | any offset |" in text
     again = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])  # runs and samples are reused
     assert again["rows"]["new"]["kid"] == result["rows"]["new"]["kid"]
 
@@ -208,16 +209,23 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     from experiments import guidance_interval
 
     model = f"new={tmp_path / 'runs' / 'new' / 'pipeline'}"
-    study = ["--models", model, "--settings", "2", "2@100-600", "--samples", "20", "--steps", "2", "--bootstrap", "3"]
+    settings = ["2", "2@100-600", "2@100-600+avg500"]
+    study = ["--models", model, "--settings", *settings, "--samples", "20", "--steps", "2", "--bootstrap", "3"]
     rows = guidance_interval.main([*study, "--out", str(tmp_path / "gi")])["rows"]
-    assert list(rows) == ["new 2", "new 2@100-600"] and rows["new 2@100-600"]["interval"] == (100, 600)
+    assert list(rows) == [f"new {s}" for s in settings] and rows["new 2@100-600"]["interval"] == (100, 600)
     banded = np.load(tmp_path / "gi" / "runs" / "new" / "samples-dpm-solver2-cfg2-t100-600-n20.npz")
     assert json.loads(str(banded["moh_dit_manifest"]))["identity"]["guidance_interval"] == [100, 600]
+    averaged = np.load(tmp_path / "gi" / "runs" / "new" / "samples-dpm-solver2-cfg2-t100-600-avg500-n20.npz")
+    assert json.loads(str(averaged["moh_dit_manifest"]))["identity"]["grid_averaging"] == 500
+    assert rows["new 2@100-600+avg500"]["grid_averaging"] == 500 and rows["new 2@100-600"]["grid_averaging"] is None
     text = (tmp_path / "gi" / "RESULTS.md").read_text()
     assert "| new | 2@100-600 |" in text and "| new 2@100-600 |" in text  # the main table and the per-class one
     assert all((tmp_path / "gi" / r["grid"]).exists() for r in rows.values())
-    with pytest.raises(SystemExit, match="GUIDANCE@FIRST-LAST"):
-        guidance_interval.parse_setting("4@100")
+    assert guidance_interval.parse_setting("4@100-500+avg100") == (4.0, (100, 500), 100)
+    assert guidance_interval.parse_setting("3+avg0") == (3.0, None, 0)
+    for bad in ("4@100", "4@100-500+avg1000", "4+avg"):
+        with pytest.raises(SystemExit, match=r"GUIDANCE\[@FIRST-LAST\]\[\+avgT\]"):
+            guidance_interval.parse_setting(bad)
 
 
 def test_recipe_overrides_split_on_commas_outside_lists():

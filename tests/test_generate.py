@@ -168,24 +168,60 @@ def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path,
     assert generate_samples(pipe, tmp_path / "plain", settings(guidance_interval=(0, 999))) == plain
 
 
+def test_grid_averaging_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
+    import moh_dit.pipeline as pipeline
+    from moh_dit.generate import describe_samples
+
+    averaged, shifts = [], pipeline.grid_shifts
+    monkeypatch.setattr(pipeline, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
+    pipe = load_pipeline(run_dir, device="cpu")
+    plain = generate_samples(pipe, tmp_path / "plain", settings())
+    assert "grid_averaging" not in json.loads(str(np.load(plain)["moh_dit_manifest"]))["identity"] and not averaged
+    with pytest.raises(ArtifactError, match=r"grid_averaging: '<absent>' -> 500"):
+        generate_samples(pipe, tmp_path / "plain", settings(grid_averaging=500))
+    made = np.load(generate_samples(pipe, tmp_path / "averaged", settings(grid_averaging=500)))
+    manifest = json.loads(str(made["moh_dit_manifest"]))
+    assert manifest["identity"]["grid_averaging"] == 500 and averaged  # each folder made with its own setting
+    assert describe_samples(manifest).endswith("at every step, patch grids averaged at timesteps 0-500")
+    assert not np.array_equal(made["arr_0"], np.load(plain)["arr_0"])
+    with pytest.raises(ValueError, match="grid_averaging must be a timestep"):
+        generate_samples(pipe, tmp_path / "bad", settings(grid_averaging=-3))
+
+
 def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
     from argparse import Namespace
 
     from moh_dit.cli import apply_model_guidance
 
-    record = {"guidance_scale": 2.5, "guidance_interval": [100, 600]}
+    record = {"guidance_scale": 2.5, "guidance_interval": [100, 600], "grid_averaging": 100}
     cases = [
-        (dict(cfg_scale=None, guidance_interval=None), record, (2.5, [100, 600])),
-        (dict(cfg_scale=None, guidance_interval=[0, 999]), record, (2.5, [0, 999])),  # the interval flag wins
-        (dict(cfg_scale=1.5, guidance_interval=None), record, (1.5, None)),  # a scale alone guides every step
-        (dict(cfg_scale=None, guidance_interval=None), None, (4.0, None)),  # no record: the grid default
+        (dict(cfg_scale=None, guidance_interval=None), record, (2.5, [100, 600], 100)),
+        (dict(cfg_scale=None, guidance_interval=[0, 999]), record, (2.5, [0, 999], 100)),  # the interval flag wins
+        (dict(cfg_scale=None, grid_averaging=50), record, (2.5, [100, 600], 50)),  # and the averaging flag
+        (dict(cfg_scale=None, grid_averaging="off"), record, (2.5, [100, 600], None)),  # off included
+        (dict(cfg_scale=1.5, guidance_interval=None), record, (1.5, None, None)),  # a scale alone: as DiT
+        (dict(cfg_scale=1.5, grid_averaging=200), record, (1.5, None, 200)),
+        (dict(cfg_scale=None, guidance_interval=None), None, (4.0, None, None)),  # no record: the grid default
     ]
     for given, rec, want in cases:
-        args = Namespace(**given)
+        args = Namespace(**(dict(guidance_interval=None, grid_averaging=None) | given))
         apply_model_guidance(args, rec)
-        assert (args.cfg_scale, args.guidance_interval) == want
+        assert (args.cfg_scale, args.guidance_interval, args.grid_averaging) == want
     with pytest.raises(ValueError, match=r"guidance_interval must be .* got \[600, 100\]"):
-        apply_model_guidance(Namespace(cfg_scale=None, guidance_interval=[600, 100]), record)
+        apply_model_guidance(Namespace(cfg_scale=None, guidance_interval=[600, 100], grid_averaging=None), record)
+
+
+def test_the_grid_averaging_flag_takes_a_timestep_or_off(capsys):
+    from moh_dit.commands.sample import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["run", "--grid-averaging", "100"]).grid_averaging == 100
+    assert parse(["run", "--grid-averaging", "OFF"]).grid_averaging == "off"
+    assert parse(["run"]).grid_averaging is None  # the model's own
+    for bad in ("1000", "-1", "soon"):
+        with pytest.raises(SystemExit):
+            parse(["run", "--grid-averaging", bad])
+        assert "--grid-averaging" in capsys.readouterr().err
 
 
 def test_images_from_elsewhere_are_not_repacked(run_dir, tmp_path):

@@ -243,8 +243,8 @@ def test_patch_seam_ratio_closed_form_ramp_with_steps_at_the_grid(patch, size):
     assert patch_seam_ratio(np.stack([smooth, smooth]), patch) == pytest.approx(1.0, rel=1e-12)
 
 
-def brute_force_seam_ratio(images: np.ndarray, patch: int) -> float:
-    """Every pair of 4-neighbours, one at a time."""
+def brute_force_seam_ratio(images: np.ndarray, patch: int, offset: int = 0) -> float:
+    """Every pair of 4-neighbours, one at a time; grid lines ``offset`` pixels right of and below the model's."""
     gray = images.astype(np.float64).mean(axis=3)
     seams, inside = [], []
     for img in gray:
@@ -253,7 +253,7 @@ def brute_force_seam_ratio(images: np.ndarray, patch: int) -> float:
             for c in range(w):
                 for dr, dc in ((0, 1), (1, 0)):
                     if r + dr < h and c + dc < w:
-                        on_line = (c + 1) % patch == 0 if dc else (r + 1) % patch == 0
+                        on_line = (c + 1 - offset) % patch == 0 if dc else (r + 1 - offset) % patch == 0
                         (seams if on_line else inside).append(abs(img[r + dr, c + dc] - img[r, c]))
     return float(np.mean(seams) / np.mean(inside))
 
@@ -261,7 +261,9 @@ def brute_force_seam_ratio(images: np.ndarray, patch: int) -> float:
 def test_patch_seam_ratio_matches_brute_force_on_uint8_colour_images():
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(3, 10, 7, 3), dtype=np.uint8)  # not square, not a multiple of 4
-    assert patch_seam_ratio(images, 4) == pytest.approx(brute_force_seam_ratio(images, 4), rel=1e-12)
+    for offset in range(4):
+        expected = brute_force_seam_ratio(images, 4, offset)
+        assert patch_seam_ratio(images, 4, offset) == pytest.approx(expected, rel=1e-12)
 
 
 def test_patch_seam_ratio_sees_the_seams_of_patchwise_noise_and_not_a_shifted_grid():
@@ -273,6 +275,10 @@ def test_patch_seam_ratio_sees_the_seams_of_patchwise_noise_and_not_a_shifted_gr
     ratio = patch_seam_ratio(base + offsets, 4)
     assert ratio > 1.3 and patch_seam_ratio(base, 4) == pytest.approx(1.0, abs=0.05)
     assert patch_seam_ratio(base + offsets, 3) < ratio
+    # the same seams moved by one pixel: seen at offset 1, not at the model's grid
+    moved = np.roll(base + offsets, (1, 1), axis=(1, 2))
+    assert patch_seam_ratio(moved, 4, offset=1) == pytest.approx(ratio, rel=0.05)
+    assert patch_seam_ratio(moved, 4) < 1.1
 
 
 def test_patch_seam_ratio_rejects_what_it_cannot_measure():
@@ -282,3 +288,5 @@ def test_patch_seam_ratio_rejects_what_it_cannot_measure():
         patch_seam_ratio(np.zeros((2, 8, 8)), 1)
     with pytest.raises(ValueError, match="flat"):
         patch_seam_ratio(np.ones((2, 8, 8)), 4)
+    with pytest.raises(ValueError, match="offset must be between 0 and 3"):
+        patch_seam_ratio(np.zeros((2, 8, 8)), 4, offset=4)

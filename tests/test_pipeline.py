@@ -246,9 +246,9 @@ def test_guidance_interval_guides_exactly_the_steps_inside(name):
     seen = []
     inner = pipe.guided_model_output
 
-    def spy(x, t, labels, scale, channels=None):
+    def spy(x, t, labels, scale, channels=None, average=False):
         seen.append((int(t), scale))
-        return inner(x, t, labels, scale, channels)
+        return inner(x, t, labels, scale, channels, average)
 
     pipe.guided_model_output = spy
     kwargs = dict(guidance_scale=3.0, num_inference_steps=10, output_type="pt")
@@ -280,19 +280,109 @@ def test_guidance_interval_is_checked():
         pipe_for(tiny_model())([0], num_inference_steps=2, guidance_interval=(5, 1))
 
 
+# ----------------------------------------------------------------------------------------------------
+# Averaging over shifted patch grids
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "patch,want", [(2, [0, 1]), (4, [0, 1, 2, -1]), (8, [0, 1, 2, 3, 4, -3, -2, -1]), (3, [0, 1, -1])]
+)
+def test_grid_shifts_cover_every_offset_of_the_grid_once_with_the_smallest_rolls(patch, want):
+    from moh_dit.pipeline import grid_shifts
+
+    shifts = grid_shifts(patch)
+    assert shifts == want
+    assert sorted(s % patch for s in shifts) == list(range(patch)) and all(abs(s) <= patch / 2 for s in shifts)
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_grid_average_is_the_mean_of_the_shifted_predictions_rolled_back(scale):
+    # brute force: one forward per shifted copy, each prediction rolled back by hand, then the mean
+    pipe = pipe_for(tiny_model(patch_size=2))
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    t, labels = torch.tensor(400), torch.tensor([0, 1, 0])
+    averaged = pipe.guided_model_output(x, t, labels, scale, None, True)
+    singles = [
+        torch.roll(pipe.guided_model_output(torch.roll(x, (s, s), (2, 3)), t, labels, scale), (-s, -s), (2, 3))
+        for s in (0, 1)
+    ]
+    assert averaged.shape == singles[0].shape == (3, 2, 8, 8)  # noise and variance channels
+    torch.testing.assert_close(averaged, torch.stack(singles).mean(0), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(averaged, singles[0], atol=1e-4)
+
+
+def test_grid_average_spreads_a_denoiser_seam_evenly_over_the_image():
+    # a stand-in transformer whose prediction is a seam on its own grid's first column: 1 where
+    # column % 4 == 0, 0 elsewhere, whatever the input. Averaged over the four shifted grids, every column
+    # gets the seam once in four: a flat 1/4, no line left (closed form)
+    from types import SimpleNamespace
+
+    pipe = pipe_for(tiny_model(patch_size=4, sample_size=8))
+    seam = (torch.arange(8) % 4 == 0).float().expand(8, 8)  # (H, W)
+
+    def seam_only(x, t, y, **kwargs):
+        return SimpleNamespace(sample=seam.expand(x.shape[0], 2, 8, 8).clone())
+
+    pipe.transformer.forward = seam_only
+    x = torch.randn(2, 1, 8, 8)
+    plain = pipe.guided_model_output(x, torch.tensor(10), torch.tensor([0, 1]), 1.0)
+    averaged = pipe.guided_model_output(x, torch.tensor(10), torch.tensor([0, 1]), 1.0, None, True)
+    assert torch.equal(plain[0, 0], seam)
+    torch.testing.assert_close(averaged, torch.full_like(averaged, 0.25))
+
+
+@pytest.mark.parametrize("name", ["ddpm", "dpm-solver"])
+def test_grid_averaging_averages_exactly_the_steps_at_or_below_its_timestep(name):
+    pipe = pipe_for(tiny_model(), scheduler=name)
+    seen = []
+    inner = pipe.guided_model_output
+
+    def spy(x, t, labels, scale, channels=None, average=False):
+        seen.append((int(t), average))
+        return inner(x, t, labels, scale, channels, average)
+
+    pipe.guided_model_output = spy
+    kwargs = dict(guidance_scale=3.0, num_inference_steps=10, output_type="pt")
+    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    averaged = pipe([0, 1], grid_averaging=400, generator=gen(), **kwargs).images
+    assert any(t <= 400 for t, _ in seen) and any(t > 400 for t, _ in seen)
+    assert all(average == (t <= 400) for t, average in seen)
+    seen.clear()
+    plain = pipe([0, 1], generator=gen(), **kwargs).images
+    assert not any(average for _, average in seen)  # off by default
+    assert pipe([0, 1], grid_averaging=None, generator=gen(), **kwargs).images.equal(plain)
+    assert not torch.equal(averaged, plain) and torch.isfinite(averaged).all()
+
+
+def test_grid_averaging_is_checked():
+    from moh_dit.errors import ConfigError
+    from moh_dit.options import check_grid_averaging
+
+    assert check_grid_averaging(100) == 100 and check_grid_averaging(None) is None and check_grid_averaging(0) == 0
+    for bad in (-1, 1000, 1.5, True, "100", [100]):
+        with pytest.raises(ConfigError, match="grid_averaging must be a timestep between 0 and 999"):
+            check_grid_averaging(bad)
+    with pytest.raises(ConfigError, match="grid_averaging"):
+        pipe_for(tiny_model())([0], num_inference_steps=2, grid_averaging=1000)
+
+
 def test_saved_pipelines_record_how_they_are_meant_to_be_sampled(tmp_path):
     from moh_dit.errors import ArtifactError
     from moh_dit.generate import load_pipeline, recorded_sampling
-    from moh_dit.pipeline import sampling_record
+    from moh_dit.pipeline import check_sampling_record, sampling_record
 
     pipe = pipe_for(tiny_model())
     assert pipe.preview_sampling == sampling_record()  # no record: the package's grid defaults
-    pipe.save(tmp_path / "p", {"note": "test"}, sampling=sampling_record(3.0, [100, 600], "ddim", 12))
+    pipe.save(tmp_path / "p", {"note": "test"}, sampling=sampling_record(3.0, [100, 600], "ddim", 12, 100))
     want = {"guidance_scale": 3.0, "guidance_interval": [100, 600], "scheduler": "ddim", "num_inference_steps": 12}
+    want["grid_averaging"] = 100
     assert recorded_sampling(tmp_path / "p") == want
     assert load_pipeline(tmp_path / "p", device="cpu").preview_sampling == want
     with pytest.raises(ArtifactError, match="recorded sampling"):
         pipe.set_preview_sampling({"guidance_scale": 3.0, "guidance_interval": [600, 100]})
+    with pytest.raises(ArtifactError, match="recorded sampling"):
+        pipe.set_preview_sampling({"guidance_scale": 3.0, "grid_averaging": -5})
+    # a record written before grid averaging existed reads as none
+    assert check_sampling_record({"guidance_scale": 3.0})["grid_averaging"] is None
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
     manifest["sampling"]["guidance_interval"] = [100]  # a damaged record is refused, not half-used
     (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))

@@ -582,9 +582,10 @@ def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp
     monkeypatch.setattr(pipeline, "make_scheduler", lambda name="ddpm", *a: used.append(name) or make(name, *a))
     out = tmp_path / "run"
     extra = ["optim.schedule=cosine", "optim.warmup_steps=1", "optim.min_lr=1e-4", "log.sample_scheduler=dpm-solver"]
-    extra += ["log.sample_cfg_scale=2.5", "log.sample_guidance_interval=[100,600]"]
-    guided = []
+    extra += ["log.sample_cfg_scale=2.5", "log.sample_guidance_interval=[100,600]", "log.sample_grid_averaging=400"]
+    guided, averaged, shifts = [], [], pipeline.grid_shifts
     monkeypatch.setattr(pipeline, "guided_at", lambda t, interval: guided.append(interval) or True)
+    monkeypatch.setattr(pipeline, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
     train_tiny(out, image_dir, *extra)
     config = load_config(out / "config.yaml")
     lrs = [m["lr"] for m in read_metrics(out)]
@@ -592,11 +593,12 @@ def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp
     assert lrs[1] == pytest.approx(1e-3) and lrs[3] < lrs[2] < lrs[1]
     assert "dpm-solver" in used and (out / "samples" / "final.png").exists()
     assert guided and set(guided) == {(100, 600)}  # the preview grid guided in the configured interval
+    assert averaged  # and averaged its patch grids at the low-noise steps
     # the exported pipeline records how the run drew its previews; a checkpoint's comes from the run's config
     from moh_dit.generate import recorded_sampling
 
     want = dict(guidance_scale=2.5, guidance_interval=[100, 600], scheduler="dpm-solver")
-    want["num_inference_steps"] = config.log.sample_steps
+    want |= dict(num_inference_steps=config.log.sample_steps, grid_averaging=400)
     assert recorded_sampling(out) == recorded_sampling(out / "pipeline") == want
     assert recorded_sampling(sorted((out / "checkpoints").iterdir())[-1]) == want
     with pytest.raises(ConfigError, match="log.sample_scheduler"):

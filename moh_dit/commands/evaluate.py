@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from moh_dit.cli import add_sampling_arguments, apply_protocol, positive_int
-from moh_dit.options import EVAL_GUIDANCE
+from moh_dit.options import EVAL_GUIDANCE, GRID_AVERAGING_OFF
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -75,6 +75,7 @@ def default_sample_dir(args, source) -> Path:
     root = source.run or (source.path if source.path.is_dir() else source.path.parent)
     step = f"step{source.step}-" if source.step is not None else ""
     interval = "-t{}-{}".format(*args.guidance_interval) if args.guidance_interval else ""
+    interval += f"-avg{args.grid_averaging}" if args.grid_averaging is not None else ""
     tag = (
         f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}{interval}-ch{args.guidance_channels or 'all'}-"
         f"{args.scheduler}{args.num_steps}-{args.dtype}-seed{args.seed}"
@@ -85,6 +86,8 @@ def default_sample_dir(args, source) -> Path:
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
     args = build_parser(prog).parse_args(argv)
     apply_protocol(args)
+    if args.grid_averaging == GRID_AVERAGING_OFF:  # the paper protocol does not average; off is the default
+        args.grid_averaging = None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from moh_dit.artifacts import (
         ensure_writable_file,

@@ -79,6 +79,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
         args.guidance_channels,
         args.batch_size,
         args.guidance_interval,
+        args.grid_averaging,
     )
     from moh_dit.images import make_grid
 
