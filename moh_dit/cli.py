@@ -104,18 +104,18 @@ non_negative_int = int_at_least(0)
 
 
 def grid_averaging_arg(text: str):
-    """An argparse type: a training timestep (0-999) for ``--grid-averaging``, or ``off``."""
-    from .options import GRID_AVERAGING_OFF
+    """An argparse type: a training timestep for ``--grid-averaging`` (checked as the pipeline checks it),
+    or ``off``."""
+    from .options import GRID_AVERAGING_OFF, check_grid_averaging
 
     if text.strip().lower() in (GRID_AVERAGING_OFF, "none"):
         return GRID_AVERAGING_OFF
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a timestep such as 100, or off; got {text!r}") from None
-    if not 0 <= value <= 999:
-        raise argparse.ArgumentTypeError(f"must be a training timestep between 0 and 999, got {value}")
-    return value
+        return check_grid_averaging(int(text))
+    except ValueError:  # ConfigError is one too
+        raise argparse.ArgumentTypeError(
+            f"expected a training timestep between 0 and 999 (e.g. 100), or off; got {text!r}"
+        ) from None
 
 
 def finite_float(text: str) -> float:

@@ -1,5 +1,6 @@
 """A local web page to try a trained model: pick a class (by name), guidance, patch-grid averaging, steps,
-scheduler and seed, and see the samples; for MoH models also a heatmap of which routed heads the tokens used while sampling.
+scheduler and seed, and see the samples; for MoH models also a heatmap of which routed heads the tokens
+used while sampling.
 
 Gradio is an optional extra (``pip install "moh-dit[demo]"``); the page runs on this machine only.
 
