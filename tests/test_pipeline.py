@@ -240,23 +240,29 @@ def test_save_and_load_round_trip(tmp_path, with_vae):
 # ----------------------------------------------------------------------------------------------------
 # Guidance in an interval of timesteps
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["ddpm", "dpm-solver"])
-def test_guidance_interval_guides_exactly_the_steps_inside(name):
-    pipe = pipe_for(tiny_model(), scheduler=name)
-    seen = []
-    inner = pipe.guided_model_output
+def spy_on_steps(pipe: MoHDiTPipeline) -> list[tuple[int, float, bool]]:
+    """Every later denoising step of ``pipe`` appends ``(timestep, guidance scale, grid averaged)`` to the
+    returned list."""
+    seen, inner = [], pipe.guided_model_output
 
     def spy(x, t, labels, scale, channels=None, average=False):
-        seen.append((int(t), scale))
+        seen.append((int(t), scale, average))
         return inner(x, t, labels, scale, channels, average)
 
     pipe.guided_model_output = spy
+    return seen
+
+
+@pytest.mark.parametrize("name", ["ddpm", "dpm-solver"])
+def test_guidance_interval_guides_exactly_the_steps_inside(name):
+    pipe = pipe_for(tiny_model(), scheduler=name)
+    seen = spy_on_steps(pipe)
     kwargs = dict(guidance_scale=3.0, num_inference_steps=10, output_type="pt")
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
     banded = pipe([0, 1], guidance_interval=(300, 700), generator=gen(), **kwargs).images
-    steps = [t for t, _ in seen]
+    steps = [t for t, _, _ in seen]
     assert any(300 <= t <= 700 for t in steps) and any(not 300 <= t <= 700 for t in steps)
-    assert all(scale == (3.0 if 300 <= t <= 700 else 1.0) for t, scale in seen)
+    assert all(scale == (3.0 if 300 <= t <= 700 else 1.0) for t, scale, _ in seen)
     # the two ends: an interval holding every step is plain guidance, one holding none is no guidance
     everywhere = pipe([0, 1], guidance_interval=(0, 999), generator=gen(), **kwargs).images
     plain = pipe([0, 1], generator=gen(), **kwargs).images
@@ -333,22 +339,15 @@ def test_grid_average_spreads_a_denoiser_seam_evenly_over_the_image():
 @pytest.mark.parametrize("name", ["ddpm", "dpm-solver"])
 def test_grid_averaging_averages_exactly_the_steps_at_or_below_its_timestep(name):
     pipe = pipe_for(tiny_model(), scheduler=name)
-    seen = []
-    inner = pipe.guided_model_output
-
-    def spy(x, t, labels, scale, channels=None, average=False):
-        seen.append((int(t), average))
-        return inner(x, t, labels, scale, channels, average)
-
-    pipe.guided_model_output = spy
+    seen = spy_on_steps(pipe)
     kwargs = dict(guidance_scale=3.0, num_inference_steps=10, output_type="pt")
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
     averaged = pipe([0, 1], grid_averaging=400, generator=gen(), **kwargs).images
-    assert any(t <= 400 for t, _ in seen) and any(t > 400 for t, _ in seen)
-    assert all(average == (t <= 400) for t, average in seen)
+    assert any(t <= 400 for t, _, _ in seen) and any(t > 400 for t, _, _ in seen)
+    assert all(average == (t <= 400) for t, _, average in seen)
     seen.clear()
     plain = pipe([0, 1], generator=gen(), **kwargs).images
-    assert not any(average for _, average in seen)  # off by default
+    assert not any(average for _, _, average in seen)  # off by default
     assert pipe([0, 1], grid_averaging=None, generator=gen(), **kwargs).images.equal(plain)
     assert not torch.equal(averaged, plain) and torch.isfinite(averaged).all()
 
