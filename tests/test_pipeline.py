@@ -160,6 +160,10 @@ def test_unconditional_model_samples_without_labels():
     pipe = pipe_for(tiny_model(num_classes=0))
     images = pipe(num_images=3, num_inference_steps=3, output_type="np").images
     assert images.shape == (3, 8, 8, 1)
+    kwargs = dict(num_images=3, num_inference_steps=3, output_type="np")
+    plain = pipe(**kwargs, generator=torch.Generator().manual_seed(0)).images
+    averaged = pipe(**kwargs, generator=torch.Generator().manual_seed(0), grid_averaging=999).images
+    assert averaged.shape == (3, 8, 8, 1) and np.isfinite(averaged).all() and not np.array_equal(averaged, plain)
 
 
 # ----------------------------------------------------------------------------------------------------
