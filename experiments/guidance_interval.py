@@ -26,7 +26,7 @@ from typing import Optional
 from experiments.common import add_scoring_arguments, real_recognition, render_grid, sample_and_score, start_scoring
 from experiments.default_comparison import class_tables
 from moh_dit.generate import GenerationSettings
-from moh_dit.options import check_grid_averaging, check_guidance_interval
+from moh_dit.options import check_grid_averaging, check_guidance_interval, guidance_tag
 
 MODELS = {"v7": "experiments/results/default/runs/v7/pipeline"}
 # guidance at every step (the comparison's 2 and the default's earlier grid guidance 3), then intervals:
@@ -93,8 +93,7 @@ def main(argv=None) -> dict:
                 guidance_interval=interval,
                 grid_averaging=averaging,
             )
-            tag = f"{args.scheduler}{args.steps}-cfg{scale:g}" + ("-t{}-{}".format(*interval) if interval else "")
-            tag += f"-avg{averaging}" if averaging is not None else ""
+            tag = f"{args.scheduler}{args.steps}-cfg{scale:g}" + guidance_tag(interval, averaging)
             folder = out / "runs" / name / f"samples-{tag}-n{args.samples}"
             scores = sample_and_score(
                 Path(model), folder, settings, args.scheduler, reference, extractor, args.bootstrap

@@ -22,6 +22,8 @@ __all__ = [
     "check_grid_averaging",
     "GRID_AVERAGING_OFF",
     "describe_guidance",
+    "describe_placement",
+    "guidance_tag",
 ]
 
 # Sampling schedulers for DiT's training schedule (moh_dit.pipeline.make_scheduler): DiT's DDPM with the
@@ -100,6 +102,18 @@ def check_grid_averaging(last: Any, num_train_timesteps: int = 1000) -> Optional
 def describe_guidance(scale: Any, interval: Optional[Any], grid_averaging: Optional[int] = None) -> str:
     """``guidance 4 at timesteps 100-500`` or ``guidance 4 at every step``, and where the patch grid is
     averaged (``, patch grids averaged at timesteps 0-100``), for logs, pages and cards."""
+    return f"guidance {float(scale):g} {describe_placement(interval, grid_averaging)}"
+
+
+def describe_placement(interval: Optional[Any], grid_averaging: Optional[int] = None) -> str:
+    """Where guidance applies and the patch grid is averaged, without the scale: ``at timesteps 100-500,
+    patch grids averaged at timesteps 0-100`` or ``at every step``."""
     where = "at timesteps {}-{}".format(*interval) if interval else "at every step"
-    averaged = f", patch grids averaged at timesteps 0-{grid_averaging}" if grid_averaging is not None else ""
-    return f"guidance {float(scale):g} {where}{averaged}"
+    return where + (f", patch grids averaged at timesteps 0-{grid_averaging}" if grid_averaging is not None else "")
+
+
+def guidance_tag(interval: Optional[Any], grid_averaging: Optional[int] = None) -> str:
+    """The part of a sample folder's name that says where guidance applies and the patch grid is averaged:
+    ``-t100-500-avg100``, ``-t100-500``, ``-avg100`` or ``""`` (every step guided, nothing averaged)."""
+    tag = "-t{}-{}".format(*interval) if interval else ""
+    return tag + (f"-avg{grid_averaging}" if grid_averaging is not None else "")

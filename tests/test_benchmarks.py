@@ -194,12 +194,18 @@ def test_sampler_choice_is_the_fastest_within_five_percent_of_the_best_fast_sett
     rows = [row("ddpm", 250, 0.100, 1.0), row("dpm-solver", 20, 0.080, 0.08), row("dpm-solver", 10, 0.104, 0.04)]
     choice = choose(rows)
     assert (choice["scheduler"], choice["steps"], choice["within_5_percent"]) == ("dpm-solver", 20, True)
+    # KID is unbiased and can be negative on few samples: "within 5%" is 5% of its size, not 1.05 times it
+    rows = [row("ddpm", 250, -0.010, 1.0), row("dpm-solver", 20, -0.020, 0.08), row("dpm-solver", 10, -0.0195, 0.04)]
+    choice = choose(rows)
+    assert (choice["scheduler"], choice["steps"], choice["within_5_percent"]) == ("dpm-solver", 10, True)
+    rows[2]["kid"] = -0.018  # 10% above the best: not within
+    assert (choose(rows)["steps"], choose(rows)["within_5_percent"]) == (20, True)
 
 
 @pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path):
     from benchmarks import samplers
-    from moh_dit.artifacts import fingerprint_module
+    from moh_dit.artifacts import fingerprint_module, read_npz_manifest, sample_npz_path
     from moh_dit.pipeline import MoHDiTPipeline
 
     from .helpers.factories import tiny_model
@@ -229,6 +235,26 @@ def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path)
         [*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--limit-minutes", "1e-9"]
     )
     assert again["pending"] == [] and again["grid"][1]["kid"] == result["grid"][1]["kid"]
+
+    # every setting sampled as a model's record asks (guidance inside an interval, grids averaged): its own
+    # sample sets, recorded, and no sweep when none is asked for
+    placed = samplers.main(
+        [*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "placed"), "--guidance", "3"]
+        + ["--guidance-interval", "100", "500", "--grid-averaging", "100", "--sweep-guidance"]
+    )
+    assert placed["pending"] == [] and placed["sweep"] == [] and placed["guidance_interval"] == (100, 500)
+    for r in placed["grid"]:
+        assert r["folder"].endswith(f"{r['scheduler']}{r['steps']}-cfg3-t100-500-avg100-n20")
+        identity = read_npz_manifest(sample_npz_path(Path(r["folder"])))["identity"]
+        assert (identity["guidance_interval"], identity["grid_averaging"], identity["guidance_scale"]) == (
+            [100, 500],
+            100,
+            3.0,
+        )
+    text = (tmp_path / "placed" / "samplers_cpu.md").read_text()
+    assert "## Samplers at guidance 3 at timesteps 100-500, patch grids averaged at timesteps 0-100" in text
+    with pytest.raises(SystemExit):
+        samplers.main([*args, "--guidance-interval", "500", "100"])
 
 
 @pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")

@@ -311,3 +311,15 @@ def test_help_shows_every_example_line_as_written(name):
     assert all(ln in shown for ln in written)
     if name in ("train", "sample", "evaluate", "latents"):
         assert continued, "an example with a line continuation is expected here"
+
+
+def test_guidance_is_described_and_tagged_the_same_way_everywhere():
+    from moh_dit.options import describe_guidance, describe_placement, guidance_tag
+
+    assert guidance_tag(None) == "" and guidance_tag((100, 500)) == "-t100-500"
+    assert guidance_tag((100, 500), 100) == "-t100-500-avg100" and guidance_tag(None, 0) == "-avg0"
+    assert describe_placement(None) == "at every step"
+    placed = "at timesteps 100-500, patch grids averaged at timesteps 0-100"
+    assert describe_placement([100, 500], 100) == placed
+    assert describe_guidance(4, (100, 500), 100) == f"guidance 4 {placed}"
+    assert describe_guidance(1.5, None) == "guidance 1.5 at every step"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from moh_dit.cli import add_sampling_arguments, apply_protocol, positive_int
-from moh_dit.options import EVAL_GUIDANCE, GRID_AVERAGING_OFF
+from moh_dit.options import EVAL_GUIDANCE, GRID_AVERAGING_OFF, guidance_tag
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -74,8 +74,7 @@ def default_sample_dir(args, source) -> Path:
     """One folder per model state and setting: a model that trains on gets a new folder, never stale samples."""
     root = source.run or (source.path if source.path.is_dir() else source.path.parent)
     step = f"step{source.step}-" if source.step is not None else ""
-    interval = "-t{}-{}".format(*args.guidance_interval) if args.guidance_interval else ""
-    interval += f"-avg{args.grid_averaging}" if args.grid_averaging is not None else ""
+    interval = guidance_tag(args.guidance_interval, args.grid_averaging)
     tag = (
         f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}{interval}-ch{args.guidance_channels or 'all'}-"
         f"{args.scheduler}{args.num_steps}-{args.dtype}-seed{args.seed}"
