@@ -35,7 +35,7 @@ import torch
 
 from experiments.common import classifier_features, fashion_reference, sample_and_score
 from moh_dit.artifacts import sample_npz_path
-from moh_dit.cli import finite_float, grid_averaging_arg, non_negative_int
+from moh_dit.cli import add_guidance_placement_arguments, finite_float
 from moh_dit.evaluation import evaluate, load_images
 from moh_dit.generate import GenerationSettings
 from moh_dit.options import GRID_AVERAGING_OFF, check_guidance_interval, describe_placement, guidance_tag
@@ -103,20 +103,10 @@ def main(argv=None) -> dict:
         metavar="SCALE",
         help="guidance scales of the sweep, beside --guidance (none given: no sweep)",
     )
-    p.add_argument(
-        "--guidance-interval",
-        type=non_negative_int,
-        nargs=2,
-        metavar=("FIRST", "LAST"),
-        default=None,
-        help="every setting guides only the steps at training timesteps FIRST..LAST (default: every step)",
-    )
-    p.add_argument(
-        "--grid-averaging",
-        type=grid_averaging_arg,
-        default=None,
-        metavar="LAST",
-        help="every setting averages the prediction over the patch grid's shifts at timesteps <= LAST (default: off)",
+    add_guidance_placement_arguments(
+        p,
+        "every setting guides only the steps at training timesteps FIRST..LAST (default: every step)",
+        "every setting averages the prediction over the patch grid's shifts at timesteps <= LAST (default: off)",
     )
     p.add_argument(
         "--limit-minutes",

@@ -184,21 +184,11 @@ def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num
         default=None,
         help="guide only the first N channels (3 reproduces the DiT/MoH-DiT papers' FIDs)",
     )
-    parser.add_argument(
-        "--guidance-interval",
-        type=non_negative_int,
-        nargs=2,
-        metavar=("FIRST", "LAST"),
-        default=None,
-        help="guide only the steps at training timesteps FIRST..LAST (e.g. 100 600; 0 999 = every step, "
-        "as DiT); see docs/sampling.md",
-    )
-    parser.add_argument(
-        "--grid-averaging",
-        type=grid_averaging_arg,
-        default=None,
-        metavar="LAST",
-        help="at the steps with training timestep <= LAST, average the prediction over the patch grid's shifts "
+    add_guidance_placement_arguments(
+        parser,
+        "guide only the steps at training timesteps FIRST..LAST (e.g. 100 600; 0 999 = every step, as DiT); "
+        "see docs/sampling.md",
+        "at the steps with training timestep <= LAST, average the prediction over the patch grid's shifts "
         "(fainter patch seams; e.g. 100); off for none"
         + ("; default: the model's own" if guidance is None else "; default: off")
         + " (docs/sampling.md)",
@@ -215,6 +205,20 @@ def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num
         action="store_true",
         help="replace samples in the sample folder that were made with other settings",
     )
+
+
+def add_guidance_placement_arguments(parser, interval_help: str, averaging_help: str) -> None:
+    """``--guidance-interval FIRST LAST`` and ``--grid-averaging LAST|off`` (both default ``None``), with the
+    caller's help texts."""
+    parser.add_argument(
+        "--guidance-interval",
+        type=non_negative_int,
+        nargs=2,
+        metavar=("FIRST", "LAST"),
+        default=None,
+        help=interval_help,
+    )
+    parser.add_argument("--grid-averaging", type=grid_averaging_arg, default=None, metavar="LAST", help=averaging_help)
 
 
 def apply_protocol(args) -> None:
