@@ -51,6 +51,15 @@ def _heads_table(config: dict) -> list[str]:
     return ["| layers | heads | shared | routed |", "|---|---|---|---|", *lines]
 
 
+def _class_weights_row(weights: Optional[dict], id2label: dict) -> list[str]:
+    """The card's line on ``data.class_weights`` (none when every class was drawn as often as the data holds it)."""
+    changed = {int(c): w for c, w in (weights or {}).items() if w != 1}
+    if not changed:
+        return []
+    named = ", ".join(f"{id2label.get(c, c)} x{w:.3g}" for c, w in sorted(changed.items()))
+    return [f"| class weights | {named} per epoch; every other class x1 (`data.class_weights`) |"]
+
+
 def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, name: Optional[str] = None) -> str:
     """The card of a pipeline: architecture, parameters and active heads, data and training, metrics where
     known, usage, provenance and citation."""
@@ -115,6 +124,7 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
             "| | |",
             "|---|---|",
             f"| data | {data.get('name', '?')}, {data.get('count', 0):,} images{fingerprint} |",
+            *_class_weights_row(data.get("class_weights"), pipe.id2label),
             f"| steps | {source.get('step')} of global batch {training.get('global_batch_size')} |",
             f"| optimizer | AdamW, lr {optim.get('lr')}, warm-up {optim.get('warmup_steps')} steps, weight decay "
             f"{optim.get('weight_decay')}, gradient clipping {optim.get('grad_clip') or 'off'} |",

@@ -56,6 +56,9 @@ class DataSection:
     random_flip: bool = True
     max_bad_fraction: float = 0.01
     subset_per_class: int = 0  # > 0: use only the first N images of every class (smoke runs, tests)
+    # how often each class is drawn per epoch, relative to its share of the data: {Sandal: 2, Bag: 2} (names
+    # or ids), or "balanced" (every class equally often); {} draws every image once per epoch
+    class_weights: Any = field(default_factory=dict)
     vae: str = "none"  # none | hub id (stabilityai/sd-vae-ft-ema) | local folder
 
 
@@ -171,6 +174,7 @@ class Config:
             _at_least(f"log.{name}", getattr(log, name), 0)
         _at_least("data.num_workers", data.num_workers, 0)
         _at_least("data.subset_per_class", data.subset_per_class, 0)
+        check_class_weights(data.class_weights)
         _at_least("data.image_size", data.image_size, 1)
         _one_of("data.channels", data.channels, (1, 3))
         _at_least("optim.warmup_steps", optim.warmup_steps, 0)
@@ -223,6 +227,22 @@ TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvc
 RENAMED = {
     "log.tensorboard": "log.tensorboard was replaced by log.trackers (e.g. log.trackers=[tensorboard], or [] for none)"
 }
+
+
+def check_class_weights(weights: Any) -> None:
+    """``data.class_weights`` is ``balanced`` or a mapping of class names or ids to finite weights > 0
+    (which classes exist is checked against the data when it is read)."""
+    if weights == "balanced":
+        return
+    if not isinstance(weights, dict):
+        raise ConfigError(
+            f"data.class_weights must be a mapping such as {{Sandal: 2, Bag: 2}} or 'balanced', got {weights!r}"
+        )
+    for name, weight in weights.items():
+        number = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        if not (number and math.isfinite(weight) and weight > 0):
+            hint = " (YAML needs a space after the colon: {Sandal: 2})" if weight is None and ":" in str(name) else ""
+            raise ConfigError(f"data.class_weights[{name!r}] must be a finite number > 0, got {weight!r}{hint}")
 
 
 def _at_least(key: str, value: Any, low: int) -> None:

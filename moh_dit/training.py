@@ -152,7 +152,9 @@ def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dic
     identity = {
         "model": {k: v for k, v in dict(model.config).items() if not k.startswith("_")},
         "data": {k: full["data"][k] for k in _IDENTITY_DATA_KEYS}
-        | {"fingerprint": data.description.get("fingerprint"), "vae_sha256": (data.vae_record or {}).get("sha256")},
+        | {"fingerprint": data.description.get("fingerprint"), "vae_sha256": (data.vae_record or {}).get("sha256")}
+        # what an epoch draws (recorded only when weighted, so that runs from before the key still resume)
+        | ({"class_weights": data.description["class_weights"]} if "class_weights" in data.description else {}),
         "train": {k: full["train"][k] for k in _IDENTITY_TRAIN_KEYS},
     }
     return identity, run_settings(full)
@@ -306,7 +308,13 @@ class Trainer:
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
         self.step = self.samples_seen = 0
         self.sampler = partial(
-            ShardedEpochBatchSampler, len(self.data.dataset), self.micro_batch, self.world, self.rank, train_cfg.seed
+            ShardedEpochBatchSampler,
+            len(self.data.dataset),
+            self.micro_batch,
+            self.world,
+            self.rank,
+            train_cfg.seed,
+            draws=self.data.draws,
         )
         self.batches_per_epoch = self.sampler().batches_per_epoch
 
@@ -436,7 +444,8 @@ class Trainer:
     def training_summary(self) -> dict:
         """What a model card says about the training (see ``moh_dit.card``)."""
         full = config_to_dict(self.config)
-        data = {k: v for k, v in self.data.description.items() if k in ("name", "count", "fingerprint", "split")}
+        keys = ("name", "count", "fingerprint", "split", "class_weights")
+        data = {k: v for k, v in self.data.description.items() if k in keys}
         train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
         preset = None if self.config.model.preset == "custom" else self.config.model.preset
         return dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"])

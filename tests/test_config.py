@@ -52,6 +52,25 @@ def test_bad_keys_and_values_are_rejected(override, message):
         load_config(None, override.split(" "))
 
 
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("{Sandal: 0}", r"class_weights\['Sandal'\] must be a finite number > 0, got 0"),
+        ("{Sandal: -1}", "must be a finite number > 0"),
+        ("{Sandal: .nan}", "must be a finite number > 0"),
+        ("{Sandal: two}", "must be a finite number > 0, got 'two'"),
+        ("{Sandal:2}", "needs a space after the colon"),
+        ("[Sandal, Bag]", "must be a mapping such as"),
+        ("even", "must be a mapping such as .* or 'balanced'"),
+    ],
+)
+def test_bad_class_weights_are_rejected_when_the_config_is_read(value, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, [f"data.class_weights={value}"])
+    assert load_config(None, ["data.class_weights={Sandal: 2, 8: 1.5}"]).data.class_weights == {"Sandal": 2, 8: 1.5}
+    assert load_config(None, ["data.class_weights=balanced"]).data.class_weights == "balanced"
+
+
 def test_base_file_is_merged(tmp_path):
     (tmp_path / "base.yaml").write_text("train:\n  max_steps: 5\n  seed: 3\noptim:\n  lr: 0.5\n")
     (tmp_path / "child.yaml").write_text("base: base.yaml\ntrain:\n  max_steps: 9\n")

@@ -15,6 +15,7 @@ from moh_dit.data import (
     ImageFolderDataset,
     ShardedEpochBatchSampler,
     center_crop_arr,
+    class_draws,
     find_fashion_mnist,
     read_idx,
     subset_indices,
@@ -201,3 +202,61 @@ def test_sampler_rejects_too_small_dataset():
 def test_subset_indices_balanced():
     labels = [0, 1, 0, 2, 1, 0, 2, 2]
     assert subset_indices(labels, 2) == [0, 1, 2, 3, 4, 6]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Class weights
+# ----------------------------------------------------------------------------------------------------
+NAMES = {0: "T-shirt/top", 1: "Sandal", 2: "Bag"}
+
+
+def test_class_draws_repeat_whole_weights_and_draw_a_fresh_exact_share_for_the_fraction():
+    labels = [0] * 10 + [1] * 20 + [2] * 30
+    draws = class_draws({"sandal": 2, 2: 1.5}, labels, NAMES)  # a name in any case, an id
+    assert draws.weights == {0: 1.0, 1: 2.0, 2: 1.5}
+    assert draws.epoch_size == 10 + 40 + 45
+    epochs = [draws.epoch_items(torch.Generator().manual_seed(e)) for e in range(200)]
+    for items in epochs:
+        counts = torch.bincount(items, minlength=60)
+        assert len(items) == 95
+        assert counts[:10].tolist() == [1] * 10 and counts[10:30].tolist() == [2] * 20
+        assert sorted(set(counts[30:].tolist())) == [1, 2] and int((counts[30:] == 2).sum()) == 15
+    # the extra half of the bags changes from epoch to epoch, and every bag gets its share over many
+    assert not torch.equal(epochs[0], epochs[1])
+    mean = torch.stack([torch.bincount(e, minlength=60)[30:] for e in epochs]).float().mean(0)
+    assert torch.allclose(mean, torch.full((30,), 1.5), atol=0.2)
+    shares = draws.shares()
+    assert shares == pytest.approx({0: 10 / 95, 1: 40 / 95, 2: 45 / 95}) and sum(shares.values()) == pytest.approx(1)
+
+
+def test_balanced_class_draws_draw_every_class_equally_often():
+    labels = [0] * 10 + [1] * 30 + [2] * 20
+    draws = class_draws("balanced", labels, NAMES)
+    assert draws.epoch_size == 60  # the data's size, split evenly
+    counts = torch.bincount(torch.tensor(labels)[draws.epoch_items(torch.Generator().manual_seed(0))])
+    assert counts.tolist() == [20, 20, 20]
+    # on balanced data, and with every weight 1, an epoch is the plain one: no draws at all
+    assert class_draws("balanced", [0, 1, 2] * 5, NAMES) is None
+    assert class_draws({"Bag": 1}, labels, NAMES) is None and class_draws({}, labels, NAMES) is None
+
+
+def test_class_weights_naming_a_class_the_data_lacks_are_refused_with_its_classes():
+    with pytest.raises(DataError, match=r"names 'Sneaker'.*its classes: 0 \(T-shirt/top\), 1 \(Sandal\), 2 \(Bag\)"):
+        class_draws({"Sneaker": 2}, [0, 1, 2], NAMES)
+    with pytest.raises(DataError, match="names 7"):
+        class_draws({7: 2}, [0, 1, 2], NAMES)
+
+
+def test_weighted_sampler_batches_cover_the_epoch_draws_deterministically_and_resume():
+    labels = [0] * 10 + [1] * 20 + [2] * 30
+    draws = class_draws({"Sandal": 2, "Bag": 0.5}, labels, NAMES)  # 10 + 40 + 15 = 65 draws per epoch
+    sampler = ShardedEpochBatchSampler(len(labels), 4, num_replicas=2, rank=0, seed=3, epoch=1, draws=draws)
+    assert sampler.batches_per_epoch == 65 // 8
+    ranks = [list(ShardedEpochBatchSampler(60, 4, 2, r, 3, 1, draws=draws)) for r in range(2)]
+    assert ranks[0] == list(sampler)
+    seen = torch.tensor([i for rank in ranks for b in rank for i in b])
+    by_class = torch.bincount(torch.tensor(labels)[seen], minlength=3)
+    assert by_class.sum() == 64 and (by_class - torch.tensor([10, 40, 15])).abs().sum() == 1  # one draw left off
+    tail = list(ShardedEpochBatchSampler(60, 4, 2, 0, 3, 1, start_batch=3, draws=draws))
+    assert tail == ranks[0][3:]
+    assert list(ShardedEpochBatchSampler(60, 4, 2, 0, 3, 2, draws=draws)) != ranks[0]

@@ -1,6 +1,7 @@
 """The training loop on CPU: tiny runs in pixel and latent space, exact resume after SIGKILL, two
 processes, EMA semantics, bad input, non-finite loss."""
 
+import itertools
 import json
 import os
 import signal
@@ -348,6 +349,36 @@ def test_resume_with_another_set_up_is_refused_and_changed_settings_are_recorded
     assert ckpt_manifest["run_id"] == manifest["run_id"] and ckpt_manifest["step"] == 6
     pipe_manifest = json.loads((out / "pipeline" / "manifest.json").read_text())
     assert pipe_manifest["source"]["step"] == 6 and pipe_manifest["source"]["run_id"] == manifest["run_id"]
+
+
+def test_class_weights_set_what_an_epoch_draws_and_belong_to_the_run(tmp_path, image_dir):
+    from moh_dit.errors import ArtifactError
+
+    out = tmp_path / "weighted"
+    weighted = tiny_overrides(out, image_dir, "data.class_weights={dark: 3}", "log.sample_per_class=0")
+    trainer = Trainer(load_config(None, weighted))
+    assert trainer.batches_per_epoch == 32 // 4  # 8 bright once, 8 dark three times
+    labels = torch.cat([y for _, _, y in itertools.islice(trainer._batches(), 2 * trainer.batches_per_epoch)])
+    assert torch.bincount(labels).tolist() == [16, 48]
+    trainer.run()
+    identity = json.loads((out / "manifest.json").read_text())["identity"]["data"]
+    assert identity["class_weights"] == {"0": 1.0, "1": 3.0}
+    assert "| class weights | dark x3 per epoch" in (out / "pipeline" / "README.md").read_text()
+    # the same weights by id resume; without them the run is another one
+    train_tiny(
+        out,
+        image_dir,
+        "data.class_weights={1: 3}",
+        "train.resume=latest",
+        "train.max_steps=6",
+        "log.sample_per_class=0",
+    )
+    with pytest.raises(ArtifactError, match=r"another set-up \(data.class_weights"):
+        Trainer(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=8")))
+    # unweighted runs record no weights (runs from before the setting resume as they were)
+    plain = tmp_path / "plain"
+    train_tiny(plain, image_dir, "train.max_steps=1", "log.sample_per_class=0")
+    assert "class_weights" not in json.loads((plain / "manifest.json").read_text())["identity"]["data"]
 
 
 def test_rerunning_a_finished_run_keeps_its_grid_and_pipeline_unless_settings_changed(tmp_path, image_dir):
