@@ -67,6 +67,28 @@ def start_scoring(args) -> tuple[Path, Path, object]:
     return out, fashion_reference(out.parent), classifier_features()
 
 
+def kept_rows(out: Path, protocol: dict) -> dict:
+    """The rows of ``out/results.json`` that a study run now may keep beside its own: all of them when they
+    were scored with the same ``protocol``, none otherwise (the old file is moved aside to
+    ``results.previous.json``, never mixed into a table of another protocol)."""
+    path = out / "results.json"
+    if not path.exists():
+        return {}
+    previous = json.loads(path.read_text())
+    if previous.get("protocol") != json.loads(json.dumps(protocol)):
+        aside = out / "results.previous.json"
+        logging.warning(
+            "%s was scored with another protocol (%s, now %s); moved to %s, starting a new table",
+            path,
+            previous.get("protocol"),
+            protocol,
+            aside,
+        )
+        path.replace(aside)
+        return {}
+    return dict(previous.get("rows") or {})
+
+
 def classifier_features():
     """The project's Fashion-MNIST classifier as a feature extractor (registered with torch-fidelity)."""
     return resolve_extractor(fmnist_classifier.register(), None, "cpu")

@@ -22,11 +22,13 @@ from typing import Optional
 from experiments.common import (
     ROOT,
     add_scoring_arguments,
+    kept_rows,
     real_recognition,
     render_grid,
     sample_and_score,
     start_scoring,
 )
+from moh_dit.artifacts import atomic_write_json
 from moh_dit.config import load_config
 from moh_dit.data import FASHION_MNIST_CLASSES
 from moh_dit.generate import GenerationSettings
@@ -105,7 +107,12 @@ def main(argv=None) -> dict:
         num_inference_steps=args.steps,
         label_mode="balanced",
     )
-    rows = {}
+    protocol = {
+        k: getattr(args, k) for k in ("samples", "scheduler", "steps", "guidance", "grid_guidance", "bootstrap")
+    }
+    # recipes scored earlier with the same protocol stay in the table (in RECIPES order, then the others);
+    # the ones run now are replaced
+    rows = kept_rows(out, protocol)
     for name in names:
         config, overrides = recipes[name]
         trained = train_recipe(name, config, overrides, out)
@@ -125,12 +132,10 @@ def main(argv=None) -> dict:
         )
         rows[name] = {"config": config, "overrides": overrides, "train": trained, **scores}
         logging.info("%s: KID %.5f FID %.2f", name, scores["kid"], scores["fid"])
-    protocol = {
-        k: getattr(args, k) for k in ("samples", "scheduler", "steps", "guidance", "grid_guidance", "bootstrap")
-    }
-    result = {"protocol": protocol, "rows": rows, "real_recognised": real_recognition()}
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
-    (out / "RESULTS.md").write_text(report(result))
+        order = [*[n for n in recipes if n in rows], *[n for n in rows if n not in recipes]]
+        result = {"protocol": protocol, "rows": {n: rows[n] for n in order}, "real_recognised": real_recognition()}
+        atomic_write_json(out / "results.json", result)  # after every recipe: an interrupted comparison keeps it
+        (out / "RESULTS.md").write_text(report(result))
     return result
 
 

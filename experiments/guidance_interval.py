@@ -18,13 +18,20 @@ continues. Writes RESULTS.md, results.json and grids under experiments/results/g
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 from typing import Optional
 
-from experiments.common import add_scoring_arguments, real_recognition, render_grid, sample_and_score, start_scoring
+from experiments.common import (
+    add_scoring_arguments,
+    kept_rows,
+    real_recognition,
+    render_grid,
+    sample_and_score,
+    start_scoring,
+)
 from experiments.default_comparison import class_tables
+from moh_dit.artifacts import atomic_write_json
 from moh_dit.generate import GenerationSettings
 from moh_dit.options import check_grid_averaging, check_guidance_interval, guidance_tag
 
@@ -75,8 +82,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     out, reference, extractor = start_scoring(args)
     results_path = out / "results.json"
-    earlier = json.loads(results_path.read_text()).get("rows", {}) if results_path.exists() else {}
-    rows = dict(earlier)  # other models' and settings' rows stay; the ones run now are replaced
+    protocol = {k: getattr(args, k) for k in ("samples", "scheduler", "steps", "bootstrap")}
+    rows = kept_rows(out, protocol)  # other models' and settings' rows stay; the ones run now are replaced
     for spec in args.models:
         name, _, model = spec.partition("=")
         if not model:
@@ -118,12 +125,8 @@ def main(argv=None) -> dict:
                 grid=grid.name,
             )
             logging.info("%s %s: KID %.3f FID %.1f", name, text, scores["kid"], scores["fid"])
-            result = {
-                "protocol": {k: getattr(args, k) for k in ("samples", "scheduler", "steps", "bootstrap")},
-                "rows": rows,
-                "real_recognised": real_recognition(),
-            }
-            results_path.write_text(json.dumps(result, indent=2, default=str))  # after every row: resumable
+            result = {"protocol": protocol, "rows": rows, "real_recognised": real_recognition()}
+            atomic_write_json(results_path, result)  # after every row: resumable
             (out / "RESULTS.md").write_text(report(result))
     return result
 

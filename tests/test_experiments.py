@@ -204,6 +204,8 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     assert "Patch seams" in text and "| Sandal | Shirt | Sneaker | Bag | Ankle boot | all | any offset |" in text
     again = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])  # runs and samples are reused
     assert again["rows"]["new"]["kid"] == result["rows"]["new"]["kid"]
+    one = default_comparison.main([*args, "--only", "new", *(f"--recipe={r}" for r in recipes)])
+    assert list(one["rows"]) == ["old", "new"]  # a recipe scored alone joins the table, in recipe order
 
     # the guidance study on the same model: each setting's samples carry their interval, one grid each
     from experiments import guidance_interval
@@ -226,6 +228,18 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     for bad in ("4@100", "4@100-500+avg1000", "4+avg"):
         with pytest.raises(SystemExit, match=r"GUIDANCE\[@FIRST-LAST\]\[\+avgT\]"):
             guidance_interval.parse_setting(bad)
+
+
+def test_a_study_keeps_earlier_rows_only_when_they_were_scored_with_the_same_protocol(tmp_path):
+    from experiments.common import kept_rows
+
+    protocol = {"samples": 2000, "steps": 25, "interval": (100, 500)}
+    assert kept_rows(tmp_path, protocol) == {}
+    (tmp_path / "results.json").write_text(json.dumps({"protocol": protocol, "rows": {"v7": {"kid": 3.1}}}))
+    assert kept_rows(tmp_path, protocol) == {"v7": {"kid": 3.1}}  # a tuple matches its JSON list
+    assert kept_rows(tmp_path, dict(protocol, samples=500)) == {}  # never mixed into a table of 500 samples
+    aside = json.loads((tmp_path / "results.previous.json").read_text())
+    assert aside["rows"] == {"v7": {"kid": 3.1}} and not (tmp_path / "results.json").exists()
 
 
 def test_recipe_overrides_split_on_commas_outside_lists():
