@@ -9,6 +9,7 @@ reproducible after a resume and identical whether images come from disk or from 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import logging
 import math
@@ -375,7 +376,6 @@ class ShardedEpochBatchSampler:
     the order must be a pure function of (seed, epoch, rank, position) for bit-exact resume, independent
     of any RNG state the loader consumed before the interruption.
 
-
     With ``draws`` (see :func:`class_draws`) an epoch holds each item as often as its class's weight says
     instead of once; the items of a fractional weight's extra share are drawn afresh every epoch.
     """
@@ -437,8 +437,10 @@ class ClassDraws:
     labels: torch.Tensor
     weights: dict[int, float]
 
+    @functools.cached_property
     def _members(self) -> list[tuple[torch.Tensor, int, int]]:
-        """``(items of the class, whole repeats, extra items)`` per class."""
+        """``(items of the class, whole repeats, extra items)`` per class, found once (the sampler of every
+        epoch asks for them)."""
         out = []
         for c, w in sorted(self.weights.items()):
             members = torch.nonzero(self.labels == c).flatten()
@@ -448,12 +450,12 @@ class ClassDraws:
 
     @property
     def epoch_size(self) -> int:
-        return sum(len(m) * whole + extra for m, whole, extra in self._members())
+        return sum(len(m) * whole + extra for m, whole, extra in self._members)
 
     def epoch_items(self, generator: torch.Generator) -> torch.Tensor:
         """The item indices of one epoch (a multiset, in class order; the caller shuffles it)."""
         parts = []
-        for members, whole, extra in self._members():
+        for members, whole, extra in self._members:
             parts += [members] * whole
             if extra:
                 parts.append(members[torch.randperm(len(members), generator=generator)[:extra]])
@@ -463,7 +465,7 @@ class ClassDraws:
         """Each class's share of an epoch's draws."""
         size = self.epoch_size
         return {
-            c: (len(m) * whole + extra) / size for c, (m, whole, extra) in zip(sorted(self.weights), self._members())
+            c: (len(m) * whole + extra) / size for c, (m, whole, extra) in zip(sorted(self.weights), self._members)
         }
 
 
