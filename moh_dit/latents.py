@@ -12,6 +12,7 @@ memory map, with a manifest (``<file>.json``) beside it that records how it was 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -25,15 +26,18 @@ from diffusers import AutoencoderKL
 from torch.utils.data import DataLoader, Dataset
 
 from .artifacts import (
+    atomic_write_json,
+    differences,
     ensure_writable_dir,
     fingerprint_file,
     fingerprint_module,
     format_differences,
     read_manifest,
+    short,
     sibling,
     write_manifest,
 )
-from .errors import ArtifactError, DataError
+from .errors import ArtifactError, DataError, OutputError
 from .images import to_model_range
 from .tracking import Progress
 
@@ -196,6 +200,98 @@ class _MarkedImages(Dataset):
             return torch.zeros(self.shape), -1, False
 
 
+def _progress_files(tmp: Path) -> list[Path]:
+    """The per-process records of finished blocks of an unfinished extraction (every attempt's)."""
+    return sorted(tmp.parent.glob(f".{tmp.name}.done-*.json"))
+
+
+def latent_identity(data: Optional[dict], vae: dict, shapes: dict) -> Optional[dict]:
+    """What decides whether two latent files hold the same numbers: the data (its description without the
+    per-run fields), the VAE's weights and latent-space numbers and the dtype it ran in (not where it was
+    loaded from), and the shapes and storage dtype. ``None`` for a data set that cannot describe itself."""
+    if not data or "fingerprint" not in data:
+        return None
+    return {
+        "data": {k: v for k, v in data.items() if k not in ("count", "skipped", "id2label")},
+        "vae": {k: vae.get(k) for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels", "dtype")},
+        **{k: shapes.get(k) for k in ("rows", "latent_shape", "dtype", "image_size", "image_channels")},
+    }
+
+
+def _manifest_identity(meta: dict) -> Optional[dict]:
+    return latent_identity(meta.get("data"), meta.get("vae", {}), meta)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What an extraction does with what it finds at its output path: ``done`` (a complete file with the
+    same identity), ``resume`` (an unfinished one: ``finished`` maps block -> unreadable rows) or ``fresh``."""
+
+    action: str
+    finished: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    attempt: int = 0
+    deviation: Optional[dict] = None
+
+
+def _commit(table: np.ndarray, record: Path, finished: dict[int, list[int]]) -> None:
+    """Record a process's finished blocks (and their unreadable rows); the rows reach the file first."""
+    table.flush()
+    atomic_write_json(record, finished)
+
+
+def _plan_extraction(out: Path, identity: Optional[dict], batch_size: int, overwrite: bool) -> _Plan:
+    """Decide, from the records beside ``out``, whether the work is done, can be resumed or starts afresh.
+    Every process reaches the same answer; nothing is changed here. Anything that would be replaced
+    without ``overwrite`` is an error naming the way out."""
+    way_out = "pass --overwrite to replace it, or choose another --out"
+    if out.exists() and not overwrite:
+        meta = read_manifest(out, "latents")
+        if meta is None:
+            raise OutputError(f"{out} exists without a latent manifest; {way_out}")
+        try:
+            LatentDataset(out)
+        except ArtifactError as err:
+            raise OutputError(f"{out} cannot be reused ({err}); {way_out}") from None
+        if identity is None:
+            raise OutputError(f"{out} exists and this data set cannot describe itself to compare; {way_out}")
+        diffs = differences(_manifest_identity(meta) or {}, identity)
+        if diffs:
+            raise OutputError(f"{out} holds other latents ({format_differences(diffs)}); {way_out}")
+        return _Plan("done")
+    tmp = partial_path(out)
+    state = read_manifest(tmp, "latents-partial") if tmp.exists() else None
+    if overwrite or state is None:
+        if tmp.exists() and state is None and not overwrite:
+            logger.warning("%s is an unfinished extraction without a record: starting again", tmp)
+        return _Plan("fresh")
+    if identity is None or state.get("identity") is None:
+        raise OutputError(f"{tmp} is an unfinished extraction that cannot be compared with this data set; {way_out}")
+    diffs = differences(state["identity"], identity)
+    if diffs:
+        raise OutputError(
+            f"{tmp} is an unfinished extraction of other latents ({format_differences(diffs)}): finish it with "
+            f"its settings, or {way_out}"
+        )
+    if state["batch_size"] != batch_size:
+        raise OutputError(
+            f"{tmp} is an unfinished extraction in blocks of {state['batch_size']}: pass --batch-size "
+            f"{state['batch_size']} to finish it, or --overwrite to start again"
+        )
+    return _Plan("resume", _read_finished(tmp), int(state["attempt"]) + 1, state.get("deviation"))
+
+
+def _read_finished(tmp: Path) -> dict[int, list[int]]:
+    """Every finished block of an unfinished extraction and its unreadable rows, from all processes'
+    records of all attempts."""
+    finished: dict[int, list[int]] = {}
+    for record in _progress_files(tmp):
+        try:
+            finished.update({int(b): rows for b, rows in json.loads(record.read_text()).items()})
+        except (OSError, ValueError) as err:
+            raise ArtifactError(f"{record} is damaged ({err}); pass --overwrite to start again") from None
+    return finished
+
+
 @torch.no_grad()
 def extract_latents(
     dataset: Dataset,
@@ -209,6 +305,8 @@ def extract_latents(
     accelerator=None,
     max_bad_fraction: float = 0.01,
     fp32_vae: Optional[AutoencoderKL] = None,
+    overwrite: bool = False,
+    commit_every_s: float = 30.0,
 ) -> Optional[Path]:
     """Encode every image of ``dataset`` (unflipped and flipped) into one packed ``.npy`` file.
 
@@ -218,9 +316,15 @@ def extract_latents(
     processes in fixed blocks of ``batch_size``, each process writing its own rows of the one file; the
     blocks are the same for any process count, so the file is bit-identical too. The VAE may run in half
     precision (its dtype); the deviation of the posterior means from ``fp32_vae`` (the same VAE in fp32;
-    default: ``vae``'s rounded weights in fp32) is then measured on the first block and recorded. The file is written as ``.partial.npy`` and renamed when complete; its manifest
-    (``<file>.json``) records the data, the VAE (resolved path or hub id, fingerprint, scaling factor,
-    downsampling, dtype) and the shapes. Returns the path on the main process.
+    default: ``vae``'s rounded weights in fp32) is then measured on the first block and recorded.
+
+    The file is written as ``.partial.npy``, and every ``commit_every_s`` seconds each process records the
+    blocks it has finished: an interrupted extraction run again with the same data, VAE and batch size
+    resumes with the blocks not yet done (on any number of processes). When complete, the manifest
+    (``<file>.json``: the data, the VAE by resolved path or hub id and fingerprint, the shapes, the file's
+    size, time and SHA-256) is written and the file renamed into place. A complete file of the same latents
+    is left as it is; one of other latents is replaced only with ``overwrite``. Returns the path on the
+    main process.
     """
     out_path = Path(out_path)
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
@@ -229,57 +333,95 @@ def extract_latents(
     device = next(vae.parameters()).device
     images = _MarkedImages(dataset)
     latent_shape = tuple(encode_posterior(vae, torch.zeros(1, *images.shape, device=device))[0].shape[1:])
+    vae_info = dict(vae_record(vae, vae_name or None), dtype=str(vae.dtype).removeprefix("torch."))
+    shapes = dict(
+        rows=len(dataset),
+        latent_shape=list(latent_shape),
+        dtype=dtype,
+        image_size=int(images.shape[-1]),
+        image_channels=int(images.shape[0]),
+    )
+    describe = getattr(dataset, "describe", None)
+    identity = latent_identity(describe() if describe is not None else None, vae_info, shapes)
+    plan = _plan_extraction(out_path, identity, batch_size, overwrite)
+    if accelerator:
+        accelerator.wait_for_everyone()  # every process has read the records before they change
+    if plan.action == "done":
+        logger.info("%s already holds these latents (same data, VAE and shapes): nothing to do", out_path)
+        return out_path if main else None
+
     row = np.dtype([("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")])
     tmp = partial_path(out_path)
+    blocks = -(-len(dataset) // batch_size)
+    state = dict(identity=identity, batch_size=batch_size, attempt=plan.attempt, deviation=plan.deviation)
     if main:
-        np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(len(dataset),)).flush()
+        if plan.action == "fresh":
+            for stale in [out_path, sibling(out_path, ".json"), sibling(tmp, ".json"), *_progress_files(tmp)]:
+                stale.unlink(missing_ok=True)
+            np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(len(dataset),)).flush()
+        else:
+            logger.info(
+                "resuming the unfinished extraction %s: %d of %d blocks done (attempt %d)",
+                tmp,
+                len(plan.finished),
+                blocks,
+                plan.attempt + 1,
+            )
+        write_manifest(tmp, "latents-partial", **state)
     if accelerator:
         accelerator.wait_for_everyone()
     table = np.load(tmp, mmap_mode="r+")
-    blocks = list(range(-(-len(dataset) // batch_size)))[rank::world]
-    sampler = [list(range(b * batch_size, min((b + 1) * batch_size, len(dataset)))) for b in blocks]
+    if table.dtype != row or len(table) != len(dataset):
+        raise ArtifactError(f"{tmp} does not have the rows its record describes; pass --overwrite to start again")
+    todo = [b for b in range(blocks) if b not in plan.finished][rank::world]
+    sampler = [list(range(b * batch_size, min((b + 1) * batch_size, len(dataset)))) for b in todo]
     loader = DataLoader(images, batch_sampler=sampler, num_workers=num_workers)
-    bad, deviation, started = [], None, time.time()
-    progress = Progress(len(dataset), desc="encoding latents", unit="img", enabled=main)
-    for b, (x, labels, ok) in zip(blocks, loader):
+    record = tmp.parent / f".{tmp.name}.done-a{plan.attempt}-r{rank}.json"
+    finished: dict[int, list[int]] = {}
+    deviation, started = plan.deviation, time.time()
+    last_commit = started
+
+    done_rows = sum(min(batch_size, len(dataset) - b * batch_size) for b in plan.finished)
+    progress = Progress(len(dataset), initial=done_rows, desc="encoding latents", unit="img", enabled=main)
+    for b, (x, labels, ok) in zip(todo, loader):
         x = x.to(device)
         both = torch.cat([x, x.flip(-1)])  # unflipped then flipped
         mean, std = encode_posterior(vae, both)
         if deviation is None and vae.dtype != torch.float32 and main:
             keep = ok.repeat(2).to(device)
             deviation = _deviation_from_fp32(fp32_vae or copy.deepcopy(vae).float(), both[keep], mean[keep])
+            write_manifest(tmp, "latents-partial", **dict(state, deviation=deviation))
         n = x.shape[0]
         moments = torch.stack([torch.stack([mean[:n], std[:n]], 1), torch.stack([mean[n:], std[n:]], 1)], 1)
         start = b * batch_size
         table["moments"][start : start + n] = moments.cpu().numpy().astype(dtype)
         table["label"][start : start + n] = labels.numpy()
-        bad += [start + i for i in range(n) if not ok[i]]
+        finished[b] = [start + i for i in range(n) if not ok[i]]
+        if time.time() - last_commit >= commit_every_s:
+            _commit(table, record, finished)
+            last_commit = time.time()
         progress.update(n * world)  # the other processes progress at about the same rate
     progress.close()
-    table.flush()
+    _commit(table, record, finished)
     del table
-    if accelerator:
-        accelerator.wait_for_everyone()
     seconds = time.time() - started
-    (tmp.parent / f".{tmp.name}.bad-{rank}.json").write_text(json.dumps(bad))
     if accelerator:
         accelerator.wait_for_everyone()
     if not main:
         return None
-    bad = sorted(i for r in range(world) for i in json.loads((tmp.parent / f".{tmp.name}.bad-{r}.json").read_text()))
-    for r in range(world):
-        (tmp.parent / f".{tmp.name}.bad-{r}.json").unlink()
+    finished = _read_finished(tmp)
+    missing = sorted(set(range(blocks)) - set(finished))
+    if missing:
+        raise ArtifactError(f"{tmp}: blocks {missing[:5]} were not written (a process failed?); run it again")
+    bad = sorted(i for rows in finished.values() for i in rows)
     skipped = [getattr(dataset, "samples", [[str(i)]] * len(dataset))[i][0] for i in bad]
     if len(bad) > max(1, int(max_bad_fraction * len(dataset))):
         raise DataError(f"{len(bad)} of {len(dataset)} images are unreadable (e.g. {skipped[:3]}); fix or remove them")
     for path in skipped:
         logger.warning("unreadable image %s: its row is marked and skipped in training", path)
     data_record = {"count": len(dataset) - len(bad), "id2label": {str(k): v for k, v in (id2label or {}).items()}}
-    describe = getattr(dataset, "describe", None)
     if describe is not None:
         data_record.update(describe(), count=len(dataset) - len(bad), skipped=skipped)
-    os.replace(tmp, out_path)
-    vae_info = dict(vae_record(vae, vae_name or None), dtype=str(vae.dtype).removeprefix("torch."))
     if deviation is not None:
         vae_info["deviation_from_fp32"] = deviation
         logger.info(
@@ -289,23 +431,27 @@ def extract_latents(
             deviation["rms"],
             100 * deviation["rms_over_std"],
         )
+    # the manifest first, then the file: a crash in between leaves a finished .partial that the next run
+    # renames, never a file beside a manifest that describes other latents
+    stat = tmp.stat()
     write_manifest(
         out_path,
         "latents",
         format_version=FORMAT_VERSION,
-        rows=len(dataset),
+        **shapes,
         count=len(dataset) - len(bad),
-        latent_shape=list(latent_shape),
-        dtype=dtype,
-        image_size=int(images.shape[-1]),
-        image_channels=int(images.shape[0]),
         vae=vae_info,
         data=data_record,
         world_size=world,
+        attempts=plan.attempt + 1,
         encode_seconds=seconds,
-        file_sha256=fingerprint_file(out_path),
-        file_size=out_path.stat().st_size,
+        file_sha256=fingerprint_file(tmp),
+        file_size=stat.st_size,
+        file_mtime_ns=stat.st_mtime_ns,
     )
+    os.replace(tmp, out_path)
+    for leftover in [sibling(tmp, ".json"), *_progress_files(tmp)]:
+        leftover.unlink(missing_ok=True)
     return out_path
 
 
@@ -348,6 +494,7 @@ class LatentDataset(Dataset):
                 f"{self.path} has {self.path.stat().st_size} bytes but its manifest says "
                 f"{meta['file_size']}: the file was changed or truncated; extract again"
             )
+        self._check_unchanged()
         try:
             self.table = np.load(self.path, mmap_mode="r")
         except (OSError, ValueError) as err:
@@ -362,6 +509,29 @@ class LatentDataset(Dataset):
         self.vae = meta["vae"]
         self.scaling_factor = float(self.vae["scaling_factor"])
         self.latent_shape = tuple(meta["latent_shape"])
+
+    def _check_unchanged(self) -> None:
+        """The file's time is the fast check that it still holds what the manifest describes (hashing tens of
+        gigabytes at every start would take minutes); when the time differs, or the manifest predates this
+        record, the SHA-256 decides."""
+        recorded = self.meta.get("file_mtime_ns")
+        if recorded is not None and self.path.stat().st_mtime_ns == recorded:
+            return
+        started = time.time()
+        digest = fingerprint_file(self.path)
+        if digest != self.meta["file_sha256"]:
+            raise ArtifactError(
+                f"{self.path} was changed after extraction (SHA-256 {short(digest)}, recorded "
+                f"{short(self.meta['file_sha256'])}); extract it again"
+            )
+        why = "its time differs from the record" if recorded is not None else "its manifest records no file time"
+        logger.info(
+            "%s: %s, so its SHA-256 was checked (%.0f s): it matches. Copies made with `cp -p` or `rsync -t` "
+            "keep the time and skip this check",
+            self.path,
+            why,
+            time.time() - started,
+        )
 
     @property
     def id2label(self) -> dict[int, str]:

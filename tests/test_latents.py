@@ -321,3 +321,152 @@ def test_half_precision_vae_records_its_deviation_from_fp32(corrupt_folder, tmp_
     measured = np.abs(np.load(half)["moments"][:3, :, 0] - np.load(tmp_path / "fp32.npy")["moments"][:3, :, 0])
     assert dev["max_abs"] == pytest.approx(float(measured.max()), rel=0.05) and 0 < dev["rms_over_std"] < 0.05
     assert len(fp32) == 15
+
+
+# ----------------------------------------------------------------------------------------------------
+# Integrity of the extraction itself: interrupted runs resume, finished files are reused, nothing is replaced
+# without --overwrite, and a file changed after extraction is refused
+# ----------------------------------------------------------------------------------------------------
+def _interrupt_after(monkeypatch, calls: int) -> list:
+    """Make the VAE fail on its ``calls``-th encoding (the first call finds the latent shape); returns the
+    list of batch sizes it encoded."""
+    import moh_dit.latents as latents
+
+    seen, original = [], latents.encode_posterior
+
+    def encode(vae, x):
+        seen.append(len(x))
+        if len(seen) == calls:
+            raise KeyboardInterrupt
+        return original(vae, x)
+
+    monkeypatch.setattr(latents, "encode_posterior", encode)
+    return seen
+
+
+def _folder_images(root):
+    from moh_dit.data import ImageFolderDataset
+
+    return ImageFolderDataset(root / "images", 16)
+
+
+def test_an_interrupted_extraction_resumes_with_the_blocks_not_done(corrupt_folder, tmp_path, monkeypatch):
+    from moh_dit.errors import OutputError
+
+    ds, kw = _folder_images(corrupt_folder), dict(batch_size=3, max_bad_fraction=0.1)
+    whole = extract_latents(ds, tiny_vae(), tmp_path / "whole.npy", **kw)
+    seen = _interrupt_after(monkeypatch, 4)  # the shape, blocks 0 and 1 (with the corrupt image), then stop
+    with pytest.raises(KeyboardInterrupt):
+        extract_latents(ds, tiny_vae(), tmp_path / "lat.npy", commit_every_s=0, **kw)
+    with pytest.raises(DataError, match="unfinished extraction left a .partial file"):
+        LatentDataset(tmp_path / "lat.npy")
+    seen = _interrupt_after(monkeypatch, 0)
+    with pytest.raises(OutputError, match="pass --batch-size 3 to finish it"):
+        extract_latents(ds, tiny_vae(), tmp_path / "lat.npy", batch_size=4, max_bad_fraction=0.1)
+    other = tiny_vae()
+    with torch.no_grad():
+        other.encoder.conv_in.bias.add_(0.1)
+    with pytest.raises(OutputError, match=r"unfinished extraction of other latents \(vae.sha256"):
+        extract_latents(ds, other, tmp_path / "lat.npy", **kw)
+    seen.clear()
+    extract_latents(ds, tiny_vae(), tmp_path / "lat.npy", **kw)
+    assert seen == [1, 6, 6, 6, 2]  # the shape, then blocks 2..5 only (both flips of 3, 3, 3 and 1 images)
+    assert np.load(whole).tobytes() == np.load(tmp_path / "lat.npy").tobytes()
+    a, b = (json.loads((tmp_path / f"{n}.npy.json").read_text()) for n in ("whole", "lat"))
+    assert a["file_sha256"] == b["file_sha256"] and b["attempts"] == 2 and a["attempts"] == 1
+    assert b["data"]["skipped"] == a["data"]["skipped"] and b["data"]["skipped"][0].endswith("bright/3.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lat.npy", "lat.npy.json", "whole.npy", "whole.npy.json"]
+    assert len(LatentDataset(tmp_path / "lat.npy")) == 15
+
+
+def test_an_extraction_resumes_on_another_number_of_processes(corrupt_folder, tmp_path, monkeypatch):
+    import sys
+
+    from .helpers.factories import run_command, torchrun
+
+    args = ["--data-path", corrupt_folder / "images", "--image-size", "16", "--vae", corrupt_folder / "vae"]
+    args += ["--num-workers", "0", "--batch-size", "3", "--max-bad-fraction", "0.1", "--out"]
+    run_command([sys.executable, "-m", "moh_dit", "latents", *args, tmp_path / "whole.npy"])
+    _interrupt_after(monkeypatch, 3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the subprocesses run, so that the blocks agree bit for bit
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            extract_latents(
+                _folder_images(corrupt_folder),
+                tiny_vae(),
+                tmp_path / "lat.npy",
+                batch_size=3,
+                max_bad_fraction=0.1,
+                commit_every_s=0,
+            )
+    finally:
+        torch.set_num_threads(threads)
+    args[-1:] = ["--out", tmp_path / "lat.npy"]
+    two = run_command(torchrun("-m", "moh_dit", "latents", *args))
+    assert "1 of 6 blocks done" in two.stderr and "2 process(es)" in two.stderr
+    assert np.load(tmp_path / "whole.npy").tobytes() == np.load(tmp_path / "lat.npy").tobytes()
+    again = run_command([sys.executable, "-m", "moh_dit", "latents", *args])
+    assert "already holds these latents" in again.stderr and "encoding" not in again.stderr
+
+
+def test_finished_latents_are_reused_and_others_replaced_only_with_overwrite(corrupt_folder, tmp_path):
+    from moh_dit.errors import OutputError
+
+    ds, kw, out = _folder_images(corrupt_folder), dict(batch_size=4, max_bad_fraction=0.1), tmp_path / "lat.npy"
+    extract_latents(ds, tiny_vae(), out, **kw)
+    before = (out.stat().st_mtime_ns, (tmp_path / "lat.npy.json").read_text())
+    assert extract_latents(ds, tiny_vae(), out, **kw) == out  # the same latents: nothing is redone
+    assert (out.stat().st_mtime_ns, (tmp_path / "lat.npy.json").read_text()) == before
+    with pytest.raises(OutputError, match=r"holds other latents \(dtype: 'float16' -> 'float32'\); pass --overwrite"):
+        extract_latents(ds, tiny_vae(), out, dtype="float32", **kw)
+    assert (tmp_path / "lat.npy.json").read_text() == before[1]
+    extract_latents(ds, tiny_vae(), out, dtype="float32", overwrite=True, **kw)
+    assert LatentDataset(out).meta["dtype"] == "float32"
+    np.save(tmp_path / "bare.npy", np.zeros(3))
+    with pytest.raises(OutputError, match="exists without a latent manifest; pass --overwrite"):
+        extract_latents(ds, tiny_vae(), tmp_path / "bare.npy", **kw)
+
+
+def test_a_crash_between_manifest_and_rename_is_finished_by_the_next_run(corrupt_folder, tmp_path, monkeypatch):
+    import os
+
+    ds, kw, out = _folder_images(corrupt_folder), dict(batch_size=4, max_bad_fraction=0.1), tmp_path / "lat.npy"
+
+    replace = os.replace
+
+    def crash(src, dst):  # the manifest is written (itself through a rename), then the power goes
+        if str(src).endswith(".partial.npy"):
+            raise OSError("power cut")
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="power cut"):
+        extract_latents(ds, tiny_vae(), out, **kw)
+    monkeypatch.undo()
+    assert not out.exists() and (tmp_path / "lat.npy.json").exists()
+    seen = _interrupt_after(monkeypatch, 0)
+    extract_latents(ds, tiny_vae(), out, **kw)
+    assert seen == [1] and len(LatentDataset(out)) == 15  # every block was recorded: only renamed
+
+
+def test_a_latent_file_changed_after_extraction_is_refused(corrupt_folder, tmp_path, caplog):
+    import logging
+    import os
+
+    out = extract_latents(_folder_images(corrupt_folder), tiny_vae(), tmp_path / "lat.npy", max_bad_fraction=0.1)
+    stat = out.stat()
+    os.utime(out, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a copy without its time: hashed, accepted
+    with caplog.at_level(logging.INFO, logger="moh_dit.latents"):
+        assert len(LatentDataset(out)) == 15
+    assert "its time differs from the record, so its SHA-256 was checked" in caplog.text
+    manifest = json.loads((tmp_path / "lat.npy.json").read_text())
+    del manifest["file_mtime_ns"]  # as written by moh-dit before it recorded the time
+    (tmp_path / "lat.npy.json").write_text(json.dumps(manifest))
+    assert len(LatentDataset(out)) == 15
+    table = np.load(out, mmap_mode="r+")
+    table["moments"][0, 0, 0, 0, 0, 0] += 1  # the same size, other numbers
+    table.flush()
+    del table
+    with pytest.raises(ArtifactError, match="was changed after extraction"):
+        LatentDataset(out)

@@ -11,6 +11,10 @@ each writing its own blocks of the one file (the result is the same for any coun
 
 --vae-dtype bf16 (or fp16) runs the VAE in half precision: much faster on GPUs; the deviation of the
 posterior means from fp32 is measured on the first block and written to the log and the manifest.
+
+An interrupted extraction resumes when run again with the same data, VAE and --batch-size (on any number
+of processes); latents already complete at --out are left alone, and latents of other data or another VAE
+there are replaced only with --overwrite.
 """
 
 import argparse
@@ -39,6 +43,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--vae-dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="dtype the VAE runs in")
     parser.add_argument("--max-bad-fraction", type=float, default=0.01, help="share of unreadable images tolerated")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace latents of other data or another VAE at --out (and any unfinished extraction there)",
+    )
     return parser
 
 
@@ -84,6 +93,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
         accelerator=accelerator,
         max_bad_fraction=args.max_bad_fraction,
         fp32_vae=fp32_vae if vae is not fp32_vae else None,
+        overwrite=args.overwrite,
     )
     if out is not None:
-        print(f"wrote {len(dataset)} rows of latents to {out}")
+        print(f"{len(dataset)} rows of latents in {out}")
