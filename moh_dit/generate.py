@@ -34,6 +34,7 @@ from .artifacts import (
     prepare_sample_folder,
     read_safetensors,
     sample_npz_path,
+    short,
     sibling,
     weight_health,
 )
@@ -284,9 +285,19 @@ def load_pipeline(
             f"{fingerprint[:12]} vs {manifest['transformer_sha256'][:12]}): the folder was modified; "
             f"export it again"
         )
+    recorded_vae = manifest.get("vae_sha256") if manifest is not None else None
+    if recorded_vae is not None and pipe.vae is not None:
+        found = fingerprint_module(pipe.vae)
+        if found != recorded_vae and vae is None:
+            raise ArtifactError(
+                f"the VAE in {source.path / 'vae'} is not the one its manifest records (fingerprint {short(found)} "
+                f"vs {short(recorded_vae)}): the folder was modified; export it again, or choose a VAE with --vae"
+            )
+        if found != recorded_vae:  # replaced below; a changed VAE is no reference for the replacement
+            pipe.register_modules(vae=None)
     pipe.set_preview_sampling(_recorded(source, manifest))
     if vae is not None:
-        pipe.register_modules(vae=load_vae(vae))
+        pipe.replace_vae(load_vae(vae), vae)
     if scheduler is not None:
         pipe.with_scheduler(scheduler)
     logger.info("loaded %s", source.describe())

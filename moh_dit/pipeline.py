@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 import math
 import os
 import shutil
@@ -33,7 +34,15 @@ from diffusers import (
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from .artifacts import fingerprint_module, read_manifest, replace_folder, write_manifest
+from .artifacts import (
+    differences,
+    fingerprint_module,
+    format_differences,
+    read_manifest,
+    replace_folder,
+    short,
+    write_manifest,
+)
 from .card import write_card
 from .diffusion import DIT_SCHEDULE
 from .errors import ArtifactError, ConfigError, NonFiniteSampleError
@@ -197,6 +206,17 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return arr.permute(0, 2, 3, 1).cpu().numpy()
 
 
+logger = logging.getLogger(__name__)
+
+
+def _latent_space(vae: AutoencoderKL) -> dict[str, float]:
+    """The numbers that decide how a VAE maps latents to images, besides its weights."""
+    return {
+        "scaling_factor": float(vae.config.scaling_factor),
+        "downsample_factor": 2 ** (len(vae.config.block_out_channels) - 1),
+    }
+
+
 class MoHDiTPipeline(DiffusionPipeline):
     """Sample class-conditional images from a :class:`MoHDiT`.
 
@@ -298,6 +318,42 @@ class MoHDiTPipeline(DiffusionPipeline):
 
     def get_label_ids(self, labels: Union[int, str, Sequence[Union[int, str]]]) -> list[int]:
         return resolve_class_labels(labels, self.transformer.config.num_classes, self.id2label)
+
+    def replace_vae(self, vae: Optional[AutoencoderKL], spec: str) -> None:
+        """Decode with ``vae`` (``None``: no VAE) instead of the pipeline's own. It must decode the latents
+        this model makes: the same number of channels and, when the model's own VAE is known, the same
+        scaling factor and downsampling (otherwise the images come out at the wrong scale or size without
+        any error). Other weights of the same latent space (DiT's ft-EMA against ft-MSE decoders) are a
+        legitimate choice; the log says so, and sample manifests record the VAE's fingerprint."""
+        if vae is not None:
+            channels = self.transformer.config.in_channels
+            if not self.config.get("latent_space", False):
+                raise ConfigError(
+                    f"this model works in pixel space ({channels} channels): --vae {spec} does not apply"
+                )
+            if vae.config.latent_channels != channels:
+                raise ArtifactError(
+                    f"VAE {spec} makes {vae.config.latent_channels}-channel latents but this model works on "
+                    f"{channels}-channel latents: pass the VAE it was trained with"
+                )
+            if self.vae is not None:
+                diffs = differences(_latent_space(self.vae), _latent_space(vae))
+                if diffs:
+                    raise ArtifactError(
+                        f"VAE {spec} is not in the latent space this model was trained in "
+                        f"({format_differences(diffs)}): its images would come out at the wrong scale or size; "
+                        f"pass a VAE with the same numbers"
+                    )
+                before, after = fingerprint_module(self.vae), fingerprint_module(vae)
+                if before != after:
+                    logger.info(
+                        "decoding with VAE %s instead of the model's own (fingerprint %s -> %s; same scaling "
+                        "factor and downsampling)",
+                        spec,
+                        short(before),
+                        short(after),
+                    )
+        self.register_modules(vae=vae)
 
     def with_scheduler(self, name: str) -> "MoHDiTPipeline":
         """Swap in one of :data:`SCHEDULERS` (in place); returns the pipeline."""

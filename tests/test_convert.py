@@ -331,6 +331,16 @@ def test_a_1000_class_checkpoint_gets_imagenet_names_and_samples_by_name(tmp_pat
     convert_command.main(
         [str(tmp_path / "DiT-tiny.pt"), str(tmp_path / "pipe"), "--num-heads", "4", "--vae", str(tmp_path / "vae")]
     )
+    from diffusers import AutoencoderKL
+
+    from moh_dit.errors import ArtifactError
+
+    AutoencoderKL.from_config(tiny_vae().config, latent_channels=8).save_pretrained(tmp_path / "vae8")
+    with pytest.raises(ArtifactError, match="makes 8-channel latents but this model works on 4-channel"):
+        convert_command.main(
+            [str(tmp_path / "DiT-tiny.pt"), str(tmp_path / "p8"), "--num-heads", "4", "--vae", str(tmp_path / "vae8")]
+        )
+    assert not (tmp_path / "p8").exists()
     pipe = MoHDiTPipeline.from_pretrained(tmp_path / "pipe")
     assert pipe.id2label[207] == "golden retriever" and pipe.id2label[0] == "tench" and len(pipe.id2label) == 1000
     assert pipe.get_label_ids(["golden retriever", "Tench"]) == [207, 0]

@@ -294,3 +294,85 @@ def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir
     assert "2 process(es)" in result.stderr
     two = np.load(tmp_path / "two.npz")
     assert np.array_equal(single["arr_0"], two["arr_0"]) and single["arr_1"].tolist() == two["arr_1"].tolist()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The VAE of a latent-space pipeline: its own is checked, a replacement must share its latent space
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def latent_pipeline(tmp_path):
+    from moh_dit.pipeline import MoHDiTPipeline
+
+    from .helpers.factories import tiny_model, tiny_vae
+
+    MoHDiTPipeline.build(tiny_model(in_channels=4, signal=0.1), tiny_vae(), {0: "a", 1: "b", 2: "c"}).save(
+        tmp_path / "pipe", {"test": True}
+    )
+    return tmp_path / "pipe"
+
+
+def _a_vae(tmp_path, name, **config):
+    """A tiny VAE saved as ``name``: ``config`` changes its architecture numbers, none changes its weights."""
+    from diffusers import AutoencoderKL
+
+    from .helpers.factories import tiny_vae
+
+    vae = tiny_vae()
+    if config:
+        vae = AutoencoderKL.from_config(vae.config, **config)
+    else:
+        with torch.no_grad():
+            vae.decoder.conv_out.bias.add_(0.1)  # the same latent space, another decoder (ft-EMA vs ft-MSE)
+    vae.save_pretrained(tmp_path / name)
+    return str(tmp_path / name)
+
+
+def test_a_pipeline_whose_vae_was_swapped_is_refused(latent_pipeline, tmp_path):
+    import shutil
+
+    load_pipeline(latent_pipeline, device="cpu")
+    other = _a_vae(tmp_path, "other")
+    shutil.rmtree(latent_pipeline / "vae")
+    shutil.copytree(other, latent_pipeline / "vae")
+    with pytest.raises(ArtifactError, match="VAE in .* is not the one its manifest records"):
+        load_pipeline(latent_pipeline, device="cpu")
+    assert load_pipeline(latent_pipeline, device="cpu", vae=other).vae is not None  # chosen on purpose
+
+
+def test_a_replacement_vae_must_share_the_models_latent_space(latent_pipeline, tmp_path, caplog):
+    import logging
+
+    with pytest.raises(ArtifactError, match="makes 8-channel latents but this model works on 4-channel"):
+        load_pipeline(latent_pipeline, device="cpu", vae=_a_vae(tmp_path, "c8", latent_channels=8))
+    with pytest.raises(ArtifactError, match=r"not in the latent space .* \(scaling_factor: 0.18215 -> 0.5\)"):
+        load_pipeline(latent_pipeline, device="cpu", vae=_a_vae(tmp_path, "s05", scaling_factor=0.5))
+    with pytest.raises(ArtifactError, match=r"downsample_factor: 2 -> 4"):
+        load_pipeline(
+            latent_pipeline,
+            device="cpu",
+            vae=_a_vae(
+                tmp_path,
+                "d4",
+                block_out_channels=[8, 16, 16],
+                down_block_types=["DownEncoderBlock2D"] * 3,
+                up_block_types=["UpDecoderBlock2D"] * 3,
+            ),
+        )
+    with caplog.at_level(logging.INFO, logger="moh_dit.pipeline"):
+        pipe = load_pipeline(
+            latent_pipeline,
+            device="cpu",
+            vae=_a_vae(
+                tmp_path,
+                "ft",
+            ),
+        )
+    assert "decoding with VAE" in caplog.text and "instead of the model's own" in caplog.text
+    assert pipe(class_labels=[0], num_inference_steps=2, output_type="np").images.shape == (1, 16, 16, 3)
+
+
+def test_a_pixel_space_model_takes_no_vae(run_dir, tmp_path):
+    from moh_dit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pixel space .* does not apply"):
+        load_pipeline(run_dir, device="cpu", vae=_a_vae(tmp_path, "v"))

@@ -107,11 +107,12 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
         from moh_dit.latents import load_vae, vae_record
         from moh_dit.pipeline import MoHDiTPipeline
 
-        if args.vae:
-            vae = load_vae(args.vae)
         # reference DiT/MoH-DiT checkpoints are latent-space models; a moh-dit source knows what it is
         latent = True if Path(args.src).is_file() else None
-        pipe = MoHDiTPipeline.build(model, vae, id2label, latent_space=latent if vae is None else True)
+        pipe = MoHDiTPipeline.build(model, vae, id2label, latent_space=True if args.vae or vae else latent)
+        if args.vae:
+            pipe.replace_vae(load_vae(args.vae), args.vae)  # checked against the model and the source's VAE
+            vae = pipe.vae
         source = {
             "converted_from": str(Path(args.src).resolve()),
             "format": report.get("format", report.get("weights")),

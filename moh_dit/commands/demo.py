@@ -19,7 +19,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
     p.add_argument("--port", type=positive_int, default=7860)
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--vae", default=None, help="replace/add the VAE (hub id or folder)")
+    p.add_argument(
+        "--vae",
+        default=None,
+        help="decode with this VAE (hub id or folder) instead of the model's own; it must share the model's latent space",
+    )
     p.add_argument("--no-browser", action="store_true", help="do not open a browser window")
     return p
 

@@ -29,7 +29,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         help="images per forward pass; with --num-samples also the block size (part of the samples' record)",
     )
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--vae", default=None, help="replace/add the VAE (hub id or folder)")
+    p.add_argument(
+        "--vae",
+        default=None,
+        help="decode with this VAE (hub id or folder) instead of the model's own; it must share the model's latent space",
+    )
     p.add_argument("--out", default="samples.png", help="grid PNG")
     p.add_argument("--save-images", default=None, help="also write each grid image into this folder")
     p.add_argument(
