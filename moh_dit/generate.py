@@ -14,6 +14,7 @@ only when its manifest matches the model and settings.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -529,9 +530,48 @@ def pack_npz(sample_dir: Path, manifest: dict[str, Any], npz_path: Path) -> Path
         dtype=np.int64,
     )
     tmp = sibling(npz_path, ".tmp.npz")
-    np.savez(tmp, arr_0=arr, arr_1=labels, moh_dit_manifest=np.array(json.dumps(dict(manifest, kind="samples"))))
+    record = dict(manifest, kind="samples", images_sha256=images_fingerprint(arr))
+    np.savez(tmp, arr_0=arr, arr_1=labels, moh_dit_manifest=np.array(json.dumps(record)))
     os.replace(tmp, npz_path)
     return npz_path
+
+
+def images_fingerprint(images: np.ndarray) -> str:
+    """SHA-256 of an image array's shape and bytes (no copy of a contiguous array)."""
+    h = hashlib.sha256(str(images.shape).encode())
+    h.update(memoryview(np.ascontiguousarray(images)).cast("B"))
+    return h.hexdigest()
+
+
+def check_samples(path: Path, manifest: Optional[dict], images: Optional[np.ndarray] = None) -> None:
+    """Stop before samples are scored as something they are not: a sample folder must hold every image its
+    manifest counts (an interrupted sampling leaves fewer), and an ``.npz`` the images it was packed with
+    (``images``: its ``arr_0``). Files without a moh-dit manifest are images from elsewhere, taken as they are."""
+    if not manifest:
+        return
+    n = int(manifest["count"])
+    if path.is_dir():
+        missing = missing_indices(path, n)
+        if missing:
+            names = ", ".join(_png_path(path, i).name for i in missing[:3])
+            raise ArtifactError(
+                f"{path} holds {n - len(missing)} of the {n} samples its manifest counts (missing {names}"
+                f"{' and more' if len(missing) > 3 else ''}): run the same sample.py command again to finish it"
+            )
+        return
+    if images is None:
+        return
+    recorded = manifest.get("images_sha256")  # absent from .npz files packed before this record existed
+    if len(images) != n:
+        found = f"{len(images)} images but its manifest records {n}"
+    elif recorded is not None and images_fingerprint(images) != recorded:
+        found = "other images than sample.py packed into it"
+    else:
+        return
+    raise ArtifactError(
+        f"{path} holds {found}: it was changed afterwards; remove it and run the same sample.py command "
+        f"again to pack it from its folder"
+    )
 
 
 def describe_samples(manifest: Optional[dict]) -> str:

@@ -459,6 +459,41 @@ def test_metrics_of_existing_samples_record_the_samples_own_manifest(tmp_path):
     assert metrics == [f"cfg2.0.metrics-{TINY}.json"]
 
 
+def test_samples_changed_or_unfinished_since_sampling_are_not_scored(tmp_path):
+    import shutil
+
+    from moh_dit.errors import ArtifactError
+    from moh_dit.generate import GenerationSettings, generate_samples
+
+    from .helpers.factories import tiny_model
+    from .helpers.factories import tiny_pipeline as pipe_for
+
+    pipe = pipe_for(tiny_model(signal=0.1, in_channels=3))
+    npz = generate_samples(
+        pipe, tmp_path / "s", GenerationSettings(num_samples=10, batch_size=4, num_inference_steps=2)
+    )
+    np.savez(tmp_path / "r.npz", arr_0=random_images(10, size=8))
+    score = ["--reference", str(tmp_path / "r.npz"), "--extractor", TINY, "--samples"]
+    evaluate_fid.main([*score, str(npz)])
+    with np.load(npz) as data:
+        arrays = dict(data)
+    edited = dict(arrays, arr_0=arrays["arr_0"].copy())
+    edited["arr_0"][3, 0, 0, 0] ^= 1  # one bit of one image
+    np.savez(tmp_path / "edited.npz", **edited)
+    with pytest.raises(ArtifactError, match="holds other images than sample.py packed into it"):
+        evaluate_fid.main([*score, str(tmp_path / "edited.npz")])
+    np.savez(tmp_path / "cut.npz", **dict(arrays, arr_0=arrays["arr_0"][:8]))
+    with pytest.raises(ArtifactError, match="holds 8 images but its manifest records 10"):
+        evaluate_fid.main([*score, str(tmp_path / "cut.npz")])
+    shutil.copytree(tmp_path / "s", tmp_path / "unfinished")
+    (tmp_path / "unfinished" / "000004.png").unlink()  # as an interrupted sampling leaves it
+    with pytest.raises(ArtifactError, match=r"holds 9 of the 10 samples its manifest counts \(missing 000004.png\)"):
+        evaluate_fid.main([*score, str(tmp_path / "unfinished")])
+    del arrays["moh_dit_manifest"]  # images from elsewhere say nothing, and are taken as they are
+    np.savez(tmp_path / "plain.npz", **dict(arrays, arr_0=edited["arr_0"]))
+    assert evaluate_fid.main([*score, str(tmp_path / "plain.npz")])["samples"]["manifest"] is None
+
+
 def test_evaluating_a_run_that_trained_on_samples_the_new_weights(tmp_path):
     from moh_dit.config import load_config
     from moh_dit.training import train

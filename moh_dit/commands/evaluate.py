@@ -131,7 +131,11 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
         manifest = read_manifest(samples_path, "samples")
     else:
         manifest = read_npz_manifest(samples_path) if samples_path.suffix == ".npz" else None
+    from moh_dit.generate import check_samples
+
+    check_samples(samples_path, manifest)  # a folder: before its images are read
     samples = load_images(samples_path, limit=(manifest or {}).get("count"))
+    check_samples(samples_path, manifest, samples)
     result = evaluate(
         samples,
         args.reference,
