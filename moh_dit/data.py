@@ -652,6 +652,15 @@ def load_data_space(section: "DataSection", device: str | torch.device = "cpu") 
     id2label = dict(base.id2label)
     num_classes = len(id2label) if id2label else len(set(base.targets))
     if isinstance(base, LatentDataset):
+        # the run records data.image_size and data.channels; they must say what the latents were made from
+        made = {"image_size": base.meta.get("image_size"), "channels": base.meta.get("image_channels")}
+        wrong = [f"data.{k}={v}" for k, v in made.items() if v is not None and getattr(section, k) != v]
+        if wrong:
+            asked = ", ".join(f"data.{k}={getattr(section, k)}" for k in made)
+            raise DataError(
+                f"the latents in {base.path} were extracted from {made['image_size']} px images with "
+                f"{made['channels']} channels, not {asked}: set {' '.join(wrong)}, or extract latents to match"
+            )
         record = base.vae
         wanted = resolve_vae_spec(section.vae)
         if wanted is not None and wanted != record.get("spec"):

@@ -204,6 +204,16 @@ def test_a_conflicting_vae_is_an_error(latent_setup, tmp_path):
     assert time.time() - start < 10  # no network retries
 
 
+def test_the_config_must_describe_the_images_the_latents_were_made_from(latent_setup, tmp_path):
+    from moh_dit.config import load_config
+    from moh_dit.training import Trainer
+
+    for wrong, fix in (("data.image_size=32", "set data.image_size=16"), ("data.channels=1", "set data.channels=3")):
+        with pytest.raises(DataError, match=f"extracted from 16 px images with 3 channels, not .*: {fix},"):
+            Trainer(load_config(None, _latent_overrides(latent_setup, tmp_path / "r", wrong)))
+    assert not any((tmp_path / "r").iterdir())  # refused before anything was written
+
+
 def test_a_missing_recorded_vae_stops_before_training(latent_setup, tmp_path):
     import shutil
 
