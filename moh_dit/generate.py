@@ -216,7 +216,8 @@ def recorded_sampling(path: str | os.PathLike) -> Optional[dict]:
 
 
 def load_transformer(path: str | os.PathLike) -> tuple[MoHDiT, ModelSource]:
-    """The transformer of a run (newest weights), checkpoint (EMA), pipeline or transformer folder."""
+    """The transformer of a run (newest weights), checkpoint (EMA), pipeline or transformer folder; a
+    pipeline's weights must still have the fingerprint its manifest records."""
     source = resolve_model_source(path)
     if source.kind == "checkpoint":
         model, _ = _checkpoint_model(source.path)
@@ -226,8 +227,39 @@ def load_transformer(path: str | os.PathLike) -> tuple[MoHDiT, ModelSource]:
             model = MoHDiT.from_pretrained(source.path, subfolder=sub, use_safetensors=True)
         except (OSError, ValueError, RuntimeError) as err:
             raise _damaged(source.path, err) from None
+        if source.kind == "pipeline":
+            _check_recorded_weights(source.path, MoHDiTPipeline.manifest_of(source.path), model)
     _check_health(model, str(source.path))
     return model.eval(), source
+
+
+def _check_recorded_weights(folder: Path, manifest: Optional[dict], model: MoHDiT) -> str:
+    """The transformer's fingerprint, after checking it against a pipeline manifest's record."""
+    fingerprint = fingerprint_module(model)
+    if manifest is not None and manifest.get("transformer_sha256") not in (None, fingerprint):
+        raise ArtifactError(
+            f"the weights in {folder} are not those its manifest records (fingerprint "
+            f"{fingerprint[:12]} vs {manifest['transformer_sha256'][:12]}): the folder was modified; "
+            f"export it again"
+        )
+    return fingerprint
+
+
+def source_vae_record(source: ModelSource) -> Optional[dict]:
+    """What the weights at ``source`` were trained with, as far as it says: the VAE's fingerprint and
+    latent-space numbers (``None`` for pixel space or a bare transformer folder, which does not say)."""
+    if source.kind == "checkpoint":
+        record = json.loads((source.path / "trainer_state.json").read_text()).get("vae")
+        return record if isinstance(record, dict) and record.get("spec") else None
+    if source.kind != "pipeline" or not (source.path / "vae" / "config.json").is_file():
+        return None
+    config = json.loads((source.path / "vae" / "config.json").read_text())
+    return {
+        "sha256": (MoHDiTPipeline.manifest_of(source.path) or {}).get("vae_sha256"),
+        "scaling_factor": float(config.get("scaling_factor", 0.18215)),
+        "downsample_factor": 2 ** (len(config.get("block_out_channels", [0])) - 1),
+        "latent_channels": int(config.get("latent_channels", 4)),
+    }
 
 
 def load_pipeline(
@@ -279,13 +311,7 @@ def load_pipeline(
         model, _ = load_transformer(source.path)
         pipe = MoHDiTPipeline.build(model)
     _check_health(pipe.transformer, str(source.path))
-    fingerprint = fingerprint_module(pipe.transformer)
-    if manifest is not None and manifest.get("transformer_sha256") not in (None, fingerprint):
-        raise ArtifactError(
-            f"the weights in {source.path} are not those its manifest records (fingerprint "
-            f"{fingerprint[:12]} vs {manifest['transformer_sha256'][:12]}): the folder was modified; "
-            f"export it again"
-        )
+    fingerprint = _check_recorded_weights(source.path, manifest, pipe.transformer)
     recorded_vae = manifest.get("vae_sha256") if manifest is not None else None
     if recorded_vae is not None and pipe.vae is not None:
         found = fingerprint_module(pipe.vae)

@@ -42,11 +42,13 @@ from .artifacts import (
     atomic_write_text,
     checkpoint_step,
     find_checkpoint,
+    fingerprint_module,
     format_differences,
     open_run_folder,
     read_manifest,
     restore_checkpoint,
     save_checkpoint,
+    short,
 )
 from .card import push_folder
 from .config import Config, EMASection, ModelSection, config_to_dict
@@ -76,11 +78,18 @@ def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, Opti
     report = None
     wanted = section.overrides.get("num_classes", data.num_classes)
     if section.init_from:
-        from .generate import load_transformer
+        from .generate import load_transformer, source_vae_record
 
         model, source = load_transformer(section.init_from)
         logger.info("initialised from %s", source.describe())
-        report = {"init_from": source.describe()}
+        source_vae = source_vae_record(source)
+        _check_init_latent_space(section.init_from, source_vae, data.vae_record)
+        # what the run started from, so that its record names the weights and not only a path
+        report = {
+            "init_from": source.describe(),
+            "transformer_sha256": fingerprint_module(model),
+            "vae_sha256": (source_vae or {}).get("sha256"),
+        }
         if model.config.num_classes != wanted:
             if section.init_classes == "strict":
                 raise ConfigError(
@@ -88,8 +97,8 @@ def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, Opti
                     f"--init-classes resize (keep the shared label rows) or reinit (a new label table); every other "
                     f"weight is kept"
                 )
-            model, report = model.with_num_classes(wanted, section.init_classes)
-            report["init_from"] = source.describe()
+            model, resized = model.with_num_classes(wanted, section.init_classes)
+            report = resized | report
             new = ", ".join(report["new"]) or "none"
             logger.info(
                 f"label table {section.init_classes}d from {report['classes'][0]} to {report['classes'][1]} "
@@ -121,6 +130,28 @@ def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, Opti
             f"(model.overrides.num_classes=0 trains an unconditional model)"
         )
     return model, report
+
+
+def _check_init_latent_space(init_from: str, source: Optional[dict], data: Optional[dict]) -> None:
+    """Weights trained on the latents of one VAE learn nothing useful from latents of another scale or
+    resolution (the channel count is checked with the model's shape); another VAE with the same numbers
+    (a re-trained encoder) is allowed and said."""
+    if source is None or data is None:
+        return
+    keys = ("scaling_factor", "downsample_factor")
+    wrong = [(k, source.get(k), data.get(k)) for k in keys if source.get(k) is not None and source[k] != data.get(k)]
+    if wrong:
+        raise ConfigError(
+            f"{init_from} was trained in another latent space than this data's VAE ({format_differences(wrong)}): "
+            f"use the VAE it was trained with (data.vae, or latents extracted with it)"
+        )
+    if source.get("sha256") and source["sha256"] != data.get("sha256"):
+        logger.warning(
+            "%s was trained with another VAE (fingerprint %s) than this data's (%s); the latent-space numbers agree",
+            init_from,
+            short(source["sha256"]),
+            short(data.get("sha256")),
+        )
 
 
 def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:

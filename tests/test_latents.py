@@ -214,6 +214,66 @@ def test_the_config_must_describe_the_images_the_latents_were_made_from(latent_s
     assert not any((tmp_path / "r").iterdir())  # refused before anything was written
 
 
+def test_init_from_records_its_weights_and_must_share_the_latent_space(latent_setup, tmp_path, caplog):
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    from moh_dit.config import load_config
+    from moh_dit.errors import ConfigError
+    from moh_dit.training import Trainer, train
+
+    source = tmp_path / "source"
+    train(load_config(None, _latent_overrides(latent_setup, source)))
+    recorded = json.loads((source / "pipeline" / "manifest.json").read_text())
+    images = _folder_images(latent_setup)
+
+    def latents_with(name, vae):
+        vae.save_pretrained(tmp_path / name)
+        extract_latents(images, vae, tmp_path / f"{name}.npy", batch_size=4, vae_name=str(tmp_path / name))
+        return f"data.path={tmp_path / f'{name}.npy'}"
+
+    rescaled = AutoencoderKL.from_config(tiny_vae().config, scaling_factor=0.5)
+    rescaled.load_state_dict(tiny_vae().state_dict())
+    with pytest.raises(ConfigError, match=r"another latent space .*\(scaling_factor: 0.18215 -> 0.5\)"):
+        Trainer(
+            load_config(
+                None,
+                _latent_overrides(
+                    latent_setup, tmp_path / "a", latents_with("half", rescaled), f"model.init_from={source}"
+                ),
+            )
+        )
+    other = tiny_vae()
+    with torch.no_grad():
+        other.encoder.conv_in.bias.add_(0.1)  # the same numbers, another encoder
+    with caplog.at_level(logging.WARNING, logger="moh_dit.train"):
+        train(
+            load_config(
+                None,
+                _latent_overrides(
+                    latent_setup, tmp_path / "b", latents_with("other", other), f"model.init_from={source}"
+                ),
+            )
+        )
+    assert "was trained with another VAE" in caplog.text
+    init = json.loads((tmp_path / "b" / "manifest.json").read_text())["events"][0]["init"]
+    assert (
+        init["transformer_sha256"] == recorded["transformer_sha256"] and init["vae_sha256"] == recorded["vae_sha256"]
+    )
+    weights = source / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("weight"))
+    tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, weights)
+    with pytest.raises(ArtifactError, match="not those its manifest records"):
+        Trainer(
+            load_config(
+                None, _latent_overrides(latent_setup, tmp_path / "c", f"model.init_from={source / 'pipeline'}")
+            )
+        )
+
+
 def test_a_missing_recorded_vae_stops_before_training(latent_setup, tmp_path):
     import shutil
 
