@@ -24,9 +24,9 @@ from typing import Optional
 
 import numpy as np
 
-from .artifacts import code_version, ensure_writable_file, sibling, utc_now
+from .artifacts import code_version, ensure_writable_file, read_npz_manifest, sibling, utc_now
 from .data import list_images, load_image
-from .errors import DataError
+from .errors import ArtifactError, DataError, OutputError
 
 __all__ = ["build_reference", "RunningMoments"]
 
@@ -65,8 +65,10 @@ def build_reference(
     seed: int = 0,
     batch_size: int = 100,
     max_bad_fraction: float = 0.01,
+    overwrite: bool = False,
 ) -> Path:
-    """Write an ADM-style reference ``.npz`` for the images below ``source``.
+    """Write an ADM-style reference ``.npz`` for the images below ``source``; an existing ``out`` (a
+    downloaded ADM batch, or one built earlier) is replaced only with ``overwrite``.
 
     ``arr_0``: ``batch_images`` images (all if fewer) chosen by a seeded permutation, center-cropped to
     ``image_size``; ``arr_1``: their class ids when ``source`` has one sub-folder per class; with an
@@ -76,6 +78,14 @@ def build_reference(
     """
     source, out = Path(source), Path(out)
     ensure_writable_file(out, "--out")
+    if out.exists() and not overwrite:
+        try:
+            made = read_npz_manifest(out)
+        except ArtifactError:
+            made = None
+        built = made is not None and made.get("kind") == "reference"
+        what = f"a reference built from {made.get('source')}" if built else "a file moh-dit did not build"
+        raise OutputError(f"{out} exists ({what}); pass --overwrite to replace it, or choose another --out")
     files = list_images(source) if source.is_dir() else []
     if not files:
         raise DataError(f"{source} holds no images (it must be a folder; sub-folders are read too)")

@@ -436,6 +436,18 @@ def test_reference_builder_writes_an_adm_style_batch(tmp_path):
     main([str(tmp_path / "tree"), "--image-size", "8", "--out", str(tmp_path / "cli.npz"), "--batch-images", "4"])
     with np.load(tmp_path / "cli.npz") as data:
         assert data["arr_0"].shape == (4, 8, 8, 3) and "mu" not in data.files
+    # an existing file (a downloaded ADM batch, or one built earlier) is replaced only when asked
+    from moh_dit.errors import OutputError
+
+    np.savez(tmp_path / "adm.npz", arr_0=random_images(4, size=8))
+    for existing, what in (("adm.npz", "a file moh-dit did not build"), ("cli.npz", "a reference built from")):
+        before = (tmp_path / existing).read_bytes()
+        with pytest.raises(OutputError, match=f"exists \\({what}.*pass --overwrite"):
+            main([str(tmp_path / "tree"), "--image-size", "8", "--out", str(tmp_path / existing)])
+        assert (tmp_path / existing).read_bytes() == before
+    main([str(tmp_path / "tree"), "--image-size", "8", "--out", str(tmp_path / "adm.npz"), "--overwrite"])
+    with np.load(tmp_path / "adm.npz") as data:
+        assert "moh_dit_manifest" in data.files
 
 
 def test_metrics_of_existing_samples_record_the_samples_own_manifest(tmp_path):

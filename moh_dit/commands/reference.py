@@ -29,6 +29,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=100)
     p.add_argument("--max-bad-fraction", type=float, default=0.01, help="share of unreadable images tolerated")
     p.add_argument("--device", default=None)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     return p
 
 
@@ -52,5 +53,6 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
         args.seed,
         args.batch_size,
         args.max_bad_fraction,
+        args.overwrite,
     )
     print(f"wrote {out}")
