@@ -360,3 +360,22 @@ def test_a_1000_class_checkpoint_gets_imagenet_names_and_samples_by_name(tmp_pat
         ]
     )
     assert (tmp_path / "grid.png").exists()
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path):
+    from moh_dit.commands import convert as convert_command
+
+    tiny_model(signal=0.1).save_pretrained(tmp_path / "t")
+    convert_command.main([str(tmp_path / "t"), str(tmp_path / "p")])
+    manifest = (tmp_path / "p" / "manifest.json").read_text()
+    tiny_model(signal=0.1, seed=1).save_pretrained(tmp_path / "t2")
+    with pytest.raises(ConversionError, match=r"p holds a moh-dit pipeline of .*t; pass --overwrite"):
+        convert_command.main([str(tmp_path / "t2"), str(tmp_path / "p")])
+    assert (tmp_path / "p" / "manifest.json").read_text() == manifest
+    convert_command.main([str(tmp_path / "t2"), str(tmp_path / "p"), "--overwrite"])
+    assert json.loads((tmp_path / "p" / "manifest.json").read_text())["source"]["converted_from"].endswith("t2")
+    (tmp_path / "w.pt").write_bytes(b"someone's weights")
+    with pytest.raises(ConversionError, match="w.pt holds a file; pass --overwrite"):
+        convert_command.main([str(tmp_path / "p"), str(tmp_path / "w.pt"), "--to", "reference"])
+    (tmp_path / "empty").mkdir()
+    convert_command.main([str(tmp_path / "t"), str(tmp_path / "empty")])  # an empty folder holds nothing to lose

@@ -51,7 +51,25 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         help="also upload the pipeline folder (with its model card) to this Hugging Face Hub repository",
     )
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository as private")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     return p
+
+
+def _existing_output(out: Path) -> Optional[str]:
+    """What is at ``out`` already, in words, or ``None`` when nothing (or an empty folder) is."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return None
+    if out.is_dir():
+        from moh_dit.pipeline import MoHDiTPipeline
+
+        try:
+            made = MoHDiTPipeline.manifest_of(out)
+        except Exception:  # a damaged manifest is still something that would be lost
+            made = None
+        source = (made or {}).get("source") or {}
+        origin = source.get("converted_from") or source.get("run")
+        return f"a moh-dit pipeline of {origin}" if origin else "a folder that is not empty"
+    return "a file"
 
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
@@ -77,6 +95,9 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
             raise ConversionError(f"{out} exists and is not a folder")
     else:
         ensure_writable_file(out, "the output file")
+    existing = _existing_output(out)
+    if existing and not args.overwrite:
+        raise ConversionError(f"{out} holds {existing}; pass --overwrite to replace it, or choose another output")
     if args.push_to_hub and args.to != "pipeline":
         p.error("--push-to-hub uploads pipeline folders: use it with --to pipeline")
     model, vae, id2label, report = load_any(args.src, **hints)
