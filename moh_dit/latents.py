@@ -332,6 +332,15 @@ def extract_latents(
     ensure_writable_dir(out_path.parent, "latent output folder")
     device = next(vae.parameters()).device
     images = _MarkedImages(dataset)
+    channels, size = images.shape[0], images.shape[-1]
+    factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    if vae.config.in_channels != channels:
+        raise DataError(
+            f"the VAE takes {vae.config.in_channels}-channel images but the data gives {channels}-channel ones: "
+            f"use --channels {vae.config.in_channels} (grayscale is repeated)"
+        )
+    if size % factor:
+        raise DataError(f"image size {size} is not divisible by the VAE's downsampling factor {factor}")
     latent_shape = tuple(encode_posterior(vae, torch.zeros(1, *images.shape, device=device))[0].shape[1:])
     vae_info = dict(vae_record(vae, vae_name or None), dtype=str(vae.dtype).removeprefix("torch."))
     shapes = dict(

@@ -540,3 +540,17 @@ def test_a_latent_file_changed_after_extraction_is_refused(corrupt_folder, tmp_p
     del table
     with pytest.raises(ArtifactError, match="was changed after extraction"):
         LatentDataset(out)
+
+
+def test_images_the_vae_cannot_take_stop_before_any_work(corrupt_folder, tmp_path):
+    from moh_dit.data import ImageFolderDataset
+
+    gray = ImageFolderDataset(corrupt_folder / "images", 16, channels=1)
+    with pytest.raises(
+        DataError, match="VAE takes 3-channel images but the data gives 1-channel ones: use --channels 3"
+    ):
+        extract_latents(gray, tiny_vae(), tmp_path / "a.npy")
+    odd = ImageFolderDataset(corrupt_folder / "images", 15)
+    with pytest.raises(DataError, match="image size 15 is not divisible by the VAE's downsampling factor 2"):
+        extract_latents(odd, tiny_vae(), tmp_path / "b.npy")
+    assert not list(tmp_path.iterdir())
