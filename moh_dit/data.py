@@ -702,6 +702,11 @@ def load_data_space(section: "DataSection", device: str | torch.device = "cpu") 
         )
     record = vae_record(vae, section.vae)
     factor = record["downsample_factor"]
+    if vae.config.in_channels != section.channels:
+        raise DataError(
+            f"data.vae takes {vae.config.in_channels}-channel images but data.channels={section.channels}: set "
+            f"data.channels={vae.config.in_channels} (grayscale is repeated)"
+        )
     if section.image_size % factor:
         raise DataError(
             f"data.image_size={section.image_size} is not divisible by the VAE's downsampling factor {factor}"

@@ -554,3 +554,23 @@ def test_images_the_vae_cannot_take_stop_before_any_work(corrupt_folder, tmp_pat
     with pytest.raises(DataError, match="image size 15 is not divisible by the VAE's downsampling factor 2"):
         extract_latents(odd, tiny_vae(), tmp_path / "b.npy")
     assert not list(tmp_path.iterdir())
+
+
+def test_training_through_a_vae_checks_the_images_it_takes(latent_setup, tmp_path):
+    from moh_dit.config import load_config
+    from moh_dit.training import Trainer
+
+    from .helpers.factories import tiny_train_overrides
+
+    def trainer(*extra, image_size=16):
+        vae = f"data.vae={latent_setup / 'vae'}"
+        return Trainer(
+            load_config(
+                None, tiny_train_overrides(tmp_path / "r", latent_setup / "images", vae, *extra, image_size=image_size)
+            )
+        )
+
+    with pytest.raises(DataError, match="takes 3-channel images but data.channels=1: set data.channels=3"):
+        trainer("data.channels=1")
+    with pytest.raises(DataError, match="data.image_size=15 is not divisible by the VAE's downsampling factor 2"):
+        trainer(image_size=15)
