@@ -39,7 +39,7 @@ from .artifacts import (
     sibling,
     weight_health,
 )
-from .errors import ArtifactError, ConfigError
+from .errors import ArtifactError, ConfigError, DataError
 from .latents import check_vae, load_vae
 from .model import MoHDiT
 from .options import (
@@ -178,15 +178,21 @@ def _checkpoint_model(ckpt: Path, prefer_ema: bool = True) -> tuple[MoHDiT, dict
 
 
 def _checkpoint_vae(state: dict, ckpt: Path):
-    """The VAE recorded in a checkpoint (a record with a fingerprint; older checkpoints: a spec)."""
+    """The VAE recorded in a checkpoint (a record with a fingerprint; older checkpoints: a spec), checked
+    against the record."""
     record = state.get("vae")
+    spec = record.get("spec") if isinstance(record, dict) else record
+    if spec in (None, "none"):
+        return None
+    try:
+        vae = load_vae(spec)
+    except DataError as err:
+        raise DataError(
+            f"{err} (the VAE checkpoint {ckpt} was trained with): pass it, or a copy, with --vae"
+        ) from None
     if isinstance(record, dict):
-        if not record.get("spec"):
-            return None
-        vae = load_vae(record["spec"])
-        check_vae(vae, record["spec"], record, f"checkpoint {ckpt}")
-        return vae
-    return load_vae(record) if record not in (None, "none") else None
+        check_vae(vae, spec, record, f"checkpoint {ckpt}")
+    return vae
 
 
 def _run_preview_sampling(source: ModelSource) -> Optional[dict]:
@@ -287,7 +293,7 @@ def load_pipeline(
 
         device = resolve_device(device)  # a missing device fails before anything is loaded
     source = resolve_model_source(path)
-    manifest = None
+    manifest, trained_with = None, None
     if source.kind == "pipeline":
         from diffusers.utils import logging as diffusers_logging
 
@@ -303,10 +309,12 @@ def load_pipeline(
         manifest = MoHDiTPipeline.manifest_of(source.path)
     elif source.kind == "checkpoint":
         model, state = _checkpoint_model(source.path)
-        latent = isinstance(state.get("vae"), dict) and state["vae"].get("spec") is not None
-        pipe = MoHDiTPipeline.build(
-            model, _checkpoint_vae(state, source.path), state.get("id2label"), latent_space=latent or None
-        )
+        record = state.get("vae")
+        latent = isinstance(record, dict) and record.get("spec") is not None
+        # with --vae the recorded one is not needed (it may have moved); the replacement is checked below
+        own = _checkpoint_vae(state, source.path) if vae is None else None
+        pipe = MoHDiTPipeline.build(model, own, state.get("id2label"), latent_space=latent or None)
+        trained_with = record if isinstance(record, dict) and latent else None
     else:
         model, _ = load_transformer(source.path)
         pipe = MoHDiTPipeline.build(model)
@@ -324,7 +332,7 @@ def load_pipeline(
             pipe.register_modules(vae=None)
     pipe.set_preview_sampling(_recorded(source, manifest))
     if vae is not None:
-        pipe.replace_vae(load_vae(vae), vae)
+        pipe.replace_vae(load_vae(vae), vae, trained_with)
     if scheduler is not None:
         pipe.with_scheduler(scheduler)
     logger.info("loaded %s", source.describe())

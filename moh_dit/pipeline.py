@@ -319,12 +319,14 @@ class MoHDiTPipeline(DiffusionPipeline):
     def get_label_ids(self, labels: Union[int, str, Sequence[Union[int, str]]]) -> list[int]:
         return resolve_class_labels(labels, self.transformer.config.num_classes, self.id2label)
 
-    def replace_vae(self, vae: Optional[AutoencoderKL], spec: str) -> None:
+    def replace_vae(self, vae: Optional[AutoencoderKL], spec: str, trained_with: Optional[dict] = None) -> None:
         """Decode with ``vae`` (``None``: no VAE) instead of the pipeline's own. It must decode the latents
-        this model makes: the same number of channels and, when the model's own VAE is known, the same
-        scaling factor and downsampling (otherwise the images come out at the wrong scale or size without
-        any error). Other weights of the same latent space (DiT's ft-EMA against ft-MSE decoders) are a
-        legitimate choice; the log says so, and sample manifests record the VAE's fingerprint."""
+        this model makes: the same number of channels and, when the VAE the model was trained with is known
+        (the pipeline's own, or ``trained_with``: a record with its ``scaling_factor``, ``downsample_factor``
+        and ``sha256``), the same scaling factor and downsampling (otherwise the images come out at the wrong
+        scale or size without any error). Other weights of the same latent space (DiT's ft-EMA against
+        ft-MSE decoders) are a legitimate choice; the log says so, and sample manifests record the VAE's
+        fingerprint."""
         if vae is not None:
             channels = self.transformer.config.in_channels
             if not self.config.get("latent_space", False):
@@ -337,18 +339,21 @@ class MoHDiTPipeline(DiffusionPipeline):
                     f"{channels}-channel latents: pass the VAE it was trained with"
                 )
             if self.vae is not None:
-                diffs = differences(_latent_space(self.vae), _latent_space(vae))
+                trained_with = dict(_latent_space(self.vae), sha256=fingerprint_module(self.vae))
+            if trained_with is not None:
+                mine = _latent_space(vae)
+                diffs = differences({k: trained_with.get(k) for k in mine}, mine)
                 if diffs:
                     raise ArtifactError(
                         f"VAE {spec} is not in the latent space this model was trained in "
                         f"({format_differences(diffs)}): its images would come out at the wrong scale or size; "
                         f"pass a VAE with the same numbers"
                     )
-                before, after = fingerprint_module(self.vae), fingerprint_module(vae)
+                before, after = trained_with.get("sha256"), fingerprint_module(vae)
                 if before != after:
                     logger.info(
-                        "decoding with VAE %s instead of the model's own (fingerprint %s -> %s; same scaling "
-                        "factor and downsampling)",
+                        "decoding with VAE %s instead of the one the model was trained with (fingerprint %s -> %s; "
+                        "same scaling factor and downsampling)",
                         spec,
                         short(before),
                         short(after),

@@ -367,7 +367,7 @@ def test_a_replacement_vae_must_share_the_models_latent_space(latent_pipeline, t
                 "ft",
             ),
         )
-    assert "decoding with VAE" in caplog.text and "instead of the model's own" in caplog.text
+    assert "decoding with VAE" in caplog.text and "instead of the one the model was trained with" in caplog.text
     assert pipe(class_labels=[0], num_inference_steps=2, output_type="np").images.shape == (1, 16, 16, 3)
 
 

@@ -574,3 +574,39 @@ def test_training_through_a_vae_checks_the_images_it_takes(latent_setup, tmp_pat
         trainer("data.channels=1")
     with pytest.raises(DataError, match="data.image_size=15 is not divisible by the VAE's downsampling factor 2"):
         trainer(image_size=15)
+
+
+def test_a_checkpoint_whose_vae_moved_samples_with_a_vae_given_and_checked(latent_setup, tmp_path, caplog):
+    import logging
+    import shutil
+
+    from moh_dit.config import load_config
+    from moh_dit.generate import load_pipeline
+    from moh_dit.training import train
+
+    from .helpers.factories import tiny_train_overrides
+
+    shutil.copytree(latent_setup / "vae", tmp_path / "vae")
+    lat = extract_latents(_folder_images(latent_setup), tiny_vae(), tmp_path / "l.npy", vae_name=str(tmp_path / "vae"))
+    overrides = tiny_train_overrides(
+        tmp_path / "run", lat, "data.name=latents", "log.sample_per_class=0", image_size=16
+    )
+    train(load_config(None, overrides))
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000004"
+    shutil.rmtree(tmp_path / "vae")
+    with pytest.raises(
+        DataError, match="does not exist \\(the VAE checkpoint .* was trained with\\): pass it, or a copy"
+    ):
+        load_pipeline(checkpoint, device="cpu")
+    assert load_pipeline(checkpoint, device="cpu", vae=str(latent_setup / "vae")).vae is not None  # a copy
+    rescaled = AutoencoderKL.from_config(tiny_vae().config, scaling_factor=0.5)
+    rescaled.save_pretrained(tmp_path / "rescaled")
+    with pytest.raises(ArtifactError, match="not in the latent space .*scaling_factor: 0.18215 -> 0.5"):
+        load_pipeline(checkpoint, device="cpu", vae=str(tmp_path / "rescaled"))
+    other = tiny_vae()
+    with torch.no_grad():
+        other.decoder.conv_out.bias.add_(0.1)
+    other.save_pretrained(tmp_path / "other")
+    with caplog.at_level(logging.INFO, logger="moh_dit.pipeline"):
+        load_pipeline(checkpoint, device="cpu", vae=str(tmp_path / "other"))
+    assert "instead of the one the model was trained with" in caplog.text
