@@ -680,7 +680,12 @@ def load_data_space(section: "DataSection", device: str | torch.device = "cpu") 
             spec = record.get("spec")
             if spec is None:
                 raise DataError(f"the latents in {base.path} record no VAE; extract them again")
-            vae = load_vae(spec, device=device)
+            try:
+                vae = load_vae(spec, device=device)
+            except DataError as err:
+                raise DataError(
+                    f"{err} (the VAE the latents {base.path} were made with): pass it, or a copy, as data.vae"
+                ) from None
             check_vae(vae, spec, record, f"the latents {base.path}")
         c, size = base.latent_shape[0], base.latent_shape[-1]
         return TrainingData(

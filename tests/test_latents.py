@@ -287,8 +287,10 @@ def test_a_missing_recorded_vae_stops_before_training(latent_setup, tmp_path):
     manifest = json.loads(manifest_path.read_text())
     manifest["vae"]["spec"] = str(tmp_path / "gone-vae")
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(DataError, match="VAE folder .*gone-vae does not exist"):
+    with pytest.raises(DataError, match="VAE folder .*gone-vae does not exist .*pass it, or a copy, as data.vae"):
         Trainer(load_config(None, _latent_overrides(tmp_path / "moved", tmp_path / "r")))
+    copy = f"data.vae={latent_setup / 'vae'}"  # the way out: the same weights elsewhere
+    Trainer(load_config(None, _latent_overrides(tmp_path / "moved", tmp_path / "r2", copy)))
 
 
 def test_a_latent_model_without_its_vae_does_not_write_images(latent_setup, tmp_path):
