@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Optional
@@ -200,6 +201,12 @@ class _MarkedImages(Dataset):
             return torch.zeros(self.shape), -1, False
 
 
+def _size(n: int) -> str:
+    return next(
+        f"{n / f:.1f} {unit}" for f, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "bytes")) if n >= f or f == 1
+    )
+
+
 def _progress_files(tmp: Path) -> list[Path]:
     """The per-process records of finished blocks of an unfinished extraction (every attempt's)."""
     return sorted(tmp.parent.glob(f".{tmp.name}.done-*.json"))
@@ -353,14 +360,23 @@ def extract_latents(
     describe = getattr(dataset, "describe", None)
     identity = latent_identity(describe() if describe is not None else None, vae_info, shapes)
     plan = _plan_extraction(out_path, identity, batch_size, overwrite)
+    row = np.dtype([("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")])
+    tmp = partial_path(out_path)
+    if plan.action == "fresh":  # a full disk would stop the extraction hours in, with a bus error
+        needed = len(dataset) * row.itemsize
+        freed = sum(p.stat().st_size for p in (out_path, tmp) if p.is_file())
+        free = shutil.disk_usage(out_path.parent).free + freed
+        if needed > free:
+            raise OutputError(
+                f"{out_path} needs {_size(needed)} and {out_path.parent} has {_size(free)} free: make room, "
+                f"choose another --out, or store float16 (--dtype)"
+            )
     if accelerator:
         accelerator.wait_for_everyone()  # every process has read the records before they change
     if plan.action == "done":
         logger.info("%s already holds these latents (same data, VAE and shapes): nothing to do", out_path)
         return out_path if main else None
 
-    row = np.dtype([("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")])
-    tmp = partial_path(out_path)
     blocks = -(-len(dataset) // batch_size)
     state = dict(identity=identity, batch_size=batch_size, attempt=plan.attempt, deviation=plan.deviation)
     if main:

@@ -612,3 +612,17 @@ def test_a_checkpoint_whose_vae_moved_samples_with_a_vae_given_and_checked(laten
     with caplog.at_level(logging.INFO, logger="moh_dit.pipeline"):
         load_pipeline(checkpoint, device="cpu", vae=str(tmp_path / "other"))
     assert "instead of the one the model was trained with" in caplog.text
+
+
+def test_an_extraction_that_cannot_fit_on_the_disk_stops_before_any_work(corrupt_folder, tmp_path, monkeypatch):
+    import collections
+    import shutil
+
+    from moh_dit.errors import OutputError
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    # 16 rows of 2 flips x (mean, std) x 4 x 8 x 8 float16 values and an int64 label: 16 x 2056 bytes
+    with pytest.raises(OutputError, match=r"lat.npy needs 32.9 kB and .* has 1.0 kB free: make room"):
+        extract_latents(_folder_images(corrupt_folder), tiny_vae(), tmp_path / "lat.npy", max_bad_fraction=0.1)
+    assert not list(tmp_path.iterdir())
