@@ -364,8 +364,13 @@ def reference_statistics(
 
     stored: dict[str, np.ndarray] = {}
     if ref.suffix == ".npz" and ref.is_file():
-        with np.load(ref) as data:
-            stored = {k: data[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in data}
+        try:
+            with np.load(ref) as data:
+                stored = {k: data[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in data}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise EvaluationError(
+                f"reference {ref} is not a readable array file ({str(err).splitlines()[0]}); truncated?"
+            ) from None
     images = load_images(ref, image_size=crop)
     if len(images) < 2:
         raise EvaluationError(f"reference {ref} has {len(images)} images; need at least 2")

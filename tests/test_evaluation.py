@@ -72,6 +72,13 @@ def test_npz_without_arr_0(tmp_path):
         load_images(tmp_path / "x.npz")
 
 
+def test_a_truncated_reference_names_itself(tmp_path):
+    np.savez(tmp_path / "ref.npz", arr_0=random_images(4, size=8))
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "ref.npz").read_bytes()[:300])
+    with pytest.raises(EvaluationError, match=r"reference .*cut.npz is not a readable array file .*truncated\?"):
+        reference_statistics(tmp_path / "cut.npz", resolve_extractor(TINY, None, "cpu"), cache=False)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Inception
 # ----------------------------------------------------------------------------------------------------
