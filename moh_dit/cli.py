@@ -152,7 +152,7 @@ def apply_model_guidance(args, record: Optional[dict]) -> None:
     logging.getLogger("moh_dit").info("%s (%s)", described, why)
 
 
-def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num_samples: int) -> None:
+def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num_samples: Optional[int]) -> None:
     """The sampling options ``sample.py`` and ``evaluate_fid.py`` share (names, types, choices). Call
     ``apply_protocol`` on the parsed arguments: it fills the scheduler and steps the user left open."""
     from .options import DTYPES, LABEL_MODES, PROTOCOLS, SCHEDULERS
@@ -167,7 +167,7 @@ def add_sampling_arguments(parser, guidance: Optional[float], protocol: str, num
 
     parser.add_argument(
         "--num-samples",
-        type=non_negative_int,
+        type=positive_int,
         default=num_samples,
         help="how many images to generate for evaluation (PNGs + an ADM .npz)",
     )

@@ -132,13 +132,31 @@ def test_sampling_arguments_and_devices(world, capsys):
         (["--batch-size", "0"], ">= 1"),
         (["--batch-size", "-1"], ">= 1"),
         (["--per-class", "0"], ">= 1"),
-        (["--num-samples", "-3"], ">= 0"),
+        (["--num-samples", "-3"], ">= 1"),
     ):
         assert message in usage_error(sample.main, [run, *args], capsys)
     assert "no CUDA GPU" in fails_in_one_line(sample.main, [run, "--device", "cuda", "--out", "/tmp/x.png"], capsys)
     assert "VAE folder /nonexistent does not exist" in fails_in_one_line(
         sample.main, [run, "--vae", "/nonexistent"], capsys
     )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num-samples", "0"], "--num-samples: must be >= 1"),
+        (["--sample-dir", "s"], "--sample-dir holds --num-samples images: give --num-samples too"),
+        (["--num-samples", "4", "--class-labels", "Bag"], "--class-labels draw a grid; --num-samples draws N images"),
+        (["--num-samples", "4", "--per-class", "2", "--out", "g.png"], "--per-class, --out draw a grid"),
+        (["--out", "grid.txt"], "--out grid.txt: give an image file name"),
+    ],
+)
+def test_sample_options_of_the_other_mode_are_errors_not_ignored(args, message, capsys):
+    from moh_dit.commands import sample as sample_command
+
+    with pytest.raises(SystemExit):
+        sample_command.main(["no-such-run", *args])  # refused before the model is even looked at
+    assert message in capsys.readouterr().err
 
 
 def test_sampling_protocols_choose_scheduler_and_steps_unless_given(world, tmp_path):

@@ -21,7 +21,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="run folder, checkpoint folder, pipeline folder or transformer folder")
     p.add_argument("--class-labels", nargs="*", default=None, help="class ids or names (default: every class)")
-    p.add_argument("--per-class", type=positive_int, default=8, help="images per class in the grid")
+    p.add_argument("--per-class", type=positive_int, default=None, help="images per class in the grid (default 8)")
     p.add_argument(
         "--batch-size",
         type=positive_int,
@@ -34,18 +34,50 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         default=None,
         help="decode with this VAE (hub id or folder) instead of the model's own; it must share the model's latent space",
     )
-    p.add_argument("--out", default="samples.png", help="grid PNG")
+    p.add_argument("--out", default=None, help="grid image (default samples.png)")
     p.add_argument("--save-images", default=None, help="also write each grid image into this folder")
     p.add_argument(
-        "--sample-dir", default="samples", help="folder for --num-samples PNGs (the .npz is written beside it)"
+        "--sample-dir", default=None, help="folder for --num-samples PNGs (default samples; the .npz goes beside it)"
     )
     # the grid is for looking at: the fast protocol, and the guidance the model's run drew its previews with
-    add_sampling_arguments(p, guidance=None, protocol="fast", num_samples=0)
+    add_sampling_arguments(p, guidance=None, protocol="fast", num_samples=None)
     return p
 
 
+# a grid shows chosen classes; --num-samples draws N images over every class (--label-mode)
+_GRID_ONLY = {
+    "class_labels": "--class-labels",
+    "per_class": "--per-class",
+    "out": "--out",
+    "save_images": "--save-images",
+}
+
+
+def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options of the other mode are errors, not silently ignored; then the mode's defaults are filled in."""
+    if args.num_samples is not None:
+        given = [flag for key, flag in _GRID_ONLY.items() if getattr(args, key) is not None]
+        if given:
+            parser.error(
+                f"{', '.join(given)} draw a grid; --num-samples draws N images over every class (--label-mode): "
+                f"use one or the other"
+            )
+        args.sample_dir = args.sample_dir or "samples"
+        return
+    if args.sample_dir is not None:
+        parser.error("--sample-dir holds --num-samples images: give --num-samples too, or --out for a grid")
+    args.per_class = args.per_class or 8
+    args.out = args.out or "samples.png"
+    from PIL import Image
+
+    if Path(args.out).suffix.lower() not in Image.registered_extensions():
+        parser.error(f"--out {args.out}: give an image file name (.png, .jpg, ...)")
+
+
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    _check_mode(parser, args)
     apply_protocol(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from moh_dit.artifacts import ensure_writable_dir, ensure_writable_file
@@ -53,7 +85,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
 
     apply_model_guidance(args, recorded_sampling(args.model))
 
-    if args.num_samples > 0:
+    if args.num_samples is not None:
         from moh_dit.generate import GenerationSettings, sample_to_folder
 
         settings = GenerationSettings.from_args(args, batch_size=args.batch_size)
