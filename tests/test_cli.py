@@ -159,6 +159,16 @@ def test_sample_options_of_the_other_mode_are_errors_not_ignored(args, message, 
     assert message in capsys.readouterr().err
 
 
+def test_evaluating_given_samples_refuses_sampling_options(capsys):
+    from moh_dit.commands import evaluate
+
+    with pytest.raises(SystemExit):
+        evaluate.main(["--samples", "s.npz", "--reference", "r.npz", "--cfg-scale", "2", "--sample-dir", "d"])
+    assert "--cfg-scale, --sample-dir choose how --model is sampled; --samples are scored as they are" in (
+        capsys.readouterr().err
+    )
+
+
 def test_sampling_protocols_choose_scheduler_and_steps_unless_given(world, tmp_path):
     import json
 

@@ -67,7 +67,20 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     add_sampling_arguments(g, guidance=EVAL_GUIDANCE, protocol="dit", num_samples=50_000)
     g.add_argument("--sample-batch-size", type=positive_int, default=64, help="also the block size of the samples")
     g.add_argument("--sample-dir", default=None, help="default: <run>/eval-samples-step<N>-<settings>")
+    p.set_defaults(_sampling_options=[(a.option_strings[0], a.dest, a.default) for a in g._group_actions])
     return p
+
+
+def _check_sampling_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """With --samples nothing is sampled: a sampling option given there would be silently ignored."""
+    if args.samples is None:
+        return
+    given = [flag for flag, dest, default in args._sampling_options if getattr(args, dest) != default]
+    if given:
+        parser.error(
+            f"{', '.join(given)} choose how --model is sampled; --samples are scored as they are (their manifest "
+            f"records how they were made)"
+        )
 
 
 def default_sample_dir(args, source) -> Path:
@@ -83,7 +96,9 @@ def default_sample_dir(args, source) -> Path:
 
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    _check_sampling_options(parser, args)
     apply_protocol(args)
     if args.grid_averaging == GRID_AVERAGING_OFF:  # the paper protocol does not average; off is the default
         args.grid_averaging = None
