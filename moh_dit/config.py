@@ -154,6 +154,13 @@ class Config:
         else:  # the preset name, the override keys and per-layer lengths, once
             preset_config(model.preset, **model.overrides)
         _one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))
+        _one_of("data.split", data.split, ("train", "test"))
+        if data.name != "fashion-mnist" and (data.split != "train" or data.download):
+            # they would be ignored, and data.split recorded in the run's identity as if it had been used
+            raise ConfigError(
+                f"data.split and data.download apply to data.name=fashion-mnist, not {data.name}: point data.path "
+                f"at the data you want"
+            )
         _one_of("model.init_classes", model.init_classes, ("strict", "resize", "reinit"))
         _one_of("optim.schedule", optim.schedule, ("constant", "cosine"))
         _one_of("log.sample_scheduler", log.sample_scheduler, SCHEDULERS)

@@ -45,6 +45,9 @@ def test_defaults_and_overrides_are_typed():
         ("log.sample_grid_averaging=1000", r"log.sample_grid_averaging must be a timestep between 0 and 999"),
         ("log.sample_grid_averaging=[100]", r"log.sample_grid_averaging must be a timestep"),
         ("model.init_from=x model.overrides.num_head=3", "num_head"),  # checked with init_from too
+        ("data.split=val", "data.split"),
+        ("data.name=folder data.split=test", "data.split and data.download apply to data.name=fashion-mnist"),
+        ("data.name=latents data.download=true", "apply to data.name=fashion-mnist, not latents"),
     ],
 )
 def test_bad_keys_and_values_are_rejected(override, message):
