@@ -60,11 +60,12 @@ def _existing_output(out: Path) -> Optional[str]:
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return None
     if out.is_dir():
+        from moh_dit.errors import ArtifactError
         from moh_dit.pipeline import MoHDiTPipeline
 
         try:
             made = MoHDiTPipeline.manifest_of(out)
-        except Exception:  # a damaged manifest is still something that would be lost
+        except ArtifactError:  # a damaged manifest is still something that would be lost
             made = None
         source = (made or {}).get("source") or {}
         origin = source.get("converted_from") or source.get("run")
