@@ -40,7 +40,7 @@ from .artifacts import (
     weight_health,
 )
 from .errors import ArtifactError, ConfigError, DataError
-from .latents import check_vae, load_vae
+from .latents import check_vae, latent_space, load_vae
 from .model import MoHDiT
 from .options import (
     EVAL_GUIDANCE,
@@ -262,9 +262,7 @@ def source_vae_record(source: ModelSource) -> Optional[dict]:
     config = json.loads((source.path / "vae" / "config.json").read_text())
     return {
         "sha256": (MoHDiTPipeline.manifest_of(source.path) or {}).get("vae_sha256"),
-        "scaling_factor": float(config.get("scaling_factor", 0.18215)),
-        "downsample_factor": 2 ** (len(config.get("block_out_channels", [0])) - 1),
-        "latent_channels": int(config.get("latent_channels", 4)),
+        **latent_space(config),
     }
 
 

@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -46,6 +46,8 @@ __all__ = [
     "load_vae",
     "resolve_vae_spec",
     "vae_record",
+    "latent_space",
+    "latent_space_differences",
     "check_vae",
     "encode_posterior",
     "sample_posterior",
@@ -119,26 +121,43 @@ def load_vae(
     return vae.to(device).eval().requires_grad_(False)
 
 
+def latent_space(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers that decide how a VAE maps images to latents and back, besides its weights, from its
+    config (``AutoencoderKL.config``, or the ``config.json`` it was saved with)."""
+    return {
+        "scaling_factor": float(config.get("scaling_factor", 0.18215)),
+        "downsample_factor": 2 ** (len(config["block_out_channels"]) - 1),  # diffusers' VAE scale factor
+        "latent_channels": int(config.get("latent_channels", 4)),
+    }
+
+
+def latent_space_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, recorded, current)`` for every latent-space number that differs; numbers the record does not
+    hold are not compared."""
+    return [
+        (k, recorded.get(k), current[k])
+        for k in ("scaling_factor", "downsample_factor", "latent_channels")
+        if recorded.get(k) is not None and recorded.get(k) != current[k]
+    ]
+
+
 def vae_record(vae: AutoencoderKL, spec: Optional[str]) -> dict:
     """What identifies a VAE for latents and pipelines: where it came from, its weights fingerprint, and
     the numbers that change the latent space (scaling factor, downsampling, channels)."""
     return {
         "spec": resolve_vae_spec(spec) if spec else None,
         "sha256": fingerprint_module(vae),
-        "scaling_factor": float(vae.config.scaling_factor),
-        "downsample_factor": 2 ** (len(vae.config.block_out_channels) - 1),
-        "latent_channels": int(vae.config.latent_channels),
+        **latent_space(vae.config),
     }
 
 
 def check_vae(vae: AutoencoderKL, spec: Optional[str], record: dict, what: str) -> None:
     """Stop when ``vae`` is not the VAE described by ``record`` (weights, scaling factor, downsampling)."""
     mine = vae_record(vae, spec)
-    diffs = [
-        (k, record.get(k), mine[k])
-        for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels")
-        if record.get(k) is not None and record.get(k) != mine[k]
-    ]
+    diffs = (
+        [("sha256", record["sha256"], mine["sha256"])] if record.get("sha256") not in (None, mine["sha256"]) else []
+    )
+    diffs += latent_space_differences(record, mine)
     if diffs:
         raise ArtifactError(
             f"VAE {mine['spec']} is not the VAE {what} was made with ({format_differences(diffs)}); "
@@ -340,7 +359,7 @@ def extract_latents(
     device = next(vae.parameters()).device
     images = _MarkedImages(dataset)
     channels, size = images.shape[0], images.shape[-1]
-    factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    factor = latent_space(vae.config)["downsample_factor"]
     if vae.config.in_channels != channels:
         raise DataError(
             f"the VAE takes {vae.config.in_channels}-channel images but the data gives {channels}-channel ones: "

@@ -35,7 +35,6 @@ from diffusers import (
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from .artifacts import (
-    differences,
     fingerprint_module,
     format_differences,
     read_manifest,
@@ -46,6 +45,7 @@ from .artifacts import (
 from .card import write_card
 from .diffusion import DIT_SCHEDULE
 from .errors import ArtifactError, ConfigError, NonFiniteSampleError
+from .latents import latent_space, latent_space_differences
 from .model import MoHDiT
 from .options import (
     FAST_SCHEDULER,
@@ -209,14 +209,6 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 logger = logging.getLogger(__name__)
 
 
-def _latent_space(vae: AutoencoderKL) -> dict[str, float]:
-    """The numbers that decide how a VAE maps latents to images, besides its weights."""
-    return {
-        "scaling_factor": float(vae.config.scaling_factor),
-        "downsample_factor": 2 ** (len(vae.config.block_out_channels) - 1),
-    }
-
-
 class MoHDiTPipeline(DiffusionPipeline):
     """Sample class-conditional images from a :class:`MoHDiT`.
 
@@ -305,7 +297,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         patch = self.transformer.config.patch_size
         if self.vae is None:
             return patch
-        return patch * 2 ** (len(self.vae.config.block_out_channels) - 1)  # diffusers' VAE scale factor
+        return patch * latent_space(self.vae.config)["downsample_factor"]
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -339,10 +331,9 @@ class MoHDiTPipeline(DiffusionPipeline):
                     f"{channels}-channel latents: pass the VAE it was trained with"
                 )
             if self.vae is not None:
-                trained_with = dict(_latent_space(self.vae), sha256=fingerprint_module(self.vae))
+                trained_with = dict(latent_space(self.vae.config), sha256=fingerprint_module(self.vae))
             if trained_with is not None:
-                mine = _latent_space(vae)
-                diffs = differences({k: trained_with.get(k) for k in mine}, mine)
+                diffs = latent_space_differences(trained_with, latent_space(vae.config))
                 if diffs:
                     raise ArtifactError(
                         f"VAE {spec} is not in the latent space this model was trained in "

@@ -55,6 +55,7 @@ from .config import Config, EMASection, ModelSection, config_to_dict
 from .data import ShardedEpochBatchSampler, TrainingData, load_training_data
 from .diffusion import DiffusionObjective
 from .errors import ConfigError, NonFiniteLossError
+from .latents import latent_space_differences
 from .model import MoHDiT
 from .pipeline import MoHDiTPipeline, sampling_record
 from .presets import architecture, match_preset, preset_config
@@ -138,8 +139,7 @@ def _check_init_latent_space(init_from: str, source: Optional[dict], data: Optio
     (a re-trained encoder) is allowed and said."""
     if source is None or data is None:
         return
-    keys = ("scaling_factor", "downsample_factor")
-    wrong = [(k, source.get(k), data.get(k)) for k in keys if source.get(k) is not None and source[k] != data.get(k)]
+    wrong = latent_space_differences(source, data)
     if wrong:
         raise ConfigError(
             f"{init_from} was trained in another latent space than this data's VAE ({format_differences(wrong)}): "
