@@ -373,8 +373,8 @@ def extract_latents(
         rows=len(dataset),
         latent_shape=list(latent_shape),
         dtype=dtype,
-        image_size=int(images.shape[-1]),
-        image_channels=int(images.shape[0]),
+        image_size=int(size),
+        image_channels=int(channels),
     )
     describe = getattr(dataset, "describe", None)
     identity = latent_identity(describe() if describe is not None else None, vae_info, shapes)
