@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping, Optional
 import numpy as np
 import torch
 
-from .errors import ArtifactError, OutputError
+from .errors import ArtifactError, MohDitError, OutputError, blame_the_file
 
 __all__ = [
     "MANIFEST_NAME",
@@ -68,13 +68,16 @@ __all__ = [
     "prepare_sample_folder",
     "read_npz_manifest",
     "read_safetensors",
+    "read_torch_file",
     "open_run_folder",
     "RunRecord",
     "TrainingState",
     "save_checkpoint",
     "restore_checkpoint",
     "read_checkpoint",
+    "read_trainer_state",
     "prune_checkpoints",
+    "set_aside_newer_checkpoints",
     "replace_folder",
 ]
 
@@ -630,7 +633,7 @@ def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: Op
     """Restore everything a checkpoint holds into ``state`` (and this process's RNG states); it must be of
     the same architecture and, when both record one, of the same run. Returns the trainer state."""
     path = Path(path)
-    contents = read_checkpoint(path, accelerator.process_index, accelerator.device)
+    contents = read_checkpoint(path, accelerator.process_index)
     owner = (contents.manifest or {}).get("run_id")
     if run_id and owner and owner != run_id:
         raise ArtifactError(f"{path} belongs to another run ({owner[:12]}) than this run folder ({run_id[:12]})")
@@ -678,6 +681,20 @@ def _set_python_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((npy[0], np.array(npy[1], dtype=np.uint32), *npy[2:]))
 
 
+def set_aside_newer_checkpoints(layout: RunLayout, step: int) -> Optional[Path]:
+    """Move the complete checkpoints after ``step`` into ``checkpoints/set-aside-after-step-N-<time>/`` (where
+    no resume looks), for a run that continues from ``step``; returns that folder, or ``None`` when there
+    were none. They are kept, not deleted: they may be all that is left of a longer run."""
+    newer = [path for s, path in layout.list_checkpoints() if s > step]
+    if not newer:
+        return None
+    aside = layout.checkpoints / f"set-aside-after-{CHECKPOINT_PREFIX}{step:08d}-{time.strftime('%Y%m%dT%H%M%S')}"
+    aside.mkdir()
+    for path in newer:
+        os.replace(path, aside / path.name)
+    return aside
+
+
 def prune_checkpoints(layout: RunLayout, keep_last: int) -> list[Path]:
     """Remove all but the newest ``keep_last`` complete checkpoints (by step)."""
     found = layout.list_checkpoints()
@@ -687,38 +704,64 @@ def prune_checkpoints(layout: RunLayout, keep_last: int) -> list[Path]:
     return stale
 
 
-def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """A safetensors file; missing or damaged -> one-line :class:`ArtifactError`."""
+def read_safetensors(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors on ``device``; missing or damaged -> one-line :class:`ArtifactError`.
+
+    The file is read on the CPU and only then moved: safetensors rejects some device names that torch
+    accepts (``cpu:0``, which accelerate hands out on multi-process CPU runs), and it raises the same error
+    type for a bad device as for a damaged header, so the device never reaches it.
+    """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    target = torch.device(device)  # a bad device name is the caller's bug and fails here, not as "damaged"
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: the checkpoint is incomplete")
+    # on the CPU, with a path that exists: what fails is the file's own header or length
+    with blame_the_file(
+        lambda err: ArtifactError(f"{path} is damaged ({str(err).splitlines()[0]})"), (SafetensorError,)
+    ):
+        tensors = load_file(path)
+    return tensors if target.type == "cpu" else {name: t.to(target) for name, t in tensors.items()}
+
+
+def read_torch_file(path: Path, error: type[MohDitError] = ArtifactError, what: str = "plain tensor file") -> Any:
+    """``torch.load(weights_only=True)`` on the CPU: plain tensors and containers only (pickled code is
+    refused). A damaged file, or one holding anything else, is an ``error`` naming it; a bug or a lack of
+    memory propagates as itself (see :func:`moh_dit.errors.raised_by_the_file`)."""
+    import pickle
+
+    if not path.is_file():
+        raise error(f"{path} is missing")
+
+    def refused(err: BaseException) -> MohDitError:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return error(f"{path} is damaged or not a {what}; refusing to unpickle it ({first})")
+
+    with blame_the_file(refused, (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile, ValueError)):
+        # map_location="cpu": the file's own tensors, never a device question (callers move what they need)
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``trainer_state.json`` (step, data position, process layout, VAE, class names)."""
     try:
-        return load_file(path, device=device)
-    except Exception as err:  # noqa: BLE001 - safetensors raises its own error type for damaged files
-        raise ArtifactError(f"{path} is damaged ({str(err).splitlines()[0]})") from None
-
-
-def _load_tensor_pickle(path: Path, device: str) -> Any:
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - anything but plain tensors is refused
-        raise ArtifactError(f"{path} is damaged or not a plain tensor file ({str(err).splitlines()[0]})") from None
-
-
-def read_checkpoint(path: Path, rank: int, device: str | torch.device) -> CheckpointContents:
-    """Read a checkpoint written by the trainer; damaged or missing files stop with one line."""
-    path, device = Path(path), str(device)
-    try:
-        trainer_state = json.loads((path / "trainer_state.json").read_text())
+        return json.loads((Path(path) / "trainer_state.json").read_text())
     except (OSError, ValueError) as err:
         raise ArtifactError(f"{path}/trainer_state.json is unreadable ({err})") from None
-    model_state = read_safetensors(path / "model" / "diffusion_pytorch_model.safetensors", device)
-    ema_state = read_safetensors(path / "ema.safetensors", device)
-    optimizer_state = _load_tensor_pickle(path / "optimizer.pt", device)
-    scaler_state = _load_tensor_pickle(path / "scaler.pt", "cpu") if (path / "scaler.pt").is_file() else None
+
+
+def read_checkpoint(path: Path, rank: int) -> CheckpointContents:
+    """Read a checkpoint written by the trainer, on the CPU (``load_state_dict`` and ``copy_`` put each tensor
+    where its parameter lives); damaged or missing files stop with one line."""
+    path = Path(path)
+    trainer_state = read_trainer_state(path)
+    model_state = read_safetensors(path / "model" / "diffusion_pytorch_model.safetensors")
+    ema_state = read_safetensors(path / "ema.safetensors")
+    optimizer_state = read_torch_file(path / "optimizer.pt")
+    scaler_state = read_torch_file(path / "scaler.pt") if (path / "scaler.pt").is_file() else None
     rank_file = path / f"rng-rank{rank}.safetensors"
-    rank_tensors = read_safetensors(rank_file, "cpu") if rank_file.is_file() else {}
+    rank_tensors = read_safetensors(rank_file) if rank_file.is_file() else {}
     rank_json = path / f"rng-rank{rank}.json"
     rank_python = json.loads(rank_json.read_text()) if rank_json.is_file() else {}
     return CheckpointContents(
@@ -808,5 +851,7 @@ def prepare_sample_folder(sample_dir: Path, manifest: dict[str, Any], overwrite:
             if stale.exists():
                 stale.unlink()
     ensure_writable_dir(sample_dir, "sample folder")
+    for partial in sample_dir.glob("*.png.tmp"):  # an image a killed process was writing (not yet renamed)
+        partial.unlink()
     ensure_writable_file(npz, "the samples' .npz")
     write_manifest(sample_dir, "samples", **{k: v for k, v in manifest.items() if k not in ("kind", "format")})

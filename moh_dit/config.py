@@ -91,6 +91,9 @@ class TrainSection:
     checkpoint_every: int = 50_000
     keep_last: int = 3
     resume: Optional[str] = None  # latest | PATH
+    # resume on another number of processes or accumulation steps (same global batch): the data of every step is
+    # kept, the per-process random draws are not, so the run does not continue exactly as it would have
+    elastic_resume: bool = False
     overwrite: bool = False  # clear an earlier run in output_dir (what moh-dit wrote there) before starting
     push_to_hub: Optional[str] = None  # a Hub repo id: upload the exported pipeline (with its card) at the end
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
-from safetensors.torch import load_file
 
+from .artifacts import read_safetensors, read_torch_file
 from .errors import ConversionError
 from .model import MoHDiT, _per_layer
 from .presets import PRESETS
@@ -60,12 +60,8 @@ def read_checkpoint(path: str | Path, prefer_ema: bool = True) -> tuple[dict[str
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
     if path.suffix == ".safetensors":
-        return load_file(path), "safetensors"
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - anything that is not plain tensors is refused
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConversionError(f"{path} is not a plain tensor checkpoint; refusing to unpickle it ({first})") from None
+        return read_safetensors(path), "safetensors"
+    obj = read_torch_file(path, ConversionError, "plain tensor checkpoint")
     which = "state dict"
     if (
         isinstance(obj, dict)

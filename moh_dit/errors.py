@@ -7,6 +7,9 @@ that describes it best, so ``except ValueError`` keeps working for callers of th
 
 from __future__ import annotations
 
+import contextlib
+from typing import Callable, Iterator
+
 __all__ = [
     "MohDitError",
     "ConfigError",
@@ -18,6 +21,8 @@ __all__ = [
     "NonFiniteSampleError",
     "EvaluationError",
     "ConversionError",
+    "raised_by_the_file",
+    "blame_the_file",
 ]
 
 
@@ -60,3 +65,50 @@ class EvaluationError(MohDitError, ValueError):
 
 class ConversionError(MohDitError, ValueError):
     """A checkpoint that cannot be mapped onto MoHDiT as asked, with what differs."""
+
+
+# Exceptions that never come from a file's content: a bug in the code, or the machine running out of memory.
+# A wrapper that turns a loader's failure into "the file is damaged" must let these pass untouched.
+_NOT_THE_FILE = (
+    TypeError,
+    AttributeError,
+    NameError,
+    AssertionError,
+    NotImplementedError,
+    RecursionError,
+    MemoryError,
+)
+
+
+def raised_by_the_file(err: BaseException) -> bool:
+    """Whether a loader's exception ``err`` can have been caused by the file it read (a header or format
+    error, a short read, wrong shapes) rather than by a bug or the machine (a wrong argument, out of memory).
+
+    Libraries often wrap the original exception (diffusers turns every failure of ``from_pretrained`` into an
+    ``OSError``), so the whole chain of causes is checked; one bug or resource error anywhere in it means the
+    file is not to blame.
+    """
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, _NOT_THE_FILE) or type(err).__name__ == "OutOfMemoryError":
+            return False
+        if isinstance(err, RuntimeError) and "allocate" in str(err):  # torch's CPU allocator: a plain RuntimeError
+            return False
+        err = err.__cause__ or err.__context__
+    return True
+
+
+@contextlib.contextmanager
+def blame_the_file(
+    make_error: Callable[[BaseException], MohDitError], kinds: tuple[type[BaseException], ...]
+) -> Iterator[None]:
+    """Turn a loader's exception of one of ``kinds`` into ``make_error(err)`` (a one-line error that blames the
+    file), but only when the file can have caused it (:func:`raised_by_the_file`); bugs and resource errors
+    propagate untouched, with their traceback."""
+    try:
+        yield
+    except kinds as err:
+        if not raised_by_the_file(err):
+            raise
+        raise make_error(err) from err

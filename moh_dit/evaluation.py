@@ -179,16 +179,12 @@ def check_plain_tensor_file(path: str | os.PathLike, what: str = "weights") -> s
     path = Path(path)
     if not path.is_file():
         raise EvaluationError(f"{what} file {path} not found")
-    if path.suffix == ".safetensors":  # no pickle inside by construction; just check it is readable
-        from .artifacts import read_safetensors
+    from .artifacts import read_safetensors, read_torch_file
 
+    if path.suffix == ".safetensors":  # no pickle inside by construction; just check it is readable
         read_safetensors(path)
-        return fingerprint_file(path)
-    try:
-        torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any failure means we do not trust the file
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise EvaluationError(f"{path} is not a plain tensor state dict; refusing to unpickle it ({first})") from None
+    else:  # anything but plain tensors means we do not trust the file
+        read_torch_file(path, EvaluationError, "plain tensor state dict")
     return fingerprint_file(path)
 
 

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,7 +40,7 @@ from .artifacts import (
     sibling,
     weight_health,
 )
-from .errors import ArtifactError, ConfigError, DataError
+from .errors import ArtifactError, ConfigError, DataError, blame_the_file
 from .latents import check_vae, latent_space, load_vae
 from .model import MoHDiT
 from .options import (
@@ -144,7 +145,12 @@ def resolve_model_source(path: str | os.PathLike) -> ModelSource:
 # ----------------------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------------------
-def _damaged(path: Path, err: Exception) -> ArtifactError:
+# what diffusers' from_pretrained raises for a damaged or mismatched folder (it wraps safetensors' own errors
+# in OSError/ValueError; a weight of the wrong shape is torch's RuntimeError)
+LOAD_ERRORS = (OSError, ValueError, RuntimeError)
+
+
+def _damaged(path: Path, err: BaseException) -> ArtifactError:
     return ArtifactError(
         f"{path} cannot be loaded: {str(err).strip().splitlines()[0]} (damaged files, or "
         f"weights that are not safetensors?)"
@@ -162,10 +168,8 @@ def _check_health(model: torch.nn.Module, where: str) -> None:
 
 def _checkpoint_model(ckpt: Path, prefer_ema: bool = True) -> tuple[MoHDiT, dict]:
     """A training checkpoint's model (with its EMA weights by default) and its trainer state."""
-    try:
+    with blame_the_file(partial(_damaged, ckpt / "model"), LOAD_ERRORS):
         model = MoHDiT.from_pretrained(ckpt / "model", use_safetensors=True)
-    except (OSError, ValueError, RuntimeError) as err:
-        raise _damaged(ckpt / "model", err) from None
     if prefer_ema:
         ema = read_safetensors(ckpt / "ema.safetensors", "cpu")
         missing = [n for n, _ in model.named_parameters() if n not in ema]
@@ -228,11 +232,9 @@ def load_transformer(path: str | os.PathLike) -> tuple[MoHDiT, ModelSource]:
     if source.kind == "checkpoint":
         model, _ = _checkpoint_model(source.path)
     else:
-        try:
-            sub = "transformer" if source.kind == "pipeline" else None
+        sub = "transformer" if source.kind == "pipeline" else None
+        with blame_the_file(partial(_damaged, source.path), LOAD_ERRORS):
             model = MoHDiT.from_pretrained(source.path, subfolder=sub, use_safetensors=True)
-        except (OSError, ValueError, RuntimeError) as err:
-            raise _damaged(source.path, err) from None
         if source.kind == "pipeline":
             _check_recorded_weights(source.path, MoHDiTPipeline.manifest_of(source.path), model)
     _check_health(model, str(source.path))
@@ -298,9 +300,8 @@ def load_pipeline(
         shown = diffusers_logging.is_progress_bar_enabled()
         diffusers_logging.disable_progress_bar()  # a bar for loading two components is noise in logs
         try:
-            pipe = MoHDiTPipeline.from_pretrained(source.path, use_safetensors=True)
-        except (OSError, ValueError, RuntimeError) as err:
-            raise _damaged(source.path, err) from None
+            with blame_the_file(partial(_damaged, source.path), LOAD_ERRORS):
+                pipe = MoHDiTPipeline.from_pretrained(source.path, use_safetensors=True)
         finally:
             if shown:
                 diffusers_logging.enable_progress_bar()

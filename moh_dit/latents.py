@@ -38,7 +38,7 @@ from .artifacts import (
     sibling,
     write_manifest,
 )
-from .errors import ArtifactError, DataError, OutputError
+from .errors import ArtifactError, DataError, OutputError, blame_the_file
 from .images import to_model_range
 from .tracking import Progress
 
@@ -97,7 +97,19 @@ def load_vae(
     if resolved is None:
         return None
     path = Path(resolved)
-    try:
+
+    def unreadable(err: BaseException) -> DataError:
+        where = (
+            "the folder is not a readable AutoencoderKL"
+            if path.is_dir()
+            else (
+                f"it is not cached locally and could not be fetched from the hub; if you are offline, download it "
+                f"elsewhere (`hf download {resolved}`) and pass the local folder"
+            )
+        )
+        return DataError(f"could not load VAE {resolved}: {where} ({str(err).splitlines()[0]})")
+
+    with blame_the_file(unreadable, (OSError, ValueError)):
         if path.is_dir():
             sub = "vae" if not (path / "config.json").exists() and (path / "vae" / "config.json").exists() else None
             vae = AutoencoderKL.from_pretrained(path, subfolder=sub, torch_dtype=dtype, use_safetensors=True)
@@ -108,16 +120,6 @@ def load_vae(
                 if local_only:
                     raise
                 vae = AutoencoderKL.from_pretrained(resolved, torch_dtype=dtype)
-    except (OSError, ValueError) as err:
-        where = (
-            "the folder is not a readable AutoencoderKL"
-            if path.is_dir()
-            else (
-                f"it is not cached locally and could not be fetched from the hub; if you are offline, download it "
-                f"elsewhere (`hf download {resolved}`) and pass the local folder"
-            )
-        )
-        raise DataError(f"could not load VAE {resolved}: {where} ({str(err).splitlines()[0]})") from None
     return vae.to(device).eval().requires_grad_(False)
 
 

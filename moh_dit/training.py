@@ -46,8 +46,10 @@ from .artifacts import (
     format_differences,
     open_run_folder,
     read_manifest,
+    read_trainer_state,
     restore_checkpoint,
     save_checkpoint,
+    set_aside_newer_checkpoints,
     short,
 )
 from .card import push_folder
@@ -56,13 +58,22 @@ from .data import ShardedEpochBatchSampler, TrainingData, load_training_data
 from .diffusion import DiffusionObjective
 from .errors import ConfigError, NonFiniteLossError
 from .latents import latent_space_differences
+from .logs import setup_logging
 from .model import MoHDiT
 from .pipeline import MoHDiTPipeline, sampling_record
 from .presets import architecture, match_preset, preset_config
 from .seeding import step_generator
 from .tracking import LossWindow, MetricsLog, Progress, start_trackers, tracker_available
 
-__all__ = ["train", "Trainer", "NonFiniteLossError", "find_checkpoint", "build_model", "make_ema", "run_identity"]
+__all__ = [
+    "train",
+    "Trainer",
+    "NonFiniteLossError",
+    "find_checkpoint",
+    "build_model",
+    "make_ema",
+    "run_identity",
+]
 
 logger = logging.getLogger("moh_dit.train")
 
@@ -193,7 +204,7 @@ def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dic
 
 def run_settings(full: dict) -> dict:
     """The settings part of a config (as ``config_to_dict`` gives it): what may change on resume."""
-    volatile = ("resume", "overwrite", "output_dir")
+    volatile = ("resume", "overwrite", "output_dir", "elastic_resume")
     settings = {name: full[name] for name in ("optim", "ema", "log")}
     settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile + _IDENTITY_TRAIN_KEYS}
     settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
@@ -310,6 +321,7 @@ class Trainer:
         self.resume_from = open_run_folder(
             self.layout, train_cfg.resume, train_cfg.overwrite, accelerator.is_main_process
         )
+        self.layout_change = self._check_process_layout()
         accelerator.wait_for_everyone()
         self.data = load_training_data(config.data, accelerator.device)
 
@@ -348,6 +360,38 @@ class Trainer:
             draws=self.data.draws,
         )
         self.batches_per_epoch = self.sampler().batches_per_epoch
+
+    @property
+    def process_layout(self) -> dict[str, int]:
+        """How the global batch is split: processes and accumulation steps (their product fixes the
+        micro-batch, hence the data each process sees and the random draws of each micro-step)."""
+        return {"world_size": self.world, "grad_accum_steps": self.config.train.grad_accum_steps}
+
+    def _check_process_layout(self) -> Optional[dict]:
+        """A resume on another process layout than the checkpoint's keeps the global batch and the data of
+        every step, but not the per-process random draws (keyed by rank and micro-step), so it cannot
+        reproduce the uninterrupted run: refused unless ``train.elastic_resume``. Returns the checkpoint's
+        layout when it differs (and is allowed to)."""
+        if self.resume_from is None:
+            return None
+        state = read_trainer_state(self.resume_from)
+        # checkpoints of moh-dit 0.2 recorded the process count only (their accumulation was the config's)
+        saved = {k: state.get(k, self.process_layout[k]) for k in self.process_layout}
+        if saved == self.process_layout:
+            return None
+        was, now = (
+            f"{d['world_size']} processes x {d['grad_accum_steps']} accumulation steps"
+            for d in (saved, self.process_layout)
+        )
+        if not self.config.train.elastic_resume:
+            raise ConfigError(
+                f"{self.resume_from} was written by {was}, this run has {now}: another layout keeps the global "
+                f"batch and the data of every step but draws other noise, timesteps and flips, so the run would "
+                f"not continue as it would have. Resume with the same layout, or pass train.elastic_resume=true "
+                f"to continue anyway (recorded in the run's manifest)"
+            )
+        logger.warning("train.elastic_resume: continuing a run of %s with %s (other random draws)", was, now)
+        return saved
 
     @property
     def unwrapped(self) -> MoHDiT:
@@ -411,7 +455,7 @@ class Trainer:
     def save_checkpoint(self, losses=None) -> Path:
         """``checkpoints/step-N``. Exploded or non-finite weights are never written (a stop instead); with
         ``losses`` (a non-finite loss at the next step) the rescue save never prunes, and the run stops."""
-        info = dict(self.data.record(), samples_seen=self.samples_seen, world_size=self.world)
+        info = dict(self.data.record(), samples_seen=self.samples_seen, **self.process_layout)
         info["batches_per_epoch"] = self.batches_per_epoch
         keep = self.config.train.keep_last if losses is None else None
         path, peak = save_checkpoint(
@@ -489,8 +533,6 @@ class Trainer:
         if self.resume_from is not None:
             state = restore_checkpoint(self.resume_from, self.state, self.accelerator, self.record.run_id)
             self.step, self.samples_seen = state["step"], state["samples_seen"]
-            if state.get("world_size") != self.world or state.get("batches_per_epoch") != self.batches_per_epoch:
-                logger.warning("resuming with a different number of processes or data size: data order will differ")
             logger.info("resumed from %s at step %d", self.resume_from, self.step)
         if self.record.changes:
             logger.warning("resuming with changed settings: %s", format_differences(self.record.changes, limit=20))
@@ -499,6 +541,14 @@ class Trainer:
             atomic_write_text(self.layout.config, yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
             changed = {k: [a, b] for k, a, b in self.record.changes}
             init = {"init": self.init_report} if self.init_report and not self.step else {}
+            if self.layout_change:
+                init["elastic_from"] = self.layout_change
+            # a resume from an older checkpoint rewinds the run: newer ones hold another past and must never be
+            # taken for this run's (by train.resume=latest after a crash, or as its final checkpoint)
+            aside = set_aside_newer_checkpoints(self.layout, self.step)
+            if aside is not None:
+                logger.warning("resuming at step %d: the newer checkpoints were moved to %s", self.step, aside)
+                init["set_aside"] = str(aside)
             event = "resume" if self.step else "start"
             self.record.write(event, step=self.step, world_size=self.world, changed=changed, **init)
         self.accelerator.wait_for_everyone()
@@ -588,5 +638,5 @@ class Trainer:
 
 def train(config: Config) -> dict[str, Any]:
     """Train according to ``config``; returns a summary (final step, stop reason, exported pipeline)."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    setup_logging()
     return Trainer(config).run()

@@ -351,6 +351,25 @@ def test_resume_with_another_set_up_is_refused_and_changed_settings_are_recorded
     assert pipe_manifest["source"]["step"] == 6 and pipe_manifest["source"]["run_id"] == manifest["run_id"]
 
 
+def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, image_dir):
+    """Rewinding a run (train.resume=PATH of an older checkpoint) must not leave checkpoints of the abandoned
+    past where train.resume=latest, or the run's own final checkpoint, would take them for this run's."""
+    out = tmp_path / "rewind"
+    train_tiny(out, image_dir, "train.max_steps=6", "log.sample_per_class=0")
+    stale = _state(out / "checkpoints" / "step-00000006")
+    rewind = (f"train.resume={out / 'checkpoints' / 'step-00000002'}", "train.max_steps=6", "optim.lr=5e-4")
+    train_tiny(out, image_dir, *rewind, "log.sample_per_class=0")
+    found = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert found == ["step-00000002", "step-00000004", "step-00000006"]
+    (aside,) = (out / "checkpoints").glob("set-aside-after-step-00000002-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["step-00000004", "step-00000006"]
+    assert torch.equal(next(iter(_state(aside / "step-00000006").values())), next(iter(stale.values())))
+    new = _state(out / "checkpoints" / "step-00000006")  # this run's step 6, not the abandoned one
+    assert any(not torch.equal(new[k], stale[k]) for k in new)
+    resume = [e for e in json.loads((out / "manifest.json").read_text())["events"] if e["event"] == "resume"][-1]
+    assert resume["step"] == 2 and resume["set_aside"] == str(aside)
+
+
 def test_class_weights_set_what_an_epoch_draws_and_belong_to_the_run(tmp_path, image_dir):
     from moh_dit.errors import ArtifactError
 

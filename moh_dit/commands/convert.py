@@ -12,9 +12,10 @@ docs/interop.md describes the formats; python -m moh_dit.convert is the same com
 
 import argparse
 import json
-import logging
 from pathlib import Path
 from typing import Optional
+
+from moh_dit.logs import setup_logging
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -76,7 +77,7 @@ def _existing_output(out: Path) -> Optional[str]:
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     p = build_parser(prog)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(with_time=False)
     from moh_dit.artifacts import ensure_writable_dir, ensure_writable_file
     from moh_dit.convert import dit_to_moh, load_any, ours_to_reference, to_diffusers
     from moh_dit.errors import ConversionError

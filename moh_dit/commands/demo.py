@@ -7,10 +7,10 @@ pip install "moh-dit[demo]".
 """
 
 import argparse
-import logging
 from typing import Optional
 
 from moh_dit.cli import positive_int
+from moh_dit.logs import setup_logging
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     args = build_parser(prog).parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     import os
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the page is local; nothing is sent anywhere

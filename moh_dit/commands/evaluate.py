@@ -17,12 +17,12 @@ Inception weights: --extractor-weights PATH, else $MOH_DIT_INCEPTION_WEIGHTS, el
 """
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Optional
 
 from moh_dit.cli import add_sampling_arguments, apply_protocol, positive_int
+from moh_dit.logs import setup_logging
 from moh_dit.options import EVAL_GUIDANCE, GRID_AVERAGING_OFF, guidance_tag
 
 
@@ -102,7 +102,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
     apply_protocol(args)
     if args.grid_averaging == GRID_AVERAGING_OFF:  # the paper protocol does not average; off is the default
         args.grid_averaging = None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     from moh_dit.artifacts import (
         ensure_writable_file,
         metrics_path_for,

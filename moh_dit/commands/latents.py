@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from moh_dit.cli import positive_int
+from moh_dit.logs import setup_logging
 
 logger = logging.getLogger("moh_dit.latents")
 
@@ -44,6 +45,13 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--max-bad-fraction", type=float, default=0.01, help="share of unreadable images tolerated")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument(
+        "--commit-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how often each process records its finished blocks: the most work an interrupted extraction redoes",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace latents of other data or another VAE at --out (and any unfinished extraction there)",
@@ -54,7 +62,9 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
+    if args.commit_every < 0:
+        parser.error(f"--commit-every must be >= 0 seconds, got {args.commit_every}")
+    setup_logging()
     import copy
 
     import torch
@@ -94,6 +104,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
         max_bad_fraction=args.max_bad_fraction,
         fp32_vae=fp32_vae if vae is not fp32_vae else None,
         overwrite=args.overwrite,
+        commit_every_s=args.commit_every,
     )
     if out is not None:
         print(f"{len(dataset)} rows of latents in {out}")

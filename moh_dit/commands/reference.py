@@ -10,10 +10,10 @@ Without --extractor only the images are stored; evaluation then computes the sta
 """
 
 import argparse
-import logging
 from typing import Optional
 
 from moh_dit.cli import positive_int
+from moh_dit.logs import setup_logging
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     args = build_parser(prog).parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     from moh_dit.reference import build_reference
 
     extractor = None

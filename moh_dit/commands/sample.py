@@ -10,11 +10,11 @@ N images for evaluation (PNGs by index + ADM .npz beside the folder), on any num
 """
 
 import argparse
-import logging
 from pathlib import Path
 from typing import Optional
 
 from moh_dit.cli import add_sampling_arguments, apply_model_guidance, apply_protocol, positive_int
+from moh_dit.logs import setup_logging
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -79,7 +79,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     args = parser.parse_args(argv)
     _check_mode(parser, args)
     apply_protocol(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     from moh_dit.artifacts import ensure_writable_dir, ensure_writable_file
     from moh_dit.generate import load_pipeline, recorded_sampling
 

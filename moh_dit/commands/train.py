@@ -56,6 +56,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     args = build_parser(prog).parse_args(argv)
 
     from moh_dit.config import load_config
+    from moh_dit.logs import launch_rank
     from moh_dit.training import train
 
     config = load_config(args.config, args.overrides)
@@ -67,8 +68,9 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     if summary["stop_reason"] in ("SIGINT", "SIGTERM", "signal"):
         # stopped cleanly with a checkpoint; the conventional code of a run ended by that signal
         code = signal.Signals[summary["stop_reason"]].value if summary["stop_reason"] != "signal" else signal.SIGTERM
-        print(
-            f"stopped at step {summary['step']} by {summary['stop_reason']}; continue with train.resume=latest",
-            file=sys.stderr,
-        )
+        if launch_rank()[0] == 0:
+            print(
+                f"stopped at step {summary['step']} by {summary['stop_reason']}; continue with train.resume=latest",
+                file=sys.stderr,
+            )
         raise SystemExit(128 + int(code))

@@ -1,6 +1,10 @@
 """Run a few training steps under torchrun and record, per rank, what the rank saw and what it holds.
 
 python -m torch.distributed.run --standalone --nproc_per_node 2 tests/helpers/ddp_probe.py OUT_DIR key=value ...
+
+Writes ``OUT_DIR/rank<r>.json`` (per micro-batch: hashes of each item and the local losses; fingerprints of the
+weights and the EMA) and ``OUT_DIR/rank<r>.pt`` (the micro-batches of the first optimizer step and the gradients
+that step applied).
 """
 
 import hashlib
@@ -13,13 +17,27 @@ from moh_dit.config import load_config
 from moh_dit.training import Trainer
 
 
+def item_hashes(x: torch.Tensor) -> list[str]:
+    return [hashlib.sha1(item.numpy().tobytes()).hexdigest() for item in x]
+
+
 class ProbeTrainer(Trainer):
+    """A trainer that remembers the items of every micro-batch, its losses, the micro-batches of the first
+    optimizer step and the gradients the optimizer applied then."""
+
     def __init__(self, config):
         super().__init__(config)
-        self.seen, self.local_losses = [], []
+        self.seen, self.local_losses, self.first_batches, self.first_grads = [], [], [], None
+        self.optimizer.optimizer.register_step_pre_hook(self._keep_first_grads)
+
+    def _keep_first_grads(self, optimizer, args, kwargs):
+        if self.first_grads is None:
+            self.first_grads = {n: p.grad.clone() for n, p in self.unwrapped.named_parameters() if p.grad is not None}
 
     def _micro_step(self, x, y, micro, want_heads):
-        self.seen.append(hashlib.sha1(x.numpy().tobytes()).hexdigest())
+        self.seen.append(item_hashes(x))
+        if self.first_grads is None:
+            self.first_batches.append((x.clone(), y.clone()))
         result = super()._micro_step(x, y, micro, want_heads)
         self.local_losses.append([result[1].item(), result[2].item()])
         return result
@@ -42,6 +60,7 @@ def main() -> None:
     }
     with open(f"{out_dir}/rank{trainer.rank}.json", "w") as f:
         json.dump(record, f)
+    torch.save({"batches": trainer.first_batches, "grads": trainer.first_grads}, f"{out_dir}/rank{trainer.rank}.pt")
 
 
 if __name__ == "__main__":

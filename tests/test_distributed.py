@@ -1,0 +1,359 @@
+"""Every multi-process job on two CPU processes, started with torchrun and with accelerate launch, stopped as
+schedulers and crashes stop them, and resumed: training (a killed rank, a signal to the launcher, another process
+count, gradient accumulation, two nodes on one machine), N-sample generation, evaluation of a model, and latent
+extraction. A resumed job must end where an uninterrupted one ends, bit for bit."""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from moh_dit.artifacts import RunLayout
+
+from .helpers.factories import make_image_folder, tiny_train_overrides
+from .helpers.launch import ROOT, Job, alive, free_port, launch, run_job
+
+TRAIN = ROOT / "train.py"
+# each job runs with one launcher by default and with the other in the slow tests (``pytest -m slow``)
+SLOW = pytest.mark.slow
+# long enough that a stop lands in the middle (the two processes make about 40 steps a second here)
+STEPS, EVERY = 100, 10
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    make_image_folder(root)
+    return root
+
+
+def run_args(out, images, *extra):
+    return tiny_train_overrides(
+        out, images, f"train.max_steps={STEPS}", f"train.checkpoint_every={EVERY}", "log.sample_per_class=0", *extra
+    )
+
+
+def losses(run):
+    records = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["diffusion_loss"], r["moh_loss"]) for r in records]
+
+
+def final_weights(run):
+    ckpt = RunLayout(run).latest_checkpoint()
+    return {
+        **{f"model.{k}": v for k, v in load_file(ckpt / "model" / "diffusion_pytorch_model.safetensors").items()},
+        **{f"ema.{k}": v for k, v in load_file(ckpt / "ema.safetensors").items()},
+    }
+
+
+def assert_same_run(run, reference):
+    """The same per-step losses and bit-identical final weights as an uninterrupted run."""
+    assert losses(run) == losses(reference)
+    a, b = final_weights(run), final_weights(reference)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def assert_complete_checkpoints(run, world=2):
+    """Every checkpoint a resume could pick holds all of its files, those of every rank included."""
+    layout = RunLayout(run)
+    for step, ckpt in layout.list_checkpoints():
+        names = {p.name for p in ckpt.iterdir()}
+        wanted = {"manifest.json", "trainer_state.json", "model", "ema.safetensors", "optimizer.pt"}
+        wanted |= {f"rng-rank{r}.{ext}" for r in range(world) for ext in ("safetensors", "json")}
+        assert wanted <= names, (step, sorted(wanted - names))
+        assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
+
+
+@pytest.fixture(scope="module")
+def reference(images, tmp_path_factory):
+    """An uninterrupted two-process run (torchrun)."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    run_job(launch("torchrun", TRAIN, *run_args(out, images)), out.with_suffix(".log"))
+    return out
+
+
+def newest_step(run) -> int:
+    found = RunLayout(run).list_checkpoints()
+    return found[-1][0] if found else 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("launcher,victim", [("torchrun", 0), ("accelerate", 1)])
+def test_a_killed_rank_ends_the_run_promptly_and_the_resume_is_exact(launcher, victim, images, reference, tmp_path):
+    out = tmp_path / "run"
+    job = Job(launch(launcher, TRAIN, *run_args(out, images)), tmp_path / "killed.log")
+    try:
+        job.wait_for(lambda: newest_step(out) >= EVERY, "a first checkpoint")
+        ranks = job.ranks()
+        assert sorted(ranks) == [0, 1]
+        os.kill(ranks[victim], signal.SIGKILL)
+        code, _ = job.finish(timeout=60)
+    finally:
+        job.kill()
+    assert code != 0
+    assert not any(alive(pid) for pid in ranks.values())  # the other rank did not hang on its dead peer
+    assert newest_step(out) < STEPS, "the run ended before the kill: the test proves nothing"
+    assert_complete_checkpoints(out)
+
+    run_job(launch(launcher, TRAIN, *run_args(out, images, "train.resume=latest")), tmp_path / "resumed.log")
+    assert_same_run(out, reference)
+
+
+@pytest.mark.parametrize("launcher,sig", [("torchrun", signal.SIGTERM), ("accelerate", signal.SIGINT)])
+def test_a_signal_to_the_launcher_leaves_one_checkpoint_every_rank_agrees_on(
+    launcher, sig, images, reference, tmp_path
+):
+    out = tmp_path / "run"
+    job = Job(launch(launcher, TRAIN, *run_args(out, images)), tmp_path / "stopped.log")
+    try:
+        job.wait_for(lambda: newest_step(out) >= EVERY, "a first checkpoint")
+        sent = time.time()
+        job.proc.send_signal(sig)
+        code, _ = job.finish(timeout=60)
+        seconds = time.time() - sent
+    finally:
+        job.kill()
+    assert code != 0 and seconds < 15, (code, seconds)
+    step = newest_step(out)
+    assert step < STEPS, "the run ended before the signal: the test proves nothing"
+    # the ranks agreed on the step: one line from the main process names it, and the checkpoint has every rank
+    assert job.text.count(f"stopped at step {step} by {sig.name}") == 1, job.text[-3000:]
+    assert_complete_checkpoints(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["events"][-1] == {**manifest["events"][-1], "event": "stopped", "step": step, "reason": sig.name}
+
+    run_job(launch(launcher, TRAIN, *run_args(out, images, "train.resume=latest")), tmp_path / "resumed.log")
+    assert_same_run(out, reference)
+
+
+PROBE = ROOT / "tests" / "helpers" / "ddp_probe.py"
+
+
+def probe(out, images, *extra, steps=4, launcher="torchrun"):
+    """Two processes under the probing trainer (``tests/helpers/ddp_probe.py``): what each rank saw and held."""
+    out.mkdir()
+    args = tiny_train_overrides(out / "run", images, f"train.max_steps={steps}", "log.sample_per_class=0", *extra)
+    run_job(launch(launcher, PROBE, out, *args), out / "probe.log")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], args
+
+
+def test_a_resume_on_another_process_count_is_refused_unless_elastic(images, tmp_path):
+    from moh_dit.config import load_config
+    from moh_dit.errors import ConfigError
+    from moh_dit.training import Trainer
+
+    from .helpers.ddp_probe import ProbeTrainer
+
+    ranks, args = probe(tmp_path / "two", images, "train.checkpoint_every=10", steps=14)
+    run = tmp_path / "two" / "run"
+    from_step_10 = [*args, f"train.resume={RunLayout(run).checkpoint(10)}"]
+    with pytest.raises(ConfigError, match=r"written by 2 processes x 1 accumulation steps, this run has 1 processes"):
+        Trainer(load_config(None, from_step_10))
+
+    one = ProbeTrainer(load_config(None, [*from_step_10, "train.elastic_resume=true"]))
+    one.run()
+    # the global batch of every step is the same items; only the random draws per process differ
+    for step in range(10, 14):
+        assert sorted(one.seen[step - 10]) == sorted(ranks[0]["seen"][step] + ranks[1]["seen"][step])
+    events = json.loads((run / "manifest.json").read_text())["events"]
+    resumed = [e for e in events if e["event"] == "resume"][-1]
+    assert resumed["world_size"] == 1 and resumed["elastic_from"] == {"world_size": 2, "grad_accum_steps": 1}
+    state = json.loads((RunLayout(run).checkpoint(14) / "trainer_state.json").read_text())
+    assert (state["world_size"], state["grad_accum_steps"]) == (1, 1)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=SLOW)])
+def test_gradient_accumulation_on_two_processes_averages_every_micro_batch(launcher, images, tmp_path):
+    from moh_dit.config import load_config
+    from moh_dit.training import Trainer
+
+    accumulation = ("train.grad_accum_steps=2", "train.global_batch_size=8")
+    ranks, args = probe(tmp_path / "two", images, *accumulation, steps=2, launcher=launcher)
+    saved = [torch.load(tmp_path / "two" / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert all(len(s["batches"]) == 2 and len(s["batches"][0][0]) == 2 for s in saved)  # 2 micro-batches of 2
+    assert ranks[0]["weights_sha"] == ranks[1]["weights_sha"]
+    applied = saved[0]["grads"]
+    assert all(torch.equal(applied[n], saved[1]["grads"][n]) for n in applied)  # all-reduced once per step
+
+    # the same step on one process, by hand: the mean of the four micro-batches' gradients
+    one = Trainer(load_config(None, [*args, "train.output_dir=" + str(tmp_path / "one"), "train.grad_accum_steps=4"]))
+    model = one.unwrapped
+    for rank, batches in enumerate(s["batches"] for s in saved):
+        for micro, (x, y) in enumerate(batches):
+            one.rank = rank  # the random draws of that rank's micro-batch
+            (one._micro_step(x, y, micro, False)[0] / 4).backward()
+    trained = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert applied.keys() == trained.keys()
+    for name, grad in trained.items():
+        torch.testing.assert_close(applied[name], grad, rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_two_nodes_on_one_machine_train_and_resume_as_one_node_does(images, reference, tmp_path):
+    out = tmp_path / "run"
+
+    def on_two_nodes(*extra, tag):
+        port = free_port()
+        nodes = [
+            Job(
+                launch("torchrun", TRAIN, *run_args(out, images, *extra), nproc=1, nodes=(2, r, port)),
+                tmp_path / f"{tag}{r}.log",
+            )
+            for r in range(2)
+        ]
+        try:
+            codes = [node.finish(timeout=300)[0] for node in nodes]
+        finally:
+            for node in nodes:
+                node.kill()
+        assert codes == [0, 0], [node.text[-2000:] for node in nodes]
+        return [node.text for node in nodes]
+
+    first = on_two_nodes(f"train.max_steps={STEPS // 2}", tag="first")
+    assert "2 process(es)" in first[0] and "saved checkpoint" in first[0]
+    assert "saved checkpoint" not in first[1]  # node 1's process is rank 1: it writes only its own RNG state
+    assert_complete_checkpoints(out)
+    on_two_nodes("train.resume=latest", tag="second")
+    assert_same_run(out, reference)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sampling, evaluating a model, extracting latents
+# ----------------------------------------------------------------------------------------------------
+SAMPLES = 32  # in blocks of 2, 100 guided DDPM steps each: a few seconds on two processes
+SAMPLING = ["--num-samples", SAMPLES, "--num-steps", "100", "--protocol", "dit", "--cfg-scale", "2", "--seed", "1"]
+
+
+def kill_rank_when(job, condition, what, rank):
+    """SIGKILL one rank once ``condition`` holds; the launcher must then fail promptly, leaving no process."""
+    try:
+        job.wait_for(condition, what)
+        ranks = job.ranks()
+        os.kill(ranks[rank], signal.SIGKILL)
+        code, _ = job.finish(timeout=60)
+    finally:
+        job.kill()
+    assert code != 0 and not any(alive(pid) for pid in ranks.values())
+
+
+def pngs(folder) -> int:
+    return len(list(Path(folder).glob("*.png"))) if Path(folder).is_dir() else 0
+
+
+@pytest.fixture(scope="module")
+def one_process_samples(reference, tmp_path_factory):
+    """The samples of an uninterrupted run on one process (in this process)."""
+    from moh_dit.commands.sample import main as sample
+
+    folder = tmp_path_factory.mktemp("one-process") / "samples"
+    sample([str(reference), "--sample-dir", str(folder), "--batch-size", "2", *map(str, SAMPLING)])
+    return folder.with_suffix(".npz")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=SLOW)])
+def test_sampling_on_two_processes_resumes_after_a_kill_to_the_same_images(
+    launcher, reference, one_process_samples, tmp_path
+):
+    folder = tmp_path / "samples"
+    cmd = launch(launcher, ROOT / "sample.py", reference, "--sample-dir", folder, "--batch-size", 2, *SAMPLING)
+    kill_rank_when(Job(cmd, tmp_path / "killed.log"), lambda: pngs(folder) >= 4, "4 samples", rank=1)
+    assert 0 < pngs(folder) < SAMPLES, "the kill did not land in the middle: the test proves nothing"
+    present = pngs(folder)
+    text = run_job(cmd, tmp_path / "resumed.log")
+    assert f"{present} of {SAMPLES} images present" in text  # only the missing ones were made again
+    a, b = np.load(one_process_samples), np.load(folder.with_suffix(".npz"))
+    assert np.array_equal(a["arr_0"], b["arr_0"]) and np.array_equal(a["arr_1"], b["arr_1"])
+    assert json.loads(str(b["moh_dit_manifest"]))["world_size"] == 2
+    assert not list(folder.glob("*.tmp"))  # nothing half-written is left behind
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", pytest.param("torchrun", marks=SLOW)])
+def test_evaluating_a_model_on_two_processes_resumes_after_a_kill_to_the_same_numbers(
+    launcher, reference, one_process_samples, tmp_path
+):
+    from moh_dit.commands.evaluate import main as evaluate
+
+    from .helpers.tiny_extractor import TINY
+
+    ref = tmp_path / "ref.npz"
+    np.savez(ref, arr_0=np.random.default_rng(0).integers(0, 256, (40, 8, 8, 3), dtype=np.uint8))
+    scoring = ["--reference", ref, "--extractor", TINY, "--extractor-module", "tests.helpers.tiny_extractor"]
+    expected = evaluate(
+        ["--samples", str(one_process_samples), *map(str, scoring), "--out", str(tmp_path / "one.json")]
+    )
+
+    folder = tmp_path / "samples"
+    cmd = launch(
+        launcher,
+        ROOT / "evaluate_fid.py",
+        "--model",
+        reference,
+        *scoring,
+        "--sample-dir",
+        folder,
+        "--sample-batch-size",
+        2,
+        *SAMPLING,
+        "--out",
+        tmp_path / "two.json",
+    )
+    kill_rank_when(Job(cmd, tmp_path / "killed.log"), lambda: pngs(folder) >= 4, "4 samples", rank=0)
+    assert 0 < pngs(folder) < SAMPLES and not (tmp_path / "two.json").exists()
+    run_job(cmd, tmp_path / "resumed.log")
+    result = json.loads((tmp_path / "two.json").read_text())
+    assert result["metrics"] == expected["metrics"]
+    assert result["samples"]["manifest"]["world_size"] == 2
+
+
+@pytest.fixture(scope="module")
+def many_images(tmp_path_factory):
+    """600 images of 64 px and a tiny VAE: a few seconds of extraction in blocks of 2."""
+    from PIL import Image
+
+    from .helpers.factories import tiny_vae
+
+    root = tmp_path_factory.mktemp("many")
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        (root / "images" / name).mkdir(parents=True)
+        for i in range(300):
+            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(
+                root / "images" / name / f"{i}.png"
+            )
+    tiny_vae().save_pretrained(root / "vae")
+    return root
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=SLOW)])
+def test_latent_extraction_on_two_processes_resumes_after_a_kill_to_the_same_file(launcher, many_images, tmp_path):
+    from .helpers.launch import environment
+
+    args = ["-m", "moh_dit", "latents", "--data-path", many_images / "images", "--image-size", 64]
+    args += ["--vae", many_images / "vae", "--num-workers", 0, "--batch-size", 2, "--commit-every", 0]
+    import subprocess
+
+    subprocess.run([sys.executable, *map(str, args), "--out", tmp_path / "one.npy"], env=environment(), check=True)
+
+    out = tmp_path / "two.npy"
+    cmd = launch(launcher, *args, "--out", out)
+
+    def records():  # per-process records of finished blocks, once they hold 5 blocks each
+        found = tmp_path.glob(".two.npy.partial.npy.done-*.json")
+        return [p for p in found if len(json.loads(p.read_text() or "{}")) >= 5]
+
+    kill_rank_when(Job(cmd, tmp_path / "killed.log"), lambda: len(records()) == 2, "5 blocks done per process", rank=0)
+    assert not out.exists()
+    text = run_job(cmd, tmp_path / "resumed.log")
+    done = int(text.split(" of 300 blocks done")[0].rsplit(" ", 1)[1])
+    assert 10 <= done < 300, "the kill did not land in the middle: the test proves nothing"
+    assert np.load(tmp_path / "one.npy").tobytes() == np.load(out).tobytes()
+    manifest = json.loads(out.with_name("two.npy.json").read_text())
+    assert manifest["attempts"] == 2 and manifest["world_size"] == 2
