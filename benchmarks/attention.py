@@ -26,17 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moh_dit.attention import MoHAttention
-from moh_dit.attention_processors import (
-    AutoProcessor,
-    DenseProcessor,
-    SparseProcessor,
-    padded_active_fraction,
-    padded_rows,
-)
-from moh_dit.perf import CALIBRATION_DIR, FEATURE_NAMES, ideal_attention_ratio
-from moh_dit.perf import features as perf_features
-from moh_dit.presets import PRESETS
+from moh_dit.model.attention import MoHAttention
+from moh_dit.model.cost_model import CALIBRATION_DIR, FEATURE_NAMES, ideal_attention_ratio
+from moh_dit.model.cost_model import features as perf_features
+from moh_dit.model.execution import AutoProcessor, DenseProcessor, SparseProcessor, padded_active_fraction, padded_rows
+from moh_dit.model.presets import PRESETS
 
 WIDTHS = {"S": (384, 6, 64), "B": (768, 12, 64), "XL": (1152, 16, 72)}
 MODES = ("mha", "dense", "sparse", "auto")
@@ -157,7 +151,7 @@ def _choice_no_grad(auto, layer, x):
 
 
 def fit_calibration(rows, device_type):
-    """Least-squares fit of sparse/dense on moh_dit.perf.features, per pass."""
+    """Least-squares fit of sparse/dense on moh_dit.model.cost_model.features, per pass."""
     cal = {}
     for pass_ in ("infer", "train"):
         pts = [r for r in rows if r["rho"] < 1]

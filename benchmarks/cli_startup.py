@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from moh_dit.commands import COMMANDS
+from moh_dit.cli import COMMANDS
 
 BASELINES = {
     "python (bare interpreter)": [sys.executable, "-c", "pass"],

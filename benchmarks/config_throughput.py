@@ -28,8 +28,8 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 import torch
 
 from benchmarks.timing import interleaved_rounds, write_report
-from moh_dit.config import load_config
-from moh_dit.training import Trainer
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import Trainer
 
 
 class TimedRun:

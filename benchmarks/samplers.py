@@ -34,11 +34,12 @@ import numpy as np
 import torch
 
 from experiments.common import classifier_features, fashion_reference, sample_and_score
-from moh_dit.artifacts import sample_npz_path
-from moh_dit.cli import add_guidance_placement_arguments, finite_float
-from moh_dit.evaluation import evaluate, load_images
-from moh_dit.generate import GenerationSettings
-from moh_dit.options import GRID_AVERAGING_OFF, check_guidance_interval, describe_placement, guidance_tag
+from moh_dit.cli.common import add_guidance_placement_arguments, finite_float
+from moh_dit.evaluation.features import load_images
+from moh_dit.evaluation.scoring import evaluate
+from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.options import GRID_AVERAGING_OFF, check_guidance_interval, describe_placement, guidance_tag
+from moh_dit.sampling.sample_sets import sample_npz_path
 
 # (scheduler, steps): DiT's DDPM with the learned variance, then solvers that use the noise prediction only
 GRID = [

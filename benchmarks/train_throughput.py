@@ -28,7 +28,7 @@ from diffusers import AutoencoderKL
 from benchmarks.timing import interleaved_rounds, write_report
 from moh_dit import create_model
 from moh_dit.diffusion import DiffusionObjective
-from moh_dit.latents import encode_posterior, sample_posterior
+from moh_dit.vae import encode_posterior, sample_posterior
 
 MODELS = ("DiT-S/2", "MoH-DiT-S/2-75")
 

@@ -15,12 +15,15 @@ import numpy as np
 import torch
 
 from experiments import fmnist_classifier
-from moh_dit.artifacts import read_npz_manifest
-from moh_dit.data import FASHION_MNIST_CLASSES, FashionMNIST
+from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES, FashionMNIST
 from moh_dit.errors import ArtifactError
-from moh_dit.evaluation import evaluate, load_images, reference_statistics, resolve_extractor
-from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline, missing_indices
-from moh_dit.metrics import kernel_inception_distance, patch_seam_ratio
+from moh_dit.evaluation.features import load_images, resolve_extractor
+from moh_dit.evaluation.metrics import kernel_inception_distance, patch_seam_ratio
+from moh_dit.evaluation.scoring import evaluate
+from moh_dit.evaluation.statistics import reference_statistics
+from moh_dit.sampling.generation import GenerationSettings, generate_samples, missing_indices
+from moh_dit.sampling.loading import load_pipeline
+from moh_dit.sampling.sample_sets import read_npz_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,7 +160,7 @@ def per_class_scores(features: dict, labels: np.ndarray, reference: Path, extrac
 
 
 def seam_excess(images: np.ndarray, labels: np.ndarray, patch: int) -> dict:
-    """The patch-seam ratio (:func:`moh_dit.metrics.patch_seam_ratio`) of the samples divided by that of the
+    """The patch-seam ratio (:func:`moh_dit.evaluation.metrics.patch_seam_ratio`) of the samples divided by that of the
     Fashion-MNIST test images, over all samples (``seam_excess``, against all test images) and per class
     (``class_seam_excess``, against the test images of that class; None for a class without samples).
     1 means no sharper patch-grid lines than real images; the 4x4 texture of an undertrained grid is well

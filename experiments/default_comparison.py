@@ -28,12 +28,12 @@ from experiments.common import (
     sample_and_score,
     start_scoring,
 )
-from moh_dit.artifacts import atomic_write_json
-from moh_dit.config import load_config
-from moh_dit.data import FASHION_MNIST_CLASSES
-from moh_dit.generate import GenerationSettings
-from moh_dit.options import GRID_GUIDANCE
-from moh_dit.training import train
+from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES
+from moh_dit.files import atomic_write_json
+from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.options import GRID_GUIDANCE
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import train
 
 RECIPES = {
     "v1": "configs/fashion_mnist_moh_v1.yaml",  # the default of moh-dit 0.1
@@ -216,7 +216,7 @@ def class_tables(
         lines += [
             "",
             "Patch seams: how much sharper the lines of the model's patch grid are in the samples than in the test "
-            "images of the same class (`moh_dit.metrics.patch_seam_ratio` of the samples over that of the real "
+            "images of the same class (`moh_dit.evaluation.metrics.patch_seam_ratio` of the samples over that of the real "
             "images; 1 = like real images). The faint 4x4 texture of large bright areas shows up here. Any offset: "
             "the largest excess of all samples over every position of the grid (seams moved off the model's own "
             "grid, as grid averaging could, show there).",

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common import ROOT, classifier_features, fashion_reference, per_class_scores
-from moh_dit.artifacts import code_version
-from moh_dit.data import FASHION_MNIST_CLASSES, FashionMNIST
-from moh_dit.evaluation import extract_features
+from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES, FashionMNIST
+from moh_dit.evaluation.features import extract_features
+from moh_dit.manifests import code_version
 
 VARIANTS = ("as they are", "half mirrored", "all mirrored")
 

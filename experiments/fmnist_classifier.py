@@ -29,7 +29,7 @@ from torch import nn
 from torch_fidelity.feature_extractor_base import FeatureExtractorBase
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY, register_feature_extractor
 
-from moh_dit.artifacts import fingerprint_file
+from moh_dit.manifests import fingerprint_file
 
 __all__ = ["FashionClassifier", "train_classifier", "DEFAULT_WEIGHTS", "EXTRACTOR_NAME", "load_classifier", "register"]
 
@@ -112,7 +112,7 @@ def train_classifier(
 ) -> dict:
     """Train on the Fashion-MNIST training split (random flips and 2-pixel shifts), report test accuracy,
     and save ``out`` (safetensors) plus ``out.json`` (accuracy, seed, settings)."""
-    from moh_dit.data import FashionMNIST
+    from moh_dit.data.fashion_mnist import FashionMNIST
 
     torch.manual_seed(seed)
     train = FashionMNIST(data_root, split="train")

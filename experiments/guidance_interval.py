@@ -31,9 +31,9 @@ from experiments.common import (
     start_scoring,
 )
 from experiments.default_comparison import class_tables
-from moh_dit.artifacts import atomic_write_json
-from moh_dit.generate import GenerationSettings
-from moh_dit.options import check_grid_averaging, check_guidance_interval, guidance_tag
+from moh_dit.files import atomic_write_json
+from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.options import check_grid_averaging, check_guidance_interval, guidance_tag
 
 MODELS = {"v7": "experiments/results/default/runs/v7/pipeline"}
 # guidance at every step (the comparison's 2 and the default's earlier grid guidance 3), then intervals:

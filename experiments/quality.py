@@ -14,7 +14,7 @@ FID (90% bootstrap intervals per run), precision and recall; across seeds, means
 differences to DiT paired by seed. Also: loss curves and per-layer head usage as noise decreases.
 
 **Continue-tuning** (as the MoH paper continue-tunes LLaMA3): each seed's trained DiT is converted into
-MoH-DiT at 75% and 50% active heads (``moh_dit.convert.dit_to_moh``: heads ranked by their contribution
+MoH-DiT at 75% and 50% active heads (``moh_dit.interop.dit_to_moh.dit_to_moh``: heads ranked by their contribution
 become shared or routed, routers fitted to pick each token's most useful heads), scored at 0 steps, then
 fine-tuned for N steps; against it, the DiT itself trained the same N steps with the same settings. KID is
 measured along the way (curves against fine-tuning steps).
@@ -42,12 +42,14 @@ import numpy as np
 import torch
 
 from experiments.common import ROOT, classifier_features, fashion_reference, sample_and_score, t_interval
-from moh_dit.artifacts import atomic_write_json, atomic_write_text, fingerprint_file, read_manifest
-from moh_dit.config import load_config
-from moh_dit.data import FashionMNIST
+from moh_dit.data.fashion_mnist import FashionMNIST
 from moh_dit.diffusion import DiffusionObjective
-from moh_dit.generate import GenerationSettings, load_pipeline, load_transformer
-from moh_dit.training import train
+from moh_dit.files import atomic_write_json, atomic_write_text
+from moh_dit.manifests import fingerprint_file, read_manifest
+from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.loading import load_pipeline, load_transformer
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import train
 
 # every run's recipe: the embedded default's when the study began (b32), frozen byte for byte (its content is
 # part of the records' identity, so a later default cannot mix into them)
@@ -229,8 +231,8 @@ def run_study(sc: dict, out: Path, models, reference: Path, extractor, earlier=N
 def run_continue(sc: dict, out: Path, reference: Path, extractor, earlier=None, save=None) -> dict:
     """Convert each seed's DiT, fine-tune every arm and score it along the way (see the module docstring);
     ``earlier`` and ``save`` as in ``run_study``."""
-    from moh_dit.convert import dit_to_moh
-    from moh_dit.pipeline import MoHDiTPipeline
+    from moh_dit.interop.dit_to_moh import dit_to_moh
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
 
     steps = sc["finetune_steps"]
     points = [0, steps // 2, steps]

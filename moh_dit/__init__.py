@@ -13,17 +13,17 @@ from typing import Any
 __version__ = "0.2.0"  # the one version number (pyproject.toml reads it from here)
 
 _EXPORTS = {
-    "AttentionAux": "attention",
-    "MoHAttention": "attention",
-    "load_balance_loss": "attention",
-    "MoHDiT": "model",
-    "MoHDiTOutput": "model",
-    "PRESETS": "presets",
-    "create_model": "presets",
-    "list_presets": "presets",
-    "preset_config": "presets",
-    "MoHDiTPipeline": "pipeline",
-    "load_pipeline": "generate",
+    "AttentionAux": "model.attention",
+    "MoHAttention": "model.attention",
+    "load_balance_loss": "model.attention",
+    "MoHDiT": "model.network",
+    "MoHDiTOutput": "model.network",
+    "PRESETS": "model.presets",
+    "create_model": "model.presets",
+    "list_presets": "model.presets",
+    "preset_config": "model.presets",
+    "MoHDiTPipeline": "sampling.pipeline",
+    "load_pipeline": "sampling.loading",
     "MohDitError": "errors",
 }
 

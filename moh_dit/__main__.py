@@ -1,5 +1,5 @@
 """``python -m moh_dit`` is the ``moh-dit`` command."""
 
-from moh_dit.commands import main
+from moh_dit.cli import main
 
 main()

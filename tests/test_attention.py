@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from moh_dit.attention import MoHAttention, load_balance_loss
+from moh_dit.model.attention import MoHAttention, load_balance_loss
 
 torch.manual_seed(0)
 

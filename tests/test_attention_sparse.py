@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from moh_dit.attention import MoHAttention
-from moh_dit.attention_processors import AutoProcessor, SparseProcessor
-from moh_dit.perf import choose_execution, ideal_attention_ratio, ideal_block_ratio
+from moh_dit.model.attention import MoHAttention
+from moh_dit.model.cost_model import choose_execution, ideal_attention_ratio, ideal_block_ratio
+from moh_dit.model.execution import AutoProcessor, SparseProcessor
 
 LAYOUTS = [(6, 3, 2), (6, 0, 2), (5, 1, 3), (8, 2, 1), (12, 4, 4), (4, 4, 0)]
 

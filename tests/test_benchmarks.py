@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moh_dit.data import find_fashion_mnist
+from moh_dit.data.fashion_mnist import find_fashion_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_train_throughput_reports_ratios_of_its_own_timings(tmp_path):
 
 def test_attention_benchmark_choices_ratios_and_calibration(tmp_path):
     from benchmarks import attention
-    from moh_dit.perf import FEATURE_NAMES
+    from moh_dit.model.cost_model import FEATURE_NAMES
 
     cal_file = tmp_path / "cal.json"
     result = attention.main(
@@ -84,7 +84,7 @@ def test_attention_benchmark_choices_ratios_and_calibration(tmp_path):
 
 def test_calibration_fit_recovers_a_known_cost_model():
     from benchmarks import attention
-    from moh_dit.perf import FEATURE_NAMES, features, predict_sparse_over_dense
+    from moh_dit.model.cost_model import FEATURE_NAMES, features, predict_sparse_over_dense
 
     true = [0.05, 0.9, 0.15, 0.1, 0.2]
     rows = []
@@ -162,7 +162,7 @@ def test_cli_startup_benchmark(tmp_path):
     from benchmarks import cli_startup
 
     result = cli_startup.main(["--rounds", "1", "--out", str(tmp_path)])
-    from moh_dit.commands import COMMANDS
+    from moh_dit.cli import COMMANDS
 
     commands = [r["command"] for r in result["rows"]]
     assert all(f"moh-dit {name} --help" in commands for name in COMMANDS) and len(commands) == len(COMMANDS) + 2
@@ -210,8 +210,9 @@ def test_sampler_choice_is_the_cheapest_within_five_percent_of_the_best_fast_set
 @pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path):
     from benchmarks import samplers
-    from moh_dit.artifacts import fingerprint_module, read_npz_manifest, sample_npz_path
-    from moh_dit.pipeline import MoHDiTPipeline
+    from moh_dit.manifests import fingerprint_module
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
+    from moh_dit.sampling.sample_sets import read_npz_manifest, sample_npz_path
 
     from .helpers.factories import tiny_model
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import evaluate_fid
-from moh_dit.card import push_folder
-from moh_dit.pipeline import MoHDiTPipeline
+from moh_dit.sampling.card import push_folder
+from moh_dit.sampling.pipeline import MoHDiTPipeline
 
 from .helpers.factories import make_image_folder, train_tiny
 from .helpers.tiny_extractor import TINY
@@ -50,7 +50,7 @@ def test_an_exported_pipeline_has_a_card_that_describes_it(run):
 
 
 def test_the_card_shows_the_recorded_guidance_interval_and_grid_averaging(run):
-    from moh_dit.card import render_card
+    from moh_dit.sampling.card import render_card
 
     pipe = MoHDiTPipeline.from_pretrained(run / "pipeline")
     manifest = json.loads((run / "pipeline" / "manifest.json").read_text())
@@ -125,7 +125,7 @@ def test_push_uploads_the_folder_as_saved(run, tmp_path, monkeypatch):
     uploaded = Path(upload[1]["folder_path"])
     assert {"README.md", "manifest.json", "model_index.json"} <= {p.name for p in uploaded.iterdir()}
     calls.clear()
-    from moh_dit.commands import convert
+    from moh_dit.cli import convert
 
     convert.main([str(run), str(tmp_path / "converted"), "--push-to-hub", "someone/other"])
     assert calls[1][1]["folder_path"] == str(tmp_path / "converted")

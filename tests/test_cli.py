@@ -14,10 +14,10 @@ import pytest
 import evaluate_fid
 import sample
 import train as train_script
-from moh_dit.cli import apply_protocol, one_line, run_cli
-from moh_dit.commands import COMMANDS
-from moh_dit.config import load_config
-from moh_dit.training import train
+from moh_dit.cli import COMMANDS
+from moh_dit.cli.common import apply_protocol, one_line, run_cli
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import train
 
 from .helpers.factories import make_image_folder, tiny_train_overrides, tiny_vae
 
@@ -152,7 +152,7 @@ def test_sampling_arguments_and_devices(world, capsys):
     ],
 )
 def test_sample_options_of_the_other_mode_are_errors_not_ignored(args, message, capsys):
-    from moh_dit.commands import sample as sample_command
+    from moh_dit.cli import sample as sample_command
 
     with pytest.raises(SystemExit):
         sample_command.main(["no-such-run", *args])  # refused before the model is even looked at
@@ -160,7 +160,7 @@ def test_sample_options_of_the_other_mode_are_errors_not_ignored(args, message, 
 
 
 def test_evaluating_given_samples_refuses_sampling_options(capsys):
-    from moh_dit.commands import evaluate
+    from moh_dit.cli import evaluate
 
     with pytest.raises(SystemExit):
         evaluate.main(["--samples", "s.npz", "--reference", "r.npz", "--cfg-scale", "2", "--sample-dir", "d"])
@@ -172,9 +172,9 @@ def test_evaluating_given_samples_refuses_sampling_options(capsys):
 def test_sampling_protocols_choose_scheduler_and_steps_unless_given(world, tmp_path):
     import json
 
-    from moh_dit.commands import evaluate
-    from moh_dit.commands import sample as sample_command
-    from moh_dit.options import PROTOCOLS
+    from moh_dit.cli import evaluate
+    from moh_dit.cli import sample as sample_command
+    from moh_dit.sampling.options import PROTOCOLS
 
     def chosen(module, *args):
         parsed = module.build_parser().parse_args([*args])
@@ -207,7 +207,7 @@ def test_sampling_protocols_choose_scheduler_and_steps_unless_given(world, tmp_p
 
 
 def test_outputs_are_checked_before_sampling(world, capsys, monkeypatch):
-    from moh_dit.pipeline import MoHDiTPipeline
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
 
     monkeypatch.setattr(MoHDiTPipeline, "__call__", lambda *a, **k: pytest.fail("sampled before checking the output"))
     run = str(world / "run")
@@ -280,7 +280,7 @@ def test_evaluation_inputs(world, tmp_path, capsys):
 
 
 def test_convert_and_latents_commands(world, tmp_path, capsys):
-    from moh_dit.commands import convert, latents
+    from moh_dit.cli import convert, latents
 
     assert "not writable" in fails_in_one_line(convert.main, [str(world / "run"), f"{UNWRITABLE}/out"], capsys)
     evil = tmp_path / "evil.pt"
@@ -317,7 +317,11 @@ def test_worker_tracebacks_become_their_last_line():
 # Help texts
 # ----------------------------------------------------------------------------------------------------
 
-MODULES = [f"moh_dit.commands.{c}" for c in COMMANDS] + ["moh_dit.latents", "moh_dit.generate", "moh_dit.training"]
+MODULES = [f"moh_dit.cli.{c}" for c in COMMANDS] + [
+    "moh_dit.vae",
+    "moh_dit.sampling.loading",
+    "moh_dit.training.setup",
+]
 
 
 @pytest.mark.parametrize("target", MODULES)
@@ -332,7 +336,7 @@ def test_docstring_examples_keep_their_line_breaks(target):
 
 @pytest.mark.parametrize("name", COMMANDS)
 def test_help_shows_every_example_line_as_written(name):
-    module = importlib.import_module(f"moh_dit.commands.{name}")
+    module = importlib.import_module(f"moh_dit.cli.{name}")
     shown = [ln.strip() for ln in module.build_parser(f"moh-dit {name}").format_help().splitlines()]
     written = [ln.strip() for ln in module.__doc__.splitlines() if ln.strip()]
     continued = [ln for ln in written if ln.endswith("\\")]
@@ -342,7 +346,7 @@ def test_help_shows_every_example_line_as_written(name):
 
 
 def test_guidance_is_described_and_tagged_the_same_way_everywhere():
-    from moh_dit.options import describe_guidance, describe_placement, guidance_tag
+    from moh_dit.sampling.options import describe_guidance, describe_placement, guidance_tag
 
     assert guidance_tag(None) == "" and guidance_tag((100, 500)) == "-t100-500"
     assert guidance_tag((100, 500), 100) == "-t100-500-avg100" and guidance_tag(None, 0) == "-avg0"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moh_dit.attention import MoHAttention
+from moh_dit.model.attention import MoHAttention
 
 
 @pytest.mark.slow

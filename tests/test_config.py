@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from moh_dit.config import Config, load_config
 from moh_dit.errors import ConfigError
-from moh_dit.presets import PRESETS
+from moh_dit.model.presets import PRESETS
+from moh_dit.training.config import Config, load_config
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
 TRAIN_CONFIGS = [p for p in CONFIGS if "accelerate" not in p.parts]

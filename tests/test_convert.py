@@ -13,17 +13,16 @@ import torch
 from diffusers import DiTTransformer2DModel
 
 from moh_dit import MoHDiT, create_model
-from moh_dit.convert import (
-    ConversionError,
+from moh_dit.diffusion import DiffusionObjective
+from moh_dit.errors import ConversionError
+from moh_dit.interop.diffusers_dit import from_diffusers, to_diffusers
+from moh_dit.interop.dit_to_moh import dit_to_moh
+from moh_dit.interop.official import (
     config_from_reference,
-    dit_to_moh,
-    from_diffusers,
     load_reference_checkpoint,
     ours_to_reference,
     read_checkpoint,
-    to_diffusers,
 )
-from moh_dit.diffusion import DiffusionObjective
 
 from .helpers.factories import give_signal, tiny_model
 
@@ -219,7 +218,8 @@ def test_cli_writes_a_pipeline_that_loads(tmp_path):
         [
             sys.executable,
             "-m",
-            "moh_dit.convert",
+            "moh_dit",
+            "convert",
             str(tmp_path / "moh.pt"),
             str(tmp_path / "pipe"),
             "--id2label",
@@ -230,7 +230,7 @@ def test_cli_writes_a_pipeline_that_loads(tmp_path):
         text=True,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    from moh_dit.generate import load_pipeline
+    from moh_dit.sampling.loading import load_pipeline
 
     pipe = load_pipeline(tmp_path / "pipe", device="cpu")
     assert pipe.id2label[3] == "class 3"
@@ -240,7 +240,8 @@ def test_cli_writes_a_pipeline_that_loads(tmp_path):
         [
             sys.executable,
             "-m",
-            "moh_dit.convert",
+            "moh_dit",
+            "convert",
             str(tmp_path / "pipe"),
             str(tmp_path / "back.pt"),
             "--to",
@@ -318,9 +319,9 @@ def test_dit_to_moh_rejects_moh_input():
 
 
 def test_a_1000_class_checkpoint_gets_imagenet_names_and_samples_by_name(tmp_path):
-    from moh_dit.commands import convert as convert_command
-    from moh_dit.commands import sample as sample_command
-    from moh_dit.pipeline import MoHDiTPipeline
+    from moh_dit.cli import convert as convert_command
+    from moh_dit.cli import sample as sample_command
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
 
     from .helpers.factories import tiny_vae
 
@@ -363,7 +364,7 @@ def test_a_1000_class_checkpoint_gets_imagenet_names_and_samples_by_name(tmp_pat
 
 
 def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path):
-    from moh_dit.commands import convert as convert_command
+    from moh_dit.cli import convert as convert_command
 
     tiny_model(signal=0.1).save_pretrained(tmp_path / "t")
     convert_command.main([str(tmp_path / "t"), str(tmp_path / "p")])

@@ -9,17 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from moh_dit.data import (
-    DataError,
-    FashionMNIST,
-    ImageFolderDataset,
-    ShardedEpochBatchSampler,
-    center_crop_arr,
-    class_draws,
-    find_fashion_mnist,
-    read_idx,
-    subset_indices,
-)
+from moh_dit.data.batches import ShardedEpochBatchSampler, class_draws, subset_indices
+from moh_dit.data.fashion_mnist import FashionMNIST, find_fashion_mnist, read_idx
+from moh_dit.data.image_folder import ImageFolderDataset, center_crop_arr
+from moh_dit.errors import DataError
 
 
 def _write_images(root, classes, per_class=3, size=(20, 16), mode="RGB"):
@@ -148,7 +141,7 @@ def test_fashion_mnist_from_a_folder_of_idx_files(tmp_path):
 
 
 def test_fashion_mnist_missing_files_give_install_hint(tmp_path, monkeypatch):
-    monkeypatch.setattr("moh_dit.data.FASHION_MNIST_SEARCH_PATHS", ())
+    monkeypatch.setattr("moh_dit.data.fashion_mnist.FASHION_MNIST_SEARCH_PATHS", ())
     monkeypatch.delenv("MOH_DIT_FASHION_MNIST", raising=False)
     with pytest.raises(DataError, match="dataset-fashion-mnist"):
         FashionMNIST(str(tmp_path))
@@ -164,10 +157,10 @@ def test_real_fashion_mnist_files():
 
 @pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 def test_flips_on_fashion_mnist_are_called_out(caplog):
-    from moh_dit.config import DataSection
-    from moh_dit.data import load_training_data
+    from moh_dit.data.training_data import load_training_data
+    from moh_dit.training.config import DataSection
 
-    with caplog.at_level(logging.WARNING, logger="moh_dit.data"):
+    with caplog.at_level(logging.WARNING, logger="moh_dit"):
         load_training_data(DataSection(name="fashion-mnist", subset_per_class=2, random_flip=False))
         assert "random_flip" not in caplog.text
         load_training_data(DataSection(name="fashion-mnist", subset_per_class=2))  # DiT's default: flips on

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moh_dit.demo import ALL_CLASSES, generate
+from moh_dit.sampling.demo import ALL_CLASSES, generate
 
 from .helpers.factories import make_image_folder, tiny_model, tiny_pipeline, train_tiny
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from moh_dit.artifacts import RunLayout
+from moh_dit.run_folder import RunLayout
 
 from .helpers.factories import make_image_folder, tiny_train_overrides
 from .helpers.launch import ROOT, Job, alive, free_port, launch, run_job
@@ -147,9 +147,9 @@ def probe(out, images, *extra, steps=4, launcher="torchrun"):
 
 
 def test_a_resume_on_another_process_count_is_refused_unless_elastic(images, tmp_path):
-    from moh_dit.config import load_config
     from moh_dit.errors import ConfigError
-    from moh_dit.training import Trainer
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import Trainer
 
     from .helpers.ddp_probe import ProbeTrainer
 
@@ -173,8 +173,8 @@ def test_a_resume_on_another_process_count_is_refused_unless_elastic(images, tmp
 
 @pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=SLOW)])
 def test_gradient_accumulation_on_two_processes_averages_every_micro_batch(launcher, images, tmp_path):
-    from moh_dit.config import load_config
-    from moh_dit.training import Trainer
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import Trainer
 
     accumulation = ("train.grad_accum_steps=2", "train.global_batch_size=8")
     ranks, args = probe(tmp_path / "two", images, *accumulation, steps=2, launcher=launcher)
@@ -251,7 +251,7 @@ def pngs(folder) -> int:
 @pytest.fixture(scope="module")
 def one_process_samples(reference, tmp_path_factory):
     """The samples of an uninterrupted run on one process (in this process)."""
-    from moh_dit.commands.sample import main as sample
+    from moh_dit.cli.sample import main as sample
 
     folder = tmp_path_factory.mktemp("one-process") / "samples"
     sample([str(reference), "--sample-dir", str(folder), "--batch-size", "2", *map(str, SAMPLING)])
@@ -279,7 +279,7 @@ def test_sampling_on_two_processes_resumes_after_a_kill_to_the_same_images(
 def test_evaluating_a_model_on_two_processes_resumes_after_a_kill_to_the_same_numbers(
     launcher, reference, one_process_samples, tmp_path
 ):
-    from moh_dit.commands.evaluate import main as evaluate
+    from moh_dit.cli.evaluate import main as evaluate
 
     from .helpers.tiny_extractor import TINY
 

@@ -14,16 +14,16 @@ import torch
 from PIL import Image
 
 import evaluate_fid
-from moh_dit.evaluation import (
-    EvaluationError,
+from moh_dit.errors import EvaluationError
+from moh_dit.evaluation.features import (
     InceptionFeatures,
-    evaluate,
     extract_features,
     find_inception_weights,
     load_images,
-    reference_statistics,
     resolve_extractor,
 )
+from moh_dit.evaluation.scoring import evaluate
+from moh_dit.evaluation.statistics import reference_statistics
 
 from .helpers.tiny_extractor import TINY  # importing it registers the tiny extractor
 
@@ -159,7 +159,7 @@ def test_reference_statistics_are_cached_with_a_record(tmp_path):
     assert len(caches) == 1
     assert first["info"]["num_images"] == 30 and first["info"]["extractor"] == TINY
     assert first["info"]["content_sha256"] == hashlib.sha256((tmp_path / "ref.npz").read_bytes()).hexdigest()
-    with mock.patch("moh_dit.evaluation.extract_features", side_effect=AssertionError("recomputed")):
+    with mock.patch("moh_dit.evaluation.statistics.extract_features", side_effect=AssertionError("recomputed")):
         second = reference_statistics(tmp_path / "ref.npz", ext)
     np.testing.assert_array_equal(first["sigma"], second["sigma"])
 
@@ -183,7 +183,7 @@ def test_evaluate_same_distribution_scores_better(tmp_path):
 
 
 def test_cli_end_to_end_from_a_tiny_pipeline(tmp_path):
-    from moh_dit.generate import GenerationSettings, generate_samples
+    from moh_dit.sampling.generation import GenerationSettings, generate_samples
 
     from .helpers.factories import tiny_model
     from .helpers.factories import tiny_pipeline as pipe_for
@@ -253,7 +253,7 @@ def test_cli_from_a_model_records_sampling_settings(tmp_path):
 
 def run_evaluate_cli(args):
     """``evaluate_fid.py`` as the shell runs it: bad input ends with one line and exit code 2."""
-    from moh_dit.cli import run_cli
+    from moh_dit.cli.common import run_cli
 
     return run_cli(lambda: evaluate_fid.main(args))
 
@@ -357,7 +357,7 @@ def test_a_replaced_reference_is_never_scored_against_stale_statistics(tmp_path)
 
 
 def test_a_read_only_reference_folder_caches_elsewhere(tmp_path, monkeypatch):
-    import moh_dit.evaluation as evaluation
+    import moh_dit.evaluation.statistics as evaluation
     from moh_dit.errors import OutputError
 
     ref_dir = tmp_path / "readonly"
@@ -375,7 +375,7 @@ def test_a_read_only_reference_folder_caches_elsewhere(tmp_path, monkeypatch):
     ext = resolve_extractor(TINY, None, "cpu")
     first = reference_statistics(ref_dir / "ref.npz", ext)
     assert not list(ref_dir.glob("*moh-dit-stats*")) and len(list((tmp_path / "cache").rglob("*.npz"))) == 1
-    with mock.patch("moh_dit.evaluation.extract_features", side_effect=AssertionError("recomputed")):
+    with mock.patch("moh_dit.evaluation.statistics.extract_features", side_effect=AssertionError("recomputed")):
         second = reference_statistics(ref_dir / "ref.npz", ext)
     np.testing.assert_array_equal(first["mu"], second["mu"])
 
@@ -387,11 +387,13 @@ def test_outputs_are_checked_before_the_work_and_numbers_survive_a_failed_write(
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     args = ["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "r.npz"), "--extractor", TINY]
-    with mock.patch("moh_dit.evaluation.extract_features", side_effect=AssertionError("worked before checking")):
+    with mock.patch(
+        "moh_dit.evaluation.statistics.extract_features", side_effect=AssertionError("worked before checking")
+    ):
         with pytest.raises(SystemExit) as exc:
             run_evaluate_cli([*args, "--out", str(blocker / "m.json")])
     assert exc.value.code == 2 and "not writable" in capsys.readouterr().err
-    with mock.patch("moh_dit.evaluation.atomic_write_json", side_effect=OSError(28, "No space left on device")):
+    with mock.patch("moh_dit.evaluation.scoring.atomic_write_json", side_effect=OSError(28, "No space left on device")):
         with pytest.raises(SystemExit):
             run_evaluate_cli([*args, "--out", str(tmp_path / "m.json")])
     captured = capsys.readouterr()
@@ -415,10 +417,10 @@ def test_a_class_tree_of_mixed_sizes_is_a_reference(tmp_path):
 
 
 def test_reference_builder_writes_an_adm_style_batch(tmp_path):
-    from moh_dit.commands.reference import main
-    from moh_dit.data import center_crop_arr, list_images
-    from moh_dit.metrics import feature_statistics
-    from moh_dit.reference import build_reference
+    from moh_dit.cli.reference import main
+    from moh_dit.data.image_folder import center_crop_arr, list_images
+    from moh_dit.evaluation.metrics import feature_statistics
+    from moh_dit.evaluation.reference import build_reference
 
     _image_tree(tmp_path / "tree")
     (tmp_path / "tree" / "dogs" / "sub" / "broken.png").write_bytes(b"not an image")
@@ -458,7 +460,7 @@ def test_reference_builder_writes_an_adm_style_batch(tmp_path):
 
 
 def test_metrics_of_existing_samples_record_the_samples_own_manifest(tmp_path):
-    from moh_dit.generate import GenerationSettings, generate_samples
+    from moh_dit.sampling.generation import GenerationSettings, generate_samples
 
     from .helpers.factories import tiny_model
     from .helpers.factories import tiny_pipeline as pipe_for
@@ -482,7 +484,7 @@ def test_samples_changed_or_unfinished_since_sampling_are_not_scored(tmp_path):
     import shutil
 
     from moh_dit.errors import ArtifactError
-    from moh_dit.generate import GenerationSettings, generate_samples
+    from moh_dit.sampling.generation import GenerationSettings, generate_samples
 
     from .helpers.factories import tiny_model
     from .helpers.factories import tiny_pipeline as pipe_for
@@ -514,8 +516,8 @@ def test_samples_changed_or_unfinished_since_sampling_are_not_scored(tmp_path):
 
 
 def test_evaluating_a_run_that_trained_on_samples_the_new_weights(tmp_path):
-    from moh_dit.config import load_config
-    from moh_dit.training import train
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
 
     from .helpers.factories import make_image_folder, tiny_train_overrides
 

@@ -16,15 +16,15 @@ from experiments.fmnist_classifier import (
     register,
     train_classifier,
 )
-from moh_dit.data import find_fashion_mnist
-from moh_dit.evaluation import extract_features
+from moh_dit.data.fashion_mnist import find_fashion_mnist
+from moh_dit.evaluation.features import extract_features
 
 needs_data = pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 
 
 @needs_data
 def test_shipped_classifier_reaches_its_recorded_test_accuracy():
-    from moh_dit.data import FashionMNIST
+    from moh_dit.data.fashion_mnist import FashionMNIST
 
     info = json.loads(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
     assert info["test_accuracy"] >= 0.90
@@ -34,7 +34,7 @@ def test_shipped_classifier_reaches_its_recorded_test_accuracy():
 
 
 def test_classifier_is_registered_and_gives_features():
-    from moh_dit.evaluation import resolve_extractor
+    from moh_dit.evaluation.features import resolve_extractor
 
     ext = resolve_extractor(register(), None, "cpu")
     images = torch.randint(0, 256, (5, 3, 28, 28), dtype=torch.uint8)
@@ -61,7 +61,7 @@ def test_predict_takes_grayscale_and_rgb_uint8_alike():
 @needs_data
 def test_per_class_scores_compare_each_class_with_the_same_class_of_the_reference(tmp_path):
     from experiments.common import classifier_features, fashion_reference, per_class_scores
-    from moh_dit.data import FashionMNIST
+    from moh_dit.data.fashion_mnist import FashionMNIST
 
     train = FashionMNIST(split="train")
     picked = np.concatenate([np.flatnonzero(train.labels == c)[:40] for c in range(10)])
@@ -82,7 +82,7 @@ def test_per_class_scores_compare_each_class_with_the_same_class_of_the_referenc
 @needs_data
 def test_seam_excess_is_one_for_real_images_and_grows_with_patchwise_offsets():
     from experiments.common import seam_excess
-    from moh_dit.data import FashionMNIST
+    from moh_dit.data.fashion_mnist import FashionMNIST
 
     train = FashionMNIST(split="train")  # other images than the test set the excess is measured against
     picked = np.concatenate([np.flatnonzero(train.labels == c)[:300] for c in range(9)])  # no ankle boots
@@ -269,7 +269,7 @@ def test_sample_and_score_refuses_samples_made_by_another_model(tmp_path):
     from experiments.common import classifier_features, fashion_reference, sample_and_score
     from experiments.quality import train_run
     from moh_dit.errors import ArtifactError
-    from moh_dit.generate import GenerationSettings
+    from moh_dit.sampling.generation import GenerationSettings
 
     tiny = ["train.max_steps=1", "train.global_batch_size=8", "data.subset_per_class=2", "model.preset=DiT-Ti/4"]
     first, second = (train_run(tmp_path / f"run{seed}", [*tiny, f"train.seed={seed}"]) for seed in (0, 1))
@@ -287,7 +287,7 @@ def test_sample_and_score_refuses_samples_made_by_another_model(tmp_path):
 @needs_data
 def test_a_reference_file_that_is_not_the_test_set_is_refused(tmp_path):
     from experiments.common import classifier_features, fashion_reference, per_class_scores
-    from moh_dit.data import FashionMNIST
+    from moh_dit.data.fashion_mnist import FashionMNIST
     from moh_dit.errors import ArtifactError
 
     path = fashion_reference(tmp_path, count=20)

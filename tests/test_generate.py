@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from moh_dit.config import load_config
 from moh_dit.errors import ArtifactError
-from moh_dit.generate import GenerationSettings, generate_samples, label_for_index, load_pipeline
-from moh_dit.options import PROTOCOLS
-from moh_dit.training import train
+from moh_dit.sampling.generation import GenerationSettings, generate_samples
+from moh_dit.sampling.loading import load_pipeline
+from moh_dit.sampling.options import PROTOCOLS
+from moh_dit.seeding import label_for_index
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import train
 
 from .helpers.factories import make_image_folder, run_command, tiny_train_overrides, torchrun
 
@@ -152,7 +154,7 @@ def test_a_sample_folder_is_resumed_only_with_the_same_model_and_settings(run_di
 
 
 def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
-    import moh_dit.pipeline as pipeline
+    import moh_dit.sampling.pipeline as pipeline
 
     seen, guided_at = [], pipeline.guided_at
     monkeypatch.setattr(pipeline, "guided_at", lambda t, interval: seen.append(interval) or guided_at(t, interval))
@@ -169,8 +171,8 @@ def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path,
 
 
 def test_grid_averaging_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
-    import moh_dit.pipeline as pipeline
-    from moh_dit.generate import describe_samples
+    import moh_dit.sampling.pipeline as pipeline
+    from moh_dit.sampling.generation import describe_samples
 
     averaged, shifts = [], pipeline.grid_shifts
     monkeypatch.setattr(pipeline, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
@@ -191,7 +193,7 @@ def test_grid_averaging_is_part_of_what_made_the_samples(run_dir, tmp_path, monk
 def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
     from argparse import Namespace
 
-    from moh_dit.cli import apply_model_guidance
+    from moh_dit.cli.common import apply_model_guidance
 
     record = {"guidance_scale": 2.5, "guidance_interval": [100, 600], "grid_averaging": 100}
     cases = [
@@ -212,7 +214,7 @@ def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
 
 
 def test_the_grid_averaging_flag_takes_a_timestep_or_off(capsys):
-    from moh_dit.commands.sample import build_parser
+    from moh_dit.cli.sample import build_parser
 
     parse = build_parser().parse_args
     assert parse(["run", "--grid-averaging", "100"]).grid_averaging == 100
@@ -301,7 +303,7 @@ def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir
 # ----------------------------------------------------------------------------------------------------
 @pytest.fixture
 def latent_pipeline(tmp_path):
-    from moh_dit.pipeline import MoHDiTPipeline
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
 
     from .helpers.factories import tiny_model, tiny_vae
 
@@ -358,7 +360,7 @@ def test_a_replacement_vae_must_share_the_models_latent_space(latent_pipeline, t
                 up_block_types=["UpDecoderBlock2D"] * 3,
             ),
         )
-    with caplog.at_level(logging.INFO, logger="moh_dit.pipeline"):
+    with caplog.at_level(logging.INFO, logger="moh_dit"):
         pipe = load_pipeline(
             latent_pipeline,
             device="cpu",

@@ -26,7 +26,8 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
         [
             sys.executable,
             "-m",
-            "moh_dit.latents",
+            "moh_dit",
+            "latents",
             "--data-path",
             images,
             "--image-size",
@@ -84,7 +85,8 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
         [
             sys.executable,
             "-m",
-            "moh_dit.reference",
+            "moh_dit",
+            "reference",
             images,
             "--image-size",
             "16",

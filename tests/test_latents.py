@@ -8,8 +8,10 @@ import torch
 from diffusers import AutoencoderKL
 from torch.utils.data import Dataset
 
+from moh_dit.data.latent_dataset import LatentDataset
+from moh_dit.data.latents import extract_latents
 from moh_dit.errors import ArtifactError, DataError
-from moh_dit.latents import LatentDataset, encode_posterior, extract_latents, load_vae, sample_posterior
+from moh_dit.vae import encode_posterior, load_vae, sample_posterior
 
 from .helpers.factories import tiny_vae
 
@@ -98,7 +100,7 @@ def latent_setup(tmp_path_factory):
     --vae path."""
     import os
 
-    from moh_dit.commands.latents import main
+    from moh_dit.cli.latents import main
 
     from .helpers.factories import make_image_folder
 
@@ -146,7 +148,7 @@ def _latent_overrides(root, out, *extra):
 def test_latents_record_the_vae_by_absolute_path_and_fingerprint(latent_setup):
     import json
 
-    from moh_dit.artifacts import fingerprint_module
+    from moh_dit.manifests import fingerprint_module
 
     manifest = json.loads((latent_setup / "lat" / "latents.npy.json").read_text())
     assert manifest["kind"] == "latents" and manifest["vae"]["spec"] == str((latent_setup / "vae").resolve())
@@ -158,9 +160,9 @@ def test_latents_record_the_vae_by_absolute_path_and_fingerprint(latent_setup):
 def test_latent_training_uses_the_recorded_vae_and_exports_it(latent_setup, tmp_path):
     import json
 
-    from moh_dit.config import load_config
-    from moh_dit.pipeline import MoHDiTPipeline
-    from moh_dit.training import train
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
 
     out = tmp_path / "run"
     train(load_config(None, _latent_overrides(latent_setup, out)))
@@ -180,8 +182,8 @@ def test_a_conflicting_vae_is_an_error(latent_setup, tmp_path):
     import shutil
     import time
 
-    from moh_dit.config import load_config
-    from moh_dit.training import Trainer
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import Trainer
 
     other = tiny_vae()
     with torch.no_grad():
@@ -205,8 +207,8 @@ def test_a_conflicting_vae_is_an_error(latent_setup, tmp_path):
 
 
 def test_the_config_must_describe_the_images_the_latents_were_made_from(latent_setup, tmp_path):
-    from moh_dit.config import load_config
-    from moh_dit.training import Trainer
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import Trainer
 
     for wrong, fix in (("data.image_size=32", "set data.image_size=16"), ("data.channels=1", "set data.channels=3")):
         with pytest.raises(DataError, match=f"extracted from 16 px images with 3 channels, not .*: {fix},"):
@@ -219,9 +221,9 @@ def test_init_from_records_its_weights_and_must_share_the_latent_space(latent_se
 
     from safetensors.torch import load_file, save_file
 
-    from moh_dit.config import load_config
     from moh_dit.errors import ConfigError
-    from moh_dit.training import Trainer, train
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import Trainer, train
 
     source = tmp_path / "source"
     train(load_config(None, _latent_overrides(latent_setup, source)))
@@ -277,8 +279,8 @@ def test_init_from_records_its_weights_and_must_share_the_latent_space(latent_se
 def test_a_missing_recorded_vae_stops_before_training(latent_setup, tmp_path):
     import shutil
 
-    from moh_dit.config import load_config
-    from moh_dit.training import Trainer
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import Trainer
 
     shutil.copytree(latent_setup, tmp_path / "moved")
     manifest_path = tmp_path / "moved" / "lat" / "latents.npy.json"
@@ -294,11 +296,11 @@ def test_a_missing_recorded_vae_stops_before_training(latent_setup, tmp_path):
 
 
 def test_a_latent_model_without_its_vae_does_not_write_images(latent_setup, tmp_path):
-    from moh_dit.config import load_config
     from moh_dit.errors import ConfigError
-    from moh_dit.generate import GenerationSettings, generate_samples
-    from moh_dit.pipeline import MoHDiTPipeline
-    from moh_dit.training import train
+    from moh_dit.sampling.generation import GenerationSettings, generate_samples
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
 
     out = tmp_path / "run"
     train(load_config(None, _latent_overrides(latent_setup, out)))
@@ -359,7 +361,7 @@ def test_two_processes_write_the_same_file_as_one(corrupt_folder, tmp_path):
 
 
 def test_each_image_is_read_once(corrupt_folder, tmp_path, monkeypatch):
-    from moh_dit.data import ImageFolderDataset
+    from moh_dit.data.image_folder import ImageFolderDataset
 
     calls = []
     original = ImageFolderDataset.load
@@ -370,7 +372,7 @@ def test_each_image_is_read_once(corrupt_folder, tmp_path, monkeypatch):
 
 
 def test_half_precision_vae_records_its_deviation_from_fp32(corrupt_folder, tmp_path):
-    from moh_dit.data import ImageFolderDataset
+    from moh_dit.data.image_folder import ImageFolderDataset
 
     ds = ImageFolderDataset(corrupt_folder / "images", 16)
     fp32 = LatentDataset(
@@ -402,7 +404,7 @@ def test_half_precision_vae_records_its_deviation_from_fp32(corrupt_folder, tmp_
 def _interrupt_after(monkeypatch, calls: int) -> list:
     """Make the VAE fail on its ``calls``-th encoding (the first call finds the latent shape); returns the
     list of batch sizes it encoded."""
-    import moh_dit.latents as latents
+    import moh_dit.data.latents as latents
 
     seen, original = [], latents.encode_posterior
 
@@ -417,7 +419,7 @@ def _interrupt_after(monkeypatch, calls: int) -> list:
 
 
 def _folder_images(root):
-    from moh_dit.data import ImageFolderDataset
+    from moh_dit.data.image_folder import ImageFolderDataset
 
     return ImageFolderDataset(root / "images", 16)
 
@@ -529,7 +531,7 @@ def test_a_latent_file_changed_after_extraction_is_refused(corrupt_folder, tmp_p
     out = extract_latents(_folder_images(corrupt_folder), tiny_vae(), tmp_path / "lat.npy", max_bad_fraction=0.1)
     stat = out.stat()
     os.utime(out, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a copy without its time: hashed, accepted
-    with caplog.at_level(logging.INFO, logger="moh_dit.latents"):
+    with caplog.at_level(logging.INFO, logger="moh_dit"):
         assert len(LatentDataset(out)) == 15
     assert "its time differs from the record, so its SHA-256 was checked" in caplog.text
     manifest = json.loads((tmp_path / "lat.npy.json").read_text())
@@ -545,7 +547,7 @@ def test_a_latent_file_changed_after_extraction_is_refused(corrupt_folder, tmp_p
 
 
 def test_images_the_vae_cannot_take_stop_before_any_work(corrupt_folder, tmp_path):
-    from moh_dit.data import ImageFolderDataset
+    from moh_dit.data.image_folder import ImageFolderDataset
 
     gray = ImageFolderDataset(corrupt_folder / "images", 16, channels=1)
     with pytest.raises(
@@ -559,8 +561,8 @@ def test_images_the_vae_cannot_take_stop_before_any_work(corrupt_folder, tmp_pat
 
 
 def test_training_through_a_vae_checks_the_images_it_takes(latent_setup, tmp_path):
-    from moh_dit.config import load_config
-    from moh_dit.training import Trainer
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import Trainer
 
     from .helpers.factories import tiny_train_overrides
 
@@ -582,9 +584,9 @@ def test_a_checkpoint_whose_vae_moved_samples_with_a_vae_given_and_checked(laten
     import logging
     import shutil
 
-    from moh_dit.config import load_config
-    from moh_dit.generate import load_pipeline
-    from moh_dit.training import train
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
 
     from .helpers.factories import tiny_train_overrides
 
@@ -609,7 +611,7 @@ def test_a_checkpoint_whose_vae_moved_samples_with_a_vae_given_and_checked(laten
     with torch.no_grad():
         other.decoder.conv_out.bias.add_(0.1)
     other.save_pretrained(tmp_path / "other")
-    with caplog.at_level(logging.INFO, logger="moh_dit.pipeline"):
+    with caplog.at_level(logging.INFO, logger="moh_dit"):
         load_pipeline(checkpoint, device="cpu", vae=str(tmp_path / "other"))
     assert "instead of the one the model was trained with" in caplog.text
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from moh_dit.artifacts import read_safetensors, read_torch_file
 from moh_dit.errors import ArtifactError, ConversionError, DataError, EvaluationError, MohDitError, raised_by_the_file
+from moh_dit.files import read_safetensors, read_torch_file
 
 
 class _Evil:
@@ -87,12 +87,12 @@ def test_the_wrappers_of_every_loader_let_bugs_through(tmp_path, monkeypatch):
     loader with a bug in it: the bug comes out, not a one-line claim about the file."""
     from diffusers import AutoencoderKL
 
-    from moh_dit import generate
-    from moh_dit.convert import read_checkpoint
-    from moh_dit.evaluation import check_plain_tensor_file
-    from moh_dit.latents import load_vae
-    from moh_dit.model import MoHDiT
-    from moh_dit.pipeline import MoHDiTPipeline
+    from moh_dit.evaluation.features import check_plain_tensor_file
+    from moh_dit.interop.official import read_checkpoint
+    from moh_dit.model.network import MoHDiT
+    from moh_dit.sampling import loading as generate
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
+    from moh_dit.vae import load_vae
 
     from .helpers.factories import tiny_model, tiny_pipeline, tiny_vae
 

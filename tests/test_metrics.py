@@ -9,7 +9,7 @@ from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics
 from torch_fidelity.metric_isc import isc_features_to_metric
 from torch_fidelity.metric_prc import calculate_precision_recall_full
 
-from moh_dit.metrics import (
+from moh_dit.evaluation.metrics import (
     feature_statistics,
     frechet_distance,
     inception_score,
@@ -183,7 +183,7 @@ def _mmd2_unbiased(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def test_kid_is_the_unbiased_polynomial_mmd():
-    from moh_dit.metrics import kernel_inception_distance
+    from moh_dit.evaluation.metrics import kernel_inception_distance
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(50, 8)), rng.normal(0.3, 1.2, size=(50, 8))
@@ -197,7 +197,7 @@ def test_kid_is_the_unbiased_polynomial_mmd():
 
 
 def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_samples():
-    from moh_dit.metrics import bootstrap_interval
+    from moh_dit.evaluation.metrics import bootstrap_interval
 
     rng = np.random.default_rng(1)
     small, large = rng.normal(size=40), rng.normal(size=4000)
@@ -209,7 +209,7 @@ def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_samples
 
 
 def test_kid_bootstrap_interval_is_centred_on_the_estimate_and_as_wide_as_the_spread_over_fresh_draws():
-    from moh_dit.metrics import bootstrap_interval, kernel_inception_distance
+    from moh_dit.evaluation.metrics import bootstrap_interval, kernel_inception_distance
 
     rng = np.random.default_rng(0)
     reference = rng.normal(size=(1500, 16))

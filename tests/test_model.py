@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moh_dit import MoHDiT, create_model
-from moh_dit.embeddings import TimestepEmbedder, sincos_pos_embed_2d
+from moh_dit.model.embeddings import TimestepEmbedder, sincos_pos_embed_2d
 
 from .helpers.factories import give_signal, tiny_model
 

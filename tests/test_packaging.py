@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from moh_dit.commands import COMMANDS
+from moh_dit.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_the_installed_command_and_its_subcommands(installed, tmp_path):
 
 def test_the_installed_package_is_complete(installed, tmp_path):
     code = (
-        "import json, moh_dit, moh_dit.perf as perf\n"
+        "import json, moh_dit, moh_dit.model.cost_model as perf\n"
         "from moh_dit import create_model\n"
         "m = create_model('MoH-DiT-Ti/4-50')\n"
         "print(json.dumps({'file': moh_dit.__file__, 'version': moh_dit.__version__,\n"

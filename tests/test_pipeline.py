@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from moh_dit import MoHDiT
-from moh_dit.pipeline import MoHDiTPipeline, make_scheduler, resolve_class_labels, to_uint8
+from moh_dit.sampling.pipeline import MoHDiTPipeline, resolve_class_labels, to_uint8
+from moh_dit.sampling.schedulers import make_scheduler
 
 from .helpers.factories import TINY_NAMES as NAMES
 from .helpers.factories import tiny_model as _tiny_model
@@ -278,7 +279,7 @@ def test_guidance_interval_guides_exactly_the_steps_inside(name):
 
 def test_guidance_interval_is_checked():
     from moh_dit.errors import ConfigError
-    from moh_dit.options import check_guidance_interval
+    from moh_dit.sampling.options import check_guidance_interval
 
     assert check_guidance_interval([100, 600]) == (100, 600)
     assert check_guidance_interval((0, 999)) is None  # every step: the same pixels, the same record
@@ -297,7 +298,7 @@ def test_guidance_interval_is_checked():
     "patch,want", [(2, [0, 1]), (4, [0, 1, 2, -1]), (8, [0, 1, 2, 3, 4, -3, -2, -1]), (3, [0, 1, -1])]
 )
 def test_grid_shifts_cover_every_offset_of_the_grid_once_with_the_smallest_rolls(patch, want):
-    from moh_dit.pipeline import grid_shifts
+    from moh_dit.sampling.pipeline import grid_shifts
 
     shifts = grid_shifts(patch)
     assert shifts == want
@@ -358,7 +359,7 @@ def test_grid_averaging_averages_exactly_the_steps_at_or_below_its_timestep(name
 
 def test_grid_averaging_is_checked():
     from moh_dit.errors import ConfigError
-    from moh_dit.options import check_grid_averaging
+    from moh_dit.sampling.options import check_grid_averaging
 
     assert check_grid_averaging(100) == 100 and check_grid_averaging(None) is None and check_grid_averaging(0) == 0
     for bad in (-1, 1000, 1.5, True, "100", [100]):
@@ -370,8 +371,8 @@ def test_grid_averaging_is_checked():
 
 def test_saved_pipelines_record_how_they_are_meant_to_be_sampled(tmp_path):
     from moh_dit.errors import ArtifactError
-    from moh_dit.generate import load_pipeline, recorded_sampling
-    from moh_dit.pipeline import check_sampling_record, sampling_record
+    from moh_dit.sampling.loading import load_pipeline, recorded_sampling
+    from moh_dit.sampling.pipeline import check_sampling_record, sampling_record
 
     pipe = pipe_for(tiny_model())
     assert pipe.preview_sampling == sampling_record()  # no record: the package's grid defaults

@@ -106,7 +106,7 @@ def test_a_shallower_preset_names_every_per_layer_list_at_once():
 
 
 def test_match_preset_names_the_architecture_of_a_config_whatever_its_data():
-    from moh_dit.presets import match_preset
+    from moh_dit.model.presets import match_preset
 
     for name in PRESETS:  # every preset is found from its own config, on other data too (no two presets alike)
         assert match_preset(preset_config(name)) == name

@@ -1,7 +1,9 @@
-"""The package's structure: no import cycles between its modules (lazy imports inside functions count), the
-command modules answer --help without torch, and nothing refers to files outside the repository."""
+"""The package's structure: its layers (model/ at the bottom, cli/ at the top, sampling/ beside training/), no
+import cycles between its modules (lazy imports inside functions count), the command modules answer --help
+without torch, and nothing refers to files outside the repository."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,50 +12,100 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "moh_dit"
 
 
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+
+
 def module_imports(path: Path) -> set[str]:
-    """moh_dit modules imported anywhere in ``path``, except under ``if TYPE_CHECKING`` and ``if __name__ ==
-    "__main__"`` (which never run on import)."""
+    """moh_dit modules imported anywhere in ``path`` (lazy imports inside functions count), except under ``if
+    TYPE_CHECKING`` (which never runs). ``from moh_dit.sampling import pipeline`` imports the module
+    ``moh_dit.sampling.pipeline``; ``from moh_dit.files import sibling`` the module ``moh_dit.files``."""
     found: set[str] = set()
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
     class Visitor(ast.NodeVisitor):
         def visit_If(self, node: ast.If) -> None:
-            test = ast.unparse(node.test)
-            if "TYPE_CHECKING" in test or "__name__" in test:
+            if "TYPE_CHECKING" in ast.unparse(node.test):
                 self.generic_visit(ast.Module(body=node.orelse, type_ignores=[]))
                 return
             self.generic_visit(node)
 
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "moh_dit")
+
         def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-            if node.level == 1:
-                found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
-            elif node.module and node.module.startswith("moh_dit."):
-                found.add(node.module.split(".")[1])
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != "moh_dit":
+                return
+            for alias in node.names:
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module)
 
     Visitor().visit(ast.parse(path.read_text()))
-    return found
+    return found & set(MODULES)
+
+
+GRAPH = {name: module_imports(path) - {name} for name, path in MODULES.items()}
+
+
+def imports_of(prefix: str) -> dict[str, set[str]]:
+    """What each module in the subpackage ``prefix`` imports from the rest of the package."""
+    return {
+        name: {dep for dep in deps if not dep.startswith(prefix + ".")}
+        for name, deps in GRAPH.items()
+        if name == prefix or name.startswith(prefix + ".")
+    }
 
 
 def test_no_import_cycles():
-    modules = {p.stem: p for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
-    graph = {name: module_imports(path) & set(modules) - {name} for name, path in modules.items()}
     cycles = []
 
     def walk(node, path):
-        for dep in graph[node]:
+        for dep in GRAPH[node]:
             if dep in path:
                 cycles.append(path[path.index(dep) :] + [dep])
-            elif len(path) < len(graph):
+            elif len(path) < len(GRAPH):
                 walk(dep, path + [dep])
 
-    for name in graph:
+    for name in GRAPH:
         walk(name, [name])
     assert not cycles, cycles[:3]
 
 
+def test_the_model_imports_nothing_of_the_package_but_its_errors():
+    outside = {name: deps - {"moh_dit", "moh_dit.errors"} for name, deps in imports_of("moh_dit.model").items()}
+    assert not any(outside.values()), outside
+
+
+def test_nothing_below_the_command_line_parses_arguments_or_imports_it():
+    below = {n: p for n, p in MODULES.items() if not n.startswith("moh_dit.cli") and n != "moh_dit.__main__"}
+    offenders = {n for n in below if any(d.startswith("moh_dit.cli") for d in GRAPH[n])}
+    offenders |= {
+        n for n, p in below.items() if re.search(r"^\s*(import argparse|from argparse )", p.read_text(), re.M)
+    }
+    assert not offenders, offenders
+
+
+def test_no_library_module_runs_as_a_script():
+    """One entry path per command: ``moh-dit <command>`` (``python -m moh_dit``) and the top-level scripts."""
+    offenders = [
+        n for n, p in MODULES.items() if n != "moh_dit.__main__" and re.search(r"^if __name__ ==", p.read_text(), re.M)
+    ]
+    assert not offenders, offenders
+
+
 def test_help_answers_without_importing_torch():
     code = (
-        "import sys, moh_dit.commands as c, importlib\n"
-        "for name in c.COMMANDS: importlib.import_module('moh_dit.commands.' + name).build_parser().format_help()\n"
+        "import sys, moh_dit.cli as c, importlib\n"
+        "for name in c.COMMANDS: importlib.import_module('moh_dit.cli.' + name).build_parser().format_help()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from moh_dit.config import load_config
 from moh_dit.errors import ConfigError
-from moh_dit.tracking import LossWindow, flat_config
-from moh_dit.training import Trainer
+from moh_dit.training.config import load_config
+from moh_dit.training.tracking import LossWindow, flat_config
+from moh_dit.training.trainer import Trainer
 
 from .helpers.factories import make_image_folder, tiny_train_config, tiny_train_overrides, train_tiny
 

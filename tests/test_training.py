@@ -15,11 +15,12 @@ import pytest
 import torch
 import yaml
 
-from moh_dit.config import EMASection, load_config
-from moh_dit.data import DataError
-from moh_dit.errors import ConfigError
-from moh_dit.pipeline import MoHDiTPipeline
-from moh_dit.training import NonFiniteLossError, Trainer, find_checkpoint, make_ema
+from moh_dit.errors import ConfigError, DataError, NonFiniteLossError
+from moh_dit.run_folder import find_checkpoint
+from moh_dit.sampling.pipeline import MoHDiTPipeline
+from moh_dit.training.config import EMASection, load_config
+from moh_dit.training.setup import make_ema
+from moh_dit.training.trainer import Trainer
 
 from .helpers.factories import (
     as_overrides,
@@ -83,8 +84,9 @@ def test_loss_decreases_on_a_memorisation_task(tmp_path, image_dir):
 
 
 def test_training_with_a_tiny_vae_and_with_pre_extracted_latents(tmp_path, image_dir):
-    from moh_dit.data import ImageFolderDataset
-    from moh_dit.latents import extract_latents, load_vae
+    from moh_dit.data.image_folder import ImageFolderDataset
+    from moh_dit.data.latents import extract_latents
+    from moh_dit.vae import load_vae
 
     tiny_vae().save_pretrained(tmp_path / "vae")
     out = tmp_path / "latent-run"
@@ -481,7 +483,8 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_resume_exactly(tmp_path, image
 def test_unconditional_training_from_a_flat_folder_and_from_labelled_data(tmp_path, image_dir):
     import shutil
 
-    from moh_dit.generate import GenerationSettings, generate_samples, load_pipeline
+    from moh_dit.sampling.generation import GenerationSettings, generate_samples
+    from moh_dit.sampling.loading import load_pipeline
 
     flat = tmp_path / "flat"
     flat.mkdir()
@@ -503,7 +506,7 @@ def test_unconditional_training_from_a_flat_folder_and_from_labelled_data(tmp_pa
 def test_fine_tuning_on_data_with_another_class_count(tmp_path, image_dir):
     import shutil
 
-    from moh_dit.generate import load_transformer
+    from moh_dit.sampling.loading import load_transformer
 
     from .helpers.factories import tiny_train_config
 
@@ -590,7 +593,7 @@ def test_snr_gamma_reaches_the_objective(tmp_path, image_dir):
 
 
 def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
-    from moh_dit.training import learning_rate
+    from moh_dit.training.setup import learning_rate
 
     config = load_config(
         None,
@@ -625,8 +628,8 @@ def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
 
 
 def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp_path, image_dir, monkeypatch):
-    import moh_dit.pipeline as pipeline
-    from moh_dit.training import learning_rate
+    import moh_dit.sampling.pipeline as pipeline
+    from moh_dit.training.setup import learning_rate
 
     used, make = [], pipeline.make_scheduler
     monkeypatch.setattr(pipeline, "make_scheduler", lambda name="ddpm", *a: used.append(name) or make(name, *a))
@@ -645,7 +648,7 @@ def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp
     assert guided and set(guided) == {(100, 600)}  # the preview grid guided in the configured interval
     assert averaged  # and averaged its patch grids at the low-noise steps
     # the exported pipeline records how the run drew its previews; a checkpoint's comes from the run's config
-    from moh_dit.generate import recorded_sampling
+    from moh_dit.sampling.loading import recorded_sampling
 
     want = dict(guidance_scale=2.5, guidance_interval=[100, 600], scheduler="dpm-solver")
     want |= dict(num_inference_steps=config.log.sample_steps, grid_averaging=400)

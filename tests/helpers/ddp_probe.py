@@ -13,8 +13,8 @@ import sys
 
 import torch
 
-from moh_dit.config import load_config
-from moh_dit.training import Trainer
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import Trainer
 
 
 def item_hashes(x: torch.Tensor) -> list[str]:

@@ -6,7 +6,7 @@ import torch
 from diffusers import AutoencoderKL
 
 from moh_dit import MoHDiT, create_model
-from moh_dit.pipeline import MoHDiTPipeline
+from moh_dit.sampling.pipeline import MoHDiTPipeline
 
 # a two-layer MoH-DiT: layer 0 routes (2 shared + top-1 of 2), layer 1 is dense (4 soft-weighted heads)
 TINY_MODEL = dict(
@@ -115,8 +115,8 @@ def tiny_train_overrides(out_dir, data_dir, *extra, image_size=8):
 
 def train_tiny(out_dir, data_dir, *extra, image_size=8) -> dict:
     """Train :func:`tiny_train_config` in this process, with ``extra`` ``section.key=value`` overrides."""
-    from moh_dit.config import load_config
-    from moh_dit.training import train
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
 
     return train(load_config(tiny_train_config(out_dir, data_dir, image_size), list(extra)))
 

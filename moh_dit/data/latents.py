@@ -1,0 +1,367 @@
+r"""Pre-extracting a data set into one packed latent file (``moh-dit latents``).
+
+Pre-extraction stores, for every image and for *both* horizontal flips, the VAE posterior's mean and
+standard deviation, so training still draws a fresh flip and a fresh posterior sample every time an
+image is seen (fast-DiT freezes one of each). Everything lives in a single ``.npy`` file, written in
+resumable chunks, with a manifest (``<file>.json``) beside it that records how it was made.
+
+    moh-dit latents --data-path /data/imagenet/train --image-size 256 \
+        --vae stabilityai/sd-vae-ft-ema --out latents/imagenet256.npy
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKL
+from torch.utils.data import DataLoader, Dataset
+
+from moh_dit.data.latent_dataset import FORMAT_VERSION, LatentDataset, partial_path
+from moh_dit.errors import ArtifactError, DataError, OutputError
+from moh_dit.files import atomic_write_json, ensure_writable_dir, sibling
+from moh_dit.images import to_model_range
+from moh_dit.manifests import (
+    differences,
+    fingerprint_file,
+    format_differences,
+    read_manifest,
+    write_manifest,
+)
+from moh_dit.progress import Progress
+from moh_dit.vae import encode_posterior, latent_space, vae_record
+
+logger = logging.getLogger(__name__)
+
+
+class _MarkedImages(Dataset):
+    """A data set's items with a flag: ``(image, label, True)``, or zeros and ``False`` for an image that
+    cannot be read. Extraction reads every image once and marks the bad ones in the file, instead of
+    scanning the data set first."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        # once: some data sets build the list on every access; only data sets with ``load`` need it
+        self.targets = list(dataset.targets) if hasattr(dataset, "load") else None
+        self.shape = next(shape for i in range(len(dataset)) if (shape := self._shape(i)) is not None)
+
+    def _shape(self, index: int) -> Optional[tuple]:
+        """The shape of item ``index`` as the model sees it, or ``None`` if it cannot be read."""
+        load = getattr(self.dataset, "load", None)
+        try:
+            return tuple(to_model_range(load(index)).shape if load is not None else self.dataset[index][0].shape)
+        except (OSError, ValueError, SyntaxError):
+            return None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        load = getattr(self.dataset, "load", None)
+        if load is None:
+            x, y = self.dataset[index]
+            return x, y, True
+        try:
+            return to_model_range(load(index)), self.targets[index], True
+        except (OSError, ValueError, SyntaxError):
+            return torch.zeros(self.shape), -1, False
+
+
+def _size(n: int) -> str:
+    return next(
+        f"{n / f:.1f} {unit}" for f, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "bytes")) if n >= f or f == 1
+    )
+
+
+def _progress_files(tmp: Path) -> list[Path]:
+    """The per-process records of finished blocks of an unfinished extraction (every attempt's)."""
+    return sorted(tmp.parent.glob(f".{tmp.name}.done-*.json"))
+
+
+def latent_identity(data: Optional[dict], vae: dict, shapes: dict) -> Optional[dict]:
+    """What decides whether two latent files hold the same numbers: the data (its description without the
+    per-run fields), the VAE's weights and latent-space numbers and the dtype it ran in (not where it was
+    loaded from), and the shapes and storage dtype. ``None`` for a data set that cannot describe itself."""
+    if not data or "fingerprint" not in data:
+        return None
+    return {
+        "data": {k: v for k, v in data.items() if k not in ("count", "skipped", "id2label")},
+        "vae": {k: vae.get(k) for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels", "dtype")},
+        **{k: shapes.get(k) for k in ("rows", "latent_shape", "dtype", "image_size", "image_channels")},
+    }
+
+
+def _manifest_identity(meta: dict) -> Optional[dict]:
+    return latent_identity(meta.get("data"), meta.get("vae", {}), meta)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What an extraction does with what it finds at its output path: ``done`` (a complete file with the
+    same identity), ``resume`` (an unfinished one: ``finished`` maps block -> unreadable rows) or ``fresh``."""
+
+    action: str
+    finished: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    attempt: int = 0
+    deviation: Optional[dict] = None
+
+
+def _commit(table: np.ndarray, record: Path, finished: dict[int, list[int]]) -> None:
+    """Record a process's finished blocks (and their unreadable rows); the rows reach the file first."""
+    table.flush()
+    atomic_write_json(record, finished)
+
+
+def _plan_extraction(out: Path, identity: Optional[dict], batch_size: int, overwrite: bool) -> _Plan:
+    """Decide, from the records beside ``out``, whether the work is done, can be resumed or starts afresh.
+    Every process reaches the same answer; nothing is changed here. Anything that would be replaced
+    without ``overwrite`` is an error naming the way out."""
+    way_out = "pass --overwrite to replace it, or choose another --out"
+    if out.exists() and not overwrite:
+        meta = read_manifest(out, "latents")
+        if meta is None:
+            raise OutputError(f"{out} exists without a latent manifest; {way_out}")
+        try:
+            LatentDataset(out)
+        except ArtifactError as err:
+            raise OutputError(f"{out} cannot be reused ({err}); {way_out}") from None
+        if identity is None:
+            raise OutputError(f"{out} exists and this data set cannot describe itself to compare; {way_out}")
+        diffs = differences(_manifest_identity(meta) or {}, identity)
+        if diffs:
+            raise OutputError(f"{out} holds other latents ({format_differences(diffs)}); {way_out}")
+        return _Plan("done")
+    tmp = partial_path(out)
+    state = read_manifest(tmp, "latents-partial") if tmp.exists() else None
+    if overwrite or state is None:
+        if tmp.exists() and state is None and not overwrite:
+            logger.warning("%s is an unfinished extraction without a record: starting again", tmp)
+        return _Plan("fresh")
+    if identity is None or state.get("identity") is None:
+        raise OutputError(f"{tmp} is an unfinished extraction that cannot be compared with this data set; {way_out}")
+    diffs = differences(state["identity"], identity)
+    if diffs:
+        raise OutputError(
+            f"{tmp} is an unfinished extraction of other latents ({format_differences(diffs)}): finish it with "
+            f"its settings, or {way_out}"
+        )
+    if state["batch_size"] != batch_size:
+        raise OutputError(
+            f"{tmp} is an unfinished extraction in blocks of {state['batch_size']}: pass --batch-size "
+            f"{state['batch_size']} to finish it, or --overwrite to start again"
+        )
+    return _Plan("resume", _read_finished(tmp), int(state["attempt"]) + 1, state.get("deviation"))
+
+
+def _read_finished(tmp: Path) -> dict[int, list[int]]:
+    """Every finished block of an unfinished extraction and its unreadable rows, from all processes'
+    records of all attempts."""
+    finished: dict[int, list[int]] = {}
+    for record in _progress_files(tmp):
+        try:
+            finished.update({int(b): rows for b, rows in json.loads(record.read_text()).items()})
+        except (OSError, ValueError) as err:
+            raise ArtifactError(f"{record} is damaged ({err}); pass --overwrite to start again") from None
+    return finished
+
+
+@torch.no_grad()
+def extract_latents(
+    dataset: Dataset,
+    vae: AutoencoderKL,
+    out_path: str | os.PathLike,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    dtype: str = "float16",
+    vae_name: str = "",
+    id2label: Optional[dict[int, str]] = None,
+    accelerator=None,
+    max_bad_fraction: float = 0.01,
+    fp32_vae: Optional[AutoencoderKL] = None,
+    overwrite: bool = False,
+    commit_every_s: float = 30.0,
+) -> Optional[Path]:
+    """Encode every image of ``dataset`` (unflipped and flipped) into one packed ``.npy`` file.
+
+    Rows are ``(moments, label)`` with ``moments`` of shape (2 flips, 2 [mean, std], c, h, w). Each image is
+    read once; an unreadable one keeps its row with label -1 and is listed in the manifest (more than
+    ``max_bad_fraction`` of them stops the extraction). With ``accelerator`` the images are split over its
+    processes in fixed blocks of ``batch_size``, each process writing its own rows of the one file; the
+    blocks are the same for any process count, so the file is bit-identical too. The VAE may run in half
+    precision (its dtype); the deviation of the posterior means from ``fp32_vae`` (the same VAE in fp32;
+    default: ``vae``'s rounded weights in fp32) is then measured on the first block and recorded.
+
+    The file is written as ``.partial.npy``, and every ``commit_every_s`` seconds each process records the
+    blocks it has finished: an interrupted extraction run again with the same data, VAE and batch size
+    resumes with the blocks not yet done (on any number of processes). When complete, the manifest
+    (``<file>.json``: the data, the VAE by resolved path or hub id and fingerprint, the shapes, the file's
+    size, time and SHA-256) is written and the file renamed into place. A complete file of the same latents
+    is left as it is; one of other latents is replaced only with ``overwrite``. Returns the path on the
+    main process.
+    """
+    out_path = Path(out_path)
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    main = rank == 0
+    ensure_writable_dir(out_path.parent, "latent output folder")
+    device = next(vae.parameters()).device
+    images = _MarkedImages(dataset)
+    channels, size = images.shape[0], images.shape[-1]
+    factor = latent_space(vae.config)["downsample_factor"]
+    if vae.config.in_channels != channels:
+        raise DataError(
+            f"the VAE takes {vae.config.in_channels}-channel images but the data gives {channels}-channel ones: "
+            f"use --channels {vae.config.in_channels} (grayscale is repeated)"
+        )
+    if size % factor:
+        raise DataError(f"image size {size} is not divisible by the VAE's downsampling factor {factor}")
+    latent_shape = tuple(encode_posterior(vae, torch.zeros(1, *images.shape, device=device))[0].shape[1:])
+    vae_info = dict(vae_record(vae, vae_name or None), dtype=str(vae.dtype).removeprefix("torch."))
+    shapes = dict(
+        rows=len(dataset),
+        latent_shape=list(latent_shape),
+        dtype=dtype,
+        image_size=int(size),
+        image_channels=int(channels),
+    )
+    describe = getattr(dataset, "describe", None)
+    identity = latent_identity(describe() if describe is not None else None, vae_info, shapes)
+    plan = _plan_extraction(out_path, identity, batch_size, overwrite)
+    row = np.dtype([("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")])
+    tmp = partial_path(out_path)
+    if plan.action == "fresh":  # a full disk would stop the extraction hours in, with a bus error
+        needed = len(dataset) * row.itemsize
+        freed = sum(p.stat().st_size for p in (out_path, tmp) if p.is_file())
+        free = shutil.disk_usage(out_path.parent).free + freed
+        if needed > free:
+            raise OutputError(
+                f"{out_path} needs {_size(needed)} and {out_path.parent} has {_size(free)} free: make room, "
+                f"choose another --out, or store float16 (--dtype)"
+            )
+    if accelerator:
+        accelerator.wait_for_everyone()  # every process has read the records before they change
+    if plan.action == "done":
+        logger.info("%s already holds these latents (same data, VAE and shapes): nothing to do", out_path)
+        return out_path if main else None
+
+    blocks = -(-len(dataset) // batch_size)
+    state = dict(identity=identity, batch_size=batch_size, attempt=plan.attempt, deviation=plan.deviation)
+    if main:
+        if plan.action == "fresh":
+            for stale in [out_path, sibling(out_path, ".json"), sibling(tmp, ".json"), *_progress_files(tmp)]:
+                stale.unlink(missing_ok=True)
+            np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(len(dataset),)).flush()
+        else:
+            logger.info(
+                "resuming the unfinished extraction %s: %d of %d blocks done (attempt %d)",
+                tmp,
+                len(plan.finished),
+                blocks,
+                plan.attempt + 1,
+            )
+        write_manifest(tmp, "latents-partial", **state)
+    if accelerator:
+        accelerator.wait_for_everyone()
+    table = np.load(tmp, mmap_mode="r+")
+    if table.dtype != row or len(table) != len(dataset):
+        raise ArtifactError(f"{tmp} does not have the rows its record describes; pass --overwrite to start again")
+    todo = [b for b in range(blocks) if b not in plan.finished][rank::world]
+    sampler = [list(range(b * batch_size, min((b + 1) * batch_size, len(dataset)))) for b in todo]
+    loader = DataLoader(images, batch_sampler=sampler, num_workers=num_workers)
+    record = tmp.parent / f".{tmp.name}.done-a{plan.attempt}-r{rank}.json"
+    finished: dict[int, list[int]] = {}
+    deviation, started = plan.deviation, time.time()
+    last_commit = started
+
+    done_rows = sum(min(batch_size, len(dataset) - b * batch_size) for b in plan.finished)
+    progress = Progress(len(dataset), initial=done_rows, desc="encoding latents", unit="img", enabled=main)
+    for b, (x, labels, ok) in zip(todo, loader):
+        x = x.to(device)
+        both = torch.cat([x, x.flip(-1)])  # unflipped then flipped
+        mean, std = encode_posterior(vae, both)
+        if deviation is None and vae.dtype != torch.float32 and main:
+            keep = ok.repeat(2).to(device)
+            deviation = _deviation_from_fp32(fp32_vae or copy.deepcopy(vae).float(), both[keep], mean[keep])
+            write_manifest(tmp, "latents-partial", **dict(state, deviation=deviation))
+        n = x.shape[0]
+        moments = torch.stack([torch.stack([mean[:n], std[:n]], 1), torch.stack([mean[n:], std[n:]], 1)], 1)
+        start = b * batch_size
+        table["moments"][start : start + n] = moments.cpu().numpy().astype(dtype)
+        table["label"][start : start + n] = labels.numpy()
+        finished[b] = [start + i for i in range(n) if not ok[i]]
+        if time.time() - last_commit >= commit_every_s:
+            _commit(table, record, finished)
+            last_commit = time.time()
+        progress.update(n * world)  # the other processes progress at about the same rate
+    progress.close()
+    _commit(table, record, finished)
+    del table
+    seconds = time.time() - started
+    if accelerator:
+        accelerator.wait_for_everyone()
+    if not main:
+        return None
+    finished = _read_finished(tmp)
+    missing = sorted(set(range(blocks)) - set(finished))
+    if missing:
+        raise ArtifactError(f"{tmp}: blocks {missing[:5]} were not written (a process failed?); run it again")
+    bad = sorted(i for rows in finished.values() for i in rows)
+    skipped = [getattr(dataset, "samples", [[str(i)]] * len(dataset))[i][0] for i in bad]
+    if len(bad) > max(1, int(max_bad_fraction * len(dataset))):
+        raise DataError(f"{len(bad)} of {len(dataset)} images are unreadable (e.g. {skipped[:3]}); fix or remove them")
+    for path in skipped:
+        logger.warning("unreadable image %s: its row is marked and skipped in training", path)
+    data_record = {"count": len(dataset) - len(bad), "id2label": {str(k): v for k, v in (id2label or {}).items()}}
+    if describe is not None:
+        data_record.update(describe(), count=len(dataset) - len(bad), skipped=skipped)
+    if deviation is not None:
+        vae_info["deviation_from_fp32"] = deviation
+        logger.info(
+            "%s VAE: posterior means deviate from fp32 by %.3g at most (rms %.3g, %.2f%% of their std)",
+            vae_info["dtype"],
+            deviation["max_abs"],
+            deviation["rms"],
+            100 * deviation["rms_over_std"],
+        )
+    # the manifest first, then the file: a crash in between leaves a finished .partial that the next run
+    # renames, never a file beside a manifest that describes other latents
+    stat = tmp.stat()
+    write_manifest(
+        out_path,
+        "latents",
+        format_version=FORMAT_VERSION,
+        **shapes,
+        count=len(dataset) - len(bad),
+        vae=vae_info,
+        data=data_record,
+        world_size=world,
+        attempts=plan.attempt + 1,
+        encode_seconds=seconds,
+        file_sha256=fingerprint_file(tmp),
+        file_size=stat.st_size,
+        file_mtime_ns=stat.st_mtime_ns,
+    )
+    os.replace(tmp, out_path)
+    for leftover in [sibling(tmp, ".json"), *_progress_files(tmp)]:
+        leftover.unlink(missing_ok=True)
+    return out_path
+
+
+def _deviation_from_fp32(reference: AutoencoderKL, images: torch.Tensor, mean: torch.Tensor) -> dict:
+    """How far a half-precision VAE's posterior means ``mean`` are from those of ``reference`` (fp32)."""
+    ref_mean, _ = encode_posterior(reference, images)
+    diff = (mean.float() - ref_mean).abs()
+    return {
+        "max_abs": float(diff.max()),
+        "rms": float(diff.square().mean().sqrt()),
+        "rms_over_std": float(diff.square().mean().sqrt() / ref_mean.std().clamp_min(1e-12)),
+        "images": int(images.shape[0] // 2),
+    }

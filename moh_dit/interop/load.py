@@ -1,0 +1,51 @@
+"""Any checkpoint a user has (official ``.pt``, diffusers folder, moh-dit folder) as a moh-dit model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from moh_dit.interop.diffusers_dit import from_diffusers
+from moh_dit.interop.official import load_reference_checkpoint
+from moh_dit.model.network import MoHDiT
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------
+def load_any(src: str | Path, **hints) -> tuple[MoHDiT, Optional[object], dict, dict]:
+    """(model, vae, id2label, report) from a reference checkpoint file, a diffusers DiT pipeline or
+    transformer folder, or one of our run / checkpoint / pipeline / transformer folders."""
+    src = Path(src)
+    if src.is_file():
+        model, report = load_reference_checkpoint(src, **hints)
+        return model, None, {}, report
+    index = src / "model_index.json"
+    if index.is_file() and json.loads(index.read_text()).get("_class_name") == "DiTPipeline":
+        from diffusers import AutoencoderKL, DiTTransformer2DModel
+
+        meta = json.loads(index.read_text())
+        model = from_diffusers(DiTTransformer2DModel.from_pretrained(src, subfolder="transformer"))
+        vae = AutoencoderKL.from_pretrained(src, subfolder="vae") if (src / "vae").is_dir() else None
+        id2label = {int(k): v for k, v in (meta.get("id2label") or {}).items()}
+        return model, vae, id2label, {"source": str(src), "format": "diffusers DiTPipeline"}
+    cfg_file = src / "config.json"
+    if cfg_file.is_file() and json.loads(cfg_file.read_text()).get("_class_name") == "DiTTransformer2DModel":
+        from diffusers import DiTTransformer2DModel
+
+        return (
+            from_diffusers(DiTTransformer2DModel.from_pretrained(src)),
+            None,
+            {},
+            {"source": str(src), "format": "diffusers"},
+        )
+    from moh_dit.sampling.loading import load_pipeline
+
+    pipe = load_pipeline(src, device="cpu")
+    return (
+        pipe.transformer,
+        pipe.vae,
+        pipe.id2label,
+        {"source": str(src), "format": "moh-dit", "provenance": pipe.provenance},
+    )

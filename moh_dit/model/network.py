@@ -1,0 +1,433 @@
+"""MoH-DiT: a class-conditional Diffusion Transformer (adaLN-Zero) with Mixture-of-Head attention.
+
+The network is DiT (Peebles & Xie, 2023) with every attention layer replaced by :class:`MoHAttention`.
+With ``attention_type="mha"`` it is exactly DiT, which is how the DiT presets are built. Every
+architecture argument, including the per-layer head tables, lives in the diffusers config, so
+``save_pretrained`` / ``from_pretrained`` round-trip a model with nothing else stated.
+
+Shapes: N batch, C channels, H x W image (or latent), p patch size, T = H*W/p**2 tokens, D width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from diffusers.utils import BaseOutput
+from torch import nn
+
+from moh_dit.model.attention import AttentionAux, MoHAttention
+from moh_dit.model.embeddings import LabelEmbedder, PatchEmbedder, TimestepEmbedder, sincos_pos_embed_2d
+
+__all__ = ["MoHDiT", "MoHDiTOutput", "DiTBlock", "FinalLayer"]
+
+IntOrList = Union[int, Sequence[int]]
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN modulation of tokens (N, T, D) by per-sample shift/scale (N, D)."""
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+def _per_layer(name: str, value: Optional[IntOrList], depth: int) -> list[Optional[int]]:
+    """Expand an int (or None) to one value per layer; check a list has exactly ``depth`` entries."""
+    if value is None or isinstance(value, int):
+        return [value] * depth
+    values = list(value)
+    if len(values) != depth:
+        raise ValueError(f"{name} has {len(values)} entries but depth is {depth}: give one value per layer")
+    if not all(isinstance(v, int) for v in values):
+        raise ValueError(f"{name} must contain integers, got {values}")
+    return values
+
+
+# ----------------------------------------------------------------------------------------------------
+# Core blocks
+# ----------------------------------------------------------------------------------------------------
+class Mlp(nn.Module):
+    """Token-wise feed-forward: Linear -> tanh-GELU -> Linear."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden_dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class DiTBlock(nn.Module):
+    """Transformer block with adaLN-Zero conditioning; the attention is MoH (or plain multi-head)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        attn: MoHAttention,
+        mlp_ratio: float = 4.0,
+        norm_eps: float = 1e-6,
+        mlp_norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        self.attn = attn
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=mlp_norm_eps)
+        self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
+
+    def forward(
+        self, x: torch.Tensor, c: torch.Tensor, return_head_mask: bool = False
+    ) -> tuple[torch.Tensor, AttentionAux]:
+        # x: (N, T, D) tokens, c: (N, D) condition
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
+        attn_out, aux = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), return_head_mask=return_head_mask)
+        x = x + gate_msa.unsqueeze(1) * attn_out
+        x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return x, aux
+
+
+class FinalLayer(nn.Module):
+    """adaLN-modulated LayerNorm and a linear map from tokens to patches of ``out_channels``."""
+
+    def __init__(self, hidden_size: int, patch_size: int, out_channels: int, norm_eps: float = 1e-6) -> None:
+        super().__init__()
+        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))  # (N, T, p*p*C_out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class MoHDiTOutput(BaseOutput):
+    """Output of :class:`MoHDiT`.
+
+    Attributes:
+        sample: (N, out_channels, H, W) prediction; with learned sigma the first ``in_channels`` channels
+            are the noise prediction and the rest the variance interpolation values.
+        aux_loss: scalar MoH load-balance loss, the mean over layers with routed heads (training mode
+            only); zero when there are none. Not yet multiplied by the loss coefficient.
+        head_masks: when requested, one (N, T, h_l) boolean tensor per layer: the heads each token used.
+    """
+
+    sample: torch.Tensor = None
+    aux_loss: torch.Tensor = None
+    head_masks: Optional[tuple[torch.Tensor, ...]] = None
+
+
+class MoHDiT(ModelMixin, ConfigMixin):
+    """Diffusion Transformer with Mixture-of-Head attention (DiT when ``attention_type="mha"``).
+
+    Args:
+        sample_size: input height and width (latent size for latent diffusion, e.g. 32 for 256 px).
+        patch_size: patch size p.
+        in_channels: input channels C.
+        hidden_size: model width D.
+        depth: number of blocks L.
+        num_heads: heads per layer, an int or one per layer.
+        head_dim: size of each head (int, all layers); defaults to ``hidden_size // num_heads``.
+        num_shared_heads: always-on heads per layer (int or list); defaults to all heads (dense layers).
+        top_k: routed heads each token uses, per layer (int or list); 0 for layers with no routed heads.
+        attention_type: ``"moh"`` (Mixture-of-Head) or ``"mha"`` (plain multi-head attention, i.e. DiT).
+        mlp_ratio: MLP hidden width over D.
+        class_dropout_prob: probability of replacing a label by the null class in training (CFG).
+        num_classes: number of classes; 0 for an unconditional model.
+        learn_sigma: predict the variance too (``out_channels = 2 * in_channels``).
+        qkv_bias: bias on the Q/K/V projection.
+        norm_eps: LayerNorm epsilon.
+        mlp_norm_eps: epsilon of the LayerNorm before the MLP, if different from ``norm_eps`` (diffusers'
+            DiT port uses its configurable ``norm_eps`` there and 1e-6 elsewhere).
+        timestep_freq_shift: frequency shift of the timestep sinusoid; 0 in DiT, 1 in diffusers' port.
+    """
+
+    _supports_gradient_checkpointing = True
+
+    @register_to_config
+    def __init__(
+        self,
+        sample_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        hidden_size: int = 1152,
+        depth: int = 28,
+        num_heads: IntOrList = 16,
+        head_dim: Optional[int] = None,
+        num_shared_heads: Optional[IntOrList] = None,
+        top_k: IntOrList = 0,
+        attention_type: str = "moh",
+        mlp_ratio: float = 4.0,
+        class_dropout_prob: float = 0.1,
+        num_classes: int = 1000,
+        learn_sigma: bool = True,
+        qkv_bias: bool = True,
+        norm_eps: float = 1e-6,
+        mlp_norm_eps: Optional[float] = None,
+        timestep_freq_shift: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if attention_type not in ("moh", "mha"):
+            raise ValueError(f"attention_type must be 'moh' or 'mha', got {attention_type!r}")
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        if patch_size < 1 or sample_size % patch_size:
+            raise ValueError(f"sample_size={sample_size} is not divisible by patch_size={patch_size}")
+        if hidden_size % 4:
+            raise ValueError(f"hidden_size={hidden_size} must be divisible by 4 (2D sin-cos position embedding)")
+        if num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {num_classes}")
+        if not 0.0 <= class_dropout_prob < 1.0:
+            raise ValueError(f"class_dropout_prob must be in [0, 1), got {class_dropout_prob}")
+
+        heads = _per_layer("num_heads", num_heads, depth)
+        shared = _per_layer("num_shared_heads", num_shared_heads, depth)
+        topks = _per_layer("top_k", top_k, depth)
+        if attention_type == "mha" and (any(s is not None for s in shared) or any(k for k in topks)):
+            raise ValueError("attention_type='mha' has no routing: leave num_shared_heads=None and top_k=0")
+
+        self.in_channels = in_channels
+        self.out_channels = in_channels * 2 if learn_sigma else in_channels
+        self.patch_size = patch_size
+        grid = sample_size // patch_size
+        self.num_tokens = grid * grid
+
+        self.x_embedder = PatchEmbedder(patch_size, in_channels, hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift)
+        self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob) if num_classes > 0 else None
+        # A frozen parameter (not a buffer) as in DiT, so it is saved and counted like the reference.
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_tokens, hidden_size), requires_grad=False)
+
+        blocks = []
+        for layer, (h, h_s, k) in enumerate(zip(heads, shared, topks)):
+            try:
+                attn = MoHAttention(
+                    hidden_size,
+                    h,
+                    head_dim=head_dim,
+                    num_shared_heads=h_s,
+                    top_k=k or 0,
+                    qkv_bias=qkv_bias,
+                    attention_type=attention_type,
+                )
+            except ValueError as err:
+                raise ValueError(f"layer {layer}: {err}") from None
+            blocks.append(
+                DiTBlock(
+                    hidden_size,
+                    attn,
+                    mlp_ratio=mlp_ratio,
+                    norm_eps=norm_eps,
+                    mlp_norm_eps=norm_eps if mlp_norm_eps is None else mlp_norm_eps,
+                )
+            )
+        self.blocks = nn.ModuleList(blocks)
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps)
+        self.gradient_checkpointing = False
+        self.initialize_weights()
+
+    # ------------------------------------------------------------------------------------------------
+    # Initialisation (DiT): xavier linears with zero bias, N(0, 0.02) embeddings, zeroed adaLN and output
+    # ------------------------------------------------------------------------------------------------
+    def initialize_weights(self) -> None:
+        def _basic_init(module: nn.Module) -> None:
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)  # routers included: they start like any linear
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+        self.apply(_basic_init)
+        grid = int(self.num_tokens**0.5)
+        with torch.no_grad():
+            pos = sincos_pos_embed_2d(self.config.hidden_size, grid)
+            self.pos_embed.copy_(pos.float().unsqueeze(0).to(self.pos_embed.device))
+
+        w = self.x_embedder.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # as a linear map of the flattened patch
+        nn.init.zeros_(self.x_embedder.proj.bias)
+
+        if self.y_embedder is not None:
+            nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+
+        for block in self.blocks:  # adaLN-Zero: every block starts as the identity
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        nn.init.zeros_(self.final_layer.adaLN_modulation[-1].weight)
+        nn.init.zeros_(self.final_layer.adaLN_modulation[-1].bias)
+        nn.init.zeros_(self.final_layer.linear.weight)
+        nn.init.zeros_(self.final_layer.linear.bias)
+
+    # ------------------------------------------------------------------------------------------------
+    # Introspection
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def attention_layers(self) -> list[MoHAttention]:
+        return [block.attn for block in self.blocks]
+
+    def set_attention_execution(self, mode: str) -> None:
+        """``"auto"`` (default: the faster of dense and sparse per layer and shape, by the calibrated cost
+        model), ``"dense"`` (reference semantics) or ``"sparse"`` (exact head skipping). Results agree."""
+        for attn in self.attention_layers:
+            attn.set_execution(mode)  # a processor per layer: auto keeps its choices per layer
+
+    @property
+    def num_routed_layers(self) -> int:
+        return sum(attn.has_routed_heads for attn in self.attention_layers)
+
+    def head_counts(self) -> tuple[int, int]:
+        """(active heads per token summed over layers, total heads): e.g. (403, 448) for MoH-DiT-XL/2-90."""
+        layers = self.attention_layers
+        return sum(a.num_active_heads for a in layers), sum(a.num_heads for a in layers)
+
+    @property
+    def null_class_id(self) -> Optional[int]:
+        """Label index of the null class used for classifier-free guidance, or None if there is none."""
+        if self.y_embedder is None or not self.y_embedder.has_null_class:
+            return None
+        return self.config.num_classes
+
+    @contextlib.contextmanager
+    def recording_head_usage(self) -> Iterator[list[torch.Tensor]]:
+        """Within the context, every forward pass adds up which heads its tokens used. Yields one tensor per
+        layer, (heads,) shares of tokens that used each head (shared heads: 1), updated as passes run."""
+        counts = [torch.zeros(a.num_heads, dtype=torch.float64) for a in self.attention_layers]
+        tokens = [0] * len(counts)
+        usage = [c.clone() for c in counts]
+
+        def hook(layer: int, attn: MoHAttention):
+            def record(module, args, output) -> None:
+                x = args[0]
+                used = torch.ones(*x.shape[:2], attn.num_heads, dtype=torch.float64, device=x.device)
+                mask = attn.compute_gates(x)[2]  # the same routing as the forward pass (cheap: one router matmul)
+                if mask is not None:
+                    used[..., attn.num_shared_heads :] = mask.double()
+                counts[layer] += used.sum(dim=(0, 1)).cpu()
+                tokens[layer] += x.shape[0] * x.shape[1]
+                usage[layer].copy_(counts[layer] / tokens[layer])
+
+            return record
+
+        handles = [a.register_forward_hook(hook(i, a)) for i, a in enumerate(self.attention_layers)]
+        try:
+            yield usage
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def with_num_classes(self, num_classes: int, mode: str = "resize", seed: int = 0) -> tuple["MoHDiT", dict]:
+        """A copy of this model for ``num_classes`` classes (0: unconditional), for fine-tuning on data with
+        another class count. Every weight but the label table is kept. ``resize`` keeps the rows of the
+        classes both have (ids below the smaller count) and the null-class row; ``reinit`` starts a new table.
+        New rows are drawn as DiT initialises the table, N(0, 0.02). Returns the model and a report of what
+        was kept and what is new."""
+        if mode not in ("resize", "reinit"):
+            raise ValueError(f"mode must be 'resize' or 'reinit', got {mode!r}")
+        config = {k: v for k, v in self.config.items() if not k.startswith("_")}
+        torch.manual_seed(seed)
+        target = type(self)(**dict(config, num_classes=num_classes)).to(self.pos_embed.device)
+        source = self.state_dict()
+        table = "y_embedder.embedding_table.weight"
+        kept = {k: v for k, v in source.items() if k != table}
+        missing = target.load_state_dict(kept, strict=False).missing_keys
+        report = {"kept": sorted(kept), "new": sorted(missing), "classes": [self.config.num_classes, num_classes]}
+        if mode == "resize" and table in source and target.y_embedder is not None:
+            old, new = source[table], target.y_embedder.embedding_table.weight
+            shared = min(self.config.num_classes, num_classes)
+            with torch.no_grad():
+                new[:shared] = old[:shared]
+                if self.null_class_id is not None and target.null_class_id is not None:
+                    new[target.null_class_id] = old[self.null_class_id]
+            report["label_rows_kept"] = list(range(shared)) + (["null"] if self.null_class_id is not None else [])
+        return target, report
+
+    # ------------------------------------------------------------------------------------------------
+    # Forward
+    # ------------------------------------------------------------------------------------------------
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, T, p*p*C) -> (N, C, H, W)."""
+        p, c = self.patch_size, self.out_channels
+        g = int(x.shape[1] ** 0.5)
+        x = x.reshape(x.shape[0], g, g, p, p, c)
+        x = torch.einsum("nhwpqc->nchpwq", x)
+        return x.reshape(x.shape[0], c, g * p, g * p)
+
+    def _check_labels(self, y: Optional[torch.Tensor], batch: int) -> None:
+        if self.y_embedder is None:
+            if y is not None:
+                raise ValueError("this model is unconditional (num_classes=0): pass y=None")
+            return
+        if y is None:
+            raise ValueError(f"class labels y are required (num_classes={self.config.num_classes})")
+        if y.shape != (batch,):
+            raise ValueError(f"y must have shape ({batch},), got {tuple(y.shape)}")
+        if y.dtype.is_floating_point or y.dtype == torch.bool:
+            raise ValueError(f"y must hold integer class ids, got dtype {y.dtype}")
+        high = self.y_embedder.num_embeddings - 1
+        if y.device.type != "cpu" or torch.compiler.is_compiling():
+            # no host synchronisation on accelerators: a device-side assertion instead of reading y back
+            torch._assert_async(((y >= 0) & (y <= high)).all(), f"class labels must be in [0, {high}]")
+            return
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi > high:
+            null = f" (index {self.config.num_classes} is the null class)" if self.null_class_id is not None else ""
+            raise ValueError(f"class labels must be in [0, {high}]{null}; got values in [{lo}, {hi}]")
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        t: Union[torch.Tensor, float, int],
+        y: Optional[torch.Tensor] = None,
+        force_drop_ids: Optional[torch.Tensor] = None,
+        return_head_masks: bool = False,
+        return_dict: bool = True,
+    ) -> Union[MoHDiTOutput, tuple]:
+        """Predict noise (and variance values) for noisy inputs.
+
+        Args:
+            x: (N, C, H, W) noisy input.
+            t: (N,) diffusion timesteps (or a scalar for the whole batch).
+            y: (N,) integer class labels; index ``num_classes`` is the null class. ``None`` when
+                ``num_classes == 0``.
+            force_drop_ids: (N,) 1 where the label must be replaced by the null class.
+            return_head_masks: also return which heads each token used, per layer.
+        """
+        n = x.shape[0]
+        if x.ndim != 4 or x.shape[1] != self.in_channels or tuple(x.shape[2:]) != (self.config.sample_size,) * 2:
+            size = self.config.sample_size
+            raise ValueError(f"x must have shape (N, {self.in_channels}, {size}, {size}), got {tuple(x.shape)}")
+        self._check_labels(y, n)
+        t = torch.as_tensor(t, device=x.device)
+        if t.ndim == 0:
+            t = t.expand(n)
+
+        h = self.x_embedder(x) + self.pos_embed.to(x.dtype)  # (N, T, D)
+        c = self.t_embedder(t)  # (N, D)
+        if self.y_embedder is not None:
+            c = c + self.y_embedder(y, self.training, force_drop_ids)
+
+        losses, masks = [], []
+        for block in self.blocks:
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                h, aux = self._gradient_checkpointing_func(block, h, c, return_head_masks)
+            else:
+                h, aux = block(h, c, return_head_masks)
+            if aux.load_balance_loss is not None:
+                losses.append(aux.load_balance_loss)
+            if return_head_masks:
+                masks.append(aux.head_mask)
+
+        out = self.unpatchify(self.final_layer(h, c))  # (N, C_out, H, W)
+        aux_loss = torch.stack(losses).mean() if losses else out.new_zeros((), dtype=torch.float32)
+        head_masks = tuple(masks) if return_head_masks else None
+        if not return_dict:
+            return (out, aux_loss, head_masks) if return_head_masks else (out, aux_loss)
+        return MoHDiTOutput(sample=out, aux_loss=aux_loss, head_masks=head_masks)

@@ -1,0 +1,268 @@
+"""Model cards: the ``README.md`` of every saved pipeline folder (what it is, how it was made, how well it
+does, how to use it), in the Hugging Face Hub's format, and the upload of a pipeline folder to the Hub."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from moh_dit.sampling.options import describe_guidance
+
+__all__ = ["render_card", "write_card", "record_evaluation", "push_folder", "EVALUATIONS_FILE"]
+
+EVALUATIONS_FILE = "evaluations.json"
+_CITATION = """@article{jin2024moh,
+  title   = {MoH: Multi-Head Attention as Mixture-of-Head Attention},
+  author  = {Jin, Peng and Zhu, Bo and Yuan, Li and Yan, Shuicheng},
+  journal = {arXiv preprint arXiv:2410.11842},
+  year    = {2024}
+}
+@inproceedings{peebles2023dit,
+  title     = {Scalable Diffusion Models with Transformers},
+  author    = {Peebles, William and Xie, Saining},
+  booktitle = {ICCV},
+  year      = {2023}
+}"""
+
+
+def _heads_table(config: dict) -> list[str]:
+    """Per-layer heads as runs of equal layers: ``layers 0-8: 8 heads, 8 shared, top-0``."""
+    from moh_dit.model.network import _per_layer
+
+    depth = config["depth"]
+    heads = _per_layer("num_heads", config["num_heads"], depth)
+    if config.get("attention_type") == "mha":
+        rows = [(h, h, 0) for h in heads]
+    else:
+        shared = [
+            s if s is not None else h for s, h in zip(_per_layer("shared", config["num_shared_heads"], depth), heads)
+        ]
+        rows = list(zip(heads, shared, _per_layer("top_k", config["top_k"], depth)))
+    lines, start = [], 0
+    for i in range(1, depth + 1):
+        if i == depth or rows[i] != rows[start]:
+            h, s, k = rows[start]
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            routed = f"top-{k} of {h - s} routed" if k else "no routed heads"
+            lines.append(f"| {span} | {h} | {s} | {routed} |")
+            start = i
+    return ["| layers | heads | shared | routed |", "|---|---|---|---|", *lines]
+
+
+def _class_weights_row(weights: Optional[dict], id2label: dict) -> list[str]:
+    """The card's line on ``data.class_weights`` (none when every class was drawn as often as the data holds it)."""
+    changed = {int(c): w for c, w in (weights or {}).items() if w != 1}
+    if not changed:
+        return []
+    named = ", ".join(f"{id2label.get(c, c)} x{w:.3g}" for c, w in sorted(changed.items()))
+    return [f"| class weights | {named} per epoch; every other class x1 (`data.class_weights`) |"]
+
+
+def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, name: Optional[str] = None) -> str:
+    """The card of a pipeline: architecture, parameters and active heads, data and training, metrics where
+    known, usage, provenance and citation."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from moh_dit import __version__
+
+    transformer = pipe.transformer
+    config = {k: v for k, v in dict(transformer.config).items() if not k.startswith("_")}
+    source = manifest.get("source") or {}
+    training = source.get("training") or {}
+    moh = config.get("attention_type") == "moh"
+    active, total = transformer.head_counts()
+    params = sum(p.numel() for p in transformer.parameters())
+    names = list(pipe.id2label.values())
+    preset = training.get("preset") or source.get("preset")
+    title = name or (f"{preset} (moh-dit)" if preset else "MoH-DiT pipeline (moh-dit)")
+    vae = source.get("vae") or {}
+    space = (
+        f"{config['in_channels']} x {config['sample_size']} x {config['sample_size']} latents of the VAE "
+        f"`{vae.get('spec') or 'in vae/'}` (scaling {vae.get('scaling_factor', 'as saved')})"
+        if pipe.config.get("latent_space")
+        else f"{config['in_channels']} x {config['sample_size']} x {config['sample_size']} pixels"
+    )
+    classes = (
+        f"{config['num_classes']}"
+        + (f": {', '.join(names[:12])}" + (f" and {len(names) - 12} more" if len(names) > 12 else "") if names else "")
+        if config["num_classes"]
+        else "none (unconditional)"
+    )
+    lines = [
+        f"# {title}",
+        "",
+        ("A class-conditional " if config["num_classes"] else "An unconditional ")
+        + ("Diffusion Transformer with Mixture-of-Head attention (MoH-DiT)" if moh else "Diffusion Transformer (DiT)")
+        + f", saved by moh-dit {__version__} as a diffusers `DiffusionPipeline` "
+        "(`MoHDiTPipeline`). In MoH attention a few shared heads are always on and every token picks its top-k "
+        "routed heads; head outputs are summed with learned per-token weights.",
+        "",
+        "## Model",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| architecture | {'MoH-DiT' if moh else 'DiT'}{f' (preset `{preset}`)' if preset else ''}, width "
+        f"{config['hidden_size']}, depth {config['depth']}, patch {config['patch_size']} |",
+        f"| parameters | {params:,} |",
+        f"| heads active per token | {active} of {total} ({100 * active / total:.0f}%) |",
+        f"| input | {space} |",
+        f"| classes | {classes} |",
+        f"| learned variance | {'yes' if config.get('learn_sigma') else 'no'} |",
+        "",
+        *_heads_table(config),
+        "",
+    ]
+    if training:
+        optim, ema = training.get("optim", {}), training.get("ema", {})
+        data = training.get("data", {})
+        fingerprint = f" (fingerprint `{str(data['fingerprint'])[:12]}`)" if data.get("fingerprint") else ""
+        lines += [
+            "## Training",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| data | {data.get('name', '?')}, {data.get('count', 0):,} images{fingerprint} |",
+            *_class_weights_row(data.get("class_weights"), pipe.id2label),
+            f"| steps | {source.get('step')} of global batch {training.get('global_batch_size')} |",
+            f"| optimizer | AdamW, lr {optim.get('lr')}, warm-up {optim.get('warmup_steps')} steps, weight decay "
+            f"{optim.get('weight_decay')}, gradient clipping {optim.get('grad_clip') or 'off'} |",
+            f"| EMA | decay {ema.get('decay')}{' with warm-up' if ema.get('warmup') else ''}; these are the EMA weights |",
+            f"| loss | DiT's hybrid loss (noise MSE + variational bound) + {training.get('moh_loss_coeff')} x MoH load balance |",
+            f"| precision | {training.get('mixed_precision', 'no')} mixed precision |",
+            "",
+        ]
+    elif source.get("converted_from"):
+        lines += [
+            "## Origin",
+            "",
+            f"Converted from `{source['converted_from']}` ({source.get('format')})"
+            + (", then turned from multi-head DiT into MoH-DiT for continued training" if source.get("to_moh") else "")
+            + ".",
+            "",
+        ]
+    lines += ["## Evaluation", ""]
+    if evaluations:
+        lines += [
+            "| samples | FID | sFID | IS | KID | precision | recall | features | reference | sampler |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for e in evaluations:
+            m = e["metrics"]
+            cell = lambda k, f="{:.3f}": f.format(m[k]) if k in m else "-"  # noqa: E731
+            lines.append(
+                f"| {e['num_samples']:,} | {cell('fid', '{:.2f}')} | {cell('sfid', '{:.2f}')} | "
+                f"{cell('inception_score', '{:.2f}')} | {cell('kid', '{:.4f}')} | {cell('precision')} | {cell('recall')} | "
+                f"{e['extractor']} | {e['reference']} | {e['sampler']} |"
+            )
+    else:
+        lines.append("Not evaluated yet: `moh-dit evaluate --model <this folder> --reference ...` adds a row here.")
+    example = ", ".join(repr(n) for n in names[:2]) if names else "0, 1"
+    sampling = manifest.get("sampling") or {}
+    scale, interval = sampling.get("guidance_scale", 4.0), sampling.get("guidance_interval")
+    averaging = sampling.get("grid_averaging")
+    banded = f", guidance_interval=({interval[0]}, {interval[1]})" if interval else ""
+    banded += f", grid_averaging={averaging}" if averaging is not None else ""
+    call = (
+        f"pipe([{example}], guidance_scale={float(scale)!r}{banded}, num_inference_steps=250)"
+        if config["num_classes"]
+        else "pipe(num_images=4)"
+    )
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from moh_dit import MoHDiTPipeline  # pip install moh-dit",
+        "",
+        'pipe = MoHDiTPipeline.from_pretrained("<this folder or hub repo>")',
+        f"images = {call}.images",
+        "```",
+        "",
+        "```bash",
+        "moh-dit sample <this folder> --per-class 8 --out grid.png  # with the guidance recorded below",
+        "moh-dit evaluate --model <this folder> --reference ref.npz --num-samples 50000",
+        "```",
+        "",
+        "## Provenance",
+        "",
+        f"- transformer weights: SHA-256 `{manifest.get('transformer_sha256')}`",
+        f"- VAE weights: {('SHA-256 `' + manifest['vae_sha256'] + '`') if manifest.get('vae_sha256') else 'none (pixel space)'}",
+        f"- source: {source.get('run') or source.get('converted_from') or 'in memory'}"
+        + (f", step {source['step']}" if source.get("step") is not None else ""),
+        "- sampling it was shown with (the default of `moh-dit sample` and the demo): "
+        + (
+            f"{describe_guidance(scale, interval, averaging)}, {sampling.get('scheduler')} "
+            f"{sampling.get('num_inference_steps')} steps"
+            if sampling
+            else "not recorded"
+        ),
+        f"- made by moh-dit {manifest.get('code', {}).get('moh_dit', __version__)}"
+        + (f" (commit {manifest['code']['git_commit']})" if manifest.get("code", {}).get("git_commit") else ""),
+        "",
+        "## Citation",
+        "",
+        "```bibtex",
+        _CITATION,
+        "```",
+    ]
+    data = ModelCardData(
+        license="apache-2.0",
+        library_name="diffusers",
+        tags=[
+            "moh-dit",
+            "mixture-of-head-attention" if moh else "dit",
+            "diffusion-transformer",
+            "image-generation",
+            "class-conditional" if config["num_classes"] else "unconditional",
+        ],
+    )
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n"))
+
+
+def write_card(folder: str | os.PathLike, pipe, manifest: dict) -> Path:
+    """(Re)write ``folder/README.md`` from the pipeline, its manifest and its recorded evaluations."""
+    folder = Path(folder)
+    evaluations_file = folder / EVALUATIONS_FILE
+    evaluations = json.loads(evaluations_file.read_text()) if evaluations_file.is_file() else []
+    (folder / "README.md").write_text(render_card(pipe, manifest, evaluations))
+    return folder / "README.md"
+
+
+def record_evaluation(folder: str | os.PathLike, pipe, manifest: dict, result: dict) -> Path:
+    """Add an evaluation of this pipeline's own weights to ``evaluations.json`` and to its card."""
+    folder = Path(folder)
+    identity = (result.get("samples") or {}).get("manifest", {}).get("identity", {})
+    entry = {
+        "metrics": result["metrics"],
+        "num_samples": result["num_samples"],
+        "extractor": result["extractor"],
+        "reference": Path(result["reference"]["reference"]).name,
+        "sampler": f"{identity.get('scheduler', {}).get('name', '?')} {identity.get('num_inference_steps')} steps, "
+        + describe_guidance(
+            identity.get("guidance_scale"), identity.get("guidance_interval"), identity.get("grid_averaging")
+        ),
+    }
+    file = folder / EVALUATIONS_FILE
+    entries = json.loads(file.read_text()) if file.is_file() else []
+    file.write_text(json.dumps(entries + [entry], indent=2))
+    return write_card(folder, pipe, manifest)
+
+
+def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, token: Optional[str] = None) -> Any:
+    """Upload a saved pipeline folder (weights, card, manifest) to a Hugging Face Hub model repository.
+
+    diffusers' own ``push_to_hub`` saves the pipeline again and writes a generic card over this one, so the
+    folder is uploaded as it is instead."""
+    from huggingface_hub import create_repo, upload_folder
+
+    folder = Path(folder)
+    if not (folder / "model_index.json").is_file():
+        from moh_dit.errors import ArtifactError
+
+        raise ArtifactError(f"{folder} is not a saved pipeline folder (no model_index.json)")
+    create_repo(repo_id, private=private, token=token, exist_ok=True, repo_type="model")
+    return upload_folder(
+        repo_id=repo_id, folder_path=str(folder), token=token, commit_message="Upload MoH-DiT pipeline (moh-dit)"
+    )

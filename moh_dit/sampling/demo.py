@@ -1,0 +1,156 @@
+"""A local web page to try a trained model: pick a class (by name), guidance, patch-grid averaging, steps,
+scheduler and seed, and see the samples; for MoH models also a heatmap of which routed heads the tokens
+used while sampling.
+
+Gradio is an optional extra (``pip install "moh-dit[demo]"``); the page runs on this machine only.
+
+    moh-dit demo runs/fashion_mnist_moh
+    moh-dit demo pipelines/dit-xl-2 --port 7861 --device cuda
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+from moh_dit.errors import ConfigError
+from moh_dit.images import heatmap, make_grid
+from moh_dit.sampling.options import SCHEDULERS, check_grid_averaging, check_guidance_interval, describe_guidance
+
+__all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
+
+ALL_CLASSES = "(all classes)"  # one row per class, up to MAX_ROWS
+MAX_ROWS = 16
+
+
+def head_usage_heatmap(usage, model) -> Optional[Any]:
+    """Per layer and head, the share of tokens that used the head (shared heads always 1), as an image;
+    ``None`` for models without routed heads."""
+    if model.num_routed_layers == 0:
+        return None
+    widest = max(len(u) for u in usage)
+    values = np.full((len(usage), widest), np.nan)
+    for layer, u in enumerate(usage):
+        values[layer, : len(u)] = u.numpy()
+    rows = [f"layer {i} ({a.num_shared_heads} shared)" for i, a in enumerate(model.attention_layers)]
+    return heatmap(values, rows, [str(h) for h in range(widest)], "share of tokens that used each head")
+
+
+def generate(
+    pipe,
+    class_name: Optional[str],
+    per_class: int,
+    guidance: float,
+    steps: int,
+    scheduler: str,
+    seed: int,
+    guided_from: int = 0,
+    guided_to: Optional[int] = None,
+    grid_averaging: Optional[int] = None,
+):
+    """One request of the page: ``(grid image, head-usage heatmap or None, a line about what ran)``. Guidance
+    applies at training timesteps ``guided_from..guided_to`` (default: all); the steps at timesteps up to
+    ``grid_averaging`` average over shifted patch grids (default: none)."""
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"unknown scheduler {scheduler!r}")
+    pipe.with_scheduler(scheduler)
+    conditional = pipe.transformer.config.num_classes > 0
+    if not conditional:
+        classes = []
+    elif class_name == ALL_CLASSES:
+        classes = list(range(min(pipe.transformer.config.num_classes, MAX_ROWS)))
+    else:
+        classes = [class_name]
+    last = pipe.scheduler.config.num_train_timesteps - 1
+    first, final = int(guided_from), last if guided_to is None else int(guided_to)
+    if first > final:
+        raise ConfigError(f"guidance from timestep {first} to {final}: the first must not be after the last")
+    interval = check_guidance_interval([first, final], last + 1)
+    averaging = check_grid_averaging(None if grid_averaging is None else int(grid_averaging), last + 1)
+    start = time.time()
+    with pipe.transformer.recording_head_usage() as usage:
+        images, names = pipe.sample_grid(
+            classes,
+            int(per_class),
+            int(seed),
+            float(guidance),
+            int(steps),
+            guidance_interval=interval,
+            grid_averaging=averaging,
+        )
+    grid = make_grid(images, ncols=int(per_class), row_labels=names)
+    source = (getattr(pipe, "provenance", None) or {}).get("source", "the model")
+    info = (
+        f"{len(images)} images from {source} in {time.time() - start:.1f} s ({scheduler}, {steps} steps, "
+        f"{describe_guidance(guidance, interval, averaging)})"
+    )
+    return grid, head_usage_heatmap(usage, pipe.transformer), info
+
+
+def build_demo(pipe, title: str = "MoH-DiT"):
+    """The Gradio page around ``pipe``."""
+    import gradio as gr
+
+    names = list(pipe.id2label.values()) or [str(i) for i in range(pipe.transformer.config.num_classes)]
+    names = [ALL_CLASSES, *names] if names else names
+    conditional = pipe.transformer.config.num_classes > 0
+    active, total = pipe.transformer.head_counts()
+    recorded = pipe.preview_sampling  # the controls start where the model's own previews were drawn
+    last = pipe.scheduler.config.num_train_timesteps - 1
+    first_guided, last_guided = recorded["guidance_interval"] or (0, last)
+    with gr.Blocks(title=title) as page:
+        gr.Markdown(f"## {title}\n{active} of {total} heads active per token. Pick a class and press Generate.")
+        with gr.Row():
+            with gr.Column(scale=1):
+                label = gr.Dropdown(
+                    names,
+                    value=names[1] if len(names) > 1 else None,
+                    label="class",
+                    elem_id="class",
+                    visible=conditional,
+                    filterable=True,
+                )
+                guidance = gr.Slider(
+                    1.0, 10.0, value=recorded["guidance_scale"], step=0.25, label="guidance", elem_id="guidance"
+                )
+                guided_from = gr.Slider(
+                    0, last, value=first_guided, step=1, label="guided from timestep", elem_id="guided-from"
+                )
+                guided_to = gr.Slider(
+                    0, last, value=last_guided, step=1, label="guided to timestep", elem_id="guided-to"
+                )
+                averaged = gr.Checkbox(
+                    value=recorded["grid_averaging"] is not None,
+                    label="average shifted patch grids at low noise (fainter patch seams)",
+                    elem_id="grid-averaging",
+                )
+                averaged_to = gr.Slider(
+                    0,
+                    last,
+                    value=100 if recorded["grid_averaging"] is None else recorded["grid_averaging"],
+                    step=1,
+                    label="... at timesteps up to",
+                    elem_id="grid-averaging-last",
+                )
+                steps = gr.Slider(
+                    2, 250, value=recorded["num_inference_steps"], step=1, label="steps", elem_id="steps"
+                )
+                scheduler = gr.Dropdown(
+                    list(SCHEDULERS), value=recorded["scheduler"], label="scheduler", elem_id="scheduler"
+                )
+                seed = gr.Number(value=0, precision=0, label="seed", elem_id="seed")
+                per_class = gr.Slider(1, 16, value=8, step=1, label="images", elem_id="count")
+                button = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Column(scale=2):
+                grid = gr.Image(label="samples", type="pil", elem_id="grid")
+                usage = gr.Image(label="routed heads used", type="pil", elem_id="heads")
+                info = gr.Markdown(elem_id="info")
+        button.click(
+            # the last two controls: averaging on or off, and up to which timestep
+            lambda *args: generate(pipe, *args[:-2], args[-1] if args[-2] else None),
+            [label, per_class, guidance, steps, scheduler, seed, guided_from, guided_to, averaged, averaged_to],
+            [grid, usage, info],
+        )
+    return page

@@ -1,0 +1,314 @@
+r"""Generating N samples reproducibly (PNG, named by index, and an ADM-style ``.npz``).
+
+Each image's label and noise depend only on (seed, index), and images are computed in fixed blocks of
+``batch_size`` indices, so every image is bit-identical for any number of processes; an interrupted run
+fills in only the missing blocks, and a folder is resumed only when its manifest matches the model and
+settings.
+
+    accelerate launch --num_processes 8 sample.py runs/imagenet/pipeline --num-samples 50000 \
+        --sample-dir samples/xl --cfg-scale 1.5 --guidance-channels 3
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from PIL import Image
+
+from moh_dit.errors import ArtifactError, ConfigError
+from moh_dit.files import sibling
+from moh_dit.manifests import fingerprint_module
+from moh_dit.progress import Progress
+from moh_dit.sampling.loading import load_pipeline
+from moh_dit.sampling.options import (
+    EVAL_GUIDANCE,
+    EVAL_STEPS,
+    LABEL_MODES,
+    check_grid_averaging,
+    check_guidance_interval,
+    describe_guidance,
+)
+from moh_dit.sampling.pipeline import MoHDiTPipeline
+from moh_dit.sampling.sample_sets import prepare_sample_folder, sample_npz_path
+from moh_dit.seeding import index_generator, label_for_index
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reproducible N-sample generation
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class GenerationSettings:
+    """What to generate. ``batch_size`` is also the block size: images are always computed with the same
+    block-mates, which is what makes them bit-identical for any number of processes."""
+
+    num_samples: int = 50_000
+    seed: int = 0
+    batch_size: int = 32
+    guidance_scale: float = EVAL_GUIDANCE
+    num_inference_steps: int = EVAL_STEPS
+    guidance_channels: Optional[int] = None
+    label_mode: str = "uniform"
+    guidance_interval: Optional[tuple[int, int]] = None  # guided timesteps [first, last]; None: every step
+    grid_averaging: Optional[int] = None  # average over shifted patch grids at timesteps <= this; None: nowhere
+
+    @classmethod
+    def from_args(cls, args, batch_size: int) -> "GenerationSettings":
+        """From the sampling options of ``sample.py`` / ``evaluate_fid.py`` (see ``cli.add_sampling_arguments``)."""
+        return cls(
+            num_samples=args.num_samples,
+            seed=args.seed,
+            batch_size=batch_size,
+            guidance_scale=args.cfg_scale,
+            num_inference_steps=args.num_steps,
+            guidance_channels=args.guidance_channels,
+            label_mode=args.label_mode,
+            guidance_interval=getattr(args, "guidance_interval", None),
+            grid_averaging=getattr(args, "grid_averaging", None),
+        )
+
+    def validate(self) -> None:
+        for name in ("num_samples", "batch_size", "num_inference_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not math.isfinite(self.guidance_scale):
+            raise ConfigError(f"guidance_scale must be a finite number, got {self.guidance_scale}")
+        self.guidance_interval = check_guidance_interval(self.guidance_interval)
+        self.grid_averaging = check_grid_averaging(self.grid_averaging)
+        if self.label_mode not in LABEL_MODES:
+            raise ConfigError(f"label_mode must be one of {', '.join(LABEL_MODES)}, got {self.label_mode!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_size: int = 1) -> dict[str, Any]:
+    """What makes a set of samples: ``identity`` holds everything that changes the pixels (weights of the
+    transformer and the VAE, their dtype, the scheduler, steps, guidance, seed, labels); the rest is a record
+    (source, step, count, batch, processes, device), which does not stop a resume."""
+    transformer = pipe.transformer
+    conditional = transformer.config.num_classes > 0
+    scheduler = {k: v for k, v in dict(pipe.scheduler.config).items() if not k.startswith("_")}
+    identity = {
+        "transformer_sha256": fingerprint_module(transformer),
+        "dtype": str(transformer.dtype).removeprefix("torch."),
+        "vae_sha256": fingerprint_module(pipe.vae) if pipe.vae is not None else None,
+        "scheduler": dict(scheduler, name=type(pipe.scheduler).__name__),
+        "num_inference_steps": settings.num_inference_steps,
+        "guidance_scale": settings.guidance_scale if conditional else 1.0,
+        "guidance_channels": settings.guidance_channels,
+        "seed": settings.seed,
+        "label_mode": settings.label_mode if conditional else None,
+        "num_classes": transformer.config.num_classes,
+    }
+    if conditional and settings.guidance_interval is not None:
+        # only when set: folders made before intervals existed guided every step and keep their identity
+        identity["guidance_interval"] = list(settings.guidance_interval)
+    if settings.grid_averaging is not None:  # likewise: only when set
+        identity["grid_averaging"] = settings.grid_averaging
+    return {
+        "identity": identity,
+        "model": getattr(pipe, "provenance", None),
+        "id2label": {str(k): v for k, v in pipe.id2label.items()},
+        "count": settings.num_samples,
+        "batch_size": settings.batch_size,
+        "world_size": world_size,
+        "device": transformer.device.type,
+    }
+
+
+def _png_path(sample_dir: Path, index: int) -> Path:
+    return sample_dir / f"{index:06d}.png"
+
+
+def _save_png(image: np.ndarray, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image).save(tmp, format="PNG")
+    os.replace(tmp, path)  # a PNG that exists is complete
+
+
+def missing_indices(sample_dir: Path, num_samples: int) -> list[int]:
+    return [i for i in range(num_samples) if not _png_path(sample_dir, i).is_file()]
+
+
+def generate_samples(
+    pipe: MoHDiTPipeline,
+    sample_dir: str | os.PathLike,
+    settings: GenerationSettings,
+    accelerator=None,
+    overwrite: bool = False,
+) -> Optional[Path]:
+    """Generate ``settings.num_samples`` images into ``sample_dir`` (resuming a folder whose manifest
+    matches), then pack them into the ADM-style ``.npz`` beside it (``arr_0`` uint8 NHWC RGB, ``arr_1``
+    labels, ``moh_dit_manifest``). Returns the ``.npz`` path on the main process. With ``accelerator`` the
+    missing blocks are split over its processes."""
+    settings.validate()
+    if pipe.config.get("latent_space", False) and pipe.vae is None:
+        raise ConfigError("this model generates latents and the pipeline has no VAE: pass the VAE it was trained with")
+    sample_dir = Path(str(sample_dir).rstrip("/"))
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    is_main = rank == 0
+    manifest = sample_manifest(pipe, settings, world)
+    prepare_sample_folder(sample_dir, manifest, overwrite, write=is_main)
+    if accelerator:
+        accelerator.wait_for_everyone()
+
+    n, block = settings.num_samples, settings.batch_size
+    missing = set(missing_indices(sample_dir, n))
+    todo = [b for b in range(-(-n // block)) if any(i in missing for i in range(b * block, min((b + 1) * block, n)))]
+    if is_main:
+        source = (getattr(pipe, "provenance", None) or {}).get("source", "an in-memory model")
+        logger.info(
+            "sampling from %s: %d of %d images present in %s; generating %d on %d process(es)",
+            source,
+            n - len(missing),
+            n,
+            sample_dir,
+            len(missing),
+            world,
+        )
+    num_classes = pipe.transformer.config.num_classes
+    progress = Progress(len(todo) * block, desc="sampling", unit="img", enabled=is_main)
+    pipe.set_progress_bar_config(disable=True)
+    for b in todo[rank::world]:
+        # the whole block, also indices past N: an image's block-mates fix its numerics, so any N, process
+        # count or resume gives the same bits
+        batch = list(range(b * block, (b + 1) * block))
+        kwargs: dict[str, Any] = dict(num_images=len(batch))
+        if num_classes > 0:
+            kwargs = dict(
+                class_labels=[label_for_index(settings.seed, i, num_classes, settings.label_mode) for i in batch]
+            )
+        images = pipe(
+            **kwargs,
+            guidance_scale=settings.guidance_scale if num_classes > 0 else 1.0,
+            num_inference_steps=settings.num_inference_steps,
+            generator=[index_generator(settings.seed, i) for i in batch],
+            guidance_channels=settings.guidance_channels,
+            output_type="uint8",
+            progress=False,
+            guidance_interval=settings.guidance_interval if num_classes > 0 else None,
+            grid_averaging=settings.grid_averaging,
+        ).images
+        for i, img in zip(batch, images):
+            if i in missing:
+                _save_png(img, _png_path(sample_dir, i))
+        progress.update(block * world)  # the other processes progress at about the same rate
+    progress.close()
+    if accelerator:
+        accelerator.wait_for_everyone()
+    if not is_main:
+        return None
+    still = missing_indices(sample_dir, n)
+    if still:
+        raise ArtifactError(
+            f"{len(still)} samples are missing in {sample_dir} after generation (e.g. index {still[0]})"
+        )
+    return pack_npz(sample_dir, dict(manifest, count=n), sample_npz_path(sample_dir))
+
+
+def sample_to_folder(
+    model: str | os.PathLike,
+    sample_dir: str | os.PathLike,
+    settings: GenerationSettings,
+    device: Optional[str] = None,
+    dtype: str = "fp32",
+    scheduler: Optional[str] = None,
+    vae: Optional[str] = None,
+    overwrite: bool = False,
+):
+    """What ``sample.py --num-samples`` and ``evaluate_fid.py --model`` do: start accelerate (all processes of
+    an ``accelerate launch`` / ``torchrun``), log how many there are, load the model and generate. Returns
+    ``(accelerator, npz path on the main process, pipeline)``."""
+    from accelerate import Accelerator
+
+    from moh_dit.devices import resolve_device
+
+    settings.validate()
+    accelerator = Accelerator(cpu=resolve_device(device).type == "cpu")
+    logger.info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
+    pipe = load_pipeline(model, accelerator.device, dtype, scheduler, vae)
+    return accelerator, generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite), pipe
+
+
+def pack_npz(sample_dir: Path, manifest: dict[str, Any], npz_path: Path) -> Path:
+    """Read PNGs 0..N-1 back into one ``.npz`` (grayscale repeated to RGB, as the ADM evaluator expects),
+    with the samples' manifest stored inside, so the file says what made it wherever it is copied."""
+    n, identity = manifest["count"], manifest["identity"]
+    first = np.asarray(Image.open(_png_path(sample_dir, 0)))
+    h, w = first.shape[:2]
+    arr = np.empty((n, h, w, 3), dtype=np.uint8)
+    for i in range(n):
+        img = np.asarray(Image.open(_png_path(sample_dir, i)))
+        if img.shape[:2] != (h, w):
+            raise ArtifactError(f"{_png_path(sample_dir, i)} has shape {img.shape}, but image 0 has {first.shape}")
+        arr[i] = img[:, :, None] if img.ndim == 2 else img[:, :, :3]
+    k = identity["num_classes"]
+    labels = np.array(
+        [label_for_index(identity["seed"], i, k, identity["label_mode"]) if k else -1 for i in range(n)],
+        dtype=np.int64,
+    )
+    tmp = sibling(npz_path, ".tmp.npz")
+    record = dict(manifest, kind="samples", images_sha256=images_fingerprint(arr))
+    np.savez(tmp, arr_0=arr, arr_1=labels, moh_dit_manifest=np.array(json.dumps(record)))
+    os.replace(tmp, npz_path)
+    return npz_path
+
+
+def images_fingerprint(images: np.ndarray) -> str:
+    """SHA-256 of an image array's shape and bytes (no copy of a contiguous array)."""
+    h = hashlib.sha256(str(images.shape).encode())
+    h.update(memoryview(np.ascontiguousarray(images)).cast("B"))
+    return h.hexdigest()
+
+
+def check_samples(path: Path, manifest: Optional[dict], images: Optional[np.ndarray] = None) -> None:
+    """Stop before samples are scored as something they are not: a sample folder must hold every image its
+    manifest counts (an interrupted sampling leaves fewer), and an ``.npz`` the images it was packed with
+    (``images``: its ``arr_0``). Files without a moh-dit manifest are images from elsewhere, taken as they are."""
+    if not manifest:
+        return
+    n = int(manifest["count"])
+    if path.is_dir():
+        missing = missing_indices(path, n)
+        if missing:
+            names = ", ".join(_png_path(path, i).name for i in missing[:3])
+            raise ArtifactError(
+                f"{path} holds {n - len(missing)} of the {n} samples its manifest counts (missing {names}"
+                f"{' and more' if len(missing) > 3 else ''}): run the same sample.py command again to finish it"
+            )
+        return
+    if images is None:
+        return
+    recorded = manifest.get("images_sha256")  # absent from .npz files packed before this record existed
+    if len(images) != n:
+        found = f"{len(images)} images but its manifest records {n}"
+    elif recorded is not None and images_fingerprint(images) != recorded:
+        found = "other images than sample.py packed into it"
+    else:
+        return
+    raise ArtifactError(
+        f"{path} holds {found}: it was changed afterwards; remove it and run the same sample.py command "
+        f"again to pack it from its folder"
+    )
+
+
+def describe_samples(manifest: Optional[dict]) -> str:
+    if not manifest:
+        return "samples without a moh-dit manifest"
+    ident, model = manifest["identity"], manifest.get("model") or {}
+    step = f" step {model['step']}" if model.get("step") is not None else ""
+    return (
+        f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
+        f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, "
+        + describe_guidance(ident["guidance_scale"], ident.get("guidance_interval"), ident.get("grid_averaging"))
+    )

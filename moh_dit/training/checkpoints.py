@@ -1,0 +1,185 @@
+"""Writing, restoring, pruning and setting aside checkpoints.
+
+A checkpoint is written into ``.tmp-step-N`` and renamed when complete, only from finite, sane weights; it
+holds everything an exact resume needs (model, EMA, optimizer, scaler, step, every rank's RNG states, the
+data position and the open loss window).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from moh_dit.errors import ArtifactError
+from moh_dit.files import replace_folder
+from moh_dit.manifests import (
+    _normalise,
+    fingerprint_module,
+    fingerprint_tensors,
+    format_differences,
+    weight_health,
+    write_manifest,
+)
+from moh_dit.run_folder import CHECKPOINT_PREFIX, RunLayout, read_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingState:
+    """The live objects a training checkpoint saves and restores (the model unwrapped from accelerate)."""
+
+    model: torch.nn.Module
+    ema: Any  # diffusers' EMAModel
+    optimizer: Any
+    scaler: Any  # accelerate's grad scaler, or None
+    window: Any  # moh_dit.training.tracking.LossWindow
+
+    def param_names(self) -> list[str]:
+        return [n for n, _ in self.model.named_parameters()]
+
+    def health(self) -> tuple[bool, float]:
+        return weight_health([*self.model.parameters(), *self.ema.shadow_params])
+
+
+def save_checkpoint(
+    layout: RunLayout,
+    step: int,
+    state: TrainingState,
+    accelerator,
+    trainer_state: dict,
+    manifest: dict,
+    keep_last: Optional[int],
+) -> tuple[Optional[Path], float]:
+    """Write ``checkpoints/step-N`` from every process (the main one writes the shared files, each its own
+    RNG states) into a temporary folder renamed when complete. Writes nothing and returns ``(None, peak)``
+    when the weights or EMA are not finite or have exploded: such a state never replaces a good checkpoint.
+    ``keep_last`` prunes older checkpoints (``None``: never, as for a rescue save)."""
+    from safetensors.torch import save_file
+
+    sane, peak = state.health()  # identical on every process (DDP keeps the weights equal)
+    if not sane:
+        return None, peak
+    main = accelerator.is_main_process
+    tmp, final = layout.checkpoint_tmp(step), layout.checkpoint(step)
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    if main:
+        state.model.save_pretrained(tmp / "model", safe_serialization=True)
+        ema = {n: p.detach().cpu().contiguous() for n, p in zip(state.param_names(), state.ema.shadow_params)}
+        save_file(ema, tmp / "ema.safetensors")
+        torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
+        if state.scaler is not None:
+            torch.save(state.scaler.state_dict(), tmp / "scaler.pt")
+        manifest = dict(
+            manifest,
+            step=step,
+            max_abs_weight=peak,
+            model_sha256=fingerprint_module(state.model),
+            ema_sha256=fingerprint_tensors(ema.items()),
+        )
+    rank = accelerator.process_index
+    rng = {"torch": torch.get_rng_state(), "window": state.window.state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    save_file(rng, tmp / f"rng-rank{rank}.safetensors")
+    (tmp / f"rng-rank{rank}.json").write_text(json.dumps(_python_rng_state()))
+    accelerator.wait_for_everyone()
+    if main:
+        ema_step = state.ema.optimization_step
+        (tmp / "trainer_state.json").write_text(
+            json.dumps(dict(trainer_state, step=step, ema_optimization_step=ema_step), indent=2)
+        )
+        write_manifest(tmp, "checkpoint", **manifest)
+        replace_folder(tmp, final)
+        if keep_last:
+            prune_checkpoints(layout, keep_last)
+        logger.info("saved checkpoint %s", final)
+    accelerator.wait_for_everyone()
+    return final, peak
+
+
+def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: Optional[str]) -> dict:
+    """Restore everything a checkpoint holds into ``state`` (and this process's RNG states); it must be of
+    the same architecture and, when both record one, of the same run. Returns the trainer state."""
+    path = Path(path)
+    contents = read_checkpoint(path, accelerator.process_index)
+    owner = (contents.manifest or {}).get("run_id")
+    if run_id and owner and owner != run_id:
+        raise ArtifactError(f"{path} belongs to another run ({owner[:12]}) than this run folder ({run_id[:12]})")
+    saved = json.loads((path / "model" / "config.json").read_text())
+    diffs = [
+        (k, saved.get(k), _normalise(v))
+        for k, v in state.model.config.items()
+        if not k.startswith("_") and saved.get(k) != _normalise(v)
+    ]
+    if diffs:
+        raise ArtifactError(f"checkpoint {path} is for another architecture ({format_differences(diffs)})")
+    state.model.load_state_dict(contents.model_state)
+    names = state.param_names()
+    missing = [n for n in names if n not in contents.ema_state]
+    if missing:
+        raise ArtifactError(f"{path}/ema.safetensors does not match the model: missing {missing[:5]}")
+    for name, shadow in zip(names, state.ema.shadow_params):
+        shadow.copy_(contents.ema_state[name])
+    state.ema.optimization_step = contents.trainer_state["ema_optimization_step"]
+    state.optimizer.load_state_dict(contents.optimizer_state)
+    if state.scaler is not None and contents.scaler_state is not None:
+        state.scaler.load_state_dict(contents.scaler_state)
+    rng = contents.rank_tensors
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        _set_python_rng_state(contents.rank_python)
+    state.window.load(rng.get("window"))
+    return contents.trainer_state
+
+
+def _python_rng_state() -> dict[str, Any]:
+    import random
+
+    py, npy = random.getstate(), np.random.get_state()
+    return {"python": [py[0], list(py[1]), py[2]], "numpy": [npy[0], npy[1].tolist(), *npy[2:]]}
+
+
+def _set_python_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np.random.set_state((npy[0], np.array(npy[1], dtype=np.uint32), *npy[2:]))
+
+
+def set_aside_newer_checkpoints(layout: RunLayout, step: int) -> Optional[Path]:
+    """Move the complete checkpoints after ``step`` into ``checkpoints/set-aside-after-step-N-<time>/`` (where
+    no resume looks), for a run that continues from ``step``; returns that folder, or ``None`` when there
+    were none. They are kept, not deleted: they may be all that is left of a longer run."""
+    newer = [path for s, path in layout.list_checkpoints() if s > step]
+    if not newer:
+        return None
+    aside = layout.checkpoints / f"set-aside-after-{CHECKPOINT_PREFIX}{step:08d}-{time.strftime('%Y%m%dT%H%M%S')}"
+    aside.mkdir()
+    for path in newer:
+        os.replace(path, aside / path.name)
+    return aside
+
+
+def prune_checkpoints(layout: RunLayout, keep_last: int) -> list[Path]:
+    """Remove all but the newest ``keep_last`` complete checkpoints (by step)."""
+    found = layout.list_checkpoints()
+    stale = [p for _, p in found[:-keep_last]] if keep_last > 0 else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale

@@ -1,0 +1,399 @@
+"""Training configuration: a YAML file plus ``section.key=value`` command-line overrides.
+
+Architecture (``model``) is kept apart from training flags (``data``, ``optim``, ``train``, ``ema``,
+``log``), as in k-diffusion: the model section names a preset and may override any architecture field;
+the rest never reaches the model config. Unknown keys are errors, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from moh_dit.errors import ConfigError
+from moh_dit.model.presets import check_config_keys, preset_config
+from moh_dit.sampling.options import (
+    FAST_SCHEDULER,
+    FAST_STEPS,
+    SCHEDULERS,
+    check_grid_averaging,
+    check_guidance_interval,
+)
+
+__all__ = [
+    "Config",
+    "ModelSection",
+    "DataSection",
+    "OptimSection",
+    "TrainSection",
+    "EMASection",
+    "LogSection",
+    "load_config",
+    "apply_overrides",
+    "config_to_dict",
+]
+
+
+@dataclass
+class ModelSection:
+    preset: str = "MoH-DiT-Ti/4-75"
+    overrides: dict[str, Any] = field(default_factory=dict)  # any MoHDiT config key, e.g. num_classes
+    init_from: Optional[str] = None  # a run, checkpoint, pipeline or transformer folder to start from
+    # with init_from and data of another class count: strict (an error), resize (keep the shared label rows
+    # and the null row) or reinit (a new label table); every other weight is kept
+    init_classes: str = "strict"
+
+
+@dataclass
+class DataSection:
+    name: str = "fashion-mnist"  # fashion-mnist | folder | latents
+    path: Optional[str] = None  # folder of class folders, IDX folder, or pre-extracted latents (.npy)
+    image_size: int = 28
+    channels: int = 1
+    split: str = "train"
+    download: bool = False
+    num_workers: int = 0
+    random_flip: bool = True
+    max_bad_fraction: float = 0.01
+    subset_per_class: int = 0  # > 0: use only the first N images of every class (smoke runs, tests)
+    # how often each class is drawn per epoch, relative to its share of the data: {Sandal: 2, Bag: 2} (names
+    # or ids), or "balanced" (every class equally often); {} draws every image once per epoch
+    class_weights: Any = field(default_factory=dict)
+    vae: str = "none"  # none | hub id (stabilityai/sd-vae-ft-ema) | local folder
+
+
+@dataclass
+class OptimSection:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 0.0  # max global grad norm; 0 disables
+    warmup_steps: int = 0  # linear LR warm-up
+    schedule: str = "constant"  # after warm-up: constant (DiT) or cosine (decays to min_lr at train.max_steps)
+    min_lr: float = 0.0  # the end of the cosine schedule
+
+
+@dataclass
+class TrainSection:
+    output_dir: str = "runs/default"
+    global_batch_size: int = 256
+    grad_accum_steps: int = 1
+    max_steps: int = 400_000
+    time_limit_minutes: float = 0.0  # > 0: stop (and checkpoint) after this long
+    seed: int = 0
+    mixed_precision: str = "no"  # no | fp16 | bf16
+    allow_tf32: bool = True
+    gradient_checkpointing: bool = False
+    compile: bool = False
+    moh_loss_coeff: float = 0.01
+    snr_gamma: Optional[float] = None  # Min-SNR-gamma weighting of the noise MSE (e.g. 5); None: DiT's loss
+    checkpoint_every: int = 50_000
+    keep_last: int = 3
+    resume: Optional[str] = None  # latest | PATH
+    # resume on another number of processes or accumulation steps (same global batch): the data of every step is
+    # kept, the per-process random draws are not, so the run does not continue exactly as it would have
+    elastic_resume: bool = False
+    overwrite: bool = False  # clear an earlier run in output_dir (what moh-dit wrote there) before starting
+    push_to_hub: Optional[str] = None  # a Hub repo id: upload the exported pipeline (with its card) at the end
+
+
+@dataclass
+class EMASection:
+    decay: float = 0.9999
+    warmup: bool = False  # diffusers' EMA warm-up (decay ramps up from 0); DiT uses a constant decay
+    inv_gamma: float = 1.0
+    power: float = 2.0 / 3.0
+    update_every: int = 1
+
+
+@dataclass
+class LogSection:
+    log_every: int = 100
+    sample_every: int = 0  # > 0: save a grid of EMA samples every N steps (and at the end)
+    sample_per_class: int = 4
+    sample_max_classes: int = 10
+    sample_cfg_scale: float = 4.0
+    sample_guidance_interval: Optional[list[int]] = None  # [first, last] guided timesteps; null: every step
+    sample_grid_averaging: Optional[int] = None  # average over shifted patch grids at timesteps <= this; null: none
+    sample_steps: int = FAST_STEPS  # previews use the fast protocol (moh_dit.sampling.options.PROTOCOLS)
+    sample_scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.options.SCHEDULERS)
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
+    project: str = "moh-dit"  # the trackers' project name (a wandb project, a TensorBoard sub-folder)
+    head_usage: bool = True
+
+    def preview_sampling(self) -> dict[str, Any]:
+        """How the previews are drawn, in the form a pipeline records it (``moh_dit.sampling.pipeline.sampling_record``'s
+        arguments): what ``sample.py`` and the demo later start from."""
+        return dict(
+            guidance_scale=self.sample_cfg_scale,
+            guidance_interval=self.sample_guidance_interval,
+            scheduler=self.sample_scheduler,
+            num_inference_steps=self.sample_steps,
+            grid_averaging=self.sample_grid_averaging,
+        )
+
+
+@dataclass
+class Config:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    ema: EMASection = field(default_factory=EMASection)
+    log: LogSection = field(default_factory=LogSection)
+
+    def validate(self) -> None:
+        """Every value checked once, when the config is read, so that a typo fails before any data, VAE or
+        model is loaded."""
+        model, data, optim, train, ema, log = self.model, self.data, self.optim, self.train, self.ema, self.log
+        if not isinstance(model.overrides, dict):
+            raise ConfigError(
+                f"model.overrides must be a mapping such as {{hidden_size: 256}}, got {model.overrides!r}"
+            )
+        if model.init_from:  # the weights carry their architecture; the trainer checks the overrides against it
+            # and records the preset the weights match
+            check_config_keys(model.overrides)
+        else:  # the preset name, the override keys and per-layer lengths, once
+            preset_config(model.preset, **model.overrides)
+        _one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))
+        _one_of("data.split", data.split, ("train", "test"))
+        if data.name != "fashion-mnist" and (data.split != "train" or data.download):
+            # they would be ignored, and data.split recorded in the run's identity as if it had been used
+            raise ConfigError(
+                f"data.split and data.download apply to data.name=fashion-mnist, not {data.name}: point data.path "
+                f"at the data you want"
+            )
+        _one_of("model.init_classes", model.init_classes, ("strict", "resize", "reinit"))
+        _one_of("optim.schedule", optim.schedule, ("constant", "cosine"))
+        _one_of("log.sample_scheduler", log.sample_scheduler, SCHEDULERS)
+        try:
+            check_guidance_interval(log.sample_guidance_interval)
+            check_grid_averaging(log.sample_grid_averaging)
+        except ConfigError as err:
+            raise ConfigError(f"log.sample_{err}") from None
+        if not 0 <= optim.min_lr <= optim.lr:
+            raise ConfigError(f"optim.min_lr must be between 0 and optim.lr, got {optim.min_lr}")
+        _one_of("train.mixed_precision", train.mixed_precision, ("no", "fp16", "bf16"))
+        for name in ("global_batch_size", "grad_accum_steps", "max_steps", "checkpoint_every", "keep_last"):
+            _at_least(f"train.{name}", getattr(train, name), 1)
+        _at_least("log.log_every", log.log_every, 1)
+        _at_least("ema.update_every", ema.update_every, 1)
+        _at_least("log.sample_steps", log.sample_steps, 1)
+        for name in ("sample_every", "sample_per_class", "sample_max_classes"):
+            _at_least(f"log.{name}", getattr(log, name), 0)
+        _at_least("data.num_workers", data.num_workers, 0)
+        _at_least("data.subset_per_class", data.subset_per_class, 0)
+        check_class_weights(data.class_weights)
+        _at_least("data.image_size", data.image_size, 1)
+        _one_of("data.channels", data.channels, (1, 3))
+        _at_least("optim.warmup_steps", optim.warmup_steps, 0)
+        for key, value in (
+            ("optim.lr", optim.lr),
+            ("optim.eps", optim.eps),
+            ("optim.weight_decay", optim.weight_decay),
+            ("optim.grad_clip", optim.grad_clip),
+            ("train.time_limit_minutes", train.time_limit_minutes),
+            ("train.moh_loss_coeff", train.moh_loss_coeff),
+            ("log.sample_cfg_scale", log.sample_cfg_scale),
+        ):
+            if not math.isfinite(value) or (key != "log.sample_cfg_scale" and value < 0):
+                raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
+        if optim.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {optim.lr}")
+        if train.snr_gamma is not None and not (
+            isinstance(train.snr_gamma, (int, float)) and math.isfinite(train.snr_gamma) and train.snr_gamma > 0
+        ):
+            raise ConfigError(f"train.snr_gamma must be a number > 0 (e.g. 5) or null, got {train.snr_gamma!r}")
+        if not 0.0 <= ema.decay <= 1.0:
+            raise ConfigError(f"ema.decay must be in [0, 1], got {ema.decay}")
+        if not 0.0 <= data.max_bad_fraction <= 1.0:
+            raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {data.max_bad_fraction}")
+        if train.resume is not None and not isinstance(train.resume, str):
+            raise ConfigError(
+                f"train.resume must be 'latest' or the path of a checkpoint folder, got {train.resume!r}"
+            )
+        if (
+            train.resume is not None
+            and train.resume != "latest"
+            and not (Path(train.resume) / "trainer_state.json").is_file()
+        ):
+            raise ConfigError(
+                f"train.resume={train.resume}: not a complete checkpoint folder (use 'latest' or a "
+                f"path such as runs/x/checkpoints/step-00001000)"
+            )
+        unknown = sorted(set(log.trackers) - set(TRACKERS))
+        if unknown:
+            raise ConfigError(f"log.trackers: unknown tracker(s) {unknown}; accelerate knows {', '.join(TRACKERS)}")
+        if train.resume is not None and train.overwrite:
+            raise ConfigError(
+                "train.resume and train.overwrite contradict each other: resume keeps the run, overwrite clears it"
+            )
+
+
+# Trackers accelerate can log to (accelerate.tracking.LOGGER_TYPE_TO_CLASS); checked without importing it.
+TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab", "trackio")
+# keys of earlier versions, and what replaces them
+RENAMED = {
+    "log.tensorboard": "log.tensorboard was replaced by log.trackers (e.g. log.trackers=[tensorboard], or [] for none)"
+}
+
+
+def check_class_weights(weights: Any) -> None:
+    """``data.class_weights`` is ``balanced`` or a mapping of class names or ids to finite weights > 0
+    (which classes exist is checked against the data when it is read)."""
+    if weights == "balanced":
+        return
+    if not isinstance(weights, dict):
+        raise ConfigError(
+            f"data.class_weights must be a mapping such as {{Sandal: 2, Bag: 2}} or 'balanced', got {weights!r}"
+        )
+    for name, weight in weights.items():
+        number = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        if not (number and math.isfinite(weight) and weight > 0):
+            hint = " (YAML needs a space after the colon: {Sandal: 2})" if weight is None and ":" in str(name) else ""
+            raise ConfigError(f"data.class_weights[{name!r}] must be a finite number > 0, got {weight!r}{hint}")
+
+
+def _at_least(key: str, value: Any, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{key} must be >= {low}, got {value}")
+
+
+def _one_of(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+def _from_dict(cls, data: dict[str, Any], where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{(where or 'config').rstrip('.')} must be a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    renamed = [RENAMED[f"{where}{k}"] for k in unknown if f"{where}{k}" in RENAMED]
+    if renamed:
+        raise ConfigError("; ".join(renamed))
+    if unknown:
+        raise ConfigError(
+            f"unknown config keys {[f'{where}{k}' for k in unknown]}; valid: {[f'{where}{k}' for k in fields]}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        default = getattr(cls(), name)
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _from_dict(type(default), {} if value is None else value, f"{where}{name}.")
+        elif isinstance(default, tuple) and isinstance(value, list):
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = _coerce(value, default, f"{where}{name}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, default: Any, key: str) -> Any:
+    """Match the type of the field's default (YAML reads ``3e-4`` as a string, ``1`` as an int)."""
+    if value is None or default is None:
+        return value
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            raise TypeError
+        if isinstance(default, int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return int(value)
+        if isinstance(default, float):
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if isinstance(default, str) and not isinstance(value, str):
+            raise TypeError
+        if isinstance(default, list):
+            value = [value] if isinstance(value, str) else value  # one tracker may be given without brackets
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise TypeError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a {type(default).__name__}, got {value!r}") from None
+    return value
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    def convert(v):
+        if isinstance(v, tuple):
+            return list(v)
+        if isinstance(v, dict):
+            return {k: convert(x) for k, x in v.items()}
+        return v
+
+    return {k: convert(v) for k, v in dataclasses.asdict(config).items()}
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` strings (values parsed as YAML) to a nested dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        key, value = item.split("=", 1)
+        parts = key.strip().lstrip("-").split(".")
+        node = raw
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"cannot set {key}: {part} is not a section")
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(err)})") from None
+    return raw
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a YAML config; a top-level ``base: other.yaml`` (relative to this file) is read first."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    if path.resolve() in seen:
+        raise ConfigError(f"config files include each other in a loop: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(err)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    return _merge(_read_yaml(path.parent / base, (*seen, path.resolve())), raw)
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or err}{where}"
+
+
+def load_config(source: Optional[Union[str, Path, dict]] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Defaults, updated by ``source`` (a YAML file, or a dict of sections as the file would hold, which may
+    name a ``base`` file) and then by ``section.key=value`` ``overrides``; validated once."""
+    if isinstance(source, dict):
+        raw = copy.deepcopy(source)
+        base = raw.pop("base", None)
+        raw = _merge(_read_yaml(Path(base)), raw) if base is not None else raw
+    else:
+        raw = _read_yaml(Path(source)) if source is not None else {}
+    raw = apply_overrides(raw, overrides or [])
+    config = _from_dict(Config, raw, "")
+    config.validate()
+    return config

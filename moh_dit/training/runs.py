@@ -1,0 +1,106 @@
+"""Opening a run folder: a new run, or the same run again (resume), never a mix of two runs; and the run's
+manifest, which records its identity and every start, resume and stop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+from moh_dit.errors import ArtifactError
+from moh_dit.files import atomic_write_json, ensure_writable_dir
+from moh_dit.manifests import (
+    _MISSING,
+    MANIFEST_FORMAT,
+    _lookup,
+    code_version,
+    differences,
+    format_differences,
+    read_manifest,
+    utc_now,
+)
+from moh_dit.run_folder import RunLayout, find_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Runs: refusing to mix runs, and the run manifest
+# ----------------------------------------------------------------------------------------------------
+def open_run_folder(layout: RunLayout, resume: Optional[str], overwrite: bool, clear: bool) -> Optional[Path]:
+    """Decide how a run starts in ``layout.root``: the checkpoint to resume from, or ``None`` to start fresh.
+
+    An earlier run in the folder is never mixed with a new one: without ``resume`` it is an error that names
+    what was found and the ways out, unless ``overwrite`` (then, with ``clear``, i.e. on the main process,
+    what moh-dit wrote there is removed). ``resume="latest"`` continues from the newest complete checkpoint
+    (starting fresh when there is none); a path resumes from that checkpoint, which must belong to this
+    folder unless the folder is empty.
+    """
+    ensure_writable_dir(layout.root, "train.output_dir")
+    existing = layout.describe_existing()
+    if resume is None:
+        if existing and not overwrite:
+            raise ArtifactError(
+                f"{layout.root} already holds {existing}: continue it with train.resume=latest, choose a new "
+                f"train.output_dir, or pass train.overwrite=true to clear it"
+            )
+        if existing and clear:
+            removed = layout.clear()
+            logger.warning("train.overwrite=true: removed %s", ", ".join(p.name for p in removed))
+        return None
+    if resume == "latest":
+        return layout.latest_checkpoint()
+    ckpt = find_checkpoint(layout.root, resume)
+    inside = layout.checkpoints.resolve() in ckpt.resolve().parents
+    if not inside and existing:
+        raise ArtifactError(
+            f"{layout.root} already holds {existing}; resuming {ckpt} (from another run) there would "
+            f"mix the two: choose an empty train.output_dir"
+        )
+    return ckpt
+
+
+class RunRecord:
+    """The run manifest of a run folder: the run's identity, its settings and its events.
+
+    Made at the start of every run or resume (by every process; only the main process writes): a
+    recorded identity other than ``identity`` (architecture, data, seed, global batch) is another run, and
+    stops with one line. Settings may change; :attr:`changes` lists them. A setting the record lacks (one
+    added by a later moh-dit) is no change when it has its value in ``defaults``, the settings of a default
+    config: runs made before it existed behaved as that default.
+    """
+
+    def __init__(self, layout: RunLayout, identity: dict, settings: dict, defaults: Optional[dict] = None) -> None:
+        self.layout, self.identity, self.settings = layout, identity, settings
+        self.recorded = read_manifest(layout.root, "run")
+        diffs = differences(self.recorded.get("identity", {}), identity) if self.recorded else []
+        if diffs:
+            raise ArtifactError(
+                f"{layout.root} holds a run with another set-up ({format_differences(diffs)}); resuming would mix two "
+                f"runs: choose a new train.output_dir, or train.overwrite=true without train.resume to start over"
+            )
+        changes = differences(self.recorded.get("settings", {}), settings) if self.recorded else []
+        self.changes = [(k, a, b) for k, a, b in changes if not (a == _MISSING and _lookup(defaults, k) == b)]
+
+    @property
+    def run_id(self) -> Optional[str]:
+        return self.recorded["run_id"] if self.recorded else None
+
+    def write(self, event: str, **fields: Any) -> dict:
+        """Create the manifest, or append an event (start, resume, stopped) to it."""
+        import uuid
+
+        previous = self.recorded or {}
+        self.recorded = {
+            "kind": "run",
+            "format": MANIFEST_FORMAT,
+            "run_id": previous.get("run_id") or uuid.uuid4().hex,
+            "created": previous.get("created") or utc_now(),
+            "code": code_version(),
+            "identity": self.identity,
+            "settings": self.settings,
+            "events": previous.get("events", []) + [dict(event=event, **fields, time=utc_now(), code=code_version())],
+        }
+        atomic_write_json(self.layout.manifest, self.recorded)
+        return self.recorded

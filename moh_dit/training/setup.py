@@ -1,0 +1,256 @@
+"""What a training run is built from: the model (preset, init, EMA), the accelerator (processes,
+precision, accumulation), the optimizer and learning rate, the run's identity for resume checks, and the
+stop signals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import threading
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
+from diffusers.training_utils import EMAModel
+
+from moh_dit.data.training_data import TrainingData
+from moh_dit.errors import ConfigError, NonFiniteLossError
+from moh_dit.manifests import fingerprint_module, format_differences, short
+from moh_dit.model.network import MoHDiT
+from moh_dit.model.presets import architecture, preset_config
+from moh_dit.training.config import Config, EMASection, ModelSection, config_to_dict
+from moh_dit.training.tracking import tracker_available
+from moh_dit.vae import latent_space_differences
+
+logger = logging.getLogger("moh_dit.train")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Construction
+# ----------------------------------------------------------------------------------------------------
+def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, Optional[dict]]:
+    """The preset with overrides and the data's shape filled in (checked when given explicitly), or the
+    weights of ``init_from``; returns the model and, for ``init_from``, a report of what was kept.
+
+    ``num_classes=0`` (an override) trains an unconditional model on any data (labels are ignored).
+    """
+    report = None
+    wanted = section.overrides.get("num_classes", data.num_classes)
+    if section.init_from:
+        from moh_dit.sampling.loading import load_transformer, source_vae_record
+
+        model, source = load_transformer(section.init_from)
+        logger.info("initialised from %s", source.describe())
+        source_vae = source_vae_record(source)
+        _check_init_latent_space(section.init_from, source_vae, data.vae_record)
+        # what the run started from, so that its record names the weights and not only a path
+        report = {
+            "init_from": source.describe(),
+            "transformer_sha256": fingerprint_module(model),
+            "vae_sha256": (source_vae or {}).get("sha256"),
+        }
+        if model.config.num_classes != wanted:
+            if section.init_classes == "strict":
+                raise ConfigError(
+                    f"{section.init_from} has {model.config.num_classes} classes but this run has {wanted}: pass "
+                    f"--init-classes resize (keep the shared label rows) or reinit (a new label table); every other "
+                    f"weight is kept"
+                )
+            model, resized = model.with_num_classes(wanted, section.init_classes)
+            report = resized | report
+            new = ", ".join(report["new"]) or "none"
+            logger.info(
+                f"label table {section.init_classes}d from {report['classes'][0]} to {report['classes'][1]} "
+                f"classes; kept {len(report['kept'])} tensors; new: {new}"
+            )
+        # an override is a claim about the architecture: one the weights contradict would be silently ignored
+        have = architecture(model.config)
+        claimed = architecture(dict(model.config) | dict(section.overrides))
+        wrong = [
+            f"{k}={section.overrides[k]!r} (the weights have {model.config[k]!r})"
+            for k in section.overrides
+            if k != "num_classes" and claimed[k] != have[k]
+        ]
+        if wrong:
+            raise ConfigError(
+                f"model.overrides contradict {section.init_from}: {', '.join(wrong)}; the architecture comes from "
+                f"init_from, so drop these overrides"
+            )
+    else:
+        derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
+        model = MoHDiT(**preset_config(section.preset, **(derived | dict(section.overrides))))
+    cfg = model.config
+    for key, value in dict(in_channels=data.in_channels, sample_size=data.sample_size).items():
+        if cfg[key] != value:
+            raise ConfigError(f"model {key}={cfg[key]} does not match the data ({key}={value})")
+    if cfg.num_classes not in (0, data.num_classes):
+        raise ConfigError(
+            f"model has num_classes={cfg.num_classes} but the data set has {data.num_classes} classes "
+            f"(model.overrides.num_classes=0 trains an unconditional model)"
+        )
+    return model, report
+
+
+def _check_init_latent_space(init_from: str, source: Optional[dict], data: Optional[dict]) -> None:
+    """Weights trained on the latents of one VAE learn nothing useful from latents of another scale or
+    resolution (the channel count is checked with the model's shape); another VAE with the same numbers
+    (a re-trained encoder) is allowed and said."""
+    if source is None or data is None:
+        return
+    wrong = latent_space_differences(source, data)
+    if wrong:
+        raise ConfigError(
+            f"{init_from} was trained in another latent space than this data's VAE ({format_differences(wrong)}): "
+            f"use the VAE it was trained with (data.vae, or latents extracted with it)"
+        )
+    if source.get("sha256") and source["sha256"] != data.get("sha256"):
+        logger.warning(
+            "%s was trained with another VAE (fingerprint %s) than this data's (%s); the latent-space numbers agree",
+            init_from,
+            short(source["sha256"]),
+            short(data.get("sha256")),
+        )
+
+
+def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
+    """diffusers' EMA configured as DiT: a copy of the model at step 0, then a constant ``decay`` from the
+    first update on (``update_after_step=-1``; with 0 diffusers' first update would copy the weights).
+    ``section.warmup`` switches to diffusers' warm-up schedule instead."""
+    return EMAModel(
+        model.parameters(),
+        decay=section.decay,
+        min_decay=0.0 if section.warmup else section.decay,
+        update_after_step=0 if section.warmup else -1,
+        use_ema_warmup=section.warmup,
+        inv_gamma=section.inv_gamma,
+        power=section.power,
+        foreach=True,
+    )
+
+
+# the config keys that make a run this run (with the model's architecture and the data's fingerprint)
+_IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
+_IDENTITY_TRAIN_KEYS = ("seed", "global_batch_size")
+
+
+def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dict, dict]:
+    """``(identity, settings)`` of a run. The identity (architecture, data, seed, global batch) makes a run
+    this run: a resume with another identity is refused. Settings may change on resume; changes are logged
+    and recorded in the run's manifest."""
+    full = config_to_dict(config)
+    identity = {
+        "model": {k: v for k, v in dict(model.config).items() if not k.startswith("_")},
+        "data": {k: full["data"][k] for k in _IDENTITY_DATA_KEYS}
+        | {"fingerprint": data.description.get("fingerprint"), "vae_sha256": (data.vae_record or {}).get("sha256")}
+        # what an epoch draws (recorded only when weighted, so that runs from before the key still resume)
+        | ({"class_weights": data.description["class_weights"]} if "class_weights" in data.description else {}),
+        "train": {k: full["train"][k] for k in _IDENTITY_TRAIN_KEYS},
+    }
+    return identity, run_settings(full)
+
+
+def run_settings(full: dict) -> dict:
+    """The settings part of a config (as ``config_to_dict`` gives it): what may change on resume."""
+    volatile = ("resume", "overwrite", "output_dir", "elastic_resume")
+    settings = {name: full[name] for name in ("optim", "ema", "log")}
+    settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile + _IDENTITY_TRAIN_KEYS}
+    settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
+    return settings
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM ask the loop to stop after the current step (it saves a checkpoint and exits
+    cleanly); a second signal aborts at once. Yields the list of received signal numbers."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        if received:
+            raise KeyboardInterrupt
+        received.append(signum)
+        name = signal.Signals(signum).name
+        logger.warning("received %s: stopping after this step with a checkpoint (send it again to abort now)", name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def make_accelerator(config: Config) -> Accelerator:
+    """accelerate for this run; ``Accelerator(cpu=True)`` on machines without CUDA makes CPU processes see
+    each other (``torchrun --nproc_per_node N``)."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config.train.allow_tf32
+    missing = [name for name in config.log.trackers if not tracker_available(name)]
+    if missing:
+        raise ConfigError(
+            f"log.trackers: {', '.join(missing)} not installed; pip install {' '.join(missing)} (or set "
+            f"log.trackers to the ones you have; tensorboard comes with moh-dit)"
+        )
+    run = Path(config.train.output_dir)
+    return Accelerator(
+        mixed_precision=config.train.mixed_precision,
+        gradient_accumulation_steps=config.train.grad_accum_steps,
+        cpu=not torch.cuda.is_available(),
+        log_with=list(config.log.trackers) or None,
+        project_config=ProjectConfiguration(project_dir=str(run), logging_dir=str(run / "tensorboard")),
+    )
+
+
+def micro_batch_size(config: Config, world: int) -> int:
+    """Images per process and micro-step: the global batch split over processes and accumulation steps."""
+    per_step = world * config.train.grad_accum_steps
+    if config.train.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={config.train.global_batch_size} is not divisible by {world} processes x "
+            f"{config.train.grad_accum_steps} accumulation steps"
+        )
+    return config.train.global_batch_size // per_step
+
+
+def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimizer:
+    optim = config.optim
+    return torch.optim.AdamW(
+        model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+    )
+
+
+def learning_rate(config: Config, step: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then constant (as DiT) or a
+    cosine decay to ``optim.min_lr`` at ``train.max_steps``."""
+    optim = config.optim
+    warmed = optim.lr * min(1.0, (step + 1) / max(1, optim.warmup_steps))
+    if optim.schedule == "constant" or step < optim.warmup_steps:
+        return warmed
+    progress = min(1.0, (step - optim.warmup_steps) / max(1, config.train.max_steps - optim.warmup_steps))
+    return optim.min_lr + (optim.lr - optim.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def non_finite_error(
+    step: int, saved: Optional[Path], peak: float, newest: Optional[Path], losses=None
+) -> NonFiniteLossError:
+    """The one-line stop for a non-finite loss at ``step + 1`` (``losses``) or exploded weights at ``step``."""
+    if losses is not None:
+        what = f"non-finite loss at step {step + 1} (diffusion {losses[0].item():.4g}, MoH {losses[1].item():.4g})"
+    else:
+        what = f"exploded weights at step {step}"
+    where = (
+        f"the state before this step is saved in {saved}"
+        if saved is not None
+        else f"the weights had already exploded (max |w| = {peak:.3g}) and were not saved; the newest good "
+        f"checkpoint is {newest or 'none'}"
+    )
+    return NonFiniteLossError(
+        f"{what}; {where}. Try a lower optim.lr, optim.grad_clip > 0, or train.mixed_precision=bf16/no"
+    )

@@ -1,0 +1,407 @@
+r"""The training loop: DiT/MoH-DiT on accelerate, from one CPU to many GPUs and nodes.
+
+    python train.py --config configs/fashion_mnist_moh.yaml
+    accelerate launch --multi_gpu --num_processes 8 train.py --config configs/imagenet256/moh-dit-xl-2-90.yaml \
+        data.path=/data/imagenet/train
+
+What it adds over the reference scripts: exact resume (model, EMA, optimizer, grad scaler, step, RNG
+states, data position and the open loss window; a SIGKILLed run resumes to the same per-step losses),
+checkpoints written atomically and only from finite, sane weights, a clean stop with a checkpoint on
+SIGINT/SIGTERM (how schedulers preempt), a run folder that is never mixed with another run, mixed
+precision, gradient accumulation and checkpointing, the diffusion and MoH losses logged separately and
+averaged over processes, and per-layer head usage.
+
+All randomness of a step comes from a generator seeded by (seed, rank, step, micro-batch) and the data
+order is a pure function of (seed, epoch, rank) (see ``moh_dit.seeding``); that is what makes a resumed
+run bit-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+import yaml
+from accelerate.utils import set_seed
+
+from moh_dit.data.batches import ShardedEpochBatchSampler
+from moh_dit.data.training_data import load_training_data
+from moh_dit.diffusion import DiffusionObjective
+from moh_dit.errors import ConfigError
+from moh_dit.files import atomic_write_text
+from moh_dit.logs import setup_logging
+from moh_dit.manifests import format_differences, read_manifest
+from moh_dit.model.network import MoHDiT
+from moh_dit.model.presets import match_preset
+from moh_dit.progress import Progress
+from moh_dit.run_folder import RunLayout, checkpoint_step, read_trainer_state
+from moh_dit.sampling.card import push_folder
+from moh_dit.sampling.pipeline import MoHDiTPipeline, sampling_record
+from moh_dit.seeding import step_generator
+from moh_dit.training.checkpoints import (
+    TrainingState,
+    restore_checkpoint,
+    save_checkpoint,
+    set_aside_newer_checkpoints,
+)
+from moh_dit.training.config import Config, config_to_dict
+from moh_dit.training.runs import RunRecord, open_run_folder
+from moh_dit.training.setup import (
+    build_model,
+    learning_rate,
+    make_accelerator,
+    make_ema,
+    make_optimizer,
+    micro_batch_size,
+    non_finite_error,
+    run_identity,
+    run_settings,
+    stop_signals,
+)
+from moh_dit.training.tracking import LossWindow, MetricsLog, start_trackers
+
+logger = logging.getLogger("moh_dit.train")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trainer
+# ----------------------------------------------------------------------------------------------------
+class Trainer:
+    """Set-up, one micro-step, and ``run()``: the loop that trains to ``train.max_steps``."""
+
+    def __init__(self, config: Config) -> None:
+        self.config, self.layout = config, RunLayout(config.train.output_dir)
+        self.accelerator = accelerator = make_accelerator(config)
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        logger.info("%d process(es) on %s", self.world, accelerator.device)
+        self.micro_batch = micro_batch_size(config, self.world)
+        # the run folder first: an earlier run there is refused before any data or model is loaded
+        train_cfg = config.train
+        self.resume_from = open_run_folder(
+            self.layout, train_cfg.resume, train_cfg.overwrite, accelerator.is_main_process
+        )
+        self.layout_change = self._check_process_layout()
+        accelerator.wait_for_everyone()
+        self.data = load_training_data(config.data, accelerator.device)
+
+        set_seed(train_cfg.seed)  # identical initialisation on every rank
+        model, self.init_report = build_model(config.model, self.data)
+        if config.model.init_from:  # the weights name the architecture; config, log and card say so
+            preset = match_preset(model.config) or "custom"
+            if preset != config.model.preset:
+                logger.info(
+                    "architecture from init_from: %s (model.preset %s is not used)", preset, config.model.preset
+                )
+                self.config = config = dataclasses.replace(
+                    config, model=dataclasses.replace(config.model, preset=preset)
+                )
+        if train_cfg.gradient_checkpointing:
+            model.enable_gradient_checkpointing()
+        self.ema = make_ema(model.train(), config.ema)
+        self.ema.to(accelerator.device)
+        self.model, self.optimizer = accelerator.prepare(model, make_optimizer(model, config))
+        if train_cfg.compile:
+            self.model = torch.compile(self.model)
+        self.window = LossWindow(accelerator.device, train_cfg.global_batch_size)
+        self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window)
+        self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma, snr_gamma=train_cfg.snr_gamma)
+        defaults = run_settings(config_to_dict(Config()))
+        self.record = RunRecord(self.layout, *run_identity(config, self.data, model), defaults)
+        self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
+        self.step = self.samples_seen = 0
+        self.sampler = partial(
+            ShardedEpochBatchSampler,
+            len(self.data.dataset),
+            self.micro_batch,
+            self.world,
+            self.rank,
+            train_cfg.seed,
+            draws=self.data.draws,
+        )
+        self.batches_per_epoch = self.sampler().batches_per_epoch
+
+    @property
+    def process_layout(self) -> dict[str, int]:
+        """How the global batch is split: processes and accumulation steps (their product fixes the
+        micro-batch, hence the data each process sees and the random draws of each micro-step)."""
+        return {"world_size": self.world, "grad_accum_steps": self.config.train.grad_accum_steps}
+
+    def _check_process_layout(self) -> Optional[dict]:
+        """A resume on another process layout than the checkpoint's keeps the global batch and the data of
+        every step, but not the per-process random draws (keyed by rank and micro-step), so it cannot
+        reproduce the uninterrupted run: refused unless ``train.elastic_resume``. Returns the checkpoint's
+        layout when it differs (and is allowed to)."""
+        if self.resume_from is None:
+            return None
+        state = read_trainer_state(self.resume_from)
+        # checkpoints of moh-dit 0.2 recorded the process count only (their accumulation was the config's)
+        saved = {k: state.get(k, self.process_layout[k]) for k in self.process_layout}
+        if saved == self.process_layout:
+            return None
+        was, now = (
+            f"{d['world_size']} processes x {d['grad_accum_steps']} accumulation steps"
+            for d in (saved, self.process_layout)
+        )
+        if not self.config.train.elastic_resume:
+            raise ConfigError(
+                f"{self.resume_from} was written by {was}, this run has {now}: another layout keeps the global "
+                f"batch and the data of every step but draws other noise, timesteps and flips, so the run would "
+                f"not continue as it would have. Resume with the same layout, or pass train.elastic_resume=true "
+                f"to continue anyway (recorded in the run's manifest)"
+            )
+        logger.warning("train.elastic_resume: continuing a run of %s with %s (other random draws)", was, now)
+        return saved
+
+    @property
+    def unwrapped(self) -> MoHDiT:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _batches(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Micro-batches ``(index within the step, x, y)`` from the current step on, epoch after epoch."""
+        accumulation = self.config.train.grad_accum_steps
+        micro_total = self.step * accumulation
+        while True:
+            epoch, start = divmod(micro_total, self.batches_per_epoch)
+            for x, y in self.data.loader(self.sampler(epoch=epoch, start_batch=start), self.config.data.num_workers):
+                yield micro_total % accumulation, x, y
+                micro_total += 1
+
+    def _micro_step(self, x, y, micro: int, want_heads: bool):
+        """Noise one micro-batch and compute its losses: ``(loss, diffusion loss, MoH loss, head masks)``."""
+        gen = step_generator(self.config.train.seed, self.rank, self.step, micro, self.config.train.grad_accum_steps)
+        device, n = self.accelerator.device, x.shape[0]
+        flip = torch.rand(n, generator=gen) < 0.5 if self.config.data.random_flip else torch.zeros(n, dtype=torch.bool)
+        x0 = self.data.clean_latents(x, flip, gen, device)
+        t = torch.randint(0, self.objective.num_timesteps, (n,), generator=gen).to(device)
+        noise = torch.randn(x0.shape, generator=gen).to(device)
+        drop = (torch.rand(n, generator=gen) < self.unwrapped.config.class_dropout_prob).long().to(device)
+        x_t = self.objective.add_noise(x0, noise, t)
+        with self.accelerator.autocast():
+            y_in = y.to(device) if self.unwrapped.config.num_classes > 0 else None
+            drop = drop if y_in is not None else None
+            out = self.model(x_t, t, y_in, force_drop_ids=drop, return_head_masks=want_heads)
+        diffusion_loss = self.objective.losses(out.sample.float(), x0, x_t, t, noise).loss.mean()
+        moh_loss = out.aux_loss.float()
+        loss = diffusion_loss + self.config.train.moh_loss_coeff * moh_loss
+        return loss, diffusion_loss.detach(), moh_loss.detach(), out.head_masks
+
+    # The optimizer step, in three parts so that benchmarks/config_throughput.py times exactly this code
+    def set_learning_rate(self) -> None:
+        """The schedule's learning rate for the coming optimizer step."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.config, self.step)
+
+    def apply_gradients(self, loss: torch.Tensor) -> None:
+        """Backward; on the last micro-batch of a step (inside ``accelerator.accumulate``) also clip and
+        step the optimizer (accelerate makes ``step`` a no-op on the others)."""
+        accelerator = self.accelerator
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and self.config.optim.grad_clip > 0:
+            accelerator.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def finish_step(self) -> None:
+        """After an optimizer step: count it and update the EMA."""
+        self.step += 1
+        self.samples_seen += self.config.train.global_batch_size
+        if self.step % self.config.ema.update_every == 0:
+            self.ema.step(self.unwrapped.parameters())
+
+    # ------------------------------------------------------------------------------------------------
+    # Checkpoints, previews, export
+    # ------------------------------------------------------------------------------------------------
+    def save_checkpoint(self, losses=None) -> Path:
+        """``checkpoints/step-N``. Exploded or non-finite weights are never written (a stop instead); with
+        ``losses`` (a non-finite loss at the next step) the rescue save never prunes, and the run stops."""
+        info = dict(self.data.record(), samples_seen=self.samples_seen, **self.process_layout)
+        info["batches_per_epoch"] = self.batches_per_epoch
+        keep = self.config.train.keep_last if losses is None else None
+        path, peak = save_checkpoint(
+            self.layout, self.step, self.state, self.accelerator, info, {"run_id": self.record.run_id}, keep
+        )
+        if path is not None and losses is None:
+            return path
+        if self.accelerator.is_main_process:
+            self.record.write("stopped", step=self.step, reason="non-finite loss or exploded weights")
+        raise non_finite_error(self.step, path, peak, self.layout.latest_checkpoint(), losses)
+
+    def ema_pipeline(self, scheduler: str = "ddpm") -> MoHDiTPipeline:
+        """The EMA weights with ``scheduler`` (DiT's DDPM by default), the VAE and the class names."""
+        ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
+        self.ema.copy_to(ema_model.parameters())
+        latent, names = self.data.vae_record is not None, self.data.id2label if ema_model.config.num_classes else {}
+        return MoHDiTPipeline.build(ema_model, self.data.vae, names, scheduler, latent_space=latent)
+
+    @torch.no_grad()
+    def save_sample_grid(self, tag: str, reuse: bool = False) -> Optional[Path]:
+        """A grid of EMA samples, one row per class (main process). With ``reuse`` an existing grid of that
+        tag is kept when the settings are unchanged and the run's pipeline was exported at this step."""
+        log, seed = self.config.log, self.config.train.seed
+        if self.accelerator.is_main_process:
+            # drawn by this call's weights: the run's pipeline was exported at this very step
+            if reuse and (self.layout.samples / f"{tag}.png").is_file() and self.exported_at() == self.step:
+                return self.layout.samples / f"{tag}.png"
+            args = (log.sample_per_class, seed, log.sample_cfg_scale, log.sample_steps, log.sample_max_classes)
+            path = self.ema_pipeline(log.sample_scheduler).save_grid(
+                self.layout.samples / f"{tag}.png",
+                *args,
+                guidance_interval=log.sample_guidance_interval,
+                grid_averaging=log.sample_grid_averaging,
+            )
+            self.metrics.log_image("samples", path, self.step)
+            return path
+
+    def export_pipeline(self, reuse: bool = False) -> Optional[Path]:
+        """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest. With
+        ``reuse`` a folder this run exported at this step is kept."""
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            if reuse and self.exported_at() == self.step:
+                return self.layout.pipeline
+            run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
+            path = self.ema_pipeline().save(
+                self.layout.pipeline,
+                dict(run, weights="ema", vae=self.data.vae_record, training=self.training_summary()),
+                sampling=sampling_record(**self.config.log.preview_sampling()),
+            )
+            if self.config.train.push_to_hub:
+                push_folder(path, self.config.train.push_to_hub)
+            return path
+
+    def exported_at(self) -> Optional[int]:
+        """The step of this run's exported pipeline folder (None when there is none, or another run's)."""
+        manifest = read_manifest(self.layout.pipeline, "pipeline") if self.layout.pipeline.is_dir() else None
+        source = (manifest or {}).get("source") or {}
+        return source.get("step") if source.get("run_id") == self.record.run_id else None
+
+    def training_summary(self) -> dict:
+        """What a model card says about the training (see ``moh_dit.sampling.card``)."""
+        full = config_to_dict(self.config)
+        keys = ("name", "count", "fingerprint", "split", "class_weights")
+        data = {k: v for k, v in self.data.description.items() if k in keys}
+        train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
+        preset = None if self.config.model.preset == "custom" else self.config.model.preset
+        return dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"])
+
+    # ------------------------------------------------------------------------------------------------
+    # The loop
+    # ------------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Resume from the chosen checkpoint (if any), and record the start in the run folder."""
+        if self.resume_from is not None:
+            state = restore_checkpoint(self.resume_from, self.state, self.accelerator, self.record.run_id)
+            self.step, self.samples_seen = state["step"], state["samples_seen"]
+            logger.info("resumed from %s at step %d", self.resume_from, self.step)
+        if self.record.changes:
+            logger.warning("resuming with changed settings: %s", format_differences(self.record.changes, limit=20))
+        self.metrics.truncate_after(self.step)
+        if self.accelerator.is_main_process:
+            atomic_write_text(self.layout.config, yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
+            changed = {k: [a, b] for k, a, b in self.record.changes}
+            init = {"init": self.init_report} if self.init_report and not self.step else {}
+            if self.layout_change:
+                init["elastic_from"] = self.layout_change
+            # a resume from an older checkpoint rewinds the run: newer ones hold another past and must never be
+            # taken for this run's (by train.resume=latest after a crash, or as its final checkpoint)
+            aside = set_aside_newer_checkpoints(self.layout, self.step)
+            if aside is not None:
+                logger.warning("resuming at step %d: the newer checkpoints were moved to %s", self.step, aside)
+                init["set_aside"] = str(aside)
+            event = "resume" if self.step else "start"
+            self.record.write(event, step=self.step, world_size=self.world, changed=changed, **init)
+        self.accelerator.wait_for_everyone()
+        if self.config.log.trackers:
+            start_trackers(
+                self.accelerator,
+                self.config.log.trackers,
+                self.config.log.project,
+                self.layout.tracker_state,
+                config_to_dict(self.config),
+                self.step,
+            )
+        (active, total), params = self.unwrapped.head_counts(), sum(p.numel() for p in self.unwrapped.parameters())
+        train_cfg = self.config.train
+        logger.info(
+            f"training {self.config.model.preset}: {params:,} parameters, {active}/{total} heads active, {self.world} "
+            f"processes x {self.micro_batch} images x {train_cfg.grad_accum_steps} accumulation = {train_cfg.global_batch_size} per step"
+        )
+
+    def run(self) -> dict[str, Any]:
+        accelerator, train_cfg, log_cfg = self.accelerator, self.config.train, self.config.log
+        self._start()
+        start_time, last_heads, stop, first_step = time.time(), None, None, self.step
+        self.window.start_clock()
+        progress = Progress(train_cfg.max_steps, self.step, "train", "step", accelerator.is_local_main_process)
+        with stop_signals() as received:
+            for micro, x, y in self._batches() if self.step < train_cfg.max_steps else ():
+                want_heads = log_cfg.head_usage and (self.step + 1) % log_cfg.log_every == 0 and micro == 0
+                self.set_learning_rate()
+                with accelerator.accumulate(self.model):
+                    loss, d_loss, m_loss, heads = self._micro_step(x, y, micro, want_heads)
+                    # one tiny all-reduce: is the loss finite, is time up, was a stop signal received?
+                    time_up = 0 < train_cfg.time_limit_minutes < (time.time() - start_time) / 60
+                    flags = torch.tensor(
+                        [not torch.isfinite(loss), time_up, bool(received)], device=accelerator.device
+                    )
+                    flags = accelerator.reduce(flags.float(), reduction="sum") if self.world > 1 else flags
+                    if flags[0]:
+                        self.save_checkpoint(losses=(d_loss, m_loss))  # saves what is sane, then stops
+                    self.apply_gradients(loss)
+                self.window.add(d_loss, m_loss)
+                last_heads = heads if heads is not None else last_heads
+                if stop is None and (flags[2] or flags[1]):
+                    stop = (signal.Signals(received[0]).name if received else "signal") if flags[2] else "time_limit"
+                if not accelerator.sync_gradients:
+                    continue
+
+                # ---- one optimizer step done ----
+                self.finish_step()
+                self.window.steps += 1
+                on_boundary = self.step % log_cfg.log_every == 0
+                if on_boundary or self.step == train_cfg.max_steps:
+                    # a last record between boundaries leaves the window open for a later resume
+                    lr = learning_rate(self.config, self.step - 1)
+                    record = self.window.record(accelerator, self.step, lr, self.samples_seen, last_heads, on_boundary)
+                    self.metrics.write(record, progress)
+                    last_heads = None if on_boundary else last_heads
+                progress.update(1)
+                if self.step % train_cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+                if log_cfg.sample_every > 0 and self.step % log_cfg.sample_every == 0 and log_cfg.sample_per_class:
+                    self.save_sample_grid(f"step-{self.step:08d}")
+                if self.step >= train_cfg.max_steps or stop is not None:
+                    break
+        progress.close()
+        if checkpoint_step(self.layout.latest_checkpoint() or "") != self.step:
+            self.save_checkpoint()
+        finished = stop in (None, "time_limit")  # a signal means "preempted": save and leave, quickly
+        # a run that had finished before this call, resumed with the same settings: its final grid and
+        # pipeline are kept, so rerunning a finished command is a quick check rather than minutes of sampling
+        untouched = self.step == first_step and not self.record.changes
+        grid = self.save_sample_grid("final", untouched) if finished and log_cfg.sample_per_class > 0 else None
+        pipeline = self.export_pipeline(untouched) if finished else None
+        if accelerator.is_main_process:
+            self.record.write("stopped", step=self.step, reason=stop or "max_steps")
+        accelerator.end_training()
+        minutes = (time.time() - start_time) / 60
+        summary = dict(
+            step=self.step, stop_reason=stop or "max_steps", pipeline=pipeline, sample_grid=grid, minutes=minutes
+        )
+        if accelerator.is_main_process:
+            logger.info("done: %s", summary)
+            if not finished:
+                logger.warning("stopped by %s at step %d; continue with train.resume=latest", stop, self.step)
+        return summary
+
+
+def train(config: Config) -> dict[str, Any]:
+    """Train according to ``config``; returns a summary (final step, stop reason, exported pipeline)."""
+    setup_logging()
+    return Trainer(config).run()
