@@ -264,7 +264,7 @@ def main(argv=None) -> dict:
                 for t in map(int, args.tokens.split(",")):
                     shapes.append(("preset", name, dim, heads, hd, s, k, t, (s + k) / heads))
     rows = []
-    for kind, label, dim, heads, hd, s, k, t, rho in shapes:
+    for kind, label, dim, heads, hd, s, k, t, _rho in shapes:
         res = bench_shape(
             dim, heads, hd, s, k, t, batch, device, dtype, args.rounds, repeats, args.compile, args.min_time
         )

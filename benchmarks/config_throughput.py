@@ -5,7 +5,7 @@ as the median images/s and the ratio to the first config measured in the same ru
 This is how the embedded default's recipes are compared for the "same 10 minutes" budget: a recipe that
 trains at 0.8x the images/s gets 0.8x the steps.
 
-    python benchmarks/config_throughput.py configs/fashion_mnist_moh_v4.yaml configs/fashion_mnist_moh.yaml
+    python benchmarks/config_throughput.py experiments/configs/fashion_mnist_moh_v4.yaml configs/fashion_mnist_moh.yaml
     python benchmarks/config_throughput.py configs/fashion_mnist_moh.yaml --set "depth8=model.overrides.depth=8"
 
 ``--set NAME=KEY=VALUE[;KEY=VALUE]`` adds the first config with overrides as one more row. Writes

@@ -27,19 +27,19 @@ import argparse
 import json
 import platform
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 
 from experiments.common import classifier_features, fashion_reference, sample_and_score
-from moh_dit.cli.common import add_guidance_placement_arguments, finite_float
+from moh_dit.cli.common import finite_float
 from moh_dit.evaluation.features import load_images
 from moh_dit.evaluation.scoring import evaluate
 from moh_dit.sampling.generation import GenerationSettings
-from moh_dit.sampling.options import GRID_AVERAGING_OFF, check_guidance_interval, describe_placement, guidance_tag
 from moh_dit.sampling.sample_sets import sample_npz_path
+from moh_dit.sampling.spec import GRID_AVERAGING_OFF, SamplingSpec
 
 # (scheduler, steps): DiT's DDPM with the learned variance, then solvers that use the noise prediction only
 GRID = [
@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
         metavar="SCALE",
         help="guidance scales of the sweep, beside --guidance (none given: no sweep)",
     )
-    add_guidance_placement_arguments(
+    SamplingSpec.add_placement_arguments(
         p,
         "every setting guides only the steps at training timesteps FIRST..LAST (default: every step)",
         "every setting averages the prediction over the patch grid's shifts at timesteps <= LAST (default: off)",
@@ -119,9 +119,12 @@ def main(argv=None) -> dict:
     if args.grid_averaging == GRID_AVERAGING_OFF:
         args.grid_averaging = None
     try:
-        args.guidance_interval = check_guidance_interval(args.guidance_interval)
+        placed = SamplingSpec(
+            scheduler=None, guidance_interval=args.guidance_interval, grid_averaging=args.grid_averaging
+        )
     except ValueError as err:  # ConfigError is one too
         p.error(str(err))
+    args.guidance_interval = placed.guidance_interval
     torch.set_flush_denormal(True)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -134,11 +137,8 @@ def main(argv=None) -> dict:
             num_samples=args.samples,
             seed=1000,
             batch_size=args.batch_size,
-            guidance_scale=guidance,
-            num_inference_steps=steps,
             label_mode="balanced",
-            guidance_interval=args.guidance_interval,
-            grid_averaging=args.grid_averaging,
+            sampling=placed.replace(scheduler=scheduler, num_inference_steps=steps, guidance_scale=guidance),
         )
         folder = sample_folder(scheduler, steps, guidance)
         row = sample_and_score(Path(args.model), folder, settings, scheduler, reference, extractor, args.bootstrap)
@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
         return dict(row, scheduler=scheduler, steps=steps, nfe=steps, guidance=guidance, folder=str(folder))
 
     def sample_folder(scheduler: str, steps: int, guidance: float) -> Path:
-        where = guidance_tag(args.guidance_interval, args.grid_averaging)
+        where = placed.tag()
         return work / f"{scheduler}{steps}-cfg{guidance:g}{where}-n{args.samples}"
 
     start = time.time()
@@ -231,10 +231,18 @@ def sample_size_effect(folder: Path, reference: Path, extractor, total: int) -> 
     return rows
 
 
+def _placement(result: dict) -> str:
+    """Where a study's settings guided and averaged, in words."""
+    spec = SamplingSpec(
+        scheduler=None, guidance_interval=result.get("guidance_interval"), grid_averaging=result.get("grid_averaging")
+    )
+    return spec.placement()
+
+
 def report(result: dict, image: str) -> str:
     choice = result["choice"]
     # results written before the study took an interval or averaging guided every step and averaged nothing
-    placement = describe_placement(result.get("guidance_interval"), result.get("grid_averaging"))
+    placement = _placement(result)
     lines = [
         f"# Samplers: quality per model evaluation ({result['device']})",
         "",
@@ -328,8 +336,8 @@ def plot(result: dict, path: Path) -> None:
             axes[2].plot(
                 [r["guidance"] for r in rows], [r["kid"] for r in rows], marker="o", label=f"{sampler} {steps}"
             )
-    placement = describe_placement(result.get("guidance_interval"), result.get("grid_averaging"))
-    if placement != describe_placement(None):
+    placement = _placement(result)
+    if placement != SamplingSpec().placement():
         fig.suptitle(f"every setting guided {placement}", fontsize=9)
     axes[2].set_xlabel("guidance scale")
     axes[2].set_ylabel("KID")

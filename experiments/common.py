@@ -9,7 +9,6 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -24,6 +23,7 @@ from moh_dit.evaluation.statistics import reference_statistics
 from moh_dit.sampling.generation import GenerationSettings, generate_samples, missing_indices
 from moh_dit.sampling.loading import load_pipeline
 from moh_dit.sampling.sample_sets import read_npz_manifest
+from moh_dit.sampling.spec import SamplingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def fashion_reference(out: Path, count: int = 10000) -> Path:
     return path
 
 
-def check_fashion_reference(path: Path, count: int, images: Optional[np.ndarray] = None) -> None:
+def check_fashion_reference(path: Path, count: int, images: np.ndarray | None = None) -> None:
     """Raise unless ``path`` holds exactly the first ``count`` Fashion-MNIST test images, in order (as
     :func:`fashion_reference` writes them; ``images``: those images, when the caller has them)."""
     if images is None:
@@ -182,7 +182,7 @@ def seam_excess(images: np.ndarray, labels: np.ndarray, patch: int) -> dict:
     return {"seam_excess": overall[0], "class_seam_excess": excess, "seam_excess_any_offset": max(overall)}
 
 
-def real_recognition() -> list[Optional[float]]:
+def real_recognition() -> list[float | None]:
     """The share of each class's 1,000 real test images the classifier recognises: the most a generator can
     be expected to reach per class, given the classifier's own errors."""
     test = FashionMNIST(split="test")
@@ -198,22 +198,21 @@ def render_grid(
     steps: int,
     guidance: float,
     per_class: int = 8,
-    guidance_interval: Optional[tuple[int, int]] = None,
-    grid_averaging: Optional[int] = None,
+    guidance_interval: tuple[int, int] | None = None,
+    grid_averaging: int | None = None,
 ) -> Path:
     """A labelled grid of ``per_class`` images of every class (seed 0), as ``sample.py`` draws it."""
     from moh_dit.images import make_grid
 
     pipe = load_pipeline(model, device="cuda" if torch.cuda.is_available() else "cpu", scheduler=scheduler)
     classes = list(range(pipe.transformer.config.num_classes))
-    images, names = pipe.sample_grid(
-        classes, per_class, 0, guidance, steps, guidance_interval=guidance_interval, grid_averaging=grid_averaging
-    )
+    spec = SamplingSpec(scheduler, steps, guidance, guidance_interval, grid_averaging=grid_averaging)
+    images, names = pipe.sample_grid(classes, per_class, 0, spec)
     make_grid(images, ncols=per_class, row_labels=names).save(path)
     return path
 
 
-def t_interval(values: list[float], level: float = 0.95) -> Optional[tuple[float, float]]:
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
     """Mean +- Student-t half-width over seeds (None for one value)."""
     if len(values) < 2:
         return None

@@ -4,7 +4,7 @@ count and with the same sampler, with KID and FID (90% bootstrap intervals) on t
 classifier features.
 
     python -m experiments.default_comparison                        # v1 (moh-dit 0.1), v2 ... v6 and the default
-    python -m experiments.default_comparison --recipe cos=configs/fashion_mnist_moh_v1.yaml:optim.schedule=cosine
+    python -m experiments.default_comparison --recipe cos=experiments/configs/fashion_mnist_moh_v1.yaml:optim.schedule=cosine
 
 Finished runs and sample sets are reused, so an interrupted comparison continues. Writes RESULTS.md,
 results.json and each recipe's grid under experiments/results/default/.
@@ -17,7 +17,6 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Optional
 
 from experiments.common import (
     ROOT,
@@ -31,17 +30,17 @@ from experiments.common import (
 from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES
 from moh_dit.files import atomic_write_json
 from moh_dit.sampling.generation import GenerationSettings
-from moh_dit.sampling.options import GRID_GUIDANCE
+from moh_dit.sampling.spec import GRID_GUIDANCE, SamplingSpec
 from moh_dit.training.config import load_config
 from moh_dit.training.trainer import train
 
 RECIPES = {
-    "v1": "configs/fashion_mnist_moh_v1.yaml",  # the default of moh-dit 0.1
-    "v2": "configs/fashion_mnist_moh_v2.yaml",  # the default of the quality work's first step (b32)
-    "v3": "configs/fashion_mnist_moh_v3.yaml",  # b16: batch 16 x 5400 steps
-    "v4": "configs/fashion_mnist_moh_v4.yaml",  # v3 with Min-SNR-5 loss weighting
-    "v5": "configs/fashion_mnist_moh_v5.yaml",  # v4 at width 128, 8300 steps in the same time
-    "v6": "configs/fashion_mnist_moh_v6.yaml",  # v5 with learning rate 3e-3
+    "v1": "experiments/configs/fashion_mnist_moh_v1.yaml",  # the default of moh-dit 0.1
+    "v2": "experiments/configs/fashion_mnist_moh_v2.yaml",  # the default of the quality work's first step (b32)
+    "v3": "experiments/configs/fashion_mnist_moh_v3.yaml",  # b16: batch 16 x 5400 steps
+    "v4": "experiments/configs/fashion_mnist_moh_v4.yaml",  # v3 with Min-SNR-5 loss weighting
+    "v5": "experiments/configs/fashion_mnist_moh_v5.yaml",  # v4 at width 128, 8300 steps in the same time
+    "v6": "experiments/configs/fashion_mnist_moh_v6.yaml",  # v5 with learning rate 3e-3
     "v7": "configs/fashion_mnist_moh.yaml",  # the default now: v6 without random flips
 }
 
@@ -103,9 +102,8 @@ def main(argv=None) -> dict:
         num_samples=args.samples,
         seed=1000,
         batch_size=250,
-        guidance_scale=args.guidance,
-        num_inference_steps=args.steps,
         label_mode="balanced",
+        sampling=SamplingSpec(scheduler=None, num_inference_steps=args.steps, guidance_scale=args.guidance),
     )
     protocol = {
         k: getattr(args, k) for k in ("samples", "scheduler", "steps", "guidance", "grid_guidance", "bootstrap")
@@ -184,7 +182,7 @@ RECOGNISED_NOTE = (
 
 
 def class_tables(
-    rows: dict, real_recognised: Optional[list], what: str = "recipe", note: str = RECOGNISED_NOTE
+    rows: dict, real_recognised: list | None, what: str = "recipe", note: str = RECOGNISED_NOTE
 ) -> list[str]:
     """Per class: KID against the test images of that class, and how many samples the classifier recognises
     as the class they were asked for. The hard classes (sandals, sneakers, bags, ankle boots) are where

@@ -19,7 +19,6 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -90,7 +89,7 @@ def accuracy(model: FashionClassifier, images: np.ndarray, labels: np.ndarray, b
     return float((predict(model, images, batch) == np.asarray(labels)).mean())
 
 
-def recognition_rates(predicted: np.ndarray, labels: np.ndarray, num_classes: int = 10) -> list[Optional[float]]:
+def recognition_rates(predicted: np.ndarray, labels: np.ndarray, num_classes: int = 10) -> list[float | None]:
     """Per class, the share of the images of that class the classifier calls that class (its recall; None
     for a class with no images). On generated images: how often a requested garment is recognisable."""
     predicted, labels = np.asarray(predicted), np.asarray(labels)
@@ -107,7 +106,7 @@ def train_classifier(
     epochs: int = 5,
     batch_size: int = 128,
     lr: float = 2e-3,
-    data_root: Optional[str] = None,
+    data_root: str | None = None,
     limit: int = 0,
 ) -> dict:
     """Train on the Fashion-MNIST training split (random flips and 2-pixel shifts), report test accuracy,
@@ -159,7 +158,7 @@ def train_classifier(
     return info
 
 
-def load_classifier(path: Optional[str | os.PathLike] = None) -> FashionClassifier:
+def load_classifier(path: str | os.PathLike | None = None) -> FashionClassifier:
     path = Path(path or os.environ.get(WEIGHTS_ENV) or DEFAULT_WEIGHTS)
     if not path.is_file():
         raise FileNotFoundError(

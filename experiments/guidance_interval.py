@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Optional
 
 from experiments.common import (
     add_scoring_arguments,
@@ -33,7 +32,7 @@ from experiments.common import (
 from experiments.default_comparison import class_tables
 from moh_dit.files import atomic_write_json
 from moh_dit.sampling.generation import GenerationSettings
-from moh_dit.sampling.options import check_grid_averaging, check_guidance_interval, guidance_tag
+from moh_dit.sampling.spec import SamplingSpec
 
 MODELS = {"v7": "experiments/results/default/runs/v7/pipeline"}
 # guidance at every step (the comparison's 2 and the default's earlier grid guidance 3), then intervals:
@@ -57,7 +56,7 @@ SETTINGS = (
 )
 
 
-def parse_setting(text: str) -> tuple[float, Optional[tuple[int, int]], Optional[int]]:
+def parse_setting(text: str) -> tuple[float, tuple[int, int] | None, int | None]:
     """``"4"`` -> (4.0, None, None); ``"4@100-600"`` -> (4.0, (100, 600), None); ``"4@100-600+avg100"`` ->
     (4.0, (100, 600), 100): guidance scale, guided interval, grid averaging."""
     guidance, suffix, averaging = text.partition("+avg")
@@ -66,8 +65,12 @@ def parse_setting(text: str) -> tuple[float, Optional[tuple[int, int]], Optional
         if suffix and not averaging:
             raise ValueError("+avg without a timestep")
         value = float(scale)
-        banded = check_guidance_interval(tuple(int(v) for v in interval.split("-")) if interval else None)
-        return value, banded, check_grid_averaging(int(averaging)) if averaging else None
+        spec = SamplingSpec(
+            scheduler=None,
+            guidance_interval=tuple(int(v) for v in interval.split("-")) if interval else None,
+            grid_averaging=int(averaging) if averaging else None,
+        )
+        return value, spec.guidance_interval, spec.grid_averaging
     except ValueError:  # ConfigError is one too
         raise SystemExit(
             f"a setting is GUIDANCE[@FIRST-LAST][+avgT] (e.g. 4@100-600 or 4@100-600+avg100), got {text!r}"
@@ -94,13 +97,16 @@ def main(argv=None) -> dict:
                 num_samples=args.samples,
                 seed=1000,  # the comparison's seed and labels: the guidance-2/3 rows are its samples' twins
                 batch_size=250,
-                guidance_scale=scale,
-                num_inference_steps=args.steps,
                 label_mode="balanced",
-                guidance_interval=interval,
-                grid_averaging=averaging,
+                sampling=SamplingSpec(
+                    scheduler=None,
+                    num_inference_steps=args.steps,
+                    guidance_scale=scale,
+                    guidance_interval=interval,
+                    grid_averaging=averaging,
+                ),
             )
-            tag = f"{args.scheduler}{args.steps}-cfg{scale:g}" + guidance_tag(interval, averaging)
+            tag = f"{args.scheduler}{args.steps}-cfg{scale:g}" + settings.sampling.tag()
             folder = out / "runs" / name / f"samples-{tag}-n{args.samples}"
             scores = sample_and_score(
                 Path(model), folder, settings, args.scheduler, reference, extractor, args.bootstrap

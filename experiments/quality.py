@@ -8,7 +8,7 @@ r"""MoH-DiT against DiT at the embedded default's budget, and a DiT continue-tun
     python -m experiments.quality --report-only         # rewrite RESULTS.md from results.json
 
 **The study** trains DiT-Ti/4 and its MoH-DiT twins at 90%, 75% and 50% active heads with the embedded
-v2 default's recipe (configs/fashion_mnist_moh_v2.yaml: same data, steps, schedule, EMA) for every seed, samples
+v2 default's recipe (experiments/configs/fashion_mnist_moh_v2.yaml: same data, steps, schedule, EMA) for every seed, samples
 each with and without guidance, and scores them on the project's Fashion-MNIST classifier features: KID and
 FID (90% bootstrap intervals per run), precision and recall; across seeds, means with 95% t-intervals and
 differences to DiT paired by seed. Also: loss curves and per-layer head usage as noise decreases.
@@ -36,7 +36,6 @@ import json
 import logging
 import statistics
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -48,12 +47,13 @@ from moh_dit.files import atomic_write_json, atomic_write_text
 from moh_dit.manifests import fingerprint_file, read_manifest
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import load_pipeline, load_transformer
+from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.training.config import load_config
 from moh_dit.training.trainer import train
 
 # every run's recipe: the embedded default's when the study began (b32), frozen byte for byte (its content is
 # part of the records' identity, so a later default cannot mix into them)
-RECIPE = ROOT / "configs" / "fashion_mnist_moh_v2.yaml"
+RECIPE = ROOT / "experiments" / "configs" / "fashion_mnist_moh_v2.yaml"
 MODELS = ("DiT-Ti/4", "MoH-DiT-Ti/4-90", "MoH-DiT-Ti/4-75", "MoH-DiT-Ti/4-50")
 CONVERSIONS = {  # the head tables of the MoH-DiT-Ti/4 presets: shared heads and top-k per layer
     "MoH-75": ([2, 2, 2, 2, 3, 6], [2, 2, 2, 2, 2, 0]),
@@ -122,7 +122,7 @@ def train_run(run: Path, overrides: list[str]) -> Path:
                 f"train.output_dir={run}",
                 "train.resume=latest",
                 "log.trackers=[]",
-                "log.sample_per_class=0",
+                "preview.per_class=0",
             ],
         )
     )
@@ -137,9 +137,8 @@ def score(model: Path, folder: Path, guidance: float, sc: dict, reference: Path,
         num_samples=sc["samples"],
         seed=1000,
         batch_size=min(250, sc["samples"]),
-        guidance_scale=guidance,
-        num_inference_steps=steps,
         label_mode="balanced",
+        sampling=SamplingSpec(scheduler=None, num_inference_steps=steps, guidance_scale=guidance),
     )
     return sample_and_score(model, folder, settings, scheduler, reference, extractor, sc["bootstrap"])
 
@@ -151,7 +150,7 @@ def losses_of(run: Path) -> tuple[list[tuple[int, float]], float]:
 
 
 @torch.no_grad()
-def head_usage_by_timestep(run: Path, n: int = 64) -> Optional[np.ndarray]:
+def head_usage_by_timestep(run: Path, n: int = 64) -> np.ndarray | None:
     """(layers, heads, timesteps): share of noised test images' tokens that used each head."""
     model = load_pipeline(run, device="cpu").transformer.eval()
     if model.num_routed_layers == 0:
@@ -371,7 +370,7 @@ def summary(values: list[float]) -> dict:
     return {"mean": statistics.mean(values), "ci": ci, "values": values}
 
 
-def paired(records: list[dict], model: str, base: str, setting: str, key: str) -> Optional[dict]:
+def paired(records: list[dict], model: str, base: str, setting: str, key: str) -> dict | None:
     """The difference to ``base`` paired by seed, with a 95% t-interval."""
     a, b = per_model(records, model, setting, key), per_model(records, base, setting, key)
     if len(a) != len(b) or len(a) < 2:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
-
-def resolve_device(spec: Optional[str]):
+def resolve_device(spec: str | None):
     """``None`` -> CUDA when available, else CPU; an explicit device must exist on this machine."""
     import torch
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from diffusers import DDPMScheduler
@@ -81,7 +80,7 @@ class DiffusionLosses:
 
     loss: torch.Tensor
     mse: torch.Tensor
-    vb: Optional[torch.Tensor] = None
+    vb: torch.Tensor | None = None
 
 
 class DiffusionObjective:
@@ -97,7 +96,7 @@ class DiffusionObjective:
     """
 
     def __init__(
-        self, scheduler: Optional[DDPMScheduler] = None, learn_sigma: bool = True, snr_gamma: Optional[float] = None
+        self, scheduler: DDPMScheduler | None = None, learn_sigma: bool = True, snr_gamma: float | None = None
     ) -> None:
         self.scheduler = scheduler if scheduler is not None else make_train_scheduler(learn_sigma=learn_sigma)
         self.learn_sigma = learn_sigma

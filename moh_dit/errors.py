@@ -8,7 +8,7 @@ that describes it best, so ``except ValueError`` keeps working for callers of th
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = [
     "MohDitError",

@@ -10,6 +10,8 @@ import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,34 @@ def sibling(path: str | os.PathLike, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path`` and rename it: readers see the old or the new
-    file, never a partial one."""
+@contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """The one way moh-dit writes a file: the block writes to the temporary path this yields (beside ``path``,
+    hidden, ending in ``suffix`` for writers that add their own, as ``np.savez`` adds ``.npz``), which is
+    renamed onto ``path`` when the block ends. Readers see the old or the new file, never a partial one; a
+    block that raises leaves ``path`` as it was and removes the temporary file.
+
+        with atomic_path(out, ".npz") as tmp:
+            np.savez(tmp, arr_0=images)
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# what marks an unfinished file of atomic_path: ``.<name>.tmp-<pid>[suffix]``
+TMP_MARK = ".tmp-"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:

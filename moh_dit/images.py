@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -14,8 +14,8 @@ __all__ = ["heatmap", "make_grid", "to_model_range"]
 def make_grid(
     images: np.ndarray,
     ncols: int,
-    row_labels: Optional[Sequence[str]] = None,
-    scale: Optional[int] = None,
+    row_labels: Sequence[str] | None = None,
+    scale: int | None = None,
     padding: int = 2,
 ) -> Image.Image:
     """Tile uint8 images (N, H, W, C) into rows of ``ncols``; ``row_labels`` are written left of each row.

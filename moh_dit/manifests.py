@@ -26,8 +26,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 import torch
 
@@ -99,7 +100,7 @@ def fingerprint_module(module: torch.nn.Module) -> str:
     return fingerprint_tensors(module.state_dict().items())
 
 
-def fingerprint_file(path: str | os.PathLike, h: Optional[Any] = None) -> str:
+def fingerprint_file(path: str | os.PathLike, h: Any | None = None) -> str:
     h = h or hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -143,7 +144,7 @@ def write_manifest(folder_or_file: str | os.PathLike, kind: str, **fields: Any) 
     return manifest
 
 
-def read_manifest(folder_or_file: str | os.PathLike, kind: Optional[str] = None) -> Optional[dict[str, Any]]:
+def read_manifest(folder_or_file: str | os.PathLike, kind: str | None = None) -> dict[str, Any] | None:
     """The manifest of a folder or file, or ``None`` when it has none; damaged or of another kind ->
     :class:`ArtifactError`."""
     target = Path(folder_or_file)
@@ -188,7 +189,7 @@ def differences(
     return out
 
 
-def _lookup(tree: Optional[Mapping[str, Any]], dotted: str) -> Any:
+def _lookup(tree: Mapping[str, Any] | None, dotted: str) -> Any:
     """The value at ``a.b.c`` in nested mappings, or ``_MISSING``."""
     for key in dotted.split("."):
         if not isinstance(tree, Mapping) or key not in tree:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 
 class Progress:
@@ -57,7 +57,7 @@ class Progress:
             self.bar.close()
 
 
-def progress(items, desc: str, unit: str = "it", total: Optional[int] = None, every_s: float = 30.0):
+def progress(items, desc: str, unit: str = "it", total: int | None = None, every_s: float = 30.0):
     """Iterate over ``items`` with a ``Progress`` (a bar in a terminal, periodic lines in a log file)."""
     items = list(items) if total is None and not hasattr(items, "__len__") else items
     bar = Progress(len(items) if total is None else total, desc=desc, unit=unit, every_s=every_s)

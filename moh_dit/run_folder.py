@@ -11,7 +11,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -79,7 +79,7 @@ class RunLayout:
                 found.append((step, p))
         return sorted(found)
 
-    def latest_checkpoint(self) -> Optional[Path]:
+    def latest_checkpoint(self) -> Path | None:
         found = self.list_checkpoints()
         return found[-1][1] if found else None
 
@@ -99,7 +99,7 @@ class RunLayout:
             [p for p in names if p.exists()] + sorted(self.root.glob("tensorboard*")) + sorted(self.root.glob("wandb"))
         )
 
-    def describe_existing(self) -> Optional[str]:
+    def describe_existing(self) -> str | None:
         """One phrase about an earlier run in this folder, or ``None`` when there is none."""
         latest = self.latest_checkpoint()
         if latest is not None:
@@ -120,7 +120,7 @@ class RunLayout:
         return removed
 
 
-def checkpoint_step(path: str | os.PathLike) -> Optional[int]:
+def checkpoint_step(path: str | os.PathLike) -> int | None:
     """The step of a checkpoint folder named ``step-N``, else ``None``."""
     name = Path(path).name
     if not name.startswith(CHECKPOINT_PREFIX):
@@ -129,7 +129,7 @@ def checkpoint_step(path: str | os.PathLike) -> Optional[int]:
     return int(digits) if digits.isdigit() else None
 
 
-def find_checkpoint(output_dir: str | os.PathLike, which: str = "latest") -> Optional[Path]:
+def find_checkpoint(output_dir: str | os.PathLike, which: str = "latest") -> Path | None:
     """``latest`` -> the newest complete checkpoint of the run in ``output_dir`` (or ``None``); a path ->
     that checkpoint, which must be complete."""
     if which != "latest":
@@ -155,7 +155,7 @@ class CheckpointContents:
     rank_tensors: dict[str, torch.Tensor]
     rank_python: dict[str, Any]
     trainer_state: dict[str, Any]
-    manifest: Optional[dict[str, Any]]
+    manifest: dict[str, Any] | None
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:

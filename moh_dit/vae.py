@@ -6,8 +6,9 @@ the training data is encoded to.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKL
@@ -28,7 +29,7 @@ def _looks_like_path(spec: str) -> bool:
     return spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or (os.sep != "/" and os.sep in spec)
 
 
-def resolve_vae_spec(spec: Optional[str]) -> Optional[str]:
+def resolve_vae_spec(spec: str | None) -> str | None:
     """``none`` -> ``None``; an existing local folder -> its absolute path (so a record stays valid from any
     working directory); a hub id -> as given. A path that does not exist is an error, not a hub lookup."""
     if spec is None or str(spec).strip().lower() in ("", "none"):
@@ -44,7 +45,7 @@ def resolve_vae_spec(spec: Optional[str]) -> Optional[str]:
 
 
 def load_vae(
-    spec: Optional[str],
+    spec: str | None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     local_only: bool = False,
@@ -103,7 +104,7 @@ def latent_space_differences(recorded: Mapping[str, Any], current: Mapping[str, 
     ]
 
 
-def vae_record(vae: AutoencoderKL, spec: Optional[str]) -> dict:
+def vae_record(vae: AutoencoderKL, spec: str | None) -> dict:
     """What identifies a VAE for latents and pipelines: where it came from, its weights fingerprint, and
     the numbers that change the latent space (scaling factor, downsampling, channels)."""
     return {
@@ -113,7 +114,7 @@ def vae_record(vae: AutoencoderKL, spec: Optional[str]) -> dict:
     }
 
 
-def check_vae(vae: AutoencoderKL, spec: Optional[str], record: dict, what: str) -> None:
+def check_vae(vae: AutoencoderKL, spec: str | None, record: dict, what: str) -> None:
     """Stop when ``vae`` is not the VAE described by ``record`` (weights, scaling factor, downsampling)."""
     mine = vae_record(vae, spec)
     diffs = (
@@ -135,8 +136,50 @@ def encode_posterior(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Te
 
 
 def sample_posterior(
-    mean: torch.Tensor, std: torch.Tensor, scaling_factor: float, generator: Optional[torch.Generator] = None
+    mean: torch.Tensor, std: torch.Tensor, scaling_factor: float, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """A fresh draw from N(mean, std^2), times the VAE's scaling factor."""
     eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
     return (mean + std * eps) * scaling_factor
+
+
+class ImageSpace:
+    """The space the transformer works in: pixels (``vae=None``) or a VAE's latents. One interface for what
+    differs between the two, instead of a branch on the VAE at every use: the model's clean input from
+    images, images from the model's output, the pixels one latent covers, and the VAE's fingerprint."""
+
+    def __init__(self, vae: AutoencoderKL | None = None) -> None:
+        self.vae = vae
+
+    @property
+    def is_latent(self) -> bool:
+        return self.vae is not None
+
+    @property
+    def scaling_factor(self) -> float:
+        return 1.0 if self.vae is None else float(self.vae.config.scaling_factor)
+
+    @property
+    def downsample_factor(self) -> int:
+        """Pixels per latent along each side (1 in pixel space)."""
+        return 1 if self.vae is None else latent_space(self.vae.config)["downsample_factor"]
+
+    def fingerprint(self) -> str | None:
+        """The VAE's weights fingerprint (``None`` in pixel space)."""
+        return None if self.vae is None else fingerprint_module(self.vae)
+
+    def encode(self, images: torch.Tensor, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+        """Images in [-1, 1] on ``device`` -> the model's clean input: the images, or a draw from the VAE's
+        posterior (noise from ``generator``, on the CPU, so a draw is the same on any device) times its
+        scaling factor."""
+        if self.vae is None:
+            return images
+        mean, std = encode_posterior(self.vae, images)
+        eps = torch.randn(mean.shape, generator=generator).to(device)
+        return (mean + std * eps) * self.scaling_factor
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output -> images in [-1, 1] (the identity in pixel space)."""
+        if self.vae is None:
+            return x
+        return self.vae.decode((x / self.scaling_factor).to(self.vae.dtype)).sample.float()

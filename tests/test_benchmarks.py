@@ -37,7 +37,7 @@ def test_train_throughput_reports_ratios_of_its_own_timings(tmp_path):
     )
     rows = {(r["model"], r["precision"], r["input"]): r for r in result["rows"]}
     base = rows[("DiT-S/2", "fp32", "latents")]
-    for key, row in rows.items():
+    for _key, row in rows.items():
         ips = 2 * 1 / statistics.median(row["round_seconds"])  # batch x steps / median round time
         assert row["images_per_s"] == pytest.approx(ips) and len(row["round_seconds"]) == 3
         assert row["ratio_to_baseline"] == pytest.approx(row["images_per_s"] / base["images_per_s"])
@@ -135,7 +135,7 @@ def test_model_benchmark_compares_each_mode_with_its_dit(tmp_path, capsys):
     )
     rows = {r["model"]: r for r in result["rows"]}
     base = statistics.median(rows["DiT-S/2"]["round_seconds"])
-    for label, row in rows.items():
+    for _label, row in rows.items():
         assert row["step_seconds"] == pytest.approx(statistics.median(row["round_seconds"]))
         assert row["ratio_to_dit"] == pytest.approx(row["step_seconds"] / base)
     modes = {(r["preset"], r["mode"]) for r in result["rows"]}

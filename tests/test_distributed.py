@@ -36,7 +36,7 @@ def images(tmp_path_factory):
 
 def run_args(out, images, *extra):
     return tiny_train_overrides(
-        out, images, f"train.max_steps={STEPS}", f"train.checkpoint_every={EVERY}", "log.sample_per_class=0", *extra
+        out, images, f"train.max_steps={STEPS}", f"train.checkpoint_every={EVERY}", "preview.per_class=0", *extra
     )
 
 
@@ -141,7 +141,7 @@ PROBE = ROOT / "tests" / "helpers" / "ddp_probe.py"
 def probe(out, images, *extra, steps=4, launcher="torchrun"):
     """Two processes under the probing trainer (``tests/helpers/ddp_probe.py``): what each rank saw and held."""
     out.mkdir()
-    args = tiny_train_overrides(out / "run", images, f"train.max_steps={steps}", "log.sample_per_class=0", *extra)
+    args = tiny_train_overrides(out / "run", images, f"train.max_steps={steps}", "preview.per_class=0", *extra)
     run_job(launch(launcher, PROBE, out, *args), out / "probe.log")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], args
 

@@ -19,6 +19,8 @@ from experiments.fmnist_classifier import (
 from moh_dit.data.fashion_mnist import find_fashion_mnist
 from moh_dit.evaluation.features import extract_features
 
+from .helpers.factories import generation_settings
+
 needs_data = pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 
 
@@ -184,8 +186,11 @@ def test_quality_experiment_refuses_a_run_folder_made_by_another_recipe(tmp_path
 def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     from experiments import default_comparison
 
-    short = "train.max_steps=2,train.global_batch_size=8,log.log_every=1,log.sample_per_class=1"
-    recipes = [f"old=configs/fashion_mnist_moh_v1.yaml:{short}", f"new=configs/fashion_mnist_moh.yaml:{short}"]
+    short = "train.max_steps=2,train.global_batch_size=8,log.log_every=1,preview.per_class=1"
+    recipes = [
+        f"old=experiments/configs/fashion_mnist_moh_v1.yaml:{short}",
+        f"new=configs/fashion_mnist_moh.yaml:{short}",
+    ]
     args = ["--only", "old", "new", "--samples", "20", "--steps", "2", "--bootstrap", "3", "--out", str(tmp_path)]
     result = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])
     assert list(result["rows"]) == ["old", "new"]
@@ -269,12 +274,11 @@ def test_sample_and_score_refuses_samples_made_by_another_model(tmp_path):
     from experiments.common import classifier_features, fashion_reference, sample_and_score
     from experiments.quality import train_run
     from moh_dit.errors import ArtifactError
-    from moh_dit.sampling.generation import GenerationSettings
 
     tiny = ["train.max_steps=1", "train.global_batch_size=8", "data.subset_per_class=2", "model.preset=DiT-Ti/4"]
     first, second = (train_run(tmp_path / f"run{seed}", [*tiny, f"train.seed={seed}"]) for seed in (0, 1))
     reference, extractor = fashion_reference(tmp_path, count=50), classifier_features()
-    settings = GenerationSettings(num_samples=8, seed=1000, batch_size=8, guidance_scale=1.0, num_inference_steps=2)
+    settings = generation_settings(num_samples=8, seed=1000, batch_size=8, guidance_scale=1.0, num_inference_steps=2)
     folder = tmp_path / "samples"
     scores = sample_and_score(first / "pipeline", folder, settings, "ddim", reference, extractor, bootstrap=2)
     assert scores["num_samples"] == 8 and scores["seconds_per_image"] > 0

@@ -53,7 +53,7 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
         torchrun(
             ROOT / "train.py",
             *tiny_train_overrides(
-                run, lat, "data.name=latents", "train.max_steps=4", "log.sample_per_class=1", image_size=16
+                run, lat, "data.name=latents", "train.max_steps=4", "preview.per_class=1", image_size=16
             ),
         )
     )

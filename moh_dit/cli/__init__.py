@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional
 
 COMMANDS = {
     "train": "train MoH-DiT or DiT (from a config, resumable, any number of processes)",
@@ -31,7 +30,7 @@ COMMANDS = {
 }
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     from moh_dit import __version__
     from moh_dit.cli.common import run_cli
 

@@ -13,12 +13,11 @@ docs/interop.md describes the formats; python -m moh_dit.interop.official is the
 import argparse
 import json
 from pathlib import Path
-from typing import Optional
 
 from moh_dit.logs import setup_logging
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", help="reference .pt/.safetensors, diffusers DiT folder, or a moh-dit folder")
     p.add_argument(
@@ -56,7 +55,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     return p
 
 
-def _existing_output(out: Path) -> Optional[str]:
+def _existing_output(out: Path) -> str | None:
     """What is at ``out`` already, in words, or ``None`` when nothing (or an empty folder) is."""
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return None
@@ -74,7 +73,7 @@ def _existing_output(out: Path) -> Optional[str]:
     return "a file"
 
 
-def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     p = build_parser(prog)
     args = p.parse_args(argv)
     setup_logging(with_time=False)

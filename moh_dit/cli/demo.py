@@ -7,13 +7,12 @@ pip install "moh-dit[demo]".
 """
 
 import argparse
-from typing import Optional
 
 from moh_dit.cli.common import positive_int
 from moh_dit.logs import setup_logging
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="run folder, checkpoint folder, pipeline folder or transformer folder")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
@@ -28,7 +27,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = build_parser(prog).parse_args(argv)
     setup_logging()
     import os

@@ -19,14 +19,13 @@ Inception weights: --extractor-weights PATH, else $MOH_DIT_INCEPTION_WEIGHTS, el
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional
 
-from moh_dit.cli.common import add_sampling_arguments, apply_protocol, positive_int
+from moh_dit.cli.common import add_sampling_arguments, positive_int
 from moh_dit.logs import setup_logging
-from moh_dit.sampling.options import EVAL_GUIDANCE, GRID_AVERAGING_OFF, guidance_tag
+from moh_dit.sampling.spec import EVAL_GUIDANCE, SamplingSpec
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--samples", help="ADM-style .npz (arr_0) or a folder of images")
@@ -63,9 +62,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="JSON file for all numbers and settings (default: beside the samples)")
     p.add_argument("--device", default=None)
-    g = p.add_argument_group(
-        "sampling (with --model); defaults: the papers' FID protocol (see moh_dit.sampling.options)"
-    )
+    g = p.add_argument_group("sampling (with --model); defaults: the papers' FID protocol (see moh_dit.sampling.spec)")
     add_sampling_arguments(g, guidance=EVAL_GUIDANCE, protocol="dit", num_samples=50_000)
     g.add_argument("--sample-batch-size", type=positive_int, default=64, help="also the block size of the samples")
     g.add_argument("--sample-dir", default=None, help="default: <run>/eval-samples-step<N>-<settings>")
@@ -85,26 +82,23 @@ def _check_sampling_options(parser: argparse.ArgumentParser, args: argparse.Name
         )
 
 
-def default_sample_dir(args, source) -> Path:
+def default_sample_dir(args, spec: SamplingSpec, source) -> Path:
     """One folder per model state and setting: a model that trains on gets a new folder, never stale samples."""
     root = source.run or (source.path if source.path.is_dir() else source.path.parent)
     step = f"step{source.step}-" if source.step is not None else ""
-    interval = guidance_tag(args.guidance_interval, args.grid_averaging)
     tag = (
-        f"{step}n{args.num_samples}-cfg{args.cfg_scale:g}{interval}-ch{args.guidance_channels or 'all'}-"
-        f"{args.scheduler}{args.num_steps}-{args.dtype}-seed{args.seed}"
+        f"{step}n{args.num_samples}-cfg{spec.guidance_scale:g}{spec.tag()}-ch{spec.guidance_channels or 'all'}-"
+        f"{spec.scheduler}{spec.num_inference_steps}-{args.dtype}-seed{args.seed}"
     )
     return root / f"eval-samples-{tag}"
 
 
-def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     _check_sampling_options(parser, args)
-    apply_protocol(args)
-    if args.grid_averaging == GRID_AVERAGING_OFF:  # the paper protocol does not average; off is the default
-        args.grid_averaging = None
     setup_logging()
+    spec = SamplingSpec.from_args(args, log=args.model is not None)  # the paper protocol: no recorded guidance
     from moh_dit.evaluation.features import import_extractor_module, load_images, resolve_extractor
     from moh_dit.evaluation.scoring import evaluate, format_table, write_metrics
     from moh_dit.files import ensure_writable_file
@@ -122,12 +116,12 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> dict:
         from moh_dit.sampling.loading import resolve_model_source
 
         source = resolve_model_source(args.model)
-        sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, source)
+        sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, spec, source)
         samples_path = sample_npz_path(sample_dir)
         out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
-        settings = GenerationSettings.from_args(args, batch_size=args.sample_batch_size)
+        settings = GenerationSettings.from_args(args, spec, batch_size=args.sample_batch_size)
         accelerator, _, pipe = sample_to_folder(
-            args.model, sample_dir, settings, args.device, args.dtype, args.scheduler, overwrite=args.overwrite
+            args.model, sample_dir, settings, args.device, args.dtype, overwrite=args.overwrite
         )
         if not accelerator.is_main_process:
             return {}

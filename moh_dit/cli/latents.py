@@ -20,7 +20,6 @@ there are replaced only with --overwrite.
 import argparse
 import logging
 from pathlib import Path
-from typing import Optional
 
 from moh_dit.cli.common import positive_int
 from moh_dit.logs import setup_logging
@@ -28,7 +27,7 @@ from moh_dit.logs import setup_logging
 logger = logging.getLogger("moh_dit.vae")
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -59,7 +58,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.commit_every < 0:

@@ -10,13 +10,12 @@ Without --extractor only the images are stored; evaluation then computes the sta
 """
 
 import argparse
-from typing import Optional
 
 from moh_dit.cli.common import positive_int
 from moh_dit.logs import setup_logging
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="folder of real images (sub-folders, e.g. one per class, are read too)")
     p.add_argument("--image-size", type=positive_int, required=True, help="center-crop size, as the samples")
@@ -33,7 +32,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = build_parser(prog).parse_args(argv)
     setup_logging()
     from moh_dit.evaluation.reference import build_reference

@@ -11,13 +11,12 @@ N images for evaluation (PNGs by index + ADM .npz beside the folder), on any num
 
 import argparse
 from pathlib import Path
-from typing import Optional
 
-from moh_dit.cli.common import add_sampling_arguments, apply_model_guidance, apply_protocol, positive_int
+from moh_dit.cli.common import add_sampling_arguments, positive_int
 from moh_dit.logs import setup_logging
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="run folder, checkpoint folder, pipeline folder or transformer folder")
     p.add_argument("--class-labels", nargs="*", default=None, help="class ids or names (default: every class)")
@@ -74,23 +73,24 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--out {args.out}: give an image file name (.png, .jpg, ...)")
 
 
-def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     _check_mode(parser, args)
-    apply_protocol(args)
     setup_logging()
     from moh_dit.files import ensure_writable_dir, ensure_writable_file
     from moh_dit.sampling.loading import load_pipeline, recorded_sampling
+    from moh_dit.sampling.spec import SamplingSpec
 
-    apply_model_guidance(args, recorded_sampling(args.model))
+    SamplingSpec.from_args(args, log=False)  # a bad option fails before the model is looked at
+    spec = SamplingSpec.from_args(args, recorded_sampling(args.model))
 
     if args.num_samples is not None:
         from moh_dit.sampling.generation import GenerationSettings, sample_to_folder
 
-        settings = GenerationSettings.from_args(args, batch_size=args.batch_size)
+        settings = GenerationSettings.from_args(args, spec, batch_size=args.batch_size)
         _, npz, _ = sample_to_folder(
-            args.model, args.sample_dir, settings, args.device, args.dtype, args.scheduler, args.vae, args.overwrite
+            args.model, args.sample_dir, settings, args.device, args.dtype, args.vae, args.overwrite
         )
         if npz is not None:
             print(f"wrote {args.num_samples} samples to {args.sample_dir} and {npz}")
@@ -100,23 +100,13 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
     ensure_writable_file(args.out, "--out")
     if args.save_images:
         ensure_writable_dir(args.save_images, "--save-images")
-    pipe = load_pipeline(args.model, args.device, args.dtype, args.scheduler, args.vae)
+    pipe = load_pipeline(args.model, args.device, args.dtype, spec.scheduler, args.vae)
     classes = args.class_labels
     if not classes and pipe.transformer.config.num_classes:
         classes = list(range(pipe.transformer.config.num_classes))
     if classes:
         pipe.get_label_ids(classes)  # unknown names fail now
-    images, names = pipe.sample_grid(
-        classes or [],
-        args.per_class,
-        args.seed,
-        args.cfg_scale,
-        args.num_steps,
-        args.guidance_channels,
-        args.batch_size,
-        args.guidance_interval,
-        args.grid_averaging,
-    )
+    images, names = pipe.sample_grid(classes or [], args.per_class, args.seed, spec, args.batch_size)
     from moh_dit.images import make_grid
 
     make_grid(images, ncols=args.per_class, row_labels=names).save(args.out)

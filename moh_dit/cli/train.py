@@ -28,10 +28,9 @@ Fine-tune on data with another number of classes, or train an unconditional mode
 import argparse
 import signal
 import sys
-from typing import Optional
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -48,22 +47,34 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         help="with --init-from and data of another class count: resize (keep the shared label rows) or reinit "
         "(a new label table); every other weight is kept (model.init_classes)",
     )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (file, base files and overrides, checked) as YAML and exit",
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=100")
     return parser
 
 
-def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> None:
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = build_parser(prog).parse_args(argv)
 
     from moh_dit.logs import launch_rank
-    from moh_dit.training.config import load_config
-    from moh_dit.training.trainer import train
+    from moh_dit.training.config import config_to_dict, load_config
 
     config = load_config(args.config, args.overrides)
     if args.init_from:
         config.model.init_from = args.init_from
     if args.init_classes:
         config.model.init_classes = args.init_classes
+    if args.print_config:
+        import yaml
+
+        config.validate()
+        print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+        return
+    from moh_dit.training.trainer import train
+
     summary = train(config)
     if summary["stop_reason"] in ("SIGINT", "SIGTERM", "signal"):
         # stopped cleanly with a checkpoint; the conventional code of a run ended by that signal

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -42,7 +43,7 @@ class ShardedEpochBatchSampler:
         seed: int = 0,
         epoch: int = 0,
         start_batch: int = 0,
-        draws: Optional["ClassDraws"] = None,
+        draws: ClassDraws | None = None,
     ) -> None:
         epoch_size = dataset_size if draws is None else draws.epoch_size
         self.batches_per_epoch = epoch_size // (num_replicas * batch_size)
@@ -122,7 +123,7 @@ class ClassDraws:
         }
 
 
-def class_draws(spec: Any, labels: Sequence[int], id2label: dict[int, str]) -> Optional[ClassDraws]:
+def class_draws(spec: Any, labels: Sequence[int], id2label: dict[int, str]) -> ClassDraws | None:
     """The draws ``data.class_weights`` asks for, checked against the data's classes; ``None`` for ``{}``.
 
     ``spec`` maps class names (as the data names them, any case) or ids to weights; classes it does not

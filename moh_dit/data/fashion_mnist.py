@@ -10,7 +10,7 @@ import os
 import struct
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from moh_dit.errors import DataError
+from moh_dit.files import atomic_path
 from moh_dit.images import to_model_range
 from moh_dit.manifests import fingerprint_files
 
@@ -65,14 +66,14 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     return arr.reshape(shape)
 
 
-def _find_idx(folder: Path, stem: str) -> Optional[Path]:
+def _find_idx(folder: Path, stem: str) -> Path | None:
     for name in (stem, stem + ".gz"):
         if (folder / name).is_file():
             return folder / name
     return None
 
 
-def find_fashion_mnist(root: Optional[str] = None) -> Optional[Path]:
+def find_fashion_mnist(root: str | None = None) -> Path | None:
     """The first folder holding the four Fashion-MNIST IDX files: ``root``, $MOH_DIT_FASHION_MNIST,
     Debian's ``dataset-fashion-mnist`` location, then the user cache."""
     candidates = [root, os.environ.get("MOH_DIT_FASHION_MNIST"), *FASHION_MNIST_SEARCH_PATHS]
@@ -94,16 +95,15 @@ def download_fashion_mnist(dest: str | os.PathLike = "~/.cache/moh-dit/fashion-m
             target = folder / (stem + ".gz")
             if target.exists():
                 continue
-            tmp = target.with_suffix(".gz.part")
             try:
-                urllib.request.urlretrieve(FASHION_MNIST_URL + stem + ".gz", tmp)
+                with atomic_path(target) as tmp:
+                    urllib.request.urlretrieve(FASHION_MNIST_URL + stem + ".gz", tmp)
             except OSError as err:
                 raise DataError(
                     f"could not download Fashion-MNIST ({err}). Offline? Install Debian's `dataset-fashion-mnist` "
                     f"package (files in /usr/share/datasets/fashion-mnist) or put the four IDX files in a folder "
                     f"and pass it as data.path"
                 ) from err
-            os.replace(tmp, target)
     return folder
 
 
@@ -120,7 +120,7 @@ class FashionMNIST(Dataset):
 
     def __init__(
         self,
-        root: Optional[str] = None,
+        root: str | None = None,
         split: str = "train",
         image_size: int = 28,
         channels: int = 1,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ def list_images(folder: str | os.PathLike) -> list[str]:
     return [os.path.join(dirpath, f) for dirpath, files in sorted(found) for f in files]
 
 
-def load_image(path: str | os.PathLike, image_size: Optional[int] = None, channels: int = 3) -> np.ndarray:
+def load_image(path: str | os.PathLike, image_size: int | None = None, channels: int = 3) -> np.ndarray:
     """Decode one image to uint8 (H, W) or (H, W, 3), ADM-center-cropped to ``image_size`` when given;
     raises ``OSError``/``ValueError`` for a corrupt file."""
     with Image.open(path) as img:
@@ -152,7 +152,7 @@ class ImageFolderDataset(Dataset):
     def scan(self) -> list[str]:
         """Decode every file once; return the unreadable ones and drop them from the dataset."""
         good, bad = [], []
-        for i, (path, label) in enumerate(self.samples):
+        for _i, (path, label) in enumerate(self.samples):
             try:
                 with Image.open(path) as img:
                     img.load()

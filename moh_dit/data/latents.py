@@ -19,7 +19,6 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -54,7 +53,7 @@ class _MarkedImages(Dataset):
         self.targets = list(dataset.targets) if hasattr(dataset, "load") else None
         self.shape = next(shape for i in range(len(dataset)) if (shape := self._shape(i)) is not None)
 
-    def _shape(self, index: int) -> Optional[tuple]:
+    def _shape(self, index: int) -> tuple | None:
         """The shape of item ``index`` as the model sees it, or ``None`` if it cannot be read."""
         load = getattr(self.dataset, "load", None)
         try:
@@ -87,7 +86,7 @@ def _progress_files(tmp: Path) -> list[Path]:
     return sorted(tmp.parent.glob(f".{tmp.name}.done-*.json"))
 
 
-def latent_identity(data: Optional[dict], vae: dict, shapes: dict) -> Optional[dict]:
+def latent_identity(data: dict | None, vae: dict, shapes: dict) -> dict | None:
     """What decides whether two latent files hold the same numbers: the data (its description without the
     per-run fields), the VAE's weights and latent-space numbers and the dtype it ran in (not where it was
     loaded from), and the shapes and storage dtype. ``None`` for a data set that cannot describe itself."""
@@ -100,7 +99,7 @@ def latent_identity(data: Optional[dict], vae: dict, shapes: dict) -> Optional[d
     }
 
 
-def _manifest_identity(meta: dict) -> Optional[dict]:
+def _manifest_identity(meta: dict) -> dict | None:
     return latent_identity(meta.get("data"), meta.get("vae", {}), meta)
 
 
@@ -112,7 +111,7 @@ class _Plan:
     action: str
     finished: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     attempt: int = 0
-    deviation: Optional[dict] = None
+    deviation: dict | None = None
 
 
 def _commit(table: np.ndarray, record: Path, finished: dict[int, list[int]]) -> None:
@@ -121,7 +120,7 @@ def _commit(table: np.ndarray, record: Path, finished: dict[int, list[int]]) -> 
     atomic_write_json(record, finished)
 
 
-def _plan_extraction(out: Path, identity: Optional[dict], batch_size: int, overwrite: bool) -> _Plan:
+def _plan_extraction(out: Path, identity: dict | None, batch_size: int, overwrite: bool) -> _Plan:
     """Decide, from the records beside ``out``, whether the work is done, can be resumed or starts afresh.
     Every process reaches the same answer; nothing is changed here. Anything that would be replaced
     without ``overwrite`` is an error naming the way out."""
@@ -183,13 +182,13 @@ def extract_latents(
     num_workers: int = 0,
     dtype: str = "float16",
     vae_name: str = "",
-    id2label: Optional[dict[int, str]] = None,
+    id2label: dict[int, str] | None = None,
     accelerator=None,
     max_bad_fraction: float = 0.01,
-    fp32_vae: Optional[AutoencoderKL] = None,
+    fp32_vae: AutoencoderKL | None = None,
     overwrite: bool = False,
     commit_every_s: float = 30.0,
-) -> Optional[Path]:
+) -> Path | None:
     """Encode every image of ``dataset`` (unflipped and flipped) into one packed ``.npy`` file.
 
     Rows are ``(moments, label)`` with ``moments`` of shape (2 flips, 2 [mean, std], c, h, w). Each image is

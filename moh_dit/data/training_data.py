@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -49,11 +49,11 @@ class TrainingData:
     in_channels: int
     sample_size: int
     latent_input: bool = False
-    vae: Optional[torch.nn.Module] = None
-    vae_record: Optional[dict] = None
+    vae: torch.nn.Module | None = None
+    vae_record: dict | None = None
     scaling_factor: float = 1.0
     description: dict = field(default_factory=dict)
-    draws: Optional[ClassDraws] = None
+    draws: ClassDraws | None = None
 
     def record(self) -> dict:
         """What a checkpoint keeps of the data: the VAE record and the class names."""
@@ -72,21 +72,17 @@ class TrainingData:
         """A micro-batch as the model's clean input x0: flipped where ``flip``, and in latent space either
         drawn from the pre-extracted posterior of that flip or encoded by the VAE and drawn from its
         posterior (the draws come from ``generator``)."""
-        from moh_dit.vae import encode_posterior, sample_posterior
+        from moh_dit.vae import ImageSpace, sample_posterior
 
         n = x.shape[0]
         if self.latent_input:  # x: (N, 2 flips, 2 [mean, std], c, h, w)
             moments = x[torch.arange(n), flip.long()]
             return sample_posterior(moments[:, 0], moments[:, 1], self.scaling_factor, generator).to(device)
         x = torch.where(flip[:, None, None, None], x.flip(-1), x).to(device)
-        if self.vae is None:
-            return x
-        mean, std = encode_posterior(self.vae, x)
-        eps = torch.randn(mean.shape, generator=generator).to(device)
-        return (mean + std * eps) * self.scaling_factor
+        return ImageSpace(self.vae).encode(x, generator, device)
 
 
-def build_dataset(section: "DataSection") -> Dataset:
+def build_dataset(section: DataSection) -> Dataset:
     """The data set named by a config's ``data`` section (without subsetting)."""
     from moh_dit.data.latent_dataset import LatentDataset
 
@@ -112,7 +108,7 @@ def build_dataset(section: "DataSection") -> Dataset:
     return LatentDataset(section.path)
 
 
-def load_training_data(section: "DataSection", device: str | torch.device = "cpu") -> TrainingData:
+def load_training_data(section: DataSection, device: str | torch.device = "cpu") -> TrainingData:
     """Read the data set, resolve the space the model works in (:func:`load_data_space`) and how often
     each class is drawn (``data.class_weights``, :func:`class_draws`)."""
     data = load_data_space(section, device)
@@ -128,7 +124,7 @@ def load_training_data(section: "DataSection", device: str | torch.device = "cpu
     return dataclasses.replace(data, draws=draws, description=described)
 
 
-def load_data_space(section: "DataSection", device: str | torch.device = "cpu") -> TrainingData:
+def load_data_space(section: DataSection, device: str | torch.device = "cpu") -> TrainingData:
     """Read the data set and resolve the space the model works in.
 
     Pixel space (``data.vae=none``): the images themselves. With a VAE: images are encoded on the fly,

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -58,7 +59,7 @@ def validate_images(arr: np.ndarray, source: str) -> np.ndarray:
     return arr
 
 
-def load_images(path: str | os.PathLike, limit: Optional[int] = None, image_size: Optional[int] = None) -> np.ndarray:
+def load_images(path: str | os.PathLike, limit: int | None = None, image_size: int | None = None) -> np.ndarray:
     """An ADM-style ``.npz`` (``arr_0``), a ``.npy``, or a folder of images -> uint8 NHWC RGB.
 
     Folders are read recursively (a class-per-folder tree works), in path order. With ``image_size`` every
@@ -112,12 +113,12 @@ def load_images(path: str | os.PathLike, limit: Optional[int] = None, image_size
 # ----------------------------------------------------------------------------------------------------
 class FeatureExtractor(Protocol):
     name: str
-    weights_sha256: Optional[str]
+    weights_sha256: str | None
 
     def __call__(self, images: torch.Tensor) -> dict[str, torch.Tensor]: ...
 
 
-def find_inception_weights(path: Optional[str] = None) -> Path:
+def find_inception_weights(path: str | None = None) -> Path:
     """``path``, else $MOH_DIT_INCEPTION_WEIGHTS, else the torch hub cache; a clear error if none exists."""
     hub = Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_FILE
     for cand, origin in (
@@ -164,7 +165,7 @@ class InceptionFeatures:
 
     name = "inception-v3-compat"
 
-    def __init__(self, weights_path: Optional[str] = None, device: Optional[str] = None) -> None:
+    def __init__(self, weights_path: str | None = None, device: str | None = None) -> None:
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
         path = find_inception_weights(weights_path)
@@ -201,10 +202,10 @@ class RegisteredFeatures:
         self,
         name: str,
         pool_feature: str,
-        logits_feature: Optional[str] = None,
-        spatial_feature: Optional[str] = None,
-        device: Optional[str] = None,
-        weights_sha256: Optional[str] = None,
+        logits_feature: str | None = None,
+        spatial_feature: str | None = None,
+        device: str | None = None,
+        weights_sha256: str | None = None,
         **kwargs,
     ) -> None:
         from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
@@ -258,9 +259,9 @@ def extract_features(
 
 def resolve_extractor(
     name: str,
-    weights: Optional[str],
-    device: Optional[str],
-    factories: Optional[dict[str, Callable[[], FeatureExtractor]]] = None,
+    weights: str | None,
+    device: str | None,
+    factories: dict[str, Callable[[], FeatureExtractor]] | None = None,
 ) -> FeatureExtractor:
     """``inception`` (the paper protocol) or the name of a torch-fidelity-registered extractor, whose
     pool feature is its FID default, whose logits (if provided) give the IS and whose ``spatial`` feature
@@ -292,7 +293,7 @@ def resolve_extractor(
         ) from None
 
 
-def import_extractor_module(name: Optional[str]) -> None:
+def import_extractor_module(name: str | None) -> None:
     """Import a module that provides feature extractors (``--extractor-module``) and call its ``register()``
     if it has one (modules may also register with torch-fidelity when imported)."""
     if not name:

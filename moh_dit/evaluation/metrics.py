@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional
 
 import numpy as np
 import torch
@@ -134,7 +133,7 @@ def precision_recall(
     k: int = 3,
     block: int = 10000,
     fp16: bool = False,
-    device: Optional[str] = None,
+    device: str | None = None,
 ) -> tuple[float, float]:
     """Improved precision and recall (Kynkaanniemi et al.) with ADM's k-NN manifolds."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -185,7 +184,7 @@ def bootstrap_interval(
     rounds: int = 20,
     seed: int = 0,
     level: float = 0.9,
-    estimate: Optional[float] = None,
+    estimate: float | None = None,
 ) -> tuple[float, float]:
     """A normal bootstrap interval of ``statistic(samples)``: the estimate +- z times the standard deviation
     of the statistic over resamples of the generated samples (rows drawn with replacement), i.e. how much

@@ -20,13 +20,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
 from moh_dit.data.image_folder import list_images, load_image
 from moh_dit.errors import ArtifactError, DataError, OutputError
-from moh_dit.files import ensure_writable_file, sibling
+from moh_dit.files import atomic_path, ensure_writable_file
 from moh_dit.manifests import code_version, utc_now
 from moh_dit.sampling.sample_sets import read_npz_manifest
 
@@ -40,8 +39,8 @@ class RunningMoments:
 
     def __init__(self) -> None:
         self.n = 0
-        self.total: Optional[np.ndarray] = None
-        self.outer: Optional[np.ndarray] = None
+        self.total: np.ndarray | None = None
+        self.outer: np.ndarray | None = None
 
     def add(self, features: np.ndarray) -> None:
         x = np.asarray(features, dtype=np.float64)
@@ -164,7 +163,6 @@ def build_reference(
         "weights_sha256": getattr(extractor, "weights_sha256", None),
     }
     arrays["moh_dit_manifest"] = np.array(json.dumps(manifest))
-    tmp = sibling(out, ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, out)
+    with atomic_path(out, ".npz") as tmp:
+        np.savez(tmp, **arrays)
     return out

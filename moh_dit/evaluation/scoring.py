@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -41,7 +40,7 @@ def evaluate(
     pr_block: int = 10000,
     is_split_size: int = 5000,
     cache: bool = True,
-    reference_size: Optional[int] = None,
+    reference_size: int | None = None,
     bootstrap: int = 0,
     return_features: bool = False,
 ) -> dict:

@@ -11,7 +11,6 @@ import logging
 import os
 import zipfile
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from moh_dit.evaluation.features import FeatureExtractor, extract_features, load
 from moh_dit.evaluation.metrics import (
     feature_statistics,
 )
-from moh_dit.files import ensure_writable_dir
+from moh_dit.files import atomic_path, ensure_writable_dir
 from moh_dit.manifests import fingerprint_file, fingerprint_files
 
 logger = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ def reference_statistics(
     batch_size: int = 100,
     cache: bool = True,
     max_pr_images: int = 10000,
-    image_size: Optional[int] = None,
+    image_size: int | None = None,
 ) -> dict:
     """Statistics of the reference set: ``mu``/``sigma`` (FID), ``mu_s``/``sigma_s`` (sFID), ``pool``
     features of up to ``max_pr_images`` images (precision/recall) and ``info`` (how they were made).
@@ -144,9 +143,8 @@ def _write_cache(ref: Path, name: str, stats: dict, info: dict) -> None:
     for folder in _cache_dirs(ref):
         try:
             ensure_writable_dir(folder, "cache folder")
-            tmp = folder / f".{name}.tmp.npz"
-            np.savez(tmp, info=np.array(json.dumps(info)), **stats)
-            os.replace(tmp, folder / name)
+            with atomic_path(folder / name, ".npz") as tmp:
+                np.savez(tmp, info=np.array(json.dumps(info)), **stats)
             logger.info("cached reference statistics in %s", folder / name)
             return
         except OSError:

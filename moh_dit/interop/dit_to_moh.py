@@ -4,7 +4,7 @@ the routers start where the MoH-DiT output equals the DiT's.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ def dit_to_moh(
     model: MoHDiT,
     shared: int | Sequence[int],
     top_k: int | Sequence[int],
-    calibration: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+    calibration: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     router_logit_std: float = 0.1,
     seed: int = 0,
 ) -> tuple[MoHDiT, dict]:

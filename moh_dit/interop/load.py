@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from moh_dit.interop.diffusers_dit import from_diffusers
 from moh_dit.interop.official import load_reference_checkpoint
@@ -14,7 +13,7 @@ from moh_dit.model.network import MoHDiT
 # ----------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------
-def load_any(src: str | Path, **hints) -> tuple[MoHDiT, Optional[object], dict, dict]:
+def load_any(src: str | Path, **hints) -> tuple[MoHDiT, object | None, dict, dict]:
     """(model, vae, id2label, report) from a reference checkpoint file, a diffusers DiT pipeline or
     transformer folder, or one of our run / checkpoint / pipeline / transformer folders."""
     src = Path(src)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
@@ -65,9 +65,9 @@ def read_checkpoint(path: str | Path, prefer_ema: bool = True) -> tuple[dict[str
 # ----------------------------------------------------------------------------------------------------
 def config_from_reference(
     sd: dict[str, torch.Tensor],
-    num_heads: Optional[int | Sequence[int]] = None,
-    top_k: Optional[int | Sequence[int]] = None,
-    num_classes: Optional[int] = None,
+    num_heads: int | Sequence[int] | None = None,
+    top_k: int | Sequence[int] | None = None,
+    num_classes: int | None = None,
 ) -> dict:
     """Infer the MoHDiT config from reference tensor shapes.
 
@@ -214,10 +214,10 @@ def strict_load(model: MoHDiT, sd: dict[str, torch.Tensor], source: str) -> None
 
 def load_reference_checkpoint(
     path: str | Path,
-    preset: Optional[str] = None,
+    preset: str | None = None,
     num_heads=None,
     top_k=None,
-    num_classes: Optional[int] = None,
+    num_classes: int | None = None,
     prefer_ema: bool = True,
 ) -> tuple[MoHDiT, dict]:
     """Build a MoHDiT from a reference checkpoint (shapes inferred, or ``preset`` enforced); returns the

@@ -27,7 +27,6 @@ job of an attention processor (``moh_dit.model.execution``), chosen with :meth:`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +47,8 @@ class AttentionAux:
         head_mask: ``(N, T, h)`` boolean, which heads each token used; only when requested.
     """
 
-    load_balance_loss: Optional[torch.Tensor] = None
-    head_mask: Optional[torch.Tensor] = None
+    load_balance_loss: torch.Tensor | None = None
+    head_mask: torch.Tensor | None = None
 
 
 def load_balance_loss(probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -84,8 +83,8 @@ class MoHAttention(nn.Module):
         self,
         dim: int,
         num_heads: int,
-        head_dim: Optional[int] = None,
-        num_shared_heads: Optional[int] = None,
+        head_dim: int | None = None,
+        num_shared_heads: int | None = None,
         top_k: int = 0,
         qkv_bias: bool = True,
         attention_type: str = "moh",
@@ -209,7 +208,7 @@ class MoHAttention(nn.Module):
             aux.head_mask = head_mask
         return out, aux
 
-    def dense_attention(self, x: torch.Tensor, gates: Optional[torch.Tensor]) -> torch.Tensor:
+    def dense_attention(self, x: torch.Tensor, gates: torch.Tensor | None) -> torch.Tensor:
         """The reference computation: every head attends, then each is gated (inactive heads by zero)."""
         n, t, _ = x.shape
         h, dh = self.num_heads, self.head_dim
@@ -224,7 +223,7 @@ class MoHAttention(nn.Module):
     # ------------------------------------------------------------------------------------------------
     # Execution
     # ------------------------------------------------------------------------------------------------
-    def set_execution(self, mode: Union[str, object]) -> None:
+    def set_execution(self, mode: str | object) -> None:
         """``"dense"`` (reference semantics), ``"sparse"`` (exact head skipping), ``"auto"`` (the faster of
         the two by the calibrated cost model), or an attention processor instance. Results agree."""
         self.processor = make_processor(mode) if isinstance(mode, str) else mode

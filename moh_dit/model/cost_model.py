@@ -30,7 +30,6 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
 
 __all__ = [
     "FEATURE_NAMES",
@@ -59,14 +58,14 @@ def ideal_block_ratio(active_fraction: float, tokens: int, dim: int) -> float:
     return (10 + 2 * active_fraction + 2 * active_fraction * r) / (12 + 2 * r)
 
 
-def load_calibration(path: Optional[str] = None) -> dict:
+def load_calibration(path: str | None = None) -> dict:
     """The cost-model coefficients per ``<device type>/<infer|train>``: the shipped files, updated by
     ``path`` or ``$MOH_DIT_CALIBRATION`` when given."""
     return _load_calibration(path or os.environ.get(CALIBRATION_ENV) or None)
 
 
 @lru_cache(maxsize=4)
-def _load_calibration(extra: Optional[str]) -> dict:
+def _load_calibration(extra: str | None) -> dict:
     cal: dict = {}
     for file in sorted(CALIBRATION_DIR.glob("*.json")):
         cal.update(json.loads(file.read_text()))
@@ -87,7 +86,7 @@ def choose_execution(
     active_fraction: float,
     backward: bool,
     routed_fraction: float = 1.0,
-    calibration: Optional[dict] = None,
+    calibration: dict | None = None,
     margin: float = DEFAULT_MARGIN,
 ) -> str:
     """``"sparse"`` if the calibrated model predicts it to be faster than dense by more than ``margin``."""

@@ -6,8 +6,6 @@ Module and parameter names follow the public DiT checkpoints (``x_embedder.proj`
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from diffusers.models.embeddings import get_2d_sincos_pos_embed, get_timestep_embedding
 from torch import nn
@@ -76,7 +74,7 @@ class LabelEmbedder(nn.Module):
     def num_embeddings(self) -> int:
         return self.embedding_table.num_embeddings
 
-    def drop_labels(self, labels: torch.Tensor, force_drop_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def drop_labels(self, labels: torch.Tensor, force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Replace labels by the null class, at random with ``dropout_prob`` or where ``force_drop_ids`` is 1."""
         if force_drop_ids is None:
             drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
@@ -84,9 +82,7 @@ class LabelEmbedder(nn.Module):
             drop = force_drop_ids.to(labels.device) == 1
         return torch.where(drop, torch.full_like(labels, self.num_classes), labels)
 
-    def forward(
-        self, labels: torch.Tensor, train: bool, force_drop_ids: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
+    def forward(self, labels: torch.Tensor, train: bool, force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
         if (train and self.has_null_class) or force_drop_ids is not None:
             labels = self.drop_labels(labels, force_drop_ids)
         return self.embedding_table(labels)  # (N, D)

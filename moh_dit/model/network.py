@@ -11,8 +11,8 @@ Shapes: N batch, C channels, H x W image (or latent), p patch size, T = H*W/p**2
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Union
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -25,7 +25,7 @@ from moh_dit.model.embeddings import LabelEmbedder, PatchEmbedder, TimestepEmbed
 
 __all__ = ["MoHDiT", "MoHDiTOutput", "DiTBlock", "FinalLayer"]
 
-IntOrList = Union[int, Sequence[int]]
+IntOrList = int | Sequence[int]
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -33,7 +33,7 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
 
 
-def _per_layer(name: str, value: Optional[IntOrList], depth: int) -> list[Optional[int]]:
+def _per_layer(name: str, value: IntOrList | None, depth: int) -> list[int | None]:
     """Expand an int (or None) to one value per layer; check a list has exactly ``depth`` entries."""
     if value is None or isinstance(value, int):
         return [value] * depth
@@ -121,7 +121,7 @@ class MoHDiTOutput(BaseOutput):
 
     sample: torch.Tensor = None
     aux_loss: torch.Tensor = None
-    head_masks: Optional[tuple[torch.Tensor, ...]] = None
+    head_masks: tuple[torch.Tensor, ...] | None = None
 
 
 class MoHDiT(ModelMixin, ConfigMixin):
@@ -160,8 +160,8 @@ class MoHDiT(ModelMixin, ConfigMixin):
         hidden_size: int = 1152,
         depth: int = 28,
         num_heads: IntOrList = 16,
-        head_dim: Optional[int] = None,
-        num_shared_heads: Optional[IntOrList] = None,
+        head_dim: int | None = None,
+        num_shared_heads: IntOrList | None = None,
         top_k: IntOrList = 0,
         attention_type: str = "moh",
         mlp_ratio: float = 4.0,
@@ -170,7 +170,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
         learn_sigma: bool = True,
         qkv_bias: bool = True,
         norm_eps: float = 1e-6,
-        mlp_norm_eps: Optional[float] = None,
+        mlp_norm_eps: float | None = None,
         timestep_freq_shift: float = 0.0,
     ) -> None:
         super().__init__()
@@ -289,7 +289,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
         return sum(a.num_active_heads for a in layers), sum(a.num_heads for a in layers)
 
     @property
-    def null_class_id(self) -> Optional[int]:
+    def null_class_id(self) -> int | None:
         """Label index of the null class used for classifier-free guidance, or None if there is none."""
         if self.y_embedder is None or not self.y_embedder.has_null_class:
             return None
@@ -323,7 +323,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
             for handle in handles:
                 handle.remove()
 
-    def with_num_classes(self, num_classes: int, mode: str = "resize", seed: int = 0) -> tuple["MoHDiT", dict]:
+    def with_num_classes(self, num_classes: int, mode: str = "resize", seed: int = 0) -> tuple[MoHDiT, dict]:
         """A copy of this model for ``num_classes`` classes (0: unconditional), for fine-tuning on data with
         another class count. Every weight but the label table is kept. ``resize`` keeps the rows of the
         classes both have (ids below the smaller count) and the null-class row; ``reinit`` starts a new table.
@@ -360,7 +360,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
         x = torch.einsum("nhwpqc->nchpwq", x)
         return x.reshape(x.shape[0], c, g * p, g * p)
 
-    def _check_labels(self, y: Optional[torch.Tensor], batch: int) -> None:
+    def _check_labels(self, y: torch.Tensor | None, batch: int) -> None:
         if self.y_embedder is None:
             if y is not None:
                 raise ValueError("this model is unconditional (num_classes=0): pass y=None")
@@ -384,12 +384,12 @@ class MoHDiT(ModelMixin, ConfigMixin):
     def forward(
         self,
         x: torch.Tensor,
-        t: Union[torch.Tensor, float, int],
-        y: Optional[torch.Tensor] = None,
-        force_drop_ids: Optional[torch.Tensor] = None,
+        t: torch.Tensor | float | int,
+        y: torch.Tensor | None = None,
+        force_drop_ids: torch.Tensor | None = None,
         return_head_masks: bool = False,
         return_dict: bool = True,
-    ) -> Union[MoHDiTOutput, tuple]:
+    ) -> MoHDiTOutput | tuple:
         """Predict noise (and variance values) for noisy inputs.
 
         Args:

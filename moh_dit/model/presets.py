@@ -11,7 +11,8 @@ defaults describe ImageNet 256 x 256 through the SD VAE: 32 x 32 x 4 latents, 10
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from moh_dit.errors import ConfigError
 from moh_dit.model.network import MoHDiT
@@ -141,7 +142,7 @@ def _build_registry() -> dict[str, dict[str, Any]]:
 PRESETS: dict[str, dict[str, Any]] = _build_registry()
 
 
-def list_presets(prefix: Optional[str] = None) -> list[str]:
+def list_presets(prefix: str | None = None) -> list[str]:
     """Names of the registered presets, optionally only those starting with ``prefix``."""
     return [name for name in PRESETS if prefix is None or name.startswith(prefix)]
 
@@ -203,7 +204,7 @@ def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
     return full
 
 
-def match_preset(config: Mapping[str, Any]) -> Optional[str]:
+def match_preset(config: Mapping[str, Any]) -> str | None:
     """The name of the preset with the architecture of ``config`` (a :class:`MoHDiT` config; image size,
     channels and class count may differ, see ``DATA_KEYS``), or None when no preset has it."""
     wanted = architecture(config)

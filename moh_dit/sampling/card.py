@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from moh_dit.sampling.options import describe_guidance
+from moh_dit.sampling.spec import SamplingSpec
 
 __all__ = ["render_card", "write_card", "record_evaluation", "push_folder", "EVALUATIONS_FILE"]
 
@@ -51,7 +51,7 @@ def _heads_table(config: dict) -> list[str]:
     return ["| layers | heads | shared | routed |", "|---|---|---|---|", *lines]
 
 
-def _class_weights_row(weights: Optional[dict], id2label: dict) -> list[str]:
+def _class_weights_row(weights: dict | None, id2label: dict) -> list[str]:
     """The card's line on ``data.class_weights`` (none when every class was drawn as often as the data holds it)."""
     changed = {int(c): w for c, w in (weights or {}).items() if w != 1}
     if not changed:
@@ -60,7 +60,7 @@ def _class_weights_row(weights: Optional[dict], id2label: dict) -> list[str]:
     return [f"| class weights | {named} per epoch; every other class x1 (`data.class_weights`) |"]
 
 
-def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, name: Optional[str] = None) -> str:
+def render_card(pipe, manifest: dict, evaluations: list[dict] | None = None, name: str | None = None) -> str:
     """The card of a pipeline: architecture, parameters and active heads, data and training, metrics where
     known, usage, provenance and citation."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -159,9 +159,9 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
     else:
         lines.append("Not evaluated yet: `moh-dit evaluate --model <this folder> --reference ...` adds a row here.")
     example = ", ".join(repr(n) for n in names[:2]) if names else "0, 1"
-    sampling = manifest.get("sampling") or {}
-    scale, interval = sampling.get("guidance_scale", 4.0), sampling.get("guidance_interval")
-    averaging = sampling.get("grid_averaging")
+    spec = SamplingSpec.from_record(manifest.get("sampling"))
+    shown = spec or SamplingSpec()
+    scale, interval, averaging = shown.guidance_scale, shown.guidance_interval, shown.grid_averaging
     banded = f", guidance_interval=({interval[0]}, {interval[1]})" if interval else ""
     banded += f", grid_averaging={averaging}" if averaging is not None else ""
     call = (
@@ -193,9 +193,8 @@ def render_card(pipe, manifest: dict, evaluations: Optional[list[dict]] = None, 
         + (f", step {source['step']}" if source.get("step") is not None else ""),
         "- sampling it was shown with (the default of `moh-dit sample` and the demo): "
         + (
-            f"{describe_guidance(scale, interval, averaging)}, {sampling.get('scheduler')} "
-            f"{sampling.get('num_inference_steps')} steps"
-            if sampling
+            f"{spec.describe_guidance()}, {spec.scheduler} {spec.num_inference_steps} steps"
+            if spec
             else "not recorded"
         ),
         f"- made by moh-dit {manifest.get('code', {}).get('moh_dit', __version__)}"
@@ -240,9 +239,12 @@ def record_evaluation(folder: str | os.PathLike, pipe, manifest: dict, result: d
         "extractor": result["extractor"],
         "reference": Path(result["reference"]["reference"]).name,
         "sampler": f"{identity.get('scheduler', {}).get('name', '?')} {identity.get('num_inference_steps')} steps, "
-        + describe_guidance(
-            identity.get("guidance_scale"), identity.get("guidance_interval"), identity.get("grid_averaging")
-        ),
+        + SamplingSpec(
+            scheduler=None,
+            guidance_scale=identity.get("guidance_scale"),
+            guidance_interval=identity.get("guidance_interval"),
+            grid_averaging=identity.get("grid_averaging"),
+        ).describe_guidance(),
     }
     file = folder / EVALUATIONS_FILE
     entries = json.loads(file.read_text()) if file.is_file() else []
@@ -250,7 +252,7 @@ def record_evaluation(folder: str | os.PathLike, pipe, manifest: dict, result: d
     return write_card(folder, pipe, manifest)
 
 
-def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, token: Optional[str] = None) -> Any:
+def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False, token: str | None = None) -> Any:
     """Upload a saved pipeline folder (weights, card, manifest) to a Hugging Face Hub model repository.
 
     diffusers' own ``push_to_hub`` saves the pipeline again and writes a generic card over this one, so the

@@ -11,13 +11,13 @@ Gradio is an optional extra (``pip install "moh-dit[demo]"``); the page runs on 
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from moh_dit.errors import ConfigError
 from moh_dit.images import heatmap, make_grid
-from moh_dit.sampling.options import SCHEDULERS, check_grid_averaging, check_guidance_interval, describe_guidance
+from moh_dit.sampling.spec import SCHEDULERS, SamplingSpec
 
 __all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
 
@@ -25,7 +25,7 @@ ALL_CLASSES = "(all classes)"  # one row per class, up to MAX_ROWS
 MAX_ROWS = 16
 
 
-def head_usage_heatmap(usage, model) -> Optional[Any]:
+def head_usage_heatmap(usage, model) -> Any | None:
     """Per layer and head, the share of tokens that used the head (shared heads always 1), as an image;
     ``None`` for models without routed heads."""
     if model.num_routed_layers == 0:
@@ -40,22 +40,19 @@ def head_usage_heatmap(usage, model) -> Optional[Any]:
 
 def generate(
     pipe,
-    class_name: Optional[str],
+    class_name: str | None,
     per_class: int,
     guidance: float,
     steps: int,
     scheduler: str,
     seed: int,
     guided_from: int = 0,
-    guided_to: Optional[int] = None,
-    grid_averaging: Optional[int] = None,
+    guided_to: int | None = None,
+    grid_averaging: int | None = None,
 ):
     """One request of the page: ``(grid image, head-usage heatmap or None, a line about what ran)``. Guidance
     applies at training timesteps ``guided_from..guided_to`` (default: all); the steps at timesteps up to
     ``grid_averaging`` average over shifted patch grids (default: none)."""
-    if scheduler not in SCHEDULERS:
-        raise ConfigError(f"unknown scheduler {scheduler!r}")
-    pipe.with_scheduler(scheduler)
     conditional = pipe.transformer.config.num_classes > 0
     if not conditional:
         classes = []
@@ -67,25 +64,19 @@ def generate(
     first, final = int(guided_from), last if guided_to is None else int(guided_to)
     if first > final:
         raise ConfigError(f"guidance from timestep {first} to {final}: the first must not be after the last")
-    interval = check_guidance_interval([first, final], last + 1)
-    averaging = check_grid_averaging(None if grid_averaging is None else int(grid_averaging), last + 1)
+    spec = SamplingSpec(
+        scheduler=scheduler,
+        num_inference_steps=int(steps),
+        guidance_scale=float(guidance),
+        guidance_interval=(first, final),
+        grid_averaging=None if grid_averaging is None else int(grid_averaging),
+    )
     start = time.time()
     with pipe.transformer.recording_head_usage() as usage:
-        images, names = pipe.sample_grid(
-            classes,
-            int(per_class),
-            int(seed),
-            float(guidance),
-            int(steps),
-            guidance_interval=interval,
-            grid_averaging=averaging,
-        )
+        images, names = pipe.sample_grid(classes, int(per_class), int(seed), spec)
     grid = make_grid(images, ncols=int(per_class), row_labels=names)
     source = (getattr(pipe, "provenance", None) or {}).get("source", "the model")
-    info = (
-        f"{len(images)} images from {source} in {time.time() - start:.1f} s ({scheduler}, {steps} steps, "
-        f"{describe_guidance(guidance, interval, averaging)})"
-    )
+    info = f"{len(images)} images from {source} in {time.time() - start:.1f} s ({spec.describe()})"
     return grid, head_usage_heatmap(usage, pipe.transformer), info
 
 
@@ -99,7 +90,7 @@ def build_demo(pipe, title: str = "MoH-DiT"):
     active, total = pipe.transformer.head_counts()
     recorded = pipe.preview_sampling  # the controls start where the model's own previews were drawn
     last = pipe.scheduler.config.num_train_timesteps - 1
-    first_guided, last_guided = recorded["guidance_interval"] or (0, last)
+    first_guided, last_guided = recorded.guidance_interval or (0, last)
     with gr.Blocks(title=title) as page:
         gr.Markdown(f"## {title}\n{active} of {total} heads active per token. Pick a class and press Generate.")
         with gr.Row():
@@ -113,7 +104,7 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                     filterable=True,
                 )
                 guidance = gr.Slider(
-                    1.0, 10.0, value=recorded["guidance_scale"], step=0.25, label="guidance", elem_id="guidance"
+                    1.0, 10.0, value=recorded.guidance_scale, step=0.25, label="guidance", elem_id="guidance"
                 )
                 guided_from = gr.Slider(
                     0, last, value=first_guided, step=1, label="guided from timestep", elem_id="guided-from"
@@ -122,23 +113,21 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                     0, last, value=last_guided, step=1, label="guided to timestep", elem_id="guided-to"
                 )
                 averaged = gr.Checkbox(
-                    value=recorded["grid_averaging"] is not None,
+                    value=recorded.grid_averaging is not None,
                     label="average shifted patch grids at low noise (fainter patch seams)",
                     elem_id="grid-averaging",
                 )
                 averaged_to = gr.Slider(
                     0,
                     last,
-                    value=100 if recorded["grid_averaging"] is None else recorded["grid_averaging"],
+                    value=100 if recorded.grid_averaging is None else recorded.grid_averaging,
                     step=1,
                     label="... at timesteps up to",
                     elem_id="grid-averaging-last",
                 )
-                steps = gr.Slider(
-                    2, 250, value=recorded["num_inference_steps"], step=1, label="steps", elem_id="steps"
-                )
+                steps = gr.Slider(2, 250, value=recorded.num_inference_steps, step=1, label="steps", elem_id="steps")
                 scheduler = gr.Dropdown(
-                    list(SCHEDULERS), value=recorded["scheduler"], label="scheduler", elem_id="scheduler"
+                    list(SCHEDULERS), value=recorded.scheduler, label="scheduler", elem_id="scheduler"
                 )
                 seed = gr.Number(value=0, precision=0, label="seed", elem_id="seed")
                 per_class = gr.Slider(1, 16, value=8, step=1, label="images", elem_id="count")

@@ -14,30 +14,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from moh_dit.errors import ArtifactError, ConfigError
-from moh_dit.files import sibling
+from moh_dit.files import atomic_path
 from moh_dit.manifests import fingerprint_module
 from moh_dit.progress import Progress
 from moh_dit.sampling.loading import load_pipeline
-from moh_dit.sampling.options import (
-    EVAL_GUIDANCE,
-    EVAL_STEPS,
-    LABEL_MODES,
-    check_grid_averaging,
-    check_guidance_interval,
-    describe_guidance,
-)
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.sampling.sample_sets import prepare_sample_folder, sample_npz_path
+from moh_dit.sampling.spec import EVAL_GUIDANCE, EVAL_STEPS, LABEL_MODES, SamplingSpec
 from moh_dit.seeding import index_generator, label_for_index
 
 logger = logging.getLogger(__name__)
@@ -48,44 +40,34 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------------
 @dataclass
 class GenerationSettings:
-    """What to generate. ``batch_size`` is also the block size: images are always computed with the same
-    block-mates, which is what makes them bit-identical for any number of processes."""
+    """What to generate: how many images, their seed and labels, and how to sample them (``sampling``; its
+    ``scheduler`` ``None`` keeps the pipeline's own). ``batch_size`` is also the block size: images are
+    always computed with the same block-mates, which is what makes them bit-identical for any number of
+    processes."""
 
     num_samples: int = 50_000
     seed: int = 0
     batch_size: int = 32
-    guidance_scale: float = EVAL_GUIDANCE
-    num_inference_steps: int = EVAL_STEPS
-    guidance_channels: Optional[int] = None
     label_mode: str = "uniform"
-    guidance_interval: Optional[tuple[int, int]] = None  # guided timesteps [first, last]; None: every step
-    grid_averaging: Optional[int] = None  # average over shifted patch grids at timesteps <= this; None: nowhere
+    sampling: SamplingSpec = field(
+        default_factory=lambda: SamplingSpec(
+            scheduler=None, num_inference_steps=EVAL_STEPS, guidance_scale=EVAL_GUIDANCE
+        )
+    )
 
     @classmethod
-    def from_args(cls, args, batch_size: int) -> "GenerationSettings":
-        """From the sampling options of ``sample.py`` / ``evaluate_fid.py`` (see ``cli.add_sampling_arguments``)."""
-        return cls(
-            num_samples=args.num_samples,
-            seed=args.seed,
-            batch_size=batch_size,
-            guidance_scale=args.cfg_scale,
-            num_inference_steps=args.num_steps,
-            guidance_channels=args.guidance_channels,
-            label_mode=args.label_mode,
-            guidance_interval=getattr(args, "guidance_interval", None),
-            grid_averaging=getattr(args, "grid_averaging", None),
-        )
+    def from_args(cls, args, sampling: SamplingSpec, batch_size: int) -> GenerationSettings:
+        """From the options of ``sample.py`` / ``evaluate_fid.py`` (``cli.common.add_sampling_arguments``)."""
+        return cls(args.num_samples, args.seed, batch_size, args.label_mode, sampling)
 
     def validate(self) -> None:
-        for name in ("num_samples", "batch_size", "num_inference_steps"):
+        for name in ("num_samples", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not math.isfinite(self.guidance_scale):
-            raise ConfigError(f"guidance_scale must be a finite number, got {self.guidance_scale}")
-        self.guidance_interval = check_guidance_interval(self.guidance_interval)
-        self.grid_averaging = check_grid_averaging(self.grid_averaging)
         if self.label_mode not in LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {', '.join(LABEL_MODES)}, got {self.label_mode!r}")
+        if not isinstance(self.sampling, SamplingSpec):
+            raise ConfigError(f"sampling must be a SamplingSpec, got {type(self.sampling).__name__}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,26 +77,26 @@ def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_si
     """What makes a set of samples: ``identity`` holds everything that changes the pixels (weights of the
     transformer and the VAE, their dtype, the scheduler, steps, guidance, seed, labels); the rest is a record
     (source, step, count, batch, processes, device), which does not stop a resume."""
-    transformer = pipe.transformer
+    transformer, spec = pipe.transformer, settings.sampling
     conditional = transformer.config.num_classes > 0
     scheduler = {k: v for k, v in dict(pipe.scheduler.config).items() if not k.startswith("_")}
     identity = {
         "transformer_sha256": fingerprint_module(transformer),
         "dtype": str(transformer.dtype).removeprefix("torch."),
-        "vae_sha256": fingerprint_module(pipe.vae) if pipe.vae is not None else None,
+        "vae_sha256": pipe.space.fingerprint(),
         "scheduler": dict(scheduler, name=type(pipe.scheduler).__name__),
-        "num_inference_steps": settings.num_inference_steps,
-        "guidance_scale": settings.guidance_scale if conditional else 1.0,
-        "guidance_channels": settings.guidance_channels,
+        "num_inference_steps": spec.num_inference_steps,
+        "guidance_scale": spec.guidance_scale if conditional else 1.0,
+        "guidance_channels": spec.guidance_channels,
         "seed": settings.seed,
         "label_mode": settings.label_mode if conditional else None,
         "num_classes": transformer.config.num_classes,
     }
-    if conditional and settings.guidance_interval is not None:
+    if conditional and spec.guidance_interval is not None:
         # only when set: folders made before intervals existed guided every step and keep their identity
-        identity["guidance_interval"] = list(settings.guidance_interval)
-    if settings.grid_averaging is not None:  # likewise: only when set
-        identity["grid_averaging"] = settings.grid_averaging
+        identity["guidance_interval"] = list(spec.guidance_interval)
+    if spec.grid_averaging is not None:  # likewise: only when set
+        identity["grid_averaging"] = spec.grid_averaging
     return {
         "identity": identity,
         "model": getattr(pipe, "provenance", None),
@@ -131,9 +113,8 @@ def _png_path(sample_dir: Path, index: int) -> Path:
 
 
 def _save_png(image: np.ndarray, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image).save(tmp, format="PNG")
-    os.replace(tmp, path)  # a PNG that exists is complete
+    with atomic_path(path) as tmp:  # a PNG that exists is complete
+        Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image).save(tmp, format="PNG")
 
 
 def missing_indices(sample_dir: Path, num_samples: int) -> list[int]:
@@ -146,7 +127,7 @@ def generate_samples(
     settings: GenerationSettings,
     accelerator=None,
     overwrite: bool = False,
-) -> Optional[Path]:
+) -> Path | None:
     """Generate ``settings.num_samples`` images into ``sample_dir`` (resuming a folder whose manifest
     matches), then pack them into the ADM-style ``.npz`` beside it (``arr_0`` uint8 NHWC RGB, ``arr_1``
     labels, ``moh_dit_manifest``). Returns the ``.npz`` path on the main process. With ``accelerator`` the
@@ -177,6 +158,9 @@ def generate_samples(
             world,
         )
     num_classes = pipe.transformer.config.num_classes
+    spec = settings.sampling
+    if num_classes == 0:  # an unconditional model has nothing to guide
+        spec = spec.replace(guidance_scale=1.0, guidance_interval=None)
     progress = Progress(len(todo) * block, desc="sampling", unit="img", enabled=is_main)
     pipe.set_progress_bar_config(disable=True)
     for b in todo[rank::world]:
@@ -190,14 +174,10 @@ def generate_samples(
             )
         images = pipe(
             **kwargs,
-            guidance_scale=settings.guidance_scale if num_classes > 0 else 1.0,
-            num_inference_steps=settings.num_inference_steps,
+            sampling=spec,
             generator=[index_generator(settings.seed, i) for i in batch],
-            guidance_channels=settings.guidance_channels,
             output_type="uint8",
             progress=False,
-            guidance_interval=settings.guidance_interval if num_classes > 0 else None,
-            grid_averaging=settings.grid_averaging,
         ).images
         for i, img in zip(batch, images):
             if i in missing:
@@ -220,10 +200,9 @@ def sample_to_folder(
     model: str | os.PathLike,
     sample_dir: str | os.PathLike,
     settings: GenerationSettings,
-    device: Optional[str] = None,
+    device: str | None = None,
     dtype: str = "fp32",
-    scheduler: Optional[str] = None,
-    vae: Optional[str] = None,
+    vae: str | None = None,
     overwrite: bool = False,
 ):
     """What ``sample.py --num-samples`` and ``evaluate_fid.py --model`` do: start accelerate (all processes of
@@ -236,7 +215,7 @@ def sample_to_folder(
     settings.validate()
     accelerator = Accelerator(cpu=resolve_device(device).type == "cpu")
     logger.info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
-    pipe = load_pipeline(model, accelerator.device, dtype, scheduler, vae)
+    pipe = load_pipeline(model, accelerator.device, dtype, settings.sampling.scheduler, vae)
     return accelerator, generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite), pipe
 
 
@@ -257,10 +236,9 @@ def pack_npz(sample_dir: Path, manifest: dict[str, Any], npz_path: Path) -> Path
         [label_for_index(identity["seed"], i, k, identity["label_mode"]) if k else -1 for i in range(n)],
         dtype=np.int64,
     )
-    tmp = sibling(npz_path, ".tmp.npz")
     record = dict(manifest, kind="samples", images_sha256=images_fingerprint(arr))
-    np.savez(tmp, arr_0=arr, arr_1=labels, moh_dit_manifest=np.array(json.dumps(record)))
-    os.replace(tmp, npz_path)
+    with atomic_path(npz_path, ".npz") as tmp:
+        np.savez(tmp, arr_0=arr, arr_1=labels, moh_dit_manifest=np.array(json.dumps(record)))
     return npz_path
 
 
@@ -271,7 +249,7 @@ def images_fingerprint(images: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def check_samples(path: Path, manifest: Optional[dict], images: Optional[np.ndarray] = None) -> None:
+def check_samples(path: Path, manifest: dict | None, images: np.ndarray | None = None) -> None:
     """Stop before samples are scored as something they are not: a sample folder must hold every image its
     manifest counts (an interrupted sampling leaves fewer), and an ``.npz`` the images it was packed with
     (``images``: its ``arr_0``). Files without a moh-dit manifest are images from elsewhere, taken as they are."""
@@ -302,7 +280,7 @@ def check_samples(path: Path, manifest: Optional[dict], images: Optional[np.ndar
     )
 
 
-def describe_samples(manifest: Optional[dict]) -> str:
+def describe_samples(manifest: dict | None) -> str:
     if not manifest:
         return "samples without a moh-dit manifest"
     ident, model = manifest["identity"], manifest.get("model") or {}
@@ -310,5 +288,10 @@ def describe_samples(manifest: Optional[dict]) -> str:
     return (
         f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
         f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, "
-        + describe_guidance(ident["guidance_scale"], ident.get("guidance_interval"), ident.get("grid_averaging"))
+        + SamplingSpec(
+            scheduler=None,
+            guidance_scale=ident["guidance_scale"],
+            guidance_interval=ident.get("guidance_interval"),
+            grid_averaging=ident.get("grid_averaging"),
+        ).describe_guidance()
     )

@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Optional
 
 import torch
 import yaml
@@ -23,15 +22,13 @@ from moh_dit.files import read_safetensors
 from moh_dit.manifests import fingerprint_module, short, weight_health
 from moh_dit.model.network import MoHDiT
 from moh_dit.run_folder import RunLayout, checkpoint_step
-from moh_dit.sampling.pipeline import MoHDiTPipeline, check_sampling_record
+from moh_dit.sampling.pipeline import MoHDiTPipeline
+from moh_dit.sampling.spec import DTYPES as DTYPE_NAMES
+from moh_dit.sampling.spec import LEGACY_CONFIG_KEYS, SamplingSpec
 from moh_dit.vae import check_vae, latent_space, load_vae
 
 logger = logging.getLogger(__name__)
-DTYPES = {
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}  # keys: moh_dit.sampling.options.DTYPES
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))  # the names the options offer
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -44,8 +41,8 @@ class ModelSource:
 
     kind: str
     path: Path
-    step: Optional[int] = None
-    run: Optional[Path] = None
+    step: int | None = None
+    run: Path | None = None
     note: str = ""
 
     def describe(self) -> str:
@@ -58,7 +55,7 @@ class ModelSource:
         return f"{what} {self.path}{step}{self.note}"
 
 
-def _pipeline_step(folder: Path) -> Optional[int]:
+def _pipeline_step(folder: Path) -> int | None:
     manifest = MoHDiTPipeline.manifest_of(folder)
     return (manifest or {}).get("source", {}).get("step")
 
@@ -157,26 +154,28 @@ def _checkpoint_vae(state: dict, ckpt: Path):
     return vae
 
 
-def _run_preview_sampling(source: ModelSource) -> Optional[dict]:
-    """For weights inside a run folder: the preview settings in the run's config.yaml (``None`` without one;
+def _run_preview_sampling(source: ModelSource) -> SamplingSpec | None:
+    """For weights inside a run folder: the preview spec in the run's config.yaml (``None`` without one;
     pipelines exported by moh-dit 0.2 and later carry their own record)."""
     if source.run is None or not RunLayout(source.run).config.is_file():
         return None
-    import dataclasses
-
-    from moh_dit.training.config import LogSection
-
-    log = (yaml.safe_load(RunLayout(source.run).config.read_text()) or {}).get("log") or {}
-    known = {f.name for f in dataclasses.fields(LogSection)}  # keys of other versions are not ours to read
-    return LogSection(**{k: v for k, v in log.items() if k in known}).preview_sampling()
-
-
-def _recorded(source: ModelSource, manifest: Optional[dict]) -> Optional[dict]:
-    """The sampling record of a pipeline's manifest, else of its run's config; checked."""
-    return check_sampling_record((manifest or {}).get("sampling") or _run_preview_sampling(source))
+    saved = yaml.safe_load(RunLayout(source.run).config.read_text()) or {}
+    preview = saved.get("preview")
+    if preview is None:  # a run of moh-dit 0.2: log.sample_*
+        log = saved.get("log") or {}
+        preview = {new: log[old] for old, new in LEGACY_CONFIG_KEYS.items() if old in log}
+    try:
+        return SamplingSpec.from_config(preview)
+    except ConfigError as err:
+        raise ArtifactError(f"the preview settings in {RunLayout(source.run).config} are not valid ({err})") from None
 
 
-def recorded_sampling(path: str | os.PathLike) -> Optional[dict]:
+def _recorded(source: ModelSource, manifest: dict | None) -> SamplingSpec | None:
+    """The sampling spec of a pipeline's manifest, else of its run's config; checked."""
+    return SamplingSpec.from_record((manifest or {}).get("sampling")) or _run_preview_sampling(source)
+
+
+def recorded_sampling(path: str | os.PathLike) -> SamplingSpec | None:
     """How the model at ``path`` (run, checkpoint, pipeline) is meant to be sampled, as recorded with it (see
     ``MoHDiTPipeline.preview_sampling``), read without loading weights; ``None`` without a record."""
     source = resolve_model_source(path)
@@ -199,7 +198,7 @@ def load_transformer(path: str | os.PathLike) -> tuple[MoHDiT, ModelSource]:
     return model.eval(), source
 
 
-def _check_recorded_weights(folder: Path, manifest: Optional[dict], model: MoHDiT) -> str:
+def _check_recorded_weights(folder: Path, manifest: dict | None, model: MoHDiT) -> str:
     """The transformer's fingerprint, after checking it against a pipeline manifest's record."""
     fingerprint = fingerprint_module(model)
     if manifest is not None and manifest.get("transformer_sha256") not in (None, fingerprint):
@@ -211,7 +210,7 @@ def _check_recorded_weights(folder: Path, manifest: Optional[dict], model: MoHDi
     return fingerprint
 
 
-def source_vae_record(source: ModelSource) -> Optional[dict]:
+def source_vae_record(source: ModelSource) -> dict | None:
     """What the weights at ``source`` were trained with, as far as it says: the VAE's fingerprint and
     latent-space numbers (``None`` for pixel space or a bare transformer folder, which does not say)."""
     if source.kind == "checkpoint":
@@ -228,10 +227,10 @@ def source_vae_record(source: ModelSource) -> Optional[dict]:
 
 def load_pipeline(
     path: str | os.PathLike,
-    device: Optional[str | torch.device] = None,
+    device: str | torch.device | None = None,
     dtype: str = "fp32",
-    scheduler: Optional[str] = None,
-    vae: Optional[str] = None,
+    scheduler: str | None = None,
+    vae: str | None = None,
 ) -> MoHDiTPipeline:
     """Load a pipeline from a run folder (its newest weights), a checkpoint folder (EMA weights), a pipeline
     folder or a bare transformer folder, and log which weights were loaded.

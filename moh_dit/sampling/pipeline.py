@@ -11,14 +11,12 @@ diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class 
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
-import math
 import os
-import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,62 +28,19 @@ from diffusers import (
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from moh_dit.errors import ArtifactError, ConfigError, NonFiniteSampleError
-from moh_dit.files import replace_folder
-from moh_dit.manifests import fingerprint_module, format_differences, read_manifest, short, write_manifest
+from moh_dit.errors import ConfigError, NonFiniteSampleError
+from moh_dit.manifests import read_manifest
 from moh_dit.model.network import MoHDiT
-from moh_dit.sampling.card import write_card
-from moh_dit.sampling.options import (
-    FAST_SCHEDULER,
-    FAST_STEPS,
-    GRID_GUIDANCE,
-    SCHEDULERS,
-    check_grid_averaging,
-    check_guidance_interval,
-)
-from moh_dit.sampling.schedulers import make_scheduler
+from moh_dit.sampling.labels import resolve_class_labels
+from moh_dit.sampling.schedulers import make_scheduler, scheduler_name
+from moh_dit.sampling.spec import GRID_GUIDANCE, TRAIN_TIMESTEPS, SamplingSpec
 from moh_dit.seeding import index_generator
-from moh_dit.vae import latent_space, latent_space_differences
+from moh_dit.vae import ImageSpace
 
 logger = logging.getLogger(__name__)
 
 
-def sampling_record(
-    guidance_scale: float = GRID_GUIDANCE,
-    guidance_interval: Optional[Sequence[int]] = None,
-    scheduler: str = FAST_SCHEDULER,
-    num_inference_steps: int = FAST_STEPS,
-    grid_averaging: Optional[int] = None,
-) -> dict[str, Any]:
-    """How a model is meant to be looked at (its run's preview grids), as a pipeline's manifest records it
-    under ``sampling``; ``sample.py`` and the demo start from it."""
-    interval = check_guidance_interval(guidance_interval)
-    grid_averaging = check_grid_averaging(grid_averaging)
-    if not math.isfinite(guidance_scale) or scheduler not in SCHEDULERS or num_inference_steps < 1:
-        raise ConfigError(
-            f"not a sampling setting: guidance {guidance_scale}, scheduler {scheduler!r}, {num_inference_steps} steps"
-        )
-    return {
-        "guidance_scale": float(guidance_scale),
-        "guidance_interval": list(interval) if interval else None,
-        "scheduler": scheduler,
-        "num_inference_steps": int(num_inference_steps),
-        "grid_averaging": grid_averaging,
-    }
-
-
-def check_sampling_record(record: Optional[dict]) -> Optional[dict]:
-    """A recorded ``sampling`` (from a manifest or a run's config) in :func:`sampling_record`'s form, or
-    ``None``; a damaged one is an :class:`ArtifactError`."""
-    if not record:
-        return None
-    try:
-        return sampling_record(**record)
-    except (TypeError, ConfigError) as err:
-        raise ArtifactError(f"the model's recorded sampling {record!r} is not valid ({err})") from None
-
-
-def guided_at(t: Union[int, torch.Tensor], interval: Optional[Sequence[int]]) -> bool:
+def guided_at(t: int | torch.Tensor, interval: Sequence[int] | None) -> bool:
     """Whether guidance applies at timestep ``t``: everywhere without an interval, else inside it."""
     if interval is None:
         return True
@@ -97,46 +52,6 @@ def grid_shifts(patch: int) -> list[int]:
     offset of the patch grid (0 .. patch - 1 pixels), each as the roll that moves the content least
     (``-patch / 2 < s <= patch / 2``): ``[0, 1, 2, -1]`` for patch 4, ``[0, 1]`` for patch 2."""
     return [k - patch if k > patch // 2 else k for k in range(patch)]
-
-
-def resolve_class_labels(
-    labels: Union[int, str, Sequence[Union[int, str]]], num_classes: int, id2label: Optional[dict[int, str]] = None
-) -> list[int]:
-    """Class ids or names (case-insensitive; a single one too) -> ids, with clear errors."""
-    if isinstance(labels, (int, str, np.integer)):
-        labels = [labels]
-    if isinstance(labels, torch.Tensor):
-        labels = labels.tolist()
-    id2label = id2label or {}
-    exact = {v: k for k, v in id2label.items()}
-    folded: dict[str, list[int]] = {}
-    for k, v in id2label.items():
-        folded.setdefault(v.lower(), []).append(k)
-    ids = []
-    for label in labels:
-        if isinstance(label, str) and not label.strip().lstrip("-").isdigit():
-            key = label.strip()
-            if key in exact:
-                ids.append(exact[key])
-                continue
-            matches = folded.get(key.lower(), [])
-            if len(matches) > 1:  # e.g. ImageNet's "Cardigan" (a dog) and "cardigan" (a sweater)
-                options = ", ".join(f"{id2label[i]!r} = {i}" for i in matches)
-                raise ValueError(f"class name {label!r} is ambiguous ({options}): use the exact name or the id")
-            if not matches:
-                close = difflib.get_close_matches(key.lower(), list(folded), n=3, cutoff=0.6)
-                hint = f"; did you mean {', '.join(repr(id2label[folded[c][0]]) for c in close)}?" if close else ""
-                shown = ", ".join(repr(v) for v in list(id2label.values())[:12])
-                more = f" ... ({len(id2label)} in all)" if len(id2label) > 12 else ""
-                known = f"known classes: {shown}{more}" if id2label else "this model has no class names"
-                raise ValueError(f"unknown class name {label!r}{hint} ({known})")
-            ids.append(matches[0])
-            continue
-        idx = int(label)
-        if not 0 <= idx < num_classes:
-            raise ValueError(f"class id {idx} is out of range: this model has classes 0..{num_classes - 1}")
-        ids.append(idx)
-    return ids
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -163,9 +78,9 @@ class MoHDiTPipeline(DiffusionPipeline):
         self,
         transformer: MoHDiT,
         scheduler: SchedulerMixin,
-        vae: Optional[AutoencoderKL] = None,
-        id2label: Optional[dict] = None,
-        latent_space: Optional[bool] = None,
+        vae: AutoencoderKL | None = None,
+        id2label: dict | None = None,
+        latent_space: bool | None = None,
     ) -> None:
         super().__init__()
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
@@ -178,63 +93,41 @@ class MoHDiTPipeline(DiffusionPipeline):
     def build(
         cls,
         transformer: MoHDiT,
-        vae: Optional[AutoencoderKL] = None,
-        id2label: Optional[dict] = None,
+        vae: AutoencoderKL | None = None,
+        id2label: dict | None = None,
         scheduler: str = "ddpm",
-        latent_space: Optional[bool] = None,
-    ) -> "MoHDiTPipeline":
+        latent_space: bool | None = None,
+    ) -> MoHDiTPipeline:
         """The one way moh-dit assembles a pipeline: a model (put in eval mode), an optional VAE, class
         names, and a scheduler by name for the model's variance type (DiT's DDPM by default)."""
         return cls(
             transformer.eval(), make_scheduler(scheduler, transformer.config.learn_sigma), vae, id2label, latent_space
         )
 
-    def save(self, folder: str | os.PathLike, source: dict[str, Any], sampling: Optional[dict] = None) -> Path:
-        """``save_pretrained`` (safetensors), a manifest of what the weights are (fingerprints) and where they
-        came from (``source``: run, step, EMA or model weights, training settings, conversion), how they are
-        meant to be sampled (``sampling``, see :func:`sampling_record`; default: :attr:`preview_sampling`),
-        and a model card (``README.md``, see ``moh_dit.sampling.card``). Written into a temporary
-        folder and renamed, so the folder is the old or the new pipeline, never half of each."""
-        folder = Path(folder)
-        tmp = folder.with_name(f".tmp-{folder.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.save_pretrained(tmp, safe_serialization=True)
-        manifest = write_manifest(
-            tmp,
-            "pipeline",
-            source=source,
-            transformer_sha256=fingerprint_module(self.transformer),
-            vae_sha256=fingerprint_module(self.vae) if self.vae is not None else None,
-            latent_space=self.config.latent_space,
-            id2label={str(k): v for k, v in self.id2label.items()},
-            sampling=sampling or self.preview_sampling,
-        )
-        write_card(tmp, self, manifest)  # README.md: what it is, how it was made, how to use it
-        replace_folder(tmp, folder)
-        return folder
+    def save(self, folder: str | os.PathLike, source: dict[str, Any], sampling: SamplingSpec | None = None) -> Path:
+        """Save weights, manifest and model card atomically (see :func:`moh_dit.sampling.export.save_pipeline`)."""
+        from moh_dit.sampling.export import save_pipeline
+
+        return save_pipeline(self, folder, source, sampling)
 
     @staticmethod
-    def manifest_of(folder: str | os.PathLike) -> Optional[dict]:
+    def manifest_of(folder: str | os.PathLike) -> dict | None:
         return read_manifest(folder, "pipeline")
 
     @property
-    def preview_sampling(self) -> dict[str, Any]:
-        """The guidance (scale and interval), scheduler and steps this model's run drew its previews with,
-        as recorded with its weights (``load_pipeline`` reads it); the package's grid defaults for a model
-        without a record."""
-        return getattr(self, "recorded_sampling", None) or sampling_record()
+    def preview_sampling(self) -> SamplingSpec:
+        """How this model's run drew its previews, as recorded with its weights (``load_pipeline`` reads it):
+        what ``sample.py`` and the demo start from; the package's grid defaults without a record."""
+        return getattr(self, "recorded_sampling", None) or SamplingSpec()
 
-    def set_preview_sampling(self, record: Optional[dict]) -> None:
-        """Adopt a recorded ``sampling`` (checked; ``None`` keeps the package defaults)."""
-        self.recorded_sampling = check_sampling_record(record)
+    def set_preview_sampling(self, record: SamplingSpec | dict | None) -> None:
+        """Adopt a recorded spec (a record is checked; ``None`` keeps the package defaults)."""
+        self.recorded_sampling = record if isinstance(record, SamplingSpec) else SamplingSpec.from_record(record)
 
     @property
     def patch_pixels(self) -> int:
         """The side of one transformer patch in output pixels (the patch times the VAE's down-sampling)."""
-        patch = self.transformer.config.patch_size
-        if self.vae is None:
-            return patch
-        return patch * latent_space(self.vae.config)["downsample_factor"]
+        return self.transformer.config.patch_size * self.space.downsample_factor
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -245,50 +138,17 @@ class MoHDiTPipeline(DiffusionPipeline):
         """Class name -> id."""
         return {v: k for k, v in self.id2label.items()}
 
-    def get_label_ids(self, labels: Union[int, str, Sequence[Union[int, str]]]) -> list[int]:
+    def get_label_ids(self, labels: int | str | Sequence[int | str]) -> list[int]:
         return resolve_class_labels(labels, self.transformer.config.num_classes, self.id2label)
 
-    def replace_vae(self, vae: Optional[AutoencoderKL], spec: str, trained_with: Optional[dict] = None) -> None:
-        """Decode with ``vae`` (``None``: no VAE) instead of the pipeline's own. It must decode the latents
-        this model makes: the same number of channels and, when the VAE the model was trained with is known
-        (the pipeline's own, or ``trained_with``: a record with its ``scaling_factor``, ``downsample_factor``
-        and ``sha256``), the same scaling factor and downsampling (otherwise the images come out at the wrong
-        scale or size without any error). Other weights of the same latent space (DiT's ft-EMA against
-        ft-MSE decoders) are a legitimate choice; the log says so, and sample manifests record the VAE's
-        fingerprint."""
-        if vae is not None:
-            channels = self.transformer.config.in_channels
-            if not self.config.get("latent_space", False):
-                raise ConfigError(
-                    f"this model works in pixel space ({channels} channels): --vae {spec} does not apply"
-                )
-            if vae.config.latent_channels != channels:
-                raise ArtifactError(
-                    f"VAE {spec} makes {vae.config.latent_channels}-channel latents but this model works on "
-                    f"{channels}-channel latents: pass the VAE it was trained with"
-                )
-            if self.vae is not None:
-                trained_with = dict(latent_space(self.vae.config), sha256=fingerprint_module(self.vae))
-            if trained_with is not None:
-                diffs = latent_space_differences(trained_with, latent_space(vae.config))
-                if diffs:
-                    raise ArtifactError(
-                        f"VAE {spec} is not in the latent space this model was trained in "
-                        f"({format_differences(diffs)}): its images would come out at the wrong scale or size; "
-                        f"pass a VAE with the same numbers"
-                    )
-                before, after = trained_with.get("sha256"), fingerprint_module(vae)
-                if before != after:
-                    logger.info(
-                        "decoding with VAE %s instead of the one the model was trained with (fingerprint %s -> %s; "
-                        "same scaling factor and downsampling)",
-                        spec,
-                        short(before),
-                        short(after),
-                    )
-        self.register_modules(vae=vae)
+    def replace_vae(self, vae: AutoencoderKL | None, spec: str, trained_with: dict | None = None) -> None:
+        """Decode with ``vae`` instead of the pipeline's own, if it decodes this model's latents (see
+        :func:`moh_dit.sampling.export.replace_vae`)."""
+        from moh_dit.sampling.export import replace_vae
 
-    def with_scheduler(self, name: str) -> "MoHDiTPipeline":
+        replace_vae(self, vae, spec, trained_with)
+
+    def with_scheduler(self, name: str) -> MoHDiTPipeline:
         """Swap in one of :data:`SCHEDULERS` (in place); returns the pipeline."""
         self.scheduler = make_scheduler(name, self.transformer.config.learn_sigma)
         return self
@@ -300,9 +160,9 @@ class MoHDiTPipeline(DiffusionPipeline):
         self,
         latents: torch.Tensor,
         t: torch.Tensor,
-        labels: Optional[torch.Tensor],
+        labels: torch.Tensor | None,
         guidance_scale: float,
-        guidance_channels: Optional[int] = None,
+        guidance_channels: int | None = None,
         grid_average: bool = False,
     ) -> torch.Tensor:
         """Model output for ``latents`` at timestep ``t``, guided towards ``labels``.
@@ -332,9 +192,9 @@ class MoHDiTPipeline(DiffusionPipeline):
         self,
         latents: torch.Tensor,
         t: torch.Tensor,
-        labels: Optional[torch.Tensor],
+        labels: torch.Tensor | None,
         guidance_scale: float,
-        guidance_channels: Optional[int],
+        guidance_channels: int | None,
     ) -> torch.Tensor:
         """One batched forward of the conditional and unconditional halves, mixed (see above)."""
         transformer = self.transformer
@@ -361,18 +221,19 @@ class MoHDiTPipeline(DiffusionPipeline):
     @torch.no_grad()
     def __call__(
         self,
-        class_labels: Union[int, str, Sequence[Union[int, str]], None] = None,
+        class_labels: int | str | Sequence[int | str] | None = None,
         guidance_scale: float = GRID_GUIDANCE,
         num_inference_steps: int = 250,
-        generator: Optional[Union[torch.Generator, list[torch.Generator]]] = None,
-        latents: Optional[torch.Tensor] = None,
-        num_images: Optional[int] = None,
-        guidance_channels: Optional[int] = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        latents: torch.Tensor | None = None,
+        num_images: int | None = None,
+        guidance_channels: int | None = None,
         output_type: str = "pil",
         return_dict: bool = True,
         progress: bool = True,
-        guidance_interval: Optional[Sequence[int]] = None,
-        grid_averaging: Optional[int] = None,
+        guidance_interval: Sequence[int] | None = None,
+        grid_averaging: int | None = None,
+        sampling: SamplingSpec | None = None,
     ):
         """Generate images.
 
@@ -394,6 +255,8 @@ class MoHDiTPipeline(DiffusionPipeline):
                 the batch). At low noise this removes most of an undertrained model's patch seams at no cost
                 in KID; at high noise the shifted copies are out of distribution (docs/sampling.md).
                 ``None`` (default) averages nowhere.
+            sampling: a :class:`SamplingSpec` instead of the five arguments above (its scheduler, when set,
+                replaces the pipeline's).
             output_type: ``"pil"``, ``"np"`` (float in [0, 1], NHWC), ``"pt"`` (float in [-1, 1], NCHW),
                 ``"uint8"`` (NHWC, ADM quantisation) or ``"latent"`` (the model's output before decoding).
         """
@@ -401,13 +264,17 @@ class MoHDiTPipeline(DiffusionPipeline):
         cfg = transformer.config
         if output_type not in ("pil", "np", "pt", "uint8", "latent"):
             raise ValueError(f"output_type must be pil, np, pt, uint8 or latent, got {output_type!r}")
-        if not math.isfinite(guidance_scale):
-            raise ConfigError(f"guidance_scale must be a finite number, got {guidance_scale}")
-        max_steps = self.scheduler.config.num_train_timesteps
-        if not isinstance(num_inference_steps, int) or not 1 <= num_inference_steps <= max_steps:
-            raise ConfigError(
-                f"num_inference_steps must be an integer between 1 and {max_steps}, got {num_inference_steps!r}"
+        if sampling is None:  # the spec checks every value, once
+            sampling = SamplingSpec(
+                None, num_inference_steps, guidance_scale, guidance_interval, guidance_channels, grid_averaging
             )
+        elif sampling.scheduler is not None and sampling.scheduler != scheduler_name(self.scheduler):
+            self.with_scheduler(sampling.scheduler)
+        if self.scheduler.config.num_train_timesteps != TRAIN_TIMESTEPS:
+            raise ConfigError(f"the scheduler must have DiT's {TRAIN_TIMESTEPS} training timesteps")
+        guidance_scale, num_inference_steps = sampling.guidance_scale, sampling.num_inference_steps
+        guidance_channels, guidance_interval = sampling.guidance_channels, sampling.guidance_interval
+        grid_averaging = sampling.grid_averaging
         if output_type != "latent" and self.vae is None and self.config.get("latent_space", False):
             raise ConfigError(
                 f"this model generates {transformer.in_channels}-channel latents and the pipeline has no VAE to decode "
@@ -429,8 +296,6 @@ class MoHDiTPipeline(DiffusionPipeline):
             batch, labels = num_images or 1, None
         if guidance_channels is not None and not 1 <= guidance_channels <= transformer.in_channels:
             raise ValueError(f"guidance_channels must be between 1 and {transformer.in_channels}")
-        guidance_interval = check_guidance_interval(guidance_interval, max_steps)
-        grid_averaging = check_grid_averaging(grid_averaging, max_steps)
 
         device = self._execution_device
         shape = (batch, transformer.in_channels, cfg.sample_size, cfg.sample_size)
@@ -487,19 +352,17 @@ class MoHDiTPipeline(DiffusionPipeline):
 
     def sample_grid(
         self,
-        class_labels: Sequence[Union[int, str]],
+        class_labels: Sequence[int | str],
         per_class: int,
         seed: int,
-        guidance_scale: float,
-        num_inference_steps: int,
-        guidance_channels: Optional[int] = None,
+        sampling: SamplingSpec,
         batch_size: int = 64,
-        guidance_interval: Optional[Sequence[int]] = None,
-        grid_averaging: Optional[int] = None,
-    ) -> tuple[np.ndarray, Optional[list[str]]]:
+    ) -> tuple[np.ndarray, list[str] | None]:
         """``per_class`` uint8 images of every requested class, one row per class, for previews and
         ``sample.py``; image ``i`` draws its noise from ``(seed, i)``. Returns the images and row names."""
         conditional = self.transformer.config.num_classes > 0
+        if not conditional:  # an unconditional model has nothing to guide
+            sampling = sampling.replace(guidance_scale=1.0, guidance_interval=None)
         ids = self.get_label_ids(class_labels) if conditional else [None]
         labels = [c for c in ids for _ in range(per_class)]
         out = []
@@ -507,19 +370,7 @@ class MoHDiTPipeline(DiffusionPipeline):
             chunk = labels[b : b + batch_size]
             gens = [index_generator(seed, b + j) for j in range(len(chunk))]
             kwargs = dict(class_labels=chunk) if conditional else dict(num_images=len(chunk))
-            out.append(
-                self(
-                    **kwargs,
-                    guidance_scale=guidance_scale if conditional else 1.0,
-                    num_inference_steps=num_inference_steps,
-                    generator=gens,
-                    guidance_channels=guidance_channels,
-                    output_type="uint8",
-                    progress=False,
-                    guidance_interval=guidance_interval,
-                    grid_averaging=grid_averaging,
-                ).images
-            )
+            out.append(self(**kwargs, sampling=sampling, generator=gens, output_type="uint8", progress=False).images)
         names = [self.id2label.get(c, str(c)) for c in ids] if conditional else None
         return np.concatenate(out), names
 
@@ -528,38 +379,28 @@ class MoHDiTPipeline(DiffusionPipeline):
         path: str | os.PathLike,
         per_class: int,
         seed: int,
-        guidance_scale: float,
-        num_inference_steps: int,
-        max_classes: Optional[int] = None,
-        guidance_interval: Optional[Sequence[int]] = None,
-        grid_averaging: Optional[int] = None,
+        sampling: SamplingSpec,
+        max_classes: int | None = None,
     ) -> Path:
         """A labelled PNG grid of the first ``max_classes`` classes (training previews)."""
         from moh_dit.images import make_grid
 
-        classes = list(
-            range(min(self.transformer.config.num_classes, max_classes or self.transformer.config.num_classes))
-        )
-        images, names = self.sample_grid(
-            classes,
-            per_class,
-            seed,
-            guidance_scale,
-            num_inference_steps,
-            guidance_interval=guidance_interval,
-            grid_averaging=grid_averaging,
-        )
+        num_classes = self.transformer.config.num_classes
+        classes = list(range(min(num_classes, max_classes or num_classes)))
+        images, names = self.sample_grid(classes, per_class, seed, sampling)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         make_grid(images, ncols=per_class, row_labels=names).save(path)
         return path
 
+    @property
+    def space(self) -> ImageSpace:
+        """Pixels or the VAE's latents (see :class:`moh_dit.vae.ImageSpace`)."""
+        return ImageSpace(self.vae)
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents -> images in [-1, 1] (identity in pixel space)."""
-        if self.vae is None:
-            return latents
-        scaled = latents / self.vae.config.scaling_factor
-        return self.vae.decode(scaled.to(self.vae.dtype)).sample.float()
+        return self.space.decode(latents)
 
 
 def _randn(shape, generator, device) -> torch.Tensor:

@@ -8,12 +8,12 @@ import json
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from moh_dit.errors import ArtifactError
-from moh_dit.files import ensure_writable_dir, ensure_writable_file, sibling
+from moh_dit.files import TMP_MARK, ensure_writable_dir, ensure_writable_file, sibling
 from moh_dit.manifests import MANIFEST_NAME, differences, format_differences, read_manifest, write_manifest
 
 
@@ -34,7 +34,7 @@ def metrics_path_for(samples: str | os.PathLike, extractor: str = "inception") -
     return sibling(base, f".metrics{tag}.json")
 
 
-def read_npz_manifest(npz: str | os.PathLike) -> Optional[dict[str, Any]]:
+def read_npz_manifest(npz: str | os.PathLike) -> dict[str, Any] | None:
     """The sample manifest stored inside a moh-dit ``.npz`` (``None`` for other files)."""
     try:
         with np.load(npz) as data:
@@ -91,7 +91,8 @@ def prepare_sample_folder(sample_dir: Path, manifest: dict[str, Any], overwrite:
             if stale.exists():
                 stale.unlink()
     ensure_writable_dir(sample_dir, "sample folder")
-    for partial in sample_dir.glob("*.png.tmp"):  # an image a killed process was writing (not yet renamed)
+    # images a killed process was writing (not yet renamed); *.png.tmp from moh-dit 0.2
+    for partial in [*sample_dir.glob(f".*.png{TMP_MARK}*"), *sample_dir.glob("*.png.tmp")]:
         partial.unlink()
     ensure_writable_file(npz, "the samples' .npz")
     write_manifest(sample_dir, "samples", **{k: v for k, v in manifest.items() if k not in ("kind", "format")})

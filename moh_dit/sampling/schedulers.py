@@ -11,9 +11,9 @@ from diffusers import (
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from moh_dit.diffusion import DIT_SCHEDULE
-from moh_dit.sampling.options import (
-    SCHEDULERS,
-)
+from moh_dit.sampling.spec import SCHEDULERS
+
+__all__ = ["make_scheduler", "scheduler_name"]
 
 
 def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMixin:
@@ -54,3 +54,13 @@ def make_scheduler(name: str = "ddpm", learn_sigma: bool = True) -> SchedulerMix
     if name == "unipc":
         return UniPCMultistepScheduler(**multistep)
     raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
+
+
+def scheduler_name(scheduler: SchedulerMixin) -> str | None:
+    """The name in :data:`SCHEDULERS` of a scheduler :func:`make_scheduler` could have made (``None`` for
+    another kind)."""
+    if isinstance(scheduler, DPMSolverMultistepScheduler):
+        algorithm = scheduler.config.algorithm_type
+        return {"dpmsolver++": "dpm-solver", "sde-dpmsolver++": "dpm-solver-sde"}.get(algorithm)
+    kinds = {DDPMScheduler: "ddpm", DDIMScheduler: "ddim", UniPCMultistepScheduler: "unipc"}
+    return kinds.get(type(scheduler))

@@ -14,7 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,8 +58,8 @@ def save_checkpoint(
     accelerator,
     trainer_state: dict,
     manifest: dict,
-    keep_last: Optional[int],
-) -> tuple[Optional[Path], float]:
+    keep_last: int | None,
+) -> tuple[Path | None, float]:
     """Write ``checkpoints/step-N`` from every process (the main one writes the shared files, each its own
     RNG states) into a temporary folder renamed when complete. Writes nothing and returns ``(None, peak)``
     when the weights or EMA are not finite or have exploded: such a state never replaces a good checkpoint.
@@ -110,7 +110,7 @@ def save_checkpoint(
     return final, peak
 
 
-def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: Optional[str]) -> dict:
+def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: str | None) -> dict:
     """Restore everything a checkpoint holds into ``state`` (and this process's RNG states); it must be of
     the same architecture and, when both record one, of the same run. Returns the trainer state."""
     path = Path(path)
@@ -162,7 +162,7 @@ def _set_python_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((npy[0], np.array(npy[1], dtype=np.uint32), *npy[2:]))
 
 
-def set_aside_newer_checkpoints(layout: RunLayout, step: int) -> Optional[Path]:
+def set_aside_newer_checkpoints(layout: RunLayout, step: int) -> Path | None:
     """Move the complete checkpoints after ``step`` into ``checkpoints/set-aside-after-step-N-<time>/`` (where
     no resume looks), for a run that continues from ``step``; returns that folder, or ``None`` when there
     were none. They are kept, not deleted: they may be all that is left of a longer run."""

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import yaml
 
 from moh_dit.errors import ConfigError
 from moh_dit.model.presets import check_config_keys, preset_config
-from moh_dit.sampling.options import (
-    FAST_SCHEDULER,
-    FAST_STEPS,
-    SCHEDULERS,
-    check_grid_averaging,
-    check_guidance_interval,
-)
+from moh_dit.sampling.spec import FAST_SCHEDULER, FAST_STEPS, LEGACY_CONFIG_KEYS, SamplingSpec
 
 __all__ = [
     "Config",
@@ -34,6 +29,7 @@ __all__ = [
     "TrainSection",
     "EMASection",
     "LogSection",
+    "PreviewSection",
     "load_config",
     "apply_overrides",
     "config_to_dict",
@@ -44,7 +40,7 @@ __all__ = [
 class ModelSection:
     preset: str = "MoH-DiT-Ti/4-75"
     overrides: dict[str, Any] = field(default_factory=dict)  # any MoHDiT config key, e.g. num_classes
-    init_from: Optional[str] = None  # a run, checkpoint, pipeline or transformer folder to start from
+    init_from: str | None = None  # a run, checkpoint, pipeline or transformer folder to start from
     # with init_from and data of another class count: strict (an error), resize (keep the shared label rows
     # and the null row) or reinit (a new label table); every other weight is kept
     init_classes: str = "strict"
@@ -53,7 +49,7 @@ class ModelSection:
 @dataclass
 class DataSection:
     name: str = "fashion-mnist"  # fashion-mnist | folder | latents
-    path: Optional[str] = None  # folder of class folders, IDX folder, or pre-extracted latents (.npy)
+    path: str | None = None  # folder of class folders, IDX folder, or pre-extracted latents (.npy)
     image_size: int = 28
     channels: int = 1
     split: str = "train"
@@ -93,15 +89,15 @@ class TrainSection:
     gradient_checkpointing: bool = False
     compile: bool = False
     moh_loss_coeff: float = 0.01
-    snr_gamma: Optional[float] = None  # Min-SNR-gamma weighting of the noise MSE (e.g. 5); None: DiT's loss
+    snr_gamma: float | None = None  # Min-SNR-gamma weighting of the noise MSE (e.g. 5); None: DiT's loss
     checkpoint_every: int = 50_000
     keep_last: int = 3
-    resume: Optional[str] = None  # latest | PATH
+    resume: str | None = None  # latest | PATH
     # resume on another number of processes or accumulation steps (same global batch): the data of every step is
     # kept, the per-process random draws are not, so the run does not continue exactly as it would have
     elastic_resume: bool = False
     overwrite: bool = False  # clear an earlier run in output_dir (what moh-dit wrote there) before starting
-    push_to_hub: Optional[str] = None  # a Hub repo id: upload the exported pipeline (with its card) at the end
+    push_to_hub: str | None = None  # a Hub repo id: upload the exported pipeline (with its card) at the end
 
 
 @dataclass
@@ -116,28 +112,28 @@ class EMASection:
 @dataclass
 class LogSection:
     log_every: int = 100
-    sample_every: int = 0  # > 0: save a grid of EMA samples every N steps (and at the end)
-    sample_per_class: int = 4
-    sample_max_classes: int = 10
-    sample_cfg_scale: float = 4.0
-    sample_guidance_interval: Optional[list[int]] = None  # [first, last] guided timesteps; null: every step
-    sample_grid_averaging: Optional[int] = None  # average over shifted patch grids at timesteps <= this; null: none
-    sample_steps: int = FAST_STEPS  # previews use the fast protocol (moh_dit.sampling.options.PROTOCOLS)
-    sample_scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.options.SCHEDULERS)
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
     project: str = "moh-dit"  # the trackers' project name (a wandb project, a TensorBoard sub-folder)
     head_usage: bool = True
 
-    def preview_sampling(self) -> dict[str, Any]:
-        """How the previews are drawn, in the form a pipeline records it (``moh_dit.sampling.pipeline.sampling_record``'s
-        arguments): what ``sample.py`` and the demo later start from."""
-        return dict(
-            guidance_scale=self.sample_cfg_scale,
-            guidance_interval=self.sample_guidance_interval,
-            scheduler=self.sample_scheduler,
-            num_inference_steps=self.sample_steps,
-            grid_averaging=self.sample_grid_averaging,
-        )
+
+@dataclass
+class PreviewSection:
+    """The trainer's grids of EMA samples: when, how many, and how they are sampled (a ``SamplingSpec``, which
+    the exported pipeline records for ``sample.py`` and the demo)."""
+
+    every: int = 0  # > 0: save a grid every N steps (and at the end)
+    per_class: int = 4  # images per class row; 0: no grids, not even at the end
+    max_classes: int = 10
+    guidance_scale: float = 4.0
+    guidance_interval: list[int] | None = None  # [first, last] guided timesteps; null: every step
+    grid_averaging: int | None = None  # average over shifted patch grids at timesteps <= this; null: none
+    num_steps: int = FAST_STEPS  # the fast protocol (moh_dit.sampling.spec.PROTOCOLS)
+    scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.spec.SCHEDULERS)
+
+    def sampling(self) -> SamplingSpec:
+        """How the grids are drawn, checked; the error of a bad value names its key."""
+        return SamplingSpec.from_config(dataclasses.asdict(self))
 
 
 @dataclass
@@ -148,6 +144,7 @@ class Config:
     train: TrainSection = field(default_factory=TrainSection)
     ema: EMASection = field(default_factory=EMASection)
     log: LogSection = field(default_factory=LogSection)
+    preview: PreviewSection = field(default_factory=PreviewSection)
 
     def validate(self) -> None:
         """Every value checked once, when the config is read, so that a typo fails before any data, VAE or
@@ -172,12 +169,7 @@ class Config:
             )
         _one_of("model.init_classes", model.init_classes, ("strict", "resize", "reinit"))
         _one_of("optim.schedule", optim.schedule, ("constant", "cosine"))
-        _one_of("log.sample_scheduler", log.sample_scheduler, SCHEDULERS)
-        try:
-            check_guidance_interval(log.sample_guidance_interval)
-            check_grid_averaging(log.sample_grid_averaging)
-        except ConfigError as err:
-            raise ConfigError(f"log.sample_{err}") from None
+        self.preview.sampling()  # the preview spec checks its own keys
         if not 0 <= optim.min_lr <= optim.lr:
             raise ConfigError(f"optim.min_lr must be between 0 and optim.lr, got {optim.min_lr}")
         _one_of("train.mixed_precision", train.mixed_precision, ("no", "fp16", "bf16"))
@@ -185,9 +177,8 @@ class Config:
             _at_least(f"train.{name}", getattr(train, name), 1)
         _at_least("log.log_every", log.log_every, 1)
         _at_least("ema.update_every", ema.update_every, 1)
-        _at_least("log.sample_steps", log.sample_steps, 1)
-        for name in ("sample_every", "sample_per_class", "sample_max_classes"):
-            _at_least(f"log.{name}", getattr(log, name), 0)
+        for name in ("every", "per_class", "max_classes"):
+            _at_least(f"preview.{name}", getattr(self.preview, name), 0)
         _at_least("data.num_workers", data.num_workers, 0)
         _at_least("data.subset_per_class", data.subset_per_class, 0)
         check_class_weights(data.class_weights)
@@ -201,9 +192,8 @@ class Config:
             ("optim.grad_clip", optim.grad_clip),
             ("train.time_limit_minutes", train.time_limit_minutes),
             ("train.moh_loss_coeff", train.moh_loss_coeff),
-            ("log.sample_cfg_scale", log.sample_cfg_scale),
         ):
-            if not math.isfinite(value) or (key != "log.sample_cfg_scale" and value < 0):
+            if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
         if optim.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {optim.lr}")
@@ -269,6 +259,37 @@ def _at_least(key: str, value: Any, low: int) -> None:
 def _one_of(key: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+# keys of moh-dit 0.2 that moved to another section: configs and run folders that use them still load
+MOVED = {
+    "log.sample_every": "preview.every",
+    "log.sample_per_class": "preview.per_class",
+    "log.sample_max_classes": "preview.max_classes",
+    **{f"log.{old}": f"preview.{new}" for old, new in LEGACY_CONFIG_KEYS.items()},
+}
+
+
+def _move_old_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """Keys of :data:`MOVED` to where they live now (a warning names them); an old and a new key for the same
+    value are an error."""
+    moved = []
+    for old, new in MOVED.items():
+        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
+        section = raw.get(old_section)
+        if not isinstance(section, dict) or old_key not in section:
+            continue
+        target = raw.setdefault(new_section, {}) or {}
+        raw[new_section] = target
+        if not isinstance(target, dict):
+            raise ConfigError(f"{new_section} must be a mapping, got {target!r}")
+        if new_key in target:
+            raise ConfigError(f"{old} and {new} are the same setting: give {new} only")
+        target[new_key] = section.pop(old_key)
+        moved.append(f"{old} -> {new}")
+    if moved:
+        logging.getLogger("moh_dit").warning("config keys of moh-dit 0.2 read as: %s", ", ".join(moved))
+    return raw
 
 
 def _from_dict(cls, data: dict[str, Any], where: str):
@@ -384,7 +405,7 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return f"{getattr(err, 'problem', None) or err}{where}"
 
 
-def load_config(source: Optional[Union[str, Path, dict]] = None, overrides: Optional[list[str]] = None) -> Config:
+def load_config(source: str | Path | dict | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults, updated by ``source`` (a YAML file, or a dict of sections as the file would hold, which may
     name a ``base`` file) and then by ``section.key=value`` ``overrides``; validated once."""
     if isinstance(source, dict):
@@ -393,7 +414,7 @@ def load_config(source: Optional[Union[str, Path, dict]] = None, overrides: Opti
         raw = _merge(_read_yaml(Path(base)), raw) if base is not None else raw
     else:
         raw = _read_yaml(Path(source)) if source is not None else {}
-    raw = apply_overrides(raw, overrides or [])
+    raw = _move_old_keys(apply_overrides(raw, overrides or []))
     config = _from_dict(Config, raw, "")
     config.validate()
     return config

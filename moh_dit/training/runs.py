@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from moh_dit.errors import ArtifactError
 from moh_dit.files import atomic_write_json, ensure_writable_dir
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------------
 # Runs: refusing to mix runs, and the run manifest
 # ----------------------------------------------------------------------------------------------------
-def open_run_folder(layout: RunLayout, resume: Optional[str], overwrite: bool, clear: bool) -> Optional[Path]:
+def open_run_folder(layout: RunLayout, resume: str | None, overwrite: bool, clear: bool) -> Path | None:
     """Decide how a run starts in ``layout.root``: the checkpoint to resume from, or ``None`` to start fresh.
 
     An earlier run in the folder is never mixed with a new one: without ``resume`` it is an error that names
@@ -71,7 +71,7 @@ class RunRecord:
     config: runs made before it existed behaved as that default.
     """
 
-    def __init__(self, layout: RunLayout, identity: dict, settings: dict, defaults: Optional[dict] = None) -> None:
+    def __init__(self, layout: RunLayout, identity: dict, settings: dict, defaults: dict | None = None) -> None:
         self.layout, self.identity, self.settings = layout, identity, settings
         self.recorded = read_manifest(layout.root, "run")
         diffs = differences(self.recorded.get("identity", {}), identity) if self.recorded else []
@@ -84,7 +84,7 @@ class RunRecord:
         self.changes = [(k, a, b) for k, a, b in changes if not (a == _MISSING and _lookup(defaults, k) == b)]
 
     @property
-    def run_id(self) -> Optional[str]:
+    def run_id(self) -> str | None:
         return self.recorded["run_id"] if self.recorded else None
 
     def write(self, event: str, **fields: Any) -> dict:

@@ -10,8 +10,8 @@ import logging
 import math
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import torch
 from accelerate import Accelerator
@@ -33,7 +33,7 @@ logger = logging.getLogger("moh_dit.train")
 # ----------------------------------------------------------------------------------------------------
 # Construction
 # ----------------------------------------------------------------------------------------------------
-def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, Optional[dict]]:
+def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, dict | None]:
     """The preset with overrides and the data's shape filled in (checked when given explicitly), or the
     weights of ``init_from``; returns the model and, for ``init_from``, a report of what was kept.
 
@@ -96,7 +96,7 @@ def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, Opti
     return model, report
 
 
-def _check_init_latent_space(init_from: str, source: Optional[dict], data: Optional[dict]) -> None:
+def _check_init_latent_space(init_from: str, source: dict | None, data: dict | None) -> None:
     """Weights trained on the latents of one VAE learn nothing useful from latents of another scale or
     resolution (the channel count is checked with the model's shape); another VAE with the same numbers
     (a re-trained encoder) is allowed and said."""
@@ -157,7 +157,7 @@ def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dic
 def run_settings(full: dict) -> dict:
     """The settings part of a config (as ``config_to_dict`` gives it): what may change on resume."""
     volatile = ("resume", "overwrite", "output_dir", "elastic_resume")
-    settings = {name: full[name] for name in ("optim", "ema", "log")}
+    settings = {name: full[name] for name in ("optim", "ema", "log", "preview")}
     settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile + _IDENTITY_TRAIN_KEYS}
     settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
     return settings
@@ -238,7 +238,7 @@ def learning_rate(config: Config, step: int) -> float:
 
 
 def non_finite_error(
-    step: int, saved: Optional[Path], peak: float, newest: Optional[Path], losses=None
+    step: int, saved: Path | None, peak: float, newest: Path | None, losses=None
 ) -> NonFiniteLossError:
     """The one-line stop for a non-finite loss at ``step + 1`` (``losses``) or exploded weights at ``step``."""
     if losses is not None:

@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -74,7 +74,7 @@ class LossWindow:
     def state(self) -> torch.Tensor:
         return self.sums.detach().cpu().clone()
 
-    def load(self, state: Optional[torch.Tensor]) -> None:
+    def load(self, state: torch.Tensor | None) -> None:
         if state is not None:
             self.sums.copy_(state.to(self.sums.device))
 
@@ -158,7 +158,7 @@ class MetricsLog:
         ]
         self.path.write_text("".join(ln + "\n" for ln in kept))
 
-    def write(self, record: dict[str, Any], progress: Optional["Progress"] = None) -> None:
+    def write(self, record: dict[str, Any], progress: Progress | None = None) -> None:
         """Append ``record`` (main process), send it to the trackers, log it, and show it on ``progress``."""
         if progress is not None:
             progress.update(

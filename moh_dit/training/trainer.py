@@ -22,9 +22,10 @@ import dataclasses
 import logging
 import signal
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 import yaml
@@ -42,7 +43,7 @@ from moh_dit.model.presets import match_preset
 from moh_dit.progress import Progress
 from moh_dit.run_folder import RunLayout, checkpoint_step, read_trainer_state
 from moh_dit.sampling.card import push_folder
-from moh_dit.sampling.pipeline import MoHDiTPipeline, sampling_record
+from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.seeding import step_generator
 from moh_dit.training.checkpoints import (
     TrainingState,
@@ -132,7 +133,7 @@ class Trainer:
         micro-batch, hence the data each process sees and the random draws of each micro-step)."""
         return {"world_size": self.world, "grad_accum_steps": self.config.train.grad_accum_steps}
 
-    def _check_process_layout(self) -> Optional[dict]:
+    def _check_process_layout(self) -> dict | None:
         """A resume on another process layout than the checkpoint's keeps the global batch and the data of
         every step, but not the per-process random draws (keyed by rank and micro-step), so it cannot
         reproduce the uninterrupted run: refused unless ``train.elastic_resume``. Returns the checkpoint's
@@ -240,25 +241,22 @@ class Trainer:
         return MoHDiTPipeline.build(ema_model, self.data.vae, names, scheduler, latent_space=latent)
 
     @torch.no_grad()
-    def save_sample_grid(self, tag: str, reuse: bool = False) -> Optional[Path]:
+    def save_sample_grid(self, tag: str, reuse: bool = False) -> Path | None:
         """A grid of EMA samples, one row per class (main process). With ``reuse`` an existing grid of that
         tag is kept when the settings are unchanged and the run's pipeline was exported at this step."""
-        log, seed = self.config.log, self.config.train.seed
+        seed = self.config.train.seed
         if self.accelerator.is_main_process:
             # drawn by this call's weights: the run's pipeline was exported at this very step
             if reuse and (self.layout.samples / f"{tag}.png").is_file() and self.exported_at() == self.step:
                 return self.layout.samples / f"{tag}.png"
-            args = (log.sample_per_class, seed, log.sample_cfg_scale, log.sample_steps, log.sample_max_classes)
-            path = self.ema_pipeline(log.sample_scheduler).save_grid(
-                self.layout.samples / f"{tag}.png",
-                *args,
-                guidance_interval=log.sample_guidance_interval,
-                grid_averaging=log.sample_grid_averaging,
+            preview, spec = self.config.preview, self.config.preview.sampling()
+            path = self.ema_pipeline(spec.scheduler).save_grid(
+                self.layout.samples / f"{tag}.png", preview.per_class, seed, spec, preview.max_classes
             )
             self.metrics.log_image("samples", path, self.step)
             return path
 
-    def export_pipeline(self, reuse: bool = False) -> Optional[Path]:
+    def export_pipeline(self, reuse: bool = False) -> Path | None:
         """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest. With
         ``reuse`` a folder this run exported at this step is kept."""
         self.accelerator.wait_for_everyone()
@@ -269,13 +267,13 @@ class Trainer:
             path = self.ema_pipeline().save(
                 self.layout.pipeline,
                 dict(run, weights="ema", vae=self.data.vae_record, training=self.training_summary()),
-                sampling=sampling_record(**self.config.log.preview_sampling()),
+                sampling=self.config.preview.sampling(),
             )
             if self.config.train.push_to_hub:
                 push_folder(path, self.config.train.push_to_hub)
             return path
 
-    def exported_at(self) -> Optional[int]:
+    def exported_at(self) -> int | None:
         """The step of this run's exported pipeline folder (None when there is none, or another run's)."""
         manifest = read_manifest(self.layout.pipeline, "pipeline") if self.layout.pipeline.is_dir() else None
         source = (manifest or {}).get("source") or {}
@@ -335,6 +333,7 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         accelerator, train_cfg, log_cfg = self.accelerator, self.config.train, self.config.log
+        preview = self.config.preview
         self._start()
         start_time, last_heads, stop, first_step = time.time(), None, None, self.step
         self.window.start_clock()
@@ -374,7 +373,7 @@ class Trainer:
                 progress.update(1)
                 if self.step % train_cfg.checkpoint_every == 0:
                     self.save_checkpoint()
-                if log_cfg.sample_every > 0 and self.step % log_cfg.sample_every == 0 and log_cfg.sample_per_class:
+                if preview.every > 0 and self.step % preview.every == 0 and preview.per_class:
                     self.save_sample_grid(f"step-{self.step:08d}")
                 if self.step >= train_cfg.max_steps or stop is not None:
                     break
@@ -385,7 +384,7 @@ class Trainer:
         # a run that had finished before this call, resumed with the same settings: its final grid and
         # pipeline are kept, so rerunning a finished command is a quick check rather than minutes of sampling
         untouched = self.step == first_step and not self.record.changes
-        grid = self.save_sample_grid("final", untouched) if finished and log_cfg.sample_per_class > 0 else None
+        grid = self.save_sample_grid("final", untouched) if finished and preview.per_class > 0 else None
         pipeline = self.export_pipeline(untouched) if finished else None
         if accelerator.is_main_process:
             self.record.write("stopped", step=self.step, reason=stop or "max_steps")

@@ -1,7 +1,5 @@
 """Tiny models, pipelines, data and configs built in memory for tests (no downloads)."""
 
-from typing import Optional
-
 import torch
 from diffusers import AutoencoderKL
 
@@ -37,7 +35,7 @@ def give_signal(module: torch.nn.Module, std: float, seed: int = 0, routers: boo
 
 
 def tiny_model(
-    preset: Optional[str] = None, *, signal: float = 0.0, routers: bool = False, seed: int = 0, **config
+    preset: str | None = None, *, signal: float = 0.0, routers: bool = False, seed: int = 0, **config
 ) -> MoHDiT:
     """The tests' model factory: ``preset`` with overrides, or :data:`TINY_MODEL` updated by ``config``;
     ``signal`` > 0 gives the zero-initialised layers weights (see :func:`give_signal`)."""
@@ -46,7 +44,7 @@ def tiny_model(
     return give_signal(model, signal, seed, routers) if signal else model
 
 
-def tiny_pipeline(model: Optional[MoHDiT] = None, vae=None, scheduler: str = "ddpm", id2label=None) -> MoHDiTPipeline:
+def tiny_pipeline(model: MoHDiT | None = None, vae=None, scheduler: str = "ddpm", id2label=None) -> MoHDiTPipeline:
     """A pipeline around ``model`` (default: a tiny one with signal) with the test class names."""
     model = model if model is not None else tiny_model(signal=0.1)
     pipe = MoHDiTPipeline.build(model, vae, TINY_NAMES if id2label is None else id2label, scheduler)
@@ -91,7 +89,8 @@ def tiny_train_config(out_dir, data_dir, image_size=8) -> dict:
         "model": {"preset": "MoH-DiT-Ti/4-75", "overrides": {"hidden_size": 32, "head_dim": 8, "patch_size": 2}},
         "data": {"name": "folder", "path": str(data_dir), "image_size": image_size, "channels": 3},
         "train": {"output_dir": str(out_dir), "global_batch_size": 4, "max_steps": 4, "checkpoint_every": 2},
-        "log": {"log_every": 1, "trackers": [], "sample_per_class": 1, "sample_steps": 3},
+        "log": {"log_every": 1, "trackers": []},
+        "preview": {"per_class": 1, "num_steps": 3},
         "optim": {"lr": 1e-3},
         "ema": {"decay": 0.9},
     }
@@ -140,3 +139,16 @@ def run_command(cmd, timeout: int = 300, **kw):
     result = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=timeout, **kw)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+def generation_settings(**kw):
+    """``GenerationSettings`` from flat keywords: the ``SamplingSpec`` fields (scheduler left to the pipeline)
+    go into its ``sampling``."""
+    from moh_dit.sampling.generation import GenerationSettings
+    from moh_dit.sampling.spec import SamplingSpec
+
+    fields = ("num_inference_steps", "guidance_scale", "guidance_interval", "guidance_channels", "grid_averaging")
+    spec = {k: kw.pop(k) for k in fields if k in kw}
+    spec.setdefault("num_inference_steps", 250)
+    spec.setdefault("guidance_scale", 1.5)
+    return GenerationSettings(**kw, sampling=SamplingSpec(scheduler=None, **spec))

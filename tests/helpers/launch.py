@@ -7,20 +7,21 @@ per process, their output in a log file; the helpers find the processes of each 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHERS = ("torchrun", "accelerate")
 
 
-def launch(launcher: str, *args, nproc: int = 2, nodes: Optional[tuple[int, int, int]] = None) -> list[str]:
+def launch(launcher: str, *args, nproc: int = 2, nodes: tuple[int, int, int] | None = None) -> list[str]:
     """The command line that runs ``args`` (a script or ``-m module`` and its arguments) on ``nproc`` processes.
     ``nodes=(count, rank, port)`` makes it one node of several, meeting at ``127.0.0.1:port``."""
     if launcher == "torchrun":
@@ -57,7 +58,7 @@ class Job:
 
     def __init__(self, cmd: list[str], log: Path) -> None:
         self.cmd, self.log = cmd, Path(log)
-        self._out = open(self.log, "w")
+        self._out = open(self.log, "w")  # noqa: SIM115 (closed when the job ends)
         # a session of its own, as a scheduler starts a job: signals reach the launcher only
         self.proc = subprocess.Popen(
             cmd, stdout=self._out, stderr=subprocess.STDOUT, env=environment(), start_new_session=True
@@ -107,10 +108,8 @@ class Job:
         """Stop everything the job started (a test that failed halfway leaves nothing behind)."""
         pids = descendants(self.proc.pid)
         for pid in [self.proc.pid, *pids]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait()
 
 

@@ -1,0 +1,131 @@
+"""The demo page: what one request returns, and the page itself in a real browser (headless Chromium from
+Debian's packages, driven by selenium): load it, pick a class, generate, and see the images appear."""
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from moh_dit.sampling.demo import ALL_CLASSES, generate
+
+from ..helpers.factories import make_image_folder, tiny_model, tiny_pipeline, train_tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+def test_one_request_gives_a_grid_a_head_heatmap_and_a_line():
+    pipe = tiny_pipeline()
+    grid, heads, info = generate(pipe, "dog", per_class=3, guidance=2.0, steps=3, scheduler="ddim", seed=1)
+    assert grid.size[1] > 8 and heads is not None and heads.size[0] > 50
+    assert info.startswith("3 images from") and "(ddim, 3 steps, guidance 2 at every step)" in info
+    banded = generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, guided_from=100, guided_to=600)
+    assert "guidance 2 at timesteps 100-600" in banded[2] and banded[0].tobytes() != grid.tobytes()
+    averaged = generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, grid_averaging=500)
+    assert "guidance 2 at every step, patch grids averaged at timesteps 0-500)" in averaged[2]
+    assert averaged[0].tobytes() != grid.tobytes()
+    with pytest.raises(ValueError, match="grid_averaging must be a timestep"):
+        generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, grid_averaging=1000)
+    with pytest.raises(ValueError, match="the first must not be after the last"):
+        generate(pipe, "dog", 3, 2.0, 3, "ddim", 1, guided_from=700, guided_to=600)
+    everything = generate(pipe, ALL_CLASSES, per_class=2, guidance=2.0, steps=2, scheduler="ddpm", seed=1)[0]
+    assert everything.size[1] > grid.size[1]  # one row per class
+    dit = tiny_pipeline(tiny_model(attention_type="mha", num_shared_heads=None, top_k=0, signal=0.1))
+    assert generate(dit, "cat", 2, 2.0, 2, "dpm-solver", 0)[1] is None  # no routed heads, no heatmap
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver")
+def test_the_page_in_a_browser(tmp_path):
+    pytest.importorskip("gradio")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    make_image_folder(tmp_path / "images")
+    # the page starts at the guidance the run drew its previews with, recorded with the exported weights
+    recorded = ("preview.guidance_scale=2.5", "preview.guidance_interval=[100,600]", "preview.grid_averaging=100")
+    train_tiny(tmp_path / "run", tmp_path / "images", "preview.per_class=0", *recorded)
+    port = _free_port()
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moh_dit", "demo", str(tmp_path / "run"), "--port", str(port), "--no-browser"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
+        options.add_argument(flag)
+    driver = None
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.time() < deadline, (
+                    server.stdout.read() if server.poll() else "timeout"
+                )
+                time.sleep(0.5)
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver.get(f"http://127.0.0.1:{port}/")
+        box = WebDriverWait(driver, 60).until(ec.element_to_be_clickable((By.CSS_SELECTOR, "#class input")))
+        box.click()
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys("dark")
+        time.sleep(0.5)
+        box.send_keys(Keys.ENTER)
+        steps = driver.find_element(By.CSS_SELECTOR, "#steps input[type=number]")
+        steps.send_keys(Keys.CONTROL, "a")
+        steps.send_keys("3", Keys.TAB)
+        driver.find_element(By.CSS_SELECTOR, "#generate").click()
+        image = WebDriverWait(driver, 120).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#grid img")))
+        WebDriverWait(driver, 60).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#heads img")))
+        assert image.get_attribute("src").startswith(f"http://127.0.0.1:{port}/")
+        WebDriverWait(driver, 30).until(lambda d: "images from" in d.find_element(By.CSS_SELECTOR, "#info").text)
+        info = driver.find_element(By.CSS_SELECTOR, "#info").text
+        assert "8 images from" in info
+        assert "3 steps, guidance 2.5 at timesteps 100-600, patch grids averaged at timesteps 0-100)" in info
+        with urllib.request.urlopen(image.get_attribute("src"), timeout=10) as response:
+            assert response.read(8) == b"\x89PNG\r\n\x1a\n" or response.status == 200
+        driver.save_screenshot(str(tmp_path / "demo.png"))
+        assert (tmp_path / "demo.png").stat().st_size > 10_000
+    finally:
+        if driver is not None:
+            driver.quit()
+        server.terminate()
+        server.wait(timeout=30)

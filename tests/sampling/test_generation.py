@@ -1,0 +1,382 @@
+"""Loading models from runs, checkpoints and folders; reproducible, resumable N-sample generation; sample.py."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moh_dit.errors import ArtifactError
+from moh_dit.sampling.generation import generate_samples
+from moh_dit.sampling.loading import load_pipeline
+from moh_dit.sampling.spec import PROTOCOLS
+from moh_dit.seeding import label_for_index
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import train
+
+from ..helpers.factories import generation_settings, make_image_folder, run_command, tiny_train_overrides, torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    base = tmp_path_factory.mktemp("gen")
+    make_image_folder(base / "images")
+    out = base / "run"
+    train(load_config(None, tiny_train_overrides(out, base / "images", "preview.per_class=0")))
+    return out
+
+
+def settings(**kw):
+    base = dict(num_samples=6, seed=3, batch_size=4, guidance_scale=2.0, num_inference_steps=4)
+    base.update(kw)
+    return generation_settings(**base)
+
+
+def test_load_from_run_checkpoint_pipeline_and_transformer_folders(run_dir):
+    from_run = load_pipeline(run_dir, device="cpu")
+    from_pipe = load_pipeline(run_dir / "pipeline", device="cpu")
+    ckpt = run_dir / "checkpoints" / "step-00000004"
+    from_ckpt = load_pipeline(ckpt, device="cpu")
+    from_transformer = load_pipeline(run_dir / "pipeline" / "transformer", device="cpu")
+    assert from_ckpt.id2label == from_run.id2label == {0: "bright", 1: "dark"}
+    # the exported pipeline and the last checkpoint both hold the EMA weights
+    for (name, a), b in zip(from_run.transformer.state_dict().items(), from_ckpt.transformer.state_dict().values()):
+        assert torch.equal(a, b), name
+    strip = lambda cfg: {k: v for k, v in cfg.items() if k != "_name_or_path"}  # noqa: E731
+    assert strip(from_pipe.transformer.config) == strip(from_transformer.transformer.config)
+    # without the exported pipeline, a run folder falls back to its latest checkpoint
+    (run_dir / "pipeline").rename(run_dir / "pipeline.bak")
+    try:
+        fallback = load_pipeline(run_dir, device="cpu")
+    finally:
+        (run_dir / "pipeline.bak").rename(run_dir / "pipeline")
+    assert torch.equal(
+        next(iter(fallback.transformer.state_dict().values())), next(iter(from_ckpt.transformer.state_dict().values()))
+    )
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(ArtifactError, match="does not exist"):
+        load_pipeline(tmp_path / "nope")
+    with pytest.raises(ArtifactError, match="not a moh-dit"):
+        load_pipeline(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "UNet2DModel"}))
+    with pytest.raises(ArtifactError, match="not a MoHDiT"):
+        load_pipeline(tmp_path)
+
+
+def test_same_images_for_any_batch_size_and_resume_fills_only_missing(run_dir, tmp_path):
+    pipe = load_pipeline(run_dir, device="cpu")
+    a = np.load(generate_samples(pipe, tmp_path / "a", settings(batch_size=4)))
+    b = np.load(generate_samples(pipe, tmp_path / "b", settings(batch_size=1)))
+    assert a["arr_0"].shape == (6, 8, 8, 3) and a["arr_0"].dtype == np.uint8
+    assert np.abs(a["arr_0"].astype(int) - b["arr_0"].astype(int)).max() <= 1  # batch-size independent
+    assert a["arr_1"].tolist() == [label_for_index(3, i, 2, "uniform") for i in range(6)]
+
+    keep = {i: os.stat(tmp_path / "a" / f"{i:06d}.png").st_mtime_ns for i in range(6)}
+    for i in (1, 4):
+        (tmp_path / "a" / f"{i:06d}.png").unlink()
+    c = np.load(generate_samples(pipe, tmp_path / "a", settings(batch_size=4)))
+    assert np.array_equal(c["arr_0"], a["arr_0"])
+    for i in range(6):
+        changed = os.stat(tmp_path / "a" / f"{i:06d}.png").st_mtime_ns != keep[i]
+        assert changed == (i in (1, 4))
+
+
+def test_balanced_labels():
+    assert [label_for_index(0, i, 3, "balanced") for i in range(6)] == [0, 1, 2, 0, 1, 2]
+    with pytest.raises(ValueError, match="label mode"):
+        label_for_index(0, 0, 3, "zipf")
+
+
+def test_sample_cli_grid_with_names_and_single_images(run_dir, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [
+        sys.executable,
+        str(ROOT / "sample.py"),
+        str(run_dir),
+        "--class-labels",
+        "dark",
+        "0",
+        "--per-class",
+        "3",
+        "--num-steps",
+        "3",
+        "--out",
+        str(tmp_path / "grid.png"),
+        "--save-images",
+        str(tmp_path / "single"),
+        "--scheduler",
+        "ddim",
+    ]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "guidance 4 at every step (the model's recorded preview guidance)" in result.stderr
+    assert (tmp_path / "grid.png").exists()
+    assert len(list((tmp_path / "single").glob("*_dark.png"))) == 3
+    bad = subprocess.run(
+        cmd[:3] + ["--class-labels", "purple", "--num-steps", "2", "--out", str(tmp_path / "x.png")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode != 0 and "unknown class name 'purple'" in bad.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# Integrity: sample folders say what made them
+# ----------------------------------------------------------------------------------------------------
+def test_a_sample_folder_is_resumed_only_with_the_same_model_and_settings(run_dir, tmp_path):
+    pipe = load_pipeline(run_dir, device="cpu")
+    npz = generate_samples(pipe, tmp_path / "s", settings())
+    first = np.load(npz)
+    with pytest.raises(ArtifactError, match=r"other settings \(seed: 3 -> 4\).*--overwrite"):
+        generate_samples(pipe, tmp_path / "s", settings(seed=4))
+    other = load_pipeline(run_dir / "pipeline", device="cpu")
+    with torch.no_grad():
+        next(other.transformer.parameters()).add_(0.01)  # another model
+    with pytest.raises(ArtifactError, match="transformer_sha256"):
+        generate_samples(other, tmp_path / "s", settings())
+    # overwrite: every image and label belongs to the new settings
+    again = np.load(generate_samples(pipe, tmp_path / "s", settings(seed=4), overwrite=True))
+    fresh = np.load(generate_samples(pipe, tmp_path / "fresh", settings(seed=4)))
+    assert np.array_equal(again["arr_0"], fresh["arr_0"]) and again["arr_1"].tolist() == fresh["arr_1"].tolist()
+    assert not np.array_equal(again["arr_0"], first["arr_0"])
+    manifest = json.loads(str(again["moh_dit_manifest"]))
+    assert manifest["identity"]["seed"] == 4 and manifest["count"] == 6 and manifest["model"]["step"] == 4
+
+
+def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
+    import moh_dit.sampling.pipeline as pipeline
+
+    seen, guided_at = [], pipeline.guided_at
+    monkeypatch.setattr(pipeline, "guided_at", lambda t, interval: seen.append(interval) or guided_at(t, interval))
+    pipe = load_pipeline(run_dir, device="cpu")
+    plain = generate_samples(pipe, tmp_path / "plain", settings())
+    assert "guidance_interval" not in json.loads(str(np.load(plain)["moh_dit_manifest"]))["identity"]
+    with pytest.raises(ArtifactError, match=r"guidance_interval: '<absent>' -> \[100, 600\]"):
+        generate_samples(pipe, tmp_path / "plain", settings(guidance_interval=(100, 600)))
+    banded = np.load(generate_samples(pipe, tmp_path / "banded", settings(guidance_interval=[100, 600])))
+    assert json.loads(str(banded["moh_dit_manifest"]))["identity"]["guidance_interval"] == [100, 600]
+    assert set(seen) == {None, (100, 600)}  # each folder sampled with its own setting (pixels: test_pipeline)
+    # an interval holding every timestep is plain guidance: the same record, so the folder is reused
+    assert generate_samples(pipe, tmp_path / "plain", settings(guidance_interval=(0, 999))) == plain
+
+
+def test_grid_averaging_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
+    import moh_dit.sampling.pipeline as pipeline
+    from moh_dit.sampling.generation import describe_samples
+
+    averaged, shifts = [], pipeline.grid_shifts
+    monkeypatch.setattr(pipeline, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
+    pipe = load_pipeline(run_dir, device="cpu")
+    plain = generate_samples(pipe, tmp_path / "plain", settings())
+    assert "grid_averaging" not in json.loads(str(np.load(plain)["moh_dit_manifest"]))["identity"] and not averaged
+    with pytest.raises(ArtifactError, match=r"grid_averaging: '<absent>' -> 500"):
+        generate_samples(pipe, tmp_path / "plain", settings(grid_averaging=500))
+    made = np.load(generate_samples(pipe, tmp_path / "averaged", settings(grid_averaging=500)))
+    manifest = json.loads(str(made["moh_dit_manifest"]))
+    assert manifest["identity"]["grid_averaging"] == 500 and averaged  # each folder made with its own setting
+    assert describe_samples(manifest).endswith("at every step, patch grids averaged at timesteps 0-500")
+    assert not np.array_equal(made["arr_0"], np.load(plain)["arr_0"])
+    with pytest.raises(ValueError, match="grid_averaging must be a timestep"):
+        generate_samples(pipe, tmp_path / "bad", settings(grid_averaging=-3))
+
+
+def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
+    from argparse import Namespace
+
+    from moh_dit.sampling.spec import SamplingSpec
+
+    record = SamplingSpec(guidance_scale=2.5, guidance_interval=[100, 600], grid_averaging=100)
+    cases = [
+        (dict(cfg_scale=None, guidance_interval=None), record, (2.5, (100, 600), 100)),
+        (dict(cfg_scale=None, guidance_interval=[0, 999]), record, (2.5, None, 100)),  # the interval flag wins
+        (dict(cfg_scale=None, grid_averaging=50), record, (2.5, (100, 600), 50)),  # and the averaging flag
+        (dict(cfg_scale=None, grid_averaging="off"), record, (2.5, (100, 600), None)),  # off included
+        (dict(cfg_scale=1.5, guidance_interval=None), record, (1.5, None, None)),  # a scale alone: as DiT
+        (dict(cfg_scale=1.5, grid_averaging=200), record, (1.5, None, 200)),
+        (dict(cfg_scale=None, guidance_interval=None), None, (4.0, None, None)),  # no record: the grid default
+    ]
+    for given, rec, want in cases:
+        options = dict(protocol="fast", scheduler=None, num_steps=None, guidance_channels=None)
+        args = Namespace(**(options | dict(guidance_interval=None, grid_averaging=None) | given))
+        spec = SamplingSpec.from_args(args, rec)
+        assert (spec.guidance_scale, spec.guidance_interval, spec.grid_averaging) == want
+    bad = dict(protocol="fast", scheduler=None, num_steps=None, guidance_channels=None, grid_averaging=None)
+    with pytest.raises(ValueError, match=r"guidance_interval must be .* got \[600, 100\]"):
+        SamplingSpec.from_args(Namespace(cfg_scale=None, guidance_interval=[600, 100], **bad), record)
+
+
+def test_the_grid_averaging_flag_takes_a_timestep_or_off(capsys):
+    from moh_dit.cli.sample import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["run", "--grid-averaging", "100"]).grid_averaging == 100
+    assert parse(["run", "--grid-averaging", "OFF"]).grid_averaging == "off"
+    assert parse(["run"]).grid_averaging is None  # the model's own
+    for bad in ("1000", "-1", "soon"):
+        with pytest.raises(SystemExit):
+            parse(["run", "--grid-averaging", bad])
+        assert "--grid-averaging" in capsys.readouterr().err
+
+
+def test_images_from_elsewhere_are_not_repacked(run_dir, tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    for i in range(6):
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(folder / f"{i:06d}.png")
+    with pytest.raises(ArtifactError, match="6 images without a moh-dit manifest"):
+        generate_samples(load_pipeline(run_dir, device="cpu"), folder, settings())
+
+
+def test_sample_folders_whose_names_differ_after_a_dot_keep_separate_npz(run_dir, tmp_path):
+    pipe = load_pipeline(run_dir, device="cpu")
+    a = generate_samples(pipe, tmp_path / "cfg1.5", settings(guidance_scale=1.5))
+    b = generate_samples(pipe, tmp_path / "cfg1.0", settings(guidance_scale=1.0))
+    assert a == tmp_path / "cfg1.5.npz" and b == tmp_path / "cfg1.0.npz" and a.exists() and b.exists()
+    assert json.loads(str(np.load(a)["moh_dit_manifest"]))["identity"]["guidance_scale"] == 1.5
+
+
+def test_non_finite_settings_and_weights_stop_sampling(run_dir, tmp_path):
+    from moh_dit.errors import ConfigError, NonFiniteSampleError
+
+    pipe = load_pipeline(run_dir, device="cpu")
+    for bad in (dict(guidance_scale=float("nan")), dict(guidance_scale=float("inf")), dict(num_inference_steps=0)):
+        with pytest.raises(ConfigError):
+            generate_samples(pipe, tmp_path / "bad", settings(**bad))
+        with pytest.raises(ConfigError):
+            pipe([0], progress=False, **bad)
+    with torch.no_grad():
+        pipe.transformer.final_layer.linear.bias.fill_(3e38)  # finite weights whose outputs overflow
+    with pytest.raises(NonFiniteSampleError, match="NaN or infinite"):
+        pipe([0, 1], num_inference_steps=2, progress=False)
+    broken = tmp_path / "nan-pipe"
+    pipe.transformer.final_layer.linear.bias.data.fill_(float("nan"))
+    pipe.save_pretrained(broken)
+    with pytest.raises(ArtifactError, match="not finite or have exploded"):
+        load_pipeline(broken, device="cpu")
+
+
+def test_a_run_loads_its_newest_weights_and_says_which(run_dir, tmp_path, caplog):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    old_pipeline = tmp_path / "pipeline-step4"
+    shutil.copytree(run / "pipeline", old_pipeline)
+    cfg = tiny_train_overrides(
+        run, run_dir.parent / "images", "train.resume=latest", "train.max_steps=6", "preview.per_class=0"
+    )
+    train(load_config(None, cfg))
+    shutil.rmtree(run / "pipeline")
+    shutil.copytree(old_pipeline, run / "pipeline")  # an export older than the newest checkpoint
+    with caplog.at_level("INFO"):
+        pipe = load_pipeline(run, device="cpu")
+    assert "step-00000006 (step 6); newer than the exported pipeline (step 4)" in caplog.text
+    assert pipe.provenance["step"] == 6 and pipe.provenance["kind"] == "checkpoint"
+    newest = load_pipeline(run / "checkpoints" / "step-00000006", device="cpu")
+    for a, b in zip(pipe.transformer.state_dict().values(), newest.transformer.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir, tmp_path):
+    # sample.py's default (the fast protocol's solver) against the same solver in this process
+    pipe = load_pipeline(run_dir, device="cpu", scheduler=PROTOCOLS["fast"][0])
+    single = np.load(generate_samples(pipe, tmp_path / "one", settings(num_samples=7)))
+    args = ["--num-samples", "7", "--seed", "3", "--batch-size", "4", "--cfg-scale", "2.0", "--num-steps", "4"]
+    result = run_command(torchrun(ROOT / "sample.py", run_dir, "--sample-dir", tmp_path / "two", *args))
+    assert "2 process(es)" in result.stderr
+    two = np.load(tmp_path / "two.npz")
+    assert np.array_equal(single["arr_0"], two["arr_0"]) and single["arr_1"].tolist() == two["arr_1"].tolist()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The VAE of a latent-space pipeline: its own is checked, a replacement must share its latent space
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def latent_pipeline(tmp_path):
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
+
+    from ..helpers.factories import tiny_model, tiny_vae
+
+    MoHDiTPipeline.build(tiny_model(in_channels=4, signal=0.1), tiny_vae(), {0: "a", 1: "b", 2: "c"}).save(
+        tmp_path / "pipe", {"test": True}
+    )
+    return tmp_path / "pipe"
+
+
+def _a_vae(tmp_path, name, **config):
+    """A tiny VAE saved as ``name``: ``config`` changes its architecture numbers, none changes its weights."""
+    from diffusers import AutoencoderKL
+
+    from ..helpers.factories import tiny_vae
+
+    vae = tiny_vae()
+    if config:
+        vae = AutoencoderKL.from_config(vae.config, **config)
+    else:
+        with torch.no_grad():
+            vae.decoder.conv_out.bias.add_(0.1)  # the same latent space, another decoder (ft-EMA vs ft-MSE)
+    vae.save_pretrained(tmp_path / name)
+    return str(tmp_path / name)
+
+
+def test_a_pipeline_whose_vae_was_swapped_is_refused(latent_pipeline, tmp_path):
+    import shutil
+
+    load_pipeline(latent_pipeline, device="cpu")
+    other = _a_vae(tmp_path, "other")
+    shutil.rmtree(latent_pipeline / "vae")
+    shutil.copytree(other, latent_pipeline / "vae")
+    with pytest.raises(ArtifactError, match="VAE in .* is not the one its manifest records"):
+        load_pipeline(latent_pipeline, device="cpu")
+    assert load_pipeline(latent_pipeline, device="cpu", vae=other).vae is not None  # chosen on purpose
+
+
+def test_a_replacement_vae_must_share_the_models_latent_space(latent_pipeline, tmp_path, caplog):
+    import logging
+
+    with pytest.raises(ArtifactError, match="makes 8-channel latents but this model works on 4-channel"):
+        load_pipeline(latent_pipeline, device="cpu", vae=_a_vae(tmp_path, "c8", latent_channels=8))
+    with pytest.raises(ArtifactError, match=r"not in the latent space .* \(scaling_factor: 0.18215 -> 0.5\)"):
+        load_pipeline(latent_pipeline, device="cpu", vae=_a_vae(tmp_path, "s05", scaling_factor=0.5))
+    with pytest.raises(ArtifactError, match=r"downsample_factor: 2 -> 4"):
+        load_pipeline(
+            latent_pipeline,
+            device="cpu",
+            vae=_a_vae(
+                tmp_path,
+                "d4",
+                block_out_channels=[8, 16, 16],
+                down_block_types=["DownEncoderBlock2D"] * 3,
+                up_block_types=["UpDecoderBlock2D"] * 3,
+            ),
+        )
+    with caplog.at_level(logging.INFO, logger="moh_dit"):
+        pipe = load_pipeline(
+            latent_pipeline,
+            device="cpu",
+            vae=_a_vae(
+                tmp_path,
+                "ft",
+            ),
+        )
+    assert "decoding with VAE" in caplog.text and "instead of the one the model was trained with" in caplog.text
+    assert pipe(class_labels=[0], num_inference_steps=2, output_type="np").images.shape == (1, 16, 16, 3)
+
+
+def test_a_pixel_space_model_takes_no_vae(run_dir, tmp_path):
+    from moh_dit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pixel space .* does not apply"):
+        load_pipeline(run_dir, device="cpu", vae=_a_vae(tmp_path, "v"))

@@ -1,0 +1,152 @@
+"""Config files and overrides: strict keys, typed values, base files, the shipped configs."""
+
+from pathlib import Path
+
+import pytest
+
+from moh_dit.errors import ConfigError
+from moh_dit.model.presets import PRESETS
+from moh_dit.training.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+# the runnable targets, and the frozen recipes the experiments cite
+CONFIGS = sorted([*(ROOT / "configs").rglob("*.yaml"), *(ROOT / "experiments" / "configs").glob("*.yaml")])
+TRAIN_CONFIGS = [p for p in CONFIGS if "accelerate" not in p.parts]
+
+
+def test_defaults_and_overrides_are_typed():
+    cfg = load_config(
+        None,
+        [
+            "train.max_steps=12",
+            "optim.lr=3e-4",
+            "data.vae=none",
+            "model.overrides.num_classes=7",
+            "optim.betas=[0.9, 0.95]",
+        ],
+    )
+    assert isinstance(cfg, Config)
+    assert cfg.train.max_steps == 12 and cfg.optim.lr == pytest.approx(3e-4)
+    assert cfg.model.overrides == {"num_classes": 7} and cfg.optim.betas == (0.9, 0.95)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.max_stepz=3", "train.max_stepz"),
+        ("trian.max_steps=3", "trian"),
+        ("model.overrides.num_head=3", "num_head"),
+        ("train.mixed_precision=fp8", "mixed_precision"),
+        ("data.name=imagenet", "data.name"),
+        ("train.global_batch_size=0", "global_batch_size"),
+        ("no_equals_sign", "section.key=value"),
+        ("train.snr_gamma=0", "train.snr_gamma must be a number > 0"),
+        ("train.snr_gamma=nan", "train.snr_gamma must be a number > 0"),
+        ("preview.guidance_interval=[600,100]", r"preview.guidance_interval must be two timesteps"),
+        ("preview.guidance_interval=[0,1000]", r"0 <= first <= last < 1000"),
+        ("preview.grid_averaging=1000", r"preview.grid_averaging must be a timestep between 0 and 999"),
+        ("preview.grid_averaging=[100]", r"preview.grid_averaging must be a timestep"),
+        ("model.init_from=x model.overrides.num_head=3", "num_head"),  # checked with init_from too
+        ("data.split=val", "data.split"),
+        ("data.name=folder data.split=test", "data.split and data.download apply to data.name=fashion-mnist"),
+        ("data.name=latents data.download=true", "apply to data.name=fashion-mnist, not latents"),
+    ],
+)
+def test_bad_keys_and_values_are_rejected(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, override.split(" "))
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("{Sandal: 0}", r"class_weights\['Sandal'\] must be a finite number > 0, got 0"),
+        ("{Sandal: -1}", "must be a finite number > 0"),
+        ("{Sandal: .nan}", "must be a finite number > 0"),
+        ("{Sandal: two}", "must be a finite number > 0, got 'two'"),
+        ("{Sandal:2}", "needs a space after the colon"),
+        ("[Sandal, Bag]", "must be a mapping such as"),
+        ("even", "must be a mapping such as .* or 'balanced'"),
+    ],
+)
+def test_bad_class_weights_are_rejected_when_the_config_is_read(value, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, [f"data.class_weights={value}"])
+    assert load_config(None, ["data.class_weights={Sandal: 2, 8: 1.5}"]).data.class_weights == {"Sandal": 2, 8: 1.5}
+    assert load_config(None, ["data.class_weights=balanced"]).data.class_weights == "balanced"
+
+
+def test_base_file_is_merged(tmp_path):
+    (tmp_path / "base.yaml").write_text("train:\n  max_steps: 5\n  seed: 3\noptim:\n  lr: 0.5\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\ntrain:\n  max_steps: 9\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    assert (cfg.train.max_steps, cfg.train.seed, cfg.optim.lr) == (9, 3, 0.5)
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(ValueError, match="loop"):
+        load_config(tmp_path / "loop.yaml")
+
+
+def test_configs_as_dicts_and_the_preset_checked_when_read(tmp_path):
+    (tmp_path / "base.yaml").write_text("train:\n  max_steps: 5\n")
+    cfg = load_config(
+        {"base": str(tmp_path / "base.yaml"), "model": {"overrides": {"hidden_size": 32}}}, ["train.seed=4"]
+    )
+    assert (cfg.train.max_steps, cfg.train.seed, cfg.model.overrides) == (5, 4, {"hidden_size": 32})
+    source = {"model": {"preset": "MoH-DiT-Ti/4-75"}}
+    load_config(source)
+    assert source == {"model": {"preset": "MoH-DiT-Ti/4-75"}}  # not modified
+    with pytest.raises(ConfigError, match="unknown preset 'MoH-DiT-Tiny'"):
+        load_config({"model": {"preset": "MoH-DiT-Tiny"}})
+    with pytest.raises(ConfigError, match="num_heads .* num_shared_heads .* top_k"):
+        load_config({"model": {"preset": "MoH-DiT-S/2-75", "overrides": {"depth": 3}}})
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("configs/does-not-exist.yaml")
+
+
+@pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load_and_name_real_presets(path):
+    cfg = load_config(path)
+    assert cfg.model.preset in PRESETS
+
+
+def test_every_paper_preset_has_an_imagenet_config():
+    names = {load_config(p).model.preset for p in TRAIN_CONFIGS if "imagenet256" in p.parts}
+    wanted = {n for n in PRESETS if n.startswith("MoH-DiT-") and "Ti" not in n}
+    wanted |= {"DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2"}
+    assert wanted <= names
+
+
+@pytest.mark.parametrize(
+    "override", ["train.max_steps=abc", "train.compile=maybe", "optim.lr=fast", "train.max_steps=1.5"]
+)
+def test_wrongly_typed_values_are_rejected(override):
+    with pytest.raises(ValueError, match="must be a"):
+        load_config(None, [override])
+
+
+def test_preview_keys_of_moh_dit_0_2_still_load_where_they_live_now(caplog):
+    old = ["log.sample_every=5", "log.sample_cfg_scale=2.5", "log.sample_guidance_interval=[100,600]"]
+    with caplog.at_level("WARNING", logger="moh_dit"):
+        config = load_config(None, [*old, "log.sample_steps=7", "log.sample_scheduler=ddim"])
+    assert "log.sample_cfg_scale -> preview.guidance_scale" in caplog.text
+    assert (config.preview.every, config.preview.num_steps) == (5, 7)
+    spec = config.preview.sampling()
+    assert (spec.scheduler, spec.guidance_scale, spec.guidance_interval) == ("ddim", 2.5, (100, 600))
+    with pytest.raises(ConfigError, match="log.sample_cfg_scale and preview.guidance_scale are the same setting"):
+        load_config(None, ["log.sample_cfg_scale=2", "preview.guidance_scale=3"])
+
+
+def test_print_config_prints_the_resolved_config_and_trains_nothing(tmp_path, capsys):
+    import yaml
+
+    from moh_dit.cli.train import main
+
+    out = tmp_path / "run"
+    main(["--config", str(ROOT / "configs" / "fashion_mnist_moh.yaml"), f"train.output_dir={out}", "--print-config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["train"]["output_dir"] == str(out) and printed["preview"]["guidance_interval"] == [100, 500]
+    assert load_config(printed).preview == load_config(ROOT / "configs" / "fashion_mnist_moh.yaml").preview
+    assert not out.exists()

@@ -1,0 +1,647 @@
+"""The training loop on CPU: tiny runs in pixel and latent space, exact resume after SIGKILL, two
+processes, EMA semantics, bad input, non-finite loss."""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from moh_dit.errors import ConfigError, DataError, NonFiniteLossError
+from moh_dit.run_folder import find_checkpoint
+from moh_dit.sampling.pipeline import MoHDiTPipeline
+from moh_dit.training.config import EMASection, load_config
+from moh_dit.training.setup import make_ema
+from moh_dit.training.trainer import Trainer
+
+from ..helpers.factories import (
+    as_overrides,
+    generation_settings,
+    run_command,
+    tiny_train_overrides,
+    tiny_vae,
+    torchrun,
+    train_tiny,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+tiny_overrides = tiny_train_overrides
+
+
+def read_metrics(out_dir):
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------------------------------
+def test_pixel_space_run_logs_checkpoints_and_exports(tmp_path, image_dir):
+    out = tmp_path / "run"
+    summary = train_tiny(out, image_dir)
+    assert summary["step"] == 4 and summary["stop_reason"] == "max_steps"
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert all(np.isfinite(m["diffusion_loss"]) and m["moh_loss"] > 0 for m in metrics)
+    usage = metrics[0]["head_usage"]
+    assert len(usage) == 6 and len(usage[0]) == 6 and usage[0][0] == 1.0  # shared head always used
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+    assert (out / "config.yaml").exists() and (out / "samples" / "final.png").exists()
+    pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
+    assert pipe.id2label == {0: "bright", 1: "dark"} and pipe.vae is None
+    images = pipe(["dark", 0], num_inference_steps=2, output_type="np", progress=False).images
+    assert images.shape == (2, 8, 8, 3)
+
+
+def test_loss_decreases_on_a_memorisation_task(tmp_path, image_dir):
+    out = tmp_path / "mem"
+    train_tiny(
+        out,
+        image_dir,
+        "train.max_steps=80",
+        "train.global_batch_size=8",
+        "train.checkpoint_every=1000",
+        "preview.per_class=0",
+        "optim.lr=2e-3",
+        "log.head_usage=false",
+    )
+    losses = [m["diffusion_loss"] for m in read_metrics(out)]
+    assert np.mean(losses[-15:]) < 0.6 * np.mean(losses[:15])
+
+
+def test_training_with_a_tiny_vae_and_with_pre_extracted_latents(tmp_path, image_dir):
+    from moh_dit.data.image_folder import ImageFolderDataset
+    from moh_dit.data.latents import extract_latents
+    from moh_dit.vae import load_vae
+
+    tiny_vae().save_pretrained(tmp_path / "vae")
+    out = tmp_path / "latent-run"
+    train_tiny(out, image_dir, f"data.vae={tmp_path / 'vae'}", "train.max_steps=2", image_size=16)
+    assert np.isfinite(read_metrics(out)[-1]["diffusion_loss"])
+    pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
+    assert pipe.vae is not None and pipe.transformer.config.in_channels == 4
+    assert pipe([1], num_inference_steps=2, output_type="np", progress=False).images.shape == (1, 16, 16, 3)
+
+    ds = ImageFolderDataset(image_dir, 16)
+    lat = extract_latents(
+        ds, load_vae(str(tmp_path / "vae")), tmp_path / "lat.npy", vae_name=str(tmp_path / "vae"), id2label=ds.id2label
+    )
+    out2 = tmp_path / "packed-run"
+    train_tiny(out2, lat, "data.name=latents", "train.max_steps=2", image_size=16)
+    assert np.isfinite(read_metrics(out2)[-1]["diffusion_loss"])
+    assert MoHDiTPipeline.from_pretrained(out2 / "pipeline").vae is not None
+
+
+def _train_cmd(overrides):
+    return [sys.executable, str(ROOT / "train.py"), *overrides]
+
+
+def test_sigkill_and_resume_reproduce_per_step_losses(tmp_path, image_dir):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ref = tmp_path / "ref"
+    subprocess.run(
+        _train_cmd(
+            tiny_overrides(ref, image_dir, "train.max_steps=24", "train.checkpoint_every=5", "preview.per_class=0")
+        ),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        _train_cmd(
+            tiny_overrides(
+                killed, image_dir, "train.max_steps=100000", "train.checkpoint_every=5", "preview.per_class=0"
+            )
+        ),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while find_checkpoint(killed) is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    at_kill = find_checkpoint(killed)
+    assert at_kill is not None and int(at_kill.name.split("-")[1]) < 24
+    subprocess.run(
+        _train_cmd(
+            tiny_overrides(
+                killed,
+                image_dir,
+                "train.max_steps=24",
+                "train.checkpoint_every=5",
+                "train.resume=latest",
+                "preview.per_class=0",
+            )
+        ),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+
+    a, b = read_metrics(ref), read_metrics(killed)
+    assert [m["step"] for m in b] == list(range(1, 25))
+    assert [(m["diffusion_loss"], m["moh_loss"]) for m in a] == [(m["diffusion_loss"], m["moh_loss"]) for m in b]
+    from safetensors.torch import load_file
+
+    wa = load_file(ref / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors")
+    wb = load_file(killed / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_two_process_cpu_run(tmp_path, image_dir):
+    out = tmp_path / "ddp"
+    out.mkdir()
+    probe = ROOT / "tests" / "helpers" / "ddp_probe.py"
+    run_command(
+        torchrun(probe, out, *tiny_overrides(out / "run", image_dir, "train.max_steps=3", "preview.per_class=0"))
+    )
+    r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["world"] == r1["world"] == 2
+    assert all(a != b for a, b in zip(r0["seen"], r1["seen"]))  # different data on each rank
+    assert r0["weights_sha"] == r1["weights_sha"] and r0["ema_sha"] == r1["ema_sha"]  # grads were averaged
+    logged = read_metrics(out / "run")
+    for step, m in enumerate(logged):
+        mean_d = (r0["local_losses"][step][0] + r1["local_losses"][step][0]) / 2
+        mean_m = (r0["local_losses"][step][1] + r1["local_losses"][step][1]) / 2
+        assert m["diffusion_loss"] == pytest.approx(mean_d, rel=1e-6)
+        assert m["moh_loss"] == pytest.approx(mean_m, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------
+def test_ema_is_dit_constant_decay_from_a_copy():
+    model = torch.nn.Linear(3, 2)
+    p0 = [p.detach().clone() for p in model.parameters()]
+    ema = make_ema(model, EMASection(decay=0.9))
+    expected = p0
+    for _ in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        ema.step(model.parameters())
+        expected = [0.9 * e + 0.1 * p.detach() for e, p in zip(expected, model.parameters())]
+        for s, e in zip(ema.shadow_params, expected):
+            torch.testing.assert_close(s, e)
+
+
+def test_gradient_accumulation_splits_the_global_batch(tmp_path, image_dir):
+    out = tmp_path / "accum"
+    trainer = Trainer(
+        load_config(
+            None,
+            tiny_overrides(
+                out,
+                image_dir,
+                "train.grad_accum_steps=2",
+                "train.global_batch_size=8",
+                "train.max_steps=2",
+                "preview.per_class=0",
+            ),
+        )
+    )
+    assert trainer.micro_batch == 4
+    summary = trainer.run()
+    assert summary["step"] == 2 and trainer.samples_seen == 16
+
+
+def test_non_finite_loss_stops_cleanly_and_saves(tmp_path, image_dir, monkeypatch):
+    out = tmp_path / "nan"
+    trainer = Trainer(
+        load_config(
+            None,
+            tiny_overrides(out, image_dir, "train.max_steps=10", "train.checkpoint_every=100", "preview.per_class=0"),
+        )
+    )
+    original = trainer._micro_step
+
+    def poisoned(x, y, micro, want_heads):
+        loss, d, m, h = original(x, y, micro, want_heads)
+        return (loss * float("nan") if trainer.step == 3 else loss), d, m, h
+
+    monkeypatch.setattr(trainer, "_micro_step", poisoned)
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 4"):
+        trainer.run()
+    assert find_checkpoint(out).name == "step-00000003"
+
+
+@pytest.mark.parametrize(
+    "override,error,message",
+    [
+        ("model.preset=MoH-DiT-Huge/2", ConfigError, "unknown preset"),
+        ("data.path=/nonexistent/folder", DataError, "does not exist"),
+        ("model.overrides.num_classes=5", ValueError, "num_classes=5"),
+    ],
+)
+def test_bad_input_is_rejected_clearly(tmp_path, image_dir, override, error, message):
+    with pytest.raises(error, match=message):
+        Trainer(load_config(None, tiny_overrides(tmp_path / "bad", image_dir, override)))
+
+
+def test_resume_from_a_missing_path_fails(tmp_path, image_dir):
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        load_config(None, tiny_overrides(tmp_path / "r", image_dir, f"train.resume={tmp_path / 'nope'}"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Integrity: what a run folder may never lose or mix
+# ----------------------------------------------------------------------------------------------------
+def _state(ckpt):
+    from safetensors.torch import load_file
+
+    return load_file(Path(ckpt) / "model" / "diffusion_pytorch_model.safetensors")
+
+
+def test_exploding_weights_never_replace_the_last_good_checkpoint(tmp_path, image_dir):
+    out = tmp_path / "boom"
+    train_tiny(out, image_dir, "train.keep_last=1", "preview.per_class=0")
+    good = find_checkpoint(out)
+    assert good.name == "step-00000004"
+    before = _state(good)
+    # the same run continued with an absurd learning rate: the weights explode at once
+    with pytest.raises(NonFiniteLossError, match="not saved; the newest good checkpoint is .*step-00000004"):
+        train_tiny(
+            out,
+            image_dir,
+            "train.keep_last=1",
+            "train.resume=latest",
+            "optim.lr=1e30",
+            "train.max_steps=12",
+            "preview.per_class=0",
+        )
+    assert [p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step-00000004"]
+    after = _state(find_checkpoint(out))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    # and the run resumes from it
+    summary = train_tiny(
+        out, image_dir, "train.keep_last=1", "train.resume=latest", "train.max_steps=6", "preview.per_class=0"
+    )
+    assert summary["step"] == 6 and find_checkpoint(out).name == "step-00000006"
+
+
+def test_non_finite_loss_right_after_a_resume_rewrites_its_own_checkpoint(tmp_path, image_dir, monkeypatch):
+    out = tmp_path / "again"
+    train_tiny(out, image_dir, "preview.per_class=0")
+    trainer = Trainer(
+        load_config(
+            None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=8", "preview.per_class=0")
+        )
+    )
+    original = trainer._micro_step
+
+    def poisoned(x, y, micro, want_heads):
+        loss, d, m, h = original(x, y, micro, want_heads)
+        return loss * float("nan"), d, m, h
+
+    monkeypatch.setattr(trainer, "_micro_step", poisoned)
+    with pytest.raises(NonFiniteLossError, match="state before this step is saved in .*step-00000004"):
+        trainer.run()
+    assert find_checkpoint(out).name == "step-00000004"
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp folders left
+    assert train_tiny(out, image_dir, "train.resume=latest", "train.max_steps=6", "preview.per_class=0")["step"] == 6
+
+
+def test_an_existing_run_folder_is_refused_without_resume_or_overwrite(tmp_path, image_dir):
+    from moh_dit.errors import ArtifactError
+
+    out = tmp_path / "taken"
+    train_tiny(out, image_dir, "preview.per_class=0")
+    metrics_before = (out / "metrics.jsonl").read_text()
+    with pytest.raises(ArtifactError, match=r"already holds a run with checkpoints up to step 4.*train.resume=latest"):
+        Trainer(load_config(None, tiny_overrides(out, image_dir, "train.max_steps=2", "preview.per_class=0")))
+    assert (out / "metrics.jsonl").read_text() == metrics_before
+    # explicit overwrite: a fresh run, nothing of the old one mixed in
+    train_tiny(out, image_dir, "train.max_steps=2", "train.overwrite=true", "preview.per_class=0")
+    assert [m["step"] for m in read_metrics(out)] == [1, 2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002"]
+
+
+def test_resume_with_another_set_up_is_refused_and_changed_settings_are_recorded(tmp_path, image_dir):
+    from moh_dit.errors import ArtifactError
+
+    out = tmp_path / "ident"
+    train_tiny(out, image_dir, "preview.per_class=0")
+    with pytest.raises(ArtifactError, match=r"another set-up \(train.seed: 0 -> 1"):
+        Trainer(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.seed=1"))).run()
+    train_tiny(out, image_dir, "train.resume=latest", "train.max_steps=6", "optim.lr=5e-4", "preview.per_class=0")
+    manifest = json.loads((out / "manifest.json").read_text())
+    resume = [e for e in manifest["events"] if e["event"] == "resume"][0]
+    assert resume["step"] == 4 and resume["changed"]["optim.lr"] == [1e-3, 5e-4]
+    ckpt_manifest = json.loads((find_checkpoint(out) / "manifest.json").read_text())
+    assert ckpt_manifest["run_id"] == manifest["run_id"] and ckpt_manifest["step"] == 6
+    pipe_manifest = json.loads((out / "pipeline" / "manifest.json").read_text())
+    assert pipe_manifest["source"]["step"] == 6 and pipe_manifest["source"]["run_id"] == manifest["run_id"]
+
+
+def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, image_dir):
+    """Rewinding a run (train.resume=PATH of an older checkpoint) must not leave checkpoints of the abandoned
+    past where train.resume=latest, or the run's own final checkpoint, would take them for this run's."""
+    out = tmp_path / "rewind"
+    train_tiny(out, image_dir, "train.max_steps=6", "preview.per_class=0")
+    stale = _state(out / "checkpoints" / "step-00000006")
+    rewind = (f"train.resume={out / 'checkpoints' / 'step-00000002'}", "train.max_steps=6", "optim.lr=5e-4")
+    train_tiny(out, image_dir, *rewind, "preview.per_class=0")
+    found = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert found == ["step-00000002", "step-00000004", "step-00000006"]
+    (aside,) = (out / "checkpoints").glob("set-aside-after-step-00000002-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["step-00000004", "step-00000006"]
+    assert torch.equal(next(iter(_state(aside / "step-00000006").values())), next(iter(stale.values())))
+    new = _state(out / "checkpoints" / "step-00000006")  # this run's step 6, not the abandoned one
+    assert any(not torch.equal(new[k], stale[k]) for k in new)
+    resume = [e for e in json.loads((out / "manifest.json").read_text())["events"] if e["event"] == "resume"][-1]
+    assert resume["step"] == 2 and resume["set_aside"] == str(aside)
+
+
+def test_class_weights_set_what_an_epoch_draws_and_belong_to_the_run(tmp_path, image_dir):
+    from moh_dit.errors import ArtifactError
+
+    out = tmp_path / "weighted"
+    weighted = tiny_overrides(out, image_dir, "data.class_weights={dark: 3}", "preview.per_class=0")
+    trainer = Trainer(load_config(None, weighted))
+    assert trainer.batches_per_epoch == 32 // 4  # 8 bright once, 8 dark three times
+    labels = torch.cat([y for _, _, y in itertools.islice(trainer._batches(), 2 * trainer.batches_per_epoch)])
+    assert torch.bincount(labels).tolist() == [16, 48]
+    trainer.run()
+    identity = json.loads((out / "manifest.json").read_text())["identity"]["data"]
+    assert identity["class_weights"] == {"0": 1.0, "1": 3.0}
+    assert "| class weights | dark x3 per epoch" in (out / "pipeline" / "README.md").read_text()
+    # the same weights by id resume; without them the run is another one
+    train_tiny(
+        out,
+        image_dir,
+        "data.class_weights={1: 3}",
+        "train.resume=latest",
+        "train.max_steps=6",
+        "preview.per_class=0",
+    )
+    with pytest.raises(ArtifactError, match=r"another set-up \(data.class_weights"):
+        Trainer(load_config(None, tiny_overrides(out, image_dir, "train.resume=latest", "train.max_steps=8")))
+    # unweighted runs record no weights (runs from before the setting resume as they were)
+    plain = tmp_path / "plain"
+    train_tiny(plain, image_dir, "train.max_steps=1", "preview.per_class=0")
+    assert "class_weights" not in json.loads((plain / "manifest.json").read_text())["identity"]["data"]
+
+
+def test_rerunning_a_finished_run_keeps_its_grid_and_pipeline_unless_settings_changed(tmp_path, image_dir):
+    out = tmp_path / "done"
+    train_tiny(out, image_dir)
+    grid, weights = out / "samples" / "final.png", out / "pipeline" / "manifest.json"
+    stamps = grid.stat().st_mtime_ns, weights.stat().st_mtime_ns
+    again = train_tiny(out, image_dir, "train.resume=latest")  # finished: nothing to train, nothing to redraw
+    assert again["step"] == 4 and Path(again["pipeline"]) == out / "pipeline" and Path(again["sample_grid"]) == grid
+    assert (grid.stat().st_mtime_ns, weights.stat().st_mtime_ns) == stamps
+    # a run recorded before a setting existed (here: snr_gamma) behaved as its default: no change
+    record = json.loads((out / "manifest.json").read_text())
+    del record["settings"]["train"]["snr_gamma"]
+    (out / "manifest.json").write_text(json.dumps(record))
+    train_tiny(out, image_dir, "train.resume=latest")
+    assert (grid.stat().st_mtime_ns, weights.stat().st_mtime_ns) == stamps
+    events = json.loads((out / "manifest.json").read_text())["events"]
+    assert not [e for e in events if e["event"] == "resume"][-1]["changed"]
+    train_tiny(out, image_dir, "train.resume=latest", "preview.guidance_scale=2.0")  # a changed setting: drawn anew
+    assert grid.stat().st_mtime_ns != stamps[0] and weights.stat().st_mtime_ns != stamps[1]
+    train_tiny(out, image_dir, "train.resume=latest", "train.max_steps=6")  # trained on: exported anew
+    assert json.loads(weights.read_text())["source"]["step"] == 6
+
+
+def test_first_record_after_a_resume_averages_the_same_steps(tmp_path, image_dir):
+    """log_every=4 with checkpoints every 5 steps: the window 5..8 straddles the resume at step 5."""
+    common = ("log.log_every=4", "train.checkpoint_every=5", "preview.per_class=0", "log.head_usage=false")
+    ref = tmp_path / "ref"
+    train_tiny(ref, image_dir, "train.max_steps=12", *common)
+    split = tmp_path / "split"
+    train_tiny(split, image_dir, "train.max_steps=5", *common)
+    train_tiny(split, image_dir, "train.max_steps=12", "train.resume=latest", *common)
+    a = {m["step"]: m["diffusion_loss"] for m in read_metrics(ref)}
+    b = {m["step"]: m["diffusion_loss"] for m in read_metrics(split)}
+    assert [a[s] for s in (4, 8, 12)] == [b[s] for s in (4, 8, 12)]
+
+
+def test_sigterm_and_sigint_save_a_checkpoint_and_resume_exactly(tmp_path, image_dir):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    common = ("train.checkpoint_every=1000", "preview.per_class=0", "log.log_every=3", "log.head_usage=false")
+    ref = tmp_path / "ref"
+    subprocess.run(
+        _train_cmd(tiny_overrides(ref, image_dir, "train.max_steps=30", *common)),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        run = tmp_path / sig.name
+        proc = subprocess.Popen(
+            _train_cmd(tiny_overrides(run, image_dir, "train.max_steps=100000", *common)),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.time() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 2):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, err[-2000:]
+        assert "Traceback" not in err and "continue with train.resume=latest" in err
+        step = int(find_checkpoint(run).name.split("-")[1])
+        assert 6 <= step < 100000 and not (run / "pipeline").exists()
+        subprocess.run(
+            _train_cmd(tiny_overrides(run, image_dir, "train.max_steps=30", "train.resume=latest", *common)),
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+        assert [(m["step"], m["diffusion_loss"]) for m in read_metrics(ref)] == [
+            (m["step"], m["diffusion_loss"]) for m in read_metrics(run) if m["step"] % 3 == 0
+        ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Any class count
+# ----------------------------------------------------------------------------------------------------
+def test_unconditional_training_from_a_flat_folder_and_from_labelled_data(tmp_path, image_dir):
+    import shutil
+
+    from moh_dit.sampling.generation import generate_samples
+    from moh_dit.sampling.loading import load_pipeline
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i, f in enumerate(sorted(image_dir.rglob("*.png"))):
+        shutil.copy(f, flat / f"{i}.png")
+    out = tmp_path / "uncond"
+    train_tiny(out, flat, "model.overrides.num_classes=0", "preview.per_class=2")
+    pipe = load_pipeline(out, device="cpu")
+    assert pipe.transformer.config.num_classes == 0 and pipe.transformer.y_embedder is None and pipe.id2label == {}
+    assert (out / "samples" / "final.png").exists()
+    npz = np.load(generate_samples(pipe, tmp_path / "s", generation_settings(num_samples=3, num_inference_steps=2)))
+    assert npz["arr_0"].shape == (3, 8, 8, 3) and npz["arr_1"].tolist() == [-1, -1, -1]
+    summary = train_tiny(
+        tmp_path / "uncond-labelled", image_dir, "model.overrides.num_classes=0", "preview.per_class=0"
+    )
+    assert summary["step"] == 4
+
+
+def test_fine_tuning_on_data_with_another_class_count(tmp_path, image_dir):
+    import shutil
+
+    from moh_dit.sampling.loading import load_transformer
+
+    from ..helpers.factories import tiny_train_config
+
+    source_run = tmp_path / "two-classes"
+    train_tiny(source_run, image_dir, "preview.per_class=0")
+    three = tmp_path / "three"
+    shutil.copytree(image_dir, three)
+    shutil.copytree(image_dir / "dark", three / "grey")
+    config = tiny_train_config(tmp_path / "x", three)
+    with pytest.raises(ConfigError, match="has 2 classes but this run has 3: pass --init-classes resize"):
+        Trainer(load_config(config, [f"model.init_from={source_run}"]))
+    source, _ = load_transformer(source_run)
+    before = source.state_dict()
+    table = "y_embedder.embedding_table.weight"
+    for mode in ("resize", "reinit"):
+        out = tmp_path / mode
+        extra = [f"train.output_dir={out}", f"model.init_from={source_run}", f"model.init_classes={mode}"]
+        trainer = Trainer(load_config(config, [*extra, "train.max_steps=1", "preview.per_class=0"]))
+        after = trainer.unwrapped.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before if k != table)
+        assert after[table].shape == (4, 32) and before[table].shape == (3, 32)  # 3 classes + null, 2 + null
+        kept = [torch.equal(after[table][i], before[table][i]) for i in (0, 1)] + [
+            torch.equal(after[table][3], before[table][2])
+        ]
+        assert kept == ([True] * 3 if mode == "resize" else [False] * 3)
+        trainer.run()
+        start = json.loads((out / "manifest.json").read_text())["events"][0]
+        assert (
+            start["init"]["new"] == [table] and start["init"]["classes"] == [2, 3] and len(start["init"]["kept"]) > 50
+        )
+    # the command line: --init-from and --init-classes, and a one-class model to fine-tune into an unconditional one
+    import train as train_script
+
+    train_script.main(
+        [
+            "--init-from",
+            str(source_run),
+            "--init-classes",
+            "reinit",
+            *as_overrides(tiny_train_config(tmp_path / "cli", image_dir)),
+            "model.overrides.num_classes=0",
+            "train.max_steps=1",
+            "preview.per_class=0",
+        ]
+    )
+    assert load_transformer(tmp_path / "cli")[0].y_embedder is None
+
+
+def test_init_from_records_the_architecture_of_the_weights_not_the_config_preset(tmp_path, image_dir):
+    """With init_from the weights are the architecture: the run's config, manifest and card name the preset the
+    weights match (the config's preset is not used), and an override the weights contradict is an error."""
+    from moh_dit import create_model
+
+    from ..helpers.factories import tiny_train_config
+
+    dit = tmp_path / "dit-transformer"
+    create_model("DiT-Ti/4", sample_size=8, in_channels=3, num_classes=2).save_pretrained(dit)
+    config = tiny_train_config(tmp_path / "from-dit", image_dir)
+    config["model"] = {"preset": "MoH-DiT-Ti/4-50", "init_from": str(dit), "overrides": {"patch_size": 4}}
+    Trainer(load_config(config, ["train.max_steps=1", "preview.per_class=0"])).run()
+    assert yaml.safe_load((tmp_path / "from-dit" / "config.yaml").read_text())["model"]["preset"] == "DiT-Ti/4"
+    manifest = json.loads((tmp_path / "from-dit" / "pipeline" / "manifest.json").read_text())
+    assert manifest["source"]["training"]["preset"] == "DiT-Ti/4"
+    assert "DiT-Ti/4" in (tmp_path / "from-dit" / "pipeline" / "README.md").read_text()
+
+    config["model"]["overrides"] = {"patch_size": 2, "hidden_size": 32}
+    config["train"]["output_dir"] = str(tmp_path / "contradicted")
+    with pytest.raises(ConfigError, match=r"contradict .*patch_size=2 \(the weights have 4\), hidden_size=32"):
+        Trainer(load_config(config))
+
+    source_run = tmp_path / "tiny"  # an architecture no preset has
+    train_tiny(source_run, image_dir, "preview.per_class=0", "train.max_steps=1")
+    out = tmp_path / "from-tiny"
+    train_tiny(out, image_dir, f"model.init_from={source_run}", "train.max_steps=1", "preview.per_class=0")
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["preset"] == "custom"
+    assert json.loads((out / "pipeline" / "manifest.json").read_text())["source"]["training"]["preset"] is None
+
+
+def test_snr_gamma_reaches_the_objective(tmp_path, image_dir):
+    from ..helpers.factories import tiny_train_config
+
+    trainer = Trainer(load_config(tiny_train_config(tmp_path / "run", image_dir), ["train.snr_gamma=5"]))
+    assert trainer.objective.snr_gamma == 5 and trainer.objective.mse_weights[0] < 1e-3
+
+
+def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
+    from moh_dit.training.setup import learning_rate
+
+    config = load_config(
+        None,
+        [
+            "optim.lr=1e-3",
+            "optim.min_lr=1e-5",
+            "optim.warmup_steps=10",
+            "optim.schedule=cosine",
+            "train.max_steps=110",
+        ],
+    )
+    warm = [learning_rate(config, s) for s in range(10)]
+    assert warm == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])
+    # after warm-up: torch's CosineAnnealingLR over the remaining 100 steps, down to min_lr
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100, eta_min=1e-5)
+    expected = []
+    for _ in range(101):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert [learning_rate(config, s) for s in range(10, 111)] == pytest.approx(expected, rel=1e-9)
+    assert learning_rate(config, 60) == pytest.approx(1e-5 + (1e-3 - 1e-5) / 2)
+    assert learning_rate(config, 500) == pytest.approx(1e-5)  # past the end: stays at min_lr
+    constant = load_config(None, ["optim.lr=1e-3", "optim.warmup_steps=10", "train.max_steps=110"])
+    assert [learning_rate(constant, s) for s in (9, 10, 109)] == pytest.approx([1e-3] * 3)
+    with pytest.raises(ConfigError, match="optim.schedule"):
+        load_config(None, ["optim.schedule=linear"])
+    with pytest.raises(ConfigError, match="optim.min_lr"):
+        load_config(None, ["optim.lr=1e-4", "optim.min_lr=1e-3"])
+
+
+def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp_path, image_dir, monkeypatch):
+    import moh_dit.sampling.pipeline as pipeline
+    from moh_dit.training.setup import learning_rate
+
+    used, make = [], pipeline.make_scheduler
+    monkeypatch.setattr(pipeline, "make_scheduler", lambda name="ddpm", *a: used.append(name) or make(name, *a))
+    out = tmp_path / "run"
+    extra = ["optim.schedule=cosine", "optim.warmup_steps=1", "optim.min_lr=1e-4", "preview.scheduler=dpm-solver"]
+    extra += ["preview.guidance_scale=2.5", "preview.guidance_interval=[100,600]", "preview.grid_averaging=400"]
+    guided, averaged, shifts = [], [], pipeline.grid_shifts
+    monkeypatch.setattr(pipeline, "guided_at", lambda t, interval: guided.append(interval) or True)
+    monkeypatch.setattr(pipeline, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
+    train_tiny(out, image_dir, *extra)
+    config = load_config(out / "config.yaml")
+    lrs = [m["lr"] for m in read_metrics(out)]
+    assert lrs == pytest.approx([learning_rate(config, s) for s in range(4)])
+    assert lrs[1] == pytest.approx(1e-3) and lrs[3] < lrs[2] < lrs[1]
+    assert "dpm-solver" in used and (out / "samples" / "final.png").exists()
+    assert guided and set(guided) == {(100, 600)}  # the preview grid guided in the configured interval
+    assert averaged  # and averaged its patch grids at the low-noise steps
+    # the exported pipeline records how the run drew its previews; a checkpoint's comes from the run's config
+    from moh_dit.sampling.loading import recorded_sampling
+
+    want = dict(guidance_scale=2.5, guidance_interval=[100, 600], scheduler="dpm-solver")
+    want |= dict(num_inference_steps=config.preview.num_steps, grid_averaging=400)
+    assert recorded_sampling(out).record() == recorded_sampling(out / "pipeline").record() == want
+    assert recorded_sampling(sorted((out / "checkpoints").iterdir())[-1]).record() == want
+    with pytest.raises(ConfigError, match="preview.scheduler"):
+        load_config(None, ["preview.scheduler=euler"])
