@@ -1,6 +1,8 @@
 """Training throughput of whole training configs: the trainer's own steps (data, noising, forward, loss,
 backward, clipping, AdamW, EMA) for each config file, timed in interleaved rounds in one process, reported
-as the median images/s and the ratio to the first config measured in the same run.
+as the median images/s and the ratio to the first config measured in the same run, with model TFLOP/s and
+MFU: the useful FLOPs of a training step (moh_dit.model.flops, the heads each token uses) per second, over a
+float32 matmul peak measured on the same device in the same run (on a CUDA GPU, the data-sheet peak).
 
 This is how the embedded default's recipes are compared for the "same 10 minutes" budget: a recipe that
 trains at 0.8x the images/s gets 0.8x the steps.
@@ -28,7 +30,9 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 import torch
 
 from benchmarks.timing import interleaved_rounds, write_report
+from moh_dit.model.flops import forward_flops
 from moh_dit.training.config import load_config
+from moh_dit.training.throughput import peak_tflops
 from moh_dit.training.trainer import Trainer
 
 
@@ -46,6 +50,7 @@ class TimedRun:
         model = self.trainer.unwrapped
         self.parameters = sum(p.numel() for p in model.parameters())
         self.heads = model.head_counts()
+        self.flops_per_image = forward_flops(model, active_heads=True).training_step()
 
     def step(self) -> None:
         """One optimizer step, by the trainer's own methods as ``Trainer.run`` calls them (without its
@@ -55,7 +60,7 @@ class TimedRun:
         t.set_learning_rate()
         with t.accelerator.accumulate(t.model):
             loss, *_ = t._micro_step(x, y, 0, False)
-            t.apply_gradients(loss)
+            t.apply_gradients(loss, measure_norm=False)
         t.finish_step()
 
 
@@ -63,7 +68,8 @@ def table_row(row: dict) -> str:
     """One config's line of the markdown table."""
     model = row["preset"] + "".join(f", {k} {v}" for k, v in row["model_overrides"].items())
     cells = [row["name"], model, f"{row['parameters'] / 1e6:.2f}M", row["batch_size"]]
-    cells += [f"{row['images_per_s']:.1f}", f"{row['ratio_to_baseline']:.3f}"]
+    cells += [f"{row['images_per_s']:.1f}", f"{row['ratio_to_baseline']:.3f}", f"{row['tflops']:.4f}"]
+    cells += [f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"]
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
@@ -97,6 +103,7 @@ def main(argv=None) -> dict:
             device = runs[0].trainer.accelerator.device
             steps = {run.name: run.step for run in runs}
             seconds = interleaved_rounds(steps, device, args.warmup, args.rounds, args.steps)
+            peak, peak_source = peak_tflops(device, runs[0].config.train.mixed_precision)
     finally:
         package_logger.setLevel(level)  # the caller's logging as it was
     rows = []
@@ -114,6 +121,9 @@ def main(argv=None) -> dict:
                 batch_size=run.batch_size,
                 optimizer_steps=run.trainer.step,  # warm-up and timed steps the trainer really took
                 images_per_s=images_per_s,
+                gflops_per_image=run.flops_per_image / 1e9,
+                tflops=images_per_s * run.flops_per_image / 1e12,
+                mfu=images_per_s * run.flops_per_image / 1e12 / peak if peak else None,
                 round_seconds=seconds[run.name],
             )
         )
@@ -125,6 +135,8 @@ def main(argv=None) -> dict:
         torch=torch.__version__,
         args=vars(args),
         baseline=rows[0]["name"],
+        peak_tflops=peak,
+        peak_source=peak_source,
         rows=rows,
     )
     stem = f"config_throughput_{device.type}" + (f"_{args.tag}" if args.tag else "")
@@ -132,10 +144,12 @@ def main(argv=None) -> dict:
         f"# Training throughput per config ({result['device']}, {result['threads']} threads, torch {torch.__version__})",
         "",
         f"The trainer's own steps; median of {args.rounds} interleaved rounds of {args.steps} steps after "
-        f"{args.warmup} warm-up steps; ratio to {rows[0]['name']} measured in the same run.",
+        f"{args.warmup} warm-up steps; ratio to {rows[0]['name']} measured in the same run. Model TFLOP/s: the "
+        f"useful FLOPs of a training step (the heads each token uses; forward and backward) per second; MFU "
+        + (f"against a peak of {peak:.3g} TFLOP/s ({peak_source})." if peak else f"not measured: {peak_source}."),
         "",
-        "| config | model | parameters | batch | images/s | ratio |",
-        "|---|---|---|---|---|---|",
+        "| config | model | parameters | batch | images/s | ratio | model TFLOP/s | MFU |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     lines += [table_row(r) for r in rows]
     write_report(Path(args.out), stem, result, lines)

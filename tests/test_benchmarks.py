@@ -287,6 +287,9 @@ def test_config_throughput_times_the_trainers_own_steps_of_each_config(tmp_path)
         ips = row["batch_size"] * 2 / statistics.median(row["round_seconds"])
         assert row["images_per_s"] == pytest.approx(ips) and len(row["round_seconds"]) == 3
         assert row["ratio_to_baseline"] == pytest.approx(row["images_per_s"] / base["images_per_s"])
+        assert row["tflops"] == pytest.approx(row["images_per_s"] * row["gflops_per_image"] / 1e3)
+        assert row["mfu"] == pytest.approx(row["tflops"] / result["peak_tflops"])  # a matmul peak of this run
+    assert base["gflops_per_image"] < deeper["gflops_per_image"]
     assert json.loads((tmp_path / "config_throughput_cpu_t.json").read_text())["baseline"] == "tiny"
     table = (tmp_path / "config_throughput_cpu_t.md").read_text()
     assert all(f"| {r['images_per_s']:.1f} | {r['ratio_to_baseline']:.3f} |" in table for r in result["rows"])

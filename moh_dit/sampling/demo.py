@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from moh_dit.errors import ConfigError
 from moh_dit.images import heatmap, make_grid
 from moh_dit.sampling.spec import SCHEDULERS, SamplingSpec
 
@@ -62,8 +61,6 @@ def generate(
         classes = [class_name]
     last = pipe.scheduler.config.num_train_timesteps - 1
     first, final = int(guided_from), last if guided_to is None else int(guided_to)
-    if first > final:
-        raise ConfigError(f"guidance from timestep {first} to {final}: the first must not be after the last")
     spec = SamplingSpec(
         scheduler=scheduler,
         num_inference_steps=int(steps),

@@ -29,7 +29,7 @@ from moh_dit.manifests import (
     weight_health,
     write_manifest,
 )
-from moh_dit.run_folder import CHECKPOINT_PREFIX, RunLayout, read_checkpoint
+from moh_dit.run_folder import CHECKPOINT_PREFIX, CheckpointContents, RunLayout, read_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,21 @@ def save_checkpoint(
 def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: str | None) -> dict:
     """Restore everything a checkpoint holds into ``state`` (and this process's RNG states); it must be of
     the same architecture and, when both record one, of the same run. Returns the trainer state."""
+    contents = restore_weights(path, state, accelerator, run_id)
+    rng = contents.rank_tensors
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        _set_python_rng_state(contents.rank_python)
+    state.window.load(rng.get("window"))
+    return contents.trainer_state
+
+
+def restore_weights(path: Path, state: TrainingState, accelerator, run_id: str | None = None) -> CheckpointContents:
+    """Restore a checkpoint's model, EMA, optimizer and grad-scaler states into ``state``, not the step, the
+    random states or the loss window (what the spike guard's rollback needs); checked as
+    :func:`restore_checkpoint` checks. Returns what was read."""
     path = Path(path)
     contents = read_checkpoint(path, accelerator.process_index)
     owner = (contents.manifest or {}).get("run_id")
@@ -137,14 +152,7 @@ def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: st
     state.optimizer.load_state_dict(contents.optimizer_state)
     if state.scaler is not None and contents.scaler_state is not None:
         state.scaler.load_state_dict(contents.scaler_state)
-    rng = contents.rank_tensors
-    if "torch" in rng:
-        torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
-        _set_python_rng_state(contents.rank_python)
-    state.window.load(rng.get("window"))
-    return contents.trainer_state
+    return contents
 
 
 def _python_rng_state() -> dict[str, Any]:

@@ -96,6 +96,13 @@ class TrainSection:
     # resume on another number of processes or accumulation steps (same global batch): the data of every step is
     # kept, the per-process random draws are not, so the run does not continue exactly as it would have
     elastic_resume: bool = False
+    # the spike guard (moh_dit/training/spike_guard.py): > 0 skips an update whose loss exceeds this multiple of
+    # the median loss of the last spike_window steps; spike_patience spikes in a row, or a non-finite loss, roll
+    # back to the newest checkpoint, at most max_rollbacks times. 0: off (a non-finite loss stops the run)
+    spike_guard: float = 0.0
+    spike_window: int = 50
+    spike_patience: int = 3
+    max_rollbacks: int = 3
     overwrite: bool = False  # clear an earlier run in output_dir (what moh-dit wrote there) before starting
     push_to_hub: str | None = None  # a Hub repo id: upload the exported pipeline (with its card) at the end
 
@@ -115,6 +122,8 @@ class LogSection:
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
     project: str = "moh-dit"  # the trackers' project name (a wandb project, a TensorBoard sub-folder)
     head_usage: bool = True
+    # peak TFLOP/s of one device for MFU; 0: known GPUs by name, a matmul measured at the start on a CPU
+    peak_tflops: float = 0.0
 
 
 @dataclass
@@ -173,8 +182,21 @@ class Config:
         if not 0 <= optim.min_lr <= optim.lr:
             raise ConfigError(f"optim.min_lr must be between 0 and optim.lr, got {optim.min_lr}")
         _one_of("train.mixed_precision", train.mixed_precision, ("no", "fp16", "bf16"))
-        for name in ("global_batch_size", "grad_accum_steps", "max_steps", "checkpoint_every", "keep_last"):
+        for name in (
+            "global_batch_size",
+            "grad_accum_steps",
+            "max_steps",
+            "checkpoint_every",
+            "keep_last",
+            "spike_window",
+        ):
             _at_least(f"train.{name}", getattr(train, name), 1)
+        _at_least("train.spike_patience", train.spike_patience, 1)
+        _at_least("train.max_rollbacks", train.max_rollbacks, 0)
+        if 0 < train.spike_guard <= 1:
+            raise ConfigError(
+                f"train.spike_guard must be 0 (off) or a multiple of the median loss > 1, got {train.spike_guard}"
+            )
         _at_least("log.log_every", log.log_every, 1)
         _at_least("ema.update_every", ema.update_every, 1)
         for name in ("every", "per_class", "max_classes"):
@@ -192,6 +214,8 @@ class Config:
             ("optim.grad_clip", optim.grad_clip),
             ("train.time_limit_minutes", train.time_limit_minutes),
             ("train.moh_loss_coeff", train.moh_loss_coeff),
+            ("log.peak_tflops", log.peak_tflops),
+            ("train.spike_guard", train.spike_guard),
         ):
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value}")

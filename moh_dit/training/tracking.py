@@ -178,12 +178,20 @@ class MetricsLog:
                 scalars[f"heads/layer{layer:02d}_active_fraction"] = mean
                 scalars[f"heads/layer{layer:02d}_max_over_mean_load"] = max(usage) / mean if mean > 0 else 0.0
             self.accelerator.log(scalars, step=record["step"])
+        hardware = ""
+        if "grad_norm" in record:
+            mfu = f", MFU {100 * record['mfu']:.1f}%" if "mfu" in record else ""
+            hardware = (
+                f" | grad norm {record['grad_norm']:.3g} | {record['tflops']:.3g} TFLOP/s{mfu}"
+                f" | peak memory {record['peak_memory_gb']:.2f} GB"
+            )
         logger.info(
-            "step %d | diffusion loss %.4f | moh loss %.4f | %.2f steps/s | %.1f images/s | lr %.2e",
+            "step %d | diffusion loss %.4f | moh loss %.4f | %.2f steps/s | %.1f images/s | lr %.2e%s",
             record["step"],
             record["diffusion_loss"],
             record["moh_loss"],
             record["steps_per_s"],
             record["images_per_s"],
             record["lr"],
+            hardware,
         )

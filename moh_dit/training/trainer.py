@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import signal
 import time
 from collections.abc import Iterator
@@ -34,10 +35,11 @@ from accelerate.utils import set_seed
 from moh_dit.data.batches import ShardedEpochBatchSampler
 from moh_dit.data.training_data import load_training_data
 from moh_dit.diffusion import DiffusionObjective
-from moh_dit.errors import ConfigError
+from moh_dit.errors import ConfigError, NonFiniteLossError
 from moh_dit.files import atomic_write_text
 from moh_dit.logs import setup_logging
 from moh_dit.manifests import format_differences, read_manifest
+from moh_dit.model.flops import forward_flops
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import match_preset
 from moh_dit.progress import Progress
@@ -48,6 +50,7 @@ from moh_dit.seeding import step_generator
 from moh_dit.training.checkpoints import (
     TrainingState,
     restore_checkpoint,
+    restore_weights,
     save_checkpoint,
     set_aside_newer_checkpoints,
 )
@@ -65,6 +68,8 @@ from moh_dit.training.setup import (
     run_settings,
     stop_signals,
 )
+from moh_dit.training.spike_guard import SpikeGuard, Verdict
+from moh_dit.training.throughput import peak_memory_gb, peak_tflops
 from moh_dit.training.tracking import LossWindow, MetricsLog, start_trackers
 
 logger = logging.getLogger("moh_dit.train")
@@ -110,6 +115,10 @@ class Trainer:
         if train_cfg.compile:
             self.model = torch.compile(self.model)
         self.window = LossWindow(accelerator.device, train_cfg.global_batch_size)
+        self.grad_norm = math.nan  # before clipping, at the last logged step
+        t = config.train
+        self.guard = SpikeGuard(t.spike_guard, t.spike_window, t.spike_patience, t.max_rollbacks)
+        self.step_loss = 0.0  # the sum over this step's micro-batches and processes (for the guard)
         self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window)
         self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma, snr_gamma=train_cfg.snr_gamma)
         defaults = run_settings(config_to_dict(Config()))
@@ -198,21 +207,69 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.config, self.step)
 
-    def apply_gradients(self, loss: torch.Tensor) -> None:
+    def apply_gradients(self, loss: torch.Tensor, measure_norm: bool = False, skip: bool = False) -> None:
         """Backward; on the last micro-batch of a step (inside ``accelerator.accumulate``) also clip and
-        step the optimizer (accelerate makes ``step`` a no-op on the others)."""
+        step the optimizer (accelerate makes ``step`` a no-op on the others). The gradient norm before
+        clipping is kept in ``grad_norm`` when clipped, or when ``measure_norm`` (a step that is logged). With
+        ``skip`` (the spike guard's verdict) the step's gradients are dropped instead of applied."""
         accelerator = self.accelerator
         accelerator.backward(loss)
-        if accelerator.sync_gradients and self.config.optim.grad_clip > 0:
-            accelerator.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-        self.optimizer.step()
+        clip = self.config.optim.grad_clip
+        if accelerator.sync_gradients and (clip > 0 or measure_norm):
+            # without clipping, an infinite limit measures the norm and scales every gradient by exactly 1
+            self.grad_norm = accelerator.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else math.inf)
+        if not (skip and accelerator.sync_gradients):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def finish_step(self) -> None:
-        """After an optimizer step: count it and update the EMA."""
+    def judge_step(self, micro_loss_sum: float) -> Verdict | None:
+        """Add one micro-batch's loss (summed over processes); on the step's last one, the guard's verdict."""
+        self.step_loss += micro_loss_sum
+        if not self.accelerator.sync_gradients:
+            return None
+        mean = self.step_loss / (self.world * self.config.train.grad_accum_steps)
+        self.step_loss = 0.0
+        return self.guard.judge(mean)
+
+    def roll_back(self, why: str) -> None:
+        """Weights, EMA and optimizer back to the newest checkpoint; the step and the data go on. Stops with one
+        line when no checkpoint exists or ``train.max_rollbacks`` is used up."""
+        newest, limit = self.layout.latest_checkpoint(), self.config.train.max_rollbacks
+        if newest is None or self.guard.exhausted:
+            reason = "no checkpoint to roll back to" if newest is None else f"train.max_rollbacks={limit} used up"
+            if self.accelerator.is_main_process:
+                self.record.write("stopped", step=self.step, reason=f"spike guard: {why}")
+            raise NonFiniteLossError(
+                f"training diverged at step {self.step + 1}: {why}; {reason} after {self.guard.rollbacks - 1} "
+                f"rollback(s) and {self.guard.skipped} skipped update(s). Try a lower optim.lr or optim.grad_clip > 0"
+            )
+        restore_weights(newest, self.state, self.accelerator)
+        logger.warning(
+            "step %d: %s; rolled back to %s (rollback %d of %d)",
+            self.step + 1,
+            why,
+            newest.name,
+            self.guard.rollbacks,
+            limit,
+        )
+        if self.accelerator.is_main_process:
+            self.record.write("rollback", step=self.step + 1, to=str(newest), reason=why)
+
+    def hardware_record(self, images_per_s: float) -> dict[str, float]:
+        """The log record's numbers on the hardware: the gradient norm before clipping, model TFLOP/s over all
+        processes, MFU (against the peak of every device) and this process's peak memory."""
+        tflops = images_per_s * self.flops_per_image / 1e12
+        record = {"grad_norm": float(self.grad_norm), "tflops": tflops}
+        if self.peak_tflops:
+            record["mfu"] = tflops / (self.peak_tflops * self.world)
+        record["peak_memory_gb"] = peak_memory_gb(self.accelerator.device)
+        return record
+
+    def finish_step(self, updated: bool = True) -> None:
+        """After an optimizer step: count it and update the EMA (not after a skipped update)."""
         self.step += 1
         self.samples_seen += self.config.train.global_batch_size
-        if self.step % self.config.ema.update_every == 0:
+        if updated and self.step % self.config.ema.update_every == 0:
             self.ema.step(self.unwrapped.parameters())
 
     # ------------------------------------------------------------------------------------------------
@@ -223,6 +280,8 @@ class Trainer:
         ``losses`` (a non-finite loss at the next step) the rescue save never prunes, and the run stops."""
         info = dict(self.data.record(), samples_seen=self.samples_seen, **self.process_layout)
         info["batches_per_epoch"] = self.batches_per_epoch
+        if self.guard.enabled:
+            info["spike_guard"] = self.guard.state()
         keep = self.config.train.keep_last if losses is None else None
         path, peak = save_checkpoint(
             self.layout, self.step, self.state, self.accelerator, info, {"run_id": self.record.run_id}, keep
@@ -296,6 +355,7 @@ class Trainer:
         if self.resume_from is not None:
             state = restore_checkpoint(self.resume_from, self.state, self.accelerator, self.record.run_id)
             self.step, self.samples_seen = state["step"], state["samples_seen"]
+            self.guard.load(state.get("spike_guard"))
             logger.info("resumed from %s at step %d", self.resume_from, self.step)
         if self.record.changes:
             logger.warning("resuming with changed settings: %s", format_differences(self.record.changes, limit=20))
@@ -330,6 +390,13 @@ class Trainer:
             f"training {self.config.model.preset}: {params:,} parameters, {active}/{total} heads active, {self.world} "
             f"processes x {self.micro_batch} images x {train_cfg.grad_accum_steps} accumulation = {train_cfg.global_batch_size} per step"
         )
+        # model FLOPs of one image's training step (the heads each token uses), and the hardware's peak for MFU
+        self.flops_per_image = forward_flops(self.unwrapped, active_heads=True).training_step()
+        self.peak_tflops, source = peak_tflops(
+            self.accelerator.device, train_cfg.mixed_precision, self.config.log.peak_tflops
+        )
+        peak = f"{self.peak_tflops:.3g} TFLOP/s per device ({source})" if self.peak_tflops else source
+        logger.info(f"{self.flops_per_image / 1e9:.3g} GFLOP per image per training step; peak {peak}")
 
     def run(self) -> dict[str, Any]:
         accelerator, train_cfg, log_cfg = self.accelerator, self.config.train, self.config.log
@@ -349,10 +416,15 @@ class Trainer:
                     flags = torch.tensor(
                         [not torch.isfinite(loss), time_up, bool(received)], device=accelerator.device
                     )
+                    if self.guard.enabled:  # and the loss, for a verdict every process reaches alike
+                        flags = torch.cat([flags.float(), loss.detach().float().reshape(1)])
                     flags = accelerator.reduce(flags.float(), reduction="sum") if self.world > 1 else flags
-                    if flags[0]:
+                    if flags[0] and not self.guard.enabled:
                         self.save_checkpoint(losses=(d_loss, m_loss))  # saves what is sane, then stops
-                    self.apply_gradients(loss)
+                    verdict = self.judge_step(float(flags[3])) if self.guard.enabled else None
+                    logged = (self.step + 1) % log_cfg.log_every == 0 or self.step + 1 == train_cfg.max_steps
+                    skip = verdict is not None and verdict.action != "update"
+                    self.apply_gradients(loss, measure_norm=logged and not skip, skip=skip)
                 self.window.add(d_loss, m_loss)
                 last_heads = heads if heads is not None else last_heads
                 if stop is None and (flags[2] or flags[1]):
@@ -361,13 +433,20 @@ class Trainer:
                     continue
 
                 # ---- one optimizer step done ----
-                self.finish_step()
+                if verdict is not None and verdict.action == "rollback":
+                    self.roll_back(verdict.why)
+                elif verdict is not None and verdict.action == "skip":
+                    logger.warning("step %d: update skipped, %s", self.step + 1, verdict.why)
+                self.finish_step(updated=not skip)
                 self.window.steps += 1
                 on_boundary = self.step % log_cfg.log_every == 0
                 if on_boundary or self.step == train_cfg.max_steps:
                     # a last record between boundaries leaves the window open for a later resume
                     lr = learning_rate(self.config, self.step - 1)
                     record = self.window.record(accelerator, self.step, lr, self.samples_seen, last_heads, on_boundary)
+                    record.update(self.hardware_record(record["images_per_s"]))
+                    if self.guard.enabled:
+                        record.update(skipped_updates=self.guard.skipped, rollbacks=self.guard.rollbacks)
                     self.metrics.write(record, progress)
                     last_heads = None if on_boundary else last_heads
                 progress.update(1)

@@ -1,0 +1,73 @@
+"""FLOPs of a MoHDiT forward pass, counted from its architecture (for throughput and MFU in training logs).
+
+A FLOP here is one multiply or one add: a matrix product of (m x k) and (k x n) costs 2 m k n, as
+``torch.utils.flop_counter`` counts it. Only the matrix products count (patch embedder, timestep MLP, adaLN,
+routers, q/k/v, attention, output projection, MLP, final layer); norms, activations and gates are a few
+percent at most and are left out, as model-FLOPs-utilisation conventions do (PaLM, Appendix B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+__all__ = ["FlopCount", "forward_flops"]
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """FLOPs of one image's forward pass, by part. ``attention_core`` is QK^T and the weighting of V."""
+
+    embed: int
+    adaln: int
+    router: int
+    qkv: int
+    attention_core: int
+    proj: int
+    mlp: int
+    final: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.embed + self.adaln + self.router + self.qkv + self.attention_core + self.proj + self.mlp + self.final
+        )
+
+    def training_step(self) -> int:
+        """One image's forward and backward pass: the backward costs two forwards (gradients of the inputs and
+        of the weights)."""
+        return 3 * self.total
+
+
+def _linear(layer: nn.Linear, rows: int) -> int:
+    return 2 * rows * layer.in_features * layer.out_features
+
+
+def forward_flops(model: nn.Module, active_heads: bool = False) -> FlopCount:
+    """FLOPs of one image's forward pass through ``model`` (a :class:`~moh_dit.model.network.MoHDiT`).
+
+    ``active_heads=False`` counts what dense execution computes: every head, inactive ones multiplied by zero
+    (what ``FlopCounterMode`` measures). ``active_heads=True`` counts the useful work of MoH: the queries,
+    attention and output projection of the heads a token uses (shared plus top-k routed), with keys and
+    values of every head (a routed head's keys serve every token that picks it).
+    """
+    config = model.config
+    tokens = (config.sample_size // config.patch_size) ** 2
+    proj = model.x_embedder.proj  # a patch-sized convolution with stride = kernel: one matrix product per patch
+    embed = 2 * tokens * proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1] * proj.out_channels
+    embed += sum(_linear(m, 1) for m in model.t_embedder.mlp if isinstance(m, nn.Linear))
+    adaln = router = qkv = core = out = mlp = 0
+    for block in model.blocks:
+        attn = block.attn
+        adaln += _linear(block.adaLN_modulation[1], 1)
+        mlp += _linear(block.mlp.fc1, tokens) + _linear(block.mlp.fc2, tokens)
+        if attn.router is not None:
+            router += _linear(attn.router, tokens)
+        share = attn.num_active_heads / attn.num_heads if active_heads else 1.0
+        per_part = _linear(attn.qkv, tokens) // 3  # q, k and v each
+        qkv += round(per_part * share) + 2 * per_part
+        core += round(2 * 2 * tokens * tokens * attn.head_dim * attn.num_heads * share)
+        out += round(_linear(attn.proj, tokens) * share)
+    final = _linear(model.final_layer.adaLN_modulation[1], 1) + _linear(model.final_layer.linear, tokens)
+    return FlopCount(embed, adaln, router, qkv, core, out, mlp, final)
