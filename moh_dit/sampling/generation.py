@@ -159,8 +159,6 @@ def generate_samples(
         )
     num_classes = pipe.transformer.config.num_classes
     spec = settings.sampling
-    if num_classes == 0:  # an unconditional model has nothing to guide
-        spec = spec.replace(guidance_scale=1.0, guidance_interval=None)
     progress = Progress(len(todo) * block, desc="sampling", unit="img", enabled=is_main)
     pipe.set_progress_bar_config(disable=True)
     for b in todo[rank::world]:

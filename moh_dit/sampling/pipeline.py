@@ -361,8 +361,6 @@ class MoHDiTPipeline(DiffusionPipeline):
         """``per_class`` uint8 images of every requested class, one row per class, for previews and
         ``sample.py``; image ``i`` draws its noise from ``(seed, i)``. Returns the images and row names."""
         conditional = self.transformer.config.num_classes > 0
-        if not conditional:  # an unconditional model has nothing to guide
-            sampling = sampling.replace(guidance_scale=1.0, guidance_interval=None)
         ids = self.get_label_ids(class_labels) if conditional else [None]
         labels = [c for c in ids for _ in range(per_class)]
         out = []
