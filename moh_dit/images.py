@@ -98,3 +98,33 @@ def heatmap(
         draw.rectangle([x0, height, x0 + 10, height + 10], fill=_viridis(v))
         draw.text((x0 + 13, height), f"{v:.2g}", fill="black", font=font)
     return image
+
+
+def plot_curves(
+    points: Sequence[dict], keys: Sequence[tuple[str, str]], path, title: str = "", x_key: str = "step"
+) -> bool:
+    """Line plots of ``points`` (dicts with ``x_key`` and some of ``keys``, given as ``(key, label)``), one panel
+    per key present, saved as a PNG at ``path``. Needs matplotlib (the ``plot`` extra); returns whether it drew."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    shown = [(k, label) for k, label in keys if any(k in p for p in points)]
+    if not shown:
+        return False
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 2.8), squeeze=False)
+    for ax, (key, label) in zip(axes[0], shown):
+        xy = [(p[x_key], p[key]) for p in points if key in p]
+        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", markersize=3)
+        ax.set_xlabel(x_key)
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -59,6 +59,11 @@ class RunLayout:
         return self.root / "samples"
 
     @property
+    def evaluations(self) -> Path:
+        """The evaluations during training: ``step-N.metrics.json`` (and their samples while they are made)."""
+        return self.root / "eval"
+
+    @property
     def tracker_state(self) -> Path:
         return self.root / "trackers.json"
 
@@ -92,6 +97,7 @@ class RunLayout:
             self.checkpoints,
             self.pipeline,
             self.samples,
+            self.evaluations,
             self.root / "model_config.json",
             self.tracker_state,
         ]

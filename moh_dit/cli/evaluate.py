@@ -99,56 +99,38 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     _check_sampling_options(parser, args)
     setup_logging()
     spec = SamplingSpec.from_args(args, log=args.model is not None)  # the paper protocol: no recorded guidance
-    from moh_dit.evaluation.features import import_extractor_module, load_images, resolve_extractor
-    from moh_dit.evaluation.scoring import evaluate, format_table, write_metrics
+    from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
+    from moh_dit.evaluation.scoring import ScoringOptions, format_table, score_sample_set, write_metrics
     from moh_dit.files import ensure_writable_file
-    from moh_dit.manifests import read_manifest
-    from moh_dit.sampling.sample_sets import metrics_path_for, read_npz_manifest, sample_npz_path
+    from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
 
     import_extractor_module(args.extractor_module)
     # everything that can fail fast does so before sampling or feature extraction
     extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
     if not Path(args.reference).exists():
         raise FileNotFoundError(f"reference {args.reference} does not exist")
+    options = ScoringOptions(
+        args.batch_size, args.fp16_distances, not args.no_cache, args.reference_size, args.bootstrap
+    )
     source = None
     if args.model:
-        from moh_dit.sampling.generation import GenerationSettings, sample_to_folder
+        from moh_dit.evaluation.model_scores import sample_and_score
+        from moh_dit.sampling.generation import GenerationSettings, open_for_sampling
         from moh_dit.sampling.loading import resolve_model_source
 
         source = resolve_model_source(args.model)
         sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, spec, source)
-        samples_path = sample_npz_path(sample_dir)
-        out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
+        out = ensure_writable_file(args.out or metrics_path_for(sample_npz_path(sample_dir), args.extractor), "--out")
         settings = GenerationSettings.from_args(args, spec, batch_size=args.sample_batch_size)
-        accelerator, _, pipe = sample_to_folder(
-            args.model, sample_dir, settings, args.device, args.dtype, overwrite=args.overwrite
+        accelerator, pipe = open_for_sampling(args.model, settings, args.device, args.dtype)
+        result = sample_and_score(
+            pipe, sample_dir, settings, args.reference, extractor, options, accelerator, overwrite=args.overwrite
         )
         if not accelerator.is_main_process:
             return {}
     else:
-        samples_path = Path(args.samples)
-        out = ensure_writable_file(args.out or metrics_path_for(samples_path, args.extractor), "--out")
-
-    if samples_path.is_dir():
-        manifest = read_manifest(samples_path, "samples")
-    else:
-        manifest = read_npz_manifest(samples_path) if samples_path.suffix == ".npz" else None
-    from moh_dit.sampling.generation import check_samples
-
-    check_samples(samples_path, manifest)  # a folder: before its images are read
-    samples = load_images(samples_path, limit=(manifest or {}).get("count"))
-    check_samples(samples_path, manifest, samples)
-    result = evaluate(
-        samples,
-        args.reference,
-        extractor,
-        args.batch_size,
-        args.fp16_distances,
-        cache=not args.no_cache,
-        reference_size=args.reference_size,
-        bootstrap=args.bootstrap,
-    )
-    result["samples"] = {"path": str(samples_path.resolve()), "manifest": manifest}
+        out = ensure_writable_file(args.out or metrics_path_for(args.samples, args.extractor), "--out")
+        result = score_sample_set(args.samples, args.reference, extractor, options)
     # the numbers first: a failed write must not lose them
     print(format_table(result["metrics"]))
     try:

@@ -1,17 +1,18 @@
 """Scoring samples the way the DiT and MoH-DiT papers do: FID, sFID, IS, precision and recall against an
 ADM reference batch (docs/evaluation.md). :func:`evaluate` returns every number plus the settings that
-produced it.
+produced it; :func:`score_sample_set` scores a sample set on disk after checking it is complete and unchanged.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from moh_dit.evaluation.features import FeatureExtractor, extract_features, validate_images
+from moh_dit.evaluation.features import FeatureExtractor, extract_features, load_images, validate_images
 from moh_dit.evaluation.metrics import (
     KID_SUBSETS,
     bootstrap_interval,
@@ -30,6 +31,54 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------------
 # Putting it together
 # ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How a sample set is scored, apart from the reference and the features: the feature batch size, ADM's
+    float16 distances, the reference-statistics cache, the crop size of an image-folder reference and the
+    bootstrap rounds (see :func:`evaluate`). ``moh-dit evaluate`` and the trainer's evaluations share it."""
+
+    batch_size: int = 100
+    fp16_distances: bool = False
+    cache: bool = True
+    reference_size: int | None = None
+    bootstrap: int = 0
+
+
+def score_sample_set(
+    path: str | os.PathLike,
+    reference: str | os.PathLike,
+    extractor: FeatureExtractor,
+    options: ScoringOptions | None = None,
+) -> dict:
+    """Score the samples at ``path`` (a moh-dit sample folder or ``.npz``, or images from elsewhere): a set
+    whose manifest counts more images than it holds, or whose ``.npz`` was changed after packing, is refused
+    before its features are computed. The result is :func:`evaluate`'s, with ``samples`` (path and manifest)."""
+    from moh_dit.manifests import read_manifest
+    from moh_dit.sampling.generation import check_samples
+    from moh_dit.sampling.sample_sets import read_npz_manifest
+
+    path, options = Path(path), options or ScoringOptions()
+    if path.is_dir():
+        manifest = read_manifest(path, "samples")
+    else:
+        manifest = read_npz_manifest(path) if path.suffix == ".npz" else None
+    check_samples(path, manifest)  # a folder: before its images are read
+    samples = load_images(path, limit=(manifest or {}).get("count"))
+    check_samples(path, manifest, samples)
+    result = evaluate(
+        samples,
+        reference,
+        extractor,
+        options.batch_size,
+        options.fp16_distances,
+        cache=options.cache,
+        reference_size=options.reference_size,
+        bootstrap=options.bootstrap,
+    )
+    result["samples"] = {"path": str(path.resolve()), "manifest": manifest}
+    return result
+
+
 def evaluate(
     samples: np.ndarray,
     reference: str | os.PathLike,

@@ -10,9 +10,20 @@ from typing import Any
 
 from moh_dit.sampling.spec import SamplingSpec
 
-__all__ = ["render_card", "write_card", "record_evaluation", "push_folder", "EVALUATIONS_FILE"]
+__all__ = [
+    "render_card",
+    "write_card",
+    "record_evaluation",
+    "push_folder",
+    "draw_quality_curve",
+    "EVALUATIONS_FILE",
+    "QUALITY_CURVE_FILE",
+]
 
 EVALUATIONS_FILE = "evaluations.json"
+QUALITY_CURVE_FILE = "quality_curve.png"  # the picture of the evaluations during training, beside the card
+# the scores a card's quality curve shows, and their names
+QUALITY_KEYS = (("kid", "KID"), ("fid", "FID"), ("precision", "precision"), ("recall", "recall"))
 _CITATION = """@article{jin2024moh,
   title   = {MoH: Multi-Head Attention as Mixture-of-Head Attention},
   author  = {Jin, Peng and Zhu, Bo and Yuan, Li and Yan, Shuicheng},
@@ -60,9 +71,53 @@ def _class_weights_row(weights: dict | None, id2label: dict) -> list[str]:
     return [f"| class weights | {named} per epoch; every other class x1 (`data.class_weights`) |"]
 
 
-def render_card(pipe, manifest: dict, evaluations: list[dict] | None = None, name: str | None = None) -> str:
-    """The card of a pipeline: architecture, parameters and active heads, data and training, metrics where
-    known, usage, provenance and citation."""
+def _quality_section(training: dict, curve_image: str | None) -> list[str]:
+    """The card's quality curve: the evaluations during training (``log.eval_every``), as a picture and a table."""
+    points, protocol = training.get("quality_curve") or [], training.get("quality_protocol") or {}
+    if not points:
+        return []
+    spec = SamplingSpec.from_record(protocol.get("sampling"))
+    how = f"{spec.describe()}, " if spec else ""
+    lines = [
+        "## Quality during training",
+        "",
+        f"Scored while the model trained (`log.eval_every`): {how}class-balanced samples of the EMA weights, "
+        f"features `{protocol.get('extractor', '?')}` against `{protocol.get('reference', '?')}`. `moh-dit evaluate "
+        f"--model <checkpoint>` with the same settings gives the same numbers.",
+        "",
+    ]
+    if curve_image:
+        lines += [f"![quality during training]({curve_image})", ""]
+    shown = [(k, label) for k, label in QUALITY_KEYS if any(k in p for p in points)]
+    lines += [
+        "| step | samples | " + " | ".join(label for _, label in shown) + " |",
+        "|---" * (2 + len(shown)) + "|",
+    ]
+    for p in points:
+        cells = [(f"{p[k]:.5f}" if k == "kid" else f"{p[k]:.3f}") if k in p else "-" for k, _ in shown]
+        lines.append(f"| {p['step']:,} | {p.get('num_samples', 0):,} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def draw_quality_curve(training: dict, path: str | os.PathLike) -> bool:
+    """Draw the quality curve of a training summary (``quality_curve``) as a PNG; returns whether it drew (there
+    are points, and matplotlib is installed)."""
+    from moh_dit.images import plot_curves
+
+    points = training.get("quality_curve") or []
+    return bool(points) and plot_curves(points, QUALITY_KEYS, path, "quality during training")
+
+
+def render_card(
+    pipe,
+    manifest: dict,
+    evaluations: list[dict] | None = None,
+    name: str | None = None,
+    curve_image: str | None = None,
+) -> str:
+    """The card of a pipeline: architecture, parameters and active heads, data and training, the quality curve
+    of the training (``curve_image``: its picture's file name beside the card), metrics where known, usage,
+    provenance and citation."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from moh_dit import __version__
@@ -132,6 +187,7 @@ def render_card(pipe, manifest: dict, evaluations: list[dict] | None = None, nam
             f"| loss | DiT's hybrid loss (noise MSE + variational bound) + {training.get('moh_loss_coeff')} x MoH load balance |",
             f"| precision | {training.get('mixed_precision', 'no')} mixed precision |",
             "",
+            *_quality_section(training, curve_image),
         ]
     elif source.get("converted_from"):
         lines += [
@@ -225,7 +281,8 @@ def write_card(folder: str | os.PathLike, pipe, manifest: dict) -> Path:
     folder = Path(folder)
     evaluations_file = folder / EVALUATIONS_FILE
     evaluations = json.loads(evaluations_file.read_text()) if evaluations_file.is_file() else []
-    (folder / "README.md").write_text(render_card(pipe, manifest, evaluations))
+    curve = QUALITY_CURVE_FILE if (folder / QUALITY_CURVE_FILE).is_file() else None
+    (folder / "README.md").write_text(render_card(pipe, manifest, evaluations, curve_image=curve))
     return folder / "README.md"
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.files import replace_folder
 from moh_dit.manifests import fingerprint_module, format_differences, short, write_manifest
-from moh_dit.sampling.card import write_card
+from moh_dit.sampling.card import QUALITY_CURVE_FILE, draw_quality_curve, write_card
 from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.vae import latent_space, latent_space_differences
 
@@ -51,6 +51,7 @@ def save_pipeline(
         id2label={str(k): v for k, v in pipe.id2label.items()},
         sampling=(sampling or pipe.preview_sampling).record(),
     )
+    draw_quality_curve(source.get("training") or {}, tmp / QUALITY_CURVE_FILE)  # when it trained with evaluations
     write_card(tmp, pipe, manifest)  # README.md: what it is, how it was made, how to use it
     replace_folder(tmp, folder)
     return folder

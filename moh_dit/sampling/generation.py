@@ -194,6 +194,25 @@ def generate_samples(
     return pack_npz(sample_dir, dict(manifest, count=n), sample_npz_path(sample_dir))
 
 
+def open_for_sampling(
+    model: str | os.PathLike,
+    settings: GenerationSettings,
+    device: str | None = None,
+    dtype: str = "fp32",
+    vae: str | None = None,
+):
+    """Start accelerate (all processes of an ``accelerate launch`` / ``torchrun``), log how many there are, and
+    load the model for ``settings``. Returns ``(accelerator, pipeline)``."""
+    from accelerate import Accelerator
+
+    from moh_dit.devices import resolve_device
+
+    settings.validate()
+    accelerator = Accelerator(cpu=resolve_device(device).type == "cpu")
+    logger.info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
+    return accelerator, load_pipeline(model, accelerator.device, dtype, settings.sampling.scheduler, vae)
+
+
 def sample_to_folder(
     model: str | os.PathLike,
     sample_dir: str | os.PathLike,
@@ -203,17 +222,9 @@ def sample_to_folder(
     vae: str | None = None,
     overwrite: bool = False,
 ):
-    """What ``sample.py --num-samples`` and ``evaluate_fid.py --model`` do: start accelerate (all processes of
-    an ``accelerate launch`` / ``torchrun``), log how many there are, load the model and generate. Returns
+    """What ``sample.py --num-samples`` does: :func:`open_for_sampling`, then :func:`generate_samples`. Returns
     ``(accelerator, npz path on the main process, pipeline)``."""
-    from accelerate import Accelerator
-
-    from moh_dit.devices import resolve_device
-
-    settings.validate()
-    accelerator = Accelerator(cpu=resolve_device(device).type == "cpu")
-    logger.info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
-    pipe = load_pipeline(model, accelerator.device, dtype, settings.sampling.scheduler, vae)
+    accelerator, pipe = open_for_sampling(model, settings, device, dtype, vae)
     return accelerator, generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite), pipe
 
 

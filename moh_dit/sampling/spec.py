@@ -72,13 +72,14 @@ EVAL_STEPS = 250
 PROTOCOLS = {"dit": ("ddpm", EVAL_STEPS), "fast": ("dpm-solver", 25)}
 FAST_SCHEDULER, FAST_STEPS = PROTOCOLS["fast"]
 
-# The keys of a training config's ``preview`` section that hold its preview spec
-# (moh_dit.training.config.PreviewSection), and the fields they fill.
+# The keys of a training config's sections that hold a spec (moh_dit.training.config: ``preview``, whose spec
+# the exported pipeline records, and ``log.eval_sampling``), and the fields they fill.
 CONFIG_KEYS = {
     "scheduler": "scheduler",
     "num_steps": "num_inference_steps",
     "guidance_scale": "guidance_scale",
     "guidance_interval": "guidance_interval",
+    "guidance_channels": "guidance_channels",
     "grid_averaging": "grid_averaging",
 }
 # Where moh-dit 0.2 kept them: in the ``log`` section, as ``log.sample_<...>`` (run folders of 0.2 still load).
@@ -238,7 +239,7 @@ class SamplingSpec:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any], prefix: str = "preview.") -> SamplingSpec:
-        """The spec of a training config's ``preview`` section (:data:`CONFIG_KEYS`); an error names the key."""
+        """The spec of a training config section (:data:`CONFIG_KEYS`); an error names the key (``prefix`` + key)."""
         values = {name: section[key] for key, name in CONFIG_KEYS.items() if key in section}
         try:
             return cls(**values)

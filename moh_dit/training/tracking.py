@@ -18,6 +18,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("moh_dit.train")
 
+# the scores of an evaluation record (moh_dit.training.quality) and their names in the log
+EVAL_SCORE_NAMES = {
+    "kid": "KID",
+    "kid_std": "KID std",
+    "fid": "FID",
+    "sfid": "sFID",
+    "inception_score": "IS",
+    "precision": "precision",
+    "recall": "recall",
+}
+
 
 class LossWindow:
     """Sums of the diffusion and MoH losses since the last log record, per process, and the speed over the
@@ -157,6 +168,26 @@ class MetricsLog:
             ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step
         ]
         self.path.write_text("".join(ln + "\n" for ln in kept))
+
+    def write_evaluation(self, record: dict[str, Any]) -> None:
+        """Append an evaluation record (main process), send its scores to the trackers as ``eval/*``, log them."""
+        if not self.accelerator.is_main_process:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        scores = {k: v for k, v in record.items() if k in EVAL_SCORE_NAMES}
+        if self.use_trackers:
+            self.accelerator.log({f"eval/{k}": v for k, v in scores.items()}, step=record["step"])
+        shown = " | ".join(
+            f"{EVAL_SCORE_NAMES[k]} {v:.{5 if k == 'kid' else 4}g}" for k, v in scores.items() if k != "kid_std"
+        )
+        logger.info(
+            "step %d | evaluation of %d samples: %s (%.0f s)",
+            record["step"],
+            record["num_samples"],
+            shown,
+            record["seconds"],
+        )
 
     def write(self, record: dict[str, Any], progress: Progress | None = None) -> None:
         """Append ``record`` (main process), send it to the trackers, log it, and show it on ``progress``."""

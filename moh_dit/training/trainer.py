@@ -55,6 +55,7 @@ from moh_dit.training.checkpoints import (
     set_aside_newer_checkpoints,
 )
 from moh_dit.training.config import Config, config_to_dict
+from moh_dit.training.quality import EVALUATION, SCORES, QualityCurve, curve_points, read_records
 from moh_dit.training.runs import RunRecord, open_run_folder
 from moh_dit.training.setup import (
     build_model,
@@ -93,6 +94,8 @@ class Trainer:
             self.layout, train_cfg.resume, train_cfg.overwrite, accelerator.is_main_process
         )
         self.layout_change = self._check_process_layout()
+        # a missing reference or extractor stops the run now, not at its first evaluation
+        self.quality = QualityCurve(config.log, train_cfg.seed, self.layout, accelerator)
         accelerator.wait_for_everyone()
         self.data = load_training_data(config.data, accelerator.device)
 
@@ -315,6 +318,20 @@ class Trainer:
             self.metrics.log_image("samples", path, self.step)
             return path
 
+    @torch.no_grad()
+    def evaluate_quality(self) -> None:
+        """Sample and score the EMA weights at this step on every process (``log.eval_every``); the record goes to
+        ``metrics.jsonl``, the trackers and the run's manifest."""
+        record = self.quality.evaluate(self.ema_pipeline(self.quality.spec.scheduler), self.step, self.samples_seen)
+        if record is not None:
+            self.metrics.write_evaluation(record)
+            scores = {k: v for k, v in record.items() if k in SCORES}
+            self.record.write(
+                "evaluation", step=self.step, num_samples=record["num_samples"], file=record["file"], **scores
+            )
+        self.accelerator.wait_for_everyone()
+        self.window.start_clock()  # the speed of the next log record counts training only
+
     def export_pipeline(self, reuse: bool = False) -> Path | None:
         """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest. With
         ``reuse`` a folder this run exported at this step is kept."""
@@ -345,7 +362,17 @@ class Trainer:
         data = {k: v for k, v in self.data.description.items() if k in keys}
         train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
         preset = None if self.config.model.preset == "custom" else self.config.model.preset
-        return dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"])
+        summary = dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"])
+        evaluations = read_records(self.layout.metrics, EVALUATION)
+        if evaluations:  # the card's quality curve, and how its points were scored
+            last = evaluations[-1]
+            summary["quality_curve"] = curve_points(evaluations)
+            summary["quality_protocol"] = {
+                "extractor": last["extractor"],
+                "reference": Path(last["reference"]).name,
+                "sampling": last["sampling"],
+            }
+        return summary
 
     # ------------------------------------------------------------------------------------------------
     # The loop
@@ -360,6 +387,7 @@ class Trainer:
         if self.record.changes:
             logger.warning("resuming with changed settings: %s", format_differences(self.record.changes, limit=20))
         self.metrics.truncate_after(self.step)
+        self.quality.resume(self.step)
         if self.accelerator.is_main_process:
             atomic_write_text(self.layout.config, yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
             changed = {k: [a, b] for k, a, b in self.record.changes}
@@ -397,11 +425,15 @@ class Trainer:
         )
         peak = f"{self.peak_tflops:.3g} TFLOP/s per device ({source})" if self.peak_tflops else source
         logger.info(f"{self.flops_per_image / 1e9:.3g} GFLOP per image per training step; peak {peak}")
+        if self.quality.enabled:
+            logger.info("evaluation during training: %s", self.quality.describe())
 
     def run(self) -> dict[str, Any]:
         accelerator, train_cfg, log_cfg = self.accelerator, self.config.train, self.config.log
         preview = self.config.preview
         self._start()
+        if self.quality.due(self.step):  # due at the checkpoint's step, but cut short (or never begun) before
+            self.evaluate_quality()
         start_time, last_heads, stop, first_step = time.time(), None, None, self.step
         self.window.start_clock()
         progress = Progress(train_cfg.max_steps, self.step, "train", "step", accelerator.is_local_main_process)
@@ -454,6 +486,8 @@ class Trainer:
                     self.save_checkpoint()
                 if preview.every > 0 and self.step % preview.every == 0 and preview.per_class:
                     self.save_sample_grid(f"step-{self.step:08d}")
+                if self.quality.due(self.step):
+                    self.evaluate_quality()
                 if self.step >= train_cfg.max_steps or stop is not None:
                     break
         progress.close()
@@ -464,6 +498,8 @@ class Trainer:
         # pipeline are kept, so rerunning a finished command is a quick check rather than minutes of sampling
         untouched = self.step == first_step and not self.record.changes
         grid = self.save_sample_grid("final", untouched) if finished and preview.per_class > 0 else None
+        if finished and self.quality.due(self.step, final=True):
+            self.evaluate_quality()
         pipeline = self.export_pipeline(untouched) if finished else None
         if accelerator.is_main_process:
             self.record.write("stopped", step=self.step, reason=stop or "max_steps")

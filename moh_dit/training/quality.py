@@ -1,0 +1,163 @@
+"""Evaluation during training: a run's quality curve (``log.eval_every``).
+
+Every ``log.eval_every`` steps, and at the end of a run that finishes, ``log.eval_samples`` class-balanced
+images of the EMA weights are sampled on every process and scored on the main process against
+``log.eval_reference`` with ``log.eval_extractor``, by :func:`moh_dit.evaluation.model_scores.sample_and_score`:
+the function ``moh-dit evaluate --model`` calls. The images are those the command makes for the checkpoint of
+the same step with the same settings (seed ``train.seed``, ``--label-mode balanced``, ``--sample-batch-size
+log.eval_batch_size``, fp32, the sampling of ``log.eval_sampling``), so the scores are too, to the last digit.
+
+Each evaluation writes ``eval/step-N.metrics.json`` (every number, the settings, the samples' manifest), a
+record of kind ``evaluation`` in ``metrics.jsonl``, the trackers' ``eval/*`` scalars and an ``evaluation`` event
+in the run's manifest. A resumed run drops the records after its checkpoint (as it drops the loss records) and
+first makes up an evaluation that was due at its step but did not finish, so the curve has one point per
+evaluated step, none missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from moh_dit.errors import ConfigError
+from moh_dit.evaluation.scoring import ScoringOptions, write_metrics
+from moh_dit.run_folder import CHECKPOINT_PREFIX, RunLayout, checkpoint_step
+from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
+from moh_dit.training.config import LogSection
+from moh_dit.training.tracking import EVAL_SCORE_NAMES
+
+logger = logging.getLogger("moh_dit.train")
+
+EVALUATION = "evaluation"  # the ``kind`` of an evaluation record in metrics.jsonl (loss records have none)
+# the scores a record and the model card's curve carry (those the extractor provides)
+SCORES = tuple(EVAL_SCORE_NAMES)
+
+
+def read_records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl``: the loss records (``kind=None``) or those of a kind
+    (``evaluation``)."""
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("kind") == kind]
+
+
+class QualityCurve:
+    """The evaluations of a run: when one is due, running it, and the curve so far.
+
+    Made on every process; the extractor is loaded on the main process only (it alone computes features), and
+    a missing reference or extractor stops the run at its start rather than at the first evaluation."""
+
+    def __init__(self, log: LogSection, seed: int, layout: RunLayout, accelerator) -> None:
+        self.every, self.layout, self.accelerator = log.eval_every, layout, accelerator
+        self.keep_samples = log.eval_keep_samples
+        self.done: set[int] = set()
+        self.spec = log.eval_sampling.sampling()
+        self.settings = GenerationSettings(log.eval_samples, seed, log.eval_batch_size, "balanced", self.spec)
+        self.options = ScoringOptions()  # evaluate's defaults: the numbers its command line gives
+        self.reference = Path(log.eval_reference) if log.eval_reference else None
+        self.extractor = None
+        if not self.enabled:
+            return
+        if not self.reference.exists():
+            raise ConfigError(
+                f"log.eval_reference {self.reference} does not exist: download the reference batch (docs/evaluation.md) "
+                f"or make one with `moh-dit reference`, or set log.eval_every=0"
+            )
+        from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
+
+        import_extractor_module(log.eval_extractor_module)
+        if accelerator.is_main_process:
+            device = str(accelerator.device)
+            self.extractor = resolve_extractor(log.eval_extractor, log.eval_extractor_weights, device)
+        self.extractor_name = log.eval_extractor
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0
+
+    def resume(self, step: int) -> None:
+        """Read which steps were evaluated (after ``metrics.jsonl`` dropped the records past the checkpoint at
+        ``step``); the main process reads, every process learns it. The files of evaluations after ``step`` belong
+        to a past this run no longer has: the main process moves them to ``eval/set-aside-after-step-N-<time>``."""
+        if self.accelerator.is_main_process and self.layout.evaluations.is_dir():
+            self._set_aside_after(step)
+        if not self.enabled:
+            return
+        steps = [sorted(r["step"] for r in read_records(self.layout.metrics, EVALUATION))]
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(steps, from_process=0)
+        self.done = set(steps[0])
+
+    def _set_aside_after(self, step: int) -> None:
+        newer = [
+            p
+            for p in self.layout.evaluations.glob(f"{CHECKPOINT_PREFIX}*")
+            if (checkpoint_step(p.name.split(".")[0]) or 0) > step
+        ]
+        if newer:
+            aside = self.layout.evaluations / f"set-aside-after-step-{step:08d}-{time.strftime('%Y%m%dT%H%M%S')}"
+            aside.mkdir()
+            for path in newer:
+                path.replace(aside / path.name)
+            logger.warning("resuming at step %d: the evaluations of later steps were moved to %s", step, aside)
+
+    def due(self, step: int, final: bool = False) -> bool:
+        """Whether ``step`` needs an evaluation: every ``eval_every`` steps, or at the end of the run (``final``),
+        unless it has one."""
+        return self.enabled and step > 0 and step not in self.done and (final or step % self.every == 0)
+
+    def sample_dir(self, step: int) -> Path:
+        return self.layout.evaluations / f"step-{step:08d}"
+
+    def evaluate(self, pipe, step: int, samples_seen: int) -> dict[str, Any] | None:
+        """Sample and score ``pipe`` (the EMA weights at ``step``) on every process. Returns the record on the
+        main process (written to ``eval/step-N.metrics.json``), ``None`` elsewhere."""
+        from moh_dit.evaluation.model_scores import sample_and_score
+
+        start, folder = time.time(), self.sample_dir(step)
+        # the folder is the trainer's own: samples of other weights there (a run rewound by an elastic resume)
+        # are replaced, samples of these weights (an evaluation a crash cut short) are completed
+        result = sample_and_score(
+            pipe, folder, self.settings, self.reference, self.extractor, self.options, self.accelerator, overwrite=True
+        )
+        self.done.add(step)
+        if result is None:
+            return None
+        metrics_file = write_metrics(metrics_path_for(sample_npz_path(folder), self.extractor_name), result)
+        if not self.keep_samples:  # 10,000 ImageNet samples are 2 GB; their scores and manifest stay
+            shutil.rmtree(folder)
+            sample_npz_path(folder).unlink()
+        scores = {k: result["metrics"][k] for k in SCORES if k in result["metrics"]}
+        return {
+            "step": step,
+            "kind": EVALUATION,
+            **scores,
+            "num_samples": result["num_samples"],
+            "samples_seen": samples_seen,
+            "extractor": result["extractor"],
+            "reference": str(self.reference),
+            "sampling": self.spec.record(),
+            "seconds": time.time() - start,
+            "file": str(metrics_file.relative_to(self.layout.root)),
+        }
+
+    def describe(self) -> str:
+        """``10000 samples every 50000 steps (dpm-solver, 25 steps, guidance 1 at every step), KID/FID against
+        ref.npz with inception``, for the log at the start."""
+        return (
+            f"{self.settings.num_samples} samples every {self.every} steps ({self.spec.describe()}), scored against "
+            f"{self.reference} with {self.extractor_name}"
+        )
+
+
+def curve_points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points of a model card's quality curve: the step, the sample count and the scores of each record."""
+    return [{k: r[k] for k in ("step", "num_samples", *SCORES) if k in r} for r in records]

@@ -1,0 +1,177 @@
+"""Evaluation during training (``log.eval_every``): the score logged at step N is what ``moh-dit evaluate`` gives
+offline for the checkpoint of step N, and a resumed run's curve has every point once."""
+
+import json
+
+import pytest
+
+from moh_dit.data.fashion_mnist import find_fashion_mnist
+from moh_dit.errors import ConfigError
+from moh_dit.training.config import load_config
+from moh_dit.training.quality import EVALUATION, read_records
+from moh_dit.training.trainer import Trainer, train
+
+from ..helpers.factories import tiny_train_overrides
+from ..helpers.tiny_extractor import TINY
+
+TINY_EVAL = [
+    "log.eval_every=2",
+    "log.eval_samples=6",
+    "log.eval_batch_size=4",
+    f"log.eval_extractor={TINY}",
+    "log.eval_extractor_module=tests.helpers.tiny_extractor",
+    "log.eval_sampling.num_steps=3",
+    "preview.per_class=0",
+]
+
+
+def evaluations(run):
+    return read_records(run / "metrics.jsonl", EVALUATION)
+
+
+def scores(records):
+    """What must repeat exactly: the step and every score (not the time it took or where the file is)."""
+    return [{k: v for k, v in r.items() if k not in ("seconds",)} for r in records]
+
+
+@pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
+def test_the_score_at_step_n_equals_the_offline_evaluation_of_checkpoint_n(tmp_path):
+    """On the embedded default's data and features (Fashion-MNIST, the project's classifier), with guidance."""
+    from experiments.common import fashion_reference
+    from moh_dit.cli import evaluate as evaluate_cli
+
+    reference, run = fashion_reference(tmp_path, count=60), tmp_path / "run"
+    extractor = ["log.eval_extractor=fmnist-classifier", "log.eval_extractor_module=experiments.fmnist_classifier"]
+    config = {
+        "model": {"preset": "MoH-DiT-Ti/4-75", "overrides": {"hidden_size": 32, "head_dim": 8}},
+        "data": {"name": "fashion-mnist", "subset_per_class": 2, "random_flip": False},
+        "train": {"output_dir": str(run), "global_batch_size": 8, "max_steps": 3, "checkpoint_every": 2},
+        "optim": {"lr": 1e-3},
+        "ema": {"decay": 0.9},
+        "log": {"log_every": 1, "trackers": []},
+        "preview": {"per_class": 0},
+    }
+    eval_settings = [
+        "log.eval_every=2",
+        "log.eval_samples=20",
+        "log.eval_batch_size=8",
+        f"log.eval_reference={reference}",
+        "log.eval_sampling.num_steps=4",
+        "log.eval_sampling.guidance_scale=1.5",
+        *extractor,
+    ]
+    train(load_config(config, eval_settings))
+    records = evaluations(run)
+    assert [r["step"] for r in records] == [2, 3]  # every 2 steps, and at the end
+    logged = records[0]
+    assert logged["num_samples"] == 20 and logged["samples_seen"] == 16
+
+    offline = evaluate_cli.main(
+        [
+            "--model",
+            str(run / "checkpoints" / "step-00000002"),
+            "--reference",
+            str(reference),
+            "--extractor",
+            "fmnist-classifier",
+            "--extractor-module",
+            "experiments.fmnist_classifier",
+            "--num-samples",
+            "20",
+            "--label-mode",
+            "balanced",
+            "--sample-batch-size",
+            "8",
+            "--scheduler",
+            "dpm-solver",
+            "--num-steps",
+            "4",
+            "--cfg-scale",
+            "1.5",
+            "--device",
+            "cpu",
+            "--sample-dir",
+            str(tmp_path / "offline"),
+        ]
+    )
+    for key, value in offline["metrics"].items():
+        if key in logged:
+            assert logged[key] == value, key  # to the last digit
+    assert {"kid", "fid", "precision", "recall", "inception_score"} <= set(logged)
+    # the same images: the same weights, sampler, seed and labels
+    kept = json.loads((run / logged["file"]).read_text())
+    assert kept["samples"]["manifest"]["identity"] == offline["samples"]["manifest"]["identity"]
+    assert kept["samples"]["manifest"]["images_sha256"] == offline["samples"]["manifest"]["images_sha256"]
+    assert not (run / "eval" / "step-00000002").exists()  # the images go once scored; the scores stay
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert [e["step"] for e in manifest["events"] if e["event"] == "evaluation"] == [2, 3]
+    card = (run / "pipeline" / "README.md").read_text()
+    assert "## Quality during training" in card and "quality_curve.png" in card
+    assert (run / "pipeline" / "quality_curve.png").is_file()
+
+
+def tiny_run(tmp_path, image_dir, name, *extra):
+    """A tiny run (8x8 images) with evaluations every 2 steps on the tiny extractor, against its own images."""
+    run = tmp_path / name
+    overrides = [*TINY_EVAL, f"log.eval_reference={image_dir}", "train.checkpoint_every=2", *extra]
+    return run, load_config(None, tiny_train_overrides(run, image_dir, *overrides))
+
+
+def test_a_resumed_run_has_every_point_of_its_curve_once(tmp_path, image_dir, monkeypatch):
+    whole, config = tiny_run(tmp_path, image_dir, "whole", "train.max_steps=6")
+    Trainer(config).run()
+    expected = scores(evaluations(whole))
+    assert [r["step"] for r in expected] == [2, 4, 6]
+
+    # killed during the evaluation at step 4, after its checkpoint: the resumed run makes it up first
+    cut, config = tiny_run(tmp_path, image_dir, "cut", "train.max_steps=6")
+    trainer = Trainer(config)
+    evaluate = trainer.quality.evaluate
+
+    def killed_at_4(pipe, step, samples_seen):
+        if step == 4:
+            raise KeyboardInterrupt
+        return evaluate(pipe, step, samples_seen)
+
+    monkeypatch.setattr(trainer.quality, "evaluate", killed_at_4)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    assert [r["step"] for r in evaluations(cut)] == [2]
+    _, config = tiny_run(tmp_path, image_dir, "cut", "train.max_steps=6", "train.resume=latest")
+    Trainer(config).run()
+    assert scores(evaluations(cut)) == expected
+
+    # resumed from an older checkpoint: the later points are dropped and made again, once
+    _, config = tiny_run(
+        tmp_path, image_dir, "whole", "train.max_steps=6", f"train.resume={whole / 'checkpoints' / 'step-00000002'}"
+    )
+    Trainer(config).run()
+    assert scores(evaluations(whole)) == expected
+    aside = list((whole / "eval").glob("set-aside-after-step-00000002-*"))
+    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == [
+        f"step-00000004.metrics-{TINY}.json",
+        f"step-00000006.metrics-{TINY}.json",
+    ]
+
+    # a finished run run again: nothing is evaluated twice
+    _, config = tiny_run(tmp_path, image_dir, "whole", "train.max_steps=6", "train.resume=latest")
+    Trainer(config).run()
+    assert scores(evaluations(whole)) == expected
+
+
+def test_evaluation_settings_are_checked_before_a_run_starts(tmp_path, image_dir):
+    with pytest.raises(ConfigError, match="log.eval_reference, which is not set"):
+        load_config(None, tiny_train_overrides(tmp_path / "a", image_dir, "log.eval_every=10"))
+    with pytest.raises(ConfigError, match="log.eval_sampling.num_steps"):
+        load_config(None, ["log.eval_sampling.num_steps=0"])
+    with pytest.raises(ConfigError, match="unknown config keys.*log.eval_sampling.steps"):
+        load_config(None, ["log.eval_sampling.steps=10"])
+    with pytest.raises(ConfigError, match="log.eval_samples must be >= 1"):
+        load_config(None, ["log.eval_samples=0"])
+    missing = tiny_train_overrides(
+        tmp_path / "b", image_dir, *TINY_EVAL, f"log.eval_reference={tmp_path / 'nope.npz'}"
+    )
+    with pytest.raises(ConfigError, match="nope.npz does not exist"):
+        Trainer(load_config(None, missing))
+    assert not (tmp_path / "b" / "manifest.json").exists()  # stopped before the run began
