@@ -49,6 +49,7 @@ from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import load_pipeline, load_transformer
 from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.training.config import load_config
+from moh_dit.training.quality import read_records
 from moh_dit.training.trainer import train
 
 # every run's recipe: the embedded default's when the study began (b32), frozen byte for byte (its content is
@@ -144,7 +145,7 @@ def score(model: Path, folder: Path, guidance: float, sc: dict, reference: Path,
 
 
 def losses_of(run: Path) -> tuple[list[tuple[int, float]], float]:
-    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    lines = read_records(run / "metrics.jsonl")  # the loss records (not those of evaluations during training)
     speed = statistics.median(m["images_per_s"] for m in lines[1:] or lines)  # skip the warm-up window
     return [(m["step"], m["diffusion_loss"]) for m in lines], speed
 

@@ -42,7 +42,7 @@ def run_args(out, images, *extra):
 
 def losses(run):
     records = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["diffusion_loss"], r["moh_loss"]) for r in records]
+    return [(r["step"], r["diffusion_loss"], r["moh_loss"]) for r in records if "diffusion_loss" in r]
 
 
 def final_weights(run):
@@ -223,6 +223,77 @@ def test_two_nodes_on_one_machine_train_and_resume_as_one_node_does(images, refe
     assert_complete_checkpoints(out)
     on_two_nodes("train.resume=latest", tag="second")
     assert_same_run(out, reference)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The spike guard and evaluations during training
+# ----------------------------------------------------------------------------------------------------
+FAULTY_TRAIN = ROOT / "tests" / "helpers" / "faulty_train.py"
+# on rank 1 only: a spike at step 12 (its update skipped), a NaN at step 16 (a rollback to the checkpoint of 15)
+FAULTS = {"rank": 1, "scale": {"12": 200.0, "16": "nan"}}
+
+
+def test_the_spike_guard_on_two_processes_acts_alike_on_every_rank_and_resumes_exactly(images, tmp_path):
+    """Faults on one rank: every rank skips the same update and rolls back to the same checkpoint (the decision
+    uses the loss summed over processes), the weights stay equal on every rank, and a run killed after the
+    rollback resumes to the same losses, weights, guard counts and quality curve as the uninterrupted run."""
+    from .helpers.tiny_extractor import TINY
+
+    guarded = [
+        "train.max_steps=25",
+        "train.checkpoint_every=5",
+        "train.spike_guard=3",
+        "train.spike_patience=2",
+        "log.eval_every=10",
+        "log.eval_samples=8",
+        "log.eval_batch_size=2",
+        f"log.eval_reference={images}",
+        f"log.eval_extractor={TINY}",
+        "log.eval_extractor_module=tests.helpers.tiny_extractor",
+        "log.eval_sampling.num_steps=2",
+    ]
+
+    def run(out, *extra, faults=FAULTS, expect_ok=True):
+        cmd = launch(
+            "torchrun", FAULTY_TRAIN, *tiny_train_overrides(out, images, "preview.per_class=0", *guarded, *extra)
+        )
+        job = Job(
+            cmd,
+            out.with_suffix(f".{len(list(tmp_path.glob('*.log')))}.log"),
+            env={"MOH_DIT_TEST_FAULTS": json.dumps(faults)},
+        )
+        code, _ = job.finish(timeout=300)
+        assert (code == 0) == expect_ok, job.text[-4000:]
+        return job.text
+
+    whole = tmp_path / "whole"
+    text = run(whole)
+    assert "step 13: update skipped" in text and "rolled back to step-00000015" in text
+    records = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "diffusion_loss" in r][-1]
+    assert (last["skipped_updates"], last["rollbacks"]) == (2, 1)  # the NaN's update is not applied either
+    checkpoint = load_file(whole / "checkpoints" / "step-00000015" / "model" / "diffusion_pytorch_model.safetensors")
+    for rank in (0, 1):  # the rollback restored the checkpoint's weights on both ranks, exactly
+        restored = load_file(whole / f"rollback-17-rank{rank}.safetensors")
+        assert restored.keys() == checkpoint.keys() and all(torch.equal(restored[k], checkpoint[k]) for k in restored)
+    final = [load_file(whole / f"final-rank{rank}.safetensors") for rank in (0, 1)]
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])  # no rank drifted from the other
+    assert [r["step"] for r in records if r.get("kind") == "evaluation"] == [10, 20, 25]
+
+    cut = tmp_path / "cut"
+    run(cut, faults=dict(FAULTS, die_at=18), expect_ok=False)  # killed after the rollback, before step 20
+    assert newest_step(cut) == 15
+    run(cut, "train.resume=latest")
+    assert_same_run(cut, whole)
+    evaluations = [
+        [
+            {k: v for k, v in r.items() if k != "seconds"}
+            for r in map(json.loads, (run_ / "metrics.jsonl").read_text().splitlines())
+            if r.get("kind")
+        ]
+        for run_ in (cut, whole)
+    ]
+    assert evaluations[0] == evaluations[1]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def _quality_section(training: dict, curve_image: str | None) -> list[str]:
         "|---" * (2 + len(shown)) + "|",
     ]
     for p in points:
-        cells = [(f"{p[k]:.5f}" if k == "kid" else f"{p[k]:.3f}") if k in p else "-" for k, _ in shown]
+        cells = [(f"{p[k]:.5g}" if k == "kid" else f"{p[k]:.3f}") if k in p else "-" for k, _ in shown]
         lines.append(f"| {p['step']:,} | {p.get('num_samples', 0):,} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 

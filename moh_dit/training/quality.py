@@ -89,7 +89,8 @@ class QualityCurve:
             self._set_aside_after(step)
         if not self.enabled:
             return
-        steps = [sorted(r["step"] for r in read_records(self.layout.metrics, EVALUATION))]
+        main = self.accelerator.is_main_process
+        steps = [sorted(r["step"] for r in read_records(self.layout.metrics, EVALUATION)) if main else None]
         if self.accelerator.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 

@@ -56,12 +56,12 @@ def environment() -> dict[str, str]:
 class Job:
     """A launched command: its launcher process, its log, and the processes of its ranks."""
 
-    def __init__(self, cmd: list[str], log: Path) -> None:
+    def __init__(self, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.cmd, self.log = cmd, Path(log)
         self._out = open(self.log, "w")  # noqa: SIM115 (closed when the job ends)
         # a session of its own, as a scheduler starts a job: signals reach the launcher only
         self.proc = subprocess.Popen(
-            cmd, stdout=self._out, stderr=subprocess.STDOUT, env=environment(), start_new_session=True
+            cmd, stdout=self._out, stderr=subprocess.STDOUT, env=environment() | (env or {}), start_new_session=True
         )
         self.started = time.time()
 

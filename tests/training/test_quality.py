@@ -175,3 +175,16 @@ def test_evaluation_settings_are_checked_before_a_run_starts(tmp_path, image_dir
     with pytest.raises(ConfigError, match="nope.npz does not exist"):
         Trainer(load_config(None, missing))
     assert not (tmp_path / "b" / "manifest.json").exists()  # stopped before the run began
+
+
+def test_the_trackers_get_the_scores_at_their_steps(tmp_path, image_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, config = tiny_run(tmp_path, image_dir, "run", "train.max_steps=4", "log.trackers=[tensorboard]")
+    Trainer(config).run()
+    acc = EventAccumulator(str(run / "tensorboard" / "moh-dit"), size_guidance={"scalars": 0})
+    acc.Reload()
+    records = evaluations(run)
+    for key in ("kid", "fid", "precision", "recall"):
+        logged = [(e.step, e.value) for e in acc.Scalars(f"eval/{key}")]
+        assert logged == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in records], key
