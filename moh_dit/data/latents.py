@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -214,14 +215,7 @@ def extract_latents(
     device = next(vae.parameters()).device
     images = _MarkedImages(dataset)
     channels, size = images.shape[0], images.shape[-1]
-    factor = latent_space(vae.config)["downsample_factor"]
-    if vae.config.in_channels != channels:
-        raise DataError(
-            f"the VAE takes {vae.config.in_channels}-channel images but the data gives {channels}-channel ones: "
-            f"use --channels {vae.config.in_channels} (grayscale is repeated)"
-        )
-    if size % factor:
-        raise DataError(f"image size {size} is not divisible by the VAE's downsampling factor {factor}")
+    _check_vae_fits(vae, channels, size)
     latent_shape = tuple(encode_posterior(vae, torch.zeros(1, *images.shape, device=device))[0].shape[1:])
     vae_info = dict(vae_record(vae, vae_name or None), dtype=str(vae.dtype).removeprefix("torch."))
     shapes = dict(
@@ -237,14 +231,7 @@ def extract_latents(
     row = np.dtype([("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")])
     tmp = partial_path(out_path)
     if plan.action == "fresh":  # a full disk would stop the extraction hours in, with a bus error
-        needed = len(dataset) * row.itemsize
-        freed = sum(p.stat().st_size for p in (out_path, tmp) if p.is_file())
-        free = shutil.disk_usage(out_path.parent).free + freed
-        if needed > free:
-            raise OutputError(
-                f"{out_path} needs {_size(needed)} and {out_path.parent} has {_size(free)} free: make room, "
-                f"choose another --out, or store float16 (--dtype)"
-            )
+        _check_disk_space(out_path, tmp, len(dataset) * row.itemsize)
     if accelerator:
         accelerator.wait_for_everyone()  # every process has read the records before they change
     if plan.action == "done":
@@ -254,55 +241,36 @@ def extract_latents(
     blocks = -(-len(dataset) // batch_size)
     state = dict(identity=identity, batch_size=batch_size, attempt=plan.attempt, deviation=plan.deviation)
     if main:
-        if plan.action == "fresh":
-            for stale in [out_path, sibling(out_path, ".json"), sibling(tmp, ".json"), *_progress_files(tmp)]:
-                stale.unlink(missing_ok=True)
-            np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(len(dataset),)).flush()
-        else:
-            logger.info(
-                "resuming the unfinished extraction %s: %d of %d blocks done (attempt %d)",
-                tmp,
-                len(plan.finished),
-                blocks,
-                plan.attempt + 1,
-            )
-        write_manifest(tmp, "latents-partial", **state)
+        _open_partial(out_path, plan, row, len(dataset), blocks, state)
     if accelerator:
         accelerator.wait_for_everyone()
     table = np.load(tmp, mmap_mode="r+")
     if table.dtype != row or len(table) != len(dataset):
         raise ArtifactError(f"{tmp} does not have the rows its record describes; pass --overwrite to start again")
     todo = [b for b in range(blocks) if b not in plan.finished][rank::world]
-    sampler = [list(range(b * batch_size, min((b + 1) * batch_size, len(dataset)))) for b in todo]
-    loader = DataLoader(images, batch_sampler=sampler, num_workers=num_workers)
-    record = tmp.parent / f".{tmp.name}.done-a{plan.attempt}-r{rank}.json"
-    finished: dict[int, list[int]] = {}
-    deviation, started = plan.deviation, time.time()
-    last_commit = started
-
     done_rows = sum(min(batch_size, len(dataset) - b * batch_size) for b in plan.finished)
     progress = Progress(len(dataset), initial=done_rows, desc="encoding latents", unit="img", enabled=main)
-    for b, (x, labels, ok) in zip(todo, loader):
-        x = x.to(device)
-        both = torch.cat([x, x.flip(-1)])  # unflipped then flipped
-        mean, std = encode_posterior(vae, both)
-        if deviation is None and vae.dtype != torch.float32 and main:
-            keep = ok.repeat(2).to(device)
-            deviation = _deviation_from_fp32(fp32_vae or copy.deepcopy(vae).float(), both[keep], mean[keep])
-            write_manifest(tmp, "latents-partial", **dict(state, deviation=deviation))
-        n = x.shape[0]
-        moments = torch.stack([torch.stack([mean[:n], std[:n]], 1), torch.stack([mean[n:], std[n:]], 1)], 1)
-        start = b * batch_size
-        table["moments"][start : start + n] = moments.cpu().numpy().astype(dtype)
-        table["label"][start : start + n] = labels.numpy()
-        finished[b] = [start + i for i in range(n) if not ok[i]]
-        if time.time() - last_commit >= commit_every_s:
-            _commit(table, record, finished)
-            last_commit = time.time()
-        progress.update(n * world)  # the other processes progress at about the same rate
+    started, deviation = time.time(), plan.deviation
+    # the posterior's deviation from fp32 is measured once, on the main process's first block, and recorded at once
+    # (a resumed extraction keeps the number it measured first)
+    measure = main and bool(todo) and deviation is None and vae.dtype != torch.float32
+    measured = _encode_blocks(
+        images,
+        vae,
+        table,
+        todo,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        record=tmp.parent / f".{tmp.name}.done-a{plan.attempt}-r{rank}.json",
+        progress=progress,
+        world=world,
+        commit_every_s=commit_every_s,
+        fp32_vae=(fp32_vae or copy.deepcopy(vae).float()) if measure else None,
+        on_deviation=lambda found: write_manifest(tmp, "latents-partial", **dict(state, deviation=found)),
+    )
     progress.close()
-    _commit(table, record, finished)
     del table
+    deviation = measured if measured is not None else deviation
     seconds = time.time() - started
     if accelerator:
         accelerator.wait_for_everyone()
@@ -352,6 +320,94 @@ def extract_latents(
     for leftover in [sibling(tmp, ".json"), *_progress_files(tmp)]:
         leftover.unlink(missing_ok=True)
     return out_path
+
+
+def _check_vae_fits(vae: AutoencoderKL, channels: int, size: int) -> None:
+    """The VAE takes images of this many channels, and its downsampling divides their size."""
+    factor = latent_space(vae.config)["downsample_factor"]
+    if vae.config.in_channels != channels:
+        raise DataError(
+            f"the VAE takes {vae.config.in_channels}-channel images but the data gives {channels}-channel ones: "
+            f"use --channels {vae.config.in_channels} (grayscale is repeated)"
+        )
+    if size % factor:
+        raise DataError(f"image size {size} is not divisible by the VAE's downsampling factor {factor}")
+
+
+def _check_disk_space(out_path: Path, tmp: Path, needed: int) -> None:
+    """Stop before a fresh extraction when the folder cannot hold its file (the files it replaces count as free)."""
+    freed = sum(p.stat().st_size for p in (out_path, tmp) if p.is_file())
+    free = shutil.disk_usage(out_path.parent).free + freed
+    if needed > free:
+        raise OutputError(
+            f"{out_path} needs {_size(needed)} and {out_path.parent} has {_size(free)} free: make room, "
+            f"choose another --out, or store float16 (--dtype)"
+        )
+
+
+def _open_partial(out_path: Path, plan, row: np.dtype, rows: int, blocks: int, state: dict) -> None:
+    """On the main process: a fresh ``.partial.npy`` (stale files of an older extraction removed), or the log
+    line of a resumed one; then the partial file's record."""
+    tmp = partial_path(out_path)
+    if plan.action == "fresh":
+        for stale in [out_path, sibling(out_path, ".json"), sibling(tmp, ".json"), *_progress_files(tmp)]:
+            stale.unlink(missing_ok=True)
+        np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(rows,)).flush()
+    else:
+        logger.info(
+            "resuming the unfinished extraction %s: %d of %d blocks done (attempt %d)",
+            tmp,
+            len(plan.finished),
+            blocks,
+            plan.attempt + 1,
+        )
+    write_manifest(tmp, "latents-partial", **state)
+
+
+def _encode_blocks(
+    images: Dataset,
+    vae: AutoencoderKL,
+    table: np.ndarray,
+    todo: list[int],
+    *,
+    batch_size: int,
+    num_workers: int,
+    record: Path,
+    progress: Progress,
+    world: int,
+    commit_every_s: float,
+    fp32_vae: AutoencoderKL | None,
+    on_deviation: Callable[[dict], None],
+) -> dict | None:
+    """Encode this process's blocks ``todo`` (unflipped and flipped) into ``table``'s rows, recording the finished
+    blocks (and their unreadable rows) in ``record`` every ``commit_every_s`` seconds and at the end. With
+    ``fp32_vae``, the deviation of the first block's posterior means from it goes to ``on_deviation`` as soon as
+    it is measured, and is returned."""
+    device, rows = next(vae.parameters()).device, len(table)
+    sampler = [list(range(b * batch_size, min((b + 1) * batch_size, rows))) for b in todo]
+    loader = DataLoader(images, batch_sampler=sampler, num_workers=num_workers)
+    finished: dict[int, list[int]] = {}
+    deviation, last_commit = None, time.time()
+    for b, (x, labels, ok) in zip(todo, loader):
+        x = x.to(device)
+        both = torch.cat([x, x.flip(-1)])  # unflipped then flipped
+        mean, std = encode_posterior(vae, both)
+        if fp32_vae is not None and deviation is None:
+            keep = ok.repeat(2).to(device)
+            deviation = _deviation_from_fp32(fp32_vae, both[keep], mean[keep])
+            on_deviation(deviation)
+        n = x.shape[0]
+        moments = torch.stack([torch.stack([mean[:n], std[:n]], 1), torch.stack([mean[n:], std[n:]], 1)], 1)
+        start = b * batch_size
+        table["moments"][start : start + n] = moments.cpu().numpy().astype(table["moments"].dtype)
+        table["label"][start : start + n] = labels.numpy()
+        finished[b] = [start + i for i in range(n) if not ok[i]]
+        if time.time() - last_commit >= commit_every_s:
+            _commit(table, record, finished)
+            last_commit = time.time()
+        progress.update(n * world)  # the other processes progress at about the same rate
+    _commit(table, record, finished)
+    return deviation
 
 
 def _deviation_from_fp32(reference: AutoencoderKL, images: torch.Tensor, mean: torch.Tensor) -> dict:

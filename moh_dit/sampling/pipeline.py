@@ -272,29 +272,14 @@ class MoHDiTPipeline(DiffusionPipeline):
             self.with_scheduler(sampling.scheduler)
         if self.scheduler.config.num_train_timesteps != TRAIN_TIMESTEPS:
             raise ConfigError(f"the scheduler must have DiT's {TRAIN_TIMESTEPS} training timesteps")
-        guidance_scale, num_inference_steps = sampling.guidance_scale, sampling.num_inference_steps
-        guidance_channels, guidance_interval = sampling.guidance_channels, sampling.guidance_interval
-        grid_averaging = sampling.grid_averaging
         if output_type != "latent" and self.vae is None and self.config.get("latent_space", False):
             raise ConfigError(
                 f"this model generates {transformer.in_channels}-channel latents and the pipeline has no VAE to decode "
                 f"them: pass the VAE it was trained with (--vae / vae=...), or output_type='latent'"
             )
-        if cfg.num_classes > 0:
-            if class_labels is None:
-                raise ValueError("class_labels are required for a class-conditional model")
-            label_ids = self.get_label_ids(class_labels)
-            batch = len(label_ids)
-            labels = torch.tensor(label_ids, device=self._execution_device)
-            if guidance_scale != 1.0 and transformer.null_class_id is None:
-                raise ValueError(
-                    "this model was trained without label dropout: it has no null class, use guidance_scale=1"
-                )
-        else:
-            if class_labels is not None:
-                raise ValueError("this model is unconditional: pass num_images instead of class_labels")
-            batch, labels = num_images or 1, None
-        if guidance_channels is not None and not 1 <= guidance_channels <= transformer.in_channels:
+        batch, labels = self._labels_and_batch(class_labels, num_images, sampling)
+        channels = sampling.guidance_channels
+        if channels is not None and not 1 <= channels <= transformer.in_channels:
             raise ValueError(f"guidance_channels must be between 1 and {transformer.in_channels}")
 
         device = self._execution_device
@@ -305,7 +290,46 @@ class MoHDiTPipeline(DiffusionPipeline):
             raise ValueError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
         latents = latents.to(device=device, dtype=torch.float32)
 
-        self.scheduler.set_timesteps(num_inference_steps, device=device)
+        latents = self._denoise(latents, labels, sampling, generator, progress)
+
+        if not torch.isfinite(latents).all():
+            raise NonFiniteSampleError(
+                "sampling produced NaN or infinite values: the weights are probably broken (a run stopped for a "
+                "non-finite loss?) or the guidance scale is extreme"
+            )
+        result = latents if output_type == "latent" else self._images(latents, output_type)
+        self.maybe_free_model_hooks()
+        return ImagePipelineOutput(images=result) if return_dict else (result,)
+
+    def _labels_and_batch(
+        self, class_labels: int | str | Sequence[int | str] | None, num_images: int | None, sampling: SamplingSpec
+    ) -> tuple[int, torch.Tensor | None]:
+        """The batch size and the label tensor (``None`` for an unconditional model), checked against the model."""
+        transformer = self.transformer
+        if transformer.config.num_classes > 0:
+            if class_labels is None:
+                raise ValueError("class_labels are required for a class-conditional model")
+            label_ids = self.get_label_ids(class_labels)
+            if sampling.guidance_scale != 1.0 and transformer.null_class_id is None:
+                raise ValueError(
+                    "this model was trained without label dropout: it has no null class, use guidance_scale=1"
+                )
+            return len(label_ids), torch.tensor(label_ids, device=self._execution_device)
+        if class_labels is not None:
+            raise ValueError("this model is unconditional: pass num_images instead of class_labels")
+        return num_images or 1, None
+
+    def _denoise(
+        self,
+        latents: torch.Tensor,
+        labels: torch.Tensor | None,
+        sampling: SamplingSpec,
+        generator: torch.Generator | list[torch.Generator] | None,
+        progress: bool,
+    ) -> torch.Tensor:
+        """The sampling loop: from noise ``latents`` to the model's output, guided as ``sampling`` says."""
+        transformer, device = self.transformer, self._execution_device
+        self.scheduler.set_timesteps(sampling.num_inference_steps, device=device)
         latents = latents * self.scheduler.init_noise_sigma
         keep_variance = isinstance(self.scheduler, DDPMScheduler) and self.scheduler.config.variance_type in (
             "learned",
@@ -319,36 +343,25 @@ class MoHDiTPipeline(DiffusionPipeline):
         for t in self.progress_bar(steps) if progress else steps:
             model_in = self.scheduler.scale_model_input(latents, t)
             # by hand: diffusers' class-conditional DiTPipeline guides every step and has no interval option
-            scale = guidance_scale if guided_at(t, guidance_interval) else 1.0
-            average = grid_averaging is not None and int(t) <= grid_averaging
-            out = self.guided_model_output(model_in, t, labels, scale, guidance_channels, average)
+            scale = sampling.guidance_scale if guided_at(t, sampling.guidance_interval) else 1.0
+            average = sampling.averaged_at(t)
+            out = self.guided_model_output(model_in, t, labels, scale, sampling.guidance_channels, average)
             if not keep_variance:
                 out = out[:, : transformer.in_channels]  # fast solvers take the noise prediction only
             latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
+        return latents
 
-        if not torch.isfinite(latents).all():
-            raise NonFiniteSampleError(
-                "sampling produced NaN or infinite values: the weights are probably broken (a run stopped for a "
-                "non-finite loss?) or the guidance scale is extreme"
-            )
-        if output_type == "latent":
-            self.maybe_free_model_hooks()
-            return ImagePipelineOutput(images=latents) if return_dict else (latents,)
+    def _images(self, latents: torch.Tensor, output_type: str):
+        """Decoded images in ``output_type`` (``pt``, ``uint8``, ``np`` or ``pil``)."""
         images = self.decode(latents)
         if not torch.isfinite(images).all():
             raise NonFiniteSampleError("the VAE decoded NaN or infinite values: its weights are probably broken")
         if output_type == "pt":
-            result = images
-        elif output_type == "uint8":
-            result = to_uint8(images)
-        else:
-            result = ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()
-            if output_type == "pil":
-                result = self.numpy_to_pil(result)
-        self.maybe_free_model_hooks()
-        if not return_dict:
-            return (result,)
-        return ImagePipelineOutput(images=result)
+            return images
+        if output_type == "uint8":
+            return to_uint8(images)
+        result = ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()
+        return self.numpy_to_pil(result) if output_type == "pil" else result
 
     def sample_grid(
         self,
