@@ -50,10 +50,12 @@ def read_records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
 class QualityCurve:
     """The evaluations of a run: when one is due, running it, and the curve so far.
 
-    Made on every process; the extractor is loaded on the main process only (it alone computes features), and
-    a missing reference or extractor stops the run at its start rather than at the first evaluation."""
+    Made on every process; the extractor is loaded on the main process only (it alone computes features). A
+    missing or unreadable reference, or a missing extractor, stops the run at its start rather than at the first
+    evaluation: the main process computes the reference's statistics for ``image_size`` images there (cached, so
+    the evaluations reuse them)."""
 
-    def __init__(self, log: LogSection, seed: int, layout: RunLayout, accelerator) -> None:
+    def __init__(self, log: LogSection, seed: int, layout: RunLayout, accelerator, image_size: int) -> None:
         self.every, self.layout, self.accelerator = log.eval_every, layout, accelerator
         self.keep_samples = log.eval_keep_samples
         self.done: set[int] = set()
@@ -72,10 +74,17 @@ class QualityCurve:
         from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
 
         import_extractor_module(log.eval_extractor_module)
+        self.extractor_name = log.eval_extractor
         if accelerator.is_main_process:
+            from moh_dit.evaluation.statistics import reference_statistics
+
             device = str(accelerator.device)
             self.extractor = resolve_extractor(log.eval_extractor, log.eval_extractor_weights, device)
-        self.extractor_name = log.eval_extractor
+            options = self.options
+            info = reference_statistics(
+                self.reference, self.extractor, options.batch_size, options.cache, image_size=image_size
+            )["info"]
+            logger.info("evaluation reference %s: %s", self.reference, info.get("statistics", "ready"))
 
     @property
     def enabled(self) -> bool:

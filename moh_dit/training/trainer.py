@@ -95,7 +95,7 @@ class Trainer:
         )
         self.layout_change = self._check_process_layout()
         # a missing reference or extractor stops the run now, not at its first evaluation
-        self.quality = QualityCurve(config.log, train_cfg.seed, self.layout, accelerator)
+        self.quality = QualityCurve(config.log, train_cfg.seed, self.layout, accelerator, config.data.image_size)
         accelerator.wait_for_everyone()
         self.data = load_training_data(config.data, accelerator.device)
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from moh_dit.data.fashion_mnist import find_fashion_mnist
-from moh_dit.errors import ConfigError
+from moh_dit.errors import ConfigError, EvaluationError
 from moh_dit.training.config import load_config
 from moh_dit.training.quality import EVALUATION, read_records
 from moh_dit.training.trainer import Trainer, train
@@ -175,6 +175,12 @@ def test_evaluation_settings_are_checked_before_a_run_starts(tmp_path, image_dir
     with pytest.raises(ConfigError, match="nope.npz does not exist"):
         Trainer(load_config(None, missing))
     assert not (tmp_path / "b" / "manifest.json").exists()  # stopped before the run began
+    (tmp_path / "broken.npz").write_bytes(b"not an array file")
+    broken = tiny_train_overrides(
+        tmp_path / "c", image_dir, *TINY_EVAL, f"log.eval_reference={tmp_path / 'broken.npz'}"
+    )
+    with pytest.raises(EvaluationError, match="broken.npz is not a readable array file"):
+        Trainer(load_config(None, broken))
 
 
 def test_the_trackers_get_the_scores_at_their_steps(tmp_path, image_dir):
