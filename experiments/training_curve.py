@@ -22,6 +22,7 @@ from experiments.fmnist_classifier import EXTRACTOR_NAME
 from moh_dit.files import atomic_write_json, atomic_write_text
 from moh_dit.images import plot_curves
 from moh_dit.run_folder import RunLayout
+from moh_dit.sampling.card import QUALITY_KEYS
 from moh_dit.training.config import load_config
 from moh_dit.training.quality import EVALUATION, read_records
 from moh_dit.training.trainer import train
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     plot_curves(
         points,
-        [("kid", "KID"), ("fid", "FID"), ("precision", "precision"), ("recall", "recall")],
+        QUALITY_KEYS,
         out / "kid_curve.png",
         f"embedded default, {args.samples} samples per point, classifier features",
     )
