@@ -174,12 +174,17 @@ def set_aside_newer_checkpoints(layout: RunLayout, step: int) -> Path | None:
     """Move the complete checkpoints after ``step`` into ``checkpoints/set-aside-after-step-N-<time>/`` (where
     no resume looks), for a run that continues from ``step``; returns that folder, or ``None`` when there
     were none. They are kept, not deleted: they may be all that is left of a longer run."""
-    newer = [path for s, path in layout.list_checkpoints() if s > step]
-    if not newer:
+    return set_aside(layout.checkpoints, [path for s, path in layout.list_checkpoints() if s > step], step)
+
+
+def set_aside(folder: Path, paths: list[Path], step: int) -> Path | None:
+    """Move ``paths`` (a run's artifacts of steps after ``step``) into ``folder/set-aside-after-step-N-<time>/``;
+    returns that folder, or ``None`` when there is nothing to move."""
+    if not paths:
         return None
-    aside = layout.checkpoints / f"set-aside-after-{CHECKPOINT_PREFIX}{step:08d}-{time.strftime('%Y%m%dT%H%M%S')}"
+    aside = folder / f"set-aside-after-{CHECKPOINT_PREFIX}{step:08d}-{time.strftime('%Y%m%dT%H%M%S')}"
     aside.mkdir()
-    for path in newer:
+    for path in paths:
         os.replace(path, aside / path.name)
     return aside
 

@@ -28,6 +28,7 @@ from moh_dit.evaluation.scoring import ScoringOptions, write_metrics
 from moh_dit.run_folder import CHECKPOINT_PREFIX, RunLayout, checkpoint_step
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
+from moh_dit.training.checkpoints import set_aside
 from moh_dit.training.config import LogSection
 from moh_dit.training.tracking import EVAL_SCORE_NAMES
 
@@ -112,11 +113,8 @@ class QualityCurve:
             for p in self.layout.evaluations.glob(f"{CHECKPOINT_PREFIX}*")
             if (checkpoint_step(p.name.split(".")[0]) or 0) > step
         ]
-        if newer:
-            aside = self.layout.evaluations / f"set-aside-after-step-{step:08d}-{time.strftime('%Y%m%dT%H%M%S')}"
-            aside.mkdir()
-            for path in newer:
-                path.replace(aside / path.name)
+        aside = set_aside(self.layout.evaluations, newer, step)
+        if aside is not None:
             logger.warning("resuming at step %d: the evaluations of later steps were moved to %s", step, aside)
 
     def due(self, step: int, final: bool = False) -> bool:

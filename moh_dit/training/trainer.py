@@ -55,7 +55,7 @@ from moh_dit.training.checkpoints import (
     set_aside_newer_checkpoints,
 )
 from moh_dit.training.config import Config, config_to_dict
-from moh_dit.training.quality import EVALUATION, SCORES, QualityCurve, curve_points, read_records
+from moh_dit.training.quality import EVALUATION, QualityCurve, curve_points, read_records
 from moh_dit.training.runs import RunRecord, open_run_folder
 from moh_dit.training.setup import (
     build_model,
@@ -325,10 +325,7 @@ class Trainer:
         record = self.quality.evaluate(self.ema_pipeline(self.quality.spec.scheduler), self.step, self.samples_seen)
         if record is not None:
             self.metrics.write_evaluation(record)
-            scores = {k: v for k, v in record.items() if k in SCORES}
-            self.record.write(
-                "evaluation", step=self.step, num_samples=record["num_samples"], file=record["file"], **scores
-            )
+            self.record.write("evaluation", **curve_points([record])[0], file=record["file"])
         self.accelerator.wait_for_everyone()
         self.window.start_clock()  # the speed of the next log record counts training only
 
