@@ -33,7 +33,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments.common import classifier_features, fashion_reference, sample_and_score
+from experiments.common import (
+    add_reference_argument,
+    classifier_features,
+    describe_reference,
+    fashion_reference,
+    reference_protocol,
+    sample_and_score,
+)
 from moh_dit.cli.common import finite_float
 from moh_dit.evaluation.features import load_images
 from moh_dit.evaluation.scoring import evaluate
@@ -93,6 +100,7 @@ def main(argv=None) -> dict:
     p.add_argument("--guidance", type=float, default=2.0, help="guidance of the sampler grid")
     p.add_argument("--batch-size", type=int, default=250)
     p.add_argument("--bootstrap", type=int, default=20)
+    add_reference_argument(p)
     p.add_argument("--work", default="runs/sampler-study", help="where the sample sets are kept")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--quick", action="store_true", help="a smoke run: 2 samplers, 2 guidance values")
@@ -128,7 +136,7 @@ def main(argv=None) -> dict:
     torch.set_flush_denormal(True)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    reference, extractor = fashion_reference(work), classifier_features()
+    reference, extractor = fashion_reference(work, args.reference_count), classifier_features()
     grid, sweep = plan(args.guidance, args.quick, args.sweep_guidance)
     done: dict[tuple, dict] = {}
 
@@ -175,6 +183,7 @@ def write_results(args, grid, sweep, done, out: Path, final: bool, reference=Non
         "transformer_sha256": sorted({r["transformer_sha256"] for r in done.values()}),
         "device": device,
         "samples": args.samples,
+        **reference_protocol(args),
         "guidance": args.guidance,
         "guidance_interval": args.guidance_interval,
         "grid_averaging": args.grid_averaging,
@@ -247,7 +256,7 @@ def report(result: dict, image: str) -> str:
         f"# Samplers: quality per model evaluation ({result['device']})",
         "",
         f"Model: `{result['model']}` (weights sha256 {', '.join(h[:12] for h in result.get('transformer_sha256', []))}). {result['samples']} class-balanced samples per setting, the same initial "
-        f"noise for every sampler; scored against the 10,000 Fashion-MNIST test images with the project's "
+        f"noise for every sampler; scored against the {describe_reference(result)} with the project's "
         "classifier features; [90% bootstrap intervals]. NFE: denoiser calls per image (guided halves batched).",
         "",
         f"## Samplers at guidance {result['guidance']:g} {placement}",

@@ -3,6 +3,7 @@ sampling + scoring a model (KID and FID with bootstrap intervals, precision, rec
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -53,13 +54,47 @@ def check_fashion_reference(path: Path, count: int, images: np.ndarray | None = 
             raise ArtifactError(f"{path} does not hold the first {count} Fashion-MNIST test images: delete it")
 
 
+# the whole Fashion-MNIST test set: what every study scores against unless told otherwise
+REFERENCE_COUNT = 10000
+
+
 def add_scoring_arguments(parser, out: str) -> None:
-    """The options every sample-and-score study shares: sample count, sampler, bootstrap, output folder."""
+    """The options every sample-and-score study shares: sample count, sampler, bootstrap, reference size,
+    output folder."""
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--scheduler", default="dpm-solver")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--bootstrap", type=int, default=20)
+    add_reference_argument(parser)
     parser.add_argument("--out", default=out)
+
+
+def add_reference_argument(parser) -> None:
+    """``--reference-count``: how many Fashion-MNIST test images the scores are against (smoke runs use few)."""
+    parser.add_argument(
+        "--reference-count",
+        type=int,
+        default=REFERENCE_COUNT,
+        help=f"score against the first N Fashion-MNIST test images (default {REFERENCE_COUNT}, the whole test set)",
+    )
+
+
+def reference_protocol(args) -> dict:
+    """The reference's part of a study's protocol: nothing for the whole test set (so that tables scored
+    before the option existed are kept), the count otherwise (never mixed into a table of another count)."""
+    count = args.reference_count
+    return {} if count == REFERENCE_COUNT else {"reference_count": count}
+
+
+def describe_reference(protocol: dict) -> str:
+    """What a study's ``protocol`` scored against, for reports: ``10,000 Fashion-MNIST test images`` (the
+    whole test set) or ``first 500 Fashion-MNIST test images``."""
+    count = protocol.get("reference_count", REFERENCE_COUNT)
+    return (
+        f"{count:,} Fashion-MNIST test images"
+        if count == REFERENCE_COUNT
+        else f"first {count:,} Fashion-MNIST test images"
+    )
 
 
 def start_scoring(args) -> tuple[Path, Path, object]:
@@ -67,7 +102,7 @@ def start_scoring(args) -> tuple[Path, Path, object]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return out, fashion_reference(out.parent), classifier_features()
+    return out, fashion_reference(out.parent, args.reference_count), classifier_features()
 
 
 def kept_rows(out: Path, protocol: dict) -> dict:
@@ -167,27 +202,32 @@ def seam_excess(images: np.ndarray, labels: np.ndarray, patch: int) -> dict:
     above it. ``seam_excess_any_offset`` is the largest overall excess over every offset of the grid
     (``patch_seam_ratio(..., offset)``): grid averaging moves each copy's grid, and a seam moved off the
     model's own grid would still show there. ``patch``: the model's patch in pixels."""
-    test = FashionMNIST(split="test")
-    real_images, real_labels = np.asarray(test.images), np.asarray(test.labels)
+    real_by_class, real_by_offset = real_seam_ratios(patch)
     excess = [
-        patch_seam_ratio(images[labels == c], patch) / patch_seam_ratio(real_images[real_labels == c], patch)
-        if (labels == c).any()
-        else None
+        patch_seam_ratio(images[labels == c], patch) / real_by_class[c] if (labels == c).any() else None
         for c in range(len(FASHION_MNIST_CLASSES))
     ]
-    overall = [
-        patch_seam_ratio(images, patch, offset) / patch_seam_ratio(real_images, patch, offset)
-        for offset in range(patch)
-    ]
+    overall = [patch_seam_ratio(images, patch, offset) / real_by_offset[offset] for offset in range(patch)]
     return {"seam_excess": overall[0], "class_seam_excess": excess, "seam_excess_any_offset": max(overall)}
 
 
-def real_recognition() -> list[float | None]:
-    """The share of each class's 1,000 real test images the classifier recognises: the most a generator can
-    be expected to reach per class, given the classifier's own errors."""
+@functools.cache  # the test set does not change while a study runs; every sample set of a study divides by these
+def real_seam_ratios(patch: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The patch-seam ratios of the Fashion-MNIST test images: per class on the grid's own lines, and over all
+    classes at each offset of the grid."""
+    test = FashionMNIST(split="test")
+    images, labels = np.asarray(test.images), np.asarray(test.labels)
+    by_class = tuple(patch_seam_ratio(images[labels == c], patch) for c in range(len(FASHION_MNIST_CLASSES)))
+    return by_class, tuple(patch_seam_ratio(images, patch, offset) for offset in range(patch))
+
+
+def real_recognition(count: int = REFERENCE_COUNT) -> list[float | None]:
+    """The share of each class's real test images (of the first ``count``, those a study scores against) the
+    classifier recognises: the most a generator can be expected to reach per class, given the classifier's
+    own errors."""
     test = FashionMNIST(split="test")
     return fmnist_classifier.recognition_rates(
-        fmnist_classifier.predict(fmnist_classifier.load_classifier(), test.images), test.labels
+        fmnist_classifier.predict(fmnist_classifier.load_classifier(), test.images[:count]), test.labels[:count]
     )
 
 

@@ -21,8 +21,10 @@ from pathlib import Path
 from experiments.common import (
     ROOT,
     add_scoring_arguments,
+    describe_reference,
     kept_rows,
     real_recognition,
+    reference_protocol,
     render_grid,
     sample_and_score,
     start_scoring,
@@ -107,7 +109,8 @@ def main(argv=None) -> dict:
     )
     protocol = {
         k: getattr(args, k) for k in ("samples", "scheduler", "steps", "guidance", "grid_guidance", "bootstrap")
-    }
+    } | reference_protocol(args)
+    real = real_recognition(args.reference_count)
     # recipes scored earlier with the same protocol stay in the table (in RECIPES order, then the others);
     # the ones run now are replaced
     rows = kept_rows(out, protocol)
@@ -131,7 +134,7 @@ def main(argv=None) -> dict:
         rows[name] = {"config": config, "overrides": overrides, "train": trained, **scores}
         logging.info("%s: KID %.5f FID %.2f", name, scores["kid"], scores["fid"])
         order = [*[n for n in recipes if n in rows], *[n for n in rows if n not in recipes]]
-        result = {"protocol": protocol, "rows": {n: rows[n] for n in order}, "real_recognised": real_recognition()}
+        result = {"protocol": protocol, "rows": {n: rows[n] for n in order}, "real_recognised": real}
         atomic_write_json(out / "results.json", result)  # after every recipe: an interrupted comparison keeps it
         (out / "RESULTS.md").write_text(report(result))
     return result
@@ -145,7 +148,7 @@ def report(result: dict) -> str:
         "",
         f"Each recipe trained by the same command on 2 CPU cores, then {protocol['samples']} class-balanced samples "
         f"({protocol['scheduler']}, {protocol['steps']} steps, guidance {protocol['guidance']:g}) scored against the "
-        "10,000 Fashion-MNIST test images with the project's classifier features; 90% bootstrap intervals over "
+        f"{describe_reference(protocol)} with the project's classifier features; 90% bootstrap intervals over "
         f"{protocol['bootstrap']} resamples. Reproduce: `python -m experiments.default_comparison`.",
         "",
         "| recipe | steps | minutes | images/s | KID | KID / v1 | FID | precision | recall |",

@@ -18,7 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.common import ROOT, classifier_features, fashion_reference, per_class_scores
+from experiments.common import (
+    REFERENCE_COUNT,
+    ROOT,
+    add_reference_argument,
+    classifier_features,
+    describe_reference,
+    fashion_reference,
+    per_class_scores,
+    reference_protocol,
+)
 from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES, FashionMNIST
 from moh_dit.evaluation.features import extract_features
 from moh_dit.manifests import code_version
@@ -32,19 +41,20 @@ def mirrored(images: np.ndarray, share: float, seed: int = 0) -> np.ndarray:
     return np.where(flip[:, None, None], images[:, :, ::-1], images)
 
 
-def flip_floor(per_class: int, reference_dir: Path) -> dict:
+def flip_floor(per_class: int, reference_dir: Path, reference_count: int = REFERENCE_COUNT) -> dict:
     """Per-class KID and recognition of ``per_class`` training images per class in each variant, against
-    :func:`fashion_reference` in ``reference_dir``."""
+    :func:`fashion_reference` (the first ``reference_count`` test images) in ``reference_dir``."""
     train = FashionMNIST(split="train")
     picked = np.concatenate([np.flatnonzero(train.labels == c)[:per_class] for c in range(len(FASHION_MNIST_CLASSES))])
     images, labels = train.images[picked], train.labels[picked]  # (N, 28, 28) uint8, (N,)
-    reference, extractor = fashion_reference(reference_dir), classifier_features()
+    reference, extractor = fashion_reference(reference_dir, reference_count), classifier_features()
     rows = {}
     for name, share in zip(VARIANTS, (0.0, 0.5, 1.0)):
         rgb = np.repeat(mirrored(images, share)[..., None], 3, axis=3)  # (N, 28, 28, 3)
         rows[name] = per_class_scores(extract_features(extractor, rgb, 500), labels, reference, extractor)
     made_by = {"code": code_version(), "extractor": extractor.name, "weights_sha256": extractor.weights_sha256}
-    return {"per_class": per_class, "classes": list(FASHION_MNIST_CLASSES), "rows": rows, **made_by}
+    counted = reference_protocol(argparse.Namespace(reference_count=reference_count))
+    return {"per_class": per_class, "classes": list(FASHION_MNIST_CLASSES), "rows": rows, **counted, **made_by}
 
 
 def report(result: dict) -> str:
@@ -52,8 +62,8 @@ def report(result: dict) -> str:
     lines = [
         "# What random flips cost on Fashion-MNIST",
         "",
-        f"Per-class KID of {result['per_class']} real training images per class against the test "
-        "images of that class (the classifier's features), with none, half or all of them mirrored left to "
+        f"Per-class KID of {result['per_class']} real training images per class against those of the "
+        f"{describe_reference(result)} in that class (the classifier's features), with none, half or all of them mirrored left to "
         "right. Written by `python -m experiments.flip_floor`.",
         "",
         "| images | " + " | ".join(classes) + " |",
@@ -68,8 +78,10 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--per-class", type=int, default=200, help="training images per class")
     p.add_argument("--out", type=Path, default=ROOT / "experiments/results/default")
+    add_reference_argument(p)
     args = p.parse_args(argv)
-    result = flip_floor(args.per_class, args.out.parent)  # the reference file the default comparison uses
+    # the reference file the default comparison uses
+    result = flip_floor(args.per_class, args.out.parent, args.reference_count)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "flip_floor.json").write_text(json.dumps(result, indent=2))
     (args.out / "flip_floor.md").write_text(report(result))

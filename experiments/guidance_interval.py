@@ -23,8 +23,10 @@ from pathlib import Path
 
 from experiments.common import (
     add_scoring_arguments,
+    describe_reference,
     kept_rows,
     real_recognition,
+    reference_protocol,
     render_grid,
     sample_and_score,
     start_scoring,
@@ -85,7 +87,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     out, reference, extractor = start_scoring(args)
     results_path = out / "results.json"
-    protocol = {k: getattr(args, k) for k in ("samples", "scheduler", "steps", "bootstrap")}
+    protocol = {k: getattr(args, k) for k in ("samples", "scheduler", "steps", "bootstrap")} | reference_protocol(args)
+    real = real_recognition(args.reference_count)
     rows = kept_rows(out, protocol)  # other models' and settings' rows stay; the ones run now are replaced
     for spec in args.models:
         name, _, model = spec.partition("=")
@@ -131,7 +134,7 @@ def main(argv=None) -> dict:
                 grid=grid.name,
             )
             logging.info("%s %s: KID %.3f FID %.1f", name, text, scores["kid"], scores["fid"])
-            result = {"protocol": protocol, "rows": rows, "real_recognised": real_recognition()}
+            result = {"protocol": protocol, "rows": rows, "real_recognised": real}
             atomic_write_json(results_path, result)  # after every row: resumable
             (out / "RESULTS.md").write_text(report(result))
     return result
@@ -143,7 +146,7 @@ def report(result: dict) -> str:
         "# Guidance in an interval of timesteps",
         "",
         f"{protocol['samples']} class-balanced samples per row ({protocol['scheduler']}, {protocol['steps']} steps, "
-        "seed 1000), scored against the 10,000 Fashion-MNIST test images with the project's classifier features; "
+        f"seed 1000), scored against the {describe_reference(protocol)} with the project's classifier features; "
         f"90% bootstrap intervals over {protocol['bootstrap']} resamples. `G@A-B`: guidance G at the steps whose "
         "training timestep is in A..B, none elsewhere; `G`: guidance at every step; `+avgT`: the prediction "
         "averaged over the patch grid's shifts at the steps with timestep <= T (grid averaging). Reproduce: "

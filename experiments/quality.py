@@ -330,20 +330,25 @@ def run_experiment(
         "notes": list(previous.get("notes", [])),
     }
 
+    # the plots are drawn when a part ends (a second or more each); the numbers are written after every run
+    plots = make_plots(result, out) if previous else {}
+
     def save(name: str):
         def write(part_result: dict) -> None:
             result[name] = part_result
             atomic_write_json(out / "results.json", result)
-            atomic_write_text(out / "RESULTS.md", report(result, make_plots(result, out)))
+            atomic_write_text(out / "RESULTS.md", report(result, plots))
 
         return write
 
     if part in ("all", "study"):
         result["study"] = run_study(sc, out, models, reference, extractor, previous.get("study"), save("study"))
+        plots = make_plots(result, out)
     if part in ("all", "continue"):
         result["continue"] = run_continue(sc, out, reference, extractor, previous.get("continue"), save("continue"))
+        plots = make_plots(result, out)
     atomic_write_json(out / "results.json", result)
-    atomic_write_text(out / "RESULTS.md", report(result, make_plots(result, out)))
+    atomic_write_text(out / "RESULTS.md", report(result, plots))
     return result
 
 

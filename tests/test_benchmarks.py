@@ -220,6 +220,7 @@ def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path)
     names = {i: str(i) for i in range(10)}
     MoHDiTPipeline.build(model, None, names).save(tmp_path / "model", {"test": True})
     args = [str(tmp_path / "model"), "--quick", "--samples", "20", "--batch-size", "20", "--bootstrap", "3"]
+    args += ["--reference-count", "300"]
     stopped = samplers.main(
         [*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--limit-minutes", "1e-9"]
     )
@@ -295,3 +296,52 @@ def test_config_throughput_times_the_trainers_own_steps_of_each_config(tmp_path)
     assert all(f"| {r['images_per_s']:.1f} | {r['ratio_to_baseline']:.3f} |" in table for r in result["rows"])
     with pytest.raises(SystemExit, match="NAME=KEY=VALUE"):
         config_throughput.parse_set("deeper")
+
+
+def test_main_job_projects_the_whole_run_from_the_commands_own_records(tmp_path):
+    import yaml
+
+    from benchmarks import main_job
+
+    from .helpers.factories import make_image_folder, tiny_train_config, train_tiny
+
+    make_image_folder(tmp_path / "images")
+    config = tiny_train_config(tmp_path / "unused", tmp_path / "images")
+    config["train"]["max_steps"] = 1000  # what the projection is for; each round runs --steps
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
+    finished = tmp_path / "finished"
+    train_tiny(finished, tmp_path / "images")
+    args = ["--config", str(tmp_path / "tiny.yaml"), "--steps", "4", "--log-every", "1", "--rounds", "1"]
+    result = main_job.main([*args, "--measured", str(finished), "--out", str(tmp_path / "out"), "--tag", "tiny"])
+    (run,) = result["rounds"]
+    assert len(run["windows"]) == 3 and run["steps_per_s"] == statistics.median(run["windows"])  # window 1 warms up
+    assert run["fixed_s"] == pytest.approx(run["wall_s"] - 4 / run["steps_per_s"])
+    assert result["projected_minutes"] == pytest.approx((run["fixed_s"] + 1000 / run["steps_per_s"]) / 60)
+    low, high = result["projected_range_minutes"]
+    assert low <= result["projected_minutes"] <= high
+    assert result["measured"]["step"] == 4 and result["measured"]["minutes"] >= 0  # seconds-resolution stamps
+    text = (tmp_path / "out" / "main_job_cpu_tiny.md").read_text()
+    assert "Projected for 1000 steps" in text and "Measured:" in text and result["machine"]["cores"] >= 1
+
+
+def test_suite_time_reads_pytest_s_own_summary_and_slowest_tests():
+    from benchmarks.suite_time import parse_pytest
+
+    output = (
+        "....\n============================= slowest 3 durations =============================\n"
+        "38.61s call     tests/test_experiments.py::test_quality\n"
+        "9.77s setup    tests/test_distributed.py::test_a[torchrun-0-15]\n"
+        "0.01s teardown tests/x.py::test_b\n"
+        "558 passed, 9 deselected, 98 warnings in 479.84s (0:07:59)\n"
+    )
+    parsed = parse_pytest(output)
+    assert parsed["counts"] == {"passed": 558, "deselected": 9, "warnings": 98}
+    assert parsed["pytest_seconds"] == 479.84
+    assert [(d["seconds"], d["phase"]) for d in parsed["slowest"]] == [
+        (38.61, "call"),
+        (9.77, "setup"),
+        (0.01, "teardown"),
+    ]
+    assert parsed["slowest"][1]["test"] == "tests/test_distributed.py::test_a[torchrun-0-15]"
+    with pytest.raises(ValueError, match="no pytest summary"):
+        parse_pytest("collected 0 items / 1 error")

@@ -68,7 +68,7 @@ def test_per_class_scores_compare_each_class_with_the_same_class_of_the_referenc
     train = FashionMNIST(split="train")
     picked = np.concatenate([np.flatnonzero(train.labels == c)[:40] for c in range(10)])
     images, labels = np.repeat(train.images[picked, :, :, None], 3, axis=3), train.labels[picked]
-    reference, extractor = fashion_reference(tmp_path), classifier_features()
+    reference, extractor = fashion_reference(tmp_path, count=3000), classifier_features()  # ~300 per class
     features = extract_features(extractor, images, 100)
     right = per_class_scores(features, labels, reference, extractor)
     wrong = per_class_scores(features, (labels + 1) % 10, reference, extractor)  # each class scored against another
@@ -192,6 +192,7 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
         f"new=configs/fashion_mnist_moh.yaml:{short}",
     ]
     args = ["--only", "old", "new", "--samples", "20", "--steps", "2", "--bootstrap", "3", "--out", str(tmp_path)]
+    args += ["--reference-count", "300"]  # the first 300 test images, about 30 of each class
     result = default_comparison.main([*args, *(f"--recipe={r}" for r in recipes)])
     assert list(result["rows"]) == ["old", "new"]
     for name, row in result["rows"].items():
@@ -200,6 +201,7 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
         assert (tmp_path / f"grid_{name}.png").exists()
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| old | 2 |" in text and "| new | 2 |" in text and "![new](grid_new.png)" in text
+    assert "first 300 Fashion-MNIST test images" in text  # what the scores are against
     for row in result["rows"].values():  # 20 balanced samples: 2 of each class, so every rate is 0, 0.5 or 1
         assert len(row["recognised"]) == 10 and set(row["recognised"]) <= {0.0, 0.5, 1.0}
         assert len(row["class_kid"]) == 10 and all(np.isfinite(row["class_kid"]))
@@ -218,6 +220,7 @@ def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     model = f"new={tmp_path / 'runs' / 'new' / 'pipeline'}"
     settings = ["2", "2@100-600", "2@100-600+avg500"]
     study = ["--models", model, "--settings", *settings, "--samples", "20", "--steps", "2", "--bootstrap", "3"]
+    study += ["--reference-count", "300"]
     rows = guidance_interval.main([*study, "--out", str(tmp_path / "gi")])["rows"]
     assert list(rows) == [f"new {s}" for s in settings] and rows["new 2@100-600"]["interval"] == (100, 600)
     banded = np.load(tmp_path / "gi" / "runs" / "new" / "samples-dpm-solver2-cfg2-t100-600-n20.npz")
@@ -330,7 +333,7 @@ def test_paired_differences_report_each_seed_and_whether_they_agree():
 def test_flip_floor_shows_what_mirrored_shoes_cost_and_symmetric_garments_do_not(tmp_path):
     from experiments import flip_floor
 
-    result = flip_floor.main(["--per-class", "40", "--out", str(tmp_path / "default")])
+    result = flip_floor.main(["--per-class", "40", "--reference-count", "3000", "--out", str(tmp_path / "default")])
     kid = {name: dict(zip(result["classes"], row["class_kid"])) for name, row in result["rows"].items()}
     assert max(kid["as they are"].values()) < 20  # real images of the right class: noise around 0
     for shoe in ("Sandal", "Ankle boot"):  # every shoe in the catalogue points the same way
@@ -341,6 +344,7 @@ def test_flip_floor_shows_what_mirrored_shoes_cost_and_symmetric_garments_do_not
     assert all(f"| {name} |" in table for name in flip_floor.VARIANTS)
     assert json.loads((tmp_path / "default" / "flip_floor.json").read_text()) == json.loads(json.dumps(result))
     assert result["extractor"] == "fmnist-classifier" and len(result["weights_sha256"]) == 64  # what scored it
+    assert result["reference_count"] == 3000 and "first 3,000 Fashion-MNIST test images" in table
     assert result["code"]["moh_dit"]
     mirrored = flip_floor.mirrored(np.arange(12).reshape(1, 3, 4), 1.0)
     assert np.array_equal(mirrored[0], np.arange(12).reshape(3, 4)[:, ::-1])

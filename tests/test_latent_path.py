@@ -1,7 +1,8 @@
 """The whole latent path at toy scale, as a user runs it: class folders with a corrupt image -> latents with a
 locally saved random AutoencoderKL -> training on two processes -> sampling on two processes -> a reference
 built from the image tree -> evaluation. Every artifact's manifest must point at the one before it, and
-nothing may fall back silently."""
+nothing may fall back silently. The one-process commands run in this process (the same commands without a new
+interpreter's start-up); the two-process ones and the evaluation script run as a user starts them."""
 
 import json
 import sys
@@ -9,12 +10,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .helpers.factories import make_image_folder, run_command, tiny_train_overrides, tiny_vae, torchrun
+from .helpers.factories import (
+    make_image_folder,
+    run_command,
+    run_in_process,
+    tiny_train_overrides,
+    tiny_vae,
+    torchrun,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
+def test_latent_path_end_to_end_with_consistent_manifests(tmp_path, caplog):
     images = tmp_path / "images"
     make_image_folder(images)
     (images / "dark" / "broken.png").write_bytes(b"\x89PNG but not really")
@@ -22,26 +30,8 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
 
     # 1. latents (the corrupt image is dropped and recorded)
     lat = tmp_path / "latents" / "train.npy"
-    run_command(
-        [
-            sys.executable,
-            "-m",
-            "moh_dit",
-            "latents",
-            "--data-path",
-            images,
-            "--image-size",
-            "16",
-            "--vae",
-            tmp_path / "vae",
-            "--out",
-            lat,
-            "--num-workers",
-            "0",
-            "--batch-size",
-            "4",
-        ]
-    )
+    latents = ["--data-path", images, "--image-size", 16, "--vae", tmp_path / "vae", "--out", lat]
+    run_in_process("latents", [*latents, "--num-workers", 0, "--batch-size", 4], caplog)
     lat_manifest = json.loads(Path(f"{lat}.json").read_text())
     assert lat_manifest["data"]["count"] == 16 and lat_manifest["data"]["skipped"] == [
         str(images / "dark" / "broken.png")
@@ -71,7 +61,7 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
     common = ["--num-samples", "10", "--batch-size", "4", "--num-steps", "3", "--cfg-scale", "1.5"]
     two = run_command(torchrun(ROOT / "sample.py", run, "--sample-dir", tmp_path / "s" / "cfg1.5", *common))
     assert "2 process(es)" in two.stderr
-    run_command([sys.executable, ROOT / "sample.py", run, "--sample-dir", tmp_path / "s1" / "cfg1.5", *common])
+    run_in_process("sample", [run, "--sample-dir", tmp_path / "s1" / "cfg1.5", *common], caplog)
     a, b = np.load(tmp_path / "s" / "cfg1.5.npz"), np.load(tmp_path / "s1" / "cfg1.5.npz")
     assert a["arr_0"].shape == (10, 16, 16, 3) and np.array_equal(a["arr_0"], b["arr_0"])
     samples_manifest = json.loads(str(a["moh_dit_manifest"]))
@@ -81,21 +71,7 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path):
 
     # 4. a reference from the image tree, and the evaluation that records both sides
     ref = tmp_path / "ref.npz"
-    run_command(
-        [
-            sys.executable,
-            "-m",
-            "moh_dit",
-            "reference",
-            images,
-            "--image-size",
-            "16",
-            "--out",
-            ref,
-            "--max-bad-fraction",
-            "0.1",
-        ]
-    )
+    run_in_process("reference", [images, "--image-size", 16, "--out", ref, "--max-bad-fraction", 0.1], caplog)
     out = tmp_path / "metrics.json"
     run_command(
         [

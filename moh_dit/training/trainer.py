@@ -128,6 +128,7 @@ class Trainer:
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model), defaults)
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
         self.step = self.samples_seen = 0
+        self.projected = False  # the projected time is logged once, with the first log record
         self.sampler = partial(
             ShardedEpochBatchSampler,
             len(self.data.dataset),
@@ -267,6 +268,25 @@ class Trainer:
             record["mfu"] = tflops / (self.peak_tflops * self.world)
         record["peak_memory_gb"] = peak_memory_gb(self.accelerator.device)
         return record
+
+    def write_record(self, on_boundary: bool, heads, progress: Progress, made: int) -> None:
+        """The log record of the steps since the last one (a last record between boundaries leaves the window open for
+        a later resume). With the first record of this call of ``run`` (``made``: the steps it has made so far), the
+        time the remaining steps will take at that speed."""
+        lr = learning_rate(self.config, self.step - 1)
+        record = self.window.record(self.accelerator, self.step, lr, self.samples_seen, heads, on_boundary)
+        record.update(self.hardware_record(record["images_per_s"]))
+        if self.guard.enabled:
+            record.update(skipped_updates=self.guard.skipped, rollbacks=self.guard.rollbacks)
+        self.metrics.write(record, progress)
+        left = self.config.train.max_steps - self.step
+        if not self.projected and left > 0 and record["steps_per_s"] > 0:
+            self.projected = True
+            logger.info(
+                f"projected: {left / record['steps_per_s'] / 60:.3g} more minutes to step {self.config.train.max_steps} "
+                f"at {record['steps_per_s']:.2f} steps/s (the speed of the first {made} steps; previews, evaluations "
+                f"and the export come on top)"
+            )
 
     def finish_step(self, updated: bool = True) -> None:
         """After an optimizer step: count it and update the EMA (not after a skipped update)."""
@@ -470,13 +490,7 @@ class Trainer:
                 self.window.steps += 1
                 on_boundary = self.step % log_cfg.log_every == 0
                 if on_boundary or self.step == train_cfg.max_steps:
-                    # a last record between boundaries leaves the window open for a later resume
-                    lr = learning_rate(self.config, self.step - 1)
-                    record = self.window.record(accelerator, self.step, lr, self.samples_seen, last_heads, on_boundary)
-                    record.update(self.hardware_record(record["images_per_s"]))
-                    if self.guard.enabled:
-                        record.update(skipped_updates=self.guard.skipped, rollbacks=self.guard.rollbacks)
-                    self.metrics.write(record, progress)
+                    self.write_record(on_boundary, last_heads, progress, self.step - first_step)
                     last_heads = None if on_boundary else last_heads
                 progress.update(1)
                 if self.step % train_cfg.checkpoint_every == 0:

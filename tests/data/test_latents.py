@@ -329,8 +329,8 @@ def corrupt_folder(tmp_path_factory):
     return root
 
 
-def test_two_processes_write_the_same_file_as_one(corrupt_folder, tmp_path):
-    from ..helpers.factories import run_command, torchrun
+def test_two_processes_write_the_same_file_as_one(corrupt_folder, tmp_path, caplog):
+    from ..helpers.factories import run_command, run_in_process, torchrun
 
     args = [
         "--data-path",
@@ -346,9 +346,7 @@ def test_two_processes_write_the_same_file_as_one(corrupt_folder, tmp_path):
         "--max-bad-fraction",
         "0.1",
     ]
-    import sys
-
-    run_command([sys.executable, "-m", "moh_dit", "latents", *args, "--out", tmp_path / "one.npy"])
+    run_in_process("latents", [*args, "--out", tmp_path / "one.npy"], caplog)
     two = run_command(torchrun("-m", "moh_dit", "latents", *args, "--out", tmp_path / "two.npy"))
     assert "2 process(es)" in two.stderr
     a, b = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
@@ -453,14 +451,12 @@ def test_an_interrupted_extraction_resumes_with_the_blocks_not_done(corrupt_fold
     assert len(LatentDataset(tmp_path / "lat.npy")) == 15
 
 
-def test_an_extraction_resumes_on_another_number_of_processes(corrupt_folder, tmp_path, monkeypatch):
-    import sys
-
-    from ..helpers.factories import run_command, torchrun
+def test_an_extraction_resumes_on_another_number_of_processes(corrupt_folder, tmp_path, monkeypatch, caplog):
+    from ..helpers.factories import run_command, run_in_process, torchrun
 
     args = ["--data-path", corrupt_folder / "images", "--image-size", "16", "--vae", corrupt_folder / "vae"]
     args += ["--num-workers", "0", "--batch-size", "3", "--max-bad-fraction", "0.1", "--out"]
-    run_command([sys.executable, "-m", "moh_dit", "latents", *args, tmp_path / "whole.npy"])
+    run_in_process("latents", [*args, tmp_path / "whole.npy"], caplog)
     _interrupt_after(monkeypatch, 3)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the subprocesses run, so that the blocks agree bit for bit
@@ -480,8 +476,8 @@ def test_an_extraction_resumes_on_another_number_of_processes(corrupt_folder, tm
     two = run_command(torchrun("-m", "moh_dit", "latents", *args))
     assert "1 of 6 blocks done" in two.stderr and "2 process(es)" in two.stderr
     assert np.load(tmp_path / "whole.npy").tobytes() == np.load(tmp_path / "lat.npy").tobytes()
-    again = run_command([sys.executable, "-m", "moh_dit", "latents", *args])
-    assert "already holds these latents" in again.stderr and "encoding" not in again.stderr
+    again = run_in_process("latents", args, caplog)
+    assert "already holds these latents" in again and "encoding" not in again
 
 
 def test_finished_latents_are_reused_and_others_replaced_only_with_overwrite(corrupt_folder, tmp_path):

@@ -152,3 +152,25 @@ def generation_settings(**kw):
     spec.setdefault("num_inference_steps", 250)
     spec.setdefault("guidance_scale", 1.5)
     return GenerationSettings(**kw, sampling=SamplingSpec(scheduler=None, **spec))
+
+
+def run_in_process(command: str, argv, caplog) -> str:
+    """Run ``moh-dit <command>`` (its ``main``) in this process on one thread, as :func:`run_command`'s
+    subprocesses and each rank of :func:`torchrun` run (so that results agree bit for bit), without paying a new
+    interpreter's start-up; returns what it logged and printed to stderr (progress lines). A process boundary is
+    tested where it is the claim (exit codes, several processes); elsewhere this is the same command."""
+    import contextlib
+    import importlib
+    import io
+    import logging
+
+    main = importlib.import_module(f"moh_dit.cli.{command}").main
+    threads, stderr = torch.get_num_threads(), io.StringIO()
+    torch.set_num_threads(1)
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.INFO), contextlib.redirect_stderr(stderr):
+            main([str(a) for a in argv])
+    finally:
+        torch.set_num_threads(threads)
+    return caplog.text + stderr.getvalue()

@@ -4,8 +4,6 @@ and DiT -> MoH-DiT conversion for continued training."""
 import json
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -209,49 +207,20 @@ def test_checkpoints_with_pickled_code_are_refused(tmp_path):
         read_checkpoint(tmp_path / "missing.pt")
 
 
-def test_cli_writes_a_pipeline_that_loads(tmp_path):
+def test_cli_writes_a_pipeline_that_loads(tmp_path, caplog):
+    from ..helpers.factories import run_in_process
+
     model = small_moh().eval()
     torch.save(ours_to_reference(model), tmp_path / "moh.pt")
     (tmp_path / "labels.json").write_text(json.dumps({str(i): f"class {i}" for i in range(10)}))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "moh_dit",
-            "convert",
-            str(tmp_path / "moh.pt"),
-            str(tmp_path / "pipe"),
-            "--id2label",
-            str(tmp_path / "labels.json"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    run_in_process("convert", [tmp_path / "moh.pt", tmp_path / "pipe", "--id2label", tmp_path / "labels.json"], caplog)
     from moh_dit.sampling.loading import load_pipeline
 
     pipe = load_pipeline(tmp_path / "pipe", device="cpu")
     assert pipe.id2label[3] == "class 3"
     x, t, y = inputs(model)
     assert torch.equal(pipe.transformer(x, t, y).sample, model(x, t, y).sample)
-    back = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "moh_dit",
-            "convert",
-            str(tmp_path / "pipe"),
-            str(tmp_path / "back.pt"),
-            "--to",
-            "reference-train",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert back.returncode == 0, back.stderr[-2000:]
+    run_in_process("convert", [tmp_path / "pipe", tmp_path / "back.pt", "--to", "reference-train"], caplog)
     reloaded, report = load_reference_checkpoint(tmp_path / "back.pt")
     assert report["weights"] == "ema" and torch.equal(reloaded(x, t, y).sample, model(x, t, y).sample)
 

@@ -95,29 +95,15 @@ def test_balanced_labels():
         label_for_index(0, 0, 3, "zipf")
 
 
-def test_sample_cli_grid_with_names_and_single_images(run_dir, tmp_path):
+def test_sample_cli_grid_with_names_and_single_images(run_dir, tmp_path, caplog):
+    from ..helpers.factories import run_in_process
+
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [
-        sys.executable,
-        str(ROOT / "sample.py"),
-        str(run_dir),
-        "--class-labels",
-        "dark",
-        "0",
-        "--per-class",
-        "3",
-        "--num-steps",
-        "3",
-        "--out",
-        str(tmp_path / "grid.png"),
-        "--save-images",
-        str(tmp_path / "single"),
-        "--scheduler",
-        "ddim",
-    ]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "guidance 4 at every step (the model's recorded preview guidance)" in result.stderr
+    cmd = [sys.executable, str(ROOT / "sample.py"), str(run_dir)]
+    grid = ["--class-labels", "dark", "0", "--per-class", "3", "--num-steps", "3", "--out", tmp_path / "grid.png"]
+    grid += ["--save-images", tmp_path / "single", "--scheduler", "ddim"]
+    logged = run_in_process("sample", [run_dir, *grid], caplog)  # the command; its exit codes are tested below
+    assert "guidance 4 at every step (the model's recorded preview guidance)" in logged
     assert (tmp_path / "grid.png").exists()
     assert len(list((tmp_path / "single").glob("*_dark.png"))) == 3
     bad = subprocess.run(

@@ -99,29 +99,40 @@ def test_training_with_a_tiny_vae_and_with_pre_extracted_latents(tmp_path, image
     assert MoHDiTPipeline.from_pretrained(out2 / "pipeline").vae is not None
 
 
+def test_the_first_log_record_projects_the_time_of_the_remaining_steps(tmp_path, image_dir, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="moh_dit.train"):
+        train_tiny(tmp_path / "run", image_dir, "train.max_steps=6", "log.log_every=2")
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("projected:")]
+    first = read_metrics(tmp_path / "run")[0]  # the speed of steps 1-2; 4 steps are left after it
+    speed = first["steps_per_s"]
+    assert said == [
+        f"projected: {4 / speed / 60:.3g} more minutes to step 6 at {speed:.2f} steps/s (the speed of the first 2 "
+        "steps; previews, evaluations and the export come on top)"
+    ]
+
+
 def _train_cmd(overrides):
     return [sys.executable, str(ROOT / "train.py"), *overrides]
+
+
+def _train_here(overrides) -> dict:
+    """``train.py`` with these overrides, in this process (the process under test is the stopped one)."""
+    from moh_dit.training.trainer import train
+
+    return train(load_config(None, overrides))
 
 
 def test_sigkill_and_resume_reproduce_per_step_losses(tmp_path, image_dir):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     ref = tmp_path / "ref"
-    subprocess.run(
-        _train_cmd(
-            tiny_overrides(ref, image_dir, "train.max_steps=24", "train.checkpoint_every=5", "preview.per_class=0")
-        ),
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    common = ("train.checkpoint_every=5", "preview.per_class=0")
+    _train_here(tiny_overrides(ref, image_dir, "train.max_steps=24", *common))
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
-        _train_cmd(
-            tiny_overrides(
-                killed, image_dir, "train.max_steps=100000", "train.checkpoint_every=5", "preview.per_class=0"
-            )
-        ),
+        _train_cmd(tiny_overrides(killed, image_dir, "train.max_steps=100000", *common)),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -133,21 +144,7 @@ def test_sigkill_and_resume_reproduce_per_step_losses(tmp_path, image_dir):
     proc.wait()
     at_kill = find_checkpoint(killed)
     assert at_kill is not None and int(at_kill.name.split("-")[1]) < 24
-    subprocess.run(
-        _train_cmd(
-            tiny_overrides(
-                killed,
-                image_dir,
-                "train.max_steps=24",
-                "train.checkpoint_every=5",
-                "train.resume=latest",
-                "preview.per_class=0",
-            )
-        ),
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    _train_here(tiny_overrides(killed, image_dir, "train.max_steps=24", "train.resume=latest", *common))
 
     a, b = read_metrics(ref), read_metrics(killed)
     assert [m["step"] for m in b] == list(range(1, 25))
@@ -430,12 +427,7 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_resume_exactly(tmp_path, image
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     common = ("train.checkpoint_every=1000", "preview.per_class=0", "log.log_every=3", "log.head_usage=false")
     ref = tmp_path / "ref"
-    subprocess.run(
-        _train_cmd(tiny_overrides(ref, image_dir, "train.max_steps=30", *common)),
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    _train_here(tiny_overrides(ref, image_dir, "train.max_steps=30", *common))
     for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
         run = tmp_path / sig.name
         proc = subprocess.Popen(
@@ -455,12 +447,7 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_resume_exactly(tmp_path, image
         assert "Traceback" not in err and "continue with train.resume=latest" in err
         step = int(find_checkpoint(run).name.split("-")[1])
         assert 6 <= step < 100000 and not (run / "pipeline").exists()
-        subprocess.run(
-            _train_cmd(tiny_overrides(run, image_dir, "train.max_steps=30", "train.resume=latest", *common)),
-            check=True,
-            env=env,
-            capture_output=True,
-        )
+        _train_here(tiny_overrides(run, image_dir, "train.max_steps=30", "train.resume=latest", *common))
         assert [(m["step"], m["diffusion_loss"]) for m in read_metrics(ref)] == [
             (m["step"], m["diffusion_loss"]) for m in read_metrics(run) if m["step"] % 3 == 0
         ]
