@@ -44,7 +44,8 @@ def parse_pytest(output: str) -> dict:
     durations = [
         {"seconds": float(m["seconds"]), "phase": m["phase"], "test": m["test"]} for m in DURATION.finditer(output)
     ]
-    return {"counts": counts, "pytest_seconds": float(last["seconds"]), "slowest": durations}
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)  # pytest's short summary of failures
+    return {"counts": counts, "pytest_seconds": float(last["seconds"]), "slowest": durations, "failed": failed}
 
 
 def run_suite(checkout: Path, pytest_args: list[str]) -> dict:
@@ -91,6 +92,9 @@ def report(result: dict) -> list[str]:
         counts = ", ".join(f"{n} {w}" for w, n in run["counts"].items())
         minutes, seconds = divmod(round(run["wall_seconds"]), 60)
         lines.append(f"| {run['commit']} | {counts} | {minutes}:{seconds:02d} | {run['wall_seconds'] / first:.2f} |")
+    for run in result["runs"]:
+        if run["failed"]:
+            lines += ["", f"Failed in {run['commit']}: " + ", ".join(f"`{t}`" for t in run["failed"])]
     last = result["runs"][-1]
     lines += ["", f"Slowest tests of {last['commit']}:", "", "| seconds | phase | test |", "|---|---|---|"]
     lines += [f"| {d['seconds']:.1f} | {d['phase']} | `{d['test']}` |" for d in last["slowest"][:15]]

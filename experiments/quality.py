@@ -65,6 +65,8 @@ ARMS = ("DiT", *CONVERSIONS)  # DiT: the study's DiT trained on with the fine-tu
 SCALES = {
     "tiny": dict(
         overrides=[
+            "model.overrides.hidden_size=32",  # a smoke run: the narrowest model the presets' heads allow
+            "model.overrides.head_dim=8",
             "train.max_steps=3",
             "train.global_batch_size=16",
             "data.subset_per_class=8",

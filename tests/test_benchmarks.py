@@ -332,10 +332,12 @@ def test_suite_time_reads_pytest_s_own_summary_and_slowest_tests():
         "38.61s call     tests/test_experiments.py::test_quality\n"
         "9.77s setup    tests/test_distributed.py::test_a[torchrun-0-15]\n"
         "0.01s teardown tests/x.py::test_b\n"
-        "558 passed, 9 deselected, 98 warnings in 479.84s (0:07:59)\n"
+        "FAILED tests/x.py::test_c - AssertionError: no\n"
+        "1 failed, 558 passed, 9 deselected, 98 warnings in 479.84s (0:07:59)\n"
     )
     parsed = parse_pytest(output)
-    assert parsed["counts"] == {"passed": 558, "deselected": 9, "warnings": 98}
+    assert parsed["counts"] == {"failed": 1, "passed": 558, "deselected": 9, "warnings": 98}
+    assert parsed["failed"] == ["tests/x.py::test_c"]
     assert parsed["pytest_seconds"] == 479.84
     assert [(d["seconds"], d["phase"]) for d in parsed["slowest"]] == [
         (38.61, "call"),
