@@ -23,6 +23,9 @@ _EXPORTS = {
     "list_presets": "model.presets",
     "preset_config": "model.presets",
     "MoHDiTPipeline": "sampling.pipeline",
+    # the flow schedulers diffusers lacks: a saved pipeline names them as ("moh_dit", class) and loads them from here
+    "FlowHeunScheduler": "objectives.flow_schedulers",
+    "FlowSDEScheduler": "objectives.flow_schedulers",
     "load_pipeline": "sampling.loading",
     "MohDitError": "errors",
 }

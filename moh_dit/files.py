@@ -147,6 +147,11 @@ def read_torch_file(path: Path, error: type[MohDitError] = ArtifactError, what: 
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return error(f"{path} is damaged or not a {what}; refusing to unpickle it ({first})")
 
-    with blame_the_file(refused, (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile, ValueError)):
-        # map_location="cpu": the file's own tensors, never a device question (callers move what they need)
+    import argparse
+
+    # map_location="cpu": the file's own tensors, never a device question (callers move what they need).
+    # argparse.Namespace, in which the train.py scripts of DiT, SiT and REPA store their arguments beside the
+    # weights, is allowed: unpickling it only sets attributes.
+    errors = (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile, ValueError)
+    with blame_the_file(refused, errors), torch.serialization.safe_globals([argparse.Namespace]):
         return torch.load(path, map_location="cpu", weights_only=True)

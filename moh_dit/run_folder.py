@@ -64,6 +64,20 @@ class RunLayout:
         return self.root / "eval"
 
     @property
+    def posthoc(self) -> Path:
+        """The post-hoc EMA snapshots: ``step-N.safetensors`` (every tracked EMA at step N)."""
+        return self.root / "posthoc-ema"
+
+    def list_snapshots(self) -> list[tuple[int, Path]]:
+        """Post-hoc EMA snapshots as ``(step, file)``, oldest first."""
+        if not self.posthoc.is_dir():
+            return []
+        found = [
+            (checkpoint_step(p.name.removesuffix(".safetensors")), p) for p in self.posthoc.glob("step-*.safetensors")
+        ]
+        return sorted((step, p) for step, p in found if step is not None)
+
+    @property
     def tracker_state(self) -> Path:
         return self.root / "trackers.json"
 
@@ -98,6 +112,7 @@ class RunLayout:
             self.pipeline,
             self.samples,
             self.evaluations,
+            self.posthoc,
             self.root / "model_config.json",
             self.tracker_state,
         ]

@@ -425,3 +425,46 @@ def test_latent_extraction_on_two_processes_resumes_after_a_kill_to_the_same_fil
     assert np.load(tmp_path / "one.npy").tobytes() == np.load(out).tobytes()
     manifest = json.loads(out.with_name("two.npy.json").read_text())
     assert manifest["attempts"] == 2 and manifest["world_size"] == 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# Flow matching, REPA and post-hoc EMA on two processes
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("objective", ["flow", pytest.param("ddpm", marks=SLOW)])
+def test_a_run_with_repa_and_post_hoc_ema_resumes_exactly_on_two_processes(objective, images, tmp_path):
+    """Flow matching (or DDPM), REPA's alignment and post-hoc EMA snapshots on two processes: a run stopped at step 4
+    and resumed ends as the uninterrupted one, bit for bit: per-step losses (the alignment's too), weights, EMA,
+    the power-function EMAs and their snapshots; its pipeline leaves the projectors out."""
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
+
+    extra = [f"objective.name={objective}", "train.snr_gamma=null", "train.checkpoint_every=4", "preview.per_class=0"]
+    extra += ["repa.encoder=moh-dit-test-tokens", "repa.encoder_module=tests.helpers.tiny_encoder", "repa.depth=2"]
+    extra += (
+        ["ema.posthoc_every=8", "objective.time_sampling=logit-normal"]
+        if objective == "flow"
+        else ["ema.posthoc_every=8"]
+    )
+
+    def run(out, *more, tag):
+        args = tiny_train_overrides(out, images, *extra, *more)
+        return run_job(launch("torchrun", TRAIN, *args), tmp_path / f"{tag}.log")
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run(whole, "train.max_steps=8", tag="whole")
+    run(cut, "train.max_steps=4", tag="first")
+    run(cut, "train.max_steps=8", "train.resume=latest", tag="resumed")
+    records = [[json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in (whole, cut)]
+    keys = ("step", "diffusion_loss", "moh_loss", "repa_loss")
+    assert [[r[k] for k in keys] for r in records[0]] == [[r[k] for k in keys] for r in records[1]]
+    assert_same_run(cut, whole)
+    for name in ("posthoc_ema.safetensors",):
+        a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (whole, cut))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    snapshots = [dict(RunLayout(r).list_snapshots()) for r in (whole, cut)]
+    assert sorted(snapshots[0]) == [2, 4, 6, 8]  # 8 images a snapshot, 4 a step
+    for step, path in snapshots[0].items():
+        a, b = load_file(path), load_file(snapshots[1][step])
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    pipe = MoHDiTPipeline.from_pretrained(whole / "pipeline")
+    assert pipe.transformer.projectors is None
+    assert (pipe.transformer.config.get("objective") or {}).get("name", "ddpm") == objective

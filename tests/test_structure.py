@@ -85,6 +85,25 @@ def test_the_model_imports_nothing_of_the_package_but_its_errors():
     assert not any(outside.values()), outside
 
 
+def test_the_objectives_stand_below_training_sampling_and_the_command_line():
+    above = ("moh_dit.training", "moh_dit.sampling", "moh_dit.cli", "moh_dit.evaluation", "moh_dit.interop")
+    found = {n: {d for d in deps if d.startswith(above)} for n, deps in imports_of("moh_dit.objectives").items()}
+    assert not any(found.values()), found
+
+
+def test_no_module_outside_the_objectives_branches_on_an_objectives_name():
+    """The trainer, the pipeline, generation, evaluation and the command line ask the objective (one interface);
+    adding an objective is one module and a registry entry, not a branch in each of them."""
+    name = "(ddpm|flow)"
+    pattern = re.compile(rf"""(==|!=|\bin\b|\bis\b)\s*\(?\s*["']{name}["']|["']{name}["']\s*(==|!=)""")
+    offenders = {
+        n: [ln.strip() for ln in p.read_text().splitlines() if pattern.search(ln)]
+        for n, p in MODULES.items()
+        if not n.startswith("moh_dit.objectives")
+    }
+    assert not {n: lines for n, lines in offenders.items() if lines}
+
+
 def test_sampling_does_not_import_training():
     found = {
         n: {d for d in deps if d.startswith("moh_dit.training")} for n, deps in imports_of("moh_dit.sampling").items()

@@ -7,6 +7,7 @@
     moh-dit latents --data-path /data/imagenet/train --image-size 256 --out latents/in256.npy
     moh-dit reference /data/imagenet/train --image-size 256 --out refs/in256.npz
     moh-dit demo runs/fashion_mnist_moh
+    moh-dit ema runs/fashion_mnist_moh --sigma-rel 0.07 --out pipelines/ema-0.07
 
 Each subcommand module has ``build_parser(prog)`` and ``main(argv, prog)`` and imports torch only after its
 arguments are parsed, so ``--help`` answers at once. ``train.py``, ``sample.py`` and ``evaluate_fid.py`` at
@@ -27,6 +28,7 @@ COMMANDS = {
     "latents": "encode a data set once into a packed latent file",
     "reference": "build an ADM-style reference batch from an image tree",
     "demo": "open a local web page to try a model (needs the demo extra)",
+    "ema": "rebuild an EMA of any width from a run's post-hoc EMA snapshots, or sweep widths and score them",
 }
 
 

@@ -6,8 +6,11 @@ moh-dit folders, both ways; and turn a pretrained multi-head DiT into a MoH-DiT 
     moh-dit convert /models/DiT-XL-2-256 pipelines/dit-diffusers       # a diffusers pipeline folder
     moh-dit convert runs/x/pipeline out.pt --to reference              # back to the reference layout
     moh-dit convert pipelines/dit-xl-2-256 pipelines/moh-from-dit --to-moh --shared 8 --moh-top-k 4
+    moh-dit convert SiT-XL-2-256.pt pipelines/sit-xl-2 --format sit --vae stabilityai/sd-vae-ft-ema  # flow
+    moh-dit convert repa-last.pt pipelines/repa-xl-2 --format repa --vae stabilityai/sd-vae-ft-mse
+    moh-dit convert runs/sit-finetune back.pt --to sit                  # back to SiT's layout
 
-docs/interop.md describes the formats; python -m moh_dit.interop.official is the same command.
+docs/interop.md describes the formats.
 """
 
 import argparse
@@ -23,7 +26,28 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "out", help="output: a pipeline folder (default), a .pt (--to reference) or a folder (--to diffusers)"
     )
-    p.add_argument("--to", choices=["pipeline", "reference", "reference-train", "diffusers"], default="pipeline")
+    p.add_argument(
+        "--to", choices=["pipeline", "reference", "reference-train", "diffusers", "sit", "repa"], default="pipeline"
+    )
+    p.add_argument(
+        "--format",
+        choices=["dit", "sit", "repa"],
+        default="dit",
+        help="what a checkpoint file is: dit (DiT / MoH-DiT reference, DDPM), sit or repa (flow matching; the keys "
+        "are DiT's, so this cannot be guessed)",
+    )
+    p.add_argument(
+        "--path",
+        choices=["linear", "gvp"],
+        default="linear",
+        help="with --format sit/repa: the path it was trained on",
+    )
+    p.add_argument(
+        "--repa-depth",
+        type=int,
+        default=None,
+        help="with --format repa: keep REPA's projectors on this block (its --encoder-depth) to continue REPA training",
+    )
     p.add_argument("--vae", default=None, help="VAE for the pipeline: hub id or local folder")
     p.add_argument("--preset", default=None, help="require this preset's shapes instead of inferring them")
     p.add_argument("--num-heads", type=int, default=None, help="heads of a plain DiT checkpoint (default: DiT's)")
@@ -91,20 +115,26 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         num_classes=args.num_classes,
         prefer_ema=not args.model_weights,
     )
+    if args.format != "dit" and not Path(args.src).is_file():
+        p.error(f"--format {args.format} reads a checkpoint file; {args.src} is not one")
+    if args.repa_depth is not None and args.format != "repa":
+        p.error("--repa-depth keeps the projectors of a REPA checkpoint: use it with --format repa")
+    if args.format != "dit" and (args.preset or args.top_k):
+        p.error("--preset and --top-k read DiT / MoH-DiT reference checkpoints; a SiT or REPA one is a DiT")
     out = Path(args.out)
     # the target is checked before the (possibly long) load and conversion
     if args.to == "pipeline" or args.to == "diffusers":
         ensure_writable_dir(out.parent if out.parent != Path("") else Path("."), "the folder of the output")
         if out.exists() and not out.is_dir():
             raise ConversionError(f"{out} exists and is not a folder")
-    else:
+    else:  # a file: reference, reference-train, sit, repa
         ensure_writable_file(out, "the output file")
     existing = _existing_output(out)
     if existing and not args.overwrite:
         raise ConversionError(f"{out} holds {existing}; pass --overwrite to replace it, or choose another output")
     if args.push_to_hub and args.to != "pipeline":
         p.error("--push-to-hub uploads pipeline folders: use it with --to pipeline")
-    model, vae, id2label, report = load_any(args.src, **hints)
+    model, vae, id2label, report = load_any(args.src, args.format, args.path, args.repa_depth, **hints)
     if args.id2label:
         id2label = {int(k): v for k, v in json.loads(Path(args.id2label).read_text()).items()}
     elif not id2label and model.config.num_classes == 1000:
@@ -157,6 +187,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
         sd = ours_to_reference(model)
         torch.save({"model": sd, "ema": sd} if args.to == "reference-train" else sd, out)
+    elif args.to in ("sit", "repa"):
+        import torch
+
+        from moh_dit.interop.sit import to_flow_state_dict
+
+        torch.save(to_flow_state_dict(model, args.to), out)  # an EMA state dict, as both projects' samplers load
     else:
         to_diffusers(model).save_pretrained(out)
     print(f"wrote {out}")

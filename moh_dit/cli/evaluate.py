@@ -63,7 +63,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON file for all numbers and settings (default: beside the samples)")
     p.add_argument("--device", default=None)
     g = p.add_argument_group("sampling (with --model); defaults: the papers' FID protocol (see moh_dit.sampling.spec)")
-    add_sampling_arguments(g, guidance=EVAL_GUIDANCE, protocol="dit", num_samples=50_000)
+    add_sampling_arguments(g, guidance=EVAL_GUIDANCE, protocol="paper", num_samples=50_000)
     g.add_argument("--sample-batch-size", type=positive_int, default=64, help="also the block size of the samples")
     g.add_argument("--sample-dir", default=None, help="default: <run>/eval-samples-step<N>-<settings>")
     p.set_defaults(_sampling_options=[(a.option_strings[0], a.dest, a.default) for a in g._group_actions])
@@ -98,7 +98,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     args = parser.parse_args(argv)
     _check_sampling_options(parser, args)
     setup_logging()
-    spec = SamplingSpec.from_args(args, log=args.model is not None)  # the paper protocol: no recorded guidance
+    # the paper protocol of the model's objective, without its recorded guidance
+    if args.model is None:
+        spec = SamplingSpec.from_args(args, log=False, objective=None)
+    else:
+        from moh_dit.sampling.loading import recorded_objective
+
+        SamplingSpec.from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
+        spec = SamplingSpec.from_args(args, objective=recorded_objective(args.model))
     from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
     from moh_dit.evaluation.scoring import ScoringOptions, format_table, score_sample_set, write_metrics
     from moh_dit.files import ensure_writable_file

@@ -55,6 +55,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="replace latents of other data or another VAE at --out (and any unfinished extraction there)",
     )
+    parser.add_argument(
+        "--keep-images",
+        action="store_true",
+        help="also store each image (uint8) beside its latents: REPA's encoders need them (as REPA stores them); "
+        "docs/training.md#repa weighs this against pre-extracted encoder features",
+    )
     return parser
 
 
@@ -106,6 +112,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         fp32_vae=fp32_vae if vae is not fp32_vae else None,
         overwrite=args.overwrite,
         commit_every_s=args.commit_every,
+        keep_images=args.keep_images,
     )
     if out is not None:
         print(f"{len(dataset)} rows of latents in {out}")

@@ -33,9 +33,9 @@ def partial_path(path: Path) -> Path:
 
 
 class LatentDataset(Dataset):
-    """Pre-extracted latents: item ``i`` is ``(moments (2, 2, c, h, w) float32, label)``; rows of unreadable
-    images (label -1) are skipped. The manifest beside the file is checked against the file (rows, size,
-    shapes) when it is opened."""
+    """Pre-extracted latents: item ``i`` is ``(moments (2, 2, c, h, w) float32, label)``, or, in a file made with
+    ``--keep-images``, ``({"moments": ..., "images": uint8 (C, H, W)}, label)``; rows of unreadable images (label -1)
+    are skipped. The manifest beside the file is checked against the file (rows, size, shapes) when it is opened."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -71,6 +71,7 @@ class LatentDataset(Dataset):
                 f"{self.table.dtype['moments'].shape}, manifest: {meta['rows']} of {expected})"
             )
         self.rows = np.flatnonzero(np.asarray(self.table["label"]) >= 0)  # unreadable images are marked -1
+        self.images_kept = "image" in (self.table.dtype.names or ())
         self.vae = meta["vae"]
         self.scaling_factor = float(self.vae["scaling_factor"])
         self.latent_shape = tuple(meta["latent_shape"])
@@ -118,6 +119,9 @@ class LatentDataset(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | dict[str, torch.Tensor], int]:
         row = self.table[self.rows[index]]
-        return torch.from_numpy(np.array(row["moments"], dtype=np.float32)), int(row["label"])
+        moments = torch.from_numpy(np.array(row["moments"], dtype=np.float32))
+        if self.images_kept:
+            return {"moments": moments, "images": torch.from_numpy(np.array(row["image"]))}, int(row["label"])
+        return moments, int(row["label"])

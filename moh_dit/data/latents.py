@@ -97,6 +97,7 @@ def latent_identity(data: dict | None, vae: dict, shapes: dict) -> dict | None:
         "data": {k: v for k, v in data.items() if k not in ("count", "skipped", "id2label")},
         "vae": {k: vae.get(k) for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels", "dtype")},
         **{k: shapes.get(k) for k in ("rows", "latent_shape", "dtype", "image_size", "image_channels")},
+        **({"images_kept": True} if shapes.get("images_kept") else {}),
     }
 
 
@@ -189,8 +190,12 @@ def extract_latents(
     fp32_vae: AutoencoderKL | None = None,
     overwrite: bool = False,
     commit_every_s: float = 30.0,
+    keep_images: bool = False,
 ) -> Path | None:
     """Encode every image of ``dataset`` (unflipped and flipped) into one packed ``.npy`` file.
+
+    With ``keep_images`` each row also holds the image itself (uint8, as read and center-cropped), for REPA's
+    encoders, which see the images the latents were made from (REPA stores them beside its latents too).
 
     Rows are ``(moments, label)`` with ``moments`` of shape (2 flips, 2 [mean, std], c, h, w). Each image is
     read once; an unreadable one keeps its row with label -1 and is listed in the manifest (more than
@@ -225,10 +230,13 @@ def extract_latents(
         image_size=int(size),
         image_channels=int(channels),
     )
+    if keep_images:  # recorded only when kept: files made before the option keep their identity
+        shapes["images_kept"] = True
     describe = getattr(dataset, "describe", None)
     identity = latent_identity(describe() if describe is not None else None, vae_info, shapes)
     plan = _plan_extraction(out_path, identity, batch_size, overwrite)
-    row = np.dtype([("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")])
+    fields = [("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")]
+    row = np.dtype(fields + ([("image", "u1", (channels, size, size))] if keep_images else []))
     tmp = partial_path(out_path)
     if plan.action == "fresh":  # a full disk would stop the extraction hours in, with a bus error
         _check_disk_space(out_path, tmp, len(dataset) * row.itemsize)
@@ -401,6 +409,10 @@ def _encode_blocks(
         start = b * batch_size
         table["moments"][start : start + n] = moments.cpu().numpy().astype(table["moments"].dtype)
         table["label"][start : start + n] = labels.numpy()
+        if "image" in table.dtype.names:  # the uint8 values the model range came from (u / 127.5 - 1)
+            table["image"][start : start + n] = (
+                ((x.float().cpu() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+            )
         finished[b] = [start + i for i in range(n) if not ok[i]]
         if time.time() - last_commit >= commit_every_s:
             _commit(table, record, finished)

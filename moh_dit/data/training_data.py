@@ -74,12 +74,26 @@ class TrainingData:
         posterior (the draws come from ``generator``)."""
         from moh_dit.vae import ImageSpace, sample_posterior
 
-        n = x.shape[0]
-        if self.latent_input:  # x: (N, 2 flips, 2 [mean, std], c, h, w)
-            moments = x[torch.arange(n), flip.long()]
+        if self.latent_input:  # x: (N, 2 flips, 2 [mean, std], c, h, w), with the images where they were kept
+            x = x["moments"] if isinstance(x, dict) else x
+            moments = x[torch.arange(x.shape[0]), flip.long()]
             return sample_posterior(moments[:, 0], moments[:, 1], self.scaling_factor, generator).to(device)
         x = torch.where(flip[:, None, None, None], x.flip(-1), x).to(device)
         return ImageSpace(self.vae).encode(x, generator, device)
+
+    def encoder_images(self, x: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+        """The clean images of a micro-batch as uint8 (N, C, H, W), flipped where the model's input is: what REPA's
+        encoders see. Images in [-1, 1] are the data's uint8 values exactly (``u / 127.5 - 1``)."""
+        if self.latent_input:
+            if not isinstance(x, dict):
+                raise DataError(
+                    "REPA's encoders need the images the latents were made from: extract the latents with `moh-dit "
+                    "latents --keep-images`"
+                )
+            images = x["images"]
+            return torch.where(flip[:, None, None, None], images.flip(-1), images)
+        images = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        return ((images.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
 
 
 def build_dataset(section: DataSection) -> Dataset:

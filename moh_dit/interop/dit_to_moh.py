@@ -11,6 +11,7 @@ import torch
 from moh_dit.errors import ConversionError
 from moh_dit.interop.official import strict_load
 from moh_dit.model.network import MoHDiT, _per_layer
+from moh_dit.objectives import objective_of
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -36,8 +37,8 @@ def dit_to_moh(
 ) -> tuple[MoHDiT, dict]:
     """Turn a multi-head MoHDiT (DiT) into a MoH-DiT that starts as close to it as possible.
 
-    Per layer, on a calibration batch (``(x, t, y)``; Gaussian latents, random steps and classes by
-    default): heads are ranked by the mean norm of their projected output; the ``shared`` most important
+    Per layer, on a calibration batch (``(x, t, y)``; Gaussian latents, random times of the model's objective and
+    classes by default): heads are ranked by the mean norm of their projected output; the ``shared`` most important
     ones become the shared heads (heads are permuted; the layer computes the same function); the shared
     and mixing routers start at zero (every gate 1); the routed router is fitted by least squares to
     predict each token's per-head contribution (log norm), then scaled to a small logit spread, so each
@@ -61,7 +62,7 @@ def dit_to_moh(
         c, s = model.in_channels, model.config.sample_size
         n = 16
         x = torch.randn(n, c, s, s, generator=g)
-        t = torch.randint(0, 1000, (n,), generator=g)
+        t = objective_of(model).random_model_times(n, g)  # the times the network saw in training
         y = torch.randint(0, max(model.config.num_classes, 1), (n,), generator=g) if model.config.num_classes else None
     else:
         x, t, y = calibration

@@ -7,16 +7,24 @@ from pathlib import Path
 
 from moh_dit.interop.diffusers_dit import from_diffusers
 from moh_dit.interop.official import load_reference_checkpoint
+from moh_dit.interop.sit import FLOW_FORMATS, load_flow_checkpoint
 from moh_dit.model.network import MoHDiT
 
 
 # ----------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------
-def load_any(src: str | Path, **hints) -> tuple[MoHDiT, object | None, dict, dict]:
-    """(model, vae, id2label, report) from a reference checkpoint file, a diffusers DiT pipeline or
-    transformer folder, or one of our run / checkpoint / pipeline / transformer folders."""
+def load_any(
+    src: str | Path, fmt: str = "dit", flow_path: str = "linear", repa_depth: int | None = None, **hints
+) -> tuple[MoHDiT, object | None, dict, dict]:
+    """(model, vae, id2label, report) from a checkpoint file (``fmt``: ``dit`` for DiT / MoH-DiT reference
+    checkpoints, ``sit`` or ``repa`` for flow models on ``flow_path``), a diffusers DiT pipeline or transformer
+    folder, or one of our run / checkpoint / pipeline / transformer folders."""
     src = Path(src)
+    if src.is_file() and fmt in FLOW_FORMATS:
+        flow = {k: hints[k] for k in ("num_heads", "num_classes", "prefer_ema") if k in hints}
+        model, report = load_flow_checkpoint(src, fmt, flow_path, **flow, repa_depth=repa_depth)
+        return model, None, {}, report
     if src.is_file():
         model, report = load_reference_checkpoint(src, **hints)
         return model, None, {}, report

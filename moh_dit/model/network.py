@@ -20,6 +20,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 from torch import nn
 
+from moh_dit.model.alignment import AlignmentProjector
 from moh_dit.model.attention import AttentionAux, MoHAttention
 from moh_dit.model.embeddings import LabelEmbedder, PatchEmbedder, TimestepEmbedder, sincos_pos_embed_2d
 
@@ -117,11 +118,14 @@ class MoHDiTOutput(BaseOutput):
         aux_loss: scalar MoH load-balance loss, the mean over layers with routed heads (training mode
             only); zero when there are none. Not yet multiplied by the loss coefficient.
         head_masks: when requested, one (N, T, h_l) boolean tensor per layer: the heads each token used.
+        aligned: in a model with REPA's alignment heads, when training or asked: one (N, T, Z_j) tensor per encoder,
+            the projection of block ``repa_depth``'s output tokens.
     """
 
     sample: torch.Tensor = None
     aux_loss: torch.Tensor = None
     head_masks: tuple[torch.Tensor, ...] | None = None
+    aligned: tuple[torch.Tensor, ...] | None = None
 
 
 class MoHDiT(ModelMixin, ConfigMixin):
@@ -147,6 +151,13 @@ class MoHDiT(ModelMixin, ConfigMixin):
         mlp_norm_eps: epsilon of the LayerNorm before the MLP, if different from ``norm_eps`` (diffusers'
             DiT port uses its configurable ``norm_eps`` there and 1e-6 elsewhere).
         timestep_freq_shift: frequency shift of the timestep sinusoid; 0 in DiT, 1 in diffusers' port.
+        objective: the training objective the weights are for, as ``moh_dit.objectives`` records it (what the
+            time input means, what the output predicts); ``None`` is DiT's DDPM, as every model of moh-dit 0.3. The
+            network does not use it: samplers and the trainer read it, so the weights carry how to sample them.
+        repa_depth: REPA's alignment (training only): the block, counted from 1, whose output tokens the
+            projectors map to the encoders' feature spaces; ``None``: no alignment head.
+        repa_dims: the feature width of each encoder aligned to (one projector each).
+        repa_projector_dim: the projectors' hidden width (REPA's 2048).
     """
 
     _supports_gradient_checkpointing = True
@@ -172,8 +183,18 @@ class MoHDiT(ModelMixin, ConfigMixin):
         norm_eps: float = 1e-6,
         mlp_norm_eps: float | None = None,
         timestep_freq_shift: float = 0.0,
+        objective: dict | None = None,
+        repa_depth: int | None = None,
+        repa_dims: list[int] | None = None,
+        repa_projector_dim: int = 2048,
     ) -> None:
         super().__init__()
+        if (repa_depth is None) != (not repa_dims):
+            raise ValueError("repa_depth and repa_dims go together: the block to align and the encoders' widths")
+        if repa_depth is not None and not 1 <= repa_depth <= depth:
+            raise ValueError(f"repa_depth counts blocks from 1 to {depth}, got {repa_depth}")
+        if objective is not None and not (isinstance(objective, dict) and isinstance(objective.get("name"), str)):
+            raise ValueError(f"objective must be None or a record such as {{'name': 'flow', ...}}, got {objective!r}")
         if attention_type not in ("moh", "mha"):
             raise ValueError(f"attention_type must be 'moh' or 'mha', got {attention_type!r}")
         if depth < 1:
@@ -230,6 +251,12 @@ class MoHDiT(ModelMixin, ConfigMixin):
             )
         self.blocks = nn.ModuleList(blocks)
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps)
+        self.projectors = (  # REPA's alignment heads: only in models that train with it (created last: the others'
+            # initialisation draws the same numbers as before they existed)
+            nn.ModuleList(AlignmentProjector(hidden_size, repa_projector_dim, d) for d in repa_dims)
+            if repa_dims
+            else None
+        )
         self.gradient_checkpointing = False
         self.initialize_weights()
 
@@ -389,6 +416,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
         force_drop_ids: torch.Tensor | None = None,
         return_head_masks: bool = False,
         return_dict: bool = True,
+        return_aligned: bool | None = None,
     ) -> MoHDiTOutput | tuple:
         """Predict noise (and variance values) for noisy inputs.
 
@@ -399,6 +427,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
                 ``num_classes == 0``.
             force_drop_ids: (N,) 1 where the label must be replaced by the null class.
             return_head_masks: also return which heads each token used, per layer.
+            return_aligned: run REPA's projectors on block ``repa_depth``'s tokens (default: in training mode).
         """
         n = x.shape[0]
         if x.ndim != 4 or x.shape[1] != self.in_channels or tuple(x.shape[2:]) != (self.config.sample_size,) * 2:
@@ -414,8 +443,9 @@ class MoHDiT(ModelMixin, ConfigMixin):
         if self.y_embedder is not None:
             c = c + self.y_embedder(y, self.training, force_drop_ids)
 
-        losses, masks = [], []
-        for block in self.blocks:
+        losses, masks, aligned = [], [], None
+        align = self.projectors is not None and (self.training if return_aligned is None else return_aligned)
+        for index, block in enumerate(self.blocks):
             if torch.is_grad_enabled() and self.gradient_checkpointing:
                 h, aux = self._gradient_checkpointing_func(block, h, c, return_head_masks)
             else:
@@ -424,10 +454,38 @@ class MoHDiT(ModelMixin, ConfigMixin):
                 losses.append(aux.load_balance_loss)
             if return_head_masks:
                 masks.append(aux.head_mask)
+            if align and index + 1 == self.config.repa_depth:  # counted from 1, as REPA's encoder_depth
+                aligned = tuple(projector(h) for projector in self.projectors)
 
         out = self.unpatchify(self.final_layer(h, c))  # (N, C_out, H, W)
         aux_loss = torch.stack(losses).mean() if losses else out.new_zeros((), dtype=torch.float32)
         head_masks = tuple(masks) if return_head_masks else None
         if not return_dict:
             return (out, aux_loss, head_masks) if return_head_masks else (out, aux_loss)
-        return MoHDiTOutput(sample=out, aux_loss=aux_loss, head_masks=head_masks)
+        return MoHDiTOutput(sample=out, aux_loss=aux_loss, head_masks=head_masks, aligned=aligned)
+
+    def with_alignment(self, depth: int, dims: list[int], projector_dim: int = 2048) -> MoHDiT:
+        """This model with REPA's alignment heads after block ``depth`` (from 1), one per encoder width in ``dims``:
+        itself when it has these heads already (a run continued from a REPA checkpoint), else a copy of its weights
+        with new heads (initialised as DiT initialises linears)."""
+        wanted = dict(repa_depth=depth, repa_dims=list(dims), repa_projector_dim=projector_dim)
+        if all(self.config.get(k) == v for k, v in wanted.items()):
+            return self
+        config = {k: v for k, v in self.config.items() if not k.startswith("_")}
+        aligned = type(self)(**dict(config, **wanted))
+        kept = {k: v for k, v in self.state_dict().items() if not k.startswith("projectors.")}
+        missing = aligned.load_state_dict(kept, strict=False).missing_keys
+        if any(not k.startswith("projectors.") for k in missing):
+            raise ValueError(f"with_alignment lost weights: {missing[:4]}")
+        return aligned.to(self.pos_embed.device).train(self.training)
+
+    def without_alignment(self) -> MoHDiT:
+        """This model without REPA's alignment heads (what sampling and exported pipelines use), its weights copied;
+        itself when it has none."""
+        if self.projectors is None:
+            return self
+        config = {k: v for k, v in self.config.items() if not k.startswith("_")}
+        bare = type(self)(**dict(config, repa_depth=None, repa_dims=None, repa_projector_dim=2048))
+        kept = {k: v for k, v in self.state_dict().items() if not k.startswith("projectors.")}
+        bare.load_state_dict(kept)
+        return bare.to(self.pos_embed.device).train(self.training)

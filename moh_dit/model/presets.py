@@ -147,14 +147,14 @@ def list_presets(prefix: str | None = None) -> list[str]:
     return [name for name in PRESETS if prefix is None or name.startswith(prefix)]
 
 
-def _init_defaults() -> dict[str, Any]:
+def model_config_defaults() -> dict[str, Any]:
     """Every architecture argument of :class:`MoHDiT` with its default."""
     return {k: p.default for k, p in inspect.signature(MoHDiT.__init__).parameters.items() if k != "self"}
 
 
 def config_keys() -> set[str]:
     """Every architecture argument of :class:`MoHDiT` (the keys a preset or an override may set)."""
-    return set(_init_defaults())
+    return set(model_config_defaults())
 
 
 PER_LAYER_KEYS = ("num_heads", "num_shared_heads", "top_k")
@@ -192,12 +192,16 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
 
 # The keys a data set fills in: a preset trained on other data is still that preset.
 DATA_KEYS = ("sample_size", "in_channels", "num_classes")
+# The keys the training objective fills in (a flow model has no variance head) and REPA's training-only alignment
+# heads: a preset trained with another objective, or with REPA, is still that preset (DiT-XL/2 trained by flow
+# matching is SiT-XL/2's architecture).
+OBJECTIVE_KEYS = ("learn_sigma", "objective", "repa_depth", "repa_dims", "repa_projector_dim")
 
 
 def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
     """Every architecture argument of ``config`` (defaults filled in), per-layer values as one tuple per
     layer, so that ``top_k=2`` and ``top_k=[2, 2, ...]`` compare equal."""
-    full = {k: config.get(k, default) for k, default in _init_defaults().items()}
+    full = {k: config.get(k, default) for k, default in model_config_defaults().items()}
     for key in PER_LAYER_KEYS:
         value = full[key]
         full[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,) * full["depth"]
@@ -206,10 +210,11 @@ def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def match_preset(config: Mapping[str, Any]) -> str | None:
     """The name of the preset with the architecture of ``config`` (a :class:`MoHDiT` config; image size,
-    channels and class count may differ, see ``DATA_KEYS``), or None when no preset has it."""
+    channels and class count may differ, see ``DATA_KEYS``, and the objective, ``OBJECTIVE_KEYS``), or None when
+    no preset has it."""
     wanted = architecture(config)
     for name in PRESETS:
-        if architecture(preset_config(name, **{k: wanted[k] for k in DATA_KEYS})) == wanted:
+        if architecture(preset_config(name, **{k: wanted[k] for k in (*DATA_KEYS, *OBJECTIVE_KEYS)})) == wanted:
             return name
     return None
 

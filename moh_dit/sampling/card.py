@@ -164,6 +164,7 @@ def render_card(
         f"| heads active per token | {active} of {total} ({100 * active / total:.0f}%) |",
         f"| input | {space} |",
         f"| classes | {classes} |",
+        f"| objective | {pipe.objective.describe()} |",
         f"| learned variance | {'yes' if config.get('learn_sigma') else 'no'} |",
         "",
         *_heads_table(config),
@@ -184,7 +185,7 @@ def render_card(
             f"| optimizer | AdamW, lr {optim.get('lr')}, warm-up {optim.get('warmup_steps')} steps, weight decay "
             f"{optim.get('weight_decay')}, gradient clipping {optim.get('grad_clip') or 'off'} |",
             f"| EMA | decay {ema.get('decay')}{' with warm-up' if ema.get('warmup') else ''}; these are the EMA weights |",
-            f"| loss | DiT's hybrid loss (noise MSE + variational bound) + {training.get('moh_loss_coeff')} x MoH load balance |",
+            f"| loss | {pipe.objective.describe_loss()} + {training.get('moh_loss_coeff')} x MoH load balance |",
             f"| precision | {training.get('mixed_precision', 'no')} mixed precision |",
             "",
             *_quality_section(training, curve_image),
@@ -219,7 +220,9 @@ def render_card(
     shown = spec or SamplingSpec()
     scale, interval, averaging = shown.guidance_scale, shown.guidance_interval, shown.grid_averaging
     banded = f", guidance_interval=({interval[0]}, {interval[1]})" if interval else ""
+    banded += f", guidance_noise={shown.guidance_noise!r}" if shown.guidance_noise else ""
     banded += f", grid_averaging={averaging}" if averaging is not None else ""
+    banded += f", time_shift={shown.time_shift!r}" if shown.time_shift != 1.0 else ""
     call = (
         f"pipe([{example}], guidance_scale={float(scale)!r}{banded}, num_inference_steps=250)"
         if config["num_classes"]
@@ -301,6 +304,7 @@ def record_evaluation(folder: str | os.PathLike, pipe, manifest: dict, result: d
             guidance_scale=identity.get("guidance_scale"),
             guidance_interval=identity.get("guidance_interval"),
             grid_averaging=identity.get("grid_averaging"),
+            guidance_noise=identity.get("guidance_noise"),
         ).describe_guidance(),
     }
     file = folder / EVALUATIONS_FILE

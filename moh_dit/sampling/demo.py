@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from moh_dit.images import heatmap, make_grid
-from moh_dit.sampling.spec import SCHEDULERS, SamplingSpec
+from moh_dit.sampling.spec import SamplingSpec
 
 __all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
 
@@ -88,6 +88,10 @@ def build_demo(pipe, title: str = "MoH-DiT"):
     recorded = pipe.preview_sampling  # the controls start where the model's own previews were drawn
     last = pipe.scheduler.config.num_train_timesteps - 1
     first_guided, last_guided = recorded.guidance_interval or (0, last)
+    if recorded.guidance_noise is not None:  # the recorded noise levels, as the sliders' DiT timesteps
+        from moh_dit.objectives.noise import ddpm_timestep
+
+        first_guided, last_guided = (round(ddpm_timestep(level)) for level in recorded.guidance_noise)
     with gr.Blocks(title=title) as page:
         gr.Markdown(f"## {title}\n{active} of {total} heads active per token. Pick a class and press Generate.")
         with gr.Row():
@@ -103,11 +107,22 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                 guidance = gr.Slider(
                     1.0, 10.0, value=recorded.guidance_scale, step=0.25, label="guidance", elem_id="guidance"
                 )
+                # noise levels as DiT's DDPM timesteps: the same levels for a flow model (docs/sampling.md)
                 guided_from = gr.Slider(
-                    0, last, value=first_guided, step=1, label="guided from timestep", elem_id="guided-from"
+                    0,
+                    last,
+                    value=first_guided,
+                    step=1,
+                    label="guided from noise level (DiT timestep)",
+                    elem_id="guided-from",
                 )
                 guided_to = gr.Slider(
-                    0, last, value=last_guided, step=1, label="guided to timestep", elem_id="guided-to"
+                    0,
+                    last,
+                    value=last_guided,
+                    step=1,
+                    label="guided to noise level (DiT timestep)",
+                    elem_id="guided-to",
                 )
                 averaged = gr.Checkbox(
                     value=recorded.grid_averaging is not None,
@@ -123,8 +138,12 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                     elem_id="grid-averaging-last",
                 )
                 steps = gr.Slider(2, 250, value=recorded.num_inference_steps, step=1, label="steps", elem_id="steps")
+                samplers = list(pipe.objective.samplers)  # those of the model's objective (DDPM or flow)
                 scheduler = gr.Dropdown(
-                    list(SCHEDULERS), value=recorded.scheduler, label="scheduler", elem_id="scheduler"
+                    samplers,
+                    value=recorded.scheduler if recorded.scheduler in samplers else samplers[0],
+                    label="scheduler",
+                    elem_id="scheduler",
                 )
                 seed = gr.Number(value=0, precision=0, label="seed", elem_id="seed")
                 per_class = gr.Slider(1, 16, value=8, step=1, label="images", elem_id="count")

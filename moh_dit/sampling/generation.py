@@ -97,6 +97,12 @@ def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_si
         identity["guidance_interval"] = list(spec.guidance_interval)
     if spec.grid_averaging is not None:  # likewise: only when set
         identity["grid_averaging"] = spec.grid_averaging
+    if conditional and spec.guidance_noise is not None:
+        identity["guidance_noise"] = spec.record()["guidance_noise"]
+    if spec.time_shift != 1.0:
+        identity["time_shift"] = spec.time_shift
+    if transformer.config.get("objective") is not None:  # DiT's DDPM records none (the folders of moh-dit 0.3)
+        identity["objective"] = dict(transformer.config.objective)
     return {
         "identity": identity,
         "model": getattr(pipe, "provenance", None),
@@ -302,5 +308,6 @@ def describe_samples(manifest: dict | None) -> str:
             guidance_scale=ident["guidance_scale"],
             guidance_interval=ident.get("guidance_interval"),
             grid_averaging=ident.get("grid_averaging"),
+            guidance_noise=ident.get("guidance_noise"),
         ).describe_guidance()
     )

@@ -21,6 +21,7 @@ from moh_dit.errors import ArtifactError, ConfigError, DataError, blame_the_file
 from moh_dit.files import read_safetensors
 from moh_dit.manifests import fingerprint_module, short, weight_health
 from moh_dit.model.network import MoHDiT
+from moh_dit.objectives import objective_name
 from moh_dit.run_folder import RunLayout, checkpoint_step
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.sampling.spec import DTYPES as DTYPE_NAMES
@@ -175,6 +176,27 @@ def _recorded(source: ModelSource, manifest: dict | None) -> SamplingSpec | None
     return SamplingSpec.from_record((manifest or {}).get("sampling")) or _run_preview_sampling(source)
 
 
+def _config_file(source: ModelSource) -> Path:
+    """The transformer's ``config.json`` of a source."""
+    if source.kind == "pipeline":
+        return source.path / "transformer" / "config.json"
+    return source.path / ("model" if source.kind == "checkpoint" else "") / "config.json"
+
+
+def recorded_objective(path: str | os.PathLike) -> str:
+    """The objective the model at ``path`` (run, checkpoint, pipeline, transformer) was trained with, read from its
+    config without loading weights: which samplers and protocols apply to it."""
+    config = _config_file(resolve_model_source(path))
+    try:
+        record = json.loads(config.read_text()).get("objective")
+    except (OSError, ValueError) as err:
+        raise ArtifactError(f"{config} cannot be read ({err}): damaged model folder?") from None
+    try:
+        return objective_name(record)
+    except ConfigError as err:
+        raise ArtifactError(f"{config} records an objective this moh-dit does not know ({err})") from None
+
+
 def recorded_sampling(path: str | os.PathLike) -> SamplingSpec | None:
     """How the model at ``path`` (run, checkpoint, pipeline) is meant to be sampled, as recorded with it (see
     ``MoHDiTPipeline.preview_sampling``), read without loading weights; ``None`` without a record."""
@@ -238,7 +260,8 @@ def load_pipeline(
     Args:
         device: defaults to CUDA when available, else CPU.
         dtype: ``fp32``, ``bf16`` or ``fp16`` for the transformer (the VAE stays in fp32).
-        scheduler: replace the saved scheduler (``ddpm``, ``ddim``, ``dpm-solver``).
+        scheduler: replace the saved scheduler by one of the objective's (DDPM: ``ddpm``, ``ddim``, ``dpm-solver``,
+            ...; flow: ``euler``, ``heun``, ``sde``, ...).
         vae: replace or add the VAE (hub id or folder).
 
     The pipeline carries ``provenance`` (source, step, fingerprint), which sample manifests record.

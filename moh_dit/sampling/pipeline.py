@@ -1,8 +1,10 @@
 """``MoHDiTPipeline``: class-conditional sampling with classifier-free guidance.
 
 A diffusers ``DiffusionPipeline`` holding the transformer, a scheduler, an optional ``AutoencoderKL``
-(latent diffusion; ``None`` for pixel space) and ``id2label`` in its saved config. It differs from
-diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class is the model's own
+(latent diffusion; ``None`` for pixel space) and ``id2label`` in its saved config. The transformer's objective
+(``moh_dit.objectives``: DiT's DDPM or flow matching) says which schedulers sample it, what the network's time input
+is at each step, and what the scheduler takes from its output; the loop below is the same for every objective. It
+differs from diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class is the model's own
 ``num_classes`` (not a hard-coded 1000), the learned variance channels reach ``DDPMScheduler.step``
 (so ``variance_type="learned_range"`` works), and fast solvers receive only the noise channels.
 
@@ -22,29 +24,28 @@ import numpy as np
 import torch
 from diffusers import (
     AutoencoderKL,
-    DDPMScheduler,
     DiffusionPipeline,
     ImagePipelineOutput,
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+# diffusers resolves a saved pipeline's scheduler as model_index.json names it
+# ("moh_dit.objectives.flow_schedulers") and, for safety, only from modules already imported: importing it here
+# is what lets MoHDiTPipeline.from_pretrained load a flow pipeline.
+import moh_dit.objectives.flow_schedulers  # noqa: F401
 from moh_dit.errors import ConfigError, NonFiniteSampleError
 from moh_dit.manifests import read_manifest
 from moh_dit.model.network import MoHDiT
+from moh_dit.objectives import objective_of
+from moh_dit.objectives.base import Objective
+from moh_dit.objectives.registry import resolve_protocol
 from moh_dit.sampling.labels import resolve_class_labels
-from moh_dit.sampling.schedulers import make_scheduler, scheduler_name
+from moh_dit.sampling.schedulers import scheduler_objective
 from moh_dit.sampling.spec import GRID_GUIDANCE, TRAIN_TIMESTEPS, SamplingSpec
 from moh_dit.seeding import index_generator
 from moh_dit.vae import ImageSpace
 
 logger = logging.getLogger(__name__)
-
-
-def guided_at(t: int | torch.Tensor, interval: Sequence[int] | None) -> bool:
-    """Whether guidance applies at timestep ``t``: everywhere without an interval, else inside it."""
-    if interval is None:
-        return True
-    return interval[0] <= int(t) <= interval[1]
 
 
 def grid_shifts(patch: int) -> list[int]:
@@ -95,14 +96,20 @@ class MoHDiTPipeline(DiffusionPipeline):
         transformer: MoHDiT,
         vae: AutoencoderKL | None = None,
         id2label: dict | None = None,
-        scheduler: str = "ddpm",
+        scheduler: str | None = None,
         latent_space: bool | None = None,
     ) -> MoHDiTPipeline:
         """The one way moh-dit assembles a pipeline: a model (put in eval mode), an optional VAE, class
-        names, and a scheduler by name for the model's variance type (DiT's DDPM by default)."""
-        return cls(
-            transformer.eval(), make_scheduler(scheduler, transformer.config.learn_sigma), vae, id2label, latent_space
-        )
+        names, and a scheduler by name for the model's objective (default: the scheduler of its published
+        protocol: DiT's DDPM, SiT's SDE)."""
+        objective = objective_of(transformer)
+        name = scheduler or resolve_protocol("paper", objective.name)[0]
+        return cls(transformer.eval(), objective.make_scheduler(name), vae, id2label, latent_space)
+
+    @property
+    def objective(self) -> Objective:
+        """What the transformer was trained for (its config's record): which samplers apply and how."""
+        return objective_of(self.transformer)
 
     def save(self, folder: str | os.PathLike, source: dict[str, Any], sampling: SamplingSpec | None = None) -> Path:
         """Save weights, manifest and model card atomically (see :func:`moh_dit.sampling.export.save_pipeline`)."""
@@ -149,8 +156,9 @@ class MoHDiTPipeline(DiffusionPipeline):
         replace_vae(self, vae, spec, trained_with)
 
     def with_scheduler(self, name: str) -> MoHDiTPipeline:
-        """Swap in one of :data:`SCHEDULERS` (in place); returns the pipeline."""
-        self.scheduler = make_scheduler(name, self.transformer.config.learn_sigma)
+        """Swap in one of the objective's samplers (in place); returns the pipeline. A sampler of another objective
+        is a :class:`ConfigError` naming the ones that apply."""
+        self.scheduler = self.objective.make_scheduler(name)
         return self
 
     # ------------------------------------------------------------------------------------------------
@@ -201,7 +209,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         c = transformer.in_channels
         do_cfg = guidance_scale != 1.0 and labels is not None
         model_in = torch.cat([latents, latents]) if do_cfg else latents
-        timesteps = t.expand(model_in.shape[0]) if t.ndim == 0 else t
+        timesteps = t.expand(model_in.shape[0]) if t.ndim == 0 else (torch.cat([t, t]) if do_cfg else t)
         y = None
         if labels is not None:
             y = torch.cat([labels, torch.full_like(labels, transformer.null_class_id)]) if do_cfg else labels
@@ -233,6 +241,8 @@ class MoHDiTPipeline(DiffusionPipeline):
         progress: bool = True,
         guidance_interval: Sequence[int] | None = None,
         grid_averaging: int | None = None,
+        guidance_noise: Sequence[float] | None = None,
+        time_shift: float = 1.0,
         sampling: SamplingSpec | None = None,
     ):
         """Generate images.
@@ -255,23 +265,33 @@ class MoHDiTPipeline(DiffusionPipeline):
                 the batch). At low noise this removes most of an undertrained model's patch seams at no cost
                 in KID; at high noise the shifted copies are out of distribution (docs/sampling.md).
                 ``None`` (default) averages nowhere.
-            sampling: a :class:`SamplingSpec` instead of the five arguments above (its scheduler, when set,
+            guidance_noise: ``(low, high)`` noise levels (noise std over signal std) guided instead of
+                ``guidance_interval``: the same levels for every objective (docs/sampling.md).
+            time_shift: flow models: shift the sampler's grid toward high noise (SD3's ``s -> shift s / (1 + (shift
+                - 1) s)``); 1 (none) for DDPM models.
+            sampling: a :class:`SamplingSpec` instead of the seven arguments above (its scheduler, when set,
                 replaces the pipeline's).
             output_type: ``"pil"``, ``"np"`` (float in [0, 1], NHWC), ``"pt"`` (float in [-1, 1], NCHW),
                 ``"uint8"`` (NHWC, ADM quantisation) or ``"latent"`` (the model's output before decoding).
         """
         transformer = self.transformer
-        cfg = transformer.config
+        cfg, objective = transformer.config, self.objective
         if output_type not in ("pil", "np", "pt", "uint8", "latent"):
             raise ValueError(f"output_type must be pil, np, pt, uint8 or latent, got {output_type!r}")
         if sampling is None:  # the spec checks every value, once
             sampling = SamplingSpec(
-                None, num_inference_steps, guidance_scale, guidance_interval, guidance_channels, grid_averaging
+                None,
+                num_inference_steps,
+                guidance_scale,
+                guidance_interval,
+                guidance_channels,
+                grid_averaging,
+                guidance_noise,
+                time_shift,
             )
-        elif sampling.scheduler is not None and sampling.scheduler != scheduler_name(self.scheduler):
+        elif sampling.scheduler is not None and sampling.scheduler != objective.scheduler_name(self.scheduler):
             self.with_scheduler(sampling.scheduler)
-        if self.scheduler.config.num_train_timesteps != TRAIN_TIMESTEPS:
-            raise ConfigError(f"the scheduler must have DiT's {TRAIN_TIMESTEPS} training timesteps")
+        self._check_scheduler(objective)
         if output_type != "latent" and self.vae is None and self.config.get("latent_space", False):
             raise ConfigError(
                 f"this model generates {transformer.in_channels}-channel latents and the pipeline has no VAE to decode "
@@ -301,6 +321,18 @@ class MoHDiTPipeline(DiffusionPipeline):
         self.maybe_free_model_hooks()
         return ImagePipelineOutput(images=result) if return_dict else (result,)
 
+    def _check_scheduler(self, objective: Objective) -> None:
+        """The pipeline's scheduler must sample the transformer's objective: a sampler of another objective (a
+        pipeline assembled by hand) would run without an error and make noise."""
+        if self.scheduler.config.num_train_timesteps != TRAIN_TIMESTEPS:
+            raise ConfigError(f"the scheduler must have {TRAIN_TIMESTEPS} training timesteps, as moh-dit's objectives")
+        owner = scheduler_objective(self.scheduler)
+        if owner is not None and objective.scheduler_name(self.scheduler) is None:
+            raise ConfigError(
+                f"the pipeline's {type(self.scheduler).__name__} samples {owner} models; this is a {objective.name} "
+                f"model ({objective.describe()}): choose one of {', '.join(objective.samplers)} (with_scheduler)"
+            )
+
     def _labels_and_batch(
         self, class_labels: int | str | Sequence[int | str] | None, num_images: int | None, sampling: SamplingSpec
     ) -> tuple[int, torch.Tensor | None]:
@@ -327,27 +359,29 @@ class MoHDiTPipeline(DiffusionPipeline):
         generator: torch.Generator | list[torch.Generator] | None,
         progress: bool,
     ) -> torch.Tensor:
-        """The sampling loop: from noise ``latents`` to the model's output, guided as ``sampling`` says."""
-        transformer, device = self.transformer, self._execution_device
-        self.scheduler.set_timesteps(sampling.num_inference_steps, device=device)
-        latents = latents * self.scheduler.init_noise_sigma
-        keep_variance = isinstance(self.scheduler, DDPMScheduler) and self.scheduler.config.variance_type in (
-            "learned",
-            "learned_range",
-        )
+        """The sampling loop: from noise ``latents`` to the model's output, guided as ``sampling`` says. The objective
+        puts the scheduler on its grid and says, at each call, the network's time input and the noise level (where
+        guidance and grid averaging apply), and what the scheduler takes from the network's output."""
+        transformer, device, objective = self.transformer, self._execution_device, self.objective
+        objective.set_timesteps(self.scheduler, sampling.num_inference_steps, sampling.time_shift, device)
+        latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)  # diffusers' flow schedulers have none
         steps = self.scheduler.timesteps
         # stochastic samplers draw their noise from the generator(s); deterministic ones take none
         step_kwargs = (
             {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
         )
-        for t in self.progress_bar(steps) if progress else steps:
-            model_in = self.scheduler.scale_model_input(latents, t)
+        for index, t in enumerate(self.progress_bar(steps) if progress else steps):
+            model_in = (
+                self.scheduler.scale_model_input(latents, t)
+                if hasattr(self.scheduler, "scale_model_input")
+                else latents
+            )
+            time, level = objective.step_time(self.scheduler, index, t)
             # by hand: diffusers' class-conditional DiTPipeline guides every step and has no interval option
-            scale = sampling.guidance_scale if guided_at(t, sampling.guidance_interval) else 1.0
-            average = sampling.averaged_at(t)
-            out = self.guided_model_output(model_in, t, labels, scale, sampling.guidance_channels, average)
-            if not keep_variance:
-                out = out[:, : transformer.in_channels]  # fast solvers take the noise prediction only
+            scale = sampling.guidance_scale if sampling.guided_at(level.sigma, level.timestep) else 1.0
+            average = sampling.averaged_at(level.sigma, level.timestep)
+            out = self.guided_model_output(model_in, time, labels, scale, sampling.guidance_channels, average)
+            out = objective.scheduler_input(out, self.scheduler, transformer.in_channels)
             latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
         return latents
 

@@ -19,6 +19,15 @@ from typing import Any
 
 from moh_dit.argtypes import finite_float, non_negative_int, positive_int
 from moh_dit.errors import ArtifactError, ConfigError
+from moh_dit.objectives.noise import ddpm_sigma
+from moh_dit.objectives.registry import (
+    ALL_PROTOCOLS,
+    ALL_SAMPLERS,
+    DEFAULT_OBJECTIVE,
+    OBJECTIVES,
+    check_sampler,
+    resolve_protocol,
+)
 
 __all__ = [
     "SamplingSpec",
@@ -37,9 +46,10 @@ __all__ = [
     "LEGACY_CONFIG_KEYS",
 ]
 
-# Sampling schedulers for DiT's training schedule (moh_dit.sampling.schedulers.make_scheduler): DiT's DDPM with
-# the learned variance, and fast solvers that use the noise prediction only.
-SCHEDULERS = ("ddpm", "ddim", "dpm-solver", "dpm-solver-sde", "unipc")
+# Sampling schedulers of every objective (moh_dit.objectives.registry): DiT's DDPM with the learned variance and
+# fast solvers of its noise prediction; flow matching's Euler, Heun, DPM-Solver++ and UniPC in flow mode, and SiT's
+# SDE. A spec is checked against the model's objective where it meets one.
+SCHEDULERS = ALL_SAMPLERS
 
 # Transformer dtypes for sampling (the VAE stays in fp32).
 DTYPES = ("fp32", "bf16", "fp16")
@@ -62,14 +72,14 @@ EVAL_GUIDANCE = 1.5
 # DiT's evaluation protocol: 250 DDPM steps.
 EVAL_STEPS = 250
 
-# Sampling protocols (scheduler, steps). "dit" is DiT's: DDPM with the learned variance over 250 steps, the
-# setting of every paper number; evaluate_fid.py uses it by default. "fast" is the sampler study's choice
-# (benchmarks.samplers.choose: of the settings of at most 25 model evaluations whose KID is within 5% of the
-# best of them, the one with the fewest) on the embedded default's model sampled as it records (guidance 4
-# at timesteps 100-500, grids averaged below 100): DPM-Solver++ 25 steps, KID 3.23 against 3.79 at 20 steps
-# and 7.81 for DDPM-250 (benchmarks/results/v7/samplers_cpu.md). sample.py, the demo and the trainer's
-# preview grids use it by default.
-PROTOCOLS = {"dit": ("ddpm", EVAL_STEPS), "fast": ("dpm-solver", 25)}
+# Sampling protocols (scheduler, steps) of DiT's DDPM. "dit" is DiT's: DDPM with the learned variance over 250
+# steps, the setting of every paper number; evaluate_fid.py uses the objective's paper protocol by default. "fast"
+# is the sampler study's choice (benchmarks.samplers.choose: of the settings of at most 25 model evaluations whose
+# KID is within 5% of the best of them, the one with the fewest) on the embedded default's model sampled as it
+# records (guidance 4 at timesteps 100-500, grids averaged below 100): DPM-Solver++ 25 steps, KID 3.23 against 3.79
+# at 20 steps and 7.81 for DDPM-250 (benchmarks/results/v7/samplers_cpu.md). sample.py, the demo and the trainer's
+# preview grids use it by default. Flow models have their own (moh_dit.objectives.registry: sit-sde, sit-ode, fast).
+PROTOCOLS = OBJECTIVES[DEFAULT_OBJECTIVE].protocols
 FAST_SCHEDULER, FAST_STEPS = PROTOCOLS["fast"]
 
 # The keys of a training config's sections that hold a spec (moh_dit.training.config: ``preview``, whose spec
@@ -79,8 +89,10 @@ CONFIG_KEYS = {
     "num_steps": "num_inference_steps",
     "guidance_scale": "guidance_scale",
     "guidance_interval": "guidance_interval",
+    "guidance_noise": "guidance_noise",
     "guidance_channels": "guidance_channels",
     "grid_averaging": "grid_averaging",
+    "time_shift": "time_shift",
 }
 # Where moh-dit 0.2 kept them: in the ``log`` section, as ``log.sample_<...>`` (run folders of 0.2 still load).
 LEGACY_CONFIG_KEYS = {
@@ -103,20 +115,26 @@ def _is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """How to sample: scheduler, steps, guidance scale, interval and channels, and grid averaging.
+    """How to sample: scheduler, steps, guidance scale, where guidance applies, guided channels, grid averaging and
+    the time shift of flow samplers.
 
-    Every field is checked when the spec is made (:class:`ConfigError` naming the expected form):
+    Every field is checked when the spec is made (:class:`ConfigError` naming the expected form); the scheduler is
+    checked against a model's objective where the spec meets one:
 
     - ``scheduler``: one of :data:`SCHEDULERS`, or ``None`` for the pipeline's current one;
     - ``num_inference_steps``: 1 .. 1000;
     - ``guidance_scale``: a finite number (1 = no guidance);
-    - ``guidance_interval``: ``(first, last)`` training timesteps, inclusive, guided; ``None`` guides every step
-      (an interval over every timestep is ``None`` too). Guidance inside an interval of noise levels only is
-      Kynkaenniemi et al. 2024 (arXiv:2404.07724): at high noise it narrows each class's variety, at low noise
-      it sharpens artefacts (docs/sampling.md);
-    - ``guidance_channels``: guide only the first N channels (3 reproduces the DiT/MoH-DiT papers); ``None``: all;
-    - ``grid_averaging``: at the steps with training timestep <= this, average the prediction over the patch
-      grid's shifts (fainter patch seams); ``None``: nowhere.
+    - ``guidance_interval``: ``(first, last)`` DDPM training timesteps of DiT's schedule, inclusive, guided; ``None``
+      guides every step (an interval over every timestep is ``None`` too). A flow model is guided at the same noise
+      levels. Guidance inside an interval of noise levels only is Kynkaenniemi et al. 2024 (arXiv:2404.07724): at
+      high noise it narrows each class's variety, at low noise it sharpens artefacts (docs/sampling.md);
+    - ``guidance_noise``: ``(low, high)`` noise levels sigma (noise std over signal std, the same quantity for
+      every objective; ``high`` may be ``inf``) guided instead; at most one of the two is set;
+    - ``guidance_channels``: guide only the first N channels (3 reproduces the DiT/MoH-DiT/SiT papers); ``None``: all;
+    - ``grid_averaging``: at the steps with DDPM timestep <= this (a flow model: at the same noise levels), average
+      the prediction over the patch grid's shifts (fainter patch seams); ``None``: nowhere;
+    - ``time_shift``: flow samplers' grid ``s -> shift s / (1 + (shift - 1) s)`` (SD3's; > 1 spends more steps at
+      high noise); 1 (none) for DDPM models.
     """
 
     scheduler: str | None = FAST_SCHEDULER
@@ -125,6 +143,8 @@ class SamplingSpec:
     guidance_interval: tuple[int, int] | None = None
     guidance_channels: int | None = None
     grid_averaging: int | None = None
+    guidance_noise: tuple[float, float] | None = None
+    time_shift: float = 1.0
 
     def __post_init__(self) -> None:
         T = TRAIN_TIMESTEPS
@@ -153,6 +173,11 @@ class SamplingSpec:
                 )
             # every timestep guided is the same pixels as no interval, so the same record
             object.__setattr__(self, "guidance_interval", None if values == [0, T - 1] else (values[0], values[1]))
+        object.__setattr__(self, "guidance_noise", _noise_range(self.guidance_noise))
+        if self.guidance_interval is not None and self.guidance_noise is not None:
+            raise ConfigError(
+                "guidance_interval (DDPM timesteps) and guidance_noise (noise levels) say the same thing: give one"
+            )
         channels = self.guidance_channels
         if channels is not None and (not _is_int(channels) or channels < 1):
             raise ConfigError(f"guidance_channels must be an integer >= 1, or null for all, got {channels!r}")
@@ -162,37 +187,67 @@ class SamplingSpec:
                 f"grid_averaging must be a timestep between 0 and {T - 1} (the steps at or below it average the "
                 f"prediction over shifted patch grids; e.g. 100), or null for none; got {last!r}"
             )
+        shift = self.time_shift
+        if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not (math.isfinite(shift) and shift > 0):
+            raise ConfigError(f"time_shift must be a finite number > 0 (1: none; SD3 uses 3), got {shift!r}")
+        object.__setattr__(self, "time_shift", float(shift))
 
     # ------------------------------------------------------------------------------------------------
     # Named protocols, changes
     # ------------------------------------------------------------------------------------------------
     @classmethod
-    def protocol(cls, name: str, **changes: Any) -> SamplingSpec:
-        """The scheduler and steps of a named protocol (:data:`PROTOCOLS`: ``dit``, ``fast``), plus ``changes``."""
-        if name not in PROTOCOLS:
-            raise ConfigError(f"unknown sampling protocol {name!r}; choose one of {', '.join(PROTOCOLS)}")
-        scheduler, steps = PROTOCOLS[name]
+    def protocol(cls, name: str, objective: str = DEFAULT_OBJECTIVE, **changes: Any) -> SamplingSpec:
+        """The scheduler and steps of a named protocol for a model of ``objective`` (``paper``, and the objective's
+        own: ``dit``/``fast`` for DDPM, ``sit-sde``/``sit-ode``/``fast`` for flow), plus ``changes``."""
+        scheduler, steps = resolve_protocol(name, objective)
         return cls(**{"scheduler": scheduler, "num_inference_steps": steps, **changes})
 
     def replace(self, **changes: Any) -> SamplingSpec:
         """A copy with ``changes`` (checked again)."""
         return dataclasses.replace(self, **changes)
 
-    def guided_at(self, t: Any) -> bool:
-        """Whether guidance applies at training timestep ``t``."""
-        return self.guidance_interval is None or self.guidance_interval[0] <= int(t) <= self.guidance_interval[1]
+    def noise_range(self) -> tuple[float, float] | None:
+        """The guided noise levels: ``guidance_noise``, or the levels of a timestep interval's ends (an interval from
+        timestep 0 or to 999 is open at that end); ``None`` guides every step."""
+        if self.guidance_noise is not None:
+            return self.guidance_noise
+        if self.guidance_interval is None:
+            return None
+        first, last = self.guidance_interval
+        return (
+            0.0 if first == 0 else ddpm_sigma(first),
+            math.inf if last == TRAIN_TIMESTEPS - 1 else ddpm_sigma(last),
+        )
 
-    def averaged_at(self, t: Any) -> bool:
-        """Whether the prediction at training timestep ``t`` is averaged over shifted patch grids."""
-        return self.grid_averaging is not None and int(t) <= self.grid_averaging
+    def guided_at(self, sigma: float, timestep: int | None = None) -> bool:
+        """Whether guidance applies at noise level ``sigma``. ``timestep``: the DDPM timestep where the sampler walks
+        DiT's schedule; an interval in timesteps is then applied to it exactly, as moh-dit 0.3 did."""
+        if self.guidance_interval is not None and timestep is not None:
+            return self.guidance_interval[0] <= int(timestep) <= self.guidance_interval[1]
+        levels = self.noise_range()
+        return levels is None or levels[0] <= sigma <= levels[1]
+
+    def averaged_at(self, sigma: float, timestep: int | None = None) -> bool:
+        """Whether the prediction at noise level ``sigma`` (DDPM ``timestep``, where there is one) is averaged over
+        shifted patch grids."""
+        if self.grid_averaging is None:
+            return False
+        if timestep is not None:
+            return int(timestep) <= self.grid_averaging
+        return sigma <= ddpm_sigma(self.grid_averaging)
 
     # ------------------------------------------------------------------------------------------------
     # Words, tags and records
     # ------------------------------------------------------------------------------------------------
     def placement(self) -> str:
         """Where guidance applies and the patch grid is averaged: ``at timesteps 100-500, patch grids averaged at
-        timesteps 0-100`` or ``at every step``."""
-        where = "at timesteps {}-{}".format(*self.guidance_interval) if self.guidance_interval else "at every step"
+        timesteps 0-100``, ``at noise levels 0.37-3.3`` or ``at every step``."""
+        if self.guidance_interval:
+            where = "at timesteps {}-{}".format(*self.guidance_interval)
+        elif self.guidance_noise:
+            where = "at noise levels {:.3g}-{:.3g}".format(*self.guidance_noise)
+        else:
+            where = "at every step"
         if self.grid_averaging is not None:
             where += f", patch grids averaged at timesteps 0-{self.grid_averaging}"
         return where
@@ -204,17 +259,22 @@ class SamplingSpec:
 
     def describe(self) -> str:
         """Everything in words: ``dpm-solver, 25 steps, guidance 4 at timesteps 100-500``."""
-        return f"{self.scheduler or 'the pipeline scheduler'}, {self.num_inference_steps} steps, {self.describe_guidance()}"
+        shift = f", time shift {self.time_shift:g}" if self.time_shift != 1.0 else ""
+        scheduler = self.scheduler or "the pipeline scheduler"
+        return f"{scheduler}, {self.num_inference_steps} steps{shift}, {self.describe_guidance()}"
 
     def tag(self) -> str:
-        """The part of a sample folder's name that says where guidance applies and the patch grid is averaged:
-        ``-t100-500-avg100``, ``-t100-500``, ``-avg100`` or ``""`` (every step guided, nothing averaged)."""
+        """The part of a sample folder's name that says where guidance applies, the patch grid is averaged and the
+        grid is shifted: ``-t100-500-avg100``, ``-n0.37-3.3``, ``-shift3`` or ``""`` (every step guided, nothing
+        averaged, no shift)."""
         tag = "-t{}-{}".format(*self.guidance_interval) if self.guidance_interval else ""
-        return tag + (f"-avg{self.grid_averaging}" if self.grid_averaging is not None else "")
+        tag += "-n{:g}-{:g}".format(*self.guidance_noise) if self.guidance_noise else ""
+        tag += f"-avg{self.grid_averaging}" if self.grid_averaging is not None else ""
+        return tag + (f"-shift{self.time_shift:g}" if self.time_shift != 1.0 else "")
 
     def record(self) -> dict[str, Any]:
-        """The spec as manifests store it (a pipeline's ``sampling``). ``guidance_channels`` only when set, so a
-        record is the same as the records written before it was a field."""
+        """The spec as manifests store it (a pipeline's ``sampling``). ``guidance_channels``, ``guidance_noise`` and
+        ``time_shift`` only when set, so a record is the same as the records written before they were fields."""
         record = {
             "guidance_scale": self.guidance_scale,
             "guidance_interval": list(self.guidance_interval) if self.guidance_interval else None,
@@ -224,6 +284,11 @@ class SamplingSpec:
         }
         if self.guidance_channels is not None:
             record["guidance_channels"] = self.guidance_channels
+        if self.guidance_noise is not None:
+            low, high = self.guidance_noise
+            record["guidance_noise"] = [low, None if math.isinf(high) else high]  # JSON has no infinity
+        if self.time_shift != 1.0:
+            record["time_shift"] = self.time_shift
         return record
 
     @classmethod
@@ -255,19 +320,37 @@ class SamplingSpec:
     # ------------------------------------------------------------------------------------------------
     @staticmethod
     def add_arguments(parser: Any, guidance: float | None, protocol: str) -> None:
-        """The sampling options (``--protocol``, ``--scheduler``, ``--num-steps``, ``--cfg-scale``,
-        ``--guidance-channels``, ``--guidance-interval``, ``--grid-averaging``) with their names, types and
-        choices. ``guidance``: the default scale, or ``None`` for the model's recorded one (see :meth:`from_args`)."""
-        described = ", ".join(f"{name} = {sched} {steps} steps" for name, (sched, steps) in PROTOCOLS.items())
+        """The sampling options (``--protocol``, ``--scheduler``, ``--num-steps``, ``--time-shift``, ``--cfg-scale``,
+        ``--guidance-channels``, ``--guidance-interval``, ``--guidance-noise``, ``--grid-averaging``) with their
+        names, types and choices. ``guidance``: the default scale, or ``None`` for the model's recorded one (see
+        :meth:`from_args`)."""
+        described = "; ".join(
+            f"{objective}: "
+            + ", ".join(f"{name} = {sched} {steps}" for name, (sched, steps) in found.protocols.items())
+            for objective, found in OBJECTIVES.items()
+        )
         parser.add_argument(
             "--protocol",
-            choices=list(PROTOCOLS),
+            choices=list(ALL_PROTOCOLS),
             default=protocol,
-            help=f"scheduler and steps unless --scheduler/--num-steps say otherwise ({described})",
+            help=f"scheduler and steps unless --scheduler/--num-steps say otherwise; paper = the published protocol of "
+            f"the model's objective ({described})",
         )
-        parser.add_argument("--scheduler", choices=SCHEDULERS, default=None, help="default: the protocol's")
+        parser.add_argument(
+            "--scheduler",
+            choices=SCHEDULERS,
+            default=None,
+            help="default: the protocol's (it must sample the model's objective)",
+        )
         parser.add_argument(
             "--num-steps", type=positive_int, default=None, help="sampling steps (default: the protocol's)"
+        )
+        parser.add_argument(
+            "--time-shift",
+            type=finite_float,
+            default=None,
+            help="flow models: shift the grid toward high noise, s -> S s / (1 + (S - 1) s) (SD3's 3; default: the "
+            "model's own, else 1 = none)",
         )
         parser.add_argument(
             "--cfg-scale",
@@ -280,16 +363,25 @@ class SamplingSpec:
             "--guidance-channels",
             type=positive_int,
             default=None,
-            help="guide only the first N channels (3 reproduces the DiT/MoH-DiT papers' FIDs)",
+            help="guide only the first N channels (3 reproduces the DiT/MoH-DiT/SiT papers' FIDs)",
         )
         SamplingSpec.add_placement_arguments(
             parser,
-            "guide only the steps at training timesteps FIRST..LAST (e.g. 100 600; 0 999 = every step, as DiT); "
-            "see docs/sampling.md",
-            "at the steps with training timestep <= LAST, average the prediction over the patch grid's shifts "
-            "(fainter patch seams; e.g. 100); off for none"
+            "guide only the steps at DDPM timesteps FIRST..LAST of DiT's schedule (e.g. 100 600; 0 999 = every step, "
+            "as DiT); a flow model at the same noise levels; see docs/sampling.md",
+            "at the steps with DDPM timestep <= LAST (a flow model: at the same noise levels), average the prediction "
+            "over the patch grid's shifts (fainter patch seams; e.g. 100); off for none"
             + ("; default: the model's own" if guidance is None else "; default: off")
             + " (docs/sampling.md)",
+        )
+        parser.add_argument(
+            "--guidance-noise",
+            type=_noise_level_arg,
+            nargs=2,
+            metavar=("LOW", "HIGH"),
+            default=None,
+            help="guide only the steps at noise levels LOW..HIGH (noise std over signal std, the same for every "
+            "objective; HIGH may be inf), instead of --guidance-interval; e.g. 0.28 5.42",
         )
 
     @staticmethod
@@ -308,19 +400,40 @@ class SamplingSpec:
         )
 
     @classmethod
-    def from_args(cls, args: Any, recorded: SamplingSpec | None = None, log: bool = True) -> SamplingSpec:
-        """The spec the options in ``args`` ask for. The scheduler and steps left open come from ``--protocol``.
-        Guidance left open (``--cfg-scale`` unset) comes from the model's ``recorded`` spec (scale, interval,
-        channels and grid averaging), else the package's grid guidance at every step; a ``--cfg-scale`` given
-        alone guides every step, as DiT, without averaging; ``--guidance-interval``, ``--guidance-channels`` and
-        ``--grid-averaging`` (``off`` included) always win. Logs the choice."""
-        scheduler, steps = PROTOCOLS[args.protocol]
+    def from_args(
+        cls,
+        args: Any,
+        recorded: SamplingSpec | None = None,
+        log: bool = True,
+        objective: str | None = DEFAULT_OBJECTIVE,
+    ) -> SamplingSpec:
+        """The spec the options in ``args`` ask for, for a model of ``objective``. The scheduler and steps left open
+        come from ``--protocol`` (resolved for the objective: ``paper`` is its published protocol). Guidance left
+        open (``--cfg-scale`` unset) comes from the model's ``recorded`` spec (scale, interval or noise range,
+        channels and grid averaging), else the package's grid guidance at every step; a ``--cfg-scale`` given alone
+        guides every step, as DiT, without averaging; ``--guidance-interval``, ``--guidance-noise``,
+        ``--guidance-channels`` and ``--grid-averaging`` (``off`` included) always win, and so does ``--time-shift``
+        over the recorded shift. Logs the choice. ``objective=None`` checks the options before the model is known (a
+        protocol of any objective); with an objective, a scheduler it does not offer is a :class:`ConfigError`."""
+        if objective is None:
+            owners = [o for o, e in OBJECTIVES.items() if args.protocol in e.protocols]
+            scheduler, steps = resolve_protocol(args.protocol, owners[0] if owners else DEFAULT_OBJECTIVE)
+        else:
+            scheduler, steps = resolve_protocol(args.protocol, objective)
+            if args.scheduler is not None:
+                check_sampler(args.scheduler, objective)
         interval, averaging, channels = args.guidance_interval, args.grid_averaging, args.guidance_channels
+        noise = getattr(args, "guidance_noise", None)
+        shift = getattr(args, "time_shift", None)
+        if shift is None:
+            shift = recorded.time_shift if recorded is not None else 1.0
+        placed = interval is not None or noise is not None  # a placement given wins over the recorded one
         if args.cfg_scale is not None:
             scale, why = args.cfg_scale, "--cfg-scale"
         elif recorded is not None:
             scale, why = recorded.guidance_scale, "the model's recorded preview guidance"
-            interval = recorded.guidance_interval if interval is None else interval
+            if not placed:
+                interval, noise = recorded.guidance_interval, recorded.guidance_noise
             averaging = recorded.grid_averaging if averaging is None else averaging
             channels = recorded.guidance_channels if channels is None else channels
         else:
@@ -332,10 +445,41 @@ class SamplingSpec:
             guidance_interval=interval,
             guidance_channels=channels,
             grid_averaging=None if averaging == GRID_AVERAGING_OFF else averaging,
+            guidance_noise=noise,
+            time_shift=shift,
         )
         if log:
             logger.info("%s (%s)", spec.describe(), why)
         return spec
+
+
+def _noise_level_arg(text: str) -> float:
+    """An argparse type: a noise level >= 0, or ``inf``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a noise level >= 0 (or inf), got {text!r}")
+    return value
+
+
+def _noise_range(value: Any) -> tuple[float, float] | None:
+    """``guidance_noise`` checked: two noise levels ``0 <= low <= high`` (``high`` may be ``inf``, or ``None`` in a
+    record: no upper end); ``[0, inf]`` is every step, so ``None``."""
+    if value is None:
+        return None
+    values = list(value) if isinstance(value, (list, tuple)) else None
+    if values is not None and len(values) == 2 and values[1] is None:
+        values[1] = math.inf
+    numbers = values is not None and len(values) == 2
+    numbers = numbers and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if not numbers or not (math.isfinite(values[0]) and 0 <= values[0] <= values[1]) or math.isnan(values[1]):
+        raise ConfigError(
+            f"guidance_noise must be two noise levels [low, high] with 0 <= low <= high (noise std over signal std; "
+            f"high may be inf), e.g. [0.3, 5.4]; got {value!r}"
+        )
+    return None if values == [0, math.inf] else (float(values[0]), float(values[1]))
 
 
 def _grid_averaging_arg(text: str) -> Any:

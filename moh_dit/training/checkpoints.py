@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from moh_dit.errors import ArtifactError
-from moh_dit.files import replace_folder
+from moh_dit.files import read_safetensors, replace_folder
 from moh_dit.manifests import (
     _normalise,
     fingerprint_module,
@@ -29,9 +29,11 @@ from moh_dit.manifests import (
     weight_health,
     write_manifest,
 )
+from moh_dit.model.presets import model_config_defaults
 from moh_dit.run_folder import CHECKPOINT_PREFIX, CheckpointContents, RunLayout, read_checkpoint
 
 logger = logging.getLogger(__name__)
+POSTHOC_STATE = "posthoc_ema.safetensors"  # a checkpoint's power-function EMAs (post-hoc EMA)
 
 
 @dataclass
@@ -43,12 +45,14 @@ class TrainingState:
     optimizer: Any
     scaler: Any  # accelerate's grad scaler, or None
     window: Any  # moh_dit.training.tracking.LossWindow
+    posthoc: Any = None  # moh_dit.training.posthoc_ema.PowerFunctionEMAs, or None
 
     def param_names(self) -> list[str]:
         return [n for n, _ in self.model.named_parameters()]
 
     def health(self) -> tuple[bool, float]:
-        return weight_health([*self.model.parameters(), *self.ema.shadow_params])
+        posthoc = [t for ema in self.posthoc.emas for t in ema] if self.posthoc is not None else []
+        return weight_health([*self.model.parameters(), *self.ema.shadow_params, *posthoc])
 
 
 def save_checkpoint(
@@ -79,6 +83,8 @@ def save_checkpoint(
         state.model.save_pretrained(tmp / "model", safe_serialization=True)
         ema = {n: p.detach().cpu().contiguous() for n, p in zip(state.param_names(), state.ema.shadow_params)}
         save_file(ema, tmp / "ema.safetensors")
+        if state.posthoc is not None:  # the power-function EMAs of post-hoc EMA, for an exact resume
+            save_file(state.posthoc.state_dict(state.param_names()), tmp / POSTHOC_STATE)
         torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
         if state.scaler is not None:
             torch.save(state.scaler.state_dict(), tmp / "scaler.pt")
@@ -134,10 +140,11 @@ def restore_weights(path: Path, state: TrainingState, accelerator, run_id: str |
     if run_id and owner and owner != run_id:
         raise ArtifactError(f"{path} belongs to another run ({owner[:12]}) than this run folder ({run_id[:12]})")
     saved = json.loads((path / "model" / "config.json").read_text())
+    defaults = model_config_defaults()  # a key a checkpoint of an older moh-dit lacks had its default then
     diffs = [
-        (k, saved.get(k), _normalise(v))
+        (k, saved.get(k, defaults.get(k)), _normalise(v))
         for k, v in state.model.config.items()
-        if not k.startswith("_") and saved.get(k) != _normalise(v)
+        if not k.startswith("_") and saved.get(k, defaults.get(k)) != _normalise(v)
     ]
     if diffs:
         raise ArtifactError(f"checkpoint {path} is for another architecture ({format_differences(diffs)})")
@@ -149,6 +156,18 @@ def restore_weights(path: Path, state: TrainingState, accelerator, run_id: str |
     for name, shadow in zip(names, state.ema.shadow_params):
         shadow.copy_(contents.ema_state[name])
     state.ema.optimization_step = contents.trainer_state["ema_optimization_step"]
+    if state.posthoc is not None:
+        if not (path / POSTHOC_STATE).is_file():
+            raise ArtifactError(
+                f"{path} holds no post-hoc EMA state ({POSTHOC_STATE}): it was written without ema.posthoc_every, and "
+                f"the power-function EMAs cannot start halfway through a run; resume without ema.posthoc_every"
+            )
+        try:
+            state.posthoc.load_state_dict(read_safetensors(path / POSTHOC_STATE, "cpu"), names)
+        except KeyError as err:
+            raise ArtifactError(
+                f"{path}/{POSTHOC_STATE}: {err.args[0]}; keep the run's ema.posthoc_sigma_rels"
+            ) from None
     state.optimizer.load_state_dict(contents.optimizer_state)
     if state.scaler is not None and contents.scaler_state is not None:
         state.scaler.load_state_dict(contents.scaler_state)

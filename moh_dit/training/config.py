@@ -24,6 +24,7 @@ from moh_dit.sampling.spec import FAST_SCHEDULER, FAST_STEPS, LEGACY_CONFIG_KEYS
 __all__ = [
     "Config",
     "ModelSection",
+    "ObjectiveSection",
     "DataSection",
     "OptimSection",
     "TrainSection",
@@ -31,6 +32,7 @@ __all__ = [
     "LogSection",
     "EvalSamplingSection",
     "PreviewSection",
+    "RepaSection",
     "load_config",
     "apply_overrides",
     "config_to_dict",
@@ -45,6 +47,22 @@ class ModelSection:
     # with init_from and data of another class count: strict (an error), resize (keep the shared label rows
     # and the null row) or reinit (a new label table); every other weight is kept
     init_classes: str = "strict"
+
+
+@dataclass
+class ObjectiveSection:
+    """What the network learns (moh_dit.objectives, docs/objective.md): DiT's DDPM or flow matching (SiT). ``null``
+    means the default (ddpm, linear, moh-dit) for a new model, and what the weights were trained with for
+    ``model.init_from``, whose objective a run keeps."""
+
+    name: str | None = None  # ddpm | flow
+    path: str | None = None  # flow: linear (SiT's Linear) | gvp (SiT's GVP, the cosine path)
+    # flow: the network's time input and output: moh-dit (1000 s, v), repa (s, v) or sit (1 - s, -v); sit and repa
+    # models export to those projects' code (moh-dit convert --to sit | repa)
+    convention: str | None = None
+    time_sampling: str = "uniform"  # flow: uniform (SiT, REPA) | logit-normal (SD3) | lognormal (REPA's option)
+    time_mean: float = 0.0  # flow: the normal of logit-normal and lognormal time sampling
+    time_std: float = 1.0
 
 
 @dataclass
@@ -115,6 +133,12 @@ class EMASection:
     inv_gamma: float = 1.0
     power: float = 2.0 / 3.0
     update_every: int = 1
+    # post-hoc EMA (EDM2; docs/training.md#post-hoc-ema): power-function EMAs of these relative widths, tracked in
+    # training images, with a snapshot of each every posthoc_every images (a multiple of train.global_batch_size;
+    # 0: off); `moh-dit ema RUN --sigma-rel S` rebuilds an EMA of any width afterwards
+    posthoc_every: int = 0
+    posthoc_sigma_rels: tuple[float, ...] = (0.05, 0.10)
+    posthoc_dtype: str = "float32"  # of the snapshots: float16 halves their size and adds ~5e-4 relative error
 
 
 @dataclass
@@ -128,10 +152,25 @@ class EvalSamplingSection:
     guidance_interval: list[int] | None = None
     guidance_channels: int | None = None
     grid_averaging: int | None = None
+    guidance_noise: list[float] | None = None  # [low, high] noise levels guided instead of guidance_interval
+    time_shift: float = 1.0  # flow samplers' grid shift (1: none)
 
     def sampling(self) -> SamplingSpec:
         """The spec, checked; the error of a bad value names its key."""
         return SamplingSpec.from_config(dataclasses.asdict(self), prefix="log.eval_sampling.")
+
+
+@dataclass
+class RepaSection:
+    """REPA's representation alignment (moh_dit/training/repa.py, docs/training.md#repa); off without an encoder."""
+
+    encoder: list[str] = field(default_factory=list)  # dinov2-vit-b (REPA's), ...; several: one projector each
+    encoder_weights: list[str] = field(default_factory=list)  # one file per encoder: nothing is downloaded here
+    encoder_module: str | None = None  # a module that registers encoders (torch-fidelity extractors, patch_tokens)
+    encoder_resolution: int = 0  # the encoders' input size; 0: REPA's 224 * (data.image_size // 256)
+    depth: int = 8  # the block, from 1, whose tokens are aligned: REPA's 8 for L/XL, 4 for B (a third of the depth)
+    coeff: float = 0.5  # REPA's lambda
+    projector_dim: int = 2048
 
 
 @dataclass
@@ -165,8 +204,10 @@ class PreviewSection:
     per_class: int = 4  # images per class row; 0: no grids, not even at the end
     max_classes: int = 10
     guidance_scale: float = 4.0
-    guidance_interval: list[int] | None = None  # [first, last] guided timesteps; null: every step
+    guidance_interval: list[int] | None = None  # [first, last] guided DDPM timesteps (flow: their noise levels)
+    guidance_noise: list[float] | None = None  # or [low, high] guided noise levels; null (both): every step
     grid_averaging: int | None = None  # average over shifted patch grids at timesteps <= this; null: none
+    time_shift: float = 1.0  # flow samplers: shift the grid toward high noise (SD3's 3); 1: none
     num_steps: int = FAST_STEPS  # the fast protocol (moh_dit.sampling.spec.PROTOCOLS)
     scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.spec.SCHEDULERS)
 
@@ -178,12 +219,14 @@ class PreviewSection:
 @dataclass
 class Config:
     model: ModelSection = field(default_factory=ModelSection)
+    objective: ObjectiveSection = field(default_factory=ObjectiveSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
     train: TrainSection = field(default_factory=TrainSection)
     ema: EMASection = field(default_factory=EMASection)
     log: LogSection = field(default_factory=LogSection)
     preview: PreviewSection = field(default_factory=PreviewSection)
+    repa: RepaSection = field(default_factory=RepaSection)
 
     def validate(self) -> None:
         """Every value checked once, when the config is read, so that a typo fails before any data, VAE or
@@ -209,6 +252,9 @@ class Config:
         _one_of("model.init_classes", model.init_classes, ("strict", "resize", "reinit"))
         _one_of("optim.schedule", optim.schedule, ("constant", "cosine"))
         self.preview.sampling()  # the preview spec checks its own keys
+        from moh_dit.training.objective import check_objective
+
+        check_objective(self, Config())
         if not 0 <= optim.min_lr <= optim.lr:
             raise ConfigError(f"optim.min_lr must be between 0 and optim.lr, got {optim.min_lr}")
         _one_of("train.mixed_precision", train.mixed_precision, ("no", "fp16", "bf16"))
@@ -252,12 +298,10 @@ class Config:
                 raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
         if optim.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {optim.lr}")
-        if train.snr_gamma is not None and not (
-            isinstance(train.snr_gamma, (int, float)) and math.isfinite(train.snr_gamma) and train.snr_gamma > 0
-        ):
-            raise ConfigError(f"train.snr_gamma must be a number > 0 (e.g. 5) or null, got {train.snr_gamma!r}")
         if not 0.0 <= ema.decay <= 1.0:
             raise ConfigError(f"ema.decay must be in [0, 1], got {ema.decay}")
+        check_posthoc(ema, train.global_batch_size)
+        check_repa(self.repa)
         if not 0.0 <= data.max_bad_fraction <= 1.0:
             raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {data.max_bad_fraction}")
         if train.resume is not None and not isinstance(train.resume, str):
@@ -288,6 +332,44 @@ TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvc
 RENAMED = {
     "log.tensorboard": "log.tensorboard was replaced by log.trackers (e.g. log.trackers=[tensorboard], or [] for none)"
 }
+
+
+def check_repa(repa: RepaSection) -> None:
+    """The ``repa`` keys (whether the encoders load, with their weights, is checked when a run starts)."""
+    _at_least("repa.depth", repa.depth, 1)
+    _at_least("repa.projector_dim", repa.projector_dim, 1)
+    _at_least("repa.encoder_resolution", repa.encoder_resolution, 0)
+    if not (math.isfinite(repa.coeff) and repa.coeff >= 0):
+        raise ConfigError(f"repa.coeff must be a finite number >= 0 (REPA's 0.5), got {repa.coeff}")
+    if repa.encoder_weights and len(repa.encoder_weights) != len(repa.encoder):
+        raise ConfigError(
+            f"repa.encoder_weights gives {len(repa.encoder_weights)} files for {len(repa.encoder)} encoders: one each"
+        )
+    if not repa.encoder and (repa.encoder_weights or repa.encoder_module):
+        raise ConfigError("repa.encoder_weights / encoder_module without repa.encoder: name the encoder to align to")
+
+
+def check_posthoc(ema: EMASection, global_batch: int) -> None:
+    """The post-hoc EMA keys: an interval in whole steps of images, widths a power function has, a snapshot dtype."""
+    from moh_dit.training.posthoc_ema import MAX_SIGMA_REL
+
+    _at_least("ema.posthoc_every", ema.posthoc_every, 0)
+    if ema.posthoc_every % global_batch:
+        raise ConfigError(
+            f"ema.posthoc_every={ema.posthoc_every} images must be a multiple of train.global_batch_size={global_batch} "
+            f"(snapshots are taken after whole steps)"
+        )
+    rels = ema.posthoc_sigma_rels
+    if (
+        not rels
+        or not all(isinstance(r, (int, float)) and 0 < r < MAX_SIGMA_REL for r in rels)
+        or len(set(rels)) < len(rels)
+    ):
+        raise ConfigError(
+            f"ema.posthoc_sigma_rels must be distinct relative widths between 0 and {MAX_SIGMA_REL:.4f} (EDM2 tracks "
+            f"[0.05, 0.10]), got {list(rels)}"
+        )
+    _one_of("ema.posthoc_dtype", ema.posthoc_dtype, ("float32", "float16", "bfloat16"))
 
 
 def check_evaluation(log: LogSection) -> None:

@@ -12,6 +12,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
@@ -23,9 +24,13 @@ from moh_dit.errors import ConfigError, NonFiniteLossError
 from moh_dit.manifests import fingerprint_module, format_differences, short
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import architecture, preset_config
-from moh_dit.training.config import Config, EMASection, ModelSection, config_to_dict
+from moh_dit.training.config import Config, EMASection, config_to_dict
+from moh_dit.training.objective import objective_record, run_objective
 from moh_dit.training.tracking import tracker_available
 from moh_dit.vae import latent_space_differences
+
+if TYPE_CHECKING:
+    from moh_dit.training.repa import Alignment
 
 logger = logging.getLogger("moh_dit.train")
 
@@ -33,12 +38,14 @@ logger = logging.getLogger("moh_dit.train")
 # ----------------------------------------------------------------------------------------------------
 # Construction
 # ----------------------------------------------------------------------------------------------------
-def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, dict | None]:
-    """The preset with overrides and the data's shape filled in (checked when given explicitly), or the
-    weights of ``init_from``; returns the model and, for ``init_from``, a report of what was kept.
+def build_model(config: Config, data: TrainingData) -> tuple[MoHDiT, dict | None]:
+    """The preset with overrides, the data's shape and the objective's head filled in (checked when given
+    explicitly), or the weights of ``init_from`` (which keep the objective they were trained with); returns the
+    model and, for ``init_from``, a report of what was kept.
 
     ``num_classes=0`` (an override) trains an unconditional model on any data (labels are ignored).
     """
+    section = config.model
     report = None
     wanted = section.overrides.get("num_classes", data.num_classes)
     if section.init_from:
@@ -81,8 +88,13 @@ def build_model(section: ModelSection, data: TrainingData) -> tuple[MoHDiT, dict
                 f"model.overrides contradict {section.init_from}: {', '.join(wrong)}; the architecture comes from "
                 f"init_from, so drop these overrides"
             )
+        record = objective_record(config, model.config.objective, section.init_from)
+        if run_objective(config, record, model.config.learn_sigma).record() != model.config.objective:
+            model.register_to_config(objective=record)  # an older moh-dit's flow record, completed
     else:
         derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
+        objective = run_objective(config, objective_record(config), learn_sigma=False)
+        derived |= objective.model_config()
         model = MoHDiT(**preset_config(section.preset, **(derived | dict(section.overrides))))
     cfg = model.config
     for key, value in dict(in_channels=data.in_channels, sample_size=data.sample_size).items():
@@ -117,6 +129,28 @@ def _check_init_latent_space(init_from: str, source: dict | None, data: dict | N
         )
 
 
+def make_alignment(config: Config, model: MoHDiT, data: TrainingData, device) -> Alignment | None:
+    """REPA's frozen encoders for this run (``None`` without ``repa.encoder``), checked against the model's token
+    grid; their widths size the model's projectors."""
+    repa = config.repa
+    if not repa.encoder:
+        return None
+    if repa.depth > model.config.depth:
+        raise ConfigError(f"repa.depth={repa.depth} counts blocks from 1 to the model's {model.config.depth}")
+    from moh_dit.training.repa import Alignment
+
+    resolution = repa.encoder_resolution or 224 * (config.data.image_size // 256)  # REPA's rule: 224 at 256 px
+    return Alignment(
+        repa.encoder,
+        repa.encoder_weights,
+        repa.encoder_module,
+        resolution,
+        model.num_tokens,
+        config.data.image_size,
+        device,
+    )
+
+
 def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
     """diffusers' EMA configured as DiT: a copy of the model at step 0, then a constant ``decay`` from the
     first update on (``update_after_step=-1``; with 0 diffusers' first update would copy the weights).
@@ -133,6 +167,8 @@ def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
     )
 
 
+# model config keys moh-dit 0.3 did not have, with the value that means "not used"
+_KEYS_AFTER_0_3 = {"objective": None, "repa_depth": None, "repa_dims": None, "repa_projector_dim": 2048}
 # the config keys that make a run this run (with the model's architecture and the data's fingerprint)
 _IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
 _IDENTITY_TRAIN_KEYS = ("seed", "global_batch_size")
@@ -144,13 +180,21 @@ def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dic
     and recorded in the run's manifest."""
     full = config_to_dict(config)
     identity = {
-        "model": {k: v for k, v in dict(model.config).items() if not k.startswith("_")},
+        # the objective's record and REPA's heads belong to the model; keys added after moh-dit 0.3 are recorded only
+        # when set, so that its runs still resume
+        "model": {
+            k: v
+            for k, v in dict(model.config).items()
+            if not k.startswith("_") and not (k in _KEYS_AFTER_0_3 and v == _KEYS_AFTER_0_3[k])
+        },
         "data": {k: full["data"][k] for k in _IDENTITY_DATA_KEYS}
         | {"fingerprint": data.description.get("fingerprint"), "vae_sha256": (data.vae_record or {}).get("sha256")}
         # what an epoch draws (recorded only when weighted, so that runs from before the key still resume)
         | ({"class_weights": data.description["class_weights"]} if "class_weights" in data.description else {}),
         "train": {k: full["train"][k] for k in _IDENTITY_TRAIN_KEYS},
     }
+    if config.ema.posthoc_every:  # the EMAs the snapshots hold (recorded only when on: runs before it still resume)
+        identity["ema"] = {"posthoc_sigma_rels": list(config.ema.posthoc_sigma_rels)}
     return identity, run_settings(full)
 
 
@@ -158,6 +202,10 @@ def run_settings(full: dict) -> dict:
     """The settings part of a config (as ``config_to_dict`` gives it): what may change on resume."""
     volatile = ("resume", "overwrite", "output_dir", "elastic_resume")
     settings = {name: full[name] for name in ("optim", "ema", "log", "preview")}
+    # the objective's training options (time sampling); what it is (name, path, conventions) is the model's identity
+    settings["objective"] = {
+        k: v for k, v in full.get("objective", {}).items() if k not in ("name", "path", "convention")
+    }
     settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile + _IDENTITY_TRAIN_KEYS}
     settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
     return settings

@@ -31,32 +31,36 @@ EVAL_SCORE_NAMES = {
 
 
 class LossWindow:
-    """Sums of the diffusion and MoH losses since the last log record, per process, and the speed over the
-    window.
+    """Sums of the logged losses (``names``: the objective's loss and MoH's, and REPA's when it trains) since the
+    last log record, per process, and the speed over the window.
 
     The sums are saved in every checkpoint, so that after a resume the first record averages the same steps
     as an uninterrupted run would (and not only the steps since the resume).
     """
 
-    def __init__(self, device: torch.device, global_batch_size: int) -> None:
-        self.sums = torch.zeros(3, device=device)  # diffusion loss, MoH loss, micro-steps
+    def __init__(
+        self, device: torch.device, global_batch_size: int, names: tuple[str, ...] = ("diffusion_loss", "moh_loss")
+    ) -> None:
+        self.names = tuple(names)
+        self.sums = torch.zeros(len(self.names) + 1, device=device)  # each loss, then the micro-steps
         self.batch = global_batch_size
         self.started, self.steps = time.time(), 0
 
-    def add(self, diffusion_loss: torch.Tensor, moh_loss: torch.Tensor) -> None:
-        self.sums += torch.stack([diffusion_loss.float(), moh_loss.float(), torch.ones((), device=self.sums.device)])
+    def add(self, *losses: torch.Tensor) -> None:
+        """One micro-step's losses, in the order of ``names``."""
+        ones = torch.ones((), device=self.sums.device)
+        self.sums += torch.stack([*(loss.float() for loss in losses), ones])
 
     def record(
         self, accelerator, step: int, lr: float, samples_seen: int, head_masks=None, close: bool = True
     ) -> dict:
         """The log record of the window ending at ``step`` (losses averaged over processes, speed, per-layer
         head usage); ``close`` starts the next window."""
-        diffusion, moh = self.means(accelerator)
+        means = self.means(accelerator)
         elapsed = max(time.time() - self.started, 1e-9)
         record = {
             "step": step,
-            "diffusion_loss": diffusion,
-            "moh_loss": moh,
+            **means,
             "lr": lr,
             "steps_per_s": self.steps / elapsed,
             "images_per_s": self.steps * self.batch / elapsed,
@@ -68,11 +72,11 @@ class LossWindow:
             self.reset()
         return record
 
-    def means(self, accelerator) -> tuple[float, float]:
-        """Mean losses over the window and over all processes."""
+    def means(self, accelerator) -> dict[str, float]:
+        """Mean losses over the window and over all processes, by name."""
         total = accelerator.reduce(self.sums, reduction="sum") if accelerator.num_processes > 1 else self.sums
-        count = total[2].clamp_min(1)
-        return (total[0] / count).item(), (total[1] / count).item()
+        count = total[-1].clamp_min(1)
+        return {name: (total[i] / count).item() for i, name in enumerate(self.names)}
 
     def reset(self) -> None:
         self.sums.zero_()
@@ -87,6 +91,10 @@ class LossWindow:
 
     def load(self, state: torch.Tensor | None) -> None:
         if state is not None:
+            if state.shape != self.sums.shape:  # another set of losses: a window of another run's kind
+                raise ValueError(
+                    f"the saved loss window sums {len(state) - 1} losses, this run logs {list(self.names)}"
+                )
             self.sums.copy_(state.to(self.sums.device))
 
 
@@ -216,11 +224,13 @@ class MetricsLog:
                 f" | grad norm {record['grad_norm']:.3g} | {record['tflops']:.3g} TFLOP/s{mfu}"
                 f" | peak memory {record['peak_memory_gb']:.2f} GB"
             )
+        repa = f" | repa loss {record['repa_loss']:.4f}" if "repa_loss" in record else ""
         logger.info(
-            "step %d | diffusion loss %.4f | moh loss %.4f | %.2f steps/s | %.1f images/s | lr %.2e%s",
+            "step %d | diffusion loss %.4f | moh loss %.4f%s | %.2f steps/s | %.1f images/s | lr %.2e%s",
             record["step"],
             record["diffusion_loss"],
             record["moh_loss"],
+            repa,
             record["steps_per_s"],
             record["images_per_s"],
             record["lr"],

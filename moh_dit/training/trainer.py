@@ -34,7 +34,6 @@ from accelerate.utils import set_seed
 
 from moh_dit.data.batches import ShardedEpochBatchSampler
 from moh_dit.data.training_data import load_training_data
-from moh_dit.diffusion import DiffusionObjective
 from moh_dit.errors import ConfigError, NonFiniteLossError
 from moh_dit.files import atomic_write_text
 from moh_dit.logs import setup_logging
@@ -52,15 +51,20 @@ from moh_dit.training.checkpoints import (
     restore_checkpoint,
     restore_weights,
     save_checkpoint,
+    set_aside,
     set_aside_newer_checkpoints,
 )
 from moh_dit.training.config import Config, config_to_dict
+from moh_dit.training.objective import run_objective
+from moh_dit.training.posthoc_ema import PowerFunctionEMAs, save_snapshot
 from moh_dit.training.quality import EVALUATION, QualityCurve, curve_points, read_records
+from moh_dit.training.repa import alignment_loss
 from moh_dit.training.runs import RunRecord, open_run_folder
 from moh_dit.training.setup import (
     build_model,
     learning_rate,
     make_accelerator,
+    make_alignment,
     make_ema,
     make_optimizer,
     micro_batch_size,
@@ -100,7 +104,7 @@ class Trainer:
         self.data = load_training_data(config.data, accelerator.device)
 
         set_seed(train_cfg.seed)  # identical initialisation on every rank
-        model, self.init_report = build_model(config.model, self.data)
+        model, self.init_report = build_model(config, self.data)
         if config.model.init_from:  # the weights name the architecture; config, log and card say so
             preset = match_preset(model.config) or "custom"
             if preset != config.model.preset:
@@ -110,6 +114,12 @@ class Trainer:
                 self.config = config = dataclasses.replace(
                     config, model=dataclasses.replace(config.model, preset=preset)
                 )
+        self.repa = make_alignment(config, model, self.data, accelerator.device)
+        if self.repa is not None:  # REPA's projectors, one per encoder (kept when init_from already has them)
+            model = model.with_alignment(config.repa.depth, self.repa.dims, config.repa.projector_dim)
+            logger.info(
+                "REPA: block %d aligned to %s, weight %g", config.repa.depth, self.repa.describe(), config.repa.coeff
+            )
         if train_cfg.gradient_checkpointing:
             model.enable_gradient_checkpointing()
         self.ema = make_ema(model.train(), config.ema)
@@ -117,13 +127,17 @@ class Trainer:
         self.model, self.optimizer = accelerator.prepare(model, make_optimizer(model, config))
         if train_cfg.compile:
             self.model = torch.compile(self.model)
-        self.window = LossWindow(accelerator.device, train_cfg.global_batch_size)
+        self.loss_names = ("diffusion_loss", "moh_loss", *(("repa_loss",) if self.repa is not None else ()))
+        self.window = LossWindow(accelerator.device, train_cfg.global_batch_size, self.loss_names)
         self.grad_norm = math.nan  # before clipping, at the last logged step
         t = config.train
         self.guard = SpikeGuard(t.spike_guard, t.spike_window, t.spike_patience, t.max_rollbacks)
         self.step_loss = 0.0  # the sum over this step's micro-batches and processes (for the guard)
-        self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window)
-        self.objective = DiffusionObjective(learn_sigma=model.config.learn_sigma, snr_gamma=train_cfg.snr_gamma)
+        self.posthoc = (
+            PowerFunctionEMAs(model.parameters(), config.ema.posthoc_sigma_rels) if config.ema.posthoc_every else None
+        )
+        self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window, self.posthoc)
+        self.objective = run_objective(config, model.config.objective or {}, model.config.learn_sigma)
         defaults = run_settings(config_to_dict(Config()))
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model), defaults)
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
@@ -187,23 +201,28 @@ class Trainer:
                 micro_total += 1
 
     def _micro_step(self, x, y, micro: int, want_heads: bool):
-        """Noise one micro-batch and compute its losses: ``(loss, diffusion loss, MoH loss, head masks)``."""
+        """Noise one micro-batch and compute its losses: ``(loss, logged losses (the objective's, MoH's and REPA's
+        when it trains, detached), head masks)``."""
         gen = step_generator(self.config.train.seed, self.rank, self.step, micro, self.config.train.grad_accum_steps)
         device, n = self.accelerator.device, x.shape[0]
         flip = torch.rand(n, generator=gen) < 0.5 if self.config.data.random_flip else torch.zeros(n, dtype=torch.bool)
         x0 = self.data.clean_latents(x, flip, gen, device)
-        t = torch.randint(0, self.objective.num_timesteps, (n,), generator=gen).to(device)
-        noise = torch.randn(x0.shape, generator=gen).to(device)
+        noised = self.objective.noised(x0, gen, device)  # the objective's draws of time and noise
         drop = (torch.rand(n, generator=gen) < self.unwrapped.config.class_dropout_prob).long().to(device)
-        x_t = self.objective.add_noise(x0, noise, t)
         with self.accelerator.autocast():
             y_in = y.to(device) if self.unwrapped.config.num_classes > 0 else None
             drop = drop if y_in is not None else None
-            out = self.model(x_t, t, y_in, force_drop_ids=drop, return_head_masks=want_heads)
-        diffusion_loss = self.objective.losses(out.sample.float(), x0, x_t, t, noise).loss.mean()
+            out = self.model(noised.x_t, noised.time, y_in, force_drop_ids=drop, return_head_masks=want_heads)
+        diffusion_loss = self.objective.loss(out.sample.float(), noised).loss.mean()
         moh_loss = out.aux_loss.float()
         loss = diffusion_loss + self.config.train.moh_loss_coeff * moh_loss
-        return loss, diffusion_loss.detach(), moh_loss.detach(), out.head_masks
+        logged = [diffusion_loss.detach(), moh_loss.detach()]
+        if self.repa is not None:  # the encoders see the clean images, flipped as the model's input
+            targets = self.repa.features(self.data.encoder_images(x, flip))
+            repa_loss = alignment_loss(out.aligned, targets)
+            loss = loss + self.config.repa.coeff * repa_loss
+            logged.append(repa_loss.detach())
+        return loss, tuple(logged), out.head_masks
 
     # The optimizer step, in three parts so that benchmarks/config_throughput.py times exactly this code
     def set_learning_rate(self) -> None:
@@ -289,11 +308,23 @@ class Trainer:
             )
 
     def finish_step(self, updated: bool = True) -> None:
-        """After an optimizer step: count it and update the EMA (not after a skipped update)."""
+        """After an optimizer step: count it and update the EMAs (not after a skipped update); a post-hoc EMA snapshot
+        when one is due."""
         self.step += 1
-        self.samples_seen += self.config.train.global_batch_size
-        if updated and self.step % self.config.ema.update_every == 0:
+        batch, ema = self.config.train.global_batch_size, self.config.ema
+        self.samples_seen += batch
+        if updated and self.step % ema.update_every == 0:
             self.ema.step(self.unwrapped.parameters())
+        if self.posthoc is None:
+            return
+        if updated:  # in training images, the same count on every process
+            self.posthoc.update(self.samples_seen, batch)
+        if self.samples_seen % ema.posthoc_every == 0 and self.accelerator.is_main_process:
+            self.layout.posthoc.mkdir(exist_ok=True)
+            path = self.layout.posthoc / f"step-{self.step:08d}.safetensors"
+            save_snapshot(
+                path, self.posthoc, self.state.param_names(), self.step, self.samples_seen, ema.posthoc_dtype
+            )
 
     # ------------------------------------------------------------------------------------------------
     # Checkpoints, previews, export
@@ -315,10 +346,12 @@ class Trainer:
             self.record.write("stopped", step=self.step, reason="non-finite loss or exploded weights")
         raise non_finite_error(self.step, path, peak, self.layout.latest_checkpoint(), losses)
 
-    def ema_pipeline(self, scheduler: str = "ddpm") -> MoHDiTPipeline:
-        """The EMA weights with ``scheduler`` (DiT's DDPM by default), the VAE and the class names."""
+    def ema_pipeline(self, scheduler: str | None = None) -> MoHDiTPipeline:
+        """The EMA weights with ``scheduler`` (default: the sampler of the objective's published protocol: DiT's
+        DDPM, SiT's SDE), the VAE and the class names."""
         ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
         self.ema.copy_to(ema_model.parameters())
+        ema_model = ema_model.without_alignment()  # REPA's projectors train with the network; nothing samples them
         latent, names = self.data.vae_record is not None, self.data.id2label if ema_model.config.num_classes else {}
         return MoHDiTPipeline.build(ema_model, self.data.vae, names, scheduler, latent_space=latent)
 
@@ -417,6 +450,12 @@ class Trainer:
             if aside is not None:
                 logger.warning("resuming at step %d: the newer checkpoints were moved to %s", self.step, aside)
                 init["set_aside"] = str(aside)
+            later = [p for step, p in self.layout.list_snapshots() if step > self.step]  # another past's EMAs
+            aside = set_aside(self.layout.posthoc, later, self.step)
+            if aside is not None:
+                logger.warning(
+                    "resuming at step %d: the newer post-hoc EMA snapshots were moved to %s", self.step, aside
+                )
             event = "resume" if self.step else "start"
             self.record.write(event, step=self.step, world_size=self.world, changed=changed, **init)
         self.accelerator.wait_for_everyone()
@@ -459,7 +498,7 @@ class Trainer:
                 want_heads = log_cfg.head_usage and (self.step + 1) % log_cfg.log_every == 0 and micro == 0
                 self.set_learning_rate()
                 with accelerator.accumulate(self.model):
-                    loss, d_loss, m_loss, heads = self._micro_step(x, y, micro, want_heads)
+                    loss, losses, heads = self._micro_step(x, y, micro, want_heads)
                     # one tiny all-reduce: is the loss finite, is time up, was a stop signal received?
                     time_up = 0 < train_cfg.time_limit_minutes < (time.time() - start_time) / 60
                     flags = torch.tensor(
@@ -469,12 +508,12 @@ class Trainer:
                         flags = torch.cat([flags.float(), loss.detach().float().reshape(1)])
                     flags = accelerator.reduce(flags.float(), reduction="sum") if self.world > 1 else flags
                     if flags[0] and not self.guard.enabled:
-                        self.save_checkpoint(losses=(d_loss, m_loss))  # saves what is sane, then stops
+                        self.save_checkpoint(losses=losses)  # saves what is sane, then stops
                     verdict = self.judge_step(float(flags[3])) if self.guard.enabled else None
                     logged = (self.step + 1) % log_cfg.log_every == 0 or self.step + 1 == train_cfg.max_steps
                     skip = verdict is not None and verdict.action != "update"
                     self.apply_gradients(loss, measure_norm=logged and not skip, skip=skip)
-                self.window.add(d_loss, m_loss)
+                self.window.add(*losses)
                 last_heads = heads if heads is not None else last_heads
                 if stop is None and (flags[2] or flags[1]):
                     stop = (signal.Signals(received[0]).name if received else "signal") if flags[2] else "time_limit"

@@ -39,7 +39,7 @@ class ProbeTrainer(Trainer):
         if self.first_grads is None:
             self.first_batches.append((x.clone(), y.clone()))
         result = super()._micro_step(x, y, micro, want_heads)
-        self.local_losses.append([result[1].item(), result[2].item()])
+        self.local_losses.append([loss.item() for loss in result[1][:2]])  # the objective's and MoH's
         return result
 
 

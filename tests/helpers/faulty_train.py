@@ -39,11 +39,11 @@ micro_step, roll_back, run = Trainer._micro_step, Trainer.roll_back, Trainer.run
 def faulty_micro_step(self, x, y, micro, want_heads):
     if self.rank == 0 and self.step == FAULTS.get("die_at") and micro == 0:
         os.kill(os.getpid(), signal.SIGKILL)
-    loss, d, m, heads = micro_step(self, x, y, micro, want_heads)
+    loss, losses, heads = micro_step(self, x, y, micro, want_heads)
     scale = FAULTS.get("scale", {}).get(str(self.step)) if self.rank == FAULTS.get("rank") else None
     if scale is not None:
         loss = loss * (math.nan if scale == "nan" else scale)
-    return loss, d, m, heads
+    return loss, losses, heads
 
 
 def recorded_roll_back(self, why):

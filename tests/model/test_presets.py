@@ -116,4 +116,8 @@ def test_match_preset_names_the_architecture_of_a_config_whatever_its_data():
     assert match_preset(uniform) == "MoH-DiT-Ti/4-50"
     assert match_preset(dict(create_model("DiT-Ti/4", num_classes=4).config)) == "DiT-Ti/4"
     assert match_preset(preset_config("MoH-DiT-Ti/4-50", top_k=2)) is None
-    assert match_preset(preset_config("DiT-S/2", learn_sigma=False)) is None
+    assert match_preset(preset_config("DiT-S/2", mlp_ratio=2.0)) is None
+    # what the objective or REPA decide (the variance head, the record, alignment heads) is not the architecture
+    flow = {"name": "flow", "path": "linear", "convention": "sit"}
+    assert match_preset(preset_config("DiT-XL/2", learn_sigma=False, objective=flow)) == "DiT-XL/2"  # SiT-XL/2
+    assert match_preset(preset_config("DiT-B/2", repa_depth=4, repa_dims=[768])) == "DiT-B/2"

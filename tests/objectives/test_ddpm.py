@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
-from moh_dit.diffusion import DiffusionObjective, discretized_gaussian_log_likelihood, normal_kl
+from moh_dit.objectives.ddpm import DiffusionObjective, discretized_gaussian_log_likelihood, normal_kl
 
 torch.set_default_dtype(torch.float32)
 
@@ -185,3 +185,44 @@ def test_min_snr_weights_the_noise_mse_as_diffusers_compute_snr_gives():
     )
     with pytest.raises(ValueError, match="snr_gamma"):
         DiffusionObjective(snr_gamma=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The objective's interface: the draws and numbers of moh-dit 0.3's trainer
+# ----------------------------------------------------------------------------------------------------
+def test_noised_draws_the_timestep_then_the_noise_as_the_trainer_of_0_3_did():
+    from moh_dit.objectives.ddpm import DDPM
+
+    obj, x0 = DDPM(snr_gamma=5.0), torch.randn(4, 1, 8, 8)
+    noised = obj.noised(x0, torch.Generator().manual_seed(3), torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)  # 0.3's Trainer._micro_step, by hand
+    t = torch.randint(0, 1000, (4,), generator=g)
+    noise = torch.randn(x0.shape, generator=g)
+    assert torch.equal(noised.time, t) and torch.equal(noised.terms["noise"], noise)
+    assert torch.equal(noised.x_t, obj.scheduler.add_noise(x0, noise, t))
+    output = torch.randn(4, 2, 8, 8)
+    assert torch.equal(obj.loss(output, noised).loss, obj.losses(output, x0, noised.x_t, t, noise).loss)
+    assert obj.record() is None and DDPM.from_record(None, learn_sigma=False).out_channels(4) == 4
+
+
+def test_ddpm_samplers_by_name_and_the_error_for_a_flow_sampler():
+    from diffusers import DDPMScheduler, DPMSolverMultistepScheduler
+
+    from moh_dit.errors import ConfigError
+    from moh_dit.objectives.ddpm import DDPM
+
+    obj = DDPM()
+    for name in obj.samplers:
+        assert obj.scheduler_name(obj.make_scheduler(name)) == name
+    assert isinstance(obj.make_scheduler("ddpm"), DDPMScheduler)
+    assert obj.make_scheduler("ddpm").config.variance_type == "learned_range"
+    assert isinstance(obj.make_scheduler("dpm-solver"), DPMSolverMultistepScheduler)
+    with pytest.raises(ConfigError, match=r"scheduler 'sde' samples flow models; this is a ddpm model"):
+        obj.make_scheduler("sde")
+    with pytest.raises(ConfigError, match="leave time_shift at 1"):
+        obj.set_timesteps(obj.make_scheduler("ddim"), 10, 3.0, "cpu")
+    sched = obj.make_scheduler("ddim")
+    obj.set_timesteps(sched, 10, 1.0, "cpu")
+    t = sched.timesteps[0]
+    time, level = obj.step_time(sched, 0, t)
+    assert time is t and level.timestep == int(t) == 999

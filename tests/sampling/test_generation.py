@@ -140,10 +140,12 @@ def test_a_sample_folder_is_resumed_only_with_the_same_model_and_settings(run_di
 
 
 def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
-    import moh_dit.sampling.pipeline as pipeline
+    from moh_dit.sampling.spec import SamplingSpec
 
-    seen, guided_at = [], pipeline.guided_at
-    monkeypatch.setattr(pipeline, "guided_at", lambda t, interval: seen.append(interval) or guided_at(t, interval))
+    seen, guided_at = [], SamplingSpec.guided_at
+    monkeypatch.setattr(
+        SamplingSpec, "guided_at", lambda self, *a: seen.append(self.guidance_interval) or guided_at(self, *a)
+    )
     pipe = load_pipeline(run_dir, device="cpu")
     plain = generate_samples(pipe, tmp_path / "plain", settings())
     assert "guidance_interval" not in json.loads(str(np.load(plain)["moh_dit_manifest"]))["identity"]

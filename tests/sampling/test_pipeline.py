@@ -240,6 +240,34 @@ def test_save_and_load_round_trip(tmp_path, with_vae):
     assert loaded.patch_pixels == a.shape[-1] // (model.config.sample_size // model.config.patch_size)
 
 
+@pytest.mark.parametrize("scheduler", ["sde", "heun"])
+def test_a_saved_flow_pipeline_loads_in_a_fresh_interpreter_and_draws_the_same_images(tmp_path, scheduler):
+    """diffusers only resolves a scheduler class from modules already imported; a user's fresh process that imports
+    nothing but the pipeline must still load moh-dit's flow schedulers."""
+    import subprocess
+    import sys
+
+    model = tiny_model(learn_sigma=False, objective={"name": "flow", "path": "linear", "convention": "moh-dit"})
+    pipe = pipe_for(model, scheduler=scheduler)
+    pipe.save_pretrained(tmp_path / "p")
+    kwargs = dict(guidance_scale=2.0, num_inference_steps=4, output_type="pt")
+    torch.save(pipe(["dog", 2], generator=torch.Generator().manual_seed(3), **kwargs).images, tmp_path / "a.pt")
+    script = (
+        "import sys, torch\n"
+        "from moh_dit.sampling.pipeline import MoHDiTPipeline\n"
+        "pipe = MoHDiTPipeline.from_pretrained(sys.argv[1])\n"
+        "pipe.set_progress_bar_config(disable=True)\n"
+        f"kwargs = {kwargs!r}\n"
+        "images = pipe(['dog', 2], generator=torch.Generator().manual_seed(3), **kwargs).images\n"
+        "print(type(pipe.scheduler).__name__, torch.equal(images, torch.load(sys.argv[2])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "p"), str(tmp_path / "a.pt")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [type(pipe.scheduler).__name__, "True"]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Guidance in an interval of timesteps
 # ----------------------------------------------------------------------------------------------------

@@ -150,3 +150,57 @@ def test_print_config_prints_the_resolved_config_and_trains_nothing(tmp_path, ca
     assert printed["train"]["output_dir"] == str(out) and printed["preview"]["guidance_interval"] == [100, 500]
     assert load_config(printed).preview == load_config(ROOT / "configs" / "fashion_mnist_moh.yaml").preview
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The objective section
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["objective.name=diffusion"], "unknown objective 'diffusion'; choose one of ddpm, flow"),
+        (["objective.path=gvp"], "objective.path applies to the flow objective; this run trains ddpm"),
+        (["objective.time_sampling=logit-normal"], "objective.time_sampling applies to the flow objective"),
+        (
+            ["objective.name=flow", "train.snr_gamma=5"],
+            "train.snr_gamma applies to the ddpm objective; this run trains flow",
+        ),
+        (["objective.name=flow", "objective.path=vp"], "objective.path must be one of linear, gvp"),
+        (["objective.name=flow", "objective.convention=edm"], "convention must be one of moh-dit, repa, sit"),
+        (["objective.name=flow", "objective.time_std=0"], "time_std > 0"),
+        (
+            ["objective.name=flow", "preview.scheduler=ddpm"],
+            "preview.scheduler 'ddpm' samples ddpm models; this is a flow",
+        ),
+        (
+            ["objective.name=flow", "log.eval_sampling.scheduler=ddim"],
+            "log.eval_sampling.scheduler 'ddim' samples ddpm",
+        ),
+        (["preview.scheduler=sde"], "preview.scheduler 'sde' samples flow models; this is a ddpm model"),
+        (["objective.name=flow", "model.overrides.learn_sigma=true"], "learn_sigma=True: flow matching"),
+        (["model.overrides.objective={name: flow}"], "the objective section says what the model learns"),
+        (["objective.name=flow", "objective.path=gvp", "preview.scheduler=dpm-solver"], "linear path only"),
+        (["preview.time_shift=0"], "preview.time_shift must be a finite number > 0"),
+        (["preview.guidance_noise=[5, 1]"], "preview.guidance_noise must be two noise levels"),
+        (["preview.guidance_noise=[0.3, 5]", "preview.guidance_interval=[100, 500]"], "give one"),
+    ],
+)
+def test_objective_keys_are_checked_when_the_config_is_read(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        load_config(None, [*overrides, "model.preset=DiT-Ti/4"])
+
+
+def test_the_flow_twins_train_flow_and_keep_the_defaults_recipe():
+    default = load_config(ROOT / "configs" / "fashion_mnist_moh.yaml")
+    flow = load_config(ROOT / "configs" / "fashion_mnist_moh_flow.yaml")
+    assert (flow.objective.name, default.objective.name) == ("flow", None) and flow.train.snr_gamma is None
+    for section in ("model", "data", "optim", "ema", "preview"):
+        assert getattr(flow, section) == getattr(default, section), section
+    same = {k: v for k, v in vars(flow.train).items() if k not in ("output_dir", "snr_gamma")}
+    assert same == {k: v for k, v in vars(default.train).items() if k not in ("output_dir", "snr_gamma")}
+    assert load_config(ROOT / "configs" / "fashion_mnist_dit_flow.yaml").model.preset == "DiT-Ti/4"
+    for preset in PRESETS:
+        if preset.endswith(("/2", "/2-90", "/2-75")) and "Ti" not in preset:
+            name = "flow-" + preset.lower().replace("/", "-")
+            config = load_config(ROOT / "configs" / "imagenet256" / f"{name}.yaml")
+            assert config.model.preset == preset and config.objective.name == "flow" and config.optim.lr == 1e-4

@@ -39,8 +39,8 @@ def inject(trainer, monkeypatch, faults):
     original, finish, after = trainer._micro_step, trainer.finish_step, {}
 
     def faulty(x, y, micro, want_heads):
-        loss, d, m, h = original(x, y, micro, want_heads)
-        return loss * faults.get(trainer.step, 1.0), d, m, h
+        loss, losses, h = original(x, y, micro, want_heads)
+        return loss * faults.get(trainer.step, 1.0), losses, h
 
     def recorded(updated=True):
         finish(updated)

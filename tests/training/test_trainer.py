@@ -222,8 +222,8 @@ def test_non_finite_loss_stops_cleanly_and_saves(tmp_path, image_dir, monkeypatc
     original = trainer._micro_step
 
     def poisoned(x, y, micro, want_heads):
-        loss, d, m, h = original(x, y, micro, want_heads)
-        return (loss * float("nan") if trainer.step == 3 else loss), d, m, h
+        loss, losses, h = original(x, y, micro, want_heads)
+        return (loss * float("nan") if trainer.step == 3 else loss), losses, h
 
     monkeypatch.setattr(trainer, "_micro_step", poisoned)
     with pytest.raises(NonFiniteLossError, match="non-finite loss at step 4"):
@@ -296,8 +296,8 @@ def test_non_finite_loss_right_after_a_resume_rewrites_its_own_checkpoint(tmp_pa
     original = trainer._micro_step
 
     def poisoned(x, y, micro, want_heads):
-        loss, d, m, h = original(x, y, micro, want_heads)
-        return loss * float("nan"), d, m, h
+        loss, losses, h = original(x, y, micro, want_heads)
+        return loss * float("nan"), losses, h
 
     monkeypatch.setattr(trainer, "_micro_step", poisoned)
     with pytest.raises(NonFiniteLossError, match="state before this step is saved in .*step-00000004"):
@@ -605,15 +605,19 @@ def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
 
 def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp_path, image_dir, monkeypatch):
     import moh_dit.sampling.pipeline as pipeline
+    from moh_dit.objectives.ddpm import DDPM
+    from moh_dit.sampling.spec import SamplingSpec
     from moh_dit.training.setup import learning_rate
 
-    used, make = [], pipeline.make_scheduler
-    monkeypatch.setattr(pipeline, "make_scheduler", lambda name="ddpm", *a: used.append(name) or make(name, *a))
+    used, make = [], DDPM.make_scheduler
+    monkeypatch.setattr(DDPM, "make_scheduler", lambda self, name: used.append(name) or make(self, name))
     out = tmp_path / "run"
     extra = ["optim.schedule=cosine", "optim.warmup_steps=1", "optim.min_lr=1e-4", "preview.scheduler=dpm-solver"]
     extra += ["preview.guidance_scale=2.5", "preview.guidance_interval=[100,600]", "preview.grid_averaging=400"]
-    guided, averaged, shifts = [], [], pipeline.grid_shifts
-    monkeypatch.setattr(pipeline, "guided_at", lambda t, interval: guided.append(interval) or True)
+    guided, averaged, shifts, guided_at = [], [], pipeline.grid_shifts, SamplingSpec.guided_at
+    monkeypatch.setattr(
+        SamplingSpec, "guided_at", lambda self, *a: guided.append(self.guidance_interval) or guided_at(self, *a)
+    )
     monkeypatch.setattr(pipeline, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
     train_tiny(out, image_dir, *extra)
     config = load_config(out / "config.yaml")
@@ -632,3 +636,79 @@ def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp
     assert recorded_sampling(sorted((out / "checkpoints").iterdir())[-1]).record() == want
     with pytest.raises(ConfigError, match="preview.scheduler"):
         load_config(None, ["preview.scheduler=euler"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Flow matching: everything the trainer does, with the other objective
+# ----------------------------------------------------------------------------------------------------
+FLOW = ("objective.name=flow", "train.snr_gamma=null")
+
+
+def test_a_flow_run_trains_exports_and_samples_with_every_flow_sampler(tmp_path, image_dir):
+    from moh_dit.objectives.flow_schedulers import FlowSDEScheduler
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.sampling.spec import SamplingSpec
+
+    out = tmp_path / "flow"
+    summary = train_tiny(out, image_dir, *FLOW, "preview.scheduler=euler", "preview.num_steps=3")
+    assert summary["step"] == 4 and (out / "samples" / "final.png").exists()
+    records = read_metrics(out)
+    assert all(np.isfinite(r["diffusion_loss"]) and r["moh_loss"] > 0 for r in records)  # MoH's loss is added
+    pipe = load_pipeline(out, device="cpu")
+    config = pipe.transformer.config
+    assert config.objective == {"name": "flow", "path": "linear", "convention": "moh-dit"} and not config.learn_sigma
+    assert pipe.transformer.out_channels == 3 and isinstance(pipe.scheduler, FlowSDEScheduler)  # SiT's protocol
+    for name in pipe.objective.samplers:
+        images = pipe([0, 1], sampling=SamplingSpec(name, 3, 2.0), output_type="np", progress=False).images
+        assert images.shape == (2, 8, 8, 3) and np.isfinite(images).all()
+    manifest = yaml.safe_load((out / "config.yaml").read_text())
+    assert manifest["objective"]["name"] == "flow"
+    card = (out / "pipeline" / "README.md").read_text()
+    assert "flow matching, linear path" in card and "velocity MSE" in card
+
+
+def test_a_flow_run_resumes_to_the_same_losses_and_weights(tmp_path, image_dir):
+    from safetensors.torch import load_file
+
+    common = (*FLOW, "objective.time_sampling=logit-normal", "train.checkpoint_every=3", "preview.per_class=0")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train_tiny(whole, image_dir, *common, "train.max_steps=6")
+    train_tiny(cut, image_dir, *common, "train.max_steps=3")
+    train_tiny(cut, image_dir, *common, "train.max_steps=6", "train.resume=latest")
+    assert [(m["step"], m["diffusion_loss"]) for m in read_metrics(cut)] == [
+        (m["step"], m["diffusion_loss"]) for m in read_metrics(whole)
+    ]
+    a, b = (load_file(r / "checkpoints" / "step-00000006" / "ema.safetensors") for r in (whole, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    from moh_dit.errors import ArtifactError
+
+    with pytest.raises(ArtifactError, match=r"another set-up \(model.learn_sigma"):  # the objective is the run's
+        train_tiny(cut, image_dir, "train.max_steps=7", "train.resume=latest", "preview.per_class=0")
+
+
+def test_init_from_keeps_the_objective_of_the_weights(tmp_path, image_dir):
+    first = tmp_path / "first"
+    train_tiny(first, image_dir, *FLOW, "objective.convention=sit", "preview.per_class=0")
+    tuned = tmp_path / "tuned"
+    train_tiny(tuned, image_dir, "train.snr_gamma=null", f"model.init_from={first}", "preview.per_class=0")
+    saved = MoHDiTPipeline.from_pretrained(tuned / "pipeline").transformer.config.objective
+    assert saved == {"name": "flow", "path": "linear", "convention": "sit"}
+    with pytest.raises(ConfigError, match=r"trained with the flow objective, not objective.name=ddpm"):
+        train_tiny(tmp_path / "x", image_dir, "objective.name=ddpm", f"model.init_from={first}")
+    with pytest.raises(ConfigError, match=r"trained with convention=sit, not objective.convention=repa"):
+        train_tiny(tmp_path / "y", image_dir, *FLOW, "objective.convention=repa", f"model.init_from={first}")
+
+
+def test_flow_runs_unconditional_and_in_bf16(tmp_path, image_dir):
+    out = tmp_path / "uncond"
+    train_tiny(out, image_dir, *FLOW, "model.overrides.num_classes=0", "preview.per_class=2", "preview.scheduler=heun")
+    pipe = MoHDiTPipeline.from_pretrained(out / "pipeline")
+    assert pipe.transformer.config.num_classes == 0 and (out / "samples" / "final.png").exists()
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)  # a process keeps one mixed precision; this test switches it
+    try:
+        train_tiny(tmp_path / "bf16", image_dir, *FLOW, "train.mixed_precision=bf16", "preview.per_class=0")
+    finally:
+        AcceleratorState._reset_state(True)
+    assert np.isfinite(read_metrics(tmp_path / "bf16")[-1]["diffusion_loss"])

@@ -1,0 +1,136 @@
+"""The interface every objective implements: how a training example is noised and scored, what the network
+outputs, and how its predictions are sampled (which diffusers schedulers, on which grid, at which noise levels).
+
+The trainer, the pipeline, generation, evaluation and the command line ask the objective; none of them branches on
+its name. An objective is recorded with the model (``MoHDiT.config.objective``), so a checkpoint, a pipeline or a
+bare transformer folder says how it is sampled.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+from moh_dit.objectives.registry import check_sampler, entry
+
+__all__ = ["Objective", "Noised", "Losses", "NoiseLevel"]
+
+
+@dataclass
+class Noised:
+    """One noised micro-batch: the network's input ``x_t`` and its time input ``time``; ``terms`` hold what the
+    loss needs (the clean input, the noise, the draw of time), by the objective's own names."""
+
+    x_t: torch.Tensor
+    time: torch.Tensor
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class Losses:
+    """Per-sample loss terms, each of shape (N,): ``loss`` is what is minimised; ``mse`` the objective's squared
+    error (noise or velocity); ``vb`` DDPM's variational-bound term where the model learns its variance."""
+
+    loss: torch.Tensor
+    mse: torch.Tensor
+    vb: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class NoiseLevel:
+    """Where a sampler is: ``sigma``, the noise level (noise std over signal std, the same for every objective),
+    and ``timestep``, the DDPM training timestep where the sampler walks DiT's schedule (``None`` elsewhere)."""
+
+    sigma: float
+    timestep: int | None = None
+
+
+class Objective(ABC):
+    """A training objective and its samplers (see the module docstring). Subclasses set :attr:`name` (their key in
+    :data:`moh_dit.objectives.registry.OBJECTIVES`)."""
+
+    name: ClassVar[str]
+
+    # ------------------------------------------------------------------------------------------------
+    # What it is, and how a model records it
+    # ------------------------------------------------------------------------------------------------
+    @abstractmethod
+    def record(self) -> dict[str, Any] | None:
+        """What the model's config stores (``None`` for DiT's DDPM, so that models of moh-dit 0.3 compare equal)."""
+
+    @classmethod
+    @abstractmethod
+    def from_record(cls, record: dict[str, Any] | None, **training: Any) -> Objective:
+        """The objective of a model's record, with training options where it is trained."""
+
+    @abstractmethod
+    def out_channels(self, in_channels: int) -> int:
+        """The network's output channels for ``in_channels`` input channels."""
+
+    def model_config(self) -> dict[str, Any]:
+        """What the objective sets in a new model's config (its record; a head without a learned variance)."""
+        record = self.record()
+        return {} if record is None else {"objective": record}
+
+    def describe(self) -> str:
+        """What the objective is, in words (model cards, errors)."""
+        return entry(self.name).summary
+
+    @abstractmethod
+    def describe_loss(self) -> str:
+        """The training loss in words (model cards)."""
+
+    # ------------------------------------------------------------------------------------------------
+    # Training
+    # ------------------------------------------------------------------------------------------------
+    @abstractmethod
+    def noised(self, x0: torch.Tensor, generator: torch.Generator, device: torch.device) -> Noised:
+        """Draw the noise and time of a clean micro-batch ``x0`` (from ``generator``, on the CPU, so that a draw is
+        the same on any device) and noise it."""
+
+    @abstractmethod
+    def random_model_times(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """``n`` time inputs of the network, uniform over the noise levels training covers (calibration batches)."""
+
+    @abstractmethod
+    def loss(self, output: torch.Tensor, noised: Noised) -> Losses:
+        """Per-sample losses of the network's ``output`` (float32) for ``noised``."""
+
+    # ------------------------------------------------------------------------------------------------
+    # Sampling
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def samplers(self) -> tuple[str, ...]:
+        """The scheduler names this objective samples with."""
+        return entry(self.name).samplers
+
+    def check_sampler(self, name: str) -> None:
+        """A name of another objective's sampler is a ConfigError that says which samplers apply."""
+        check_sampler(name, self.name)
+
+    @abstractmethod
+    def make_scheduler(self, name: str) -> SchedulerMixin:
+        """The diffusers scheduler of sampler ``name``."""
+
+    @abstractmethod
+    def scheduler_name(self, scheduler: SchedulerMixin) -> str | None:
+        """The name of a scheduler :meth:`make_scheduler` could have made (``None`` for another kind)."""
+
+    @abstractmethod
+    def set_timesteps(
+        self, scheduler: SchedulerMixin, steps: int, time_shift: float, device: torch.device | str | None
+    ) -> None:
+        """Put ``scheduler`` on the grid of ``steps`` steps (shifted by ``time_shift`` where the objective allows)."""
+
+    @abstractmethod
+    def step_time(self, scheduler: SchedulerMixin, index: int, t: torch.Tensor) -> tuple[torch.Tensor, NoiseLevel]:
+        """At the ``index``-th call of the sampling loop (scheduler timestep ``t``): the network's time input, and the
+        noise level (for guidance intervals and grid averaging)."""
+
+    @abstractmethod
+    def scheduler_input(self, output: torch.Tensor, scheduler: SchedulerMixin, in_channels: int) -> torch.Tensor:
+        """What ``scheduler.step`` takes from the (guided) network ``output``."""

@@ -1,0 +1,124 @@
+"""The table of objectives: where each lives, the samplers it offers, and its named sampling protocols. No torch
+here: ``--help``, argument choices and :class:`moh_dit.sampling.spec.SamplingSpec` read it before torch loads.
+
+Adding an objective is one module with a subclass of :class:`moh_dit.objectives.base.Objective` and one entry in
+:data:`OBJECTIVES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from moh_dit.errors import ConfigError
+
+__all__ = [
+    "ObjectiveEntry",
+    "OBJECTIVES",
+    "DEFAULT_OBJECTIVE",
+    "ALL_SAMPLERS",
+    "ALL_PROTOCOLS",
+    "PAPER_PROTOCOL",
+    "entry",
+    "objective_name",
+    "resolve_protocol",
+    "objectives_of_sampler",
+    "check_sampler",
+]
+
+
+@dataclass(frozen=True)
+class ObjectiveEntry:
+    """One objective: ``module``/``cls`` hold it; ``samplers`` are the scheduler names it can sample with;
+    ``protocols`` name (scheduler, steps) settings; ``paper`` is the protocol of the published numbers.
+    ``record_keys`` are the training config's keys (``section.key``) that go into the model's record (what the
+    weights are: the path, the network's conventions); ``training_keys`` those that only shape training (loss
+    weighting, time sampling). A key of another objective set in a config is an error."""
+
+    module: str
+    cls: str
+    samplers: tuple[str, ...]
+    protocols: dict[str, tuple[str, int]] = field(default_factory=dict)
+    paper: str = "fast"
+    summary: str = ""
+    record_keys: tuple[str, ...] = ()
+    training_keys: tuple[str, ...] = ()
+
+
+OBJECTIVES: dict[str, ObjectiveEntry] = {
+    # DiT's: noise prediction with a learned variance on DiT's 1000-step schedule. "dit" is DiT's FID protocol
+    # (DDPM, 250 steps); "fast" the sampler study's choice (benchmarks/results/v7/samplers_cpu.md).
+    "ddpm": ObjectiveEntry(
+        "moh_dit.objectives.ddpm",
+        "DDPM",
+        ("ddpm", "ddim", "dpm-solver", "dpm-solver-sde", "unipc"),
+        {"dit": ("ddpm", 250), "fast": ("dpm-solver", 25)},
+        paper="dit",
+        summary="DiT's DDPM: noise prediction, learned variance, 1000 steps",
+        training_keys=("train.snr_gamma",),
+    ),
+    # SiT's: velocity along a straight (or cosine) path from data to noise. "sit-sde" is SiT's FID protocol
+    # (Euler-Maruyama, 250 steps, noise-free last step); "sit-ode" the fixed-step ODE of REPA's sampler (Heun,
+    # 50 steps; SiT's own ODE protocol is adaptive dopri5); "fast" the flow sampler study's choice
+    # (docs/results.md#ddpm-against-flow-matching).
+    "flow": ObjectiveEntry(
+        "moh_dit.objectives.flow",
+        "Flow",
+        ("euler", "heun", "dpm-solver", "unipc", "sde"),
+        {"sit-sde": ("sde", 250), "sit-ode": ("heun", 50), "fast": ("dpm-solver", 25)},
+        paper="sit-sde",
+        summary="flow matching (SiT): velocity prediction on a linear or GVP path",
+        record_keys=("objective.path", "objective.convention"),
+        training_keys=("objective.time_sampling", "objective.time_mean", "objective.time_std"),
+    ),
+}
+DEFAULT_OBJECTIVE = "ddpm"  # a model or run that records none: every model of moh-dit 0.3 and earlier
+PAPER_PROTOCOL = "paper"  # the protocol of the published numbers of the model's objective (dit, sit-sde)
+ALL_SAMPLERS = tuple(dict.fromkeys(s for e in OBJECTIVES.values() for s in e.samplers))
+ALL_PROTOCOLS = (PAPER_PROTOCOL, *dict.fromkeys(p for e in OBJECTIVES.values() for p in e.protocols))
+
+
+def entry(name: str) -> ObjectiveEntry:
+    """The table entry of objective ``name``; an unknown name is a :class:`ConfigError` listing the known ones."""
+    if name not in OBJECTIVES:
+        raise ConfigError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[name]
+
+
+def objective_name(record: dict[str, Any] | None) -> str:
+    """The objective a record names (``None`` or a record without a name: DDPM)."""
+    name = (record or {}).get("name", DEFAULT_OBJECTIVE)
+    entry(name)
+    return name
+
+
+def objectives_of_sampler(sampler: str) -> list[str]:
+    """The objectives that offer ``sampler``."""
+    return [name for name, e in OBJECTIVES.items() if sampler in e.samplers]
+
+
+def resolve_protocol(protocol: str, objective: str) -> tuple[str, int]:
+    """``(scheduler, steps)`` of a named protocol for a model of ``objective``; ``paper`` is the objective's own.
+    A protocol another objective defines is a :class:`ConfigError` that names this objective's protocols."""
+    found = entry(objective)
+    name = found.paper if protocol == PAPER_PROTOCOL else protocol
+    if name in found.protocols:
+        return found.protocols[name]
+    others = [o for o, e in OBJECTIVES.items() if name in e.protocols]
+    owner = f" is a protocol of {', '.join(others)} models" if others else " is not a protocol"
+    raise ConfigError(
+        f"{name!r}{owner}; this is a {objective} model: choose one of "
+        f"{', '.join([PAPER_PROTOCOL, *found.protocols])} (paper = {found.paper})"
+    )
+
+
+def check_sampler(sampler: str, objective: str) -> None:
+    """A scheduler name the model's objective does not offer is a :class:`ConfigError` that says what it does."""
+    found = entry(objective)
+    if sampler not in found.samplers:
+        owners = objectives_of_sampler(sampler)
+        what = f"samples {' and '.join(owners)} models" if owners else "is not a sampler"
+        raise ConfigError(
+            f"scheduler {sampler!r} {what}; this is a {objective} model ({found.summary}): choose one of "
+            f"{', '.join(found.samplers)}"
+        )

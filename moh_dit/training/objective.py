@@ -1,0 +1,110 @@
+"""A run's objective from its config (the ``objective`` section, ``train.snr_gamma``) and, with
+``model.init_from``, from the weights it starts from: the record its model carries and the training options.
+
+Which keys belong to which objective is the registry's (``record_keys``, ``training_keys`` of
+:data:`moh_dit.objectives.registry.OBJECTIVES`), so nothing here names an objective.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from moh_dit.errors import ConfigError
+from moh_dit.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, entry, objective_class, objective_name
+
+if TYPE_CHECKING:
+    from moh_dit.objectives.base import Objective
+    from moh_dit.training.config import Config
+
+__all__ = ["check_objective", "objective_record", "training_options", "run_objective"]
+
+
+def _value(config: Config, dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return getattr(getattr(config, section), key)
+
+
+def _key(dotted: str) -> str:
+    return dotted.split(".")[1]
+
+
+def objective_record(config: Config, weights: dict | None = None, init_from: str | None = None) -> dict:
+    """The full record of the run's objective (``{"name": ..., <record keys>}``): what the config says, and where it
+    says nothing (``null``), what the weights of ``init_from`` record (``weights``), else the objective's defaults.
+    The config contradicting the weights is an error: their meaning (time input, path) is fixed by training."""
+    given = config.objective.name
+    theirs = objective_name(weights) if init_from else None
+    if given is not None and theirs is not None and given != theirs:
+        raise ConfigError(
+            f"{init_from} was trained with the {theirs} objective, not objective.name={given}: its weights predict "
+            f"{entry(theirs).summary}; drop objective.name to continue with it"
+        )
+    name = given or theirs or DEFAULT_OBJECTIVE
+    record = {"name": name}
+    for dotted in entry(name).record_keys:
+        key, mine = _key(dotted), _value(config, dotted)
+        recorded = (weights or {}).get(key) if theirs == name else None
+        if mine is not None and recorded is not None and mine != recorded:
+            raise ConfigError(
+                f"{init_from} was trained with {key}={recorded}, not {dotted}={mine}: the weights keep theirs; drop "
+                f"{dotted}"
+            )
+        value = mine if mine is not None else recorded
+        if value is not None:
+            record[key] = value
+    return record
+
+
+def training_options(config: Config, name: str) -> dict[str, Any]:
+    """The training options of objective ``name`` from the config (loss weighting, time sampling)."""
+    return {_key(dotted): _value(config, dotted) for dotted in entry(name).training_keys}
+
+
+def run_objective(config: Config, record: dict, learn_sigma: bool) -> Objective:
+    """The objective a run trains with: its model's ``record`` and the config's training options."""
+    name = objective_name(record)
+    return objective_class(name).from_record(record, learn_sigma=learn_sigma, **training_options(config, name))
+
+
+def check_objective(config: Config, defaults: Config) -> None:
+    """Every objective key of the config, once: a known objective, no key of another objective set (it would be
+    ignored: ``defaults`` says what unset is), valid values, and preview and evaluation samplers that sample it. With
+    ``model.init_from`` and no ``objective.name`` the weights decide; they are checked when they load
+    (:func:`objective_record`)."""
+    section, model = config.objective, config.model
+    if section.name is not None:
+        entry(section.name)  # names the known objectives
+    snr = config.train.snr_gamma
+    if snr is not None and not (
+        isinstance(snr, (int, float)) and not isinstance(snr, bool) and snr == snr and 0 < snr < float("inf")
+    ):
+        raise ConfigError(f"train.snr_gamma must be a number > 0 (e.g. 5) or null, got {snr!r}")
+    if "objective" in model.overrides:
+        raise ConfigError(
+            "model.overrides.objective: the objective section says what the model learns (objective.name)"
+        )
+    chosen = section.name or (None if model.init_from else DEFAULT_OBJECTIVE)
+    if chosen is None:
+        return
+    for other, found in OBJECTIVES.items():
+        for dotted in (*found.record_keys, *found.training_keys) if other != chosen else ():
+            if _value(config, dotted) != _value(defaults, dotted):
+                raise ConfigError(
+                    f"{dotted} applies to the {other} objective; this run trains {chosen} (objective.name)"
+                )
+    record = objective_record(config) if not model.init_from else {"name": chosen}
+    objective = run_objective(config, record, learn_sigma=False)  # checks the values
+    wants = objective.model_config().get("learn_sigma")
+    if wants is not None and model.overrides.get("learn_sigma", wants) != wants:
+        raise ConfigError(
+            f"model.overrides.learn_sigma={model.overrides['learn_sigma']}: {objective.describe()} needs {wants}"
+        )
+    for key, spec in (
+        ("preview", config.preview.sampling()),
+        ("log.eval_sampling", config.log.eval_sampling.sampling()),
+    ):
+        if spec.scheduler is not None:
+            try:
+                objective.check_sampler(spec.scheduler)
+            except ConfigError as err:
+                raise ConfigError(f"{key}.{err}") from None

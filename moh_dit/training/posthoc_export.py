@@ -1,0 +1,186 @@
+"""What ``moh-dit ema`` does with a run's post-hoc EMA snapshots: rebuild the EMA of any width at any snapshot's
+step as a pipeline or transformer folder that records how it was made, and sweep widths (and guidance scales) with
+the scoring ``moh-dit evaluate --model`` uses, writing a table and a plot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moh_dit.errors import ArtifactError
+from moh_dit.run_folder import RunLayout
+from moh_dit.training.posthoc_ema import read_snapshot_metadata, reconstruct
+
+__all__ = ["snapshots_up_to", "rebuild_pipeline", "export_posthoc", "sweep"]
+
+logger = logging.getLogger(__name__)
+
+
+def snapshots_up_to(run: str | os.PathLike, step: int | None = None) -> list[Path]:
+    """The run's snapshots up to ``step`` (default: the newest), oldest first; a step without a snapshot is an
+    error that lists the steps there are."""
+    layout = RunLayout(run)
+    found = layout.list_snapshots()
+    if not found:
+        raise ArtifactError(
+            f"{layout.root} has no post-hoc EMA snapshots ({layout.posthoc.name}/): train it with ema.posthoc_every > 0"
+        )
+    steps = [s for s, _ in found]
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        shown = ", ".join(map(str, steps[:8])) + (f", ... {steps[-1]}" if len(steps) > 8 else "")
+        raise ArtifactError(f"{layout.root} has no snapshot at step {step}; it has steps {shown}")
+    return [p for s, p in found if s <= step]
+
+
+def rebuild_pipeline(run: str | os.PathLike, sigma_rel: float, step: int | None = None, device: str = "cpu"):
+    """The run's pipeline (its newest checkpoint's VAE and class names) with the transformer's weights rebuilt at
+    ``sigma_rel`` from the snapshots up to ``step``; ``pipe.posthoc`` records the snapshots and coefficients."""
+    from moh_dit.sampling.loading import load_pipeline
+
+    layout = RunLayout(run)
+    snapshots = snapshots_up_to(layout.root, step)
+    latest = layout.latest_checkpoint()
+    if latest is None:
+        raise ArtifactError(f"{layout.root} has no checkpoint to read the architecture, VAE and class names from")
+    pipe = load_pipeline(latest, device="cpu")
+    names = [n for n, _ in pipe.transformer.named_parameters()]  # the network only: REPA's projector is not sampled
+    weights, used = reconstruct(snapshots, sigma_rel, names)
+    with torch.no_grad():
+        for name, param in pipe.transformer.named_parameters():
+            param.copy_(weights[name])
+    last = read_snapshot_metadata(snapshots[-1])
+    pipe.posthoc = {"sigma_rel": sigma_rel, "step": last["step"], "images": last["images"], "snapshots": used}
+    pipe.provenance = dict(pipe.provenance, step=last["step"], posthoc_ema=pipe.posthoc)
+    return pipe.to(device)
+
+
+def export_posthoc(
+    run: str | os.PathLike,
+    sigma_rel: float,
+    out: str | os.PathLike,
+    step: int | None = None,
+    transformer_only: bool = False,
+) -> Path:
+    """Write the rebuilt EMA as a pipeline folder (or a bare transformer folder) whose manifest (or
+    ``posthoc_ema.json``) says which snapshots and coefficients made it."""
+    pipe = rebuild_pipeline(run, sigma_rel, step)
+    out = Path(out)
+    if transformer_only:
+        from moh_dit.files import atomic_write_json, replace_folder
+
+        tmp = out.with_name(f".tmp-{out.name}")
+        pipe.transformer.save_pretrained(tmp, safe_serialization=True)
+        atomic_write_json(tmp / "posthoc_ema.json", dict(pipe.posthoc, run=str(Path(run).resolve())))
+        replace_folder(tmp, out)
+        return out
+    source = {"run": str(Path(run).resolve()), "step": pipe.posthoc["step"], "weights": "posthoc-ema"}
+    return pipe.save(out, dict(source, posthoc_ema=pipe.posthoc))
+
+
+def sweep(
+    run: str | os.PathLike,
+    sigma_rels: list[float],
+    guidance_scales: list[float],
+    settings,
+    reference: str | os.PathLike,
+    extractor,
+    out: str | os.PathLike,
+    step: int | None = None,
+    options=None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Score the rebuilt EMA at every width and guidance scale, and the run's own fixed-decay EMA beside them, with
+    :func:`moh_dit.evaluation.model_scores.sample_and_score` (what ``moh-dit evaluate --model`` runs); write
+    ``posthoc_sweep.{json,md,png}`` into ``out``. Sample folders are kept under ``out/samples`` and reused."""
+    from dataclasses import replace
+
+    from moh_dit.evaluation.model_scores import sample_and_score
+    from moh_dit.sampling.loading import load_pipeline
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    snapshots = snapshots_up_to(run, step)
+    step = read_snapshot_metadata(snapshots[-1])["step"]
+    checkpoint = RunLayout(run).checkpoint(step)
+    rows = []
+
+    def score(pipe, label: str, sigma_rel: float | None) -> None:
+        for scale in guidance_scales:
+            spec = settings.sampling.replace(guidance_scale=scale)
+            folder = out / "samples" / f"{label}-cfg{scale:g}{spec.tag()}"
+            result = sample_and_score(
+                pipe, folder, replace(settings, sampling=spec), reference, extractor, options, overwrite=True
+            )
+            metrics = result["metrics"]
+            rows.append({"weights": label, "sigma_rel": sigma_rel, "guidance": scale, **metrics})
+            logger.info(
+                "%s, guidance %g: KID %.5f, FID %.3f", label, scale, metrics["kid"], metrics.get("fid", float("nan"))
+            )
+
+    for sigma_rel in sigma_rels:
+        score(rebuild_pipeline(run, sigma_rel, step, device), f"posthoc-{sigma_rel:g}", sigma_rel)
+    if checkpoint.is_dir():  # the EMA of the run's fixed decay, at the same step
+        score(load_pipeline(checkpoint, device=device), "fixed-ema", None)
+    result = {
+        "run": str(Path(run).resolve()),
+        "step": step,
+        "num_samples": settings.num_samples,
+        "sampling": settings.sampling.record(),
+        "extractor": getattr(extractor, "name", str(extractor)),
+        "reference": str(reference),
+        "rows": rows,
+    }
+    (out / "posthoc_sweep.json").write_text(json.dumps(result, indent=2, default=float))
+    (out / "posthoc_sweep.md").write_text(_table(result))
+    _plot(result, out / "posthoc_sweep.png")
+    return result
+
+
+def _table(result: dict) -> str:
+    lines = [
+        f"# Post-hoc EMA sweep of {result['run']} at step {result['step']}",
+        "",
+        f"{result['num_samples']} samples per row, {result['extractor']} features against {result['reference']}.",
+        "",
+        "| weights | sigma_rel | guidance | KID | FID | precision | recall |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        sigma = f"{r['sigma_rel']:g}" if r["sigma_rel"] is not None else "-"
+        lines.append(
+            f"| {r['weights']} | {sigma} | {r['guidance']:g} | {r['kid']:.5f} | {r.get('fid', float('nan')):.3f} | "
+            f"{r.get('precision', float('nan')):.3f} | {r.get('recall', float('nan')):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _plot(result: dict, path: Path) -> bool:
+    """KID against sigma_rel, one line per guidance scale, the fixed-decay EMA as a dashed line of its colour."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for scale in dict.fromkeys(r["guidance"] for r in result["rows"]):
+        mine = sorted((r["sigma_rel"], r["kid"]) for r in result["rows"] if r["guidance"] == scale and r["sigma_rel"])
+        line = ax.plot([s for s, _ in mine], [k for _, k in mine], marker="o", label=f"post-hoc, guidance {scale:g}")[
+            0
+        ]
+        fixed = [r["kid"] for r in result["rows"] if r["guidance"] == scale and r["sigma_rel"] is None]
+        if fixed:
+            ax.axhline(fixed[0], color=line.get_color(), linestyle="--", label=f"fixed EMA, guidance {scale:g}")
+    ax.set(xlabel="sigma_rel of the rebuilt EMA", ylabel="KID", title=f"Post-hoc EMA at step {result['step']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

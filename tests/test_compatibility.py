@@ -1,0 +1,46 @@
+"""What moh-dit 0.3 wrote still loads and gives the same numbers (recorded with 0.3's own code by
+tests/reference_outputs/record_moh_dit_0_3.py): its run, stopped at step 2, resumes to the losses and EMA weights of
+its uninterrupted twin; its exported pipeline draws the same images, bit for bit, with DDPM and DPM-Solver++ (a
+guidance interval and grid averaging included)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from .helpers.factories import make_image_folder, tiny_train_config
+
+RECORDS = Path(__file__).resolve().parent / "reference_outputs" / "moh_dit_0_3"
+MADE = json.loads((RECORDS / "records.json").read_text())
+
+
+def test_a_run_of_0_3_resumes_to_the_losses_and_weights_it_would_have_had(tmp_path):
+    from moh_dit.manifests import fingerprint_module
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
+
+    make_image_folder(tmp_path / "images")  # the same images (their fingerprint is the run's)
+    run = tmp_path / "run"
+    shutil.copytree(RECORDS / "cut-run", run)
+    config = tiny_train_config(run, tmp_path / "images")
+    train(load_config(config, [*MADE["overrides"], "train.max_steps=4", "train.resume=latest"]))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [[r["step"], r["diffusion_loss"], r["moh_loss"]] for r in records]
+    assert losses == MADE["whole_run_losses"]
+    resumed = load_pipeline(run / "pipeline", device="cpu").transformer
+    recorded = json.loads((RECORDS / "pipeline" / "manifest.json").read_text())["transformer_sha256"]
+    assert fingerprint_module(resumed) == recorded
+    assert resumed.config.get("objective") is None  # still DiT's DDPM, recorded as 0.3 recorded it
+
+
+def test_a_pipeline_of_0_3_draws_the_same_images():
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.sampling.spec import SamplingSpec
+
+    pipe = load_pipeline(RECORDS / "pipeline", device="cpu")
+    samples = np.load(RECORDS / "samples.npz")
+    for name, record in MADE["sampling"].items():
+        images, _ = pipe.sample_grid([0, 1], 2, 7, SamplingSpec.from_record(record))
+        assert np.array_equal(images, samples[name]), name
