@@ -4,7 +4,6 @@ the scoring ``moh-dit evaluate --model`` uses, writing a table and a plot."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -101,6 +100,7 @@ def sweep(
     from dataclasses import replace
 
     from moh_dit.evaluation.model_scores import sample_and_score
+    from moh_dit.files import atomic_write_json, atomic_write_text
     from moh_dit.sampling.loading import load_pipeline
 
     out = Path(out)
@@ -136,8 +136,8 @@ def sweep(
         "reference": str(reference),
         "rows": rows,
     }
-    (out / "posthoc_sweep.json").write_text(json.dumps(result, indent=2, default=float))
-    (out / "posthoc_sweep.md").write_text(_table(result))
+    atomic_write_json(out / "posthoc_sweep.json", result)
+    atomic_write_text(out / "posthoc_sweep.md", _table(result))
     _plot(result, out / "posthoc_sweep.png")
     return result
 
