@@ -349,3 +349,37 @@ def test_flip_floor_shows_what_mirrored_shoes_cost_and_symmetric_garments_do_not
     assert result["code"]["moh_dit"]
     mirrored = flip_floor.mirrored(np.arange(12).reshape(1, 3, 4), 1.0)
     assert np.array_equal(mirrored[0], np.arange(12).reshape(3, 4)[:, ::-1])
+
+
+@pytest.mark.slow
+@needs_data
+def test_recipes_study_trains_every_arm_chooses_samplers_by_counted_nfe_and_reports(tmp_path):
+    from experiments.recipes import ARMS, NFE_BUDGETS, SCALES, main
+
+    out = tmp_path / "out"
+    result = main(["--scale", "tiny", "--reference-count", "200", "--out", str(out)])
+    assert set(result["training"]) == {f"{arm}-seed{s}" for arm in ARMS for s in (0, 1)}
+    repa = result["training"]["moh-flow-repa-seed0"]
+    assert repa["final_repa_loss"] < 0 and result["training"]["moh-flow-seed0"]["final_repa_loss"] is None
+    assert all(len(t["curve"]) == 2 for t in result["training"].values())  # evaluated during training at 2 and 4
+    counted = {(r["scheduler"], r["steps"]): r["nfe"] for r in result["samplers"]["flow"]}
+    assert counted[("heun", 13)] == 25 and counted[("sde", 25)] == 25 and counted[("euler", 50)] == 50
+    for objective in ("ddpm", "flow"):
+        for budget in NFE_BUDGETS:
+            assert 0.9 * budget <= result["choice"][objective][str(budget)]["nfe"] <= budget
+    assert {(r["arm"], r["seed"], r["budget"]) for r in result["objective"]} == {
+        (a, s, b) for a in ("moh-ddpm", "moh-flow", "dit-flow") for s in (0, 1) for b in NFE_BUDGETS
+    }
+    assert {r["arm"] for r in result["repa"]} == {"moh-flow", "moh-flow-repa"}
+    rows = result["posthoc"]["0"]["rows"]
+    guidance = result["choice"]["ddpm"]["25"]["guidance"]
+    assert len(rows) == (len(SCALES["tiny"]["sigma_rels"]) + 1) * len({1.0, guidance})
+    assert {r["guidance"] for r in rows} == {1.0, guidance}
+    text = (out / "RESULTS.md").read_text()
+    assert "## DDPM against flow matching" in text and "| dit-flow | 50 |" in text and "## REPA" in text
+    for plot in ("kid_vs_nfe.png", "kid_during_training.png", "grid_moh-flow.png", "posthoc-seed0/posthoc_sweep.png"):
+        assert (out / plot).exists(), plot
+    (out / "RESULTS.md").unlink()
+    reread = main(["--scale", "tiny", "--reference-count", "200", "--out", str(out), "--report-only"])
+    assert reread == json.loads(json.dumps(result))  # as results.json holds it (intervals as lists)
+    assert (out / "RESULTS.md").read_text() == text
