@@ -28,7 +28,7 @@ from diffusers import AutoencoderKL
 from benchmarks.timing import interleaved_rounds, write_report
 from moh_dit import create_model
 from moh_dit.diffusion import DiffusionObjective
-from moh_dit.vae import encode_posterior, sample_posterior
+from moh_dit.vae import LatentNormalization, encode_posterior, sample_posterior
 
 MODELS = ("DiT-S/2", "MoH-DiT-S/2-75")
 
@@ -90,7 +90,7 @@ class Setup:
             mean, std = encode_posterior(self.vae, flipped)
         else:
             mean, std = self.moments
-        x0 = sample_posterior(mean, std, 0.18215)
+        x0 = sample_posterior(mean, std, LatentNormalization(0.18215))
         t = torch.randint(0, 1000, (len(x0),), device=self.device)
         noise = torch.randn_like(x0)
         x_t = self.objective.add_noise(x0, noise, t)

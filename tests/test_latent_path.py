@@ -9,14 +9,19 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 
 from .helpers.factories import (
     make_image_folder,
     run_command,
     run_in_process,
+    tiny_dc_ae,
+    tiny_sd3_vae,
     tiny_train_overrides,
     tiny_vae,
     torchrun,
+    train_tiny,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,3 +101,68 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path, caplog):
         ref_manifest = json.loads(str(data["moh_dit_manifest"]))
     assert ref_manifest["skipped"] == ["dark/broken.png"] and ref_manifest["num_source_images"] == 16
     assert metrics["reference"]["content_sha256"] and all(np.isfinite(v) for v in metrics["metrics"].values())
+
+
+@pytest.mark.parametrize("kind", ["sd3-style AutoencoderKL", "AutoencoderDC"])
+def test_newer_autoencoders_go_through_latents_training_and_sampling_on_one_and_two_processes(kind, tmp_path, caplog):
+    """An SD3/Flux-style VAE (16 channels, scale and shift) and a deep-compression autoencoder (deterministic):
+    latents on two processes and on one (the same file), training on both, sampling on both (the same images); every
+    record holds the whole latent space, and a decoder of another latent space is refused."""
+    from moh_dit.errors import ArtifactError
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.vae import LatentNormalization
+
+    make = tiny_sd3_vae if kind.startswith("sd3") else tiny_dc_ae
+    images, ae = tmp_path / "images", tmp_path / "ae"
+    make_image_folder(images)
+    make().save_pretrained(ae)
+    args = ["--data-path", images, "--image-size", 16, "--vae", ae, "--num-workers", 0, "--batch-size", 4]
+    run_command(torchrun("-m", "moh_dit", "latents", *args, "--out", tmp_path / "lat2.npy"), cwd=ROOT)
+    lat = tmp_path / "lat.npy"
+    run_in_process("latents", [*args, "--out", lat], caplog)
+    assert np.array_equal(np.load(lat), np.load(tmp_path / "lat2.npy"))
+    record = json.loads(Path(f"{lat}.json").read_text())
+    space = {k: record["vae"][k] for k in ("kind", "scaling_factor", "shift_factor", "latents_mean", "latents_std")}
+    channels = 16 if kind.startswith("sd3") else 8
+    if kind.startswith("sd3"):
+        assert space == dict(kind="AutoencoderKL", scaling_factor=1.5305, shift_factor=0.0609) | dict.fromkeys(
+            ("latents_mean", "latents_std")
+        )
+        assert record["latent_shape"] == [16, 8, 8] and "moments_per_flip" not in record  # mean and std
+    else:
+        assert space == dict(kind="AutoencoderDC", scaling_factor=0.4) | dict.fromkeys(
+            ("shift_factor", "latents_mean", "latents_std")
+        )
+        assert record["latent_shape"] == [8, 8, 8] and record["moments_per_flip"] == 1  # the latent alone
+
+    overrides = tiny_train_overrides(
+        tmp_path / "run2", lat, "data.name=latents", "train.max_steps=2", "train.checkpoint_every=2", image_size=16
+    )
+    two = run_command(torchrun(ROOT / "train.py", *overrides), cwd=ROOT)
+    assert "2 process(es)" in two.stderr
+    assert f"16 tokens per image: {channels} x 8 x 8 {record['vae']['kind']} latents in 2 x 2 patches" in two.stderr
+    run = tmp_path / "run"
+    train_tiny(run, lat, "data.name=latents", "train.max_steps=2", "train.checkpoint_every=2", image_size=16)
+    for folder in (run, tmp_path / "run2"):
+        vae_config = json.loads((folder / "pipeline" / "vae" / "config.json").read_text())
+        assert vae_config["_class_name"] == record["vae"]["kind"] and (folder / "samples" / "final.png").exists()
+
+    common = ["--num-samples", "6", "--batch-size", "4", "--num-steps", "3", "--cfg-scale", "1.5"]
+    run_command(torchrun(ROOT / "sample.py", run, "--sample-dir", tmp_path / "s2" / "x", *common), cwd=ROOT)
+    run_in_process("sample", [run, "--sample-dir", tmp_path / "s1" / "x", *common], caplog)
+    a, b = np.load(tmp_path / "s2" / "x.npz"), np.load(tmp_path / "s1" / "x.npz")
+    assert a["arr_0"].shape == (6, 16, 16, 3) and np.array_equal(a["arr_0"], b["arr_0"])
+
+    # the pipeline decodes with the autoencoder's inverse normalisation, and refuses a decoder of another space
+    pipe = load_pipeline(run, device="cpu")
+    z = torch.randn(1, channels, 8, 8)
+    with torch.no_grad():
+        expected = pipe.vae.decode(LatentNormalization.of(record["vae"]).denormalize(z)).sample
+        assert torch.equal(pipe.space.decode(z), expected)
+    other = tmp_path / "other"
+    (tiny_sd3_vae(shift_factor=0.2) if kind.startswith("sd3") else tiny_dc_ae(scaling_factor=0.5)).save_pretrained(
+        other
+    )
+    changed = "shift_factor: 0.0609 -> 0.2" if kind.startswith("sd3") else "scaling_factor: 0.4 -> 0.5"
+    with pytest.raises(ArtifactError, match=f"not in the latent space .*{changed}"):
+        load_pipeline(run, device="cpu", vae=str(other))

@@ -124,7 +124,7 @@ def test_the_wrappers_of_every_loader_let_bugs_through(tmp_path, monkeypatch):
     # and the same wrappers still blame a file that is damaged
     monkeypatch.undo()
     (tmp_path / "vae" / "diffusion_pytorch_model.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(DataError, match="not a readable AutoencoderKL"):
+    with pytest.raises(DataError, match="not a readable diffusers autoencoder"):
         load_vae(str(tmp_path / "vae"))
     (tmp_path / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(ArtifactError, match="cannot be loaded"):

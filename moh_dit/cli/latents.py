@@ -1,13 +1,20 @@
-r"""Encode a data set once into a packed latent file for ``data.name=latents`` (both flips, posterior
-mean and standard deviation; a manifest records the data and the VAE). Runs on any number of processes,
-each writing its own blocks of the one file (the result is the same for any count).
+r"""Encode a data set once into a packed latent file for ``data.name=latents`` (both flips; the posterior's mean
+and standard deviation, or the latent of a deterministic encoder such as DC-AE; a manifest records the data, the
+autoencoder and every number of its latent space). Runs on any number of processes, each writing its own blocks of
+the one file (the result is the same for any count).
 
     moh-dit latents --data-path /data/imagenet/train --image-size 256 --vae stabilityai/sd-vae-ft-ema \
         --out latents/imagenet256.npy
+    moh-dit latents --data-path /data/imagenet/train --image-size 512 \
+        --vae mit-han-lab/dc-ae-f32c32-in-1.0-diffusers --out latents/imagenet512-dcae.npy
+    moh-dit latents --data-path /data/imagenet/train --image-size 256 \
+        --vae stabilityai/stable-diffusion-3.5-medium:vae --out latents/imagenet256-sd3.npy
     accelerate launch --num_processes 8 -m moh_dit latents --data-path /data/imagenet/train \
         --image-size 256 --vae-dtype bf16 --out latents/imagenet256.npy
     torchrun --standalone --nproc_per_node 2 -m moh_dit latents ...      # two CPU processes
-    python -m moh_dit.vae ...                                          # the same as moh-dit latents
+
+--vae takes any diffusers autoencoder (AutoencoderKL, AutoencoderDC, ...): a hub id, ``repo:subfolder`` for the
+autoencoder inside a pipeline repository, or a local folder (docs/latent_spaces.md lists them).
 
 --vae-dtype bf16 (or fp16) runs the VAE in half precision: much faster on GPUs; the deviation of the
 posterior means from fp32 is measured on the first block and written to the log and the manifest.
@@ -35,7 +42,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--data-path", help="image folder (one sub-folder per class) or IDX folder")
     parser.add_argument("--image-size", type=positive_int, default=256)
     parser.add_argument("--channels", type=int, choices=[1, 3], default=3)
-    parser.add_argument("--vae", default="stabilityai/sd-vae-ft-ema", help="hub id or local AutoencoderKL folder")
+    parser.add_argument(
+        "--vae",
+        default="stabilityai/sd-vae-ft-ema",
+        help="any diffusers autoencoder: hub id, hub id:subfolder, or local folder",
+    )
     parser.add_argument("--out", required=True, help="output .npy file")
     parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--num-workers", type=int, default=4)

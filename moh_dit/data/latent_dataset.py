@@ -33,7 +33,8 @@ def partial_path(path: Path) -> Path:
 
 
 class LatentDataset(Dataset):
-    """Pre-extracted latents: item ``i`` is ``(moments (2, 2, c, h, w) float32, label)``, or, in a file made with
+    """Pre-extracted latents: item ``i`` is ``(moments (2 flips, K, c, h, w) float32, label)`` (K = 2: the posterior's
+    mean and std; K = 1: a deterministic encoder's latent), or, in a file made with
     ``--keep-images``, ``({"moments": ..., "images": uint8 (C, H, W)}, label)``; rows of unreadable images (label -1)
     are skipped. The manifest beside the file is checked against the file (rows, size, shapes) when it is opened."""
 
@@ -64,7 +65,7 @@ class LatentDataset(Dataset):
             self.table = np.load(self.path, mmap_mode="r")
         except (OSError, ValueError) as err:
             raise ArtifactError(f"{self.path} is not a readable latent file ({err}); extract again") from None
-        expected = (2, 2, *meta["latent_shape"])
+        expected = (2, meta.get("moments_per_flip", 2), *meta["latent_shape"])
         if len(self.table) != meta["rows"] or tuple(self.table.dtype["moments"].shape) != expected:
             raise ArtifactError(
                 f"{self.path} does not match its manifest ({len(self.table)} rows of "
@@ -72,8 +73,7 @@ class LatentDataset(Dataset):
             )
         self.rows = np.flatnonzero(np.asarray(self.table["label"]) >= 0)  # unreadable images are marked -1
         self.images_kept = "image" in (self.table.dtype.names or ())
-        self.vae = meta["vae"]
-        self.scaling_factor = float(self.vae["scaling_factor"])
+        self.vae = meta["vae"]  # the autoencoder and its latent space (moh_dit.vae.vae_record)
         self.latent_shape = tuple(meta["latent_shape"])
 
     def _check_unchanged(self) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKL
 from torch.utils.data import DataLoader, Dataset
 
 from moh_dit.data.latent_dataset import FORMAT_VERSION, LatentDataset, partial_path
@@ -38,7 +37,7 @@ from moh_dit.manifests import (
     write_manifest,
 )
 from moh_dit.progress import Progress
-from moh_dit.vae import encode_posterior, latent_space, vae_record
+from moh_dit.vae import SPACE_DEFAULTS, encode_posterior, latent_space_of, space_of, vae_record
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +92,17 @@ def latent_identity(data: dict | None, vae: dict, shapes: dict) -> dict | None:
     loaded from), and the shapes and storage dtype. ``None`` for a data set that cannot describe itself."""
     if not data or "fingerprint" not in data:
         return None
+    # what 0.3 recorded, then the latent-space numbers it did not know, only where they differ from what it assumed
+    # (an SD-VAE's latents keep their identity, and are not extracted again)
+    space = space_of(vae)
+    newer = {k: space[k] for k, assumed in SPACE_DEFAULTS.items() if space[k] != assumed}
     return {
         "data": {k: v for k, v in data.items() if k not in ("count", "skipped", "id2label")},
-        "vae": {k: vae.get(k) for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels", "dtype")},
+        "vae": {k: vae.get(k) for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels", "dtype")}
+        | newer,
         **{k: shapes.get(k) for k in ("rows", "latent_shape", "dtype", "image_size", "image_channels")},
         **({"images_kept": True} if shapes.get("images_kept") else {}),
+        **({"moments_per_flip": 1} if shapes.get("moments_per_flip") == 1 else {}),
     }
 
 
@@ -178,7 +183,7 @@ def _read_finished(tmp: Path) -> dict[int, list[int]]:
 @torch.no_grad()
 def extract_latents(
     dataset: Dataset,
-    vae: AutoencoderKL,
+    vae: torch.nn.Module,
     out_path: str | os.PathLike,
     batch_size: int = 64,
     num_workers: int = 0,
@@ -187,7 +192,7 @@ def extract_latents(
     id2label: dict[int, str] | None = None,
     accelerator=None,
     max_bad_fraction: float = 0.01,
-    fp32_vae: AutoencoderKL | None = None,
+    fp32_vae: torch.nn.Module | None = None,
     overwrite: bool = False,
     commit_every_s: float = 30.0,
     keep_images: bool = False,
@@ -197,9 +202,10 @@ def extract_latents(
     With ``keep_images`` each row also holds the image itself (uint8, as read and center-cropped), for REPA's
     encoders, which see the images the latents were made from (REPA stores them beside its latents too).
 
-    Rows are ``(moments, label)`` with ``moments`` of shape (2 flips, 2 [mean, std], c, h, w). Each image is
-    read once; an unreadable one keeps its row with label -1 and is listed in the manifest (more than
-    ``max_bad_fraction`` of them stops the extraction). With ``accelerator`` the images are split over its
+    Rows are ``(moments, label)`` with ``moments`` of shape (2 flips, K, c, h, w): K = 2 (the posterior's mean
+    and std) for a Gaussian encoder (AutoencoderKL), K = 1 (the latent) for a deterministic one (AutoencoderDC).
+    Each image is read once; an unreadable one keeps its row with label -1 and is listed in the manifest (more
+    than ``max_bad_fraction`` of them stops the extraction). With ``accelerator`` the images are split over its
     processes in fixed blocks of ``batch_size``, each process writing its own rows of the one file; the
     blocks are the same for any process count, so the file is bit-identical too. The VAE may run in half
     precision (its dtype); the deviation of the posterior means from ``fp32_vae`` (the same VAE in fp32;
@@ -221,7 +227,8 @@ def extract_latents(
     images = _MarkedImages(dataset)
     channels, size = images.shape[0], images.shape[-1]
     _check_vae_fits(vae, channels, size)
-    latent_shape = tuple(encode_posterior(vae, torch.zeros(1, *images.shape, device=device))[0].shape[1:])
+    probe_mean, probe_std = encode_posterior(vae, torch.zeros(1, *images.shape, device=device))
+    latent_shape, per_flip = tuple(probe_mean.shape[1:]), 1 if probe_std is None else 2  # (latent) or (mean, std)
     vae_info = dict(vae_record(vae, vae_name or None), dtype=str(vae.dtype).removeprefix("torch."))
     shapes = dict(
         rows=len(dataset),
@@ -232,10 +239,12 @@ def extract_latents(
     )
     if keep_images:  # recorded only when kept: files made before the option keep their identity
         shapes["images_kept"] = True
+    if per_flip == 1:  # a deterministic encoder (AutoencoderDC): one latent per flip, no std
+        shapes["moments_per_flip"] = 1
     describe = getattr(dataset, "describe", None)
     identity = latent_identity(describe() if describe is not None else None, vae_info, shapes)
     plan = _plan_extraction(out_path, identity, batch_size, overwrite)
-    fields = [("moments", dtype, (2, 2, *latent_shape)), ("label", "<i8")]
+    fields = [("moments", dtype, (2, per_flip, *latent_shape)), ("label", "<i8")]
     row = np.dtype(fields + ([("image", "u1", (channels, size, size))] if keep_images else []))
     tmp = partial_path(out_path)
     if plan.action == "fresh":  # a full disk would stop the extraction hours in, with a bus error
@@ -330,9 +339,9 @@ def extract_latents(
     return out_path
 
 
-def _check_vae_fits(vae: AutoencoderKL, channels: int, size: int) -> None:
+def _check_vae_fits(vae: torch.nn.Module, channels: int, size: int) -> None:
     """The VAE takes images of this many channels, and its downsampling divides their size."""
-    factor = latent_space(vae.config)["downsample_factor"]
+    factor = latent_space_of(vae)["downsample_factor"]
     if vae.config.in_channels != channels:
         raise DataError(
             f"the VAE takes {vae.config.in_channels}-channel images but the data gives {channels}-channel ones: "
@@ -374,7 +383,7 @@ def _open_partial(out_path: Path, plan, row: np.dtype, rows: int, blocks: int, s
 
 def _encode_blocks(
     images: Dataset,
-    vae: AutoencoderKL,
+    vae: torch.nn.Module,
     table: np.ndarray,
     todo: list[int],
     *,
@@ -384,7 +393,7 @@ def _encode_blocks(
     progress: Progress,
     world: int,
     commit_every_s: float,
-    fp32_vae: AutoencoderKL | None,
+    fp32_vae: torch.nn.Module | None,
     on_deviation: Callable[[dict], None],
 ) -> dict | None:
     """Encode this process's blocks ``todo`` (unflipped and flipped) into ``table``'s rows, recording the finished
@@ -405,7 +414,8 @@ def _encode_blocks(
             deviation = _deviation_from_fp32(fp32_vae, both[keep], mean[keep])
             on_deviation(deviation)
         n = x.shape[0]
-        moments = torch.stack([torch.stack([mean[:n], std[:n]], 1), torch.stack([mean[n:], std[n:]], 1)], 1)
+        per_image = torch.stack([mean] if std is None else [mean, std], 1)  # (2n, K, c, h, w)
+        moments = torch.stack([per_image[:n], per_image[n:]], 1)  # (n, 2 flips, K, c, h, w)
         start = b * batch_size
         table["moments"][start : start + n] = moments.cpu().numpy().astype(table["moments"].dtype)
         table["label"][start : start + n] = labels.numpy()
@@ -422,7 +432,7 @@ def _encode_blocks(
     return deviation
 
 
-def _deviation_from_fp32(reference: AutoencoderKL, images: torch.Tensor, mean: torch.Tensor) -> dict:
+def _deviation_from_fp32(reference: torch.nn.Module, images: torch.Tensor, mean: torch.Tensor) -> dict:
     """How far a half-precision VAE's posterior means ``mean`` are from those of ``reference`` (fp32)."""
     ref_mean, _ = encode_posterior(reference, images)
     diff = (mean.float() - ref_mean).abs()

@@ -16,6 +16,7 @@ from moh_dit.data.batches import ClassDraws, class_draws, dataset_labels, subset
 from moh_dit.data.fashion_mnist import FashionMNIST
 from moh_dit.data.image_folder import ImageFolderDataset
 from moh_dit.errors import DataError
+from moh_dit.vae import LatentNormalization
 
 if TYPE_CHECKING:
     from moh_dit.training.config import DataSection
@@ -34,11 +35,12 @@ class TrainingData:
         id2label: class names (empty when the data has none).
         num_classes: distinct classes of the data.
         in_channels, sample_size: the model's input (latent channels and size with a VAE).
-        latent_input: items are pre-extracted posterior moments (2 flips, mean/std, c, h, w).
-        vae: the ``AutoencoderKL`` (to encode images on the fly, and to decode previews and exported
-            pipelines), or ``None`` in pixel space.
-        vae_record: what identifies the VAE (see :func:`moh_dit.vae.vae_record`).
-        scaling_factor: latent scaling of the VAE (1 in pixel space).
+        latent_input: items are pre-extracted posterior moments (2 flips, K, c, h, w): K = 2 (mean, std) for a
+            Gaussian posterior, K = 1 (the latent) for a deterministic encoder.
+        vae: the autoencoder (to encode images on the fly, and to decode previews and exported pipelines), or
+            ``None`` in pixel space.
+        vae_record: what identifies the autoencoder and its latent space (see :func:`moh_dit.vae.vae_record`).
+        normalization: how its latents become the model's (the identity in pixel space).
         description: what identifies the data (name, fingerprint, count, preprocessing).
         draws: how often an epoch draws each class (``data.class_weights``); ``None``: every item once.
     """
@@ -51,7 +53,7 @@ class TrainingData:
     latent_input: bool = False
     vae: torch.nn.Module | None = None
     vae_record: dict | None = None
-    scaling_factor: float = 1.0
+    normalization: LatentNormalization = field(default_factory=LatentNormalization)
     description: dict = field(default_factory=dict)
     draws: ClassDraws | None = None
 
@@ -74,10 +76,11 @@ class TrainingData:
         posterior (the draws come from ``generator``)."""
         from moh_dit.vae import ImageSpace, sample_posterior
 
-        if self.latent_input:  # x: (N, 2 flips, 2 [mean, std], c, h, w), with the images where they were kept
+        if self.latent_input:  # x: (N, 2 flips, K [mean, std] or [latent], c, h, w), with the images where kept
             x = x["moments"] if isinstance(x, dict) else x
             moments = x[torch.arange(x.shape[0]), flip.long()]
-            return sample_posterior(moments[:, 0], moments[:, 1], self.scaling_factor, generator).to(device)
+            std = moments[:, 1] if moments.shape[1] == 2 else None
+            return sample_posterior(moments[:, 0], std, self.normalization, generator).to(device)
         x = torch.where(flip[:, None, None, None], x.flip(-1), x).to(device)
         return ImageSpace(self.vae).encode(x, generator, device)
 
@@ -211,7 +214,7 @@ def load_data_space(section: DataSection, device: str | torch.device = "cpu") ->
             True,
             vae,
             dict(record, spec=spec),
-            float(record["scaling_factor"]),
+            LatentNormalization.of(record),
             described,
         )
     vae = load_vae(section.vae, device=device)
@@ -239,6 +242,6 @@ def load_data_space(section: DataSection, device: str | torch.device = "cpu") ->
         False,
         vae,
         record,
-        record["scaling_factor"],
+        LatentNormalization.of(record),
         described,
     )

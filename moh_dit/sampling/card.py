@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from moh_dit.sampling.spec import SamplingSpec
+from moh_dit.vae import LatentNormalization, space_of
 
 __all__ = [
     "render_card",
@@ -134,8 +135,9 @@ def render_card(
     title = name or (f"{preset} (moh-dit)" if preset else "MoH-DiT pipeline (moh-dit)")
     vae = source.get("vae") or {}
     space = (
-        f"{config['in_channels']} x {config['sample_size']} x {config['sample_size']} latents of the VAE "
-        f"`{vae.get('spec') or 'in vae/'}` (scaling {vae.get('scaling_factor', 'as saved')})"
+        f"{config['in_channels']} x {config['sample_size']} x {config['sample_size']} latents of the "
+        f"{space_of(vae)['kind'] if vae else 'autoencoder'} `{vae.get('spec') or 'in vae/'}` "
+        f"({LatentNormalization.of(vae).describe() if vae.get('scaling_factor') else 'as saved'})"
         if pipe.config.get("latent_space")
         else f"{config['in_channels']} x {config['sample_size']} x {config['sample_size']} pixels"
     )

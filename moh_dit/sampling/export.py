@@ -14,10 +14,10 @@ from moh_dit.files import replace_folder
 from moh_dit.manifests import fingerprint_module, format_differences, short, write_manifest
 from moh_dit.sampling.card import QUALITY_CURVE_FILE, draw_quality_curve, write_card
 from moh_dit.sampling.spec import SamplingSpec
-from moh_dit.vae import latent_space, latent_space_differences
+from moh_dit.vae import latent_space_differences, latent_space_of
 
 if TYPE_CHECKING:
-    from diffusers import AutoencoderKL
+    import torch
 
     from moh_dit.sampling.pipeline import MoHDiTPipeline
 
@@ -57,11 +57,13 @@ def save_pipeline(
     return folder
 
 
-def replace_vae(pipe: MoHDiTPipeline, vae: AutoencoderKL | None, spec: str, trained_with: dict | None = None) -> None:
+def replace_vae(
+    pipe: MoHDiTPipeline, vae: torch.nn.Module | None, spec: str, trained_with: dict | None = None
+) -> None:
     """Decode with ``vae`` (``None``: no VAE) instead of the pipeline's own. It must decode the latents this
-    model makes: the same number of channels and, when the VAE the model was trained with is known (the
-    pipeline's own, or ``trained_with``: a record with its ``scaling_factor``, ``downsample_factor`` and
-    ``sha256``), the same scaling factor and downsampling (otherwise the images come out at the wrong scale or
+    model makes: the same number of channels and, when the autoencoder the model was trained with is known (the
+    pipeline's own, or ``trained_with``: its :func:`moh_dit.vae.vae_record`), the same latent space: kind, scale,
+    shift, per-channel statistics and downsampling (otherwise the images come out at the wrong scale, offset or
     size without any error). Other weights of the same latent space (DiT's ft-EMA against ft-MSE decoders)
     are a legitimate choice; the log says so, and sample manifests record the VAE's fingerprint."""
     if vae is not None:
@@ -74,9 +76,9 @@ def replace_vae(pipe: MoHDiTPipeline, vae: AutoencoderKL | None, spec: str, trai
                 f"{channels}-channel latents: pass the VAE it was trained with"
             )
         if pipe.vae is not None:
-            trained_with = dict(latent_space(pipe.vae.config), sha256=fingerprint_module(pipe.vae))
+            trained_with = dict(latent_space_of(pipe.vae), sha256=fingerprint_module(pipe.vae))
         if trained_with is not None:
-            diffs = latent_space_differences(trained_with, latent_space(vae.config))
+            diffs = latent_space_differences(trained_with, latent_space_of(vae))
             if diffs:
                 raise ArtifactError(
                     f"VAE {spec} is not in the latent space this model was trained in "
@@ -87,7 +89,7 @@ def replace_vae(pipe: MoHDiTPipeline, vae: AutoencoderKL | None, spec: str, trai
             if before != after:
                 logger.info(
                     "decoding with VAE %s instead of the one the model was trained with (fingerprint %s -> %s; "
-                    "same scaling factor and downsampling)",
+                    "same latent space)",
                     spec,
                     short(before),
                     short(after),

@@ -1,10 +1,10 @@
 """``MoHDiTPipeline``: class-conditional sampling with classifier-free guidance.
 
-A diffusers ``DiffusionPipeline`` holding the transformer, a scheduler, an optional ``AutoencoderKL``
-(latent diffusion; ``None`` for pixel space) and ``id2label`` in its saved config. The transformer's objective
-(``moh_dit.objectives``: DiT's DDPM or flow matching) says which schedulers sample it, what the network's time input
-is at each step, and what the scheduler takes from its output; the loop below is the same for every objective. It
-differs from diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class is the model's own
+A diffusers ``DiffusionPipeline`` holding the transformer, a scheduler, an optional autoencoder (latent diffusion:
+``AutoencoderKL``, ``AutoencoderDC``, ...; ``None`` for pixel space) and ``id2label`` in its saved config. The
+transformer's objective (``moh_dit.objectives``: DiT's DDPM or flow matching) says which schedulers sample it, what
+the network's time input is at each step, and what the scheduler takes from its output; the loop below is the same
+for every objective. It differs from diffusers' ``DiTPipeline`` where that one breaks DiT's protocol: the null class is the model's own
 ``num_classes`` (not a hard-coded 1000), the learned variance channels reach ``DDPMScheduler.step``
 (so ``variance_type="learned_range"`` works), and fast solvers receive only the noise channels.
 
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 from diffusers import (
-    AutoencoderKL,
     DiffusionPipeline,
     ImagePipelineOutput,
+    ModelMixin,
 )
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
@@ -68,7 +68,8 @@ class MoHDiTPipeline(DiffusionPipeline):
     Args:
         transformer: the denoiser.
         scheduler: a diffusers scheduler (see :func:`make_scheduler`).
-        vae: ``AutoencoderKL`` for latent models, ``None`` for pixel-space models.
+        vae: the autoencoder of latent models (any diffusers autoencoder, see :mod:`moh_dit.vae`), ``None`` for
+            pixel-space models.
         id2label: class id -> name, saved with the pipeline.
     """
 
@@ -79,7 +80,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         self,
         transformer: MoHDiT,
         scheduler: SchedulerMixin,
-        vae: AutoencoderKL | None = None,
+        vae: ModelMixin | None = None,
         id2label: dict | None = None,
         latent_space: bool | None = None,
     ) -> None:
@@ -94,7 +95,7 @@ class MoHDiTPipeline(DiffusionPipeline):
     def build(
         cls,
         transformer: MoHDiT,
-        vae: AutoencoderKL | None = None,
+        vae: ModelMixin | None = None,
         id2label: dict | None = None,
         scheduler: str | None = None,
         latent_space: bool | None = None,
@@ -148,7 +149,7 @@ class MoHDiTPipeline(DiffusionPipeline):
     def get_label_ids(self, labels: int | str | Sequence[int | str]) -> list[int]:
         return resolve_class_labels(labels, self.transformer.config.num_classes, self.id2label)
 
-    def replace_vae(self, vae: AutoencoderKL | None, spec: str, trained_with: dict | None = None) -> None:
+    def replace_vae(self, vae: ModelMixin | None, spec: str, trained_with: dict | None = None) -> None:
         """Decode with ``vae`` instead of the pipeline's own, if it decodes this model's latents (see
         :func:`moh_dit.sampling.export.replace_vae`)."""
         from moh_dit.sampling.export import replace_vae

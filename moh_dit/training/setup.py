@@ -27,7 +27,7 @@ from moh_dit.model.presets import architecture, preset_config
 from moh_dit.training.config import Config, EMASection, config_to_dict
 from moh_dit.training.objective import objective_record, run_objective
 from moh_dit.training.tracking import tracker_available
-from moh_dit.vae import latent_space_differences
+from moh_dit.vae import latent_space_differences, space_of
 
 if TYPE_CHECKING:
     from moh_dit.training.repa import Alignment
@@ -95,7 +95,9 @@ def build_model(config: Config, data: TrainingData) -> tuple[MoHDiT, dict | None
         derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
         objective = run_objective(config, objective_record(config), learn_sigma=False)
         derived |= objective.model_config()
-        model = MoHDiT(**preset_config(section.preset, **(derived | dict(section.overrides))))
+        model_config = preset_config(section.preset, **(derived | dict(section.overrides)))
+        _check_patch_grid(section.preset, model_config, data)
+        model = MoHDiT(**model_config)
     cfg = model.config
     for key, value in dict(in_channels=data.in_channels, sample_size=data.sample_size).items():
         if cfg[key] != value:
@@ -106,6 +108,33 @@ def build_model(config: Config, data: TrainingData) -> tuple[MoHDiT, dict | None
             f"(model.overrides.num_classes=0 trains an unconditional model)"
         )
     return model, report
+
+
+def _check_patch_grid(preset: str, model_config: dict, data: TrainingData) -> None:
+    """The patch size must divide the grid the model sees (the latent grid, image size / the autoencoder's
+    downsampling); otherwise the patch embedding would drop the last rows and columns."""
+    size, patch = model_config["sample_size"], model_config["patch_size"]
+    if size % patch:
+        where = (
+            f"the {size} x {size} latent grid of the {data.vae_record.get('kind', 'autoencoder')} "
+            f"({data.vae_record['downsample_factor']}x downsampling)"
+            if data.vae_record
+            else f"the {size} x {size} images"
+        )
+        raise ConfigError(
+            f"{preset}'s patch size {patch} does not divide {where}: choose a preset whose patch size divides "
+            f"{size} (or model.overrides.patch_size), or another data.image_size"
+        )
+
+
+def describe_tokens(model_config, vae_record: dict | None) -> str:
+    """The tokens per image the transformer attends over, and where they come from (printed at the start of a run)."""
+    size, patch = model_config["sample_size"], model_config["patch_size"]
+    space = f"{space_of(vae_record)['kind']} latents" if vae_record else "pixels"
+    return (
+        f"{(size // patch) ** 2} tokens per image: {model_config['in_channels']} x {size} x {size} {space} in "
+        f"{patch} x {patch} patches ({size // patch} x {size // patch})"
+    )
 
 
 def _check_init_latent_space(init_from: str, source: dict | None, data: dict | None) -> None:

@@ -62,6 +62,7 @@ from moh_dit.training.repa import alignment_loss
 from moh_dit.training.runs import RunRecord, open_run_folder
 from moh_dit.training.setup import (
     build_model,
+    describe_tokens,
     learning_rate,
     make_accelerator,
     make_alignment,
@@ -474,6 +475,7 @@ class Trainer:
             f"training {self.config.model.preset}: {params:,} parameters, {active}/{total} heads active, {self.world} "
             f"processes x {self.micro_batch} images x {train_cfg.grad_accum_steps} accumulation = {train_cfg.global_batch_size} per step"
         )
+        logger.info(describe_tokens(self.unwrapped.config, self.data.vae_record))
         # model FLOPs of one image's training step (the heads each token uses), and the hardware's peak for MFU
         self.flops_per_image = forward_flops(self.unwrapped, active_heads=True).training_step()
         self.peak_tflops, source = peak_tflops(

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 from moh_dit.data.latent_dataset import LatentDataset
 from moh_dit.data.latents import extract_latents
 from moh_dit.errors import ArtifactError, DataError
-from moh_dit.vae import encode_posterior, load_vae, sample_posterior
+from moh_dit.vae import LatentNormalization, encode_posterior, load_vae, sample_posterior
 
 from ..helpers.factories import generation_settings, tiny_vae
 
@@ -57,7 +57,7 @@ def test_load_vae_offline_hub_id_gives_clear_error(monkeypatch):
 
 def test_sample_posterior_statistics():
     mean, std = torch.full((20000,), 2.0), torch.full((20000,), 0.5)
-    z = sample_posterior(mean, std, 0.1, torch.Generator().manual_seed(0))
+    z = sample_posterior(mean, std, LatentNormalization(0.1), torch.Generator().manual_seed(0))
     assert z.mean().item() == pytest.approx(0.2, abs=0.002)
     assert z.std().item() == pytest.approx(0.05, abs=0.002)
 
@@ -71,7 +71,7 @@ def test_extract_latents_round_trip_keeps_both_flips(tmp_path):
     assert path.exists() and not (tmp_path / "lat.npy.partial.npy").exists()
     lat = LatentDataset(path)
     assert len(lat) == 5 and lat.latent_shape == (4, 8, 8)
-    assert lat.scaling_factor == pytest.approx(vae.config.scaling_factor)
+    assert lat.vae["scaling_factor"] == pytest.approx(vae.config.scaling_factor)
     assert lat.id2label == {0: "a", 1: "b"} and lat.targets == [0, 1, 0, 1, 0]
     moments, label = lat[3]
     assert moments.shape == (2, 2, 4, 8, 8) and label == 1

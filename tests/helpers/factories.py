@@ -52,19 +52,60 @@ def tiny_pipeline(model: MoHDiT | None = None, vae=None, scheduler: str = "ddpm"
     return pipe
 
 
-def tiny_vae() -> AutoencoderKL:
-    """A randomly initialised AutoencoderKL with a downsampling factor of 2 and 4 latent channels."""
-    torch.manual_seed(0)
+def tiny_vae(seed: int = 0, **config) -> AutoencoderKL:
+    """A randomly initialised AutoencoderKL with a downsampling factor of 2 and 4 latent channels (``config``
+    overrides its config)."""
+    torch.manual_seed(seed)
     return AutoencoderKL(
+        **{
+            "in_channels": 3,
+            "out_channels": 3,
+            "latent_channels": 4,
+            "down_block_types": ("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            "up_block_types": ("UpDecoderBlock2D", "UpDecoderBlock2D"),
+            "block_out_channels": (8, 16),
+            "layers_per_block": 1,
+            "norm_num_groups": 4,
+            "sample_size": 16,
+            **config,
+        }
+    ).eval()
+
+
+def tiny_sd3_vae(**config) -> AutoencoderKL:
+    """A randomly initialised SD3/Flux-style AutoencoderKL: 16 latent channels, a scale and a shift (SD3's numbers),
+    no quant convolutions; downsampling 2."""
+    sd3 = dict(latent_channels=16, scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False)
+    return tiny_vae(1, **(sd3 | {"use_post_quant_conv": False} | config))
+
+
+def tiny_stats_vae() -> AutoencoderKL:
+    """:func:`tiny_vae` with per-channel latent statistics (``latents_mean`` / ``latents_std``, SDXL-style)."""
+    return AutoencoderKL.from_config(
+        tiny_vae().config, latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[0.5, 1.5, 2.0, 1.0], scaling_factor=0.5
+    ).eval()
+
+
+def tiny_dc_ae(**config):
+    """A randomly initialised deep-compression autoencoder (diffusers' ``AutoencoderDC``): deterministic, 8 latent
+    channels, downsampling 2 (two encoder levels), scale 0.4."""
+    from diffusers import AutoencoderDC
+
+    torch.manual_seed(2)
+    return AutoencoderDC(
         in_channels=3,
-        out_channels=3,
-        latent_channels=4,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        norm_num_groups=4,
-        sample_size=16,
+        latent_channels=8,
+        attention_head_dim=4,
+        encoder_block_types="ResBlock",
+        decoder_block_types="ResBlock",
+        encoder_block_out_channels=(8, 16),
+        decoder_block_out_channels=(8, 16),
+        encoder_layers_per_block=(1, 1),
+        decoder_layers_per_block=(1, 1),
+        encoder_qkv_multiscales=((), ()),
+        decoder_qkv_multiscales=((), ()),
+        scaling_factor=config.pop("scaling_factor", 0.4),
+        **config,
     ).eval()
 
 

@@ -1,11 +1,13 @@
 """Config files and overrides: strict keys, typed values, base files, the shipped configs."""
 
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from moh_dit.errors import ConfigError
-from moh_dit.model.presets import PRESETS
+from moh_dit.model.presets import PRESETS, preset_config
 from moh_dit.training.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,3 +206,33 @@ def test_the_flow_twins_train_flow_and_keep_the_defaults_recipe():
             name = "flow-" + preset.lower().replace("/", "-")
             config = load_config(ROOT / "configs" / "imagenet256" / f"{name}.yaml")
             assert config.model.preset == preset and config.objective.name == "flow" and config.optim.lr == 1e-4
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "imagenet512").glob("dcae-*.yaml")), ids=lambda p: p.name)
+def test_imagenet512_dc_ae_configs_give_the_token_counts_they_state(path):
+    """Each DC-AE f32c32 config on the latent grid its autoencoder gives at 512 px (16 x 16 x 32, from the
+    AutoencoderDC config's six encoder levels): the patch size divides it, and the tokens are those its comment says."""
+    from moh_dit.training.setup import _check_patch_grid, describe_tokens
+    from moh_dit.vae import latent_space
+
+    config = load_config(path)
+    dc_ae = {"_class_name": "AutoencoderDC", "encoder_block_out_channels": [128, 256, 512, 512, 1024, 1024]}
+    space = latent_space(dc_ae | {"latent_channels": 32, "scaling_factor": 0.5})
+    grid = config.data.image_size // space["downsample_factor"]
+    model = preset_config(
+        config.model.preset, in_channels=32, sample_size=grid, num_classes=1000, **config.model.overrides
+    )
+    data = SimpleNamespace(vae_record=space)
+    _check_patch_grid(config.model.preset, model, data)
+    stated = int(re.search(r"(\d+) tokens per image", path.read_text())[1])
+    assert describe_tokens(model, space).startswith(f"{stated} tokens per image: 32 x 16 x 16 AutoencoderDC latents")
+    assert stated == (16 // model["patch_size"]) ** 2
+
+
+def test_a_patch_size_that_does_not_divide_the_latent_grid_is_a_clear_error():
+    from moh_dit.training.setup import _check_patch_grid
+
+    space = {"kind": "AutoencoderDC", "downsample_factor": 32}
+    model = preset_config("DiT-XL/4", in_channels=32, sample_size=6, num_classes=10)  # 192 px: a 6 x 6 grid
+    with pytest.raises(ConfigError, match=r"DiT-XL/4's patch size 4 does not divide the 6 x 6 latent grid of the "):
+        _check_patch_grid("DiT-XL/4", model, SimpleNamespace(vae_record=space))
