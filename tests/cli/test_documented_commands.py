@@ -1,0 +1,176 @@
+"""Every command that a help text, the README, docs/ or a config's comments shows exists and parses: a `moh-dit`
+subcommand (or train.py / sample.py / evaluate_fid.py, under any launcher) parses the arguments shown with its own
+parser; a module or script (`python -m experiments.recipes`, `python benchmarks/main_job.py`) answers `--help` with
+its usage line. Placeholders (`...`, `[--step N]`, `<run>`) reduce a command to its `--help` check."""
+
+import contextlib
+import importlib
+import io
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from moh_dit.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = {"train.py": "train", "sample.py": "sample", "evaluate_fid.py": "evaluate"}
+# where a command starts: the moh-dit command, a launcher, or python running a module or a script
+START = re.compile(
+    r"(?:accelerate launch|torchrun|(?:\.venv/bin/)?python3?|moh-dit)(?=\s)"
+    r"|(?<![\w/.-])(?:train|sample|evaluate_fid)\.py(?=\s|$)"
+)
+END = re.compile(r"`|\s\|\s?|\s#\s|\s&&\s|\s\|\|\s|\)\s|;\s|\s\s\s")
+
+
+def _documents() -> dict[str, str]:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in pages}
+    for page in sorted((ROOT / "configs").rglob("*.yaml")):  # the comments, as text
+        comments = [ln.split("#", 1)[1] for ln in page.read_text().splitlines() if ln.lstrip().startswith("#")]
+        texts[str(page.relative_to(ROOT))] = "\n".join(comments)
+    for name in COMMANDS:
+        parser = importlib.import_module(f"moh_dit.cli.{name}").build_parser(f"moh-dit {name}")
+        texts[f"moh-dit {name} --help"] = "\n".join(filter(None, (parser.description, parser.epilog)))
+    texts["moh-dit --help"] = importlib.import_module("moh_dit.cli").__doc__
+    return texts
+
+
+def _code(text: str) -> list[tuple[str, bool]]:
+    """The pieces of ``text`` that are code: lines of fenced or indented blocks (whole commands: parsed in full),
+    and inline code spans (often a command's name and one flag: checked by name only)."""
+    text = re.sub(r"[ \t]*\\\n\s*(?:#\s*)?", " ", text)  # continuation lines joined
+    pieces, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or re.match(r"(?: {4}|\t)", line):
+            pieces.append((line.strip(), True))
+        else:
+            pieces += [(span, False) for span in re.findall(r"`([^`]+)`", line)]
+    return pieces
+
+
+def documented_commands(text: str) -> list[tuple[str, bool]]:
+    """The command lines in ``text`` (see :func:`_code`), each cut where a comment or the next command starts."""
+    found = []
+    for piece, whole in _code(text):
+        taken = 0
+        for start in START.finditer(piece):
+            if start.start() < taken or (start.start() and piece[start.start() - 1] not in " ("):
+                continue
+            rest = piece[start.start() :]
+            cut = END.search(rest)
+            command = re.sub(r"(?<!\.)[.,:;]$", "", (rest[: cut.start()] if cut else rest).strip())  # not "..."
+            taken = start.start() + len(command)
+            found.append((command, whole))
+    return found
+
+
+def target(command: str) -> tuple[str, str, list[str]] | None:
+    """``("cli", subcommand, args)``, ``("module", name, [])``, ``("script", path, [])`` or ``None`` (not ours)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    for i, word in enumerate(words):
+        if (word == "moh-dit" or (word == "moh_dit" and words[i - 1] == "-m")) and not (
+            i + 1 < len(words) and not re.fullmatch(r"[a-z]+|-.*", words[i + 1])
+        ):
+            sub = words[i + 1] if i + 1 < len(words) else "--help"
+            return ("cli", sub, words[i + 2 :]) if not sub.startswith("-") else ("cli", "", words[i + 1 :])
+        if Path(word).name in SCRIPTS and not word.startswith(("benchmarks", "experiments")):
+            return "cli", SCRIPTS[Path(word).name], words[i + 1 :]
+        if word == "-m" and i + 1 < len(words) and words[i - 1].endswith(("python", "python3", "launch", "torchrun")):
+            name = words[i + 1]
+            return (
+                None
+                if name.split(".")[0] in ("pytest", "pip", "torch", "accelerate", "venv")
+                else ("module", name, [])
+            )
+        if word.endswith(".py") and words[0].split("/")[-1].startswith("python") and i == 1:
+            return "script", word, []
+    return None
+
+
+PLACEHOLDER = re.compile(r"\.\.\.|\[|<|\bRUN\b|\bDIR\b|\bN\b|\bREPO\b|\bPATH\b|\bFOLDER\b|\bCOMMAND\b|\{")
+
+
+def _help(run) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        run()
+    assert stop.value.code in (0, None), out.getvalue()
+    return out.getvalue()
+
+
+def _all_commands() -> list[tuple[str, str, bool]]:
+    seen, cases = set(), []
+    for where, text in _documents().items():
+        for command, whole in documented_commands(text):
+            found = target(command)
+            key = (found[0], found[1], tuple(found[2]) if whole else None) if found else None
+            if found and key not in seen:
+                seen.add(key)
+                cases.append((where, command, whole))
+    return cases
+
+
+CASES = _all_commands()
+
+
+def test_the_documents_show_commands_of_every_kind():
+    kinds = {target(c)[0] for _, c, _ in CASES}
+    subcommands = {target(c)[1] for _, c, _ in CASES if target(c)[0] == "cli"}
+    assert kinds == {"cli", "module", "script"} and set(COMMANDS) <= subcommands, (kinds, subcommands)
+
+
+def test_the_extraction_of_commands_from_prose():
+    text = (
+        "moh-dit does this. Run `moh-dit sample RUN --num-samples 8` | or\n"
+        "    accelerate launch --num_processes 8 train.py --config x.yaml \\\n        a.b=1   # note"
+    )
+    assert documented_commands(text) == [
+        ("moh-dit sample RUN --num-samples 8", False),
+        ("accelerate launch --num_processes 8 train.py --config x.yaml a.b=1", True),
+    ]
+    assert target("accelerate launch --num_processes 8 train.py --config x.yaml a.b=1") == (
+        "cli",
+        "train",
+        ["--config", "x.yaml", "a.b=1"],
+    )
+    assert target("python -m experiments.recipes --part train") == ("module", "experiments.recipes", [])
+    assert target("python -m pytest -q") is None
+
+
+@pytest.mark.parametrize("where, command, whole", CASES, ids=[f"{w}: {c[:60]}" for w, c, _ in CASES])
+def test_a_documented_command_exists_and_parses(where, command, whole, monkeypatch):
+    kind, name, args = target(command)
+    if kind == "cli":
+        assert name in COMMANDS, f"{where} shows `{command}`: moh-dit has no command {name!r}"
+        module = importlib.import_module(f"moh_dit.cli.{name}")
+        parser = module.build_parser(f"moh-dit {name}")
+        if not whole or PLACEHOLDER.search(" ".join(args)):
+            assert _help(lambda: parser.parse_args(["--help"])).startswith(f"usage: moh-dit {name}")
+            return
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                parser.parse_args(args)
+            except SystemExit:
+                pytest.fail(f"{where} shows `{command}`, which does not parse: {err.getvalue().strip()}")
+        return
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT))
+    if kind == "module":
+        monkeypatch.setattr(sys, "argv", [name, "--help"])
+        shown = _help(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True))
+    else:
+        assert (ROOT / name).is_file(), f"{where} shows `{command}`: {name} does not exist"
+        monkeypatch.setattr(sys, "argv", [name, "--help"])
+        shown = _help(lambda: runpy.run_path(str(ROOT / name), run_name="__main__"))
+    assert "usage:" in shown, f"{where} shows `{command}`, but `{name} --help` prints no usage line"
