@@ -109,6 +109,20 @@ def child(name, mode, args):
     print(json.dumps({"peak_mb": max(0, peak[0] - base) / 2**20}))
 
 
+def peak_activation_mb(model, name: str, mode: str, step, args, device: torch.device) -> float:
+    """The activation memory of one step (MB): measured by CUDA, or in a child process on the CPU."""
+    if args.no_memory:
+        return float("nan")
+    if device.type != "cuda":
+        return peak_memory_child(name, mode, args)
+    if hasattr(model, "set_attention_execution"):
+        model.set_attention_execution(mode)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    step()
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -144,7 +158,6 @@ def main(argv=None) -> dict:
             models[name] = build(name, args, device)
         steps[label] = (name, mode, step_fn(models[name], args, device, dtype))
     times = {label: [] for label in steps}
-    peaks = {}
 
     def timed(label):
         name, mode, step = steps[label]
@@ -164,17 +177,10 @@ def main(argv=None) -> dict:
     for _ in range(args.rounds):
         for label in steps:
             times[label].append(timed(label))
-    for label, (name, mode, step) in steps.items():
-        if args.no_memory:
-            peaks[label] = float("nan")
-        elif device.type == "cuda":
-            models[name].set_attention_execution(mode) if hasattr(models[name], "set_attention_execution") else None
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-            step()
-            peaks[label] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-        else:
-            peaks[label] = peak_memory_child(name, mode, args)
+    peaks = {
+        label: peak_activation_mb(models[name], name, mode, step, args, device)
+        for label, (name, mode, step) in steps.items()
+    }
 
     rows = []
     for label, (name, mode, _) in steps.items():

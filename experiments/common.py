@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +18,10 @@ from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES, FashionMNIST
 from moh_dit.errors import ArtifactError
 from moh_dit.evaluation.features import load_images, resolve_extractor
 from moh_dit.evaluation.metrics import kernel_inception_distance, patch_seam_ratio
-from moh_dit.evaluation.scoring import evaluate
+from moh_dit.evaluation.model_scores import sample_and_score as package_sample_and_score
+from moh_dit.evaluation.scoring import ScoringOptions
 from moh_dit.evaluation.statistics import reference_statistics
-from moh_dit.sampling.generation import GenerationSettings, generate_samples, missing_indices
+from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import load_pipeline
 from moh_dit.sampling.sample_sets import read_npz_manifest
 from moh_dit.sampling.spec import SamplingSpec
@@ -148,20 +148,17 @@ def sample_and_score(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     timing = folder.with_name(folder.name + ".timing.json")
     pipe = load_pipeline(model, device=device, scheduler=scheduler)
-    missing = len(missing_indices(folder, settings.num_samples)) if folder.is_dir() else settings.num_samples
-    start = time.time()
-    # also for a finished folder: generate_samples checks that its manifest names this model and these
-    # settings (a retrained model or another sampler is refused, never scored as this one) and repacks the npz
-    npz = generate_samples(pipe, folder, settings)
+    # the package's scoring (moh-dit evaluate --model's): also for a finished folder, whose manifest must name this
+    # model and these settings (a retrained model or another sampler is refused, never scored as this one)
+    options = ScoringOptions(batch_size=500, bootstrap=bootstrap, return_features=True)
+    scored = package_sample_and_score(pipe, folder, settings, reference, extractor, options)
+    made, npz = scored["generation"], Path(scored["samples"]["path"])
+    if made["images"] and (made["images"] == settings.num_samples or not timing.exists()):
+        timing.write_text(json.dumps({"seconds_per_image": made["seconds"] / made["images"]}))
     made_by = read_npz_manifest(npz)["identity"]
-    if missing and (missing == settings.num_samples or not timing.exists()):
-        timing.write_text(json.dumps({"seconds_per_image": (time.time() - start) / missing}))
-    images = load_images(npz)  # (N, H, W, 3) uint8, validated; read once for both scores
+    images = load_images(npz)  # (N, H, W, 3) uint8, validated: for the seam scores
     with np.load(npz) as stored:
         labels = stored["arr_1"]
-    scored = evaluate(
-        images, reference, extractor, batch_size=500, pr_block=5000, bootstrap=bootstrap, return_features=True
-    )
     seconds = json.loads(timing.read_text())["seconds_per_image"] if timing.exists() else None
     return dict(
         scored["metrics"],

@@ -5,6 +5,7 @@ reader finds the old content or the new one, never half of each; and the two saf
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -31,12 +32,98 @@ def sibling(path: str | os.PathLike, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
 
 
+# ----------------------------------------------------------------------------------------------------
+# A full disk: one line naming what was being written, where, and the space left; never half a file
+# ----------------------------------------------------------------------------------------------------
+class DiskFullError(OutputError):
+    """The device ran out of space while (or before) writing; unfinished files were removed."""
+
+
+# what torch's zip writer says when a write fails (it drops the OS error: "[enforce fail at inline_container.cc]
+# . unexpected pos", "PytorchStreamWriter failed writing file"); a full disk is by far its most common cause
+_FULL_MESSAGES = ("no space left on device", "disk quota exceeded", "unexpected pos", "failed writing file")
+
+
+def size_text(n: int) -> str:
+    """A byte count for people (``1.2 GB``)."""
+    return next(
+        f"{n / f:.1f} {unit}" for f, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "bytes")) if n >= f or f == 1
+    )
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Free space on the device that holds ``path`` (its nearest existing folder)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+    """Whether ``err`` (or an error it was raised from) is the device running out of space or quota."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(err, DiskFullError) or any(m in str(err).lower() for m in _FULL_MESSAGES):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextmanager
+def writing(what: str, where: str | os.PathLike, *unfinished: str | os.PathLike) -> Iterator[None]:
+    """Run a block that writes ``what`` into the folder ``where``; if the disk fills inside it, remove the
+    ``unfinished`` files and folders and raise one :class:`DiskFullError` line instead of the writer's traceback.
+    Complete files written before are left as they are."""
+    try:
+        yield
+    except DiskFullError:
+        for path in unfinished:
+            _remove(Path(path))
+        raise
+    except BaseException as err:
+        if not is_disk_full(err):
+            raise
+        for path in unfinished:
+            _remove(Path(path))
+        raise DiskFullError(
+            f"no space left on the device while writing {what} to {where} ({size_text(free_bytes(where))} free there "
+            f"after removing the unfinished files): free some space or write elsewhere"
+        ) from None
+
+
+def check_free_space(where: str | os.PathLike, needed: int, what: str) -> None:
+    """Stop before writing about ``needed`` bytes of ``what`` into ``where`` when its device has less free."""
+    free = free_bytes(where)
+    if needed > free:
+        raise DiskFullError(
+            f"not enough space for {what} in {where}: it needs about {size_text(needed)} and "
+            f"{size_text(free)} is free; free some space or write elsewhere"
+        )
+
+
+def folder_size(path: str | os.PathLike) -> int:
+    """Bytes of the files under ``path`` (0 when it does not exist)."""
+    path = Path(path)
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """The one way moh-dit writes a file: the block writes to the temporary path this yields (beside ``path``,
     hidden, ending in ``suffix`` for writers that add their own, as ``np.savez`` adds ``.npz``), which is
     renamed onto ``path`` when the block ends. Readers see the old or the new file, never a partial one; a
-    block that raises leaves ``path`` as it was and removes the temporary file.
+    block that raises leaves ``path`` as it was and removes the temporary file (a full disk is one
+    :class:`DiskFullError` line).
 
         with atomic_path(out, ".npz") as tmp:
             np.savez(tmp, arr_0=images)
@@ -44,8 +131,9 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     path = Path(path)
     tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}{suffix}")
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with writing(path.name, path.parent, tmp):
+            yield tmp
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -98,6 +186,24 @@ def ensure_writable_file(path: str | os.PathLike, what: str) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"{what} {path} exists and is not writable")
     return path
+
+
+@contextmanager
+def atomic_folder(folder: str | os.PathLike, what: str) -> Iterator[Path]:
+    """The folder counterpart of :func:`atomic_path`: the block fills the temporary folder this yields (beside
+    ``folder``, ``.tmp-<name>``), which replaces ``folder`` when the block ends. A block that raises leaves
+    ``folder`` as it was and removes the temporary one; a full disk is one :class:`DiskFullError` line about
+    ``what``."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".tmp-{folder.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with writing(what, folder.parent, tmp):
+            tmp.mkdir(parents=True)
+            yield tmp
+            replace_folder(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def replace_folder(tmp: Path, final: Path) -> None:

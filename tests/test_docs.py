@@ -38,3 +38,36 @@ def test_relative_links_in_the_docs_lead_somewhere():
             if not target.startswith(("http://", "https://", "mailto:")) and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, broken
+
+
+DURATION = re.compile(
+    r"\b\d+(?:\.\d+)?(?:\s*(?:-|to)\s*\d+(?:\.\d+)?)?\s*(?:minutes?|hours?|seconds?|days?|min)\b", re.I
+)
+HARDWARE = re.compile(r"\b(?:CPUs?|GPUs?|H100s?|A100s?|H200s?|cores?)\b")
+BACKED = re.compile(r"measured|estimate|projected|\btook\b|benchmarks/results|\bran\b|\bwall\b", re.I)
+
+
+def time_claims(text: str) -> list[str]:
+    """The sentences (and table rows) of ``text`` that state a time on some hardware."""
+    found = []
+    for para in re.split(r"\n\s*\n", text):
+        rows = [ln for ln in para.splitlines() if ln.lstrip().startswith("|")]
+        prose = " ".join(ln for ln in para.splitlines() if not ln.lstrip().startswith("|"))
+        for sentence in [*rows, *re.split(r"(?<=[.!?])\s+(?=[A-Z(`])", " ".join(prose.split()))]:
+            if DURATION.search(sentence) and HARDWARE.search(sentence):
+                found.append(sentence)
+    return found
+
+
+def test_every_time_on_some_hardware_says_whether_it_was_measured_or_estimated():
+    """A time a reader plans by ("about 1-2 minutes on 8 H100s") says it was measured (or took, ran, is in
+    benchmarks/results) or is an estimate (with how it was made)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    texts = {p: p.read_text() for p in pages}
+    for config in sorted((ROOT / "configs").rglob("*.yaml")):  # the comments
+        texts[config] = "\n".join(ln.split("#", 1)[1] for ln in config.read_text().splitlines() if "#" in ln)
+    unbacked = [
+        f"{p.relative_to(ROOT)}: {s[:160]}" for p, t in texts.items() for s in time_claims(t) if not BACKED.search(s)
+    ]
+    assert not unbacked, unbacked
+    assert time_claims("It takes about 1-2 minutes on 8 H100s per point.") and not time_claims("Sampling: 5 minutes.")

@@ -101,10 +101,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     p = build_parser(prog)
     args = p.parse_args(argv)
     setup_logging(with_time=False)
-    from moh_dit.errors import ConversionError
-    from moh_dit.files import ensure_writable_dir, ensure_writable_file
+    from moh_dit.files import atomic_folder, atomic_path
     from moh_dit.interop.diffusers_dit import to_diffusers
-    from moh_dit.interop.dit_to_moh import dit_to_moh
     from moh_dit.interop.load import load_any
     from moh_dit.interop.official import ours_to_reference
 
@@ -115,25 +113,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         num_classes=args.num_classes,
         prefer_ema=not args.model_weights,
     )
-    if args.format != "dit" and not Path(args.src).is_file():
-        p.error(f"--format {args.format} reads a checkpoint file; {args.src} is not one")
-    if args.repa_depth is not None and args.format != "repa":
-        p.error("--repa-depth keeps the projectors of a REPA checkpoint: use it with --format repa")
-    if args.format != "dit" and (args.preset or args.top_k):
-        p.error("--preset and --top-k read DiT / MoH-DiT reference checkpoints; a SiT or REPA one is a DiT")
-    out = Path(args.out)
-    # the target is checked before the (possibly long) load and conversion
-    if args.to == "pipeline" or args.to == "diffusers":
-        ensure_writable_dir(out.parent if out.parent != Path("") else Path("."), "the folder of the output")
-        if out.exists() and not out.is_dir():
-            raise ConversionError(f"{out} exists and is not a folder")
-    else:  # a file: reference, reference-train, sit, repa
-        ensure_writable_file(out, "the output file")
-    existing = _existing_output(out)
-    if existing and not args.overwrite:
-        raise ConversionError(f"{out} holds {existing}; pass --overwrite to replace it, or choose another output")
-    if args.push_to_hub and args.to != "pipeline":
-        p.error("--push-to-hub uploads pipeline folders: use it with --to pipeline")
+    out = _check_request(p, args)
     model, vae, id2label, report = load_any(args.src, args.format, args.path, args.repa_depth, **hints)
     if args.id2label:
         id2label = {int(k): v for k, v in json.loads(Path(args.id2label).read_text()).items()}
@@ -144,20 +124,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         report["class_names"] = "ImageNet-1k (torchvision's metadata)"
         print("attached the ImageNet-1k class names (e.g. 207 = 'golden retriever'); --id2label FILE to use others")
     if args.to_moh:
-        if not args.shared or not args.moh_top_k:
-            p.error("--to-moh needs --shared and --moh-top-k")
-        one = lambda v: v[0] if len(v) == 1 else v  # noqa: E731
-        model, moh_report = dit_to_moh(model, one(args.shared), one(args.moh_top_k))
-        report["to_moh"] = moh_report
-        for layer in moh_report["layers"]:
-            print(
-                f"layer {layer['layer']:2d}: shared heads {layer['shared_heads']}, top-{layer['top_k']} of "
-                f"{layer['routed']} routed, relative output deviation {layer['relative_deviation']:.4f}"
-            )
-        print(
-            f"whole model: relative output deviation {moh_report['model_relative_deviation']:.4f}, "
-            f"{moh_report['active_heads']} heads active"
-        )
+        model = _to_moh(p, args, model, report)
     if args.to == "pipeline":
         from moh_dit.sampling.pipeline import MoHDiTPipeline
         from moh_dit.vae import load_vae, vae_record
@@ -186,13 +153,64 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         import torch
 
         sd = ours_to_reference(model)
-        torch.save({"model": sd, "ema": sd} if args.to == "reference-train" else sd, out)
+        with atomic_path(out) as tmp:
+            torch.save({"model": sd, "ema": sd} if args.to == "reference-train" else sd, tmp)
     elif args.to in ("sit", "repa"):
         import torch
 
         from moh_dit.interop.sit import to_flow_state_dict
 
-        torch.save(to_flow_state_dict(model, args.to), out)  # an EMA state dict, as both projects' samplers load
+        with atomic_path(out) as tmp:  # an EMA state dict, as both projects' samplers load
+            torch.save(to_flow_state_dict(model, args.to), tmp)
     else:
-        to_diffusers(model).save_pretrained(out)
+        with atomic_folder(out, "the diffusers model") as tmp:
+            to_diffusers(model).save_pretrained(tmp)
     print(f"wrote {out}")
+
+
+def _check_request(p: argparse.ArgumentParser, args: argparse.Namespace) -> Path:
+    """The options that contradict each other, and the output, checked before the (possibly long) load."""
+    from moh_dit.errors import ConversionError
+    from moh_dit.files import ensure_writable_dir, ensure_writable_file
+
+    if args.format != "dit" and not Path(args.src).is_file():
+        p.error(f"--format {args.format} reads a checkpoint file; {args.src} is not one")
+    if args.repa_depth is not None and args.format != "repa":
+        p.error("--repa-depth keeps the projectors of a REPA checkpoint: use it with --format repa")
+    if args.format != "dit" and (args.preset or args.top_k):
+        p.error("--preset and --top-k read DiT / MoH-DiT reference checkpoints; a SiT or REPA one is a DiT")
+    out = Path(args.out)
+    # the target is checked before the (possibly long) load and conversion
+    if args.to == "pipeline" or args.to == "diffusers":
+        ensure_writable_dir(out.parent if out.parent != Path("") else Path("."), "the folder of the output")
+        if out.exists() and not out.is_dir():
+            raise ConversionError(f"{out} exists and is not a folder")
+    else:  # a file: reference, reference-train, sit, repa
+        ensure_writable_file(out, "the output file")
+    existing = _existing_output(out)
+    if existing and not args.overwrite:
+        raise ConversionError(f"{out} holds {existing}; pass --overwrite to replace it, or choose another output")
+    if args.push_to_hub and args.to != "pipeline":
+        p.error("--push-to-hub uploads pipeline folders: use it with --to pipeline")
+    return out
+
+
+def _to_moh(p: argparse.ArgumentParser, args: argparse.Namespace, model, report: dict):
+    """The DiT turned into MoH-DiT (--to-moh), with the deviation of each layer printed and reported."""
+    from moh_dit.interop.dit_to_moh import dit_to_moh
+
+    if not args.shared or not args.moh_top_k:
+        p.error("--to-moh needs --shared and --moh-top-k")
+    one = lambda v: v[0] if len(v) == 1 else v  # noqa: E731
+    model, moh_report = dit_to_moh(model, one(args.shared), one(args.moh_top_k))
+    report["to_moh"] = moh_report
+    for layer in moh_report["layers"]:
+        print(
+            f"layer {layer['layer']:2d}: shared heads {layer['shared_heads']}, top-{layer['top_k']} of "
+            f"{layer['routed']} routed, relative output deviation {layer['relative_deviation']:.4f}"
+        )
+    print(
+        f"whole model: relative output deviation {moh_report['model_relative_deviation']:.4f}, "
+        f"{moh_report['active_heads']} heads active"
+    )
+    return model

@@ -30,7 +30,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--samples", help="ADM-style .npz (arr_0) or a folder of images")
     src.add_argument("--model", help="run folder, checkpoint or pipeline folder to sample from")
-    p.add_argument("--reference", required=True, help="ADM reference batch .npz, or a folder / .npz of real images")
+    p.add_argument(
+        "--reference",
+        required=True,
+        help="ADM reference batch .npz, a folder / .npz of real images, or a named one (fashion-mnist-test)",
+    )
     p.add_argument(
         "--reference-size",
         type=positive_int,
@@ -114,6 +118,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     import_extractor_module(args.extractor_module)
     # everything that can fail fast does so before sampling or feature extraction
     extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
+    from moh_dit.evaluation.reference import resolve_reference
+
+    args.reference = str(resolve_reference(args.reference))  # a named one (fashion-mnist-test) is made once
     if not Path(args.reference).exists():
         raise FileNotFoundError(f"reference {args.reference} does not exist")
     options = ScoringOptions(

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = build_parser(prog).parse_args(argv)
 
     from moh_dit.logs import launch_rank
-    from moh_dit.training.config import config_to_dict, load_config
+    from moh_dit.training.config import config_to_dict, load_config, validate
 
     config = load_config(args.config, args.overrides)
     if args.init_from:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     if args.print_config:
         import yaml
 
-        config.validate()
+        validate(config)
         print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
         return
     from moh_dit.training.trainer import train

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from moh_dit.errors import DataError
 from moh_dit.images import to_model_range
+from moh_dit.logs import PER_RANK
 from moh_dit.manifests import fingerprint_files
 
 if TYPE_CHECKING:
@@ -140,7 +141,13 @@ class ImageFolderDataset(Dataset):
             except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
                 if path not in self.bad_files:
                     self.bad_files.add(path)
-                    logger.warning("skipping unreadable image %s (%s); %d bad so far", path, err, len(self.bad_files))
+                    logger.warning(
+                        "skipping unreadable image %s (%s); %d bad so far",
+                        path,
+                        err,
+                        len(self.bad_files),
+                        extra=PER_RANK,
+                    )
                 if len(self.bad_files) > limit:
                     shown = ", ".join(sorted(self.bad_files)[:5])
                     raise DataError(
@@ -160,7 +167,7 @@ class ImageFolderDataset(Dataset):
             except (OSError, UnidentifiedImageError, ValueError, SyntaxError):
                 bad.append(path)
         for path in bad:
-            logger.warning("dropping unreadable image %s", path)
+            logger.warning("dropping unreadable image %s", path, extra=PER_RANK)
         if not good:
             raise DataError(f"every image under {self.root} is unreadable")
         self.samples = good

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from moh_dit.data.latent_dataset import FORMAT_VERSION, LatentDataset, partial_path
 from moh_dit.errors import ArtifactError, DataError, OutputError
-from moh_dit.files import atomic_write_json, ensure_writable_dir, sibling
+from moh_dit.files import DiskFullError, atomic_write_json, ensure_writable_dir, sibling, size_text, writing
 from moh_dit.images import to_model_range
 from moh_dit.manifests import (
     differences,
@@ -73,12 +74,6 @@ class _MarkedImages(Dataset):
             return to_model_range(load(index)), self.targets[index], True
         except (OSError, ValueError, SyntaxError):
             return torch.zeros(self.shape), -1, False
-
-
-def _size(n: int) -> str:
-    return next(
-        f"{n / f:.1f} {unit}" for f, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "bytes")) if n >= f or f == 1
-    )
 
 
 def _progress_files(tmp: Path) -> list[Path]:
@@ -356,10 +351,26 @@ def _check_disk_space(out_path: Path, tmp: Path, needed: int) -> None:
     freed = sum(p.stat().st_size for p in (out_path, tmp) if p.is_file())
     free = shutil.disk_usage(out_path.parent).free + freed
     if needed > free:
-        raise OutputError(
-            f"{out_path} needs {_size(needed)} and {out_path.parent} has {_size(free)} free: make room, "
+        raise DiskFullError(
+            f"{out_path} needs {size_text(needed)} and {out_path.parent} has {size_text(free)} free: make room, "
             f"choose another --out, or store float16 (--dtype)"
         )
+
+
+def _reserve(path: Path) -> None:
+    """Allocate the blocks of a fresh (sparse) latents file now: memory-mapped writes into a file whose disk fills
+    later die with SIGBUS, hours in and without a word; a reservation that does not fit fails at once, as one line."""
+    if not hasattr(os, "posix_fallocate"):  # not on macOS or Windows: the check of the free space above must do
+        return
+    with writing(f"the latents file ({size_text(path.stat().st_size)})", path.parent, path):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, path.stat().st_size)
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a filesystem that cannot reserve
+                raise
+        finally:
+            os.close(fd)
 
 
 def _open_partial(out_path: Path, plan, row: np.dtype, rows: int, blocks: int, state: dict) -> None:
@@ -370,6 +381,7 @@ def _open_partial(out_path: Path, plan, row: np.dtype, rows: int, blocks: int, s
         for stale in [out_path, sibling(out_path, ".json"), sibling(tmp, ".json"), *_progress_files(tmp)]:
             stale.unlink(missing_ok=True)
         np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(rows,)).flush()
+        _reserve(tmp)
     else:
         logger.info(
             "resuming the unfinished extraction %s: %d of %d blocks done (attempt %d)",

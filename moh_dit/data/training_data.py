@@ -19,7 +19,7 @@ from moh_dit.errors import DataError
 from moh_dit.vae import LatentNormalization
 
 if TYPE_CHECKING:
-    from moh_dit.training.config import DataSection
+    from moh_dit.training.config_sections import DataSection
 logger = logging.getLogger(__name__)
 
 

@@ -8,10 +8,12 @@ is the score the command gives for the checkpoint of step N with the same settin
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 from moh_dit.evaluation.features import FeatureExtractor
 from moh_dit.evaluation.scoring import ScoringOptions, score_sample_set
-from moh_dit.sampling.generation import GenerationSettings, generate_samples
+from moh_dit.sampling.generation import GenerationSettings, generate_samples, missing_indices
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 
 
@@ -27,8 +29,15 @@ def sample_and_score(
 ) -> dict | None:
     """Generate ``settings.num_samples`` images of ``pipe`` into ``sample_dir`` (split over the processes of
     ``accelerator``; a folder with the same manifest is resumed, another is refused unless ``overwrite``) and
-    score them against ``reference`` on the main process. Returns the scores there, ``None`` elsewhere."""
+    score them against ``reference`` on the main process. Returns the scores there, ``None`` elsewhere; with
+    ``generation``: how many images this call made and the seconds it took (scoring not counted)."""
+    folder = Path(sample_dir)
+    missing = len(missing_indices(folder, settings.num_samples)) if folder.is_dir() else settings.num_samples
+    start = time.time()
     npz = generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite)
+    seconds = time.time() - start
     if npz is None:  # not the main process
         return None
-    return score_sample_set(npz, reference, extractor, options or ScoringOptions())
+    result = score_sample_set(npz, reference, extractor, options or ScoringOptions())
+    result["generation"] = {"images": missing, "seconds": seconds}
+    return result

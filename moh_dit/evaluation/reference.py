@@ -29,9 +29,46 @@ from moh_dit.files import atomic_path, ensure_writable_file
 from moh_dit.manifests import code_version, utc_now
 from moh_dit.sampling.sample_sets import read_npz_manifest
 
-__all__ = ["build_reference", "RunningMoments"]
+__all__ = ["build_reference", "RunningMoments", "NAMED_REFERENCES", "resolve_reference"]
 
 logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Named references: a data set's held-out split, made into a reference .npz once and cached
+# ----------------------------------------------------------------------------------------------------
+def _fashion_mnist_test() -> np.ndarray:
+    """The 10,000 Fashion-MNIST test images, gray repeated to RGB (uint8 NHWC), in their order."""
+    from moh_dit.data.fashion_mnist import FashionMNIST
+
+    return np.repeat(FashionMNIST(split="test").images[:, :, :, None], 3, axis=3)
+
+
+# name -> the images of the reference (a name is short to type: log.eval_reference=fashion-mnist-test)
+NAMED_REFERENCES = {"fashion-mnist-test": _fashion_mnist_test}
+
+
+def resolve_reference(spec: str | os.PathLike) -> Path:
+    """A reference given by name (:data:`NAMED_REFERENCES`: ``fashion-mnist-test``) -> its ``.npz`` in
+    ``$MOH_DIT_CACHE/references`` (default ``~/.cache/moh-dit``), made on first use and checked against the data
+    on every use; anything else is a path, returned as it is."""
+    make = NAMED_REFERENCES.get(str(spec))
+    if make is None:
+        return Path(spec)
+    from moh_dit.evaluation.statistics import CACHE_ENV
+
+    path = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "moh-dit") / "references" / f"{spec}.npz"
+    images = make()
+    if path.is_file():
+        with np.load(path) as stored:
+            if "arr_0" in stored.files and np.array_equal(stored["arr_0"], images):
+                return path
+        logger.warning("%s does not hold the %s images: making it again", path, spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path, ".npz") as tmp:
+        np.savez(tmp, arr_0=images)
+    logger.info("reference %s: %d images in %s", spec, len(images), path)
+    return path
 
 
 class RunningMoments:

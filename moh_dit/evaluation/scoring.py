@@ -34,14 +34,17 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ScoringOptions:
     """How a sample set is scored, apart from the reference and the features: the feature batch size, ADM's
-    float16 distances, the reference-statistics cache, the crop size of an image-folder reference and the
-    bootstrap rounds (see :func:`evaluate`). ``moh-dit evaluate`` and the trainer's evaluations share it."""
+    float16 distances, the reference-statistics cache, the crop size of an image-folder reference, the
+    bootstrap rounds and whether the samples' features come back too (for scores of one's own, such as the
+    experiments' per-class KID; see :func:`evaluate`). ``moh-dit evaluate`` and the trainer's evaluations share
+    it."""
 
     batch_size: int = 100
     fp16_distances: bool = False
     cache: bool = True
     reference_size: int | None = None
     bootstrap: int = 0
+    return_features: bool = False
 
 
 def score_sample_set(
@@ -74,6 +77,7 @@ def score_sample_set(
         cache=options.cache,
         reference_size=options.reference_size,
         bootstrap=options.bootstrap,
+        return_features=options.return_features,
     )
     result["samples"] = {"path": str(path.resolve()), "manifest": manifest}
     return result

@@ -18,15 +18,29 @@ the execution. All three give the same results up to floating-point rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from moh_dit.model.cost_model import DEFAULT_MARGIN, choose_execution, load_calibration
 
-if TYPE_CHECKING:
-    from moh_dit.model.attention import MoHAttention
+
+class GatedHeads(Protocol):
+    """What a processor reads of its attention layer (:class:`~moh_dit.model.attention.MoHAttention`). Stated here
+    so that this module does not import the layer that imports it (the layer picks its processor)."""
+
+    dim: int
+    head_dim: int
+    num_heads: int
+    num_shared_heads: int
+    num_routed_heads: int
+    num_active_heads: int
+    qkv: torch.nn.Linear
+    proj: torch.nn.Linear
+
+    def dense_attention(self, x: torch.Tensor, gates: torch.Tensor | None) -> torch.Tensor: ...
+
 
 __all__ = [
     "DenseProcessor",
@@ -47,7 +61,7 @@ def padded_rows(mask: torch.Tensor) -> int:
     return int(mask.sum(dim=1).max())
 
 
-def padded_active_fraction(attn: MoHAttention, rows_per_head: int, tokens: int) -> float:
+def padded_active_fraction(attn: GatedHeads, rows_per_head: int, tokens: int) -> float:
     """Share of (token, head) pairs the sparse path computes when every routed head is padded to
     ``rows_per_head`` rows: the activation the cost model should see, not the nominal one."""
     return (attn.num_shared_heads + attn.num_routed_heads * rows_per_head / tokens) / attn.num_heads
@@ -58,7 +72,7 @@ class DenseProcessor:
 
     name = "dense"
 
-    def __call__(self, attn: MoHAttention, x: torch.Tensor, gates, mask) -> torch.Tensor:
+    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask) -> torch.Tensor:
         return attn.dense_attention(x, gates)
 
 
@@ -93,13 +107,13 @@ class SparseProcessor:
     def output_rows(self, rows_per_head: int, tokens: int) -> bool:
         return rows_per_head <= self.output_rows_max_share * tokens
 
-    def __call__(self, attn: MoHAttention, x: torch.Tensor, gates, mask) -> torch.Tensor:
+    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask) -> torch.Tensor:
         if mask is None:
             return attn.dense_attention(x, gates)
         return self.attend(attn, x, gates, mask, padded_rows(mask))
 
     def attend(
-        self, attn: MoHAttention, x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor, c: int
+        self, attn: GatedHeads, x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor, c: int
     ) -> torch.Tensor:
         """The sparse computation with every routed head padded to ``c`` rows."""
         n, t, d = x.shape
@@ -192,7 +206,7 @@ class AutoProcessor:
         self.margin = margin
         self._choices: dict[tuple, str] = {}
 
-    def predict(self, attn: MoHAttention, x: torch.Tensor, active_fraction: float) -> str:
+    def predict(self, attn: GatedHeads, x: torch.Tensor, active_fraction: float) -> str:
         return choose_execution(
             device_type=x.device.type,
             tokens=x.shape[1],
@@ -206,14 +220,14 @@ class AutoProcessor:
             margin=self.margin,
         )
 
-    def choose(self, attn: MoHAttention, x: torch.Tensor) -> str:
+    def choose(self, attn: GatedHeads, x: torch.Tensor) -> str:
         """``dense`` or ``sparse`` for inputs shaped like ``x`` (decided once per shape)."""
         key = (x.device.type, x.shape[1], torch.is_grad_enabled())
         if key not in self._choices:
             self._choices[key] = self.predict(attn, x, attn.num_active_heads / attn.num_heads)
         return self._choices[key]
 
-    def __call__(self, attn: MoHAttention, x: torch.Tensor, gates, mask) -> torch.Tensor:
+    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask) -> torch.Tensor:
         if mask is None or self.choose(attn, x) == "dense":
             return attn.dense_attention(x, gates)
         c = padded_rows(mask)  # the one host sync of the sparse path

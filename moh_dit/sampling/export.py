@@ -1,16 +1,18 @@
 """What a pipeline folder is, apart from the denoising loop: saving it (weights, manifest, model card, all
-or nothing) and the policy for replacing its VAE with another decoder of the same latent space."""
+or nothing) and the policy for replacing its VAE with another decoder of the same latent space.
+
+The functions take a :class:`~moh_dit.sampling.pipeline.MoHDiTPipeline` (its ``save`` and ``replace_vae`` call
+them); they are typed with diffusers' base class so that this module does not import the one that imports it."""
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moh_dit.errors import ArtifactError, ConfigError
-from moh_dit.files import replace_folder
+from moh_dit.files import atomic_folder
 from moh_dit.manifests import fingerprint_module, format_differences, short, write_manifest
 from moh_dit.sampling.card import QUALITY_CURVE_FILE, draw_quality_curve, write_card
 from moh_dit.sampling.spec import SamplingSpec
@@ -18,8 +20,7 @@ from moh_dit.vae import latent_space_differences, latent_space_of
 
 if TYPE_CHECKING:
     import torch
-
-    from moh_dit.sampling.pipeline import MoHDiTPipeline
+    from diffusers import DiffusionPipeline
 
 __all__ = ["save_pipeline", "replace_vae"]
 
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 def save_pipeline(
-    pipe: MoHDiTPipeline,
+    pipe: DiffusionPipeline,
     folder: str | os.PathLike,
     source: dict[str, Any],
     sampling: SamplingSpec | None = None,
@@ -38,27 +39,25 @@ def save_pipeline(
     (``README.md``, see ``moh_dit.sampling.card``). Written into a temporary folder and renamed, so the folder
     is the old or the new pipeline, never half of each."""
     folder = Path(folder)
-    tmp = folder.with_name(f".tmp-{folder.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    pipe.save_pretrained(tmp, safe_serialization=True)
-    manifest = write_manifest(
-        tmp,
-        "pipeline",
-        source=source,
-        transformer_sha256=fingerprint_module(pipe.transformer),
-        vae_sha256=pipe.space.fingerprint(),
-        latent_space=pipe.config.latent_space,
-        id2label={str(k): v for k, v in pipe.id2label.items()},
-        sampling=(sampling or pipe.preview_sampling).record(),
-    )
-    draw_quality_curve(source.get("training") or {}, tmp / QUALITY_CURVE_FILE)  # when it trained with evaluations
-    write_card(tmp, pipe, manifest)  # README.md: what it is, how it was made, how to use it
-    replace_folder(tmp, folder)
+    with atomic_folder(folder, "the pipeline") as tmp:
+        pipe.save_pretrained(tmp, safe_serialization=True)
+        manifest = write_manifest(
+            tmp,
+            "pipeline",
+            source=source,
+            transformer_sha256=fingerprint_module(pipe.transformer),
+            vae_sha256=pipe.space.fingerprint(),
+            latent_space=pipe.config.latent_space,
+            id2label={str(k): v for k, v in pipe.id2label.items()},
+            sampling=(sampling or pipe.preview_sampling).record(),
+        )
+        draw_quality_curve(source.get("training") or {}, tmp / QUALITY_CURVE_FILE)  # when it trained with evaluations
+        write_card(tmp, pipe, manifest)  # README.md: what it is, how it was made, how to use it
     return folder
 
 
 def replace_vae(
-    pipe: MoHDiTPipeline, vae: torch.nn.Module | None, spec: str, trained_with: dict | None = None
+    pipe: DiffusionPipeline, vae: torch.nn.Module | None, spec: str, trained_with: dict | None = None
 ) -> None:
     """Decode with ``vae`` (``None``: no VAE) instead of the pipeline's own. It must decode the latents this
     model makes: the same number of channels and, when the autoencoder the model was trained with is known (the

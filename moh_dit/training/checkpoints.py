@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from moh_dit.errors import ArtifactError
-from moh_dit.files import read_safetensors, replace_folder
+from moh_dit.files import DiskFullError, check_free_space, folder_size, read_safetensors, replace_folder, writing
 from moh_dit.manifests import (
     _normalise,
     fingerprint_module,
@@ -67,19 +67,63 @@ def save_checkpoint(
     """Write ``checkpoints/step-N`` from every process (the main one writes the shared files, each its own
     RNG states) into a temporary folder renamed when complete. Writes nothing and returns ``(None, peak)``
     when the weights or EMA are not finite or have exploded: such a state never replaces a good checkpoint.
-    ``keep_last`` prunes older checkpoints (``None``: never, as for a rescue save)."""
-    from safetensors.torch import save_file
+    ``keep_last`` prunes older checkpoints (``None``: never, as for a rescue save).
 
+    A disk without room for another checkpoint as large as the last stops the run before writing; one that fills
+    while writing stops it with one line naming the checkpoint, the folder and the space left, after removing the
+    unfinished folder. Every process stops with the same :class:`DiskFullError`; earlier checkpoints are intact."""
     sane, peak = state.health()  # identical on every process (DDP keeps the weights equal)
     if not sane:
         return None, peak
     main = accelerator.is_main_process
     tmp, final = layout.checkpoint_tmp(step), layout.checkpoint(step)
-    if main:
+    what, written = f"checkpoint step {step}", {}
+
+    def prepare() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
+        previous = layout.latest_checkpoint()  # holds the same tensors: what this one needs
+        if previous is not None:
+            check_free_space(layout.checkpoints, folder_size(previous), f"{what} (as large as {previous.name})")
         tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
+
+    def files() -> None:
+        written["manifest"] = _write_checkpoint_files(tmp, state, accelerator, dict(manifest, step=step), peak)
+
+    def finish() -> None:
+        ema_step = state.ema.optimization_step
+        (tmp / "trainer_state.json").write_text(
+            json.dumps(dict(trainer_state, step=step, ema_optimization_step=ema_step), indent=2)
+        )
+        write_manifest(tmp, "checkpoint", **written["manifest"])
+        replace_folder(tmp, final)
+
+    for phase, everyone in ((prepare, False), (files, True), (finish, False)):
+        failure = None
+        if everyone or main:
+            try:
+                with writing(what, layout.checkpoints, tmp):
+                    phase()
+            except DiskFullError as err:
+                failure = str(err)
+        failure = first_failure(accelerator, failure)  # also the barrier between the phases
+        if failure is not None:
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise DiskFullError(failure)
     if main:
+        if keep_last:
+            prune_checkpoints(layout, keep_last)
+        logger.info("saved checkpoint %s", final)
+    accelerator.wait_for_everyone()
+    return final, peak
+
+
+def _write_checkpoint_files(tmp: Path, state: TrainingState, accelerator, manifest: dict, peak: float) -> dict:
+    """The files of a checkpoint: the shared ones from the main process, each process's RNG states; returns the
+    manifest with the weights' fingerprints."""
+    from safetensors.torch import save_file
+
+    if accelerator.is_main_process:
         state.model.save_pretrained(tmp / "model", safe_serialization=True)
         ema = {n: p.detach().cpu().contiguous() for n, p in zip(state.param_names(), state.ema.shadow_params)}
         save_file(ema, tmp / "ema.safetensors")
@@ -90,7 +134,6 @@ def save_checkpoint(
             torch.save(state.scaler.state_dict(), tmp / "scaler.pt")
         manifest = dict(
             manifest,
-            step=step,
             max_abs_weight=peak,
             model_sha256=fingerprint_module(state.model),
             ema_sha256=fingerprint_tensors(ema.items()),
@@ -101,19 +144,17 @@ def save_checkpoint(
         rng["cuda"] = torch.cuda.get_rng_state()
     save_file(rng, tmp / f"rng-rank{rank}.safetensors")
     (tmp / f"rng-rank{rank}.json").write_text(json.dumps(_python_rng_state()))
-    accelerator.wait_for_everyone()
-    if main:
-        ema_step = state.ema.optimization_step
-        (tmp / "trainer_state.json").write_text(
-            json.dumps(dict(trainer_state, step=step, ema_optimization_step=ema_step), indent=2)
-        )
-        write_manifest(tmp, "checkpoint", **manifest)
-        replace_folder(tmp, final)
-        if keep_last:
-            prune_checkpoints(layout, keep_last)
-        logger.info("saved checkpoint %s", final)
-    accelerator.wait_for_everyone()
-    return final, peak
+    return manifest
+
+
+def first_failure(accelerator, failure: str | None) -> str | None:
+    """The first process's failure (in rank order), known to every process, so that all stop together instead of
+    some waiting for the others at the next barrier (this is a barrier itself)."""
+    if accelerator.num_processes == 1:
+        return failure
+    from accelerate.utils import gather_object
+
+    return next((f for f in gather_object([failure]) if f), None)
 
 
 def restore_checkpoint(path: Path, state: TrainingState, accelerator, run_id: str | None) -> dict:

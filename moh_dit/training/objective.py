@@ -14,7 +14,7 @@ from moh_dit.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, entry, objective_c
 
 if TYPE_CHECKING:
     from moh_dit.objectives.base import Objective
-    from moh_dit.training.config import Config
+    from moh_dit.training.config_sections import Config
 
 __all__ = ["check_objective", "objective_record", "training_options", "run_objective"]
 

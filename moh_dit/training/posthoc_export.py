@@ -71,12 +71,11 @@ def export_posthoc(
     pipe = rebuild_pipeline(run, sigma_rel, step)
     out = Path(out)
     if transformer_only:
-        from moh_dit.files import atomic_write_json, replace_folder
+        from moh_dit.files import atomic_folder, atomic_write_json
 
-        tmp = out.with_name(f".tmp-{out.name}")
-        pipe.transformer.save_pretrained(tmp, safe_serialization=True)
-        atomic_write_json(tmp / "posthoc_ema.json", dict(pipe.posthoc, run=str(Path(run).resolve())))
-        replace_folder(tmp, out)
+        with atomic_folder(out, "the rebuilt transformer") as tmp:
+            pipe.transformer.save_pretrained(tmp, safe_serialization=True)
+            atomic_write_json(tmp / "posthoc_ema.json", dict(pipe.posthoc, run=str(Path(run).resolve())))
         return out
     source = {"run": str(Path(run).resolve()), "step": pipe.posthoc["step"], "weights": "posthoc-ema"}
     return pipe.save(out, dict(source, posthoc_ema=pipe.posthoc))

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from moh_dit.errors import ConfigError
+from moh_dit.evaluation.reference import resolve_reference
 from moh_dit.evaluation.scoring import ScoringOptions, write_metrics
+from moh_dit.files import DiskFullError, check_free_space
 from moh_dit.run_folder import CHECKPOINT_PREFIX, RunLayout, checkpoint_step
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
-from moh_dit.training.checkpoints import set_aside
-from moh_dit.training.config import LogSection
+from moh_dit.training.checkpoints import first_failure, set_aside
+from moh_dit.training.config_sections import LogSection
 from moh_dit.training.tracking import EVAL_SCORE_NAMES
 
 logger = logging.getLogger("moh_dit.train")
@@ -63,7 +65,7 @@ class QualityCurve:
         self.spec = log.eval_sampling.sampling()
         self.settings = GenerationSettings(log.eval_samples, seed, log.eval_batch_size, "balanced", self.spec)
         self.options = ScoringOptions()  # evaluate's defaults: the numbers its command line gives
-        self.reference = Path(log.eval_reference) if log.eval_reference else None
+        self.reference = resolve_reference(log.eval_reference) if log.eval_reference and self.every else None
         self.extractor = None
         if not self.enabled:
             return
@@ -131,6 +133,16 @@ class QualityCurve:
         from moh_dit.evaluation.model_scores import sample_and_score
 
         start, folder = time.time(), self.sample_dir(step)
+        failure = None
+        if self.accelerator.is_main_process:  # stop before sampling for minutes into a disk that cannot hold them
+            try:
+                needed = samples_bytes(pipe, self.settings.num_samples)
+                check_free_space(self.layout.evaluations, needed, f"the evaluation samples of step {step}")
+            except DiskFullError as err:
+                failure = str(err)
+        failure = first_failure(self.accelerator, failure)
+        if failure is not None:
+            raise DiskFullError(failure)
         # the folder is the trainer's own: samples of other weights there (a run rewound by an elastic resume)
         # are replaced, samples of these weights (an evaluation a crash cut short) are completed
         result = sample_and_score(
@@ -164,6 +176,15 @@ class QualityCurve:
             f"{self.settings.num_samples} samples every {self.every} steps ({self.spec.describe()}), scored against "
             f"{self.reference} with {self.extractor_name}"
         )
+
+
+def samples_bytes(pipe, count: int) -> int:
+    """About what ``count`` evaluation samples of ``pipe`` take on disk: the PNGs (at most about their raw size)
+    and the ``.npz`` (raw uint8)."""
+    config = pipe.transformer.config
+    side = config.sample_size * pipe.space.downsample_factor
+    channels = config.in_channels if pipe.vae is None else pipe.vae.config.get("out_channels", 3)
+    return 2 * count * side * side * channels
 
 
 def curve_points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from moh_dit.errors import ArtifactError
+from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.files import atomic_write_json, ensure_writable_dir
 from moh_dit.manifests import (
     _MISSING,
@@ -20,7 +20,7 @@ from moh_dit.manifests import (
     read_manifest,
     utc_now,
 )
-from moh_dit.run_folder import RunLayout, find_checkpoint
+from moh_dit.run_folder import RunLayout, checkpoint_step, find_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,18 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------------
 # Runs: refusing to mix runs, and the run manifest
 # ----------------------------------------------------------------------------------------------------
+def check_resume_step(checkpoint: Path | None, max_steps: int) -> None:
+    """A checkpoint past ``train.max_steps`` has nothing left to train: say so, before anything is loaded or
+    written (a resume would otherwise rewrite the run's config, records and pipeline for another step)."""
+    step = checkpoint_step(checkpoint) if checkpoint is not None else 0
+    if step > max_steps:
+        raise ConfigError(
+            f"{checkpoint} is at step {step}, already past train.max_steps={max_steps}: there is nothing to train, "
+            f"and nothing was changed; raise train.max_steps to train on, or resume from an earlier checkpoint "
+            f"(train.resume=PATH) to retrain from there"
+        )
+
+
 def open_run_folder(layout: RunLayout, resume: str | None, overwrite: bool, clear: bool) -> Path | None:
     """Decide how a run starts in ``layout.root``: the checkpoint to resume from, or ``None`` to start fresh.
 

@@ -249,6 +249,18 @@ def test_resume_from_a_missing_path_fails(tmp_path, image_dir):
         load_config(None, tiny_overrides(tmp_path / "r", image_dir, f"train.resume={tmp_path / 'nope'}"))
 
 
+def test_a_resume_past_max_steps_says_so_and_changes_nothing(tmp_path, image_dir):
+    run = tmp_path / "done"
+    train_tiny(run, image_dir, "train.max_steps=4", "train.checkpoint_every=2", "preview.per_class=0")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.rglob("*")) if p.is_file()}
+    overrides = tiny_overrides(run, image_dir, "train.max_steps=3", "train.resume=latest", "preview.per_class=0")
+    with pytest.raises(
+        ConfigError, match=r"step-00000004 is at step 4, already past train.max_steps=3: there is nothing "
+    ):
+        Trainer(load_config(None, overrides))
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.rglob("*")) if p.is_file()} == before
+
+
 # ----------------------------------------------------------------------------------------------------
 # Integrity: what a run folder may never lose or mix
 # ----------------------------------------------------------------------------------------------------

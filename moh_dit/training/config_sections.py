@@ -1,0 +1,218 @@
+"""The sections of a training config and their defaults: one dataclass per section (``model``, ``objective``,
+``data``, ``optim``, ``train``, ``ema``, ``log``, ``preview``, ``repa``) and :class:`Config`, which holds them.
+
+Reading a YAML file with overrides is :func:`moh_dit.training.config.load_config`; checking every value is
+:func:`moh_dit.training.config_checks.validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from moh_dit.sampling.spec import FAST_SCHEDULER, FAST_STEPS, SamplingSpec
+
+__all__ = [
+    "Config",
+    "ModelSection",
+    "ObjectiveSection",
+    "DataSection",
+    "OptimSection",
+    "TrainSection",
+    "EMASection",
+    "LogSection",
+    "EvalSamplingSection",
+    "PreviewSection",
+    "RepaSection",
+]
+
+
+@dataclass
+class ModelSection:
+    preset: str = "MoH-DiT-Ti/4-75"
+    overrides: dict[str, Any] = field(default_factory=dict)  # any MoHDiT config key, e.g. num_classes
+    init_from: str | None = None  # a run, checkpoint, pipeline or transformer folder to start from
+    # with init_from and data of another class count: strict (an error), resize (keep the shared label rows
+    # and the null row) or reinit (a new label table); every other weight is kept
+    init_classes: str = "strict"
+
+
+@dataclass
+class ObjectiveSection:
+    """What the network learns (moh_dit.objectives, docs/objective.md): DiT's DDPM or flow matching (SiT). ``null``
+    means the default (ddpm, linear, moh-dit) for a new model, and what the weights were trained with for
+    ``model.init_from``, whose objective a run keeps."""
+
+    name: str | None = None  # ddpm | flow
+    path: str | None = None  # flow: linear (SiT's Linear) | gvp (SiT's GVP, the cosine path)
+    # flow: the network's time input and output: moh-dit (1000 s, v), repa (s, v) or sit (1 - s, -v); sit and repa
+    # models export to those projects' code (moh-dit convert --to sit | repa)
+    convention: str | None = None
+    time_sampling: str = "uniform"  # flow: uniform (SiT, REPA) | logit-normal (SD3) | lognormal (REPA's option)
+    time_mean: float = 0.0  # flow: the normal of logit-normal and lognormal time sampling
+    time_std: float = 1.0
+
+
+@dataclass
+class DataSection:
+    name: str = "fashion-mnist"  # fashion-mnist | folder | latents
+    path: str | None = None  # folder of class folders, IDX folder, or pre-extracted latents (.npy)
+    image_size: int = 28
+    channels: int = 1
+    split: str = "train"
+    download: bool = False
+    num_workers: int = 0
+    random_flip: bool = True
+    max_bad_fraction: float = 0.01
+    subset_per_class: int = 0  # > 0: use only the first N images of every class (smoke runs, tests)
+    # how often each class is drawn per epoch, relative to its share of the data: {Sandal: 2, Bag: 2} (names
+    # or ids), or "balanced" (every class equally often); {} draws every image once per epoch
+    class_weights: Any = field(default_factory=dict)
+    vae: str = "none"  # none | hub id (stabilityai/sd-vae-ft-ema) | local folder
+
+
+@dataclass
+class OptimSection:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 0.0  # max global grad norm; 0 disables
+    warmup_steps: int = 0  # linear LR warm-up
+    schedule: str = "constant"  # after warm-up: constant (DiT) or cosine (decays to min_lr at train.max_steps)
+    min_lr: float = 0.0  # the end of the cosine schedule
+
+
+@dataclass
+class TrainSection:
+    output_dir: str = "runs/default"
+    global_batch_size: int = 256
+    grad_accum_steps: int = 1
+    max_steps: int = 400_000
+    time_limit_minutes: float = 0.0  # > 0: stop (and checkpoint) after this long
+    seed: int = 0
+    mixed_precision: str = "no"  # no | fp16 | bf16
+    allow_tf32: bool = True
+    gradient_checkpointing: bool = False
+    compile: bool = False
+    moh_loss_coeff: float = 0.01
+    snr_gamma: float | None = None  # Min-SNR-gamma weighting of the noise MSE (e.g. 5); None: DiT's loss
+    checkpoint_every: int = 50_000
+    keep_last: int = 3
+    resume: str | None = None  # latest | PATH
+    # resume on another number of processes or accumulation steps (same global batch): the data of every step is
+    # kept, the per-process random draws are not, so the run does not continue exactly as it would have
+    elastic_resume: bool = False
+    # the spike guard (moh_dit/training/spike_guard.py): > 0 skips an update whose loss exceeds this multiple of
+    # the median loss of the last spike_window steps; spike_patience spikes in a row, or a non-finite loss, roll
+    # back to the newest checkpoint, at most max_rollbacks times. 0: off (a non-finite loss stops the run)
+    spike_guard: float = 0.0
+    spike_window: int = 50
+    spike_patience: int = 3
+    max_rollbacks: int = 3
+    overwrite: bool = False  # clear an earlier run in output_dir (what moh-dit wrote there) before starting
+    push_to_hub: str | None = None  # a Hub repo id: upload the exported pipeline (with its card) at the end
+
+
+@dataclass
+class EMASection:
+    decay: float = 0.9999
+    warmup: bool = False  # diffusers' EMA warm-up (decay ramps up from 0); DiT uses a constant decay
+    inv_gamma: float = 1.0
+    power: float = 2.0 / 3.0
+    update_every: int = 1
+    # post-hoc EMA (EDM2; docs/training.md#post-hoc-ema): power-function EMAs of these relative widths, tracked in
+    # training images, with a snapshot of each every posthoc_every images (a multiple of train.global_batch_size;
+    # 0: off); `moh-dit ema RUN --sigma-rel S` rebuilds an EMA of any width afterwards
+    posthoc_every: int = 0
+    posthoc_sigma_rels: tuple[float, ...] = (0.05, 0.10)
+    posthoc_dtype: str = "float32"  # of the snapshots: float16 halves their size and adds ~5e-4 relative error
+
+
+@dataclass
+class EvalSamplingSection:
+    """How the evaluations during training sample. By default the fast protocol without guidance: DiT's curves of
+    FID against training steps are unguided, and 25 solver steps cost a tenth of DiT's 250."""
+
+    scheduler: str = FAST_SCHEDULER
+    num_steps: int = FAST_STEPS
+    guidance_scale: float = 1.0
+    guidance_interval: list[int] | None = None
+    guidance_channels: int | None = None
+    grid_averaging: int | None = None
+    guidance_noise: list[float] | None = None  # [low, high] noise levels guided instead of guidance_interval
+    time_shift: float = 1.0  # flow samplers' grid shift (1: none)
+
+    def sampling(self) -> SamplingSpec:
+        """The spec, checked; the error of a bad value names its key."""
+        return SamplingSpec.from_config(dataclasses.asdict(self), prefix="log.eval_sampling.")
+
+
+@dataclass
+class RepaSection:
+    """REPA's representation alignment (moh_dit/training/repa.py, docs/training.md#repa); off without an encoder."""
+
+    encoder: list[str] = field(default_factory=list)  # dinov2-vit-b (REPA's), ...; several: one projector each
+    encoder_weights: list[str] = field(default_factory=list)  # one file per encoder: nothing is downloaded here
+    encoder_module: str | None = None  # a module that registers encoders (torch-fidelity extractors, patch_tokens)
+    encoder_resolution: int = 0  # the encoders' input size; 0: REPA's 224 * (data.image_size // 256)
+    depth: int = 8  # the block, from 1, whose tokens are aligned: REPA's 8 for L/XL, 4 for B (a third of the depth)
+    coeff: float = 0.5  # REPA's lambda
+    projector_dim: int = 2048
+
+
+@dataclass
+class LogSection:
+    log_every: int = 100
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # accelerate trackers; [] for none
+    project: str = "moh-dit"  # the trackers' project name (a wandb project, a TensorBoard sub-folder)
+    head_usage: bool = True
+    # peak TFLOP/s of one device for MFU; 0: known GPUs by name, a matmul measured at the start on a CPU
+    peak_tflops: float = 0.0
+    # evaluation during training (moh_dit/training/quality.py): every eval_every steps and at the end (0: off),
+    # eval_samples class-balanced images of the EMA weights, sampled on every process as `moh-dit evaluate
+    # --model` samples, scored (KID, FID, precision, recall, ...) against eval_reference with eval_extractor
+    eval_every: int = 0
+    eval_samples: int = 10_000
+    eval_reference: str | None = None  # ADM reference .npz, or an .npz / folder of real images
+    eval_extractor: str = "inception"  # or a torch-fidelity extractor (registered by eval_extractor_module)
+    eval_extractor_weights: str | None = None  # default: $MOH_DIT_INCEPTION_WEIGHTS, then the torch hub cache
+    eval_extractor_module: str | None = None
+    eval_batch_size: int = 64  # images per sampling block (as evaluate's --sample-batch-size)
+    eval_keep_samples: bool = False  # keep the images (PNGs and .npz) after scoring; the scores are always kept
+    eval_sampling: EvalSamplingSection = field(default_factory=EvalSamplingSection)
+
+
+@dataclass
+class PreviewSection:
+    """The trainer's grids of EMA samples: when, how many, and how they are sampled (a ``SamplingSpec``, which
+    the exported pipeline records for ``sample.py`` and the demo)."""
+
+    every: int = 0  # > 0: save a grid every N steps (and at the end)
+    per_class: int = 4  # images per class row; 0: no grids, not even at the end
+    max_classes: int = 10
+    guidance_scale: float = 4.0
+    guidance_interval: list[int] | None = None  # [first, last] guided DDPM timesteps (flow: their noise levels)
+    guidance_noise: list[float] | None = None  # or [low, high] guided noise levels; null (both): every step
+    grid_averaging: int | None = None  # average over shifted patch grids at timesteps <= this; null: none
+    time_shift: float = 1.0  # flow samplers: shift the grid toward high noise (SD3's 3); 1: none
+    num_steps: int = FAST_STEPS  # the fast protocol (moh_dit.sampling.spec.PROTOCOLS)
+    scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.spec.SCHEDULERS)
+
+    def sampling(self) -> SamplingSpec:
+        """How the grids are drawn, checked; the error of a bad value names its key."""
+        return SamplingSpec.from_config(dataclasses.asdict(self))
+
+
+@dataclass
+class Config:
+    model: ModelSection = field(default_factory=ModelSection)
+    objective: ObjectiveSection = field(default_factory=ObjectiveSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    ema: EMASection = field(default_factory=EMASection)
+    log: LogSection = field(default_factory=LogSection)
+    preview: PreviewSection = field(default_factory=PreviewSection)
+    repa: RepaSection = field(default_factory=RepaSection)

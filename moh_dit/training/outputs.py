@@ -1,0 +1,170 @@
+"""What a run writes as it trains, apart from the step itself: its log records (with the hardware's numbers),
+checkpoints, preview grids, evaluations during training, the exported pipeline and the summary its model card
+shows. A mixin of :class:`~moh_dit.training.trainer.Trainer`, kept apart so that the trainer file holds the set-up
+and the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from moh_dit.manifests import read_manifest
+from moh_dit.model.network import MoHDiT
+from moh_dit.progress import Progress
+from moh_dit.sampling.card import push_folder
+from moh_dit.sampling.pipeline import MoHDiTPipeline
+from moh_dit.training.checkpoints import save_checkpoint
+from moh_dit.training.config import config_to_dict
+from moh_dit.training.quality import EVALUATION, curve_points, read_records
+from moh_dit.training.setup import learning_rate, non_finite_error
+from moh_dit.training.throughput import peak_memory_gb
+
+logger = logging.getLogger("moh_dit.train")
+
+
+class RunOutputs:
+    """The trainer's writing half: log records, checkpoints, previews, evaluations and the exported pipeline (it
+    uses the trainer's state: ``config``, ``layout``, ``accelerator``, ``step``, ``ema``, ``data``, ...)."""
+
+    # ------------------------------------------------------------------------------------------------
+    # Log records
+    # ------------------------------------------------------------------------------------------------
+    def hardware_record(self, images_per_s: float) -> dict[str, float]:
+        """The log record's numbers on the hardware: the gradient norm before clipping, model TFLOP/s over all
+        processes, MFU (against the peak of every device) and this process's peak memory."""
+        tflops = images_per_s * self.flops_per_image / 1e12
+        record = {"grad_norm": float(self.grad_norm), "tflops": tflops}
+        if self.peak_tflops:
+            record["mfu"] = tflops / (self.peak_tflops * self.world)
+        record["peak_memory_gb"] = peak_memory_gb(self.accelerator.device)
+        return record
+
+    def write_record(self, on_boundary: bool, heads, progress: Progress, made: int) -> None:
+        """The log record of the steps since the last one (a last record between boundaries leaves the window open for
+        a later resume). With the first record of this call of ``run`` (``made``: the steps it has made so far), the
+        time the remaining steps will take at that speed."""
+        lr = learning_rate(self.config, self.step - 1)
+        record = self.window.record(self.accelerator, self.step, lr, self.samples_seen, heads, on_boundary)
+        record.update(self.hardware_record(record["images_per_s"]))
+        if self.guard.enabled:
+            record.update(skipped_updates=self.guard.skipped, rollbacks=self.guard.rollbacks)
+        self.metrics.write(record, progress)
+        left = self.config.train.max_steps - self.step
+        if not self.projected and left > 0 and record["steps_per_s"] > 0:
+            self.projected = True
+            logger.info(
+                f"projected: {left / record['steps_per_s'] / 60:.3g} more minutes to step {self.config.train.max_steps} "
+                f"at {record['steps_per_s']:.2f} steps/s (the speed of the first {made} steps; previews, evaluations "
+                f"and the export come on top)"
+            )
+
+    # ------------------------------------------------------------------------------------------------
+    # Checkpoints, previews, evaluations, export
+    # ------------------------------------------------------------------------------------------------
+    def periodic_outputs(self) -> None:
+        """What is due after an optimizer step: a checkpoint, a preview grid, an evaluation."""
+        preview = self.config.preview
+        if self.step % self.config.train.checkpoint_every == 0:
+            self.save_checkpoint()
+        if preview.every > 0 and self.step % preview.every == 0 and preview.per_class:
+            self.save_sample_grid(f"step-{self.step:08d}")
+        if self.quality.due(self.step):
+            self.evaluate_quality()
+
+    def save_checkpoint(self, losses=None) -> Path:
+        """``checkpoints/step-N``. Exploded or non-finite weights are never written (a stop instead); with
+        ``losses`` (a non-finite loss at the next step) the rescue save never prunes, and the run stops."""
+        info = dict(self.data.record(), samples_seen=self.samples_seen, **self.process_layout)
+        info["batches_per_epoch"] = self.batches_per_epoch
+        if self.guard.enabled:
+            info["spike_guard"] = self.guard.state()
+        keep = self.config.train.keep_last if losses is None else None
+        path, peak = save_checkpoint(
+            self.layout, self.step, self.state, self.accelerator, info, {"run_id": self.record.run_id}, keep
+        )
+        if path is not None and losses is None:
+            return path
+        if self.accelerator.is_main_process:
+            self.record.write("stopped", step=self.step, reason="non-finite loss or exploded weights")
+        raise non_finite_error(self.step, path, peak, self.layout.latest_checkpoint(), losses)
+
+    def ema_pipeline(self, scheduler: str | None = None) -> MoHDiTPipeline:
+        """The EMA weights with ``scheduler`` (default: the sampler of the objective's published protocol: DiT's
+        DDPM, SiT's SDE), the VAE and the class names."""
+        ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
+        self.ema.copy_to(ema_model.parameters())
+        ema_model = ema_model.without_alignment()  # REPA's projectors train with the network; nothing samples them
+        latent, names = self.data.vae_record is not None, self.data.id2label if ema_model.config.num_classes else {}
+        return MoHDiTPipeline.build(ema_model, self.data.vae, names, scheduler, latent_space=latent)
+
+    @torch.no_grad()
+    def save_sample_grid(self, tag: str, reuse: bool = False) -> Path | None:
+        """A grid of EMA samples, one row per class (main process). With ``reuse`` an existing grid of that
+        tag is kept when the settings are unchanged and the run's pipeline was exported at this step."""
+        seed = self.config.train.seed
+        if self.accelerator.is_main_process:
+            # drawn by this call's weights: the run's pipeline was exported at this very step
+            if reuse and (self.layout.samples / f"{tag}.png").is_file() and self.exported_at() == self.step:
+                return self.layout.samples / f"{tag}.png"
+            preview, spec = self.config.preview, self.config.preview.sampling()
+            path = self.ema_pipeline(spec.scheduler).save_grid(
+                self.layout.samples / f"{tag}.png", preview.per_class, seed, spec, preview.max_classes
+            )
+            self.metrics.log_image("samples", path, self.step)
+            return path
+
+    @torch.no_grad()
+    def evaluate_quality(self) -> None:
+        """Sample and score the EMA weights at this step on every process (``log.eval_every``); the record goes to
+        ``metrics.jsonl``, the trackers and the run's manifest."""
+        record = self.quality.evaluate(self.ema_pipeline(self.quality.spec.scheduler), self.step, self.samples_seen)
+        if record is not None:
+            self.metrics.write_evaluation(record)
+            self.record.write("evaluation", **curve_points([record])[0], file=record["file"])
+        self.accelerator.wait_for_everyone()
+        self.window.start_clock()  # the speed of the next log record counts training only
+
+    def export_pipeline(self, reuse: bool = False) -> Path | None:
+        """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest. With
+        ``reuse`` a folder this run exported at this step is kept."""
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            if reuse and self.exported_at() == self.step:
+                return self.layout.pipeline
+            run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
+            path = self.ema_pipeline().save(
+                self.layout.pipeline,
+                dict(run, weights="ema", vae=self.data.vae_record, training=self.training_summary()),
+                sampling=self.config.preview.sampling(),
+            )
+            if self.config.train.push_to_hub:
+                push_folder(path, self.config.train.push_to_hub)
+            return path
+
+    def exported_at(self) -> int | None:
+        """The step of this run's exported pipeline folder (None when there is none, or another run's)."""
+        manifest = read_manifest(self.layout.pipeline, "pipeline") if self.layout.pipeline.is_dir() else None
+        source = (manifest or {}).get("source") or {}
+        return source.get("step") if source.get("run_id") == self.record.run_id else None
+
+    def training_summary(self) -> dict:
+        """What a model card says about the training (see ``moh_dit.sampling.card``)."""
+        full = config_to_dict(self.config)
+        keys = ("name", "count", "fingerprint", "split", "class_weights")
+        data = {k: v for k, v in self.data.description.items() if k in keys}
+        train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
+        preset = None if self.config.model.preset == "custom" else self.config.model.preset
+        summary = dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"])
+        evaluations = read_records(self.layout.metrics, EVALUATION)
+        if evaluations:  # the card's quality curve, and how its points were scored
+            last = evaluations[-1]
+            summary["quality_curve"] = curve_points(evaluations)
+            summary["quality_protocol"] = {
+                "extractor": last["extractor"],
+                "reference": Path(last["reference"]).name,
+                "sampling": last["sampling"],
+            }
+        return summary
