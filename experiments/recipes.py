@@ -10,16 +10,18 @@ the same learning rate, schedule, clipping and EMA), trained from scratch with o
                     (experiments/fmnist_encoder.py), never to the evaluation's classifier
 
 Each run evaluates itself during training (``log.eval_every``: KID and FID of 500 unguided DPM-Solver++ samples
-against the test set, the curve). Scores: 2000 class-balanced samples scored against the 10,000 Fashion-MNIST
-test images with the project's classifier features: KID and FID with 90% bootstrap intervals; across seeds,
-means with 95% t-intervals and differences paired by seed.
+against the test set, the curve). Scores: 2000 class-balanced samples (1000 with ``--scale cpu``) scored against the
+10,000 Fashion-MNIST test images with the project's classifier features: KID and FID with 90% bootstrap intervals;
+across seeds, means with 95% t-intervals and differences paired by seed.
 
-    python -m experiments.recipes --part train       # every arm, seed by seed (resumable; ~15 min a run on 2 cores)
+    python -m experiments.recipes --part train       # every arm, seed by seed (resumable; 22 min a run measured on one
+                                                     # thread of a 2-core machine)
     python -m experiments.recipes --part samplers    # each objective's samplers at NFE 25 and 50, guidance (seed 0)
     python -m experiments.recipes --part objective   # DDPM against flow (and the DiT twin) at NFE 25 and 50, 3 seeds
     python -m experiments.recipes --part repa        # flow with and without REPA, 3 seeds
     python -m experiments.recipes --part posthoc     # KID against the post-hoc EMA's sigma_rel, beside the fixed EMA
     python -m experiments.recipes --report-only      # rewrite RESULTS.md and the plots from results.json
+    python -m experiments.recipes --scale cpu ...    # the same training, scored on 1000 samples and fewer samplers
 
 NFE counts the network's evaluations per image (a guided step evaluates both halves in one batched call, as
 the papers count it; Heun's steps cost two). ``objective`` and ``repa`` sample each objective with the sampler and

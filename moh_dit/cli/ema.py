@@ -34,7 +34,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--transformer-only", action="store_true", help="with --sigma-rel: a transformer folder")
     g = p.add_argument_group("the sweep (with --sweep): what is sampled and how it is scored")
     g.add_argument("--sweep-cfg", type=float, nargs="+", default=None, help="guidance scales (default: --cfg-scale)")
-    g.add_argument("--reference", default=None, help="ADM reference batch .npz, or a folder / .npz of real images")
+    g.add_argument(
+        "--reference",
+        default=None,
+        help="ADM reference batch .npz, a folder / .npz of real images, or a named one (fashion-mnist-test)",
+    )
     g.add_argument("--extractor", default="inception")
     g.add_argument("--extractor-module", default=None)
     g.add_argument("--extractor-weights", default=None)
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         return
     from moh_dit.devices import resolve_device
     from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
+    from moh_dit.evaluation.reference import resolve_reference
     from moh_dit.sampling.generation import GenerationSettings
     from moh_dit.sampling.loading import recorded_objective
     from moh_dit.sampling.spec import SamplingSpec
@@ -81,7 +86,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     device = str(resolve_device(args.device))
     extractor = resolve_extractor(args.extractor, args.extractor_weights, device)
     scales = args.sweep_cfg or [spec.guidance_scale]
-    result = sweep(args.run, args.sweep, scales, settings, args.reference, extractor, out, args.step, device=device)
+    reference = resolve_reference(args.reference)  # a named one (fashion-mnist-test) is made once
+    result = sweep(args.run, args.sweep, scales, settings, reference, extractor, out, args.step, device=device)
     best = min(result["rows"], key=lambda r: r["kid"])
     print(
         f"wrote {out / 'posthoc_sweep.md'}; lowest KID {best['kid']:.5f}: {best['weights']}, guidance {best['guidance']:g}"
