@@ -84,26 +84,24 @@ NFE_BUDGETS = (25, 50)
 # and kept at NFE 50
 GUIDANCE_SWEEP = (3.0, 4.0, 6.0)
 SIGMA_RELS = (0.03, 0.05, 0.08, 0.12, 0.16)
+DEFAULT_SCALE = dict(
+    overrides=[],
+    eval=["log.eval_every=2075", "log.eval_samples=500"],
+    samples=2000,
+    seeds=(0, 1, 2),
+    bootstrap=20,
+    candidates=CANDIDATES,
+    guidance_sweep=GUIDANCE_SWEEP,
+    sigma_rels=SIGMA_RELS,
+)
 SCALES = {
-    "default": dict(
-        overrides=[],
-        eval=["log.eval_every=2075", "log.eval_samples=500"],
-        samples=2000,
-        seeds=(0, 1, 2),
-        bootstrap=20,
-        candidates=CANDIDATES,
-        guidance_sweep=GUIDANCE_SWEEP,
-        sigma_rels=SIGMA_RELS,
-    ),
+    "default": DEFAULT_SCALE,
     # the default's training, scored on 1000 samples with fewer candidates (DDPM: DPM-Solver++, the sampler study's
     # choice; flow: every sampler at NFE 25, two at 50), guidance 4 (the default's) and three post-hoc widths: what
     # an evening of 2 CPU cores affords (each 2000-sample set at NFE 50 takes about 13 minutes there)
-    "cpu": dict(
-        overrides=[],
-        eval=["log.eval_every=2075", "log.eval_samples=500"],
+    "cpu": DEFAULT_SCALE
+    | dict(
         samples=1000,
-        seeds=(0, 1, 2),
-        bootstrap=20,
         candidates={
             "ddpm": [("dpm-solver", 25), ("dpm-solver", 50)],
             "flow": [("dpm-solver", 25), ("euler", 25), ("heun", 13), ("sde", 25), ("dpm-solver", 50), ("sde", 50)],
