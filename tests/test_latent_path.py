@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from moh_dit.sampling.demo import generate
+
 from .helpers.factories import (
     make_image_folder,
     run_command,
@@ -23,6 +25,7 @@ from .helpers.factories import (
     torchrun,
     train_tiny,
 )
+from .helpers.tiny_extractor import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +145,20 @@ def test_newer_autoencoders_go_through_latents_training_and_sampling_on_one_and_
     assert "2 process(es)" in two.stderr
     assert f"16 tokens per image: {channels} x 8 x 8 {record['vae']['kind']} latents in 2 x 2 patches" in two.stderr
     run = tmp_path / "run"
-    train_tiny(run, lat, "data.name=latents", "train.max_steps=2", "train.checkpoint_every=2", image_size=16)
+    evaluation = [  # training-time evaluation decodes through the autoencoder too
+        "log.eval_every=2",
+        "log.eval_samples=4",
+        "log.eval_batch_size=4",
+        f"log.eval_reference={images}",
+        f"log.eval_extractor={TINY}",
+        "log.eval_extractor_module=tests.helpers.tiny_extractor",
+        "log.eval_sampling.num_steps=2",
+    ]
+    train_tiny(
+        run, lat, "data.name=latents", "train.max_steps=2", "train.checkpoint_every=2", *evaluation, image_size=16
+    )
+    [scored] = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if '"evaluation"' in ln]
+    assert scored["step"] == 2 and np.isfinite(scored["kid"])
     for folder in (run, tmp_path / "run2"):
         vae_config = json.loads((folder / "pipeline" / "vae" / "config.json").read_text())
         assert vae_config["_class_name"] == record["vae"]["kind"] and (folder / "samples" / "final.png").exists()
@@ -153,8 +169,11 @@ def test_newer_autoencoders_go_through_latents_training_and_sampling_on_one_and_
     a, b = np.load(tmp_path / "s2" / "x.npz"), np.load(tmp_path / "s1" / "x.npz")
     assert a["arr_0"].shape == (6, 16, 16, 3) and np.array_equal(a["arr_0"], b["arr_0"])
 
-    # the pipeline decodes with the autoencoder's inverse normalisation, and refuses a decoder of another space
+    # the pipeline decodes with the autoencoder's inverse normalisation (the demo's too), and refuses a decoder of
+    # another space
     pipe = load_pipeline(run, device="cpu")
+    grid, _, info = generate(pipe, "bright", per_class=2, guidance=1.5, steps=2, scheduler="dpm-solver", seed=0)
+    assert grid.size[0] >= 32 and info.startswith("2 images from")
     z = torch.randn(1, channels, 8, 8)
     with torch.no_grad():
         expected = pipe.vae.decode(LatentNormalization.of(record["vae"]).denormalize(z)).sample
