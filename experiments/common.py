@@ -19,6 +19,7 @@ from moh_dit.errors import ArtifactError
 from moh_dit.evaluation.features import load_images, resolve_extractor
 from moh_dit.evaluation.metrics import kernel_inception_distance, patch_seam_ratio
 from moh_dit.evaluation.model_scores import sample_and_score as package_sample_and_score
+from moh_dit.evaluation.reference import NAMED_REFERENCES
 from moh_dit.evaluation.scoring import ScoringOptions
 from moh_dit.evaluation.statistics import reference_statistics
 from moh_dit.sampling.generation import GenerationSettings
@@ -27,13 +28,15 @@ from moh_dit.sampling.sample_sets import read_npz_manifest
 from moh_dit.sampling.spec import SamplingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
+# the package's named reference fashion-mnist-test: the test images, gray repeated to RGB (uint8 NHWC)
+fashion_test_images = NAMED_REFERENCES["fashion-mnist-test"]
 
 
 def fashion_reference(out: Path, count: int = 10000) -> Path:
     """The first ``count`` Fashion-MNIST test images as an ADM-style uint8 npz (gray repeated to RGB). An
     existing file is checked against the test set (a second, cheap to read) before it is reused."""
     path = Path(out) / f"reference_fmnist_test_{count}.npz"
-    images = np.repeat(FashionMNIST(split="test").images[:count, :, :, None], 3, axis=3)
+    images = fashion_test_images()[:count]
     if path.exists():
         check_fashion_reference(path, count, images)
         return path
@@ -48,7 +51,7 @@ def check_fashion_reference(path: Path, count: int, images: np.ndarray | None = 
     """Raise unless ``path`` holds exactly the first ``count`` Fashion-MNIST test images, in order (as
     :func:`fashion_reference` writes them; ``images``: those images, when the caller has them)."""
     if images is None:
-        images = np.repeat(FashionMNIST(split="test").images[:count, :, :, None], 3, axis=3)
+        images = fashion_test_images()[:count]
     with np.load(path) as stored:
         if not ("arr_0" in stored.files and np.array_equal(stored["arr_0"], images)):
             raise ArtifactError(f"{path} does not hold the first {count} Fashion-MNIST test images: delete it")
