@@ -101,13 +101,21 @@ def writing(what: str, where: str | os.PathLike, *unfinished: str | os.PathLike)
         ) from None
 
 
-def check_free_space(where: str | os.PathLike, needed: int, what: str) -> None:
-    """Stop before writing about ``needed`` bytes of ``what`` into ``where`` when its device has less free."""
-    free = free_bytes(where)
+def check_free_space(
+    where: str | os.PathLike,
+    needed: int,
+    what: str,
+    *,
+    freed: int = 0,
+    advice: str = "free some space or write elsewhere",
+) -> None:
+    """Stop before writing about ``needed`` bytes of ``what`` into ``where`` when its device has less free
+    (``freed``: bytes of the files the write replaces, which count as free)."""
+    free = free_bytes(where) + freed
     if needed > free:
         raise DiskFullError(
             f"not enough space for {what} in {where}: it needs about {size_text(needed)} and "
-            f"{size_text(free)} is free; free some space or write elsewhere"
+            f"{size_text(free)} is free; {advice}"
         )
 
 

@@ -17,7 +17,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from moh_dit.data.latent_dataset import FORMAT_VERSION, LatentDataset, partial_path
 from moh_dit.errors import ArtifactError, DataError, OutputError
-from moh_dit.files import DiskFullError, atomic_write_json, ensure_writable_dir, sibling, size_text, writing
+from moh_dit.files import atomic_write_json, check_free_space, ensure_writable_dir, sibling, size_text, writing
 from moh_dit.images import to_model_range
 from moh_dit.manifests import (
     differences,
@@ -243,7 +242,13 @@ def extract_latents(
     row = np.dtype(fields + ([("image", "u1", (channels, size, size))] if keep_images else []))
     tmp = partial_path(out_path)
     if plan.action == "fresh":  # a full disk would stop the extraction hours in, with a bus error
-        _check_disk_space(out_path, tmp, len(dataset) * row.itemsize)
+        check_free_space(  # the files a fresh extraction replaces count as free
+            out_path.parent,
+            len(dataset) * row.itemsize,
+            out_path.name,
+            freed=sum(p.stat().st_size for p in (out_path, tmp) if p.is_file()),
+            advice="make room, choose another --out, or store float16 (--dtype)",
+        )
     if accelerator:
         accelerator.wait_for_everyone()  # every process has read the records before they change
     if plan.action == "done":
@@ -344,17 +349,6 @@ def _check_vae_fits(vae: torch.nn.Module, channels: int, size: int) -> None:
         )
     if size % factor:
         raise DataError(f"image size {size} is not divisible by the VAE's downsampling factor {factor}")
-
-
-def _check_disk_space(out_path: Path, tmp: Path, needed: int) -> None:
-    """Stop before a fresh extraction when the folder cannot hold its file (the files it replaces count as free)."""
-    freed = sum(p.stat().st_size for p in (out_path, tmp) if p.is_file())
-    free = shutil.disk_usage(out_path.parent).free + freed
-    if needed > free:
-        raise DiskFullError(
-            f"{out_path} needs {size_text(needed)} and {out_path.parent} has {size_text(free)} free: make room, "
-            f"choose another --out, or store float16 (--dtype)"
-        )
 
 
 def _reserve(path: Path) -> None:
