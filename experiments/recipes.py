@@ -80,6 +80,9 @@ CANDIDATES = {  # DDIM and UniPC left out of the flow list: DDIM trailed and Uni
     + [("dpm-solver", 50), ("euler", 50), ("heun", 25), ("sde", 50)],
 }
 NFE_BUDGETS = (25, 50)
+# each comparison: its arms, the first the baseline the others are paired against
+COMPARISONS = (("objective", ("moh-ddpm", "moh-flow", "dit-flow")), ("repa", ("moh-flow", "moh-flow-repa")))
+TITLES = {"objective": "DDPM against flow matching", "repa": "REPA"}
 # swept with the best sampler at NFE 25 around the embedded default's 4 (guided in the interval of timesteps 100-500),
 # and kept at NFE 50
 GUIDANCE_SWEEP = (3.0, 4.0, 6.0)
@@ -390,12 +393,10 @@ def report(result: dict) -> str:
                 f"NFE {b}: {p['scheduler']} {p['steps']} steps, guidance {p['guidance']:g}" for b, p in picks.items()
             ),
         ]
-    if result["objective"]:
-        lines += ["", "## DDPM against flow matching", ""]
-        lines += compare_table(result["objective"], ["moh-ddpm", "moh-flow", "dit-flow"], NFE_BUDGETS, "moh-ddpm")
-    if result["repa"]:
-        lines += ["", "## REPA", ""]
-        lines += compare_table(result["repa"], ["moh-flow", "moh-flow-repa"], NFE_BUDGETS, "moh-flow")
+    for name, arms in COMPARISONS:
+        if result[name]:
+            lines += ["", f"## {TITLES[name]}", ""]
+            lines += compare_table(result[name], arms, NFE_BUDGETS, arms[0])
     for seed, swept in result["posthoc"].items():
         lines += ["", f"## Post-hoc EMA (moh-ddpm, seed {seed}, step {swept['step']})", ""]
         lines += ["| weights | guidance | KID | FID |", "|---|---|---|---|"]
@@ -423,6 +424,36 @@ def plot(result: dict, out: Path) -> None:
             ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "kid_vs_nfe.png", dpi=110)
+        plt.close(fig)
+    comparisons = [(name, arms) for name, arms in COMPARISONS if result[name]]
+    if comparisons:
+        fig, axes = plt.subplots(1, len(comparisons), figsize=(5 * len(comparisons), 3.6), squeeze=False)
+        for ax, (name, arms) in zip(axes[0], comparisons):
+            for offset, arm in enumerate(arms):
+                for i, budget in enumerate(NFE_BUDGETS):
+                    kid = list(by_seed(result[name], arm, budget).values())
+                    if not kid:
+                        continue
+                    x = i + 0.25 * (offset - (len(arms) - 1) / 2)
+                    ax.plot([x] * len(kid), kid, "o", color=f"C{offset}", alpha=0.5)
+                    interval = t_interval(kid)
+                    mean = statistics.mean(kid)
+                    err = [[mean - interval[0]], [interval[1] - mean]] if interval else None
+                    ax.errorbar(
+                        [x],
+                        [mean],
+                        yerr=err,
+                        fmt="_",
+                        markersize=14,
+                        capsize=4,
+                        color=f"C{offset}",
+                        label=arm if i == 0 else None,
+                    )
+            ax.set_xticks(range(len(NFE_BUDGETS)), [f"NFE {b}" for b in NFE_BUDGETS])
+            ax.set(title=f"{TITLES[name]}: seeds (dots), mean [95% t]", ylabel="KID x 1000 (each arm's best sampler)")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "kid_by_seed.png", dpi=110)
         plt.close(fig)
     curves: dict[str, dict[int, list[float]]] = {}
     for t in result["training"].values():
@@ -481,20 +512,10 @@ def main(argv: list[str] | None = None) -> dict:
             part_samplers(sc, out, reference, extractor, result)
         if "objective" in parts:
             part_scores(
-                "objective",
-                ["moh-ddpm", "moh-flow", "dit-flow"],
-                NFE_BUDGETS,
-                sc,
-                out,
-                reference,
-                extractor,
-                seeds,
-                result,
+                "objective", dict(COMPARISONS)["objective"], NFE_BUDGETS, sc, out, reference, extractor, seeds, result
             )
         if "repa" in parts:
-            part_scores(
-                "repa", ["moh-flow", "moh-flow-repa"], NFE_BUDGETS, sc, out, reference, extractor, seeds, result
-            )
+            part_scores("repa", dict(COMPARISONS)["repa"], NFE_BUDGETS, sc, out, reference, extractor, seeds, result)
         if "posthoc" in parts:
             part_posthoc(sc, out, reference, extractor, seeds[:1], result)
         for arm in ("moh-ddpm", "moh-flow"):

@@ -377,7 +377,13 @@ def test_recipes_study_trains_every_arm_chooses_samplers_by_counted_nfe_and_repo
     assert {r["guidance"] for r in rows} == {1.0, guidance}
     text = (out / "RESULTS.md").read_text()
     assert "## DDPM against flow matching" in text and "| dit-flow | 50 |" in text and "## REPA" in text
-    for plot in ("kid_vs_nfe.png", "kid_during_training.png", "grid_moh-flow.png", "posthoc-seed0/posthoc_sweep.png"):
+    for plot in (
+        "kid_vs_nfe.png",
+        "kid_during_training.png",
+        "kid_by_seed.png",
+        "grid_moh-flow.png",
+        "posthoc-seed0/posthoc_sweep.png",
+    ):
         assert (out / plot).exists(), plot
     (out / "RESULTS.md").unlink()
     reread = main(["--scale", "tiny", "--reference-count", "200", "--out", str(out), "--report-only"])
