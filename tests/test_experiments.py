@@ -351,6 +351,17 @@ def test_flip_floor_shows_what_mirrored_shoes_cost_and_symmetric_garments_do_not
     assert np.array_equal(mirrored[0], np.arange(12).reshape(3, 4)[:, ::-1])
 
 
+def test_recipes_study_refuses_a_second_writer_of_the_same_folder(tmp_path):
+    from experiments.recipes import hold_lock, main
+
+    held = hold_lock(tmp_path)  # what a running part holds
+    with pytest.raises(SystemExit, match="another experiments.recipes process is writing"):
+        main(["--part", "train", "--scale", "tiny", "--out", str(tmp_path)])
+    held.close()
+    assert not (tmp_path / "results.json").exists()  # nothing written by the refused one
+    hold_lock(tmp_path).close()  # free again once the first has ended
+
+
 @pytest.mark.slow
 @needs_data
 def test_recipes_study_trains_every_arm_chooses_samplers_by_counted_nfe_and_reports(tmp_path):
