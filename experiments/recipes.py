@@ -468,7 +468,11 @@ def plot(result: dict, out: Path) -> None:
                         label=arm if i == 0 else None,
                     )
             ax.set_xticks(range(len(NFE_BUDGETS)), [f"NFE {b}" for b in NFE_BUDGETS])
-            ax.set(title=f"{TITLES[name]}: seeds (dots), mean [95% t]", ylabel="KID x 1000 (each arm's best sampler)")
+            ax.set(
+                title=TITLES[name],
+                xlabel="each seed a dot; the mean with its 95% t-interval",
+                ylabel="KID x 1000 (each arm's best sampler)",
+            )
             ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "kid_by_seed.png", dpi=110)
