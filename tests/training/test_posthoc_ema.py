@@ -70,19 +70,27 @@ def test_the_tracking_recursion_matches_edm2s_power_function_ema():
             torch.testing.assert_close(tensor, TENSORS[f"ema{std:.2f}.{name}"], rtol=1e-6, atol=1e-7)
 
 
-def test_a_reconstruction_at_a_tracked_width_returns_that_ema(tmp_path):
-    torch.manual_seed(1)
-    net = torch.nn.Linear(4, 3)
+def tracked_snapshots(net: torch.nn.Module, folder: Path, dtypes=("float32",)):
+    """40 steps of random updates of ``net`` (8 images each) with its EMAs at sigma_rel 0.05 and 0.10, saved every
+    10 steps in each of ``dtypes``: the EMAs, the parameter names and the snapshot paths per dtype (oldest first)."""
     emas, names = PowerFunctionEMAs(net.parameters(), [0.05, 0.10]), [n for n, _ in net.named_parameters()]
-    paths = []
+    paths = {dtype: [] for dtype in dtypes}
     with torch.no_grad():
         for step in range(1, 41):
             for p in net.parameters():
                 p.add_(torch.randn(p.shape) * 0.1)
             emas.update(step * 8, 8)
             if step % 10 == 0:
-                paths.append(tmp_path / f"step-{step:08d}.safetensors")
-                save_snapshot(paths[-1], emas, names, step, step * 8, "float32")
+                for dtype, files in paths.items():
+                    files.append(folder / f"{dtype}-step-{step:08d}.safetensors")
+                    save_snapshot(files[-1], emas, names, step, step * 8, dtype)
+    return emas, names, paths
+
+
+def test_a_reconstruction_at_a_tracked_width_returns_that_ema(tmp_path):
+    torch.manual_seed(1)
+    emas, names, snapshots = tracked_snapshots(torch.nn.Linear(4, 3), tmp_path)
+    paths = snapshots["float32"]
     assert read_snapshot_metadata(paths[-1]) == {
         "step": 40,
         "images": 320,
@@ -107,17 +115,7 @@ def test_float16_snapshots_halve_the_files_and_cost_the_reconstruction_their_rou
     snapshots' rounding (float16's unit roundoff 2^-11 ~ 4.9e-4, times the coefficients' absolute sum)."""
     torch.manual_seed(1)
     net = torch.nn.Linear(16, 8)
-    emas, names = PowerFunctionEMAs(net.parameters(), [0.05, 0.10]), [n for n, _ in net.named_parameters()]
-    paths = {"float32": [], "float16": []}
-    with torch.no_grad():
-        for step in range(1, 41):
-            for p in net.parameters():
-                p.add_(torch.randn(p.shape) * 0.1)
-            emas.update(step * 8, 8)
-            if step % 10 == 0:
-                for dtype, files in paths.items():
-                    files.append(tmp_path / f"{dtype}-{step:08d}.safetensors")
-                    save_snapshot(files[-1], emas, names, step, step * 8, dtype)
+    _, names, paths = tracked_snapshots(net, tmp_path, ("float32", "float16"))
     tensor_bytes = {
         d: sum(4 * n.numel() if d == "float32" else 2 * n.numel() for n in net.parameters()) * 2 for d in paths
     }
