@@ -19,7 +19,7 @@ across seeds, means with 95% t-intervals and differences paired by seed.
     python -m experiments.recipes --part samplers    # each objective's samplers at NFE 25 and 50, guidance (seed 0)
     python -m experiments.recipes --part objective   # DDPM against flow (and the DiT twin) at NFE 25 and 50, 3 seeds
     python -m experiments.recipes --part repa        # flow with and without REPA, 3 seeds
-    python -m experiments.recipes --part posthoc     # KID against the post-hoc EMA's sigma_rel, beside the fixed EMA
+    python -m experiments.recipes --part posthoc     # KID against the post-hoc EMA's sigma_rel beside the fixed EMA, each seed
     python -m experiments.recipes --report-only      # rewrite RESULTS.md and the plots from results.json
     python -m experiments.recipes --scale cpu ...    # the same training, scored on 1000 samples and fewer samplers
 
@@ -542,7 +542,7 @@ def main(argv: list[str] | None = None) -> dict:
         if "repa" in parts:
             part_scores("repa", dict(COMPARISONS)["repa"], NFE_BUDGETS, sc, out, reference, extractor, seeds, result)
         if "posthoc" in parts:
-            part_posthoc(sc, out, reference, extractor, seeds[:1], result)
+            part_posthoc(sc, out, reference, extractor, seeds, result)
         for arm in ("moh-ddpm", "moh-flow"):
             model = pipeline_of(out, arm, 0)
             if model.is_dir() and OBJECTIVE_OF[arm] in result["choice"]:
