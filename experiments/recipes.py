@@ -81,7 +81,7 @@ CANDIDATES = {  # DDIM and UniPC left out of the flow list: DDIM trailed and Uni
 }
 NFE_BUDGETS = (25, 50)
 # each comparison: its arms, the first the baseline the others are paired against
-COMPARISONS = (("objective", ("moh-ddpm", "moh-flow", "dit-flow")), ("repa", ("moh-flow", "moh-flow-repa")))
+COMPARISONS = {"objective": ("moh-ddpm", "moh-flow", "dit-flow"), "repa": ("moh-flow", "moh-flow-repa")}
 TITLES = {"objective": "DDPM against flow matching", "repa": "REPA"}
 # swept with the best sampler at NFE 25 around the embedded default's 4 (guided in the interval of timesteps 100-500),
 # and kept at NFE 50
@@ -411,7 +411,7 @@ def report(result: dict) -> str:
                 f"NFE {b}: {p['scheduler']} {p['steps']} steps, guidance {p['guidance']:g}" for b, p in picks.items()
             ),
         ]
-    for name, arms in COMPARISONS:
+    for name, arms in COMPARISONS.items():
         if result[name]:
             lines += ["", f"## {TITLES[name]}", ""]
             lines += compare_table(result[name], arms, NFE_BUDGETS, arms[0])
@@ -443,7 +443,7 @@ def plot(result: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "kid_vs_nfe.png", dpi=110)
         plt.close(fig)
-    comparisons = [(name, arms) for name, arms in COMPARISONS if result[name]]
+    comparisons = [(name, arms) for name, arms in COMPARISONS.items() if result[name]]
     if comparisons:
         fig, axes = plt.subplots(1, len(comparisons), figsize=(5 * len(comparisons), 3.6), squeeze=False)
         for ax, (name, arms) in zip(axes[0], comparisons):
@@ -535,12 +535,9 @@ def main(argv: list[str] | None = None) -> dict:
             part_train(sc, out, reference, seeds, args.arms, result)
         if "samplers" in parts:
             part_samplers(sc, out, reference, extractor, result)
-        if "objective" in parts:
-            part_scores(
-                "objective", dict(COMPARISONS)["objective"], NFE_BUDGETS, sc, out, reference, extractor, seeds, result
-            )
-        if "repa" in parts:
-            part_scores("repa", dict(COMPARISONS)["repa"], NFE_BUDGETS, sc, out, reference, extractor, seeds, result)
+        for name, arms in COMPARISONS.items():
+            if name in parts:
+                part_scores(name, arms, NFE_BUDGETS, sc, out, reference, extractor, seeds, result)
         if "posthoc" in parts:
             part_posthoc(sc, out, reference, extractor, seeds, result)
         for arm in ("moh-ddpm", "moh-flow"):
