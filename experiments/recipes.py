@@ -311,24 +311,6 @@ def part_posthoc(sc, out, reference, extractor, seeds, result) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------------
-def hold_lock(out: Path):
-    """One writer per ``--out``: each part keeps results.json in memory and rewrites it, so a second process on the
-    same folder would lose the first one's records. Runs in parallel take separate folders (whose ``runs`` may be
-    links to one folder of runs: finished runs are reused)."""
-    try:
-        import fcntl
-    except ImportError:  # not on Windows: one process per folder is then up to the user
-        return None
-    handle = open(out / ".recipes.lock", "w")  # noqa: SIM115 (open for the process's life)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit(
-            f"another experiments.recipes process is writing {out}: wait for it, or use another --out"
-        ) from None
-    return handle
-
-
 def save(out: Path, result: dict) -> None:
     atomic_write_json(out / "results.json", result)
     atomic_write_text(out / "RESULTS.md", report(result))
@@ -495,6 +477,27 @@ def plot(result: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "kid_during_training.png", dpi=110)
         plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------
+def hold_lock(out: Path):
+    """One writer per ``--out``: each part keeps results.json in memory and rewrites it, so a second process on the
+    same folder would lose the first one's records. Runs in parallel take separate folders (whose ``runs`` may be
+    links to one folder of runs: finished runs are reused)."""
+    try:
+        import fcntl
+    except ImportError:  # not on Windows: one process per folder is then up to the user
+        return None
+    handle = open(out / ".recipes.lock", "w")  # noqa: SIM115 (open for the process's life)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(
+            f"another experiments.recipes process is writing {out}: wait for it, or use another --out"
+        ) from None
+    return handle
 
 
 def main(argv: list[str] | None = None) -> dict:
