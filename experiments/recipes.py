@@ -351,6 +351,62 @@ def compare_table(records: list[dict], arms: list[str], budgets, base: str) -> l
     return lines
 
 
+def curve_points(training: dict) -> dict[str, dict[int, dict[int, float]]]:
+    """Unguided KID during training (the runs' own evaluations) by arm, then step, then seed."""
+    kid: dict[str, dict[int, dict[int, float]]] = {}
+    for t in training.values():
+        for point in t["curve"]:
+            if point.get("kid") is not None:
+                kid.setdefault(t["arm"], {}).setdefault(point["step"], {})[t["seed"]] = point["kid"]
+    return kid
+
+
+def curve_table(training: dict, arms: list[str], pairs: list[tuple[str, str]]) -> list[str]:
+    """Per step and arm, the mean over seeds [95% t] of the unguided KID during training, and each (arm, baseline)
+    pair's difference paired by seed."""
+    kid = curve_points(training)
+    arms = [a for a in arms if a in kid]
+    pairs = [(a, b) for a, b in pairs if a in kid and b in kid]
+    steps = sorted({step for a in arms for step in kid[a]})
+    header = arms + [f"{a} - {b}, paired" for a, b in pairs]
+    lines = ["| step | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for step in steps:
+        at = {a: kid[a].get(step, {}) for a in arms}
+        cells = [f"{summary(list(at[a].values()))} (n={len(at[a])})" for a in arms]
+        cells += [summary([at[a][s] - at[b][s] for s in at[a] if s in at[b]]) for a, b in pairs]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def posthoc_by_seed(posthoc: dict) -> dict[tuple[str, float], dict[int, dict]]:
+    """The sweeps' rows keyed by (weights, guidance), then seed."""
+    rows: dict[tuple[str, float], dict[int, dict]] = {}
+    for seed, swept in posthoc.items():
+        for r in swept["rows"]:
+            rows.setdefault((r["weights"], r["guidance"]), {})[int(seed)] = r
+    return rows
+
+
+def posthoc_table(posthoc: dict, baseline: str = "fixed-ema") -> list[str]:
+    """KID per seed, mean [95% t] and the difference from the fixed EMA paired by seed, per weights and guidance."""
+    rows = posthoc_by_seed(posthoc)
+    seeds = sorted({int(s) for s in posthoc})
+    lines = [
+        "| weights | guidance | "
+        + " | ".join(f"seed {s}" for s in seeds)
+        + f" | mean [95% t] | vs {baseline}, paired |",
+        "|---|---|" + "---|" * len(seeds) + "---|---|",
+    ]
+    for (weights, guidance), by in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0] == baseline, kv[0][0])):
+        base = rows.get((baseline, guidance), {})
+        kid = {s: r["kid"] for s, r in by.items()}
+        paired = [kid[s] - base[s]["kid"] for s in kid if s in base]
+        cells = " | ".join(f"{kid[s]:.2f}" if s in kid else "-" for s in seeds)
+        diff = summary(paired) if weights != baseline and paired else ""
+        lines.append(f"| {weights} | {guidance:g} | {cells} | {summary(list(kid.values()))} | {diff} |")
+    return lines
+
+
 def report(result: dict) -> str:
     protocol = result["protocol"]
     lines = [
@@ -371,6 +427,10 @@ def report(result: dict) -> str:
         repa = f"{t['final_repa_loss']:.3f}" if t.get("final_repa_loss") is not None else "-"
         loss = f"{t['final_loss']:.4f}" if t.get("final_loss") is not None else "-"
         lines.append(f"| {name} | {t['median_images_per_s']:.0f} | {loss} | {repa} | {curve} |")
+    if result["training"]:
+        lines += ["", "Unguided KID x 1000 during training, mean over seeds [95% t] (n seeds):", ""]
+        pairs = [(arm, arms[0]) for arms in COMPARISONS.values() for arm in arms[1:]]
+        lines += curve_table(result["training"], list(ARMS), pairs)
     for objective, rows in result["samplers"].items():
         lines += [
             "",
@@ -397,6 +457,9 @@ def report(result: dict) -> str:
         if result[name]:
             lines += ["", f"## {TITLES[name]}", ""]
             lines += compare_table(result[name], arms, NFE_BUDGETS, arms[0])
+    if result["posthoc"]:
+        lines += ["", "## Post-hoc EMA across seeds (moh-ddpm)", ""]
+        lines += posthoc_table(result["posthoc"])
     for seed, swept in result["posthoc"].items():
         lines += ["", f"## Post-hoc EMA (moh-ddpm, seed {seed}, step {swept['step']})", ""]
         lines += ["| weights | guidance | KID | FID |", "|---|---|---|---|"]
@@ -459,17 +522,14 @@ def plot(result: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "kid_by_seed.png", dpi=110)
         plt.close(fig)
-    curves: dict[str, dict[int, list[float]]] = {}
-    for t in result["training"].values():
-        for p in t["curve"]:
-            if p.get("kid") is not None:
-                curves.setdefault(t["arm"], {}).setdefault(p["step"], []).append(p["kid"])
+    curves = curve_points(result["training"])
     if curves:
         fig, ax = plt.subplots(figsize=(6, 4))
         for arm, points in curves.items():
             steps = sorted(points)
-            ax.plot(steps, [statistics.mean(points[s]) for s in steps], marker="o", label=arm)
-            ax.fill_between(steps, [min(points[s]) for s in steps], [max(points[s]) for s in steps], alpha=0.2)
+            kid = [list(points[s].values()) for s in steps]
+            ax.plot(steps, [statistics.mean(k) for k in kid], marker="o", label=arm)
+            ax.fill_between(steps, [min(k) for k in kid], [max(k) for k in kid], alpha=0.2)
         ax.set(
             xlabel="training step", ylabel="KID x 1000 (500 unguided samples)", yscale="log", title="During training"
         )
@@ -477,6 +537,39 @@ def plot(result: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "kid_during_training.png", dpi=110)
         plt.close(fig)
+    if result["posthoc"]:
+        plot_posthoc(posthoc_by_seed(result["posthoc"]), out / "posthoc_by_seed.png", plt)
+
+
+def plot_posthoc(rows: dict[tuple[str, float], dict[int, dict]], path: Path, plt) -> None:
+    """KID against sigma_rel per guidance: each seed a dot, the mean a line; the fixed EMA's mean a dashed line."""
+    guidances = sorted({g for _, g in rows})
+    fig, axes = plt.subplots(1, len(guidances), figsize=(5 * len(guidances), 3.6), squeeze=False)
+    for ax, guidance in zip(axes[0], guidances):
+        swept = sorted(
+            (next(iter(by.values()))["sigma_rel"], by)
+            for (weights, g), by in rows.items()
+            if g == guidance and weights != "fixed-ema"
+        )
+        for sigma_rel, by in swept:
+            ax.plot([sigma_rel] * len(by), [r["kid"] for r in by.values()], "o", color="C0", alpha=0.4)
+        ax.plot(
+            [x for x, _ in swept],
+            [statistics.mean(r["kid"] for r in by.values()) for _, by in swept],
+            "-",
+            color="C0",
+            label="post-hoc EMA (mean over seeds)",
+        )
+        fixed = rows.get(("fixed-ema", guidance))
+        if fixed:
+            ax.axhline(
+                statistics.mean(r["kid"] for r in fixed.values()), color="C1", ls="--", label="fixed EMA (mean)"
+            )
+        ax.set(title=f"guidance {guidance:g}", xlabel="sigma_rel", ylabel="KID x 1000")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------------------------------

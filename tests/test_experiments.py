@@ -362,6 +362,42 @@ def test_recipes_study_refuses_a_second_writer_of_the_same_folder(tmp_path):
     hold_lock(tmp_path).close()  # free again once the first has ended
 
 
+def test_recipes_report_pairs_training_curves_and_posthoc_sweeps_by_seed(tmp_path):
+    from experiments.recipes import curve_table, plot, posthoc_table
+
+    training = {
+        f"{arm}-seed{seed}": {
+            "arm": arm,
+            "seed": seed,
+            "curve": [{"step": 100, "kid": kid}, {"step": 200, "kid": None}],
+        }
+        for arm, seed, kid in [("moh-flow", 0, 10.0), ("moh-flow", 1, 12.0), ("moh-flow-repa", 0, 9.0)]
+        + [("moh-flow-repa", 1, 12.5)]
+    }
+    lines = curve_table(training, ["moh-ddpm", "moh-flow", "moh-flow-repa"], [("moh-flow-repa", "moh-flow")])
+    assert lines[0] == "| step | moh-flow | moh-flow-repa | moh-flow-repa - moh-flow, paired |"
+    assert len(lines) == 3  # the step without a KID is left out
+    # means 11.0 and 10.75; differences by seed -1.0 and +0.5: mean -0.25, half-width 12.706 * 1.0607 / sqrt(2)
+    assert lines[2].startswith("| 100 | 11.00 [-1.71, 23.71] (n=2) | 10.75 [")
+    assert lines[2].endswith("| -0.25 [-9.78, 9.28] |")
+
+    def row(weights, guidance, kid, sigma_rel=None):
+        return {"weights": weights, "guidance": guidance, "kid": kid, "sigma_rel": sigma_rel}
+
+    posthoc = {
+        "0": {"rows": [row("posthoc-0.05", 1.0, 16.0, 0.05), row("fixed-ema", 1.0, 15.0), row("fixed-ema", 4.0, 3.0)]},
+        "1": {"rows": [row("posthoc-0.05", 1.0, 18.0, 0.05), row("fixed-ema", 1.0, 16.0), row("fixed-ema", 4.0, 2.0)]},
+    }
+    table = posthoc_table(posthoc)
+    assert table[0] == "| weights | guidance | seed 0 | seed 1 | mean [95% t] | vs fixed-ema, paired |"
+    assert table[2] == "| posthoc-0.05 | 1 | 16.00 | 18.00 | 17.00 [4.29, 29.71] | 1.50 [-4.85, 7.85] |"
+    assert table[3].startswith("| fixed-ema | 1 | 15.00 | 16.00 | 15.50 [") and table[3].endswith("|  |")
+    assert table[4].startswith("| fixed-ema | 4 | 3.00 | 2.00 |")
+    result = {"samplers": {}, "objective": [], "repa": [], "training": training, "posthoc": posthoc}
+    plot(result, tmp_path)
+    assert (tmp_path / "posthoc_by_seed.png").exists() and (tmp_path / "kid_during_training.png").exists()
+
+
 @pytest.mark.slow
 @needs_data
 def test_recipes_study_trains_every_arm_chooses_samplers_by_counted_nfe_and_reports(tmp_path):
