@@ -599,11 +599,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--scale", choices=list(SCALES), default="default")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    p.add_argument(
+        "--sigma-rels",
+        type=float,
+        nargs="+",
+        default=None,
+        help="the post-hoc EMA widths to sweep (the scale's if unset)",
+    )
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--out", default="experiments/results/recipes")
     add_reference_argument(p)
     args = p.parse_args(argv)
-    sc = SCALES[args.scale]
+    sc = SCALES[args.scale] | ({"sigma_rels": tuple(args.sigma_rels)} if args.sigma_rels else {})
     seeds = tuple(args.seeds) if args.seeds is not None else sc["seeds"]
     out = Path(args.out)
     path = out / "results.json"

@@ -35,6 +35,7 @@ __all__ = [
     "power_function_beta",
     "power_function_correlation",
     "posthoc_coefficients",
+    "profile_error",
     "PowerFunctionEMAs",
     "MAX_SIGMA_REL",
 ]
@@ -93,6 +94,22 @@ def posthoc_coefficients(
     b = power_function_correlation(rows(in_t), rows(in_sigma), cols(out_t), cols(out_sigma))
     x = np.linalg.solve(a, b)
     return x / x.sum(axis=0)
+
+
+def profile_error(
+    in_t: Sequence[float], in_sigma: Sequence[float], coefficients: Sequence[float], out_t: float, out_sigma: float
+) -> float:
+    """How far the combination ``sum_i coefficients_i p_i`` of the snapshots' profiles is from the wanted profile
+    ``p_out``: ``||sum_i x_i p_i - p_out|| / ||p_out||`` in L2 over time (0 for a tracked width at a snapshot's time).
+    EDM2 gives no such number; a width outside the tracked ones is fitted less well the farther out it lies, so
+    ``moh-dit ema`` records it beside the coefficients."""
+    in_t, in_sigma = np.broadcast_arrays(np.float64(in_t), np.float64(in_sigma))
+    x = np.float64(coefficients)
+    a = power_function_correlation(in_t[:, None], in_sigma[:, None], in_t[None], in_sigma[None])
+    b = power_function_correlation(in_t, in_sigma, out_t, out_sigma)
+    c = float(power_function_correlation(out_t, out_sigma, out_t, out_sigma))
+    squared = c - 2 * float(x @ b) + float(x @ a @ x)
+    return math.sqrt(max(squared, 0.0) / c)
 
 
 class PowerFunctionEMAs:

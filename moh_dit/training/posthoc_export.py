@@ -13,7 +13,7 @@ import torch
 
 from moh_dit.errors import ArtifactError
 from moh_dit.run_folder import RunLayout
-from moh_dit.training.posthoc_ema import read_snapshot_metadata, reconstruct
+from moh_dit.training.posthoc_ema import profile_error, read_snapshot_metadata, reconstruct
 
 __all__ = ["snapshots_up_to", "rebuild_pipeline", "export_posthoc", "sweep"]
 
@@ -54,7 +54,27 @@ def rebuild_pipeline(run: str | os.PathLike, sigma_rel: float, step: int | None 
         for name, param in pipe.transformer.named_parameters():
             param.copy_(weights[name])
     last = read_snapshot_metadata(snapshots[-1])
-    pipe.posthoc = {"sigma_rel": sigma_rel, "step": last["step"], "images": last["images"], "snapshots": used}
+    error = profile_error(
+        [u["images"] for u in used],
+        [u["sigma_rel"] for u in used],
+        [u["coefficient"] for u in used],
+        last["images"],
+        sigma_rel,
+    )
+    if error > 0.1:
+        logger.warning(
+            "the snapshots fit the profile of sigma_rel %g only to %.0f%% (relative L2): it lies far from the "
+            "tracked widths; track it (ema.posthoc_sigma_rels) for a faithful EMA",
+            sigma_rel,
+            100 * error,
+        )
+    pipe.posthoc = {
+        "sigma_rel": sigma_rel,
+        "step": last["step"],
+        "images": last["images"],
+        "profile_error": error,
+        "snapshots": used,
+    }
     pipe.provenance = dict(pipe.provenance, step=last["step"], posthoc_ema=pipe.posthoc)
     return pipe.to(device)
 
@@ -109,7 +129,7 @@ def sweep(
     checkpoint = RunLayout(run).checkpoint(step)
     rows = []
 
-    def score(pipe, label: str, sigma_rel: float | None) -> None:
+    def score(pipe, label: str, sigma_rel: float | None, error: float | None) -> None:
         for scale in guidance_scales:
             spec = settings.sampling.replace(guidance_scale=scale)
             folder = out / "samples" / f"{label}-cfg{scale:g}{spec.tag()}"
@@ -117,15 +137,18 @@ def sweep(
                 pipe, folder, replace(settings, sampling=spec), reference, extractor, options, overwrite=True
             )
             metrics = result["metrics"]
-            rows.append({"weights": label, "sigma_rel": sigma_rel, "guidance": scale, **metrics})
+            rows.append(
+                {"weights": label, "sigma_rel": sigma_rel, "profile_error": error, "guidance": scale, **metrics}
+            )
             logger.info(
                 "%s, guidance %g: KID %.5f, FID %.3f", label, scale, metrics["kid"], metrics.get("fid", float("nan"))
             )
 
     for sigma_rel in sigma_rels:
-        score(rebuild_pipeline(run, sigma_rel, step, device), f"posthoc-{sigma_rel:g}", sigma_rel)
+        pipe = rebuild_pipeline(run, sigma_rel, step, device)
+        score(pipe, f"posthoc-{sigma_rel:g}", sigma_rel, pipe.posthoc["profile_error"])
     if checkpoint.is_dir():  # the EMA of the run's fixed decay, at the same step
-        score(load_pipeline(checkpoint, device=device), "fixed-ema", None)
+        score(load_pipeline(checkpoint, device=device), "fixed-ema", None, None)
     result = {
         "run": str(Path(run).resolve()),
         "step": step,
@@ -147,13 +170,18 @@ def _table(result: dict) -> str:
         "",
         f"{result['num_samples']} samples per row, {result['extractor']} features against {result['reference']}.",
         "",
-        "| weights | sigma_rel | guidance | KID | FID | precision | recall |",
-        "|---|---|---|---|---|---|---|",
+        "Profile error: how far the snapshots' combination is from the wanted EMA profile (relative L2; 0 at a",
+        "tracked width).",
+        "",
+        "| weights | sigma_rel | profile error | guidance | KID | FID | precision | recall |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         sigma = f"{r['sigma_rel']:g}" if r["sigma_rel"] is not None else "-"
+        error = f"{r['profile_error']:.3f}" if r.get("profile_error") is not None else "-"
         lines.append(
-            f"| {r['weights']} | {sigma} | {r['guidance']:g} | {r['kid']:.5f} | {r.get('fid', float('nan')):.3f} | "
+            f"| {r['weights']} | {sigma} | {error} | {r['guidance']:g} | {r['kid']:.5f} | "
+            f"{r.get('fid', float('nan')):.3f} | "
             f"{r.get('precision', float('nan')):.3f} | {r.get('recall', float('nan')):.3f} |"
         )
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ from moh_dit.training.posthoc_ema import (
     posthoc_coefficients,
     power_function_beta,
     power_function_correlation,
+    profile_error,
     read_snapshot_metadata,
     reconstruct,
     save_snapshot,
@@ -51,6 +52,28 @@ def test_reconstruction_coefficients_match_edm2_to_1e_10(case):
     x = posthoc_coefficients(c["in_t"], c["in_sigma"], c["out_t"], c["out_sigma"])
     np.testing.assert_allclose(x, np.array(c["x"]), rtol=0, atol=1e-10)
     np.testing.assert_allclose(x.sum(axis=0), 1.0, atol=1e-12)
+
+
+def test_profile_error_is_the_l2_distance_of_the_rebuilt_profile_by_brute_force_integration():
+    # snapshots every 500 steps of 16 images of EDM2's two widths; the profile of width s ending at T is
+    # (g + 1) tau^g / T^(g + 1) on [0, T]; integrate the squared difference on a fine grid
+    t = np.repeat(np.arange(500, 8001, 500) * 16.0, 2)
+    s = np.tile([0.05, 0.10], len(t) // 2)
+    tau = np.linspace(0, t[-1], 400_001)[1:]
+
+    def profile(end, width):
+        g = float(sigma_rel_to_gamma(width))
+        return np.where(tau <= end, (g + 1) * (tau / end) ** g / end, 0.0)
+
+    basis = np.stack([profile(a, b) for a, b in zip(t, s)])
+    for width in (0.02, 0.03, 0.07, 0.2):
+        x = posthoc_coefficients(t, s, t[-1], width)[:, 0]
+        want = profile(t[-1], width)
+        brute = np.sqrt(np.trapezoid((x @ basis - want) ** 2, tau) / np.trapezoid(want**2, tau))
+        assert profile_error(t, s, x, t[-1], width) == pytest.approx(brute, rel=2e-3, abs=1e-4), width
+    x = posthoc_coefficients(t, s, t[-1], 0.05)[:, 0]
+    assert profile_error(t, s, x, t[-1], 0.05) < 1e-6  # a tracked width at a snapshot's time is exact
+    assert profile_error(t, s, posthoc_coefficients(t, s, t[-1], 0.02)[:, 0], t[-1], 0.02) > 0.1  # far outside
 
 
 def test_the_tracking_recursion_matches_edm2s_power_function_ema():
@@ -157,6 +180,7 @@ def test_a_run_snapshots_in_images_resumes_exactly_and_moh_dit_ema_rebuilds_and_
     run_in_process("ema", [whole, "--sigma-rel", "0.07", "--out", out], caplog)
     record = json.loads((out / "manifest.json").read_text())["source"]["posthoc_ema"]
     assert record["sigma_rel"] == 0.07 and record["step"] == 6 and len(record["snapshots"]) == 6
+    assert 0 < record["profile_error"] < 0.1  # between the tracked widths: close, not exact
     assert sum(s["coefficient"] for s in record["snapshots"]) == pytest.approx(1.0)
     pipe = load_pipeline(out, device="cpu")
     assert pipe([0], num_inference_steps=2, output_type="np", progress=False).images.shape == (1, 8, 8, 3)
@@ -171,7 +195,8 @@ def test_a_run_snapshots_in_images_resumes_exactly_and_moh_dit_ema_rebuilds_and_
     assert [(r["weights"], r["guidance"]) for r in result["rows"]] == [
         (w, g) for w in ("posthoc-0.05", "posthoc-0.1", "fixed-ema") for g in (1.0, 2.0)
     ]
-    assert "| posthoc-0.05 | 0.05 | 1 |" in (sweep / "posthoc_sweep.md").read_text()
+    assert "| posthoc-0.05 | 0.05 | 0.000 | 1 |" in (sweep / "posthoc_sweep.md").read_text()  # a tracked width
+    assert [r["profile_error"] for r in result["rows"]][-2:] == [None, None]  # the fixed EMA is not rebuilt
 
 
 @pytest.mark.parametrize(
