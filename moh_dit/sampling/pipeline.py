@@ -162,6 +162,12 @@ class MoHDiTPipeline(DiffusionPipeline):
         self.scheduler = self.objective.make_scheduler(name)
         return self
 
+    def use_sampling_scheduler(self, sampling: SamplingSpec) -> None:
+        """Swap in ``sampling.scheduler`` when it names another sampler than the pipeline's (``None`` keeps it).
+        Done before a sample set's manifest is written, so that its identity names the sampler that draws it."""
+        if sampling.scheduler is not None and sampling.scheduler != self.objective.scheduler_name(self.scheduler):
+            self.with_scheduler(sampling.scheduler)
+
     # ------------------------------------------------------------------------------------------------
     # One denoising evaluation with guidance
     # ------------------------------------------------------------------------------------------------
@@ -290,8 +296,8 @@ class MoHDiTPipeline(DiffusionPipeline):
                 guidance_noise,
                 time_shift,
             )
-        elif sampling.scheduler is not None and sampling.scheduler != objective.scheduler_name(self.scheduler):
-            self.with_scheduler(sampling.scheduler)
+        else:
+            self.use_sampling_scheduler(sampling)
         self._check_scheduler(objective)
         if output_type != "latent" and self.vae is None and self.config.get("latent_space", False):
             raise ConfigError(

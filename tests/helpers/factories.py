@@ -183,16 +183,17 @@ def run_command(cmd, timeout: int = 300, **kw):
 
 
 def generation_settings(**kw):
-    """``GenerationSettings`` from flat keywords: the ``SamplingSpec`` fields (scheduler left to the pipeline)
-    go into its ``sampling``."""
+    """``GenerationSettings`` from flat keywords: the ``SamplingSpec`` fields (``scheduler`` None by default:
+    the pipeline's own) go into its ``sampling``."""
     from moh_dit.sampling.generation import GenerationSettings
     from moh_dit.sampling.spec import SamplingSpec
 
     fields = ("num_inference_steps", "guidance_scale", "guidance_interval", "guidance_channels", "grid_averaging")
     spec = {k: kw.pop(k) for k in fields if k in kw}
+    scheduler = kw.pop("scheduler", None)
     spec.setdefault("num_inference_steps", 250)
     spec.setdefault("guidance_scale", 1.5)
-    return GenerationSettings(**kw, sampling=SamplingSpec(scheduler=None, **spec))
+    return GenerationSettings(**kw, sampling=SamplingSpec(scheduler=scheduler, **spec))
 
 
 def run_in_process(command: str, argv, caplog) -> str:

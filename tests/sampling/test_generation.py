@@ -139,6 +139,23 @@ def test_a_sample_folder_is_resumed_only_with_the_same_model_and_settings(run_di
     assert manifest["identity"]["seed"] == 4 and manifest["count"] == 6 and manifest["model"]["step"] == 4
 
 
+def test_a_sample_sets_identity_names_the_sampler_that_draws_it(run_dir, tmp_path):
+    # the sampler a spec names is swapped in before the manifest is written: a pipeline that has not sampled yet
+    # records it too (it once recorded its own DDPM, and only the calls after its first sampled set were right)
+    pipe = load_pipeline(run_dir, device="cpu")
+    assert type(pipe.scheduler).__name__ == "DDPMScheduler"
+    npz = generate_samples(pipe, tmp_path / "solver", settings(scheduler="dpm-solver"))
+    identity = json.loads(str(np.load(npz)["moh_dit_manifest"]))["identity"]
+    assert identity["scheduler"]["name"] == "DPMSolverMultistepScheduler"
+    fresh = load_pipeline(run_dir, device="cpu")  # resumed by a pipeline that still holds its DDPM
+    assert generate_samples(fresh, tmp_path / "solver", settings(scheduler="dpm-solver")) == npz
+    loaded = load_pipeline(run_dir, device="cpu", scheduler="dpm-solver")  # the same images as the solver's own
+    same = np.load(generate_samples(loaded, tmp_path / "loaded", settings()))
+    assert np.array_equal(same["arr_0"], np.load(npz)["arr_0"])
+    with pytest.raises(ArtifactError, match=r"other settings \(scheduler\.algorithm_type"):  # another sampler
+        generate_samples(load_pipeline(run_dir, device="cpu"), tmp_path / "solver", settings())
+
+
 def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
     from moh_dit.sampling.spec import SamplingSpec
 
