@@ -115,7 +115,9 @@ def sweep(
 ) -> dict[str, Any]:
     """Score the rebuilt EMA at every width and guidance scale, and the run's own fixed-decay EMA beside them, with
     :func:`moh_dit.evaluation.model_scores.sample_and_score` (what ``moh-dit evaluate --model`` runs); write
-    ``posthoc_sweep.{json,md,png}`` into ``out``. Sample folders are kept under ``out/samples`` and reused."""
+    ``posthoc_sweep.{json,md,png}`` into ``out``. Sample folders are kept under ``out/samples`` and reused, and the
+    rows of an earlier sweep in ``out`` of the same run, step, sample count, sampler and scoring are kept beside the
+    new ones (a row scored again replaces its old one), so widths can be added to a sweep later."""
     from dataclasses import replace
 
     from moh_dit.evaluation.model_scores import sample_and_score
@@ -158,10 +160,31 @@ def sweep(
         "reference": str(reference),
         "rows": rows,
     }
+    result["rows"] = _with_earlier_rows(out / "posthoc_sweep.json", result)
     atomic_write_json(out / "posthoc_sweep.json", result)
     atomic_write_text(out / "posthoc_sweep.md", _table(result))
     _plot(result, out / "posthoc_sweep.png")
     return result
+
+
+def _with_earlier_rows(path: Path, result: dict) -> list[dict]:
+    """``result``'s rows and those of the sweep at ``path`` that were made alike and not scored again, ordered by
+    width (the fixed EMA last), then guidance."""
+    import json
+
+    rows = result["rows"]
+    if path.is_file():
+        earlier = json.loads(path.read_text())
+        alike = all(earlier.get(key) == result[key] for key in result if key != "rows")
+        if alike:
+            scored = {(r["weights"], r["guidance"]) for r in rows}
+            kept = [r for r in earlier["rows"] if (r["weights"], r["guidance"]) not in scored]
+            rows = kept + rows
+            if kept:
+                logger.info("kept %d rows of the earlier sweep in %s", len(kept), path.parent)
+        else:
+            logger.warning("%s was made by another sweep (run, step, samples or scoring differ): replaced", path)
+    return sorted(rows, key=lambda r: (r["sigma_rel"] is None, r["sigma_rel"] or 0.0, r["guidance"]))
 
 
 def _table(result: dict) -> str:

@@ -197,6 +197,19 @@ def test_a_run_snapshots_in_images_resumes_exactly_and_moh_dit_ema_rebuilds_and_
     ]
     assert "| posthoc-0.05 | 0.05 | 0.000 | 1 |" in (sweep / "posthoc_sweep.md").read_text()  # a tracked width
     assert [r["profile_error"] for r in result["rows"]][-2:] == [None, None]  # the fixed EMA is not rebuilt
+    # a width added later joins the earlier rows (the same run, step and scoring); the fixed EMA is scored again
+    args[2:4] = ["0.07"]
+    run_in_process("ema", [*args, "--num-steps", "2", "--sample-batch-size", "3", "--out", sweep], caplog)
+    added = json.loads((sweep / "posthoc_sweep.json").read_text())
+    assert [(r["weights"], r["guidance"]) for r in added["rows"]] == [
+        (w, g) for w in ("posthoc-0.05", "posthoc-0.07", "posthoc-0.1", "fixed-ema") for g in (1.0, 2.0)
+    ]
+    assert [r for r in added["rows"] if r["weights"] != "posthoc-0.07"] == result["rows"]  # reused samples
+    run_in_process("ema", [*args, "--num-steps", "3", "--sample-batch-size", "3", "--out", sweep], caplog)
+    assert {r["weights"] for r in json.loads((sweep / "posthoc_sweep.json").read_text())["rows"]} == {
+        "posthoc-0.07",
+        "fixed-ema",
+    }  # another sampler: the earlier rows are not mixed in
 
 
 @pytest.mark.parametrize(
