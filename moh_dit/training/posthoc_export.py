@@ -4,6 +4,7 @@ the scoring ``moh-dit evaluate --model`` uses, writing a table and a plot."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -170,12 +171,13 @@ def sweep(
 def _with_earlier_rows(path: Path, result: dict) -> list[dict]:
     """``result``'s rows and those of the sweep at ``path`` that were made alike and not scored again, ordered by
     width (the fixed EMA last), then guidance."""
-    import json
-
     rows = result["rows"]
     if path.is_file():
-        earlier = json.loads(path.read_text())
-        alike = all(earlier.get(key) == result[key] for key in result if key != "rows")
+        try:
+            earlier = json.loads(path.read_text())
+            alike = isinstance(earlier, dict) and all(earlier.get(k) == result[k] for k in result if k != "rows")
+        except (OSError, ValueError):  # unreadable: not a sweep to add to
+            alike = False
         if alike:
             scored = {(r["weights"], r["guidance"]) for r in rows}
             kept = [r for r in earlier["rows"] if (r["weights"], r["guidance"]) not in scored]
@@ -183,7 +185,7 @@ def _with_earlier_rows(path: Path, result: dict) -> list[dict]:
             if kept:
                 logger.info("kept %d rows of the earlier sweep in %s", len(kept), path.parent)
         else:
-            logger.warning("%s was made by another sweep (run, step, samples or scoring differ): replaced", path)
+            logger.warning("%s is unreadable or from another sweep (run, step, samples or scoring): replaced", path)
     return sorted(rows, key=lambda r: (r["sigma_rel"] is None, r["sigma_rel"] or 0.0, r["guidance"]))
 
 

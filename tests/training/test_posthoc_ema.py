@@ -210,6 +210,10 @@ def test_a_run_snapshots_in_images_resumes_exactly_and_moh_dit_ema_rebuilds_and_
         "posthoc-0.07",
         "fixed-ema",
     }  # another sampler: the earlier rows are not mixed in
+    (sweep / "posthoc_sweep.json").write_text("{ cut short")  # a damaged table is replaced, not a crash
+    run_in_process("ema", [*args, "--num-steps", "3", "--sample-batch-size", "3", "--out", sweep], caplog)
+    assert "unreadable or from another sweep" in caplog.text
+    assert len(json.loads((sweep / "posthoc_sweep.json").read_text())["rows"]) == 4
 
 
 @pytest.mark.parametrize(
