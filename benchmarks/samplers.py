@@ -45,6 +45,7 @@ from moh_dit.cli.common import finite_float
 from moh_dit.evaluation.features import load_images
 from moh_dit.evaluation.scoring import evaluate
 from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.options import add_placement_options
 from moh_dit.sampling.sample_sets import sample_npz_path
 from moh_dit.sampling.spec import GRID_AVERAGING_OFF, SamplingSpec
 
@@ -112,7 +113,7 @@ def main(argv=None) -> dict:
         metavar="SCALE",
         help="guidance scales of the sweep, beside --guidance (none given: no sweep)",
     )
-    SamplingSpec.add_placement_arguments(
+    add_placement_options(
         p,
         "every setting guides only the steps at training timesteps FIRST..LAST (default: every step)",
         "every setting averages the prediction over the patch grid's shifts at timesteps <= LAST (default: off)",
@@ -144,7 +145,7 @@ def main(argv=None) -> dict:
         settings = GenerationSettings(
             num_samples=args.samples,
             seed=1000,
-            batch_size=args.batch_size,
+            batch_size=min(args.batch_size, args.samples),  # fewer samples than a batch: no block of padding
             label_mode="balanced",
             sampling=placed.replace(scheduler=scheduler, num_inference_steps=steps, guidance_scale=guidance),
         )

@@ -15,8 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
+
+if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import (
     ROOT,
@@ -29,8 +33,8 @@ from experiments.common import (
     sample_and_score,
     start_scoring,
 )
+from experiments.report import save_results
 from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES
-from moh_dit.files import atomic_write_json
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.spec import GRID_GUIDANCE, SamplingSpec
 from moh_dit.training.config import load_config
@@ -135,8 +139,7 @@ def main(argv=None) -> dict:
         logging.info("%s: KID %.5f FID %.2f", name, scores["kid"], scores["fid"])
         order = [*[n for n in recipes if n in rows], *[n for n in rows if n not in recipes]]
         result = {"protocol": protocol, "rows": {n: rows[n] for n in order}, "real_recognised": real}
-        atomic_write_json(out / "results.json", result)  # after every recipe: an interrupted comparison keeps it
-        (out / "RESULTS.md").write_text(report(result))
+        save_results(out, result, report(result))  # after every recipe: an interrupted comparison keeps it
     return result
 
 

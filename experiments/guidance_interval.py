@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
+
+if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import (
     add_scoring_arguments,
@@ -32,7 +36,7 @@ from experiments.common import (
     start_scoring,
 )
 from experiments.default_comparison import class_tables
-from moh_dit.files import atomic_write_json
+from experiments.report import save_results
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.spec import SamplingSpec
 
@@ -86,7 +90,6 @@ def main(argv=None) -> dict:
     add_scoring_arguments(p, "experiments/results/guidance_interval")
     args = p.parse_args(argv)
     out, reference, extractor = start_scoring(args)
-    results_path = out / "results.json"
     protocol = {k: getattr(args, k) for k in ("samples", "scheduler", "steps", "bootstrap")} | reference_protocol(args)
     real = real_recognition(args.reference_count)
     rows = kept_rows(out, protocol)  # other models' and settings' rows stay; the ones run now are replaced
@@ -135,8 +138,7 @@ def main(argv=None) -> dict:
             )
             logging.info("%s %s: KID %.3f FID %.1f", name, text, scores["kid"], scores["fid"])
             result = {"protocol": protocol, "rows": rows, "real_recognised": real}
-            atomic_write_json(results_path, result)  # after every row: resumable
-            (out / "RESULTS.md").write_text(report(result))
+            save_results(out, result, report(result))  # after every row: resumable
     return result
 
 

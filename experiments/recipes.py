@@ -34,27 +34,30 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
+import sys
 from pathlib import Path
 
 import torch
 
+if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from experiments.common import (
     ROOT,
     add_reference_argument,
-    describe_reference,
     reference_protocol,
     render_grid,
     sample_and_score,
     start_scoring,
-    t_interval,
 )
 from experiments.default_comparison import train_recipe
-from moh_dit.files import atomic_write_json, atomic_write_text
+from experiments.recipes_report import COMPARISONS, NFE_BUDGETS, plot, report
+from experiments.report import hold_lock, save_results
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import load_pipeline, recorded_sampling
 from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.training.quality import read_records
+from moh_dit.training.tracking import objective_loss
 
 logger = logging.getLogger("experiments.recipes")
 
@@ -79,10 +82,6 @@ CANDIDATES = {  # DDIM and UniPC left out of the flow list: DDIM trailed and Uni
     "flow": [("dpm-solver", 25), ("euler", 25), ("heun", 13), ("sde", 25)]
     + [("dpm-solver", 50), ("euler", 50), ("heun", 25), ("sde", 50)],
 }
-NFE_BUDGETS = (25, 50)
-# each comparison: its arms, the first the baseline the others are paired against
-COMPARISONS = {"objective": ("moh-ddpm", "moh-flow", "dit-flow"), "repa": ("moh-flow", "moh-flow-repa")}
-TITLES = {"objective": "DDPM against flow matching", "repa": "REPA"}
 # swept with the best sampler at NFE 25 around the embedded default's 4 (guided in the interval of timesteps 100-500),
 # and kept at NFE 50
 GUIDANCE_SWEEP = (3.0, 4.0, 6.0)
@@ -164,7 +163,7 @@ def train_arm(arm: str, seed: int, sc: dict, out: Path, reference: Path) -> dict
         "arm": arm,
         "seed": seed,
         "median_images_per_s": trained["median_images_per_s"],
-        "final_loss": last.get("diffusion_loss"),
+        "final_loss": objective_loss(last)[1] if last else None,
         "final_repa_loss": last.get("repa_loss"),
         "curve": [
             {k: r.get(k) for k in ("step", "kid", "fid")} for r in read_records(run / "metrics.jsonl", "evaluation")
@@ -308,291 +307,14 @@ def part_posthoc(sc, out, reference, extractor, seeds, result) -> None:
         save(out, result)
 
 
-# ----------------------------------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------------------------------
 def save(out: Path, result: dict) -> None:
-    atomic_write_json(out / "results.json", result)
-    atomic_write_text(out / "RESULTS.md", report(result))
-
-
-def summary(values: list[float]) -> str:
-    if not values:
-        return "-"
-    interval = t_interval(values)
-    mean = statistics.mean(values)
-    return f"{mean:.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
-
-
-def by_seed(records: list[dict], arm: str, budget: int) -> dict[int, float]:
-    return {r["seed"]: r["kid"] for r in records if r["arm"] == arm and r["budget"] == budget}
-
-
-def compare_table(records: list[dict], arms: list[str], budgets, base: str) -> list[str]:
-    seeds = sorted({r["seed"] for r in records})
-    lines = [
-        "| arm | NFE | sampler | " + " | ".join(f"seed {s}" for s in seeds) + f" | mean [95% t] | vs {base}, paired |",
-        "|---|---|---|" + "---|" * len(seeds) + "---|---|",
-    ]
-    for budget in budgets:
-        for arm in arms:
-            kid = by_seed(records, arm, budget)
-            if not kid:
-                continue
-            row = next(r for r in records if r["arm"] == arm and r["budget"] == budget)
-            ref = by_seed(records, base, budget)
-            paired = [kid[s] - ref[s] for s in kid if s in ref]
-            cells = " | ".join(f"{kid[s]:.2f}" if s in kid else "-" for s in seeds)
-            diff = summary(paired) if arm != base and paired else ""
-            lines.append(
-                f"| {arm} | {row['nfe']} | {row['scheduler']} {row['steps']}, guidance {row['guidance']:g} | {cells} | "
-                f"{summary(list(kid.values()))} | {diff} |"
-            )
-    return lines
-
-
-def curve_points(training: dict) -> dict[str, dict[int, dict[int, float]]]:
-    """Unguided KID during training (the runs' own evaluations) by arm, then step, then seed."""
-    kid: dict[str, dict[int, dict[int, float]]] = {}
-    for t in training.values():
-        for point in t["curve"]:
-            if point.get("kid") is not None:
-                kid.setdefault(t["arm"], {}).setdefault(point["step"], {})[t["seed"]] = point["kid"]
-    return kid
-
-
-def curve_table(training: dict, arms: list[str], pairs: list[tuple[str, str]]) -> list[str]:
-    """Per step and arm, the mean over seeds [95% t] of the unguided KID during training, and each (arm, baseline)
-    pair's difference paired by seed."""
-    kid = curve_points(training)
-    arms = [a for a in arms if a in kid]
-    pairs = [(a, b) for a, b in pairs if a in kid and b in kid]
-    steps = sorted({step for a in arms for step in kid[a]})
-    header = arms + [f"{a} - {b}, paired" for a, b in pairs]
-    lines = ["| step | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
-    for step in steps:
-        at = {a: kid[a].get(step, {}) for a in arms}
-        cells = [f"{summary(list(at[a].values()))} (n={len(at[a])})" for a in arms]
-        cells += [summary([at[a][s] - at[b][s] for s in at[a] if s in at[b]]) for a, b in pairs]
-        lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def posthoc_by_seed(posthoc: dict) -> dict[tuple[str, float], dict[int, dict]]:
-    """The sweeps' rows keyed by (weights, guidance), then seed."""
-    rows: dict[tuple[str, float], dict[int, dict]] = {}
-    for seed, swept in posthoc.items():
-        for r in swept["rows"]:
-            rows.setdefault((r["weights"], r["guidance"]), {})[int(seed)] = r
-    return rows
-
-
-def posthoc_table(posthoc: dict, baseline: str = "fixed-ema") -> list[str]:
-    """KID per seed, mean [95% t] and the difference from the fixed EMA paired by seed, per weights and guidance."""
-    rows = posthoc_by_seed(posthoc)
-    seeds = sorted({int(s) for s in posthoc})
-    lines = [
-        "| weights | guidance | "
-        + " | ".join(f"seed {s}" for s in seeds)
-        + f" | mean [95% t] | vs {baseline}, paired |",
-        "|---|---|" + "---|" * len(seeds) + "---|---|",
-    ]
-    for (weights, guidance), by in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0] == baseline, kv[0][0])):
-        base = rows.get((baseline, guidance), {})
-        kid = {s: r["kid"] for s, r in by.items()}
-        paired = [kid[s] - base[s]["kid"] for s in kid if s in base]
-        cells = " | ".join(f"{kid[s]:.2f}" if s in kid else "-" for s in seeds)
-        diff = summary(paired) if weights != baseline and paired else ""
-        lines.append(f"| {weights} | {guidance:g} | {cells} | {summary(list(kid.values()))} | {diff} |")
-    return lines
-
-
-def report(result: dict) -> str:
-    protocol = result["protocol"]
-    lines = [
-        "# Newer recipes on the embedded default: flow matching, REPA, post-hoc EMA",
-        "",
-        f"Written by `python -m experiments.recipes` (scale {protocol['scale']}). {protocol['samples']} class-balanced "
-        f"samples per score against the {describe_reference(protocol)} with the project's classifier features; "
-        "KID x 1000 (lower is better) with each run's 90% bootstrap interval in results.json; across seeds, means "
-        "with 95% t-intervals and differences paired by seed. NFE: network evaluations per image, counted.",
-        "",
-        "## Training",
-        "",
-        "| run | images/s (median) | final loss | final REPA loss | KID during training (step: KID) |",
-        "|---|---|---|---|---|",
-    ]
-    for name, t in result["training"].items():
-        curve = ", ".join(f"{p['step']}: {p['kid']:.1f}" for p in t["curve"] if p.get("kid") is not None)
-        repa = f"{t['final_repa_loss']:.3f}" if t.get("final_repa_loss") is not None else "-"
-        loss = f"{t['final_loss']:.4f}" if t.get("final_loss") is not None else "-"
-        lines.append(f"| {name} | {t['median_images_per_s']:.0f} | {loss} | {repa} | {curve} |")
-    if result["training"]:
-        lines += ["", "Unguided KID x 1000 during training, mean over seeds [95% t] (n seeds):", ""]
-        pairs = [(arm, arms[0]) for arms in COMPARISONS.values() for arm in arms[1:]]
-        lines += curve_table(result["training"], list(ARMS), pairs)
-    for objective, rows in result["samplers"].items():
-        lines += [
-            "",
-            f"## Samplers of {objective} (seed 0)",
-            "",
-            "| sampler | steps | NFE | guidance | KID [90%] | FID | precision | recall | s / image |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in sorted(rows, key=lambda r: (r["guidance"] != 4.0, r["nfe"], r["scheduler"], r["guidance"])):
-            lo, hi = r["kid_interval"]
-            lines.append(
-                f"| {r['scheduler']} | {r['steps']} | {r['nfe']} | {r['guidance']:g} | {r['kid']:.2f} [{lo:.2f}, {hi:.2f}] | "
-                f"{r['fid']:.1f} | {r['precision']:.3f} | {r['recall']:.3f} | {r['seconds_per_image']:.3f} |"
-            )
-        picks = result["choice"].get(objective, {})
-        lines += [
-            "",
-            "Chosen: "
-            + "; ".join(
-                f"NFE {b}: {p['scheduler']} {p['steps']} steps, guidance {p['guidance']:g}" for b, p in picks.items()
-            ),
-        ]
-    for name, arms in COMPARISONS.items():
-        if result[name]:
-            lines += ["", f"## {TITLES[name]}", ""]
-            lines += compare_table(result[name], arms, NFE_BUDGETS, arms[0])
-    if result["posthoc"]:
-        lines += ["", "## Post-hoc EMA across seeds (moh-ddpm)", ""]
-        lines += posthoc_table(result["posthoc"])
-    for seed, swept in result["posthoc"].items():
-        lines += ["", f"## Post-hoc EMA (moh-ddpm, seed {seed}, step {swept['step']})", ""]
-        lines += ["| weights | guidance | KID | FID |", "|---|---|---|---|"]
-        for r in swept["rows"]:
-            lines.append(f"| {r['weights']} | {r['guidance']:g} | {r['kid']:.2f} | {r['fid']:.1f} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(result: dict, out: Path) -> None:
-    """KID against NFE per sampler (seed 0), and KID during training per arm (mean over seeds, min-max band)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if result["samplers"]:
-        fig, axes = plt.subplots(1, len(result["samplers"]), figsize=(5 * len(result["samplers"]), 3.6), squeeze=False)
-        for ax, (objective, rows) in zip(axes[0], result["samplers"].items()):
-            for scheduler in dict.fromkeys(r["scheduler"] for r in rows):
-                points = sorted(
-                    (r["nfe"], r["kid"]) for r in rows if r["scheduler"] == scheduler and r["guidance"] == 4.0
-                )
-                ax.plot(*zip(*points), marker="o", label=scheduler)
-            ax.set(title=f"{objective} (seed 0, guidance 4)", xlabel="NFE", ylabel="KID x 1000")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "kid_vs_nfe.png", dpi=110)
-        plt.close(fig)
-    comparisons = [(name, arms) for name, arms in COMPARISONS.items() if result[name]]
-    if comparisons:
-        fig, axes = plt.subplots(1, len(comparisons), figsize=(5 * len(comparisons), 3.6), squeeze=False)
-        for ax, (name, arms) in zip(axes[0], comparisons):
-            for offset, arm in enumerate(arms):
-                for i, budget in enumerate(NFE_BUDGETS):
-                    kid = list(by_seed(result[name], arm, budget).values())
-                    if not kid:
-                        continue
-                    x = i + 0.25 * (offset - (len(arms) - 1) / 2)
-                    ax.plot([x] * len(kid), kid, "o", color=f"C{offset}", alpha=0.5)
-                    interval = t_interval(kid)
-                    mean = statistics.mean(kid)
-                    err = [[mean - interval[0]], [interval[1] - mean]] if interval else None
-                    ax.errorbar(
-                        [x],
-                        [mean],
-                        yerr=err,
-                        fmt="_",
-                        markersize=14,
-                        capsize=4,
-                        color=f"C{offset}",
-                        label=arm if i == 0 else None,
-                    )
-            ax.set_xticks(range(len(NFE_BUDGETS)), [f"NFE {b}" for b in NFE_BUDGETS])
-            ax.set(
-                title=TITLES[name],
-                xlabel="each seed a dot; the mean with its 95% t-interval",
-                ylabel="KID x 1000 (each arm's best sampler)",
-            )
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "kid_by_seed.png", dpi=110)
-        plt.close(fig)
-    curves = curve_points(result["training"])
-    if curves:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for arm, points in curves.items():
-            steps = sorted(points)
-            kid = [list(points[s].values()) for s in steps]
-            ax.plot(steps, [statistics.mean(k) for k in kid], marker="o", label=arm)
-            ax.fill_between(steps, [min(k) for k in kid], [max(k) for k in kid], alpha=0.2)
-        ax.set(
-            xlabel="training step", ylabel="KID x 1000 (500 unguided samples)", yscale="log", title="During training"
-        )
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "kid_during_training.png", dpi=110)
-        plt.close(fig)
-    if result["posthoc"]:
-        plot_posthoc(posthoc_by_seed(result["posthoc"]), out / "posthoc_by_seed.png", plt)
-
-
-def plot_posthoc(rows: dict[tuple[str, float], dict[int, dict]], path: Path, plt) -> None:
-    """KID against sigma_rel per guidance: each seed a dot, the mean a line; the fixed EMA's mean a dashed line."""
-    guidances = sorted({g for _, g in rows})
-    fig, axes = plt.subplots(1, len(guidances), figsize=(5 * len(guidances), 3.6), squeeze=False)
-    for ax, guidance in zip(axes[0], guidances):
-        swept = sorted(
-            (next(iter(by.values()))["sigma_rel"], by)
-            for (weights, g), by in rows.items()
-            if g == guidance and weights != "fixed-ema"
-        )
-        for sigma_rel, by in swept:
-            ax.plot([sigma_rel] * len(by), [r["kid"] for r in by.values()], "o", color="C0", alpha=0.4)
-        ax.plot(
-            [x for x, _ in swept],
-            [statistics.mean(r["kid"] for r in by.values()) for _, by in swept],
-            "-",
-            color="C0",
-            label="post-hoc EMA (mean over seeds)",
-        )
-        fixed = rows.get(("fixed-ema", guidance))
-        if fixed:
-            ax.axhline(
-                statistics.mean(r["kid"] for r in fixed.values()), color="C1", ls="--", label="fixed EMA (mean)"
-            )
-        ax.set(title=f"guidance {guidance:g}", xlabel="sigma_rel", ylabel="KID x 1000")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """results.json and RESULTS.md as they stand (after every finished run or score: an interrupted part loses none)."""
+    save_results(out, result, report(result))
 
 
 # ----------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------
-def hold_lock(out: Path):
-    """One writer per ``--out``: each part keeps results.json in memory and rewrites it, so a second process on the
-    same folder would lose the first one's records. Runs in parallel take separate folders (whose ``runs`` may be
-    links to one folder of runs: finished runs are reused)."""
-    try:
-        import fcntl
-    except ImportError:  # not on Windows: one process per folder is then up to the user
-        return None
-    handle = open(out / ".recipes.lock", "w")  # noqa: SIM115 (open for the process's life)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit(
-            f"another experiments.recipes process is writing {out}: wait for it, or use another --out"
-        ) from None
-    return handle
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["train", "samplers", "objective", "repa", "posthoc", "all"], default="all")
@@ -626,7 +348,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)
-        lock = hold_lock(out)  # noqa: F841 (held until the process ends)
+        lock = hold_lock(out, "recipes")  # noqa: F841 (held until the process ends)
     result = json.loads(path.read_text()) if path.exists() else empty
     if result.get("protocol") != protocol:
         raise SystemExit(f"{path} was written with {result.get('protocol')}, not {protocol}: use another --out")

@@ -8,6 +8,11 @@ python experiments/train_classifier.py --seed 1 --out /tmp/clf.safetensors
 import argparse
 import json
 import logging
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.fmnist_classifier import DEFAULT_WEIGHTS, train_classifier
 
@@ -18,9 +23,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--data-root", default=None, help="folder with the Fashion-MNIST IDX files")
+    p.add_argument("--limit", type=int, default=0, help="train on the first N images only (a smoke run; 0: all)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO)
-    info = train_classifier(args.out, seed=args.seed, epochs=args.epochs, data_root=args.data_root)
+    info = train_classifier(args.out, seed=args.seed, epochs=args.epochs, data_root=args.data_root, limit=args.limit)
     print(json.dumps(info, indent=2))
 
 

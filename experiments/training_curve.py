@@ -14,12 +14,16 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
+if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from experiments.common import ROOT, fashion_reference
 from experiments.fmnist_classifier import EXTRACTOR_NAME
-from moh_dit.files import atomic_write_json, atomic_write_text
+from experiments.report import save_results
 from moh_dit.images import plot_curves
 from moh_dit.run_folder import RunLayout
 from moh_dit.sampling.card import QUALITY_KEYS
@@ -72,8 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         out / "kid_curve.png",
         f"embedded default, {args.samples} samples per point, classifier features",
     )
-    atomic_write_json(out / "results.json", result)
-    atomic_write_text(out / "RESULTS.md", render(result, args))
+    save_results(out, result, render(result, args))
     return result
 
 

@@ -8,6 +8,7 @@ that describes it best, so ``except ValueError`` keeps working for callers of th
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "ConversionError",
     "raised_by_the_file",
     "blame_the_file",
+    "one_line",
 ]
 
 
@@ -112,3 +114,15 @@ def blame_the_file(
         if not raised_by_the_file(err):
             raise
         raise make_error(err) from err
+
+
+def one_line(err: BaseException) -> str:
+    """The message of ``err`` as one line. Errors re-raised by DataLoader workers carry the worker's whole
+    traceback in their message; the original error's last line is what the user needs."""
+    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    message = str(message)
+    if "Original Traceback" in message:
+        last = [ln for ln in message.strip().splitlines() if ln.strip()][-1]
+        message = re.sub(r"^[\w.]+(Error|Exception): ", "", last.strip())
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__

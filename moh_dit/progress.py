@@ -32,6 +32,9 @@ class Progress:
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True)
 
     def update(self, n: int = 1, **postfix: Any) -> None:
+        """``n`` more units done. Counts past ``total`` are cut: several processes report each other's work as
+        their own pace's estimate, which overshoots in the last blocks (256/200 images, eta 23:59:59)."""
+        n = max(0, min(n, self.total - self.count))
         self.count += n
         if postfix:
             self.postfix = ", ".join(f"{k}={v}" for k, v in postfix.items())

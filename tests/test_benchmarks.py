@@ -219,7 +219,7 @@ def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path)
     model = tiny_model(signal=0.1, sample_size=28, patch_size=4, num_classes=10)
     names = {i: str(i) for i in range(10)}
     MoHDiTPipeline.build(model, None, names).save(tmp_path / "model", {"test": True})
-    args = [str(tmp_path / "model"), "--quick", "--samples", "20", "--batch-size", "20", "--bootstrap", "3"]
+    args = [str(tmp_path / "model"), "--quick", "--samples", "20", "--bootstrap", "3"]  # batch 250 shrinks to 20
     args += ["--reference-count", "300"]
     stopped = samplers.main(
         [*args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--limit-minutes", "1e-9"]
@@ -252,7 +252,9 @@ def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path)
     assert placed["pending"] == [] and placed["sweep"] == [] and placed["guidance_interval"] == (100, 500)
     for r in placed["grid"]:
         assert r["folder"].endswith(f"{r['scheduler']}{r['steps']}-cfg3-t100-500-avg100-n20")
-        identity = read_npz_manifest(sample_npz_path(Path(r["folder"])))["identity"]
+        manifest = read_npz_manifest(sample_npz_path(Path(r["folder"])))
+        identity = manifest["identity"]
+        assert manifest["batch_size"] == 20  # fewer samples than a batch: blocks of them, not of 250
         assert (identity["guidance_interval"], identity["grid_averaging"], identity["guidance_scale"]) == (
             [100, 500],
             100,

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .helpers.factories import make_image_folder, tiny_train_config
 
@@ -30,9 +31,23 @@ def test_a_run_of_0_3_resumes_to_the_losses_and_weights_it_would_have_had(tmp_pa
     losses = [[r["step"], r["diffusion_loss"], r["moh_loss"]] for r in records]
     assert losses == MADE["whole_run_losses"]
     resumed = load_pipeline(run / "pipeline", device="cpu").transformer
-    recorded = json.loads((RECORDS / "pipeline" / "manifest.json").read_text())["transformer_sha256"]
-    assert fingerprint_module(resumed) == recorded
+    # the weights 0.3's whole run exported: bit for bit on a CPU like the one that recorded them; another CPU's
+    # kernels sum in another order (AVX-512 or AVX2), which leaves the losses equal and the weights 1.5e-8 apart (an
+    # AMD EPYC), so the fingerprint is checked where it can hold and the values everywhere
+    recorded = load_pipeline(RECORDS / "pipeline", device="cpu").transformer
+    for key, value in resumed.state_dict().items():
+        torch.testing.assert_close(value, recorded.state_dict()[key], rtol=0, atol=1e-6)
+    exact = fingerprint_module(resumed) == fingerprint_module(recorded)
+    assert exact or not _cpu_of_the_records(), "on the recording CPU the resumed weights must be bit for bit 0.3's"
     assert resumed.config.get("objective") is None  # still DiT's DDPM, recorded as 0.3 recorded it
+
+
+def _cpu_of_the_records() -> bool:
+    """Whether this CPU has AVX-512 as the one that recorded the 0.3 artifacts had (its kernels' order of sums)."""
+    try:
+        return "avx512f" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
 
 def test_a_pipeline_of_0_3_draws_the_same_images():

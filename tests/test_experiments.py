@@ -14,7 +14,6 @@ from experiments.fmnist_classifier import (
     predict,
     recognition_rates,
     register,
-    train_classifier,
 )
 from moh_dit.data.fashion_mnist import find_fashion_mnist
 from moh_dit.evaluation.features import extract_features
@@ -268,9 +267,24 @@ def test_recipe_overrides_split_on_commas_outside_lists():
 @pytest.mark.slow
 @needs_data
 def test_classifier_training_script_reaches_stated_accuracy(tmp_path):
-    info = train_classifier(tmp_path / "clf.safetensors", seed=0, epochs=5)
-    assert info["test_accuracy"] >= 0.90
-    assert Path(tmp_path / "clf.json").exists()
+    """The documented command, as a file in a new process from the repository root, nothing on PYTHONPATH."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = tmp_path / "clf.safetensors"
+    done = subprocess.run(
+        [sys.executable, "experiments/train_classifier.py", "--out", str(out)],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = json.loads((tmp_path / "clf.json").read_text())
+    assert info["test_accuracy"] >= 0.90 and info["seed"] == 0
 
 
 @needs_data
@@ -316,7 +330,8 @@ def test_a_reference_file_that_is_not_the_test_set_is_refused(tmp_path):
 
 
 def test_paired_differences_report_each_seed_and_whether_they_agree():
-    from experiments.quality import paired, seedwise
+    from experiments.quality_report import paired
+    from experiments.report import seedwise
 
     records = [
         {"model": m, "seed": seed, "cfg3": {"kid": kid}}
@@ -352,18 +367,20 @@ def test_flip_floor_shows_what_mirrored_shoes_cost_and_symmetric_garments_do_not
 
 
 def test_recipes_study_refuses_a_second_writer_of_the_same_folder(tmp_path):
-    from experiments.recipes import hold_lock, main
+    from experiments.recipes import main
+    from experiments.report import hold_lock
 
-    held = hold_lock(tmp_path)  # what a running part holds
+    held = hold_lock(tmp_path, "recipes")  # what a running part holds
     with pytest.raises(SystemExit, match="another experiments.recipes process is writing"):
         main(["--part", "train", "--scale", "tiny", "--out", str(tmp_path)])
     held.close()
     assert not (tmp_path / "results.json").exists()  # nothing written by the refused one
-    hold_lock(tmp_path).close()  # free again once the first has ended
+    hold_lock(tmp_path, "recipes").close()  # free again once the first has ended
 
 
 def test_recipes_report_pairs_training_curves_and_posthoc_sweeps_by_seed(tmp_path):
-    from experiments.recipes import curve_table, plot, posthoc_table
+    from experiments.recipes_report import plot, posthoc_table
+    from experiments.recipes_report import runs_table as curve_table
 
     training = {
         f"{arm}-seed{seed}": {

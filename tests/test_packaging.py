@@ -78,6 +78,13 @@ def _version() -> str:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in pyproject["project"] and pyproject["tool"]["setuptools"]["dynamic"]["version"]
     assert not re.search(r"^version:", (ROOT / "CITATION.cff").read_text(), re.M)
+    # the changelog's newest release is this version, or this one is the development version after it
+    headings = re.findall(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    released = next(h for h in headings if h != "Unreleased")
+    if headings[0] == "Unreleased":
+        assert version.endswith(".dev0") and version > released, (version, released)
+    else:
+        assert version == released, (version, released)
     return version
 
 

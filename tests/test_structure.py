@@ -114,6 +114,14 @@ def test_no_module_outside_the_objectives_branches_on_an_objectives_name():
     assert not {n: lines for n, lines in offenders.items() if lines}
 
 
+def test_the_data_layer_imports_nothing_above_it_not_even_for_type_hints():
+    above = ("moh_dit.training", "moh_dit.sampling", "moh_dit.cli", "moh_dit.evaluation", "moh_dit.interop")
+    found = {
+        n: {d for d in deps if d.startswith(above)} for n, deps in TYPED_GRAPH.items() if n.startswith("moh_dit.data")
+    }
+    assert not any(found.values()), found
+
+
 def test_sampling_does_not_import_training():
     found = {
         n: {d for d in deps if d.startswith("moh_dit.training")} for n, deps in imports_of("moh_dit.sampling").items()

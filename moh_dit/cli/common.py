@@ -5,12 +5,12 @@ Kept free of heavy imports (torch, diffusers) at module level, so that ``--help`
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import TypeVar
 
 from moh_dit.argtypes import finite_float, int_at_least, non_negative_int, positive_int
+from moh_dit.errors import one_line
 
 __all__ = [
     "run_cli",
@@ -62,21 +62,13 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-def one_line(err: BaseException) -> str:
-    """The message of ``err`` as one line. Errors re-raised by DataLoader workers carry the worker's whole
-    traceback in their message; the original error's last line is what the user needs."""
-    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-    message = str(message)
-    if "Original Traceback" in message:
-        last = [ln for ln in message.strip().splitlines() if ln.strip()][-1]
-        message = re.sub(r"^[\w.]+(Error|Exception): ", "", last.strip())
-    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
-    return lines[0] if lines else type(err).__name__
-
-
 def run_cli(main: Callable[[], T]) -> T:
     """Run a command's ``main``: bad input ends with ``error: <one line>`` and exit code 2, Ctrl-C with one
-    line and 130. ``MOH_DIT_DEBUG=1`` re-raises with the full traceback."""
+    line and 130. ``MOH_DIT_DEBUG=1`` re-raises with the full traceback. Modules the user names (extractors,
+    encoders) import from the working folder, as under ``python -m``, whichever way the command was started."""
+    from moh_dit.user_modules import working_folder_on_path
+
+    working_folder_on_path()
     try:
         return main()
     except KeyboardInterrupt:
@@ -92,11 +84,12 @@ def run_cli(main: Callable[[], T]) -> T:
 
 
 def add_sampling_arguments(parser, guidance: float | None, protocol: str, num_samples: int | None) -> None:
-    """The options ``sample.py`` and ``evaluate_fid.py`` share: how to sample (``SamplingSpec.add_arguments``;
-    build the spec with ``SamplingSpec.from_args``) and what to generate (count, labels, seed, dtype)."""
-    from moh_dit.sampling.spec import DTYPES, LABEL_MODES, SamplingSpec
+    """The options ``sample.py`` and ``evaluate_fid.py`` share: how to sample (``add_sampling_options``; build the
+    spec with ``moh_dit.sampling.options.spec_from_args``) and what to generate (count, labels, seed, dtype)."""
+    from moh_dit.sampling.options import add_sampling_options
+    from moh_dit.sampling.spec import DTYPES, LABEL_MODES
 
-    SamplingSpec.add_arguments(parser, guidance, protocol)
+    add_sampling_options(parser, guidance, protocol)
     parser.add_argument(
         "--num-samples",
         type=positive_int,

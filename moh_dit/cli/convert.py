@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     from moh_dit.files import atomic_folder, atomic_path
     from moh_dit.interop.diffusers_dit import to_diffusers
     from moh_dit.interop.load import load_any
-    from moh_dit.interop.official import ours_to_reference
+    from moh_dit.interop.official import check_ddpm_export, ours_to_reference
 
     hints = dict(
         preset=args.preset,
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     elif args.to in ("reference", "reference-train"):
         import torch
 
+        check_ddpm_export(model, "DiT's and MoH-DiT's code")
         sd = ours_to_reference(model)
         with atomic_path(out) as tmp:
             torch.save({"model": sd, "ema": sd} if args.to == "reference-train" else sd, tmp)
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         with atomic_path(out) as tmp:  # an EMA state dict, as both projects' samplers load
             torch.save(to_flow_state_dict(model, args.to), tmp)
     else:
+        check_ddpm_export(model, "diffusers' DiTPipeline")
         with atomic_folder(out, "the diffusers model") as tmp:
             to_diffusers(model).save_pretrained(tmp)
     print(f"wrote {out}")

@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     from moh_dit.evaluation.reference import resolve_reference
     from moh_dit.sampling.generation import GenerationSettings
     from moh_dit.sampling.loading import recorded_objective
-    from moh_dit.sampling.spec import SamplingSpec
+    from moh_dit.sampling.options import spec_from_args
     from moh_dit.training.posthoc_export import snapshots_up_to, sweep
 
     snapshots_up_to(args.run, args.step)  # no snapshot there: one line before any extractor is loaded
-    spec = SamplingSpec.from_args(args, objective=recorded_objective(args.run))
+    spec = spec_from_args(args, objective=recorded_objective(args.run))
     settings = GenerationSettings(args.num_samples, args.seed, args.sample_batch_size, args.label_mode, spec)
     import_extractor_module(args.extractor_module)
     device = str(resolve_device(args.device))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from moh_dit.cli.common import add_sampling_arguments, positive_int
 from moh_dit.logs import setup_logging
+from moh_dit.sampling.options import spec_from_args
 from moh_dit.sampling.spec import EVAL_GUIDANCE, SamplingSpec
 
 
@@ -104,12 +105,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     setup_logging()
     # the paper protocol of the model's objective, without its recorded guidance
     if args.model is None:
-        spec = SamplingSpec.from_args(args, log=False, objective=None)
+        spec = spec_from_args(args, log=False, objective=None)
     else:
         from moh_dit.sampling.loading import recorded_objective
 
-        SamplingSpec.from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
-        spec = SamplingSpec.from_args(args, objective=recorded_objective(args.model))
+        spec_from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
+        spec = spec_from_args(args, objective=recorded_objective(args.model))
     from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
     from moh_dit.evaluation.scoring import ScoringOptions, format_table, score_sample_set, write_metrics
     from moh_dit.files import ensure_writable_file

@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     setup_logging()
     from moh_dit.files import ensure_writable_dir, ensure_writable_file
     from moh_dit.sampling.loading import load_pipeline, recorded_objective, recorded_sampling
-    from moh_dit.sampling.spec import SamplingSpec
+    from moh_dit.sampling.options import spec_from_args
 
-    SamplingSpec.from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
-    spec = SamplingSpec.from_args(args, recorded_sampling(args.model), objective=recorded_objective(args.model))
+    spec_from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
+    spec = spec_from_args(args, recorded_sampling(args.model), objective=recorded_objective(args.model))
 
     if args.num_samples is not None:
         from moh_dit.sampling.generation import GenerationSettings, sample_to_folder

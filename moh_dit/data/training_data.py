@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -18,9 +18,24 @@ from moh_dit.data.image_folder import ImageFolderDataset
 from moh_dit.errors import DataError
 from moh_dit.vae import LatentNormalization
 
-if TYPE_CHECKING:
-    from moh_dit.training.config_sections import DataSection
 logger = logging.getLogger(__name__)
+
+
+class DataSection(Protocol):
+    """What this module reads of a run's ``data`` section (``moh_dit.training.config_sections.DataSection`` is one):
+    stated here so that the data layer does not import the training layer above it."""
+
+    name: str
+    path: str | None
+    image_size: int
+    channels: int
+    split: str
+    download: bool
+    random_flip: bool
+    max_bad_fraction: float
+    subset_per_class: int
+    class_weights: Any
+    vae: str
 
 
 # ----------------------------------------------------------------------------------------------------

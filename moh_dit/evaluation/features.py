@@ -293,16 +293,14 @@ def resolve_extractor(
         ) from None
 
 
-def import_extractor_module(name: str | None) -> None:
-    """Import a module that provides feature extractors (``--extractor-module``) and call its ``register()``
-    if it has one (modules may also register with torch-fidelity when imported)."""
+def import_extractor_module(name: str | None, option: str = "--extractor-module") -> None:
+    """Import a module that provides feature extractors (``--extractor-module``, or the config key ``option``
+    names) and call its ``register()`` if it has one (modules may also register with torch-fidelity when imported).
+    A module of the working folder imports as ``python -m`` would import it (:func:`import_user_module`)."""
     if not name:
         return
-    import importlib
+    from moh_dit.user_modules import import_user_module
 
-    try:
-        module = importlib.import_module(name)
-    except ImportError as err:
-        raise EvaluationError(f"--extractor-module {name}: cannot import it ({err})") from None
+    module = import_user_module(name, option)
     if callable(getattr(module, "register", None)):
         module.register()

@@ -178,6 +178,21 @@ def reference_to_ours(sd: dict[str, torch.Tensor], model: MoHDiT) -> dict[str, t
     return out
 
 
+def check_ddpm_export(model: MoHDiT, target: str) -> None:
+    """``target``'s code (DiT's, MoH-DiT's, diffusers' ``DiTPipeline``) samples every checkpoint as DiT's DDPM: a
+    model trained with another objective (it records one; DDPM records none) would load there without a word and
+    draw noise. A :class:`ConversionError` that says where it can go instead."""
+    record = model.config.get("objective")
+    if record is not None:
+        from moh_dit.objectives import objective_from_record
+
+        raise ConversionError(
+            f"{target} samples every checkpoint as DiT's DDPM (noise prediction); this model is "
+            f"{objective_from_record(record, learn_sigma=model.config.learn_sigma).describe()}: export a flow model "
+            f"with --to sit or --to repa (in that convention), or keep it as a moh-dit pipeline"
+        )
+
+
 def ours_to_reference(model: MoHDiT) -> dict[str, torch.Tensor]:
     """Our state dict in the reference layout (routers split back into ``wg``, ``wg_1``, ``wg_0``)."""
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}

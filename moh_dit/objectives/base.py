@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from moh_dit.objectives.registry import check_sampler, entry
+from moh_dit.objectives.registry import check_sampler, entry, offered_samplers, resolve_protocol
 
 __all__ = ["Objective", "Noised", "Losses", "NoiseLevel"]
 
@@ -80,6 +80,11 @@ class Objective(ABC):
         """What the objective is, in words (model cards, errors)."""
         return entry(self.name).summary
 
+    @property
+    def loss_name(self) -> str:
+        """The key of the training loss in logs and ``metrics.jsonl`` (``diffusion_loss``, ``flow_loss``, ...)."""
+        return entry(self.name).loss_name
+
     @abstractmethod
     def describe_loss(self) -> str:
         """The training loss in words (model cards)."""
@@ -105,12 +110,18 @@ class Objective(ABC):
     # ------------------------------------------------------------------------------------------------
     @property
     def samplers(self) -> tuple[str, ...]:
-        """The scheduler names this objective samples with."""
-        return entry(self.name).samplers
+        """The scheduler names that sample this model (the objective's, narrowed by its record: the path, ...)."""
+        return offered_samplers(self.name, self.record())
 
     def check_sampler(self, name: str) -> None:
-        """A name of another objective's sampler is a ConfigError that says which samplers apply."""
-        check_sampler(name, self.name)
+        """A name of another objective's sampler, or of one this model's record rules out, is a ConfigError that
+        says which samplers apply."""
+        check_sampler(name, self.name, self.record())
+
+    def protocol(self, name: str, given: bool = True) -> tuple[str, int]:
+        """``(scheduler, steps)`` of protocol ``name`` for this model (``paper``: the objective's published one); a
+        protocol the user did not choose (``given=False``) falls back to a sampler this model offers."""
+        return resolve_protocol(name, self.name, self.record(), given)
 
     @abstractmethod
     def make_scheduler(self, name: str) -> SchedulerMixin:

@@ -39,7 +39,7 @@ CONVENTIONS = {
     "sit": (lambda s: 1.0 - s, -1.0),  # SiT: raw time with noise at 0, and the velocity toward the data
 }
 TIME_SAMPLING = ("uniform", "logit-normal", "lognormal")
-# samplers that take x0 = x - s v, which holds on the linear path only
+# samplers that take x0 = x - s v, which holds on the linear path only (the registry's sampler_limits say where)
 LINEAR_ONLY = ("dpm-solver", "unipc")
 
 
@@ -153,18 +153,6 @@ class Flow(Objective):
     # ------------------------------------------------------------------------------------------------
     # Sampling
     # ------------------------------------------------------------------------------------------------
-    @property
-    def samplers(self) -> tuple[str, ...]:
-        offered = super().samplers
-        return offered if self.path == "linear" else tuple(s for s in offered if s not in LINEAR_ONLY)
-
-    def check_sampler(self, name: str) -> None:
-        super().check_sampler(name)
-        if name not in self.samplers:
-            raise ConfigError(
-                f"scheduler {name!r} takes x0 = x - s v, which holds on the linear path only; this model was trained "
-                f"on the {self.path} path: choose one of {', '.join(self.samplers)}"
-            )
 
     def make_scheduler(self, name: str) -> SchedulerMixin:
         """``euler`` (diffusers' flow-matching Euler), ``heun`` (its Heun, on moh-dit's grids), ``dpm-solver`` and

@@ -24,6 +24,8 @@ __all__ = [
     "resolve_protocol",
     "objectives_of_sampler",
     "check_sampler",
+    "offered_samplers",
+    "LOSS_NAMES",
 ]
 
 
@@ -33,7 +35,8 @@ class ObjectiveEntry:
     ``protocols`` name (scheduler, steps) settings; ``paper`` is the protocol of the published numbers.
     ``record_keys`` are the training config's keys (``section.key``) that go into the model's record (what the
     weights are: the path, the network's conventions); ``training_keys`` those that only shape training (loss
-    weighting, time sampling). A key of another objective set in a config is an error."""
+    weighting, time sampling). A key of another objective set in a config is an error. ``sampler_limits`` narrows
+    the samplers by what a model records: ``{record key: {value: samplers that apply}}``."""
 
     module: str
     cls: str
@@ -43,6 +46,9 @@ class ObjectiveEntry:
     summary: str = ""
     record_keys: tuple[str, ...] = ()
     training_keys: tuple[str, ...] = ()
+    sampler_limits: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    sampler_limits_why: str = ""
+    loss_name: str = "loss"  # the objective's loss in logs and metrics.jsonl
 
 
 OBJECTIVES: dict[str, ObjectiveEntry] = {
@@ -56,6 +62,7 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         paper="dit",
         summary="DiT's DDPM: noise prediction, learned variance, 1000 steps",
         training_keys=("train.snr_gamma",),
+        loss_name="diffusion_loss",
     ),
     # SiT's: velocity along a straight (or cosine) path from data to noise. "sit-sde" is SiT's FID protocol
     # (Euler-Maruyama, 250 steps, noise-free last step); "sit-ode" the fixed-step ODE of REPA's sampler (Heun,
@@ -71,11 +78,16 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         summary="flow matching (SiT): velocity prediction on a linear or GVP path",
         record_keys=("objective.path", "objective.convention"),
         training_keys=("objective.time_sampling", "objective.time_mean", "objective.time_std"),
+        sampler_limits={"path": {"gvp": ("euler", "heun", "sde")}},
+        sampler_limits_why="DPM-Solver++ and UniPC take x0 = x - s v, which holds on the linear path only",
+        loss_name="flow_loss",
     ),
 }
 DEFAULT_OBJECTIVE = "ddpm"  # a model or run that records none: every model of moh-dit 0.3 and earlier
 PAPER_PROTOCOL = "paper"  # the protocol of the published numbers of the model's objective (dit, sit-sde)
 ALL_SAMPLERS = tuple(dict.fromkeys(s for e in OBJECTIVES.values() for s in e.samplers))
+# every objective's loss key in metrics.jsonl (runs of moh-dit 0.4 and earlier logged every objective's as the first)
+LOSS_NAMES = tuple(dict.fromkeys(["diffusion_loss", *(e.loss_name for e in OBJECTIVES.values())]))
 ALL_PROTOCOLS = (PAPER_PROTOCOL, *dict.fromkeys(p for e in OBJECTIVES.values() for p in e.protocols))
 
 
@@ -98,23 +110,45 @@ def objectives_of_sampler(sampler: str) -> list[str]:
     return [name for name, e in OBJECTIVES.items() if sampler in e.samplers]
 
 
-def resolve_protocol(protocol: str, objective: str) -> tuple[str, int]:
+def offered_samplers(objective: str, record: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The samplers of ``objective`` that apply to a model of that ``record`` (its path, ...: ``sampler_limits``)."""
+    found = entry(objective)
+    offered = found.samplers
+    for key, limits in found.sampler_limits.items():
+        allowed = limits.get((record or {}).get(key))
+        if allowed is not None:
+            offered = tuple(s for s in offered if s in allowed)
+    return offered
+
+
+def resolve_protocol(
+    protocol: str, objective: str, record: dict[str, Any] | None = None, given: bool = True
+) -> tuple[str, int]:
     """``(scheduler, steps)`` of a named protocol for a model of ``objective``; ``paper`` is the objective's own.
-    A protocol another objective defines is a :class:`ConfigError` that names this objective's protocols."""
+    A protocol another objective defines is a :class:`ConfigError` that names this objective's protocols. Where the
+    model's ``record`` rules out the protocol's sampler (DPM-Solver++ on the GVP path), a protocol the user
+    ``given`` is a :class:`ConfigError`, and a default one takes the first sampler that applies, at the same steps."""
     found = entry(objective)
     name = found.paper if protocol == PAPER_PROTOCOL else protocol
-    if name in found.protocols:
-        return found.protocols[name]
-    others = [o for o, e in OBJECTIVES.items() if name in e.protocols]
-    owner = f" is a protocol of {', '.join(others)} models" if others else " is not a protocol"
-    raise ConfigError(
-        f"{name!r}{owner}; this is a {objective} model: choose one of "
-        f"{', '.join([PAPER_PROTOCOL, *found.protocols])} (paper = {found.paper})"
-    )
+    if name not in found.protocols:
+        others = [o for o, e in OBJECTIVES.items() if name in e.protocols]
+        owner = f" is a protocol of {', '.join(others)} models" if others else " is not a protocol"
+        raise ConfigError(
+            f"{name!r}{owner}; this is a {objective} model: choose one of "
+            f"{', '.join([PAPER_PROTOCOL, *found.protocols])} (paper = {found.paper})"
+        )
+    scheduler, steps = found.protocols[name]
+    offered = offered_samplers(objective, record)
+    if scheduler in offered:
+        return scheduler, steps
+    if given:
+        check_sampler(scheduler, objective, record)
+    return offered[0], steps
 
 
-def check_sampler(sampler: str, objective: str) -> None:
-    """A scheduler name the model's objective does not offer is a :class:`ConfigError` that says what it does."""
+def check_sampler(sampler: str, objective: str, record: dict[str, Any] | None = None) -> None:
+    """A scheduler name the model's objective (and its ``record``: the path, ...) does not offer is a
+    :class:`ConfigError` that says what it does."""
     found = entry(objective)
     if sampler not in found.samplers:
         owners = objectives_of_sampler(sampler)
@@ -122,4 +156,11 @@ def check_sampler(sampler: str, objective: str) -> None:
         raise ConfigError(
             f"scheduler {sampler!r} {what}; this is a {objective} model ({found.summary}): choose one of "
             f"{', '.join(found.samplers)}"
+        )
+    offered = offered_samplers(objective, record)
+    if sampler not in offered:
+        where = ", ".join(f"{key}={record.get(key)}" for key in found.sampler_limits if key in (record or {}))
+        raise ConfigError(
+            f"scheduler {sampler!r} does not apply to this {objective} model ({where}; {found.sampler_limits_why}): "
+            f"choose one of {', '.join(offered)}"
         )

@@ -18,7 +18,7 @@ import numpy as np
 from moh_dit.images import heatmap, make_grid
 from moh_dit.sampling.spec import SamplingSpec
 
-__all__ = ["build_demo", "generate", "head_usage_heatmap", "ALL_CLASSES"]
+__all__ = ["build_demo", "api_endpoint", "generate", "head_usage_heatmap", "ALL_CLASSES"]
 
 ALL_CLASSES = "(all classes)"  # one row per class, up to MAX_ROWS
 MAX_ROWS = 16
@@ -103,6 +103,7 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                     elem_id="class",
                     visible=conditional,
                     filterable=True,
+                    allow_custom_value=True,  # a typed name in any case; an unknown one answers with suggestions
                 )
                 guidance = gr.Slider(
                     1.0, 10.0, value=recorded.guidance_scale, step=0.25, label="guidance", elem_id="guidance"
@@ -153,9 +154,42 @@ def build_demo(pipe, title: str = "MoH-DiT"):
                 usage = gr.Image(label="routed heads used", type="pil", elem_id="heads")
                 info = gr.Markdown(elem_id="info")
         button.click(
-            # the last two controls: averaging on or off, and up to which timestep
-            lambda *args: generate(pipe, *args[:-2], args[-1] if args[-2] else None),
+            api_endpoint(pipe),
             [label, per_class, guidance, steps, scheduler, seed, guided_from, guided_to, averaged, averaged_to],
             [grid, usage, info],
+            api_name="generate",  # a script calls it as client.predict(..., api_name="/generate")
         )
     return page
+
+
+def api_endpoint(pipe):
+    """The page's one endpoint, ``/generate``, with named parameters (Gradio names them from this signature, so a
+    script's ``gradio_client`` call reads as the page does). Bad input (an unknown class, a step count out of
+    range, an interval the wrong way round) answers with one clear line (a ``gradio.Error``), not a traceback."""
+    import gradio as gr
+
+    from moh_dit.errors import one_line
+
+    def generate_images(
+        class_name: str,
+        images: int = 8,
+        guidance: float = 4.0,
+        steps: int = 25,
+        scheduler: str = "dpm-solver",
+        seed: int = 0,
+        guided_from: int = 0,
+        guided_to: int = 999,
+        grid_averaging: bool = False,
+        grid_averaging_to: int = 100,
+    ):
+        try:
+            if not 1 <= int(images) <= MAX_ROWS:
+                raise ValueError(f"images must be between 1 and {MAX_ROWS} per class, got {images}")
+            averaging = int(grid_averaging_to) if grid_averaging else None
+            return generate(
+                pipe, class_name, images, guidance, steps, scheduler, seed, guided_from, guided_to, averaging
+            )
+        except (ValueError, KeyError, TypeError) as err:  # ConfigError is a ValueError
+            raise gr.Error(one_line(err)) from None
+
+    return generate_images

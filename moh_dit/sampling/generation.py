@@ -145,6 +145,7 @@ def generate_samples(
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     is_main = rank == 0
     pipe.use_sampling_scheduler(settings.sampling)  # the identity names the sampler that draws the images
+    pipe.check_sampling(settings.sampling)  # settings the model cannot sample stop before anything is written
     manifest = sample_manifest(pipe, settings, world)
     prepare_sample_folder(sample_dir, manifest, overwrite, write=is_main)
     if accelerator:

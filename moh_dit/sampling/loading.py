@@ -183,17 +183,18 @@ def _config_file(source: ModelSource) -> Path:
     return source.path / ("model" if source.kind == "checkpoint" else "") / "config.json"
 
 
-def recorded_objective(path: str | os.PathLike) -> str:
-    """The objective the model at ``path`` (run, checkpoint, pipeline, transformer) was trained with, read from its
-    config without loading weights: which samplers and protocols apply to it."""
+def recorded_objective(path: str | os.PathLike) -> dict:
+    """The objective record of the model at ``path`` (run, checkpoint, pipeline, transformer), read from its config
+    without loading weights: which samplers and protocols apply to it (``{"name": "ddpm"}`` for DiT's DDPM, which
+    records none)."""
     config = _config_file(resolve_model_source(path))
     try:
         record = json.loads(config.read_text()).get("objective")
     except (OSError, ValueError) as err:
         raise ArtifactError(f"{config} cannot be read ({err}): damaged model folder?") from None
     try:
-        return objective_name(record)
-    except ConfigError as err:
+        return dict(record or {}, name=objective_name(record))
+    except (ConfigError, TypeError) as err:
         raise ArtifactError(f"{config} records an objective this moh-dit does not know ({err})") from None
 
 
@@ -253,9 +254,11 @@ def load_pipeline(
     dtype: str = "fp32",
     scheduler: str | None = None,
     vae: str | None = None,
+    log: bool = True,
 ) -> MoHDiTPipeline:
     """Load a pipeline from a run folder (its newest weights), a checkpoint folder (EMA weights), a pipeline
-    folder or a bare transformer folder, and log which weights were loaded.
+    folder or a bare transformer folder, and log which weights were loaded (unless ``log`` is off: a caller that
+    replaces the weights says what it made).
 
     Args:
         device: defaults to CUDA when available, else CPU.
@@ -314,7 +317,8 @@ def load_pipeline(
         pipe.replace_vae(load_vae(vae), vae, trained_with)
     if scheduler is not None:
         pipe.with_scheduler(scheduler)
-    logger.info("loaded %s", source.describe())
+    if log:
+        logger.info("loaded %s", source.describe())
     pipe.provenance = {
         "source": str(source.path.resolve()),
         "kind": source.kind,

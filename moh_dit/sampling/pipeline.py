@@ -39,6 +39,7 @@ from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.base import Objective
 from moh_dit.objectives.registry import resolve_protocol
+from moh_dit.sampling.guidance import guided_output
 from moh_dit.sampling.labels import resolve_class_labels
 from moh_dit.sampling.schedulers import scheduler_objective
 from moh_dit.sampling.spec import GRID_GUIDANCE, TRAIN_TIMESTEPS, SamplingSpec
@@ -46,13 +47,6 @@ from moh_dit.seeding import index_generator
 from moh_dit.vae import ImageSpace
 
 logger = logging.getLogger(__name__)
-
-
-def grid_shifts(patch: int) -> list[int]:
-    """The diagonal shifts ``(s, s)`` of the input that grid averaging runs the denoiser on: one for each
-    offset of the patch grid (0 .. patch - 1 pixels), each as the roll that moves the content least
-    (``-patch / 2 < s <= patch / 2``): ``[0, 1, 2, -1]`` for patch 4, ``[0, 1]`` for patch 2."""
-    return [k - patch if k > patch // 2 else k for k in range(patch)]
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -180,55 +174,9 @@ class MoHDiTPipeline(DiffusionPipeline):
         guidance_channels: int | None = None,
         grid_average: bool = False,
     ) -> torch.Tensor:
-        """Model output for ``latents`` at timestep ``t``, guided towards ``labels``.
-
-        Conditional and unconditional halves run in one batched forward. Guidance mixes the noise
-        prediction ``eps_u + s (eps_c - eps_u)`` on the first ``guidance_channels`` channels (all by
-        default; 3 reproduces the reference code); the variance channels come from the conditional half.
-
-        ``grid_average``: run the denoiser on copies of the input rolled diagonally by each of
-        :func:`grid_shifts`, roll each prediction back and average them. The transformer predicts every
-        patch from its own token, so where it is imprecise its errors meet at the patch grid's lines as
-        faint seams; each copy puts its grid's lines elsewhere on the image, and the average leaves no
-        line stronger than the rest. The copies run in the same batched forward.
-        """
-        if not grid_average:
-            return self._guided_forward(latents, t, labels, guidance_scale, guidance_channels)
-        shifts = grid_shifts(self.transformer.config.patch_size)
-        copies = torch.cat([torch.roll(latents, (s, s), dims=(2, 3)) for s in shifts])  # (S*N, C, H, W)
-        repeat = None if labels is None else labels.repeat(len(shifts))
-        out = self._guided_forward(
-            copies, t if t.ndim == 0 else t.repeat(len(shifts)), repeat, guidance_scale, guidance_channels
-        )
-        back = [torch.roll(o, (-s, -s), dims=(2, 3)) for o, s in zip(out.chunk(len(shifts)), shifts)]
-        return torch.stack(back).mean(dim=0)  # (N, C', H, W)
-
-    def _guided_forward(
-        self,
-        latents: torch.Tensor,
-        t: torch.Tensor,
-        labels: torch.Tensor | None,
-        guidance_scale: float,
-        guidance_channels: int | None,
-    ) -> torch.Tensor:
-        """One batched forward of the conditional and unconditional halves, mixed (see above)."""
-        transformer = self.transformer
-        c = transformer.in_channels
-        do_cfg = guidance_scale != 1.0 and labels is not None
-        model_in = torch.cat([latents, latents]) if do_cfg else latents
-        timesteps = t.expand(model_in.shape[0]) if t.ndim == 0 else (torch.cat([t, t]) if do_cfg else t)
-        y = None
-        if labels is not None:
-            y = torch.cat([labels, torch.full_like(labels, transformer.null_class_id)]) if do_cfg else labels
-        out = transformer(model_in.to(transformer.dtype), timesteps, y).sample.float()
-        if not do_cfg:
-            return out
-        cond, uncond = out.chunk(2)
-        g = c if guidance_channels is None else guidance_channels
-        eps_c, eps_u = cond[:, :c], uncond[:, :c]
-        guided = eps_c.clone()
-        guided[:, :g] = eps_u[:, :g] + guidance_scale * (eps_c[:, :g] - eps_u[:, :g])
-        return torch.cat([guided, cond[:, c:]], dim=1)
+        """Model output for ``latents`` at time input ``t``, guided towards ``labels`` (see
+        :func:`moh_dit.sampling.guidance.guided_output`)."""
+        return guided_output(self.transformer, latents, t, labels, guidance_scale, guidance_channels, grid_average)
 
     # ------------------------------------------------------------------------------------------------
     # Sampling
@@ -282,7 +230,7 @@ class MoHDiTPipeline(DiffusionPipeline):
                 ``"uint8"`` (NHWC, ADM quantisation) or ``"latent"`` (the model's output before decoding).
         """
         transformer = self.transformer
-        cfg, objective = transformer.config, self.objective
+        cfg = transformer.config
         if output_type not in ("pil", "np", "pt", "uint8", "latent"):
             raise ValueError(f"output_type must be pil, np, pt, uint8 or latent, got {output_type!r}")
         if sampling is None:  # the spec checks every value, once
@@ -298,16 +246,8 @@ class MoHDiTPipeline(DiffusionPipeline):
             )
         else:
             self.use_sampling_scheduler(sampling)
-        self._check_scheduler(objective)
-        if output_type != "latent" and self.vae is None and self.config.get("latent_space", False):
-            raise ConfigError(
-                f"this model generates {transformer.in_channels}-channel latents and the pipeline has no VAE to decode "
-                f"them: pass the VAE it was trained with (--vae / vae=...), or output_type='latent'"
-            )
-        batch, labels = self._labels_and_batch(class_labels, num_images, sampling)
-        channels = sampling.guidance_channels
-        if channels is not None and not 1 <= channels <= transformer.in_channels:
-            raise ValueError(f"guidance_channels must be between 1 and {transformer.in_channels}")
+        self.check_sampling(sampling, decode=output_type != "latent")
+        batch, labels = self._labels_and_batch(class_labels, num_images)
 
         device = self._execution_device
         shape = (batch, transformer.in_channels, cfg.sample_size, cfg.sample_size)
@@ -328,6 +268,29 @@ class MoHDiTPipeline(DiffusionPipeline):
         self.maybe_free_model_hooks()
         return ImagePipelineOutput(images=result) if return_dict else (result,)
 
+    def check_sampling(self, sampling: SamplingSpec, decode: bool = True) -> None:
+        """Whether ``sampling`` can draw from this pipeline's model, checked before anything is drawn or written: its
+        scheduler samples the model's objective, the guided channels exist, guidance has a null class to guide
+        with, and (``decode``) latents have a VAE to decode them. Each failure is one :class:`ConfigError`."""
+        transformer = self.transformer
+        self._check_scheduler(self.objective)
+        if decode and self.vae is None and self.config.get("latent_space", False):
+            raise ConfigError(
+                f"this model generates {transformer.in_channels}-channel latents and the pipeline has no VAE to decode "
+                f"them: pass the VAE it was trained with (--vae / vae=...), or output_type='latent'"
+            )
+        channels = sampling.guidance_channels
+        if channels is not None and not 1 <= channels <= transformer.in_channels:
+            raise ConfigError(
+                f"guidance_channels={channels}: this model has {transformer.in_channels} channel(s); give a number "
+                f"between 1 and {transformer.in_channels}, or none for all"
+            )
+        conditional = transformer.config.num_classes > 0
+        if conditional and sampling.guidance_scale != 1.0 and transformer.null_class_id is None:
+            raise ConfigError(
+                "this model was trained without label dropout: it has no null class, use guidance_scale=1"
+            )
+
     def _check_scheduler(self, objective: Objective) -> None:
         """The pipeline's scheduler must sample the transformer's objective: a sampler of another objective (a
         pipeline assembled by hand) would run without an error and make noise."""
@@ -341,7 +304,7 @@ class MoHDiTPipeline(DiffusionPipeline):
             )
 
     def _labels_and_batch(
-        self, class_labels: int | str | Sequence[int | str] | None, num_images: int | None, sampling: SamplingSpec
+        self, class_labels: int | str | Sequence[int | str] | None, num_images: int | None
     ) -> tuple[int, torch.Tensor | None]:
         """The batch size and the label tensor (``None`` for an unconditional model), checked against the model."""
         transformer = self.transformer
@@ -349,10 +312,6 @@ class MoHDiTPipeline(DiffusionPipeline):
             if class_labels is None:
                 raise ValueError("class_labels are required for a class-conditional model")
             label_ids = self.get_label_ids(class_labels)
-            if sampling.guidance_scale != 1.0 and transformer.null_class_id is None:
-                raise ValueError(
-                    "this model was trained without label dropout: it has no null class, use guidance_scale=1"
-                )
             return len(label_ids), torch.tensor(label_ids, device=self._execution_device)
         if class_labels is not None:
             raise ValueError("this model is unconditional: pass num_images instead of class_labels")

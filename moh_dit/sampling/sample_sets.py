@@ -63,6 +63,8 @@ def prepare_sample_folder(sample_dir: Path, manifest: dict[str, Any], overwrite:
     if sample_dir.is_dir():
         old = read_manifest(sample_dir, "samples")
         pngs = _png_files(sample_dir)
+        if old is not None and not pngs and not npz.is_file():
+            old = None  # a set that holds no image yet (its first block failed) takes the new settings
         if old is not None and differences(old.get("identity", {}), new):
             problems.append(
                 f"{sample_dir} holds samples made with other settings "

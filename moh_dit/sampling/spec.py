@@ -3,29 +3,25 @@
 A spec holds the scheduler, the number of steps, the guidance (scale, interval, channels) and the grid
 averaging. It checks itself when it is made, and it describes, tags and records itself, so the pipeline,
 N-sample generation, the trainer's previews, the demo, the model card and every manifest take or store
-the same value; a new sampling option is a change to this file. It also adds its own command-line options
-and is built from them. Light (no torch import), so that ``--help`` answers at once.
+the same value; a new sampling option is a change to this file (and, for its flag, to
+:mod:`moh_dit.sampling.options`, which builds a spec from a command line). Light (no torch import), so that
+``--help`` answers at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moh_dit.argtypes import finite_float, non_negative_int, positive_int
 from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.objectives.noise import ddpm_sigma
 from moh_dit.objectives.registry import (
-    ALL_PROTOCOLS,
     ALL_SAMPLERS,
     DEFAULT_OBJECTIVE,
     OBJECTIVES,
-    check_sampler,
     resolve_protocol,
 )
 
@@ -105,8 +101,6 @@ LEGACY_CONFIG_KEYS = {
 
 # ``--grid-averaging off``: no averaging even where the model records some (a command-line value only)
 GRID_AVERAGING_OFF = "off"
-
-logger = logging.getLogger("moh_dit")
 
 
 def _is_int(value: Any) -> bool:
@@ -315,154 +309,6 @@ class SamplingSpec:
                     message = prefix + key + message[len(name) :]
             raise ConfigError(message) from None
 
-    # ------------------------------------------------------------------------------------------------
-    # The command line
-    # ------------------------------------------------------------------------------------------------
-    @staticmethod
-    def add_arguments(parser: Any, guidance: float | None, protocol: str) -> None:
-        """The sampling options (``--protocol``, ``--scheduler``, ``--num-steps``, ``--time-shift``, ``--cfg-scale``,
-        ``--guidance-channels``, ``--guidance-interval``, ``--guidance-noise``, ``--grid-averaging``) with their
-        names, types and choices. ``guidance``: the default scale, or ``None`` for the model's recorded one (see
-        :meth:`from_args`)."""
-        described = "; ".join(
-            f"{objective}: "
-            + ", ".join(f"{name} = {sched} {steps}" for name, (sched, steps) in found.protocols.items())
-            for objective, found in OBJECTIVES.items()
-        )
-        parser.add_argument(
-            "--protocol",
-            choices=list(ALL_PROTOCOLS),
-            default=protocol,
-            help=f"scheduler and steps unless --scheduler/--num-steps say otherwise; paper = the published protocol of "
-            f"the model's objective ({described})",
-        )
-        parser.add_argument(
-            "--scheduler",
-            choices=SCHEDULERS,
-            default=None,
-            help="default: the protocol's (it must sample the model's objective)",
-        )
-        parser.add_argument(
-            "--num-steps", type=positive_int, default=None, help="sampling steps (default: the protocol's)"
-        )
-        parser.add_argument(
-            "--time-shift",
-            type=finite_float,
-            default=None,
-            help="flow models: shift the grid toward high noise, s -> S s / (1 + (S - 1) s) (SD3's 3; default: the "
-            "model's own, else 1 = none)",
-        )
-        parser.add_argument(
-            "--cfg-scale",
-            type=finite_float,
-            default=guidance,
-            help="classifier-free guidance scale (1 = off); default: "
-            + (f"{guidance:g}" if guidance is not None else "the model's own, recorded with it"),
-        )
-        parser.add_argument(
-            "--guidance-channels",
-            type=positive_int,
-            default=None,
-            help="guide only the first N channels (3 reproduces the DiT/MoH-DiT/SiT papers' FIDs)",
-        )
-        SamplingSpec.add_placement_arguments(
-            parser,
-            "guide only the steps at DDPM timesteps FIRST..LAST of DiT's schedule (e.g. 100 600; 0 999 = every step, "
-            "as DiT); a flow model at the same noise levels; see docs/sampling.md",
-            "at the steps with DDPM timestep <= LAST (a flow model: at the same noise levels), average the prediction "
-            "over the patch grid's shifts (fainter patch seams; e.g. 100); off for none"
-            + ("; default: the model's own" if guidance is None else "; default: off")
-            + " (docs/sampling.md)",
-        )
-        parser.add_argument(
-            "--guidance-noise",
-            type=_noise_level_arg,
-            nargs=2,
-            metavar=("LOW", "HIGH"),
-            default=None,
-            help="guide only the steps at noise levels LOW..HIGH (noise std over signal std, the same for every "
-            "objective; HIGH may be inf), instead of --guidance-interval; e.g. 0.28 5.42",
-        )
-
-    @staticmethod
-    def add_placement_arguments(parser: Any, interval_help: str, averaging_help: str) -> None:
-        """``--guidance-interval FIRST LAST`` and ``--grid-averaging LAST|off`` (both default ``None``)."""
-        parser.add_argument(
-            "--guidance-interval",
-            type=non_negative_int,
-            nargs=2,
-            metavar=("FIRST", "LAST"),
-            default=None,
-            help=interval_help,
-        )
-        parser.add_argument(
-            "--grid-averaging", type=_grid_averaging_arg, default=None, metavar="LAST", help=averaging_help
-        )
-
-    @classmethod
-    def from_args(
-        cls,
-        args: Any,
-        recorded: SamplingSpec | None = None,
-        log: bool = True,
-        objective: str | None = DEFAULT_OBJECTIVE,
-    ) -> SamplingSpec:
-        """The spec the options in ``args`` ask for, for a model of ``objective``. The scheduler and steps left open
-        come from ``--protocol`` (resolved for the objective: ``paper`` is its published protocol). Guidance left
-        open (``--cfg-scale`` unset) comes from the model's ``recorded`` spec (scale, interval or noise range,
-        channels and grid averaging), else the package's grid guidance at every step; a ``--cfg-scale`` given alone
-        guides every step, as DiT, without averaging; ``--guidance-interval``, ``--guidance-noise``,
-        ``--guidance-channels`` and ``--grid-averaging`` (``off`` included) always win, and so does ``--time-shift``
-        over the recorded shift. Logs the choice. ``objective=None`` checks the options before the model is known (a
-        protocol of any objective); with an objective, a scheduler it does not offer is a :class:`ConfigError`."""
-        if objective is None:
-            owners = [o for o, e in OBJECTIVES.items() if args.protocol in e.protocols]
-            scheduler, steps = resolve_protocol(args.protocol, owners[0] if owners else DEFAULT_OBJECTIVE)
-        else:
-            scheduler, steps = resolve_protocol(args.protocol, objective)
-            if args.scheduler is not None:
-                check_sampler(args.scheduler, objective)
-        interval, averaging, channels = args.guidance_interval, args.grid_averaging, args.guidance_channels
-        noise = getattr(args, "guidance_noise", None)
-        shift = getattr(args, "time_shift", None)
-        if shift is None:
-            shift = recorded.time_shift if recorded is not None else 1.0
-        placed = interval is not None or noise is not None  # a placement given wins over the recorded one
-        if args.cfg_scale is not None:
-            scale, why = args.cfg_scale, "--cfg-scale"
-        elif recorded is not None:
-            scale, why = recorded.guidance_scale, "the model's recorded preview guidance"
-            if not placed:
-                interval, noise = recorded.guidance_interval, recorded.guidance_noise
-            averaging = recorded.grid_averaging if averaging is None else averaging
-            channels = recorded.guidance_channels if channels is None else channels
-        else:
-            scale, why = GRID_GUIDANCE, "no recorded guidance: the package's grid default"
-        spec = cls(
-            scheduler=args.scheduler or scheduler,
-            num_inference_steps=args.num_steps or steps,
-            guidance_scale=scale,
-            guidance_interval=interval,
-            guidance_channels=channels,
-            grid_averaging=None if averaging == GRID_AVERAGING_OFF else averaging,
-            guidance_noise=noise,
-            time_shift=shift,
-        )
-        if log:
-            logger.info("%s (%s)", spec.describe(), why)
-        return spec
-
-
-def _noise_level_arg(text: str) -> float:
-    """An argparse type: a noise level >= 0, or ``inf``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a noise level >= 0 (or inf), got {text!r}")
-    return value
-
 
 def _noise_range(value: Any) -> tuple[float, float] | None:
     """``guidance_noise`` checked: two noise levels ``0 <= low <= high`` (``high`` may be ``inf``, or ``None`` in a
@@ -480,15 +326,3 @@ def _noise_range(value: Any) -> tuple[float, float] | None:
             f"high may be inf), e.g. [0.3, 5.4]; got {value!r}"
         )
     return None if values == [0, math.inf] else (float(values[0]), float(values[1]))
-
-
-def _grid_averaging_arg(text: str) -> Any:
-    """An argparse type: a training timestep for ``--grid-averaging``, or ``off``."""
-    if text.strip().lower() in (GRID_AVERAGING_OFF, "none"):
-        return GRID_AVERAGING_OFF
-    try:
-        return SamplingSpec(grid_averaging=int(text)).grid_averaging
-    except ValueError:  # ConfigError is one too
-        raise argparse.ArgumentTypeError(
-            f"expected a training timestep between 0 and {TRAIN_TIMESTEPS - 1} (e.g. 100), or off; got {text!r}"
-        ) from None

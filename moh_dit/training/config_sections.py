@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from moh_dit.sampling.spec import FAST_SCHEDULER, FAST_STEPS, SamplingSpec
+from moh_dit.sampling.spec import FAST_STEPS, SamplingSpec
 
 __all__ = [
     "Config",
@@ -135,7 +135,7 @@ class EvalSamplingSection:
     """How the evaluations during training sample. By default the fast protocol without guidance: DiT's curves of
     FID against training steps are unguided, and 25 solver steps cost a tenth of DiT's 250."""
 
-    scheduler: str = FAST_SCHEDULER
+    scheduler: str | None = None  # null: the fast protocol's sampler where the model's objective and path offer it
     num_steps: int = FAST_STEPS
     guidance_scale: float = 1.0
     guidance_interval: list[int] | None = None
@@ -198,7 +198,9 @@ class PreviewSection:
     grid_averaging: int | None = None  # average over shifted patch grids at timesteps <= this; null: none
     time_shift: float = 1.0  # flow samplers: shift the grid toward high noise (SD3's 3); 1: none
     num_steps: int = FAST_STEPS  # the fast protocol (moh_dit.sampling.spec.PROTOCOLS)
-    scheduler: str = FAST_SCHEDULER  # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.spec.SCHEDULERS)
+    # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.spec.SCHEDULERS); null: the fast protocol's sampler where the
+    # model's objective and path offer it (DPM-Solver++; Euler on a flow model's GVP path)
+    scheduler: str | None = None
 
     def sampling(self) -> SamplingSpec:
         """How the grids are drawn, checked; the error of a bad value names its key."""

@@ -14,9 +14,10 @@ from moh_dit.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, entry, objective_c
 
 if TYPE_CHECKING:
     from moh_dit.objectives.base import Objective
+    from moh_dit.sampling.spec import SamplingSpec
     from moh_dit.training.config_sections import Config
 
-__all__ = ["check_objective", "objective_record", "training_options", "run_objective"]
+__all__ = ["check_objective", "objective_record", "training_options", "run_objective", "run_sampling"]
 
 
 def _value(config: Config, dotted: str) -> Any:
@@ -99,12 +100,22 @@ def check_objective(config: Config, defaults: Config) -> None:
         raise ConfigError(
             f"model.overrides.learn_sigma={model.overrides['learn_sigma']}: {objective.describe()} needs {wants}"
         )
-    for key, spec in (
-        ("preview", config.preview.sampling()),
-        ("log.eval_sampling", config.log.eval_sampling.sampling()),
+    # a sampler the user set must sample the objective (an unset one resolves to one that does: run_sampling); the
+    # evaluations' only when they run
+    for key, spec, used in (
+        ("preview", config.preview.sampling(), True),
+        ("log.eval_sampling", config.log.eval_sampling.sampling(), config.log.eval_every > 0),
     ):
-        if spec.scheduler is not None:
+        if used and spec.scheduler is not None:
             try:
                 objective.check_sampler(spec.scheduler)
             except ConfigError as err:
                 raise ConfigError(f"{key}.{err}") from None
+
+
+def run_sampling(spec: SamplingSpec, objective: Objective) -> SamplingSpec:
+    """A config's sampling ``spec`` (previews, evaluations) with an unset scheduler resolved for the run's
+    ``objective``: the fast protocol's sampler where the objective and its path offer it, else the first they do."""
+    if spec.scheduler is not None:
+        return spec
+    return spec.replace(scheduler=objective.protocol("fast", given=False)[0])

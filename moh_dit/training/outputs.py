@@ -16,8 +16,10 @@ from moh_dit.model.network import MoHDiT
 from moh_dit.progress import Progress
 from moh_dit.sampling.card import push_folder
 from moh_dit.sampling.pipeline import MoHDiTPipeline
+from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.training.checkpoints import save_checkpoint
 from moh_dit.training.config import config_to_dict
+from moh_dit.training.objective import run_sampling
 from moh_dit.training.quality import EVALUATION, curve_points, read_records
 from moh_dit.training.setup import learning_rate, non_finite_error
 from moh_dit.training.throughput import peak_memory_gb
@@ -100,6 +102,11 @@ class RunOutputs:
         latent, names = self.data.vae_record is not None, self.data.id2label if ema_model.config.num_classes else {}
         return MoHDiTPipeline.build(ema_model, self.data.vae, names, scheduler, latent_space=latent)
 
+    def preview_sampling(self) -> SamplingSpec:
+        """How the previews are drawn (and the exported pipeline records): the ``preview`` section, its sampler
+        resolved for the run's objective where it is unset."""
+        return run_sampling(self.config.preview.sampling(), self.objective)
+
     @torch.no_grad()
     def save_sample_grid(self, tag: str, reuse: bool = False) -> Path | None:
         """A grid of EMA samples, one row per class (main process). With ``reuse`` an existing grid of that
@@ -109,7 +116,7 @@ class RunOutputs:
             # drawn by this call's weights: the run's pipeline was exported at this very step
             if reuse and (self.layout.samples / f"{tag}.png").is_file() and self.exported_at() == self.step:
                 return self.layout.samples / f"{tag}.png"
-            preview, spec = self.config.preview, self.config.preview.sampling()
+            preview, spec = self.config.preview, self.preview_sampling()
             path = self.ema_pipeline(spec.scheduler).save_grid(
                 self.layout.samples / f"{tag}.png", preview.per_class, seed, spec, preview.max_classes
             )
@@ -138,7 +145,7 @@ class RunOutputs:
             path = self.ema_pipeline().save(
                 self.layout.pipeline,
                 dict(run, weights="ema", vae=self.data.vae_record, training=self.training_summary()),
-                sampling=self.config.preview.sampling(),
+                sampling=self.preview_sampling(),
             )
             if self.config.train.push_to_hub:
                 push_folder(path, self.config.train.push_to_hub)

@@ -48,13 +48,20 @@ def rebuild_pipeline(run: str | os.PathLike, sigma_rel: float, step: int | None 
     latest = layout.latest_checkpoint()
     if latest is None:
         raise ArtifactError(f"{layout.root} has no checkpoint to read the architecture, VAE and class names from")
-    pipe = load_pipeline(latest, device="cpu")
+    pipe = load_pipeline(latest, device="cpu", log=False)  # its weights are replaced: the log says what by, below
     names = [n for n, _ in pipe.transformer.named_parameters()]  # the network only: REPA's projector is not sampled
     weights, used = reconstruct(snapshots, sigma_rel, names)
     with torch.no_grad():
         for name, param in pipe.transformer.named_parameters():
             param.copy_(weights[name])
     last = read_snapshot_metadata(snapshots[-1])
+    logger.info(
+        "rebuilt the EMA of sigma_rel %g at step %d from %d snapshots (the architecture, VAE and class names of %s)",
+        sigma_rel,
+        last["step"],
+        len(used),
+        latest.name,
+    )
     error = profile_error(
         [u["images"] for u in used],
         [u["sigma_rel"] for u in used],

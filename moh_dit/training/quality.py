@@ -21,7 +21,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moh_dit.errors import ConfigError
 from moh_dit.evaluation.reference import resolve_reference
@@ -32,7 +32,11 @@ from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
 from moh_dit.training.checkpoints import first_failure, set_aside
 from moh_dit.training.config_sections import LogSection
+from moh_dit.training.objective import run_sampling
 from moh_dit.training.tracking import EVAL_SCORE_NAMES
+
+if TYPE_CHECKING:
+    from moh_dit.objectives.base import Objective
 
 logger = logging.getLogger("moh_dit.train")
 
@@ -76,7 +80,7 @@ class QualityCurve:
             )
         from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
 
-        import_extractor_module(log.eval_extractor_module)
+        import_extractor_module(log.eval_extractor_module, "log.eval_extractor_module")
         self.extractor_name = log.eval_extractor
         if accelerator.is_main_process:
             from moh_dit.evaluation.statistics import reference_statistics
@@ -88,6 +92,11 @@ class QualityCurve:
                 self.reference, self.extractor, options.batch_size, options.cache, image_size=image_size
             )["info"]
             logger.info("evaluation reference %s: %s", self.reference, info.get("statistics", "ready"))
+
+    def use_objective(self, objective: Objective) -> None:
+        """Resolve an unset ``log.eval_sampling.scheduler`` for the run's objective (known once the model is)."""
+        self.spec = run_sampling(self.spec, objective)
+        self.settings.sampling = self.spec
 
     @property
     def enabled(self) -> bool:

@@ -59,7 +59,7 @@ class Alignment:
         from moh_dit.training.encoders import DINOV2, PATCH_TOKENS, register_dinov2
 
         register_dinov2()
-        import_extractor_module(module)
+        import_extractor_module(module, "repa.encoder_module")
         side = round(tokens**0.5)
         if resolution <= 0 and any(name in DINOV2 for name in encoders):
             raise ConfigError(

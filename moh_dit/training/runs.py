@@ -20,6 +20,7 @@ from moh_dit.manifests import (
     read_manifest,
     utc_now,
 )
+from moh_dit.objectives.registry import DEFAULT_OBJECTIVE
 from moh_dit.run_folder import RunLayout, checkpoint_step, find_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,16 @@ def open_run_folder(layout: RunLayout, resume: str | None, overwrite: bool, clea
     return ckpt
 
 
+def objective_first(recorded: dict, identity: dict, diffs: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """The differences of two run identities with another objective said first, by name (``objective: flow ->
+    ddpm``), instead of the record keys and the output head it implies (``model.learn_sigma`` first)."""
+    old, new = ((ident.get("model") or {}).get("objective") or {} for ident in (recorded, identity))
+    was, now = old.get("name", DEFAULT_OBJECTIVE), new.get("name", DEFAULT_OBJECTIVE)
+    if was == now:
+        return diffs
+    return [("objective", was, now), *(d for d in diffs if not d[0].startswith("model.objective"))]
+
+
 class RunRecord:
     """The run manifest of a run folder: the run's identity, its settings and its events.
 
@@ -87,6 +98,8 @@ class RunRecord:
         self.layout, self.identity, self.settings = layout, identity, settings
         self.recorded = read_manifest(layout.root, "run")
         diffs = differences(self.recorded.get("identity", {}), identity) if self.recorded else []
+        if diffs:
+            diffs = objective_first(self.recorded.get("identity", {}), identity, diffs)
         if diffs:
             raise ArtifactError(
                 f"{layout.root} holds a run with another set-up ({format_differences(diffs)}); resuming would mix two "

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from moh_dit.objectives.registry import LOSS_NAMES
+
 if TYPE_CHECKING:
     from moh_dit.progress import Progress
 
@@ -28,6 +30,15 @@ EVAL_SCORE_NAMES = {
     "precision": "precision",
     "recall": "recall",
 }
+
+
+def objective_loss(record: dict[str, Any]) -> tuple[str, float]:
+    """``(key, value)`` of the objective's loss in a log record (``diffusion_loss``, ``flow_loss``, ...: each
+    objective names its own; records of moh-dit 0.4 and earlier name every objective's ``diffusion_loss``)."""
+    for key in LOSS_NAMES:
+        if key in record:
+            return key, record[key]
+    raise KeyError(f"the record of step {record.get('step')} holds no objective loss ({', '.join(LOSS_NAMES)})")
 
 
 class LossWindow:
@@ -202,7 +213,7 @@ class MetricsLog:
         if progress is not None:
             progress.update(
                 0,
-                loss=f"{record['diffusion_loss']:.4f}",
+                loss=f"{objective_loss(record)[1]:.4f}",
                 moh=f"{record['moh_loss']:.3f}",
                 img_s=f"{record['images_per_s']:.0f}",
             )
@@ -225,10 +236,12 @@ class MetricsLog:
                 f" | peak memory {record['peak_memory_gb']:.2f} GB"
             )
         repa = f" | repa loss {record['repa_loss']:.4f}" if "repa_loss" in record else ""
+        name, loss = objective_loss(record)
         logger.info(
-            "step %d | diffusion loss %.4f | moh loss %.4f%s | %.2f steps/s | %.1f images/s | lr %.2e%s",
+            "step %d | %s %.4f | moh loss %.4f%s | %.2f steps/s | %.1f images/s | lr %.2e%s",
             record["step"],
-            record["diffusion_loss"],
+            name.replace("_", " "),
+            loss,
             record["moh_loss"],
             repa,
             record["steps_per_s"],

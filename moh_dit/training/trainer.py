@@ -125,7 +125,10 @@ class Trainer(RunOutputs):
         self.model, self.optimizer = accelerator.prepare(model, make_optimizer(model, config))
         if train_cfg.compile:
             self.model = torch.compile(self.model)
-        self.loss_names = ("diffusion_loss", "moh_loss", *(("repa_loss",) if self.repa is not None else ()))
+        self.objective = run_objective(config, model.config.objective or {}, model.config.learn_sigma)
+        self.quality.use_objective(self.objective)
+        # each objective names its loss in the logs (diffusion_loss, flow_loss, ...)
+        self.loss_names = (self.objective.loss_name, "moh_loss", *(("repa_loss",) if self.repa is not None else ()))
         self.window = LossWindow(accelerator.device, train_cfg.global_batch_size, self.loss_names)
         self.grad_norm = math.nan  # before clipping, at the last logged step
         t = config.train
@@ -135,7 +138,6 @@ class Trainer(RunOutputs):
             PowerFunctionEMAs(model.parameters(), config.ema.posthoc_sigma_rels) if config.ema.posthoc_every else None
         )
         self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window, self.posthoc)
-        self.objective = run_objective(config, model.config.objective or {}, model.config.learn_sigma)
         defaults = run_settings(config_to_dict(Config()))
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model), defaults)
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
@@ -211,10 +213,10 @@ class Trainer(RunOutputs):
             y_in = y.to(device) if self.unwrapped.config.num_classes > 0 else None
             drop = drop if y_in is not None else None
             out = self.model(noised.x_t, noised.time, y_in, force_drop_ids=drop, return_head_masks=want_heads)
-        diffusion_loss = self.objective.loss(out.sample.float(), noised).loss.mean()
+        objective_loss = self.objective.loss(out.sample.float(), noised).loss.mean()
         moh_loss = out.aux_loss.float()
-        loss = diffusion_loss + self.config.train.moh_loss_coeff * moh_loss
-        logged = [diffusion_loss.detach(), moh_loss.detach()]
+        loss = objective_loss + self.config.train.moh_loss_coeff * moh_loss
+        logged = [objective_loss.detach(), moh_loss.detach()]
         if self.repa is not None:  # the encoders see the clean images, flipped as the model's input
             targets = self.repa.features(self.data.encoder_images(x, flip))
             repa_loss = alignment_loss(out.aligned, targets)

@@ -174,10 +174,11 @@ def test_sampling_protocols_choose_scheduler_and_steps_unless_given(world, tmp_p
 
     from moh_dit.cli import evaluate
     from moh_dit.cli import sample as sample_command
-    from moh_dit.sampling.spec import PROTOCOLS, SamplingSpec
+    from moh_dit.sampling.options import spec_from_args
+    from moh_dit.sampling.spec import PROTOCOLS
 
     def chosen(module, *args):
-        spec = SamplingSpec.from_args(module.build_parser().parse_args([*args]))
+        spec = spec_from_args(module.build_parser().parse_args([*args]))
         return spec.scheduler, spec.num_inference_steps
 
     assert chosen(sample_command, "run") == PROTOCOLS["fast"]  # sample.py: the fast protocol of the sampler study

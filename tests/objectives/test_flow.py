@@ -213,9 +213,14 @@ def test_the_sde_scheduler_is_euler_maruyama_with_a_noise_free_last_step():
 def test_wrong_combinations_are_errors_that_say_what_applies():
     with pytest.raises(ConfigError, match=r"scheduler 'ddpm' samples ddpm models; this is a flow model.*euler, heun"):
         Flow().make_scheduler("ddpm")
-    with pytest.raises(ConfigError, match="linear path only; this model was trained on the gvp path"):
+    with pytest.raises(ConfigError, match=r"does not apply to this flow model \(path=gvp; .*linear path only\)"):
         Flow("gvp").make_scheduler("dpm-solver")
     assert "dpm-solver" not in Flow("gvp").samplers and "dpm-solver" in Flow().samplers
+    # a protocol the user chose stays an error; a default one falls back to a sampler the path offers
+    assert Flow("gvp").protocol("fast", given=False) == ("euler", 25) and Flow().protocol("fast") == ("dpm-solver", 25)
+    with pytest.raises(ConfigError, match="linear path only"):
+        Flow("gvp").protocol("fast")
+    assert Flow("gvp").protocol("paper") == ("sde", 250)
     with pytest.raises(ConfigError, match="learn_sigma must be false"):
         Flow.from_record({"name": "flow"}, learn_sigma=True)
     with pytest.raises(ConfigError, match="objective.path must be one of linear, gvp"):

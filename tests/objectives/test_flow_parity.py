@@ -131,6 +131,11 @@ def test_back_to_sits_and_repas_layouts(models):
 
     with pytest.raises(ConversionError, match="train in objective.convention=repa to export to repa"):
         to_flow_state_dict(sit, "repa")
+    from moh_dit.interop.official import check_ddpm_export
+
+    # DiT's code and diffusers' DiTPipeline would sample a flow model as DDPM: refused, with where it can go
+    with pytest.raises(ConversionError, match=r"samples every checkpoint as DiT's DDPM.*flow matching.*--to sit"):
+        check_ddpm_export(sit, "DiT's and MoH-DiT's code")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -41,6 +41,41 @@ def test_one_request_gives_a_grid_a_head_heatmap_and_a_line():
     assert generate(dit, "cat", 2, 2.0, 2, "dpm-solver", 0)[1] is None  # no routed heads, no heatmap
 
 
+def test_the_page_api_is_named_and_answers_a_script(tmp_path, monkeypatch):
+    """A user's script calls the page as ``gradio_client`` does: one endpoint, ``/generate``, with named parameters;
+    an unknown class and a step count out of range answer with one clear line."""
+    pytest.importorskip("gradio")
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from moh_dit.sampling.demo import build_demo
+
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    page = build_demo(tiny_pipeline(), title="api")
+    _, url, _ = page.launch(server_port=_free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(url, verbose=False, download_files=str(tmp_path))
+        endpoint = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]
+        names = [p["parameter_name"] for p in endpoint["parameters"]]
+        assert names == [
+            "class_name", "images", "guidance", "steps", "scheduler", "seed", "guided_from", "guided_to",
+            "grid_averaging", "grid_averaging_to",
+        ]  # fmt: skip
+        grid, heads, info = client.predict(
+            class_name="DOG", images=2, guidance=2.0, steps=3, scheduler="ddim", seed=1, api_name="/generate"
+        )
+        assert Path(grid["path"] if isinstance(grid, dict) else grid).is_file() and heads is not None
+        assert info.startswith("2 images from") and "ddim, 3 steps, guidance 2" in info
+        with pytest.raises(AppError, match="unknown class name 'purple'"):
+            client.predict(class_name="purple", steps=3, api_name="/generate")
+        with pytest.raises(AppError, match="Value 5000 is greater than maximum value 250"):  # the slider's range
+            client.predict(class_name="dog", steps=5000, api_name="/generate")
+        with pytest.raises(AppError, match=r"guidance_interval must be two timesteps \[first, last\]"):
+            client.predict(class_name="dog", steps=3, guided_from=700, guided_to=600, api_name="/generate")
+    finally:
+        page.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,6 +13,7 @@ import torch
 from moh_dit.errors import ArtifactError
 from moh_dit.sampling.generation import generate_samples
 from moh_dit.sampling.loading import load_pipeline
+from moh_dit.sampling.sample_sets import sample_npz_path
 from moh_dit.sampling.spec import PROTOCOLS
 from moh_dit.seeding import label_for_index
 from moh_dit.training.config import load_config
@@ -139,6 +140,24 @@ def test_a_sample_folder_is_resumed_only_with_the_same_model_and_settings(run_di
     assert manifest["identity"]["seed"] == 4 and manifest["count"] == 6 and manifest["model"]["step"] == 4
 
 
+def test_a_sample_set_whose_settings_the_model_cannot_sample_is_redrawn_by_the_corrected_command(
+    run_dir, tmp_path, caplog
+):
+    from moh_dit.errors import ConfigError
+
+    from ..helpers.factories import run_in_process
+
+    folder = tmp_path / "d"
+    args = [run_dir, "--num-samples", "4", "--sample-dir", folder, "--num-steps", "2", "--batch-size", "4"]
+    with pytest.raises(ConfigError, match=r"guidance_channels=9: this model has \d channel"):
+        run_in_process("sample", [*args, "--guidance-channels", "9"], caplog)
+    assert not folder.exists()  # checked before anything is written
+    folder.mkdir()  # a folder left by a version that wrote its manifest first
+    (folder / "manifest.json").write_text(json.dumps({"kind": "samples", "identity": {"guidance_channels": 9}}))
+    run_in_process("sample", args, caplog)
+    assert len(list(folder.glob("*.png"))) == 4 and sample_npz_path(folder).is_file()
+
+
 def test_a_sample_sets_identity_names_the_sampler_that_draws_it(run_dir, tmp_path):
     # the sampler a spec names is swapped in before the manifest is written: a pipeline that has not sampled yet
     # records it too (it once recorded its own DDPM, and only the calls after its first sampled set were right)
@@ -176,11 +195,11 @@ def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path,
 
 
 def test_grid_averaging_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
-    import moh_dit.sampling.pipeline as pipeline
+    import moh_dit.sampling.guidance as guidance
     from moh_dit.sampling.generation import describe_samples
 
-    averaged, shifts = [], pipeline.grid_shifts
-    monkeypatch.setattr(pipeline, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
+    averaged, shifts = [], guidance.grid_shifts
+    monkeypatch.setattr(guidance, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
     pipe = load_pipeline(run_dir, device="cpu")
     plain = generate_samples(pipe, tmp_path / "plain", settings())
     assert "grid_averaging" not in json.loads(str(np.load(plain)["moh_dit_manifest"]))["identity"] and not averaged
@@ -198,6 +217,7 @@ def test_grid_averaging_is_part_of_what_made_the_samples(run_dir, tmp_path, monk
 def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
     from argparse import Namespace
 
+    from moh_dit.sampling.options import spec_from_args
     from moh_dit.sampling.spec import SamplingSpec
 
     record = SamplingSpec(guidance_scale=2.5, guidance_interval=[100, 600], grid_averaging=100)
@@ -213,11 +233,11 @@ def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
     for given, rec, want in cases:
         options = dict(protocol="fast", scheduler=None, num_steps=None, guidance_channels=None)
         args = Namespace(**(options | dict(guidance_interval=None, grid_averaging=None) | given))
-        spec = SamplingSpec.from_args(args, rec)
+        spec = spec_from_args(args, rec)
         assert (spec.guidance_scale, spec.guidance_interval, spec.grid_averaging) == want
     bad = dict(protocol="fast", scheduler=None, num_steps=None, guidance_channels=None, grid_averaging=None)
     with pytest.raises(ValueError, match=r"guidance_interval must be .* got \[600, 100\]"):
-        SamplingSpec.from_args(Namespace(cfg_scale=None, guidance_interval=[600, 100], **bad), record)
+        spec_from_args(Namespace(cfg_scale=None, guidance_interval=[600, 100], **bad), record)
 
 
 def test_the_grid_averaging_flag_takes_a_timestep_or_off(capsys):

@@ -327,7 +327,7 @@ def test_guidance_interval_is_checked():
     "patch,want", [(2, [0, 1]), (4, [0, 1, 2, -1]), (8, [0, 1, 2, 3, 4, -3, -2, -1]), (3, [0, 1, -1])]
 )
 def test_grid_shifts_cover_every_offset_of_the_grid_once_with_the_smallest_rolls(patch, want):
-    from moh_dit.sampling.pipeline import grid_shifts
+    from moh_dit.sampling.guidance import grid_shifts
 
     shifts = grid_shifts(patch)
     assert shifts == want

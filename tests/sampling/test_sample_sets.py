@@ -39,3 +39,13 @@ def test_unfinished_images_of_a_killed_process_are_removed(tmp_path):
     prepare_sample_folder(folder, manifest(), overwrite=False, write=True)
     assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
     assert not sample_npz_path(folder).exists()
+
+
+def test_a_folder_with_no_image_yet_takes_new_settings(tmp_path):
+    folder = tmp_path / "s"
+    prepare_sample_folder(folder, manifest(), overwrite=False, write=True)  # then its first block failed
+    prepare_sample_folder(folder, manifest(seed=1), overwrite=False, write=True)  # the corrected command
+    assert read_manifest(folder, "samples")["identity"]["seed"] == 1
+    (folder / "000000.png").write_bytes(b"png")
+    with pytest.raises(ArtifactError, match="seed"):  # once it holds an image, it is that image's set
+        prepare_sample_folder(folder, manifest(), overwrite=False, write=True)

@@ -175,7 +175,12 @@ def test_print_config_prints_the_resolved_config_and_trains_nothing(tmp_path, ca
             "preview.scheduler 'ddpm' samples ddpm models; this is a flow",
         ),
         (
-            ["objective.name=flow", "log.eval_sampling.scheduler=ddim"],
+            [
+                "objective.name=flow",
+                "log.eval_sampling.scheduler=ddim",
+                "log.eval_every=5",
+                "log.eval_reference=r.npz",
+            ],
             "log.eval_sampling.scheduler 'ddim' samples ddpm",
         ),
         (["preview.scheduler=sde"], "preview.scheduler 'sde' samples flow models; this is a ddpm model"),
@@ -190,6 +195,19 @@ def test_print_config_prints_the_resolved_config_and_trains_nothing(tmp_path, ca
 def test_objective_keys_are_checked_when_the_config_is_read(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         load_config(None, [*overrides, "model.preset=DiT-Ti/4"])
+
+
+def test_unset_samplers_resolve_for_the_objective_and_a_part_that_is_off_is_not_checked():
+    from moh_dit.objectives.flow import Flow
+    from moh_dit.training.objective import run_sampling
+
+    gvp = load_config(ROOT / "configs" / "fashion_mnist_moh_flow.yaml", ["objective.path=gvp"])
+    assert gvp.preview.scheduler is None and gvp.log.eval_sampling.scheduler is None
+    assert run_sampling(gvp.preview.sampling(), Flow("gvp")).scheduler == "euler"  # DPM-Solver++ needs linear
+    assert run_sampling(gvp.preview.sampling(), Flow()).scheduler == "dpm-solver"
+    assert run_sampling(gvp.preview.sampling().replace(scheduler="heun"), Flow("gvp")).scheduler == "heun"
+    # evaluation is off: its sampler is not checked against the objective (it never runs)
+    load_config(None, ["objective.name=flow", "log.eval_sampling.scheduler=ddim", "model.preset=DiT-Ti/4"])
 
 
 def test_the_flow_twins_train_flow_and_keep_the_defaults_recipe():

@@ -184,6 +184,11 @@ def test_a_run_snapshots_in_images_resumes_exactly_and_moh_dit_ema_rebuilds_and_
     assert sum(s["coefficient"] for s in record["snapshots"]) == pytest.approx(1.0)
     pipe = load_pipeline(out, device="cpu")
     assert pipe([0], num_inference_steps=2, output_type="np", progress=False).images.shape == (1, 8, 8, 3)
+    logged = run_in_process("ema", [whole, "--sigma-rel", "0.07", "--step", "4", "--out", tmp_path / "e4"], caplog)
+    assert "rebuilt the EMA of sigma_rel 0.07 at step 4 from 4 snapshots" in logged  # what was made, not loaded
+    assert (
+        "loaded" not in logged and json.loads((tmp_path / "e4" / "manifest.json").read_text())["source"]["step"] == 4
+    )
     with pytest.raises(Exception, match="no snapshot at step 5; it has steps 2, 4, 6"):
         run_in_process("ema", [whole, "--sigma-rel", "0.07", "--step", "5", "--out", tmp_path / "x"], caplog)
 

@@ -616,7 +616,7 @@ def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
 
 
 def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp_path, image_dir, monkeypatch):
-    import moh_dit.sampling.pipeline as pipeline
+    import moh_dit.sampling.guidance as guidance
     from moh_dit.objectives.ddpm import DDPM
     from moh_dit.sampling.spec import SamplingSpec
     from moh_dit.training.setup import learning_rate
@@ -626,11 +626,11 @@ def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp
     out = tmp_path / "run"
     extra = ["optim.schedule=cosine", "optim.warmup_steps=1", "optim.min_lr=1e-4", "preview.scheduler=dpm-solver"]
     extra += ["preview.guidance_scale=2.5", "preview.guidance_interval=[100,600]", "preview.grid_averaging=400"]
-    guided, averaged, shifts, guided_at = [], [], pipeline.grid_shifts, SamplingSpec.guided_at
+    guided, averaged, shifts, guided_at = [], [], guidance.grid_shifts, SamplingSpec.guided_at
     monkeypatch.setattr(
         SamplingSpec, "guided_at", lambda self, *a: guided.append(self.guidance_interval) or guided_at(self, *a)
     )
-    monkeypatch.setattr(pipeline, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
+    monkeypatch.setattr(guidance, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
     train_tiny(out, image_dir, *extra)
     config = load_config(out / "config.yaml")
     lrs = [m["lr"] for m in read_metrics(out)]
@@ -665,7 +665,7 @@ def test_a_flow_run_trains_exports_and_samples_with_every_flow_sampler(tmp_path,
     summary = train_tiny(out, image_dir, *FLOW, "preview.scheduler=euler", "preview.num_steps=3")
     assert summary["step"] == 4 and (out / "samples" / "final.png").exists()
     records = read_metrics(out)
-    assert all(np.isfinite(r["diffusion_loss"]) and r["moh_loss"] > 0 for r in records)  # MoH's loss is added
+    assert all(np.isfinite(r["flow_loss"]) and r["moh_loss"] > 0 for r in records)  # MoH's loss is added
     pipe = load_pipeline(out, device="cpu")
     config = pipe.transformer.config
     assert config.objective == {"name": "flow", "path": "linear", "convention": "moh-dit"} and not config.learn_sigma
@@ -687,14 +687,16 @@ def test_a_flow_run_resumes_to_the_same_losses_and_weights(tmp_path, image_dir):
     train_tiny(whole, image_dir, *common, "train.max_steps=6")
     train_tiny(cut, image_dir, *common, "train.max_steps=3")
     train_tiny(cut, image_dir, *common, "train.max_steps=6", "train.resume=latest")
-    assert [(m["step"], m["diffusion_loss"]) for m in read_metrics(cut)] == [
-        (m["step"], m["diffusion_loss"]) for m in read_metrics(whole)
+    assert [(m["step"], m["flow_loss"]) for m in read_metrics(cut)] == [
+        (m["step"], m["flow_loss"]) for m in read_metrics(whole)
     ]
+    assert not any("diffusion_loss" in m for m in read_metrics(whole))  # a flow run names its own loss
     a, b = (load_file(r / "checkpoints" / "step-00000006" / "ema.safetensors") for r in (whole, cut))
     assert all(torch.equal(a[k], b[k]) for k in a)
     from moh_dit.errors import ArtifactError
 
-    with pytest.raises(ArtifactError, match=r"another set-up \(model.learn_sigma"):  # the objective is the run's
+    # the objective is the run's, and the refusal says so first, by name
+    with pytest.raises(ArtifactError, match=r"another set-up \(objective: 'flow' -> 'ddpm', model.learn_sigma"):
         train_tiny(cut, image_dir, "train.max_steps=7", "train.resume=latest", "preview.per_class=0")
 
 
@@ -723,4 +725,4 @@ def test_flow_runs_unconditional_and_in_bf16(tmp_path, image_dir):
         train_tiny(tmp_path / "bf16", image_dir, *FLOW, "train.mixed_precision=bf16", "preview.per_class=0")
     finally:
         AcceleratorState._reset_state(True)
-    assert np.isfinite(read_metrics(tmp_path / "bf16")[-1]["diffusion_loss"])
+    assert np.isfinite(read_metrics(tmp_path / "bf16")[-1]["flow_loss"])

@@ -1,0 +1,205 @@
+"""What every study's report shares: means over seeds with 95% t-intervals, differences paired by seed and their
+verdict, markdown tables of arms by seed, KID curves during training, the plots of every seed, one writer per study
+folder, and the atomic write of ``results.json`` with its ``RESULTS.md``.
+
+A study keeps its records as plain dicts; these helpers take them keyed by arm and seed, so that each study's own
+report says only what is particular to it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from experiments.common import t_interval
+from moh_dit.files import atomic_write_json, atomic_write_text
+
+__all__ = [
+    "mean_ci",
+    "fmt",
+    "fmt_values",
+    "paired",
+    "verdict",
+    "seedwise",
+    "by_seed_table",
+    "curve_points",
+    "curve_table",
+    "pyplot",
+    "plot_by_seed",
+    "plot_curves",
+    "hold_lock",
+    "save_results",
+]
+
+BySeed = dict[int, float]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Numbers over seeds
+# ----------------------------------------------------------------------------------------------------
+def mean_ci(values: Iterable[float]) -> dict[str, Any]:
+    """``{"mean", "ci", "values"}``: the mean over seeds and its 95% t-interval (``None`` for one seed)."""
+    values = list(values)
+    return {"mean": statistics.mean(values), "ci": t_interval(values), "values": values}
+
+
+def fmt(stat: dict[str, Any], digits: int = 2) -> str:
+    """``mean [low, high]`` (the mean alone for one seed)."""
+    if stat["ci"] is None:
+        return f"{stat['mean']:.{digits}f}"
+    return f"{stat['mean']:.{digits}f} [{stat['ci'][0]:.{digits}f}, {stat['ci'][1]:.{digits}f}]"
+
+
+def fmt_values(values: Iterable[float], digits: int = 2) -> str:
+    """:func:`fmt` of the values' :func:`mean_ci`, or ``-`` for none."""
+    values = list(values)
+    return fmt(mean_ci(values), digits) if values else "-"
+
+
+def paired(values: BySeed, base: BySeed) -> list[float]:
+    """The differences ``values - base`` of the seeds both have, in seed order."""
+    return [values[s] - base[s] for s in sorted(values) if s in base]
+
+
+def verdict(ci: tuple[float, float] | None, lower: str = "lower", higher: str = "higher") -> str:
+    """What a paired 95% interval says: a difference counts when the interval excludes zero."""
+    if ci is None:
+        return "one seed only"
+    if ci[0] <= 0 <= ci[1]:
+        return "no difference resolved"
+    return lower if ci[1] < 0 else higher
+
+
+def seedwise(values: list[float]) -> str:
+    """Each seed's difference, and whether they agree in sign (a hint that two seeds cannot resolve)."""
+    signs = {v > 0 for v in values}
+    agree = "same sign in every seed" if len(signs) == 1 else "signs differ between seeds"
+    return f"per seed {', '.join(f'{v:+.2f}' for v in values)}: {agree}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tables
+# ----------------------------------------------------------------------------------------------------
+def by_seed_table(
+    labels: tuple[str, ...], rows: list[tuple[tuple[str, ...], BySeed, BySeed | None]], base_name: str, digits: int = 2
+) -> list[str]:
+    """A markdown table with one line per ``(label cells, values by seed, the baseline's values or None)``: the
+    labels, each seed's value, the mean [95% t] and the difference from the baseline paired by seed (empty for the
+    baseline itself)."""
+    seeds = sorted({s for _, values, _ in rows for s in values})
+    lines = [
+        f"| {' | '.join(labels)} | "
+        + " | ".join(f"seed {s}" for s in seeds)
+        + f" | mean [95% t] | vs {base_name}, paired |",
+        "|" + "---|" * len(labels) + "---|" * len(seeds) + "---|---|",
+    ]
+    for cells, values, base in rows:
+        diff = paired(values, base) if base is not None else []
+        shown = " | ".join(f"{values[s]:.{digits}f}" if s in values else "-" for s in seeds)
+        lines.append(
+            f"| {' | '.join(cells)} | {shown} | {fmt_values(values.values(), digits)} | "
+            f"{fmt_values(diff, digits) if diff else ''} |"
+        )
+    return lines
+
+
+def curve_points(runs: Iterable[dict], key: str = "kid") -> dict[str, dict[int, BySeed]]:
+    """The evaluations during training of each run (``{"arm", "seed", "curve": [{"step", key}, ...]}``) by arm,
+    then step, then seed."""
+    points: dict[str, dict[int, BySeed]] = {}
+    for run in runs:
+        for point in run["curve"]:
+            if point.get(key) is not None:
+                points.setdefault(run["arm"], {}).setdefault(point["step"], {})[run["seed"]] = point[key]
+    return points
+
+
+def curve_table(runs: Iterable[dict], arms: list[str], pairs: list[tuple[str, str]], key: str = "kid") -> list[str]:
+    """Per step and arm, the mean over seeds [95% t] of ``key`` during training, and each ``(arm, baseline)``
+    pair's difference paired by seed."""
+    points = curve_points(runs, key)
+    arms = [a for a in arms if a in points]
+    pairs = [(a, b) for a, b in pairs if a in points and b in points]
+    steps = sorted({step for a in arms for step in points[a]})
+    header = arms + [f"{a} - {b}, paired" for a, b in pairs]
+    lines = ["| step | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for step in steps:
+        at = {a: points[a].get(step, {}) for a in arms}
+        cells = [f"{fmt_values(at[a].values())} (n={len(at[a])})" for a in arms]
+        cells += [fmt_values(paired(at[a], at[b])) for a, b in pairs]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------------
+# Plots
+# ----------------------------------------------------------------------------------------------------
+def pyplot():
+    """matplotlib's pyplot on the file-only backend, or ``None`` where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plot_by_seed(ax, groups: list[str], arms: dict[str, list[BySeed]], ylabel: str) -> None:
+    """For each group (an NFE budget, a setting) and arm: every seed a dot, the mean with its 95% t-interval.
+    ``arms[arm][i]`` holds the arm's values by seed in group ``i``."""
+    for offset, (arm, per_group) in enumerate(arms.items()):
+        for i, values in enumerate(per_group):
+            values = list(values.values())
+            if not values:
+                continue
+            x = i + 0.25 * (offset - (len(arms) - 1) / 2)
+            ax.plot([x] * len(values), values, "o", color=f"C{offset}", alpha=0.5)
+            interval, mean = t_interval(values), statistics.mean(values)
+            err = [[mean - interval[0]], [interval[1] - mean]] if interval else None
+            label = arm if i == 0 else None
+            ax.errorbar([x], [mean], yerr=err, fmt="_", markersize=14, capsize=4, color=f"C{offset}", label=label)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set(xlabel="each seed a dot; the mean with its 95% t-interval", ylabel=ylabel)
+    ax.legend(fontsize=7)
+
+
+def plot_curves(ax, points: dict[str, dict[int, BySeed]], ylabel: str) -> None:
+    """One line per arm: the mean over seeds at each step, and a band from the lowest to the highest seed."""
+    for arm, by_step in points.items():
+        steps = sorted(by_step)
+        values = [list(by_step[s].values()) for s in steps]
+        ax.plot(steps, [statistics.mean(v) for v in values], marker="o", label=arm)
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
+    ax.set(xlabel="training step", ylabel=ylabel)
+    ax.legend(fontsize=7)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Files
+# ----------------------------------------------------------------------------------------------------
+def hold_lock(out: Path, study: str):
+    """One writer per study folder: each part keeps ``results.json`` in memory and rewrites it, so a second process
+    on the same folder would lose the first one's records. Runs in parallel take separate folders (whose ``runs``
+    may be links to one folder of runs: finished runs are reused). Returns the open lock (keep it)."""
+    try:
+        import fcntl
+    except ImportError:  # not on Windows: one process per folder is then up to the user
+        return None
+    handle = open(out / f".{study}.lock", "w")  # noqa: SIM115 (open for the process's life)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(
+            f"another experiments.{study} process is writing {out}: wait for it, or use another --out"
+        ) from None
+    return handle
+
+
+def save_results(out: Path, result: dict, report: str) -> None:
+    """``results.json`` and ``RESULTS.md``, each written atomically."""
+    atomic_write_json(out / "results.json", result)
+    atomic_write_text(out / "RESULTS.md", report)
