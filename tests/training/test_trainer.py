@@ -679,6 +679,15 @@ def test_a_flow_run_trains_exports_and_samples_with_every_flow_sampler(tmp_path,
     assert "flow matching, linear path" in card and "velocity MSE" in card
 
 
+def test_a_gvp_run_trains_and_previews_with_no_other_override(tmp_path, image_dir):
+    # the unset preview and evaluation samplers resolve to one the GVP path offers (DPM-Solver++ needs the linear one)
+    from moh_dit.sampling.loading import recorded_sampling
+
+    out = tmp_path / "gvp"
+    train_tiny(out, image_dir, *FLOW, "objective.path=gvp", "train.max_steps=2", "preview.num_steps=2")
+    assert (out / "samples" / "final.png").is_file() and recorded_sampling(out / "pipeline").scheduler == "euler"
+
+
 def test_a_flow_run_resumes_to_the_same_losses_and_weights(tmp_path, image_dir):
     from safetensors.torch import load_file
 
