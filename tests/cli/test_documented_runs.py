@@ -62,8 +62,26 @@ def default_run(tmp_path_factory, cache):
     return out
 
 
-def test_training_with_evaluation_names_the_classifier_of_the_experiments(default_run):
+def test_one_flag_draws_the_quality_curve_of_the_embedded_default(default_run, cache):
+    """configs/fashion_mnist_moh.yaml names its reference (the Fashion-MNIST test split, by name) and features (the
+    project's classifier): log.eval_every is the only flag a curve needs. The named reference is the experiments'
+    own reference images, made once into the cache and reused."""
+    from experiments.common import fashion_reference
+    from moh_dit.evaluation.reference import resolve_reference
+
     assert (default_run / "samples" / "final.png").is_file() and (default_run / "pipeline").is_dir()
+    [record] = [json.loads(x) for x in (default_run / "metrics.jsonl").read_text().splitlines() if '"evaluation"' in x]
+    named = Path(cache["MOH_DIT_CACHE"]) / "references" / "fashion-mnist-test.npz"
+    assert record["step"] == 2 and record["reference"] == str(named)
+    with np.load(named) as ours, np.load(fashion_reference(default_run.parent / "experiments")) as theirs:
+        assert np.array_equal(ours["arr_0"], theirs["arr_0"])
+    stamp = named.stat().st_mtime_ns
+    os.environ["MOH_DIT_CACHE"], before = cache["MOH_DIT_CACHE"], os.environ.get("MOH_DIT_CACHE")
+    try:
+        assert resolve_reference("fashion-mnist-test") == named and named.stat().st_mtime_ns == stamp  # reused
+    finally:
+        os.environ.pop("MOH_DIT_CACHE") if before is None else os.environ.update(MOH_DIT_CACHE=before)
+    assert resolve_reference("refs/in256.npz") == Path("refs/in256.npz")
 
 
 def test_training_with_the_repa_encoder_of_the_experiments(tmp_path):
@@ -79,18 +97,12 @@ def test_training_with_the_repa_encoder_of_the_experiments(tmp_path):
     assert any("repa_loss" in r for r in records)
 
 
-def test_a_module_that_does_not_import_names_the_key_the_user_set(tmp_path):
+def test_a_module_that_does_not_import_names_the_key_the_user_set():
     from moh_dit.errors import ConfigError
-    from moh_dit.training.config import load_config
-    from moh_dit.training.trainer import Trainer
+    from moh_dit.training.repa import Alignment
 
-    config = load_config(
-        ROOT / "configs" / "fashion_mnist_moh.yaml",
-        ["repa.encoder=x", "repa.encoder_module=experiments.no_such_module", "repa.depth=2", *TINY,
-         f"train.output_dir={tmp_path / 'run'}"],
-    )  # fmt: skip
     with pytest.raises(ConfigError, match="^repa.encoder_module experiments.no_such_module: cannot import it"):
-        Trainer(config)
+        Alignment(["x"], [], "experiments.no_such_module", 0, 49, 28, "cpu")
 
 
 def test_the_post_hoc_ema_sweep_with_the_classifier_of_the_experiments(default_run, tmp_path, cache):
@@ -104,31 +116,30 @@ def test_the_post_hoc_ema_sweep_with_the_classifier_of_the_experiments(default_r
     assert len(json.loads((out / "posthoc_sweep.json").read_text())["rows"]) == 3  # two widths and the fixed EMA
 
 
-def test_evaluation_and_reference_with_the_classifier_of_the_experiments(default_run, tmp_path, cache):
+def test_reference_and_evaluation_with_the_classifier_of_the_experiments(tmp_path):
     """experiments/fmnist_classifier.py: `python evaluate_fid.py --samples s.npz --reference ref.npz --extractor
-    fmnist-classifier --extractor-module experiments.fmnist_classifier`; `moh-dit reference` and `moh-dit evaluate
-    --model` with the same option."""
+    fmnist-classifier --extractor-module experiments.fmnist_classifier`, and `moh-dit reference` with the same
+    option (`moh-dit evaluate --model` samples as `moh-dit ema --sweep` above does)."""
     from PIL import Image
 
     from moh_dit.data.fashion_mnist import FashionMNIST
 
     classifier = ["--extractor", "fmnist-classifier", "--extractor-module", "experiments.fmnist_classifier"]
+    images = np.asarray(FashionMNIST(None, split="test").images[:40])
     (tmp_path / "real").mkdir()
-    for i, image in enumerate(FashionMNIST(None, split="test").images[:20]):  # real images as a user has them
-        Image.fromarray(np.asarray(image)).save(tmp_path / "real" / f"{i}.png")
+    for i, image in enumerate(images[:20]):  # real images as a user has them
+        Image.fromarray(image).save(tmp_path / "real" / f"{i}.png")
     reference = tmp_path / "ref.npz"
     run(MOH_DIT, "reference", tmp_path / "real", "--image-size", "28", "--out", reference, *classifier)
-    samples = tmp_path / "samples"
-    run(MOH_DIT, "evaluate", "--model", default_run, "--reference", reference, "--num-samples", "8",
-        "--num-steps", "2", "--sample-dir", samples, *classifier)  # fmt: skip
-    run(sys.executable, "evaluate_fid.py", "--samples", f"{samples}.npz", "--reference", reference, *classifier)
-    assert (
-        json.loads(Path(f"{samples}.metrics-fmnist-classifier.json").read_text())["extractor"] == "fmnist-classifier"
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, arr_0=np.repeat(images[20:, :, :, None], 3, axis=3))  # other images, as ADM's .npz
+    run(sys.executable, "evaluate_fid.py", "--samples", samples, "--reference", reference, *classifier)
+    assert json.loads((tmp_path / "samples.metrics-fmnist-classifier.json").read_text())["extractor"] == (
+        "fmnist-classifier"
     )
 
 
-def test_the_classifier_training_script_runs_as_a_file(tmp_path):
-    """docs/results.md: `python experiments/train_classifier.py` (here on 256 images for one epoch)."""
-    out = tmp_path / "clf.safetensors"
-    shown = run(sys.executable, "experiments/train_classifier.py", "--epochs", "1", "--limit", "256", "--out", out)
-    assert out.is_file() and "test_accuracy" in shown
+def test_the_classifier_training_script_runs_as_a_file():
+    """docs/results.md: `python experiments/train_classifier.py` starts as a file from the repository root (it
+    trains for 12.7 minutes: the slow set runs it whole, tests/test_experiments.py)."""
+    assert "usage: train_classifier.py" in run(sys.executable, "experiments/train_classifier.py", "--help")

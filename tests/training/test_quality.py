@@ -2,9 +2,7 @@
 offline for the checkpoint of step N, and a resumed run's curve has every point once."""
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from moh_dit.data.fashion_mnist import find_fashion_mnist
@@ -196,34 +194,6 @@ def test_the_trackers_get_the_scores_at_their_steps(tmp_path, image_dir):
     for key in ("kid", "fid", "precision", "recall"):
         logged = [(e.step, e.value) for e in acc.Scalars(f"eval/{key}")]
         assert logged == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in records], key
-
-
-@pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
-def test_one_flag_draws_the_quality_curve_of_the_embedded_default(tmp_path, monkeypatch):
-    """configs/fashion_mnist_moh.yaml names its reference (the Fashion-MNIST test split, by name) and features (the
-    project's classifier): log.eval_every is the only flag a curve needs. The named reference is the experiments'
-    own reference images, made once into the cache and reused."""
-    from experiments.common import fashion_reference
-    from moh_dit.evaluation.reference import resolve_reference
-
-    monkeypatch.setenv("MOH_DIT_CACHE", str(tmp_path / "cache"))
-    run = tmp_path / "run"
-    tiny = ["model.overrides.hidden_size=32", "model.overrides.head_dim=8", "data.subset_per_class=2"]
-    steps = ["train.max_steps=2", "train.checkpoint_every=2", "preview.per_class=0", "log.eval_samples=10"]
-    config = load_config(
-        Path(__file__).resolve().parents[2] / "configs" / "fashion_mnist_moh.yaml",
-        ["log.eval_every=2", *tiny, *steps, f"train.output_dir={run}"],
-    )
-    Trainer(config).run()
-    [record] = evaluations(run)
-    assert record["step"] == 2 and record["extractor"] == "fmnist-classifier" and record["kid"] == record["kid"]
-    named = tmp_path / "cache" / "references" / "fashion-mnist-test.npz"
-    assert record["reference"] == str(named)
-    with np.load(named) as ours, np.load(fashion_reference(tmp_path / "experiments")) as theirs:
-        assert np.array_equal(ours["arr_0"], theirs["arr_0"])
-    stamp = named.stat().st_mtime_ns
-    assert resolve_reference("fashion-mnist-test") == named and named.stat().st_mtime_ns == stamp  # reused
-    assert resolve_reference("refs/in256.npz") == Path("refs/in256.npz")
 
 
 def test_an_evaluation_that_would_not_fit_on_the_disk_stops_before_sampling(tmp_path, image_dir, monkeypatch):
