@@ -151,9 +151,10 @@ def run_name(arm: str, seed: int) -> str:
     return f"{arm}-seed{seed}"
 
 
-def train_arm(arm: str, seed: int, sc: dict, out: Path, reference: Path) -> dict:
-    """Train (or reuse) one arm at one seed; its training record, speed and evaluation curve."""
-    config, extra = ARMS[arm]
+def train_arm(arm: str, seed: int, sc: dict, out: Path, reference: Path, arms: dict | None = None) -> dict:
+    """Train (or reuse) one arm (of ``arms``, this study's by default: ``(config, overrides)`` each) at one seed; its
+    training record, speed and evaluation curve."""
+    config, extra = (arms or ARMS)[arm]
     overrides = [*extra, *sc["overrides"], *eval_overrides(sc, reference), f"train.seed={seed}"]
     trained = train_recipe(run_name(arm, seed), config, overrides, out)
     run = out / "runs" / run_name(arm, seed)

@@ -59,3 +59,48 @@ def test_a_pipeline_of_0_3_draws_the_same_images():
     for name, record in MADE["sampling"].items():
         images, _ = pipe.sample_grid([0, 1], 2, 7, SamplingSpec.from_record(record))
         assert np.array_equal(images, samples[name]), name
+
+
+# ----------------------------------------------------------------------------------------------------
+# moh-dit 0.4 (flow matching, DiT's block): recorded by tests/reference_outputs/record_moh_dit_0_4.py
+# ----------------------------------------------------------------------------------------------------
+RECORDS_0_4 = Path(__file__).resolve().parent / "reference_outputs" / "moh_dit_0_4"
+MADE_0_4 = json.loads((RECORDS_0_4 / "records.json").read_text())
+
+
+def test_a_flow_run_of_0_4_resumes_to_the_losses_it_would_have_had(tmp_path):
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.training.config import load_config
+    from moh_dit.training.tracking import objective_loss
+    from moh_dit.training.trainer import train
+
+    make_image_folder(tmp_path / "images")
+    run = tmp_path / "run"
+    shutil.copytree(RECORDS_0_4 / "cut-run", run)
+    config = tiny_train_config(run, tmp_path / "images")
+    train(load_config(config, [*MADE_0_4["overrides"], "train.max_steps=4", "train.resume=latest"]))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [[r["step"], objective_loss(r)[1], r["moh_loss"]] for r in records] == MADE_0_4["whole_run_losses"]
+    resumed = load_pipeline(run / "pipeline", device="cpu").transformer
+    recorded = load_pipeline(RECORDS_0_4 / "pipeline", device="cpu").transformer
+    assert resumed.config.get("block") is None and resumed.config.objective["name"] == "flow"
+    for key, value in resumed.state_dict().items():  # to the rounding of another CPU's kernels (see above)
+        torch.testing.assert_close(value, recorded.state_dict()[key], rtol=0, atol=1e-6)
+
+
+def test_a_flow_pipeline_of_0_4_gives_the_same_outputs_and_images():
+    from safetensors.torch import load_file
+
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.sampling.spec import SamplingSpec
+
+    pipe = load_pipeline(RECORDS_0_4 / "pipeline", device="cpu")
+    assert pipe.transformer.block_options.record() is None  # DiT's block, as 0.4 made it
+    forward = load_file(RECORDS_0_4 / "forward.safetensors")
+    with torch.no_grad():
+        out = pipe.transformer(forward["x"], forward["t"], forward["y"]).sample
+    assert torch.equal(out, forward["out"])
+    samples = np.load(RECORDS_0_4 / "samples.npz")
+    for name, record in MADE_0_4["sampling"].items():
+        images, _ = pipe.sample_grid([0, 1], 2, 7, SamplingSpec.from_record(record))
+        assert np.array_equal(images, samples[name]), name

@@ -433,15 +433,17 @@ def test_latent_extraction_on_two_processes_resumes_after_a_kill_to_the_same_fil
 # ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("objective", ["flow", pytest.param("ddpm", marks=SLOW)])
 def test_a_run_with_repa_and_post_hoc_ema_resumes_exactly_on_two_processes(objective, images, tmp_path):
-    """Flow matching (or DDPM), REPA's alignment and post-hoc EMA snapshots on two processes: a run stopped at step 4
-    and resumed ends as the uninterrupted one, bit for bit: per-step losses (the alignment's too), weights, EMA,
-    the power-function EMAs and their snapshots; its pipeline leaves the projectors out."""
+    """Flow matching (with every block option and LightningDiT's cosine loss; or DDPM), REPA's alignment and post-hoc
+    EMA snapshots on two processes: a run stopped at step 4 and resumed ends as the uninterrupted one, bit for bit:
+    per-step losses (the alignment's too), weights, EMA, the power-function EMAs and their snapshots; its pipeline
+    leaves the projectors out."""
     from moh_dit.sampling.pipeline import MoHDiTPipeline
 
     extra = [f"objective.name={objective}", "train.snr_gamma=null", "train.checkpoint_every=4", "preview.per_class=0"]
     extra += ["repa.encoder=moh-dit-test-tokens", "repa.encoder_module=tests.helpers.tiny_encoder", "repa.depth=2"]
     extra += (
-        ["ema.posthoc_every=8", "objective.time_sampling=logit-normal"]
+        ["ema.posthoc_every=8", "objective.time_sampling=logit-normal", "objective.cosine_loss=1.0"]
+        + ["model.overrides.block={norm: rmsnorm, mlp: swiglu, qk_norm: rmsnorm, rope: true}"]
         if objective == "flow"
         else ["ema.posthoc_every=8"]
     )

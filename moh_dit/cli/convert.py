@@ -9,6 +9,9 @@ moh-dit folders, both ways; and turn a pretrained multi-head DiT into a MoH-DiT 
     moh-dit convert SiT-XL-2-256.pt pipelines/sit-xl-2 --format sit --vae stabilityai/sd-vae-ft-ema  # flow
     moh-dit convert repa-last.pt pipelines/repa-xl-2 --format repa --vae stabilityai/sd-vae-ft-mse
     moh-dit convert runs/sit-finetune back.pt --to sit                  # back to SiT's layout
+    moh-dit convert vavae-imagenet256-f16d32-dinov2.pt vae/vavae --format ldm-vae --latent-stats latents_stats.pt
+    moh-dit convert lightningdit-xl-imagenet256-800ep.pt pipelines/lightningdit-xl --format lightningdit --vae vae/vavae
+    moh-dit convert runs/lightningdit-finetune back.pt --to lightningdit   # back to LightningDiT's layout
 
 docs/interop.md describes the formats.
 """
@@ -27,20 +30,35 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "out", help="output: a pipeline folder (default), a .pt (--to reference) or a folder (--to diffusers)"
     )
     p.add_argument(
-        "--to", choices=["pipeline", "reference", "reference-train", "diffusers", "sit", "repa"], default="pipeline"
+        "--to",
+        choices=["pipeline", "reference", "reference-train", "diffusers", "sit", "repa", "lightningdit"],
+        default="pipeline",
     )
     p.add_argument(
         "--format",
-        choices=["dit", "sit", "repa"],
+        choices=["dit", "sit", "repa", "lightningdit", "ldm-vae"],
         default="dit",
-        help="what a checkpoint file is: dit (DiT / MoH-DiT reference, DDPM), sit or repa (flow matching; the keys "
-        "are DiT's, so this cannot be guessed)",
+        help="what a checkpoint file is: dit (DiT / MoH-DiT reference, DDPM), sit, repa or lightningdit (flow "
+        "matching; the keys are DiT's, so this cannot be guessed), ldm-vae (an LDM-layout autoencoder such as "
+        "LightningDiT's VA-VAE, written as a diffusers AutoencoderKL folder)",
     )
     p.add_argument(
         "--path",
         choices=["linear", "gvp"],
         default="linear",
         help="with --format sit/repa: the path it was trained on",
+    )
+    p.add_argument(
+        "--sample-size",
+        type=int,
+        default=None,
+        help="with a flow format: the input side you expect (e.g. 16 for VA-VAE latents of 256 px); a checkpoint "
+        "trained at another resolution is refused",
+    )
+    p.add_argument(
+        "--latent-stats",
+        default=None,
+        help="with --format ldm-vae: LightningDiT's latents_stats.pt (per-channel mean and std of the latents)",
     )
     p.add_argument(
         "--repa-depth",
@@ -114,6 +132,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         prefer_ema=not args.model_weights,
     )
     out = _check_request(p, args)
+    if args.format == "ldm-vae":
+        _convert_ldm_vae(args, out)
+        return
+    if args.sample_size is not None:
+        hints["sample_size"] = args.sample_size
     model, vae, id2label, report = load_any(args.src, args.format, args.path, args.repa_depth, **hints)
     if args.id2label:
         id2label = {int(k): v for k, v in json.loads(Path(args.id2label).read_text()).items()}
@@ -142,7 +165,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             "step": (report.get("provenance") or {}).get("step"),
             "vae": vae_record(vae, args.vae) if vae is not None else None,
         }
-        pipe.save(out, source)
+        from moh_dit.interop.sit import own_sampling
+
+        pipe.save(out, source, sampling=own_sampling(args.format))  # sampled as its own code samples it
         (out / "conversion_report.json").write_text(json.dumps(report, indent=2, default=str))
         if args.push_to_hub:
             from moh_dit.sampling.card import push_folder
@@ -156,12 +181,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         sd = ours_to_reference(model)
         with atomic_path(out) as tmp:
             torch.save({"model": sd, "ema": sd} if args.to == "reference-train" else sd, tmp)
-    elif args.to in ("sit", "repa"):
+    elif args.to in ("sit", "repa", "lightningdit"):
         import torch
 
         from moh_dit.interop.sit import to_flow_state_dict
 
-        with atomic_path(out) as tmp:  # an EMA state dict, as both projects' samplers load
+        with atomic_path(out) as tmp:  # an EMA state dict, as the projects' samplers load
             torch.save(to_flow_state_dict(model, args.to), tmp)
     else:
         check_ddpm_export(model, "diffusers' DiTPipeline")
@@ -177,6 +202,12 @@ def _check_request(p: argparse.ArgumentParser, args: argparse.Namespace) -> Path
 
     if args.format != "dit" and not Path(args.src).is_file():
         p.error(f"--format {args.format} reads a checkpoint file; {args.src} is not one")
+    if args.latent_stats and args.format != "ldm-vae":
+        p.error("--latent-stats goes with --format ldm-vae (the autoencoder's latent statistics)")
+    if args.format == "ldm-vae" and (args.to != "pipeline" or args.vae):
+        p.error("--format ldm-vae writes a diffusers autoencoder folder: give no --to or --vae")
+    if args.sample_size is not None and args.format not in ("sit", "repa", "lightningdit"):
+        p.error("--sample-size checks a flow checkpoint's resolution: use it with --format sit/repa/lightningdit")
     if args.repa_depth is not None and args.format != "repa":
         p.error("--repa-depth keeps the projectors of a REPA checkpoint: use it with --format repa")
     if args.format != "dit" and (args.preset or args.top_k):
@@ -195,6 +226,32 @@ def _check_request(p: argparse.ArgumentParser, args: argparse.Namespace) -> Path
     if args.push_to_hub and args.to != "pipeline":
         p.error("--push-to-hub uploads pipeline folders: use it with --to pipeline")
     return out
+
+
+def _convert_ldm_vae(args: argparse.Namespace, out: Path) -> None:
+    """``--format ldm-vae``: the autoencoder as a diffusers ``AutoencoderKL`` folder, its latent statistics in its
+    config (then ``--vae OUT`` for a pipeline, ``data.vae=OUT`` for latents)."""
+    import torch
+
+    from moh_dit.errors import ConversionError
+    from moh_dit.files import atomic_folder, read_torch_file
+    from moh_dit.interop.ldm_vae import convert_ldm_autoencoder, read_latent_stats
+    from moh_dit.interop.official import read_checkpoint
+
+    src = Path(args.src)
+    if src.suffix == ".safetensors":
+        sd, _ = read_checkpoint(src)
+    else:  # LDM's training checkpoints nest the weights in "state_dict" (VA-VAE's release does)
+        sd = read_torch_file(src, ConversionError, "plain tensor checkpoint")
+        sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
+        if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+            raise ConversionError(f"{src} holds no state dict of tensors (nor a 'state_dict' of them)")
+    mean, std = read_latent_stats(args.latent_stats) if args.latent_stats else (None, None)
+    vae = convert_ldm_autoencoder(sd, latents_mean=mean, latents_std=std)
+    with atomic_folder(out, "the autoencoder") as tmp:
+        vae.save_pretrained(tmp, safe_serialization=True)
+    stats = "with its per-channel latent statistics" if mean is not None else "without latent statistics"
+    print(f"wrote {out}: a diffusers AutoencoderKL, {vae.config.latent_channels} channels, {stats}")
 
 
 def _to_moh(p: argparse.ArgumentParser, args: argparse.Namespace, model, report: dict):

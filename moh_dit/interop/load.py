@@ -22,9 +22,10 @@ def load_any(
     folder, or one of our run / checkpoint / pipeline / transformer folders."""
     src = Path(src)
     if src.is_file() and fmt in FLOW_FORMATS:
-        flow = {k: hints[k] for k in ("num_heads", "num_classes", "prefer_ema") if k in hints}
+        flow = {k: hints[k] for k in ("num_heads", "num_classes", "prefer_ema", "sample_size") if k in hints}
         model, report = load_flow_checkpoint(src, fmt, flow_path, **flow, repa_depth=repa_depth)
         return model, None, {}, report
+    hints.pop("sample_size", None)
     if src.is_file():
         model, report = load_reference_checkpoint(src, **hints)
         return model, None, {}, report

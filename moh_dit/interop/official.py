@@ -89,6 +89,9 @@ def config_from_reference(
     classes = num_classes if num_classes is not None else max(rows - 1, 0)
     moh = any(k.endswith(("attn.wg.weight", "attn.wg_1.weight")) for k in sd)
     heads, shared, dims = [], [], []
+    head_size = _head_size_from_tensors(sd)  # QK-norm weights and RoPE tables are per head
+    if num_heads is None and head_size is not None:
+        num_heads = sd["blocks.0.attn.proj.weight"].shape[1] // head_size
     for i in range(depth):
         inner = sd[f"blocks.{i}.attn.proj.weight"].shape[1]
         e = sd[f"blocks.{i}.attn.wg.weight"].shape[0] if f"blocks.{i}.attn.wg.weight" in sd else 0
@@ -129,6 +132,9 @@ def config_from_reference(
         class_dropout_prob=0.1 if rows == classes + 1 and classes > 0 else 0.0,
         learn_sigma=out_ch == 2 * in_ch,
     )
+    block = block_from_reference(sd, hidden, dims[0])
+    if block is not None:
+        config["block"] = block
     if not moh:
         config.update(attention_type="mha", num_shared_heads=None, top_k=0)
         return config
@@ -149,6 +155,43 @@ def config_from_reference(
         logger.info("top-k taken from preset %s (head tables match)", match[0])
     config.update(attention_type="moh", num_shared_heads=shared, top_k=_per_layer("top_k", top_k, depth))
     return config
+
+
+def _head_size_from_tensors(sd: dict[str, torch.Tensor]) -> int | None:
+    """The head size where a tensor states it: a QK-norm weight (per head) or a RoPE table (head size wide)."""
+    if "blocks.0.attn.q_norm.weight" in sd:
+        return int(sd["blocks.0.attn.q_norm.weight"].shape[0])
+    if "feat_rope.freqs_cos" in sd:
+        return int(sd["feat_rope.freqs_cos"].shape[1])
+    return None
+
+
+def block_from_reference(sd: dict[str, torch.Tensor], hidden: int, head_dim: int) -> dict | None:
+    """The block options a DiT-layout state dict's tensors show (LightningDiT's names; REPA's timm QK-norm):
+    RMSNorm (``norm1.weight``), SwiGLU (``mlp.w12``), QK-norm (``attn.q_norm``: RMSNorm, or LayerNorm when it has a
+    bias), 2-D RoPE (``feat_rope`` tables). ``None``: DiT's block. LightningDiT's ``wo_shift`` (scale-only adaLN,
+    in none of its released configs) is refused."""
+    from moh_dit.model.block import BlockOptions
+
+    adaln = sd.get("blocks.0.adaLN_modulation.1.weight")
+    if adaln is not None and adaln.shape[0] == 4 * hidden:
+        raise ConversionError(
+            "the checkpoint's adaLN has no shift (LightningDiT's wo_shift, in none of its released configs); moh-dit's "
+            "block keeps DiT's shift, scale and gate"
+        )
+    options = dict(
+        norm="rmsnorm" if "blocks.0.norm1.weight" in sd else "layernorm",
+        mlp="swiglu" if "blocks.0.mlp.w12.weight" in sd else "gelu",
+        qk_norm="none"
+        if "blocks.0.attn.q_norm.weight" not in sd
+        else ("layernorm" if "blocks.0.attn.q_norm.bias" in sd else "rmsnorm"),
+        rope="feat_rope.freqs_cos" in sd,
+    )
+    if options["rope"] and sd["feat_rope.freqs_cos"].shape[1] != head_dim:
+        raise ConversionError(
+            f"the RoPE table is {sd['feat_rope.freqs_cos'].shape[1]} channels wide, the heads {head_dim}: not one model"
+        )
+    return BlockOptions(**options).record()
 
 
 # our router rows (MoHAttention.router_slices) -> the reference code's router names
@@ -182,6 +225,8 @@ def check_ddpm_export(model: MoHDiT, target: str) -> None:
     """``target``'s code (DiT's, MoH-DiT's, diffusers' ``DiTPipeline``) samples every checkpoint as DiT's DDPM: a
     model trained with another objective (it records one; DDPM records none) would load there without a word and
     draw noise. A :class:`ConversionError` that says where it can go instead."""
+    if model.block_options.record() is not None:
+        raise ConversionError(f"{target} builds DiT's block; this model's is {model.block_options.describe()}")
     record = model.config.get("objective")
     if record is not None:
         from moh_dit.objectives import objective_from_record
@@ -215,6 +260,23 @@ def strict_load(model: MoHDiT, sd: dict[str, torch.Tensor], source: str) -> None
         for k in sorted(set(sd) & set(target))
         if sd[k].shape != target[k].shape
     ]
+    # tables of another token count at the same width: the same network trained at another resolution
+    grids = [
+        k
+        for k in ("pos_embed", "feat_rope.freqs_cos")
+        if k in sd
+        and k in target
+        and sd[k].shape[-2] != target[k].shape[-2]
+        and sd[k].shape[-1] == target[k].shape[-1]
+    ]
+    if grids:
+        have, want = (int(t[grids[0]].shape[-2]) for t in (sd, target))
+        raise ConversionError(
+            f"{source} was trained at another resolution: its position tables ({', '.join(grids)}) are for "
+            f"{have} tokens ({round(have**0.5)} x {round(have**0.5)}), the model's for {want} "
+            f"({round(want**0.5)} x {round(want**0.5)}); the sin-cos and RoPE tables belong to the token grid they "
+            f"were trained on: load it at its own size"
+        )
     if missing or unexpected or shapes:
         lines = [f"{source} does not match the model:"]
         if shapes:

@@ -1,4 +1,5 @@
-"""Checkpoints of willisma/SiT and sihyun-yu/REPA as moh-dit flow models, and back to their layouts.
+"""Checkpoints of willisma/SiT, sihyun-yu/REPA (and REPA-E) and hustvl/LightningDiT as moh-dit flow models, and back
+to their layouts.
 
 Both projects keep DiT's module names (``x_embedder.proj``, ``t_embedder.mlp``, ``y_embedder.embedding_table``,
 ``blocks.i.{attn.qkv, attn.proj, mlp.fc1, mlp.fc2, adaLN_modulation.1}``, ``final_layer``), so the weights map as
@@ -9,9 +10,14 @@ DiT's do (moh_dit.interop.official). What differs is what the network means (doc
 - REPA feeds ``s`` (noise at 1) and predicts ``eps - x`` with a ``C`` head, and its checkpoints carry the
   alignment projectors (``projectors.*``), which sampling does not use.
 
-A loaded model records its convention (``objective.convention``: ``sit`` or ``repa``), so moh-dit samples it as
-its own code does, fine-tunes it in its convention, and exports it back. The path (Linear or GVP) is not in the
-weights: pass the one the checkpoint was trained on.
+- LightningDiT keeps SiT's time and output (raw ``t = 1 - s``, ``x - eps``, a ``C`` head) and DiT's names, and adds
+  its block (RMSNorm weights, SwiGLU's ``mlp.w12``/``mlp.w3``, QK-norm's ``attn.q_norm``/``k_norm``, the RoPE tables
+  ``feat_rope.freqs_cos``/``freqs_sin``); REPA and REPA-E trained with ``--qk-norm`` carry timm's LayerNorm
+  ``q_norm``/``k_norm`` (weight and bias). The block is read from these tensors (``block_from_reference``).
+
+A loaded model records its convention (``objective.convention``: ``sit`` for SiT and LightningDiT, ``repa``), so
+moh-dit samples it as its own code does, fine-tunes it in its convention, and exports it back. The path (Linear or
+GVP) is not in the weights: pass the one the checkpoint was trained on.
 """
 
 from __future__ import annotations
@@ -24,10 +30,19 @@ from moh_dit.errors import ConversionError
 from moh_dit.interop.official import config_from_reference, ours_to_reference, read_checkpoint, strict_load
 from moh_dit.model.network import MoHDiT
 from moh_dit.objectives.noise import PATHS
+from moh_dit.sampling.spec import SamplingSpec
 
-__all__ = ["FLOW_FORMATS", "load_flow_checkpoint", "to_flow_state_dict", "drop_sigma_half"]
+__all__ = ["FLOW_FORMATS", "load_flow_checkpoint", "to_flow_state_dict", "drop_sigma_half", "own_sampling"]
 
-FLOW_FORMATS = {"sit": "willisma/SiT", "repa": "sihyun-yu/REPA"}
+FLOW_FORMATS = {"sit": "willisma/SiT", "repa": "sihyun-yu/REPA", "lightningdit": "hustvl/LightningDiT"}
+# each format's time convention (moh_dit.objectives.flow.CONVENTIONS): LightningDiT's is SiT's
+CONVENTION_OF = {"sit": "sit", "repa": "repa", "lightningdit": "sit"}
+# the block options each project's code has: (norm, qk_norm) pairs it can build, and whether SwiGLU and RoPE exist
+BLOCKS_OF = {
+    "sit": {("layernorm", "none")},
+    "repa": {("layernorm", "none"), ("layernorm", "layernorm")},  # timm's LayerNorm QK-norm (--qk-norm)
+    "lightningdit": {("layernorm", "none"), ("layernorm", "layernorm"), ("rmsnorm", "none"), ("rmsnorm", "rmsnorm")},
+}
 
 
 def _final_rows(tensor: torch.Tensor, patch: int, channels: int, keep: int) -> torch.Tensor:
@@ -56,31 +71,39 @@ def load_flow_checkpoint(
     num_classes: int | None = None,
     prefer_ema: bool = True,
     repa_depth: int | None = None,
+    sample_size: int | None = None,
 ) -> tuple[MoHDiT, dict]:
     """A SiT or REPA checkpoint (``.pt`` of their ``train.py``, an EMA state dict, or ``.safetensors``) as a moh-dit
     flow model in that project's convention; returns the model and a report of what was read and dropped. With
     ``repa_depth`` (REPA's ``--encoder-depth``, which its checkpoints do not record) REPA's projectors are kept as
-    the model's alignment heads on that block, to continue REPA's training; else they are dropped."""
+    the model's alignment heads on that block, to continue REPA's training; else they are dropped. ``sample_size``:
+    the input size the caller expects (the latent side); a checkpoint trained at another resolution is refused."""
     if fmt not in FLOW_FORMATS:
         raise ConversionError(f"the flow checkpoint format must be one of {', '.join(FLOW_FORMATS)}, got {fmt!r}")
     if flow_path not in PATHS:
         raise ConversionError(f"the path must be one of {', '.join(PATHS)}, got {flow_path!r}")
     sd, which = read_checkpoint(path, prefer_ema)
     projectors = sorted(k for k in sd if k.startswith("projectors."))
-    qk_norm = sorted(k for k in sd if ".q_norm." in k or ".k_norm." in k)
-    if qk_norm:
-        raise ConversionError(f"{path} was trained with QK-norm ({qk_norm[0]}, ...), which moh-dit's attention lacks")
+    latent_norm = sorted(k for k in sd if k.startswith("bn."))  # REPA-E's BatchNorm of the latents
+    sd = {k: v for k, v in sd.items() if k not in latent_norm}
     kept = {k: v for k, v in sd.items() if k in projectors} if repa_depth is not None else {}
     if repa_depth is not None and not kept:
         raise ConversionError(f"--repa-depth keeps REPA's projectors, and {path} has none")
     sd = {k: v for k, v in sd.items() if k not in projectors}
     config = config_from_reference(sd, num_heads, None, num_classes)
+    if sample_size is not None and sample_size != config["sample_size"]:
+        side = config["sample_size"] // config["patch_size"]
+        raise ConversionError(
+            f"{path} was trained at another resolution: its position tables (sin-cos"
+            f"{' and RoPE' if 'feat_rope.freqs_cos' in sd else ''}) are for a {side} x {side} token grid, inputs of "
+            f"{config['sample_size']} x {config['sample_size']}, not {sample_size} x {sample_size}"
+        )
     if config.get("attention_type") != "mha":
         raise ConversionError(f"{path} has MoH routers: SiT and REPA checkpoints are multi-head DiTs")
     sigma_half = bool(config["learn_sigma"])
     if sigma_half:
         sd = drop_sigma_half(sd, config["patch_size"], config["in_channels"])
-    config.update(learn_sigma=False, objective={"name": "flow", "path": flow_path, "convention": fmt})
+    config.update(learn_sigma=False, objective={"name": "flow", "path": flow_path, "convention": CONVENTION_OF[fmt]})
     if kept:  # projectors.j.{0,2,4} -> projectors.j.layers.{0,2,4}
         count = 1 + max(int(k.split(".")[1]) for k in kept)
         dims = [int(kept[f"projectors.{j}.4.weight"].shape[0]) for j in range(count)]
@@ -98,7 +121,13 @@ def load_flow_checkpoint(
         "weights": which,
         "config": config,
         "dropped": (["the unused variance half of the output head"] if sigma_half else [])
-        + ([f"{len(projectors)} REPA projector tensors"] if projectors and not kept else []),
+        + ([f"{len(projectors)} REPA projector tensors"] if projectors and not kept else [])
+        + (
+            [f"REPA-E's latent BatchNorm ({len(latent_norm)} tensors: normalise the latents with its statistics)"]
+            if latent_norm
+            else []
+        ),
+        "block": model.block_options.describe(),
     }
     return model.eval(), report
 
@@ -109,20 +138,43 @@ def to_flow_state_dict(model: MoHDiT, fmt: str = "sit") -> dict[str, torch.Tenso
     convention converts: the time input's meaning is in the weights."""
     if fmt not in FLOW_FORMATS:
         raise ConversionError(f"the flow checkpoint format must be one of {', '.join(FLOW_FORMATS)}, got {fmt!r}")
-    record = model.config.get("objective") or {}
-    if record.get("convention") != fmt:  # a convention is a flow model's; DiT's DDPM records none
+    record, convention = model.config.get("objective") or {}, CONVENTION_OF[fmt]
+    if record.get("convention") != convention:  # a convention is a flow model's; DiT's DDPM records none
         what = f"a flow model in the {record['convention']} convention" if record.get("convention") else "a DDPM model"
         raise ConversionError(
-            f"{FLOW_FORMATS[fmt]}'s code feeds its own time convention ({fmt}) to the network; this is {what}, whose "
-            f"weights expect another time input: train in objective.convention={fmt} to export to {fmt}"
+            f"{FLOW_FORMATS[fmt]}'s code feeds its own time convention ({convention}) to the network; this is {what}, "
+            f"whose weights expect another time input: train in objective.convention={convention} to export to {fmt}"
         )
     if model.config.attention_type != "mha":
         raise ConversionError(
             f"{FLOW_FORMATS[fmt]}'s code has no Mixture-of-Head attention: export a DiT-shaped model"
         )
+    block = model.block_options
+    has_mlp_and_rope = fmt == "lightningdit" or (block.mlp == "gelu" and not block.rope)
+    if (block.norm, block.qk_norm) not in BLOCKS_OF[fmt] or not has_mlp_and_rope or block.rope_theta != 10000.0:
+        raise ConversionError(f"{FLOW_FORMATS[fmt]}'s code cannot build this model's block ({block.describe()})")
     sd = ours_to_reference(model)
     if fmt == "sit":
         c, p = model.config.in_channels, model.config.patch_size
         for key in ("final_layer.linear.weight", "final_layer.linear.bias"):
             sd[key] = _final_rows(sd[key], p, c, 2 * c)
     return sd
+
+
+def own_sampling(fmt: str) -> SamplingSpec | None:
+    """How a converted checkpoint's own code samples it for its published numbers, recorded with the pipeline (what
+    ``moh-dit sample`` and ``evaluate --model`` start from); ``None`` where moh-dit's defaults stand.
+
+    LightningDiT (its 800-epoch FID 1.35 config): Euler on 250 grid points (249 steps) from noise to data, its time
+    shift 0.3 (SD3's 1 / 0.3 in moh-dit's time, noise at 1), guidance 6.7 on the first 3 channels (DiT's channel
+    choice, kept for reproduction) from its time 0.125 on (noise levels up to (1 - 0.125) / 0.125 = 7)."""
+    if fmt != "lightningdit":
+        return None
+    return SamplingSpec(
+        scheduler="euler",
+        num_inference_steps=249,
+        guidance_scale=6.7,
+        guidance_channels=3,
+        guidance_noise=(0.0, (1 - 0.125) / 0.125),
+        time_shift=1 / 0.3,
+    )

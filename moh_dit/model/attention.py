@@ -26,13 +26,18 @@ job of an attention processor (``moh_dit.model.execution``), chosen with :meth:`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from moh_dit.model.execution import make_processor
+
+if TYPE_CHECKING:
+    from moh_dit.model.rope import RotaryEmbedding2D
 
 __all__ = ["AttentionAux", "MoHAttention", "load_balance_loss"]
 
@@ -77,6 +82,9 @@ class MoHAttention(nn.Module):
         qkv_bias: bias on the fused Q/K/V projection (DiT uses one).
         attention_type: ``"moh"`` (routers and gates) or ``"mha"`` (plain multi-head attention, the DiT
             baseline; no routers), the same switch as :class:`~moh_dit.model.network.MoHDiT`'s.
+        qk_norm: a factory ``head_dim -> module`` for the per-head norm of queries and keys (``q_norm``/``k_norm``,
+            shared by the heads, shared and routed alike), or ``None``. With a RoPE table given to ``forward``, queries
+            and keys are rotated after it. Both act per head, before the heads are weighted and summed.
     """
 
     def __init__(
@@ -88,6 +96,7 @@ class MoHAttention(nn.Module):
         top_k: int = 0,
         qkv_bias: bool = True,
         attention_type: str = "moh",
+        qk_norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         if attention_type not in ("moh", "mha"):
@@ -118,6 +127,8 @@ class MoHAttention(nn.Module):
         self.attention_type = attention_type
         inner = num_heads * head_dim
         self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)  # output laid out as (3, heads, head_dim)
+        self.q_norm = qk_norm(head_dim) if qk_norm is not None else None
+        self.k_norm = qk_norm(head_dim) if qk_norm is not None else None
         self.proj = nn.Linear(inner, dim)
         # router rows: [routed E | shared h_s (when h_s > 1) | mix 2 (when both kinds exist)]
         sizes = {
@@ -192,11 +203,14 @@ class MoHAttention(nn.Module):
     # ------------------------------------------------------------------------------------------------
     # Forward
     # ------------------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, return_head_mask: bool = False) -> tuple[torch.Tensor, AttentionAux]:
-        """Attend over the T tokens of ``x`` (N, T, D); returns ``(out, aux)`` with ``out`` (N, T, D)."""
+    def forward(
+        self, x: torch.Tensor, rope: RotaryEmbedding2D | None = None, return_head_mask: bool = False
+    ) -> tuple[torch.Tensor, AttentionAux]:
+        """Attend over the T tokens of ``x`` (N, T, D), queries and keys rotated by ``rope`` (the network's table)
+        when given; returns ``(out, aux)`` with ``out`` (N, T, D)."""
         n, t, _ = x.shape
         gates, probs, mask = self.compute_gates(x)
-        out = self.processor(self, x, gates, mask)
+        out = self.processor(self, x, gates, mask, rope)
 
         aux = AttentionAux()
         if probs is not None and self.training:
@@ -208,12 +222,30 @@ class MoHAttention(nn.Module):
             aux.head_mask = head_mask
         return out, aux
 
-    def dense_attention(self, x: torch.Tensor, gates: torch.Tensor | None) -> torch.Tensor:
+    def prepare_query(
+        self, q: torch.Tensor, rope: RotaryEmbedding2D | None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Queries (..., T, dh) of some heads after QK-norm and RoPE (at the token ``positions`` (...,) of rows
+        gathered by the sparse execution)."""
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return q if rope is None else rope(q, positions)
+
+    def prepare_key(self, k: torch.Tensor, rope: RotaryEmbedding2D | None) -> torch.Tensor:
+        """Keys (..., T, dh) after QK-norm and RoPE."""
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return k if rope is None else rope(k)
+
+    def dense_attention(
+        self, x: torch.Tensor, gates: torch.Tensor | None, rope: RotaryEmbedding2D | None = None
+    ) -> torch.Tensor:
         """The reference computation: every head attends, then each is gated (inactive heads by zero)."""
         n, t, _ = x.shape
         h, dh = self.num_heads, self.head_dim
         qkv = self.qkv(x).reshape(n, t, 3, h, dh).permute(2, 0, 3, 1, 4)  # (3, N, h, T, dh)
         q, k, v = qkv.unbind(0)
+        q, k = self.prepare_query(q, rope), self.prepare_key(k, rope)
         out = F.scaled_dot_product_attention(q, k, v)  # (N, h, T, dh)
         out = out.transpose(1, 2)  # (N, T, h, dh), a view
         if gates is not None:

@@ -39,7 +39,11 @@ class GatedHeads(Protocol):
     qkv: torch.nn.Linear
     proj: torch.nn.Linear
 
-    def dense_attention(self, x: torch.Tensor, gates: torch.Tensor | None) -> torch.Tensor: ...
+    def dense_attention(self, x: torch.Tensor, gates: torch.Tensor | None, rope=None) -> torch.Tensor: ...
+
+    def prepare_query(self, q: torch.Tensor, rope, positions: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def prepare_key(self, k: torch.Tensor, rope) -> torch.Tensor: ...
 
 
 __all__ = [
@@ -72,8 +76,8 @@ class DenseProcessor:
 
     name = "dense"
 
-    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask) -> torch.Tensor:
-        return attn.dense_attention(x, gates)
+    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask, rope=None) -> torch.Tensor:
+        return attn.dense_attention(x, gates, rope)
 
 
 @dataclass
@@ -107,15 +111,16 @@ class SparseProcessor:
     def output_rows(self, rows_per_head: int, tokens: int) -> bool:
         return rows_per_head <= self.output_rows_max_share * tokens
 
-    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask) -> torch.Tensor:
+    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask, rope=None) -> torch.Tensor:
         if mask is None:
-            return attn.dense_attention(x, gates)
-        return self.attend(attn, x, gates, mask, padded_rows(mask))
+            return attn.dense_attention(x, gates, rope)
+        return self.attend(attn, x, gates, mask, padded_rows(mask), rope)
 
     def attend(
-        self, attn: GatedHeads, x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor, c: int
+        self, attn: GatedHeads, x: torch.Tensor, gates: torch.Tensor, mask: torch.Tensor, c: int, rope=None
     ) -> torch.Tensor:
-        """The sparse computation with every routed head padded to ``c`` rows."""
+        """The sparse computation with every routed head padded to ``c`` rows. QK-norm and RoPE act on each query
+        row at its own token's position, as in the dense computation."""
         n, t, d = x.shape
         h, hs, e, dh = attn.num_heads, attn.num_shared_heads, attn.num_routed_heads, attn.head_dim
         inner = h * dh
@@ -140,11 +145,15 @@ class SparseProcessor:
             q_r = torch.einsum("necd,ehd->nech", x_sel, w[hs * dh : inner].reshape(e, dh, d))  # (N, E, C, dh)
             if b is not None:
                 q_r = q_r + b[hs * dh : inner].reshape(1, e, 1, dh).to(q_r.dtype)
+            q_s = None if q_s is None else attn.prepare_query(q_s, rope)
+            q_r = attn.prepare_query(q_r, rope, positions=idx)  # each row at its token's position
         else:
             # one fused Q/K/V matmul as in the dense path, then gather only the chosen query rows
             q, k_all, v_all = attn.qkv(x).reshape(n, t, 3, h, dh).permute(2, 0, 3, 1, 4).unbind(0)  # (N, h, T, dh)
+            q = attn.prepare_query(q, rope)
             q_s = q[:, :hs] if hs > 0 else None
             q_r = torch.gather(q[:, hs:], 2, idx.unsqueeze(-1).expand(n, e, c, dh))  # (N, E, C, dh)
+        k_all = attn.prepare_key(k_all, rope)
 
         # shared heads: ordinary dense attention, gated
         o_s = None
@@ -227,13 +236,13 @@ class AutoProcessor:
             self._choices[key] = self.predict(attn, x, attn.num_active_heads / attn.num_heads)
         return self._choices[key]
 
-    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask) -> torch.Tensor:
+    def __call__(self, attn: GatedHeads, x: torch.Tensor, gates, mask, rope=None) -> torch.Tensor:
         if mask is None or self.choose(attn, x) == "dense":
-            return attn.dense_attention(x, gates)
+            return attn.dense_attention(x, gates, rope)
         c = padded_rows(mask)  # the one host sync of the sparse path
         if self.predict(attn, x, padded_active_fraction(attn, c, x.shape[1])) != "sparse":
-            return attn.dense_attention(x, gates)
-        return self.sparse.attend(attn, x, gates, mask, c)
+            return attn.dense_attention(x, gates, rope)
+        return self.sparse.attend(attn, x, gates, mask, c, rope)
 
 
 def make_processor(mode: str):

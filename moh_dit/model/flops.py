@@ -61,7 +61,7 @@ def forward_flops(model: nn.Module, active_heads: bool = False) -> FlopCount:
     for block in model.blocks:
         attn = block.attn
         adaln += _linear(block.adaLN_modulation[1], 1)
-        mlp += _linear(block.mlp.fc1, tokens) + _linear(block.mlp.fc2, tokens)
+        mlp += sum(_linear(m, tokens) for m in block.mlp.modules() if isinstance(m, nn.Linear))  # GELU or SwiGLU
         if attn.router is not None:
             router += _linear(attn.router, tokens)
         share = attn.num_active_heads / attn.num_heads if active_heads else 1.0

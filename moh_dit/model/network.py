@@ -22,7 +22,7 @@ from torch import nn
 
 from moh_dit.model.alignment import AlignmentProjector
 from moh_dit.model.attention import MoHAttention
-from moh_dit.model.block import DiTBlock, FinalLayer
+from moh_dit.model.block import BlockOptions, DiTBlock, FinalLayer
 from moh_dit.model.embeddings import LabelEmbedder, PatchEmbedder, TimestepEmbedder, sincos_pos_embed_2d
 
 __all__ = ["MoHDiT", "MoHDiTOutput", "DiTBlock", "FinalLayer"]  # the blocks live in model/block.py
@@ -95,6 +95,8 @@ class MoHDiT(ModelMixin, ConfigMixin):
             projectors map to the encoders' feature spaces; ``None``: no alignment head.
         repa_dims: the feature width of each encoder aligned to (one projector each).
         repa_projector_dim: the projectors' hidden width (REPA's 2048).
+        block: the block's options (:class:`~moh_dit.model.block.BlockOptions`: norm, MLP, QK-norm, 2-D RoPE), as
+            its ``record()``; ``None`` is DiT's block, as every model of moh-dit 0.4 and earlier.
     """
 
     _supports_gradient_checkpointing = True
@@ -124,8 +126,12 @@ class MoHDiT(ModelMixin, ConfigMixin):
         repa_depth: int | None = None,
         repa_dims: list[int] | None = None,
         repa_projector_dim: int = 2048,
+        block: dict | None = None,
     ) -> None:
         super().__init__()
+        options = BlockOptions.from_config(block)
+        if block is not None:  # recorded in full (DiT's block spelt out is None), so that equal blocks compare equal
+            self.register_to_config(block=options.record())
         if (repa_depth is None) != (not repa_dims):
             raise ValueError("repa_depth and repa_dims go together: the block to align and the encoders' widths")
         if repa_depth is not None and not 1 <= repa_depth <= depth:
@@ -174,6 +180,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
                     top_k=k or 0,
                     qkv_bias=qkv_bias,
                     attention_type=attention_type,
+                    qk_norm=options.qk_norm_layer(),
                 )
             except ValueError as err:
                 raise ValueError(f"layer {layer}: {err}") from None
@@ -184,10 +191,13 @@ class MoHDiT(ModelMixin, ConfigMixin):
                     mlp_ratio=mlp_ratio,
                     norm_eps=norm_eps,
                     mlp_norm_eps=norm_eps if mlp_norm_eps is None else mlp_norm_eps,
+                    options=options,
                 )
             )
         self.blocks = nn.ModuleList(blocks)
-        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps)
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps, options=options)
+        # 2-D RoPE's tables (persistent buffers, as LightningDiT keeps them), kept beside the sin-cos table
+        self.feat_rope = options.rotary([b.attn.head_dim for b in blocks], grid)
         self.projectors = (  # REPA's alignment heads: only in models that train with it (created last: the others'
             # initialisation draws the same numbers as before they existed)
             nn.ModuleList(AlignmentProjector(hidden_size, repa_projector_dim, d) for d in repa_dims)
@@ -242,6 +252,11 @@ class MoHDiT(ModelMixin, ConfigMixin):
         model), ``"dense"`` (reference semantics) or ``"sparse"`` (exact head skipping). Results agree."""
         for attn in self.attention_layers:
             attn.set_execution(mode)  # a processor per layer: auto keeps its choices per layer
+
+    @property
+    def block_options(self) -> BlockOptions:
+        """What the blocks are made of (norm, MLP, QK-norm, RoPE; see :mod:`moh_dit.model.block`)."""
+        return BlockOptions.from_config(self.config.get("block"))
 
     @property
     def num_routed_layers(self) -> int:
@@ -382,11 +397,12 @@ class MoHDiT(ModelMixin, ConfigMixin):
 
         losses, masks, aligned = [], [], None
         align = self.projectors is not None and (self.training if return_aligned is None else return_aligned)
+        rope = self.feat_rope
         for index, block in enumerate(self.blocks):
             if torch.is_grad_enabled() and self.gradient_checkpointing:
-                h, aux = self._gradient_checkpointing_func(block, h, c, return_head_masks)
+                h, aux = self._gradient_checkpointing_func(block, h, c, rope, return_head_masks)
             else:
-                h, aux = block(h, c, return_head_masks)
+                h, aux = block(h, c, rope, return_head_masks)
             if aux.load_balance_loss is not None:
                 losses.append(aux.load_balance_loss)
             if return_head_masks:

@@ -33,11 +33,13 @@ class Noised:
 @dataclass
 class Losses:
     """Per-sample loss terms, each of shape (N,): ``loss`` is what is minimised; ``mse`` the objective's squared
-    error (noise or velocity); ``vb`` DDPM's variational-bound term where the model learns its variance."""
+    error (noise or velocity); ``vb`` DDPM's variational-bound term where the model learns its variance; ``cos`` the
+    velocity-direction term (LightningDiT's) where a flow model trains with it."""
 
     loss: torch.Tensor
     mse: torch.Tensor
     vb: torch.Tensor | None = None
+    cos: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

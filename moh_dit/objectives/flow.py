@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
@@ -59,6 +60,8 @@ class Flow(Objective):
             time_std))``) or ``lognormal`` (REPA's: ``sigma = exp(N(time_mean, time_std))``, then the path's time
             of that noise level; the same law as logit-normal on the linear path).
         time_mean, time_std: the normal's parameters for the last two.
+        cosine_loss: the weight of LightningDiT's velocity-direction loss, ``1 - cos(v_hat, v)`` over the channels at
+            every position, averaged over the positions, added to the MSE (its recipe: 1; 0: none).
     """
 
     name = "flow"
@@ -70,6 +73,7 @@ class Flow(Objective):
         time_sampling: str = "uniform",
         time_mean: float = 0.0,
         time_std: float = 1.0,
+        cosine_loss: float = 0.0,
     ) -> None:
         if path not in PATHS:
             raise ConfigError(f"objective.path must be one of {', '.join(PATHS)}, got {path!r}")
@@ -82,7 +86,12 @@ class Flow(Objective):
         if not (math.isfinite(time_mean) and math.isfinite(time_std) and time_std > 0):
             raise ConfigError(f"objective.time_mean must be finite and time_std > 0, got {time_mean}, {time_std}")
         self.path, self.convention = path, convention
+        if isinstance(cosine_loss, bool) or not (math.isfinite(cosine_loss) and cosine_loss >= 0):
+            raise ConfigError(
+                f"objective.cosine_loss must be a finite weight >= 0 (LightningDiT's 1), got {cosine_loss}"
+            )
         self.time_sampling, self.time_mean, self.time_std = time_sampling, time_mean, time_std
+        self.cosine_loss = float(cosine_loss)
         self._time, self.sign = CONVENTIONS[convention]
 
     def record(self) -> dict[str, Any]:
@@ -111,7 +120,8 @@ class Flow(Objective):
         return f"flow matching, {self.path} path, velocity prediction ({self.convention} convention)"
 
     def describe_loss(self) -> str:
-        return f"velocity MSE on the {self.path} path, times drawn {self.time_sampling}"
+        direction = f" + {self.cosine_loss:g} x velocity direction (1 - cosine)" if self.cosine_loss else ""
+        return f"velocity MSE{direction} on the {self.path} path, times drawn {self.time_sampling}"
 
     # ------------------------------------------------------------------------------------------------
     # Training
@@ -147,8 +157,13 @@ class Flow(Objective):
         target = noised.terms["velocity"]
         if output.shape != target.shape:
             raise ValueError(f"a flow model outputs {target.shape[1]} channels, got {output.shape[1]}")
-        mse = ((self.sign * output - target) ** 2).mean(dim=tuple(range(1, output.ndim)))
-        return Losses(loss=mse, mse=mse)
+        prediction = self.sign * output
+        mse = ((prediction - target) ** 2).mean(dim=tuple(range(1, output.ndim)))
+        if not self.cosine_loss:
+            return Losses(loss=mse, mse=mse)
+        # LightningDiT's direction term: the cosine over the channels at each position, then the mean over positions
+        cos = (1 - F.cosine_similarity(prediction, target, dim=1)).mean(dim=tuple(range(1, output.ndim - 1)))
+        return Losses(loss=mse + self.cosine_loss * cos, mse=mse, cos=cos)
 
     # ------------------------------------------------------------------------------------------------
     # Sampling

@@ -73,11 +73,18 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         "moh_dit.objectives.flow",
         "Flow",
         ("euler", "heun", "dpm-solver", "unipc", "sde"),
-        {"sit-sde": ("sde", 250), "sit-ode": ("heun", 50), "fast": ("dpm-solver", 25)},
+        # "lightningdit": LightningDiT's Euler over 250 grid points, 249 steps (its time shift and guidance are
+        # recorded with a converted checkpoint: moh_dit.interop.sit.own_sampling)
+        {"sit-sde": ("sde", 250), "sit-ode": ("heun", 50), "fast": ("dpm-solver", 25), "lightningdit": ("euler", 249)},
         paper="sit-sde",
         summary="flow matching (SiT): velocity prediction on a linear or GVP path",
         record_keys=("objective.path", "objective.convention"),
-        training_keys=("objective.time_sampling", "objective.time_mean", "objective.time_std"),
+        training_keys=(
+            "objective.time_sampling",
+            "objective.time_mean",
+            "objective.time_std",
+            "objective.cosine_loss",
+        ),
         sampler_limits={"path": {"gvp": ("euler", "heun", "sde")}},
         sampler_limits_why="DPM-Solver++ and UniPC take x0 = x - s v, which holds on the linear path only",
         loss_name="flow_loss",

@@ -162,6 +162,7 @@ def render_card(
         "|---|---|",
         f"| architecture | {'MoH-DiT' if moh else 'DiT'}{f' (preset `{preset}`)' if preset else ''}, width "
         f"{config['hidden_size']}, depth {config['depth']}, patch {config['patch_size']} |",
+        f"| block | {transformer.block_options.describe()} |",
         f"| parameters | {params:,} |",
         f"| heads active per token | {active} of {total} ({100 * active / total:.0f}%) |",
         f"| input | {space} |",
@@ -184,7 +185,7 @@ def render_card(
             f"| data | {data.get('name', '?')}, {data.get('count', 0):,} images{fingerprint} |",
             *_class_weights_row(data.get("class_weights"), pipe.id2label),
             f"| steps | {source.get('step')} of global batch {training.get('global_batch_size')} |",
-            f"| optimizer | AdamW, lr {optim.get('lr')}, warm-up {optim.get('warmup_steps')} steps, weight decay "
+            f"| optimizer | AdamW, lr {optim.get('lr')}, betas {tuple(optim.get('betas') or (0.9, 0.999))}, warm-up {optim.get('warmup_steps')} steps, weight decay "
             f"{optim.get('weight_decay')}, gradient clipping {optim.get('grad_clip') or 'off'} |",
             f"| EMA | decay {ema.get('decay')}{' with warm-up' if ema.get('warmup') else ''}; these are the EMA weights |",
             f"| loss | {pipe.objective.describe_loss()} + {training.get('moh_loss_coeff')} x MoH load balance |",

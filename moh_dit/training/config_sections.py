@@ -52,6 +52,7 @@ class ObjectiveSection:
     time_sampling: str = "uniform"  # flow: uniform (SiT, REPA) | logit-normal (SD3) | lognormal (REPA's option)
     time_mean: float = 0.0  # flow: the normal of logit-normal and lognormal time sampling
     time_std: float = 1.0
+    cosine_loss: float = 0.0  # flow: weight of LightningDiT's velocity-direction loss (1 - cosine; its recipe: 1)
 
 
 @dataclass
@@ -195,6 +196,9 @@ class PreviewSection:
     guidance_scale: float = 4.0
     guidance_interval: list[int] | None = None  # [first, last] guided DDPM timesteps (flow: their noise levels)
     guidance_noise: list[float] | None = None  # or [low, high] guided noise levels; null (both): every step
+    guidance_channels: int | None = (
+        None  # guide only the first N channels (3: DiT's and LightningDiT's code); null: all
+    )
     grid_averaging: int | None = None  # average over shifted patch grids at timesteps <= this; null: none
     time_shift: float = 1.0  # flow samplers: shift the grid toward high noise (SD3's 3); 1: none
     num_steps: int = FAST_STEPS  # the fast protocol (moh_dit.sampling.spec.PROTOCOLS)

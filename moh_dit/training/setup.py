@@ -197,7 +197,7 @@ def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
 
 
 # model config keys moh-dit 0.3 did not have, with the value that means "not used"
-_KEYS_AFTER_0_3 = {"objective": None, "repa_depth": None, "repa_dims": None, "repa_projector_dim": 2048}
+_KEYS_AFTER_0_3 = {"objective": None, "repa_depth": None, "repa_dims": None, "repa_projector_dim": 2048, "block": None}
 # the config keys that make a run this run (with the model's architecture and the data's fingerprint)
 _IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
 _IDENTITY_TRAIN_KEYS = ("seed", "global_batch_size")
