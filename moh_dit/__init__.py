@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.4.0"  # the one version number (pyproject.toml reads it from here)
+__version__ = "0.5.0.dev0"  # the one version number (pyproject.toml reads it from here)
 
 _EXPORTS = {
     "AttentionAux": "model.attention",

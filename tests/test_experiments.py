@@ -453,3 +453,30 @@ def test_recipes_study_trains_every_arm_chooses_samplers_by_counted_nfe_and_repo
     reread = main(["--scale", "tiny", "--reference-count", "200", "--out", str(out), "--report-only"])
     assert reread == json.loads(json.dumps(result))  # as results.json holds it (intervals as lists)
     assert (out / "RESULTS.md").read_text() == text
+
+
+def test_backbone_study_reads_the_steps_to_a_target_from_a_curve():
+    from experiments.backbone import ARMS, comparisons, steps_to_reach
+
+    # KID 20 at step 1000 and 10 at 2000: 14.14 (the geometric mean) is reached half way, in log KID
+    assert steps_to_reach({1000: 20.0, 2000: 10.0}, 20 * 0.5**0.5) == pytest.approx(1500)
+    assert steps_to_reach({1000: 20.0, 2000: 16.0}, 14.0) is None  # never reached
+    assert steps_to_reach({1000: 12.0, 2000: 10.0}, 14.0) == 1000  # already at the first evaluation
+    # every ablation row is paired with the row above it, the side rows with LightningDiT's block
+    assert comparisons()[0] == ("+lognorm", "flow") and ("dit-modern", "+rope") in comparisons()
+    assert set(ARMS) == {a for pair in comparisons() for a in pair}
+
+
+@pytest.mark.slow
+@needs_data
+def test_backbone_study_trains_every_arm_scores_and_reports(tmp_path):
+    from experiments.backbone import ARMS, main
+
+    out = tmp_path / "out"
+    result = main(["--scale", "tiny", "--reference-count", "200", "--out", str(out)])
+    assert set(result["training"]) == {f"{arm}-seed{s}" for arm in ARMS for s in (0, 1)}
+    assert {(r["arm"], r["seed"]) for r in result["scores"]} == {(a, s) for a in ARMS for s in (0, 1)}
+    text = (out / "RESULTS.md").read_text()
+    assert "## Guided at NFE 25" in text and "| +qknorm | KID |" in text and (out / "kid_during_training.png").exists()
+    modern = result["training"]["+qknorm-seed0"]
+    assert len(modern["curve"]) == 2 and modern["final_loss"] > 0
