@@ -10,6 +10,7 @@ import argparse
 
 from moh_dit.cli.common import positive_int
 from moh_dit.logs import setup_logging
+from moh_dit.sampling.rules import RULES
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -24,6 +25,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="decode with this VAE (hub id or folder) instead of the model's own; it must share the model's latent space",
     )
     p.add_argument("--no-browser", action="store_true", help="do not open a browser window")
+    g = p.add_argument_group("how the page guides (default: as the model records)")
+    g.add_argument("--guide-model", default=None, metavar="PATH", help="autoguidance by this weaker model")
+    g.add_argument("--guide-step", type=positive_int, default=None, help="the guide run's checkpoint at this step")
+    g.add_argument("--guide-sigma-rel", type=float, default=None, help="the guide run's post-hoc EMA of this width")
+    g.add_argument("--guidance-rule", choices=RULES, default=None, help="cfg, apg or cfg-zero-star")
     return p
 
 
@@ -40,8 +46,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
         raise ConfigError('the demo needs gradio: pip install "moh-dit[demo]"') from None
     from moh_dit.sampling.demo import build_demo
+    from moh_dit.sampling.guides import attach_guide
     from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.training.posthoc_export import rebuild_transformer
 
     pipe = load_pipeline(args.model, args.device, vae=args.vae)
+    changes = {k: getattr(args, k) for k in ("guidance_rule",) if getattr(args, k) is not None}
+    if args.guide_model is not None:
+        changes.update(guide=args.guide_model, guide_step=args.guide_step, guide_sigma_rel=args.guide_sigma_rel)
+    pipe.set_preview_sampling(pipe.preview_sampling.replace(**changes))
+    attach_guide(pipe, pipe.preview_sampling, rebuild_transformer)  # a guide that cannot guide stops here
     page = build_demo(pipe, title=f"MoH-DiT demo: {args.model}")
     page.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False)

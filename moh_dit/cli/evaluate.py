@@ -132,12 +132,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
         from moh_dit.evaluation.model_scores import sample_and_score
         from moh_dit.sampling.generation import GenerationSettings, open_for_sampling
         from moh_dit.sampling.loading import resolve_model_source
+        from moh_dit.training.posthoc_export import rebuild_transformer
 
         source = resolve_model_source(args.model)
         sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, spec, source)
         out = ensure_writable_file(args.out or metrics_path_for(sample_npz_path(sample_dir), args.extractor), "--out")
         settings = GenerationSettings.from_args(args, spec, batch_size=args.sample_batch_size)
-        accelerator, pipe = open_for_sampling(args.model, settings, args.device, args.dtype)
+        accelerator, pipe = open_for_sampling(
+            args.model, settings, args.device, args.dtype, rebuild=rebuild_transformer
+        )
         result = sample_and_score(
             pipe, sample_dir, settings, args.reference, extractor, options, accelerator, overwrite=args.overwrite
         )

@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     _check_mode(parser, args)
     setup_logging()
     from moh_dit.files import ensure_writable_dir, ensure_writable_file
+    from moh_dit.sampling.guides import attach_guide
     from moh_dit.sampling.loading import load_pipeline, recorded_objective, recorded_sampling
     from moh_dit.sampling.options import spec_from_args
+    from moh_dit.training.posthoc_export import rebuild_transformer
 
     spec_from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
     spec = spec_from_args(args, recorded_sampling(args.model), objective=recorded_objective(args.model))
@@ -90,7 +92,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
         settings = GenerationSettings.from_args(args, spec, batch_size=args.batch_size)
         _, npz, _ = sample_to_folder(
-            args.model, args.sample_dir, settings, args.device, args.dtype, args.vae, args.overwrite
+            args.model,
+            args.sample_dir,
+            settings,
+            args.device,
+            args.dtype,
+            args.vae,
+            args.overwrite,
+            rebuild_transformer,
         )
         if npz is not None:
             print(f"wrote {args.num_samples} samples to {args.sample_dir} and {npz}")
@@ -101,6 +110,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     if args.save_images:
         ensure_writable_dir(args.save_images, "--save-images")
     pipe = load_pipeline(args.model, args.device, args.dtype, spec.scheduler, args.vae)
+    attach_guide(pipe, spec, rebuild_transformer)  # autoguidance: the guide --guide-model names, checked
     classes = args.class_labels
     if not classes and pipe.transformer.config.num_classes:
         classes = list(range(pipe.transformer.config.num_classes))

@@ -61,12 +61,18 @@ def generate(
         classes = [class_name]
     last = pipe.scheduler.config.num_train_timesteps - 1
     first, final = int(guided_from), last if guided_to is None else int(guided_to)
+    recorded = pipe.preview_sampling  # the rule, and the guide of autoguidance, the page was opened with
     spec = SamplingSpec(
         scheduler=scheduler,
         num_inference_steps=int(steps),
         guidance_scale=float(guidance),
         guidance_interval=(first, final),
         grid_averaging=None if grid_averaging is None else int(grid_averaging),
+        guidance_rule=recorded.guidance_rule,
+        rule_options=recorded.rule_options,
+        guide=recorded.guide,
+        guide_step=recorded.guide_step,
+        guide_sigma_rel=recorded.guide_sigma_rel,
     )
     start = time.time()
     with pipe.transformer.recording_head_usage() as usage:

@@ -26,6 +26,7 @@ from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.files import atomic_path
 from moh_dit.manifests import fingerprint_module
 from moh_dit.progress import Progress
+from moh_dit.sampling.guides import Rebuild, attach_guide, guide_identity
 from moh_dit.sampling.loading import load_pipeline
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.sampling.sample_sets import prepare_sample_folder, sample_npz_path
@@ -86,23 +87,28 @@ def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_si
         "vae_sha256": pipe.space.fingerprint(),
         "scheduler": dict(scheduler, name=type(pipe.scheduler).__name__),
         "num_inference_steps": spec.num_inference_steps,
-        "guidance_scale": spec.guidance_scale if conditional else 1.0,
+        "guidance_scale": spec.guidance_scale if conditional or spec.guide is not None else 1.0,
         "guidance_channels": spec.guidance_channels,
         "seed": settings.seed,
         "label_mode": settings.label_mode if conditional else None,
         "num_classes": transformer.config.num_classes,
     }
-    if conditional and spec.guidance_interval is not None:
+    if (conditional or spec.guide is not None) and spec.guidance_interval is not None:
         # only when set: folders made before intervals existed guided every step and keep their identity
         identity["guidance_interval"] = list(spec.guidance_interval)
     if spec.grid_averaging is not None:  # likewise: only when set
         identity["grid_averaging"] = spec.grid_averaging
-    if conditional and spec.guidance_noise is not None:
+    if (conditional or spec.guide is not None) and spec.guidance_noise is not None:
         identity["guidance_noise"] = spec.record()["guidance_noise"]
     if spec.time_shift != 1.0:
         identity["time_shift"] = spec.time_shift
     if transformer.config.get("objective") is not None:  # DiT's DDPM records none (the folders of moh-dit 0.3)
         identity["objective"] = dict(transformer.config.objective)
+    if spec.guidance_rule != "cfg":  # the rule and its options, only when not CFG (as the keys above)
+        identity["guidance_rule"], identity["rule_options"] = spec.guidance_rule, spec.rule
+    guide = guide_identity(pipe, spec)  # autoguidance: the guide's weights are part of what made the images
+    if guide is not None:
+        identity["guide"] = guide
     return {
         "identity": identity,
         "model": getattr(pipe, "provenance", None),
@@ -208,9 +214,11 @@ def open_for_sampling(
     device: str | None = None,
     dtype: str = "fp32",
     vae: str | None = None,
+    rebuild: Rebuild | None = None,
 ):
     """Start accelerate (all processes of an ``accelerate launch`` / ``torchrun``), log how many there are, and
-    load the model for ``settings``. Returns ``(accelerator, pipeline)``."""
+    load the model for ``settings`` (and the guide they name: ``rebuild`` makes a post-hoc EMA of one, see
+    :func:`moh_dit.sampling.guides.attach_guide`). Returns ``(accelerator, pipeline)``."""
     from accelerate import Accelerator
 
     from moh_dit.devices import resolve_device
@@ -218,7 +226,9 @@ def open_for_sampling(
     settings.validate()
     accelerator = Accelerator(cpu=resolve_device(device).type == "cpu")
     logger.info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
-    return accelerator, load_pipeline(model, accelerator.device, dtype, settings.sampling.scheduler, vae)
+    pipe = load_pipeline(model, accelerator.device, dtype, settings.sampling.scheduler, vae)
+    attach_guide(pipe, settings.sampling, rebuild)
+    return accelerator, pipe
 
 
 def sample_to_folder(
@@ -229,10 +239,11 @@ def sample_to_folder(
     dtype: str = "fp32",
     vae: str | None = None,
     overwrite: bool = False,
+    rebuild: Rebuild | None = None,
 ):
     """What ``sample.py --num-samples`` does: :func:`open_for_sampling`, then :func:`generate_samples`. Returns
     ``(accelerator, npz path on the main process, pipeline)``."""
-    accelerator, pipe = open_for_sampling(model, settings, device, dtype, vae)
+    accelerator, pipe = open_for_sampling(model, settings, device, dtype, vae, rebuild)
     return accelerator, generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite), pipe
 
 
@@ -311,5 +322,8 @@ def describe_samples(manifest: dict | None) -> str:
             guidance_interval=ident.get("guidance_interval"),
             grid_averaging=ident.get("grid_averaging"),
             guidance_noise=ident.get("guidance_noise"),
+            guidance_rule=ident.get("guidance_rule", "cfg"),
+            rule_options=ident.get("rule_options"),
         ).describe_guidance()
+        + (f", guided by weights {ident['guide']['transformer_sha256'][:12]}" if ident.get("guide") else "")
     )

@@ -22,6 +22,7 @@ from moh_dit.objectives.registry import (
     objective_name,
     resolve_protocol,
 )
+from moh_dit.sampling.rules import RULES
 from moh_dit.sampling.spec import GRID_AVERAGING_OFF, GRID_GUIDANCE, SCHEDULERS, TRAIN_TIMESTEPS, SamplingSpec
 
 __all__ = ["add_sampling_options", "add_placement_options", "spec_from_args"]
@@ -82,6 +83,38 @@ def add_sampling_options(parser: Any, guidance: float | None, protocol: str) -> 
         + " (docs/sampling.md)",
     )
     parser.add_argument(
+        "--guidance-rule",
+        choices=RULES,
+        default=None,
+        help="how the two predictions mix: cfg (u + w (c - u), the default), apg (adaptive projected guidance) or "
+        "cfg-zero-star (CFG-Zero*); docs/sampling.md#guidance-rules",
+    )
+    parser.add_argument(
+        "--rule-option",
+        type=_rule_option_arg,
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="an option of the rule, repeatable: apg: eta, momentum (none: off), norm_threshold; cfg-zero-star: "
+        "zero_init_steps (defaults in docs/sampling.md)",
+    )
+    parser.add_argument(
+        "--guide-model",
+        default=None,
+        metavar="PATH",
+        help="autoguidance: guide away from this weaker model's conditional prediction (a run, checkpoint, pipeline or "
+        "transformer folder of the same data and objective) instead of the unconditional one",
+    )
+    parser.add_argument(
+        "--guide-step", type=positive_int, default=None, help="with --guide-model RUN: its checkpoint at this step"
+    )
+    parser.add_argument(
+        "--guide-sigma-rel",
+        type=finite_float,
+        default=None,
+        help="with --guide-model RUN: an EMA of this relative width rebuilt from its post-hoc snapshots",
+    )
+    parser.add_argument(
         "--guidance-noise",
         type=_noise_level_arg,
         nargs=2,
@@ -140,6 +173,9 @@ def spec_from_args(
     if shift is None:
         shift = recorded.time_shift if recorded is not None else 1.0
     placed = interval is not None or noise is not None  # a placement given wins over the recorded one
+    rule, options = getattr(args, "guidance_rule", None), dict(getattr(args, "rule_option", None) or [])
+    guide = dict(guide=getattr(args, "guide_model", None), guide_step=getattr(args, "guide_step", None))
+    guide["guide_sigma_rel"] = getattr(args, "guide_sigma_rel", None)
     if args.cfg_scale is not None:
         scale, why = args.cfg_scale, "--cfg-scale"
     elif recorded is not None:
@@ -148,6 +184,12 @@ def spec_from_args(
             interval, noise = recorded.guidance_interval, recorded.guidance_noise
         averaging = recorded.grid_averaging if averaging is None else averaging
         channels = recorded.guidance_channels if channels is None else channels
+        if rule is None:
+            rule, options = recorded.guidance_rule, recorded.rule | options
+        if guide["guide"] is None:
+            guide = dict(
+                guide=recorded.guide, guide_step=recorded.guide_step, guide_sigma_rel=recorded.guide_sigma_rel
+            )
     else:
         scale, why = GRID_GUIDANCE, "no recorded guidance: the package's grid default"
     spec = SamplingSpec(
@@ -159,10 +201,26 @@ def spec_from_args(
         grid_averaging=None if averaging == GRID_AVERAGING_OFF else averaging,
         guidance_noise=noise,
         time_shift=shift,
+        guidance_rule=rule or "cfg",
+        rule_options=options,
+        **guide,
     )
     if log:
         logger.info("%s (%s)", spec.describe(), why)
     return spec
+
+
+def _rule_option_arg(text: str) -> tuple[str, float | None]:
+    """An argparse type: ``KEY=VALUE`` with a number (or ``none``) as the value."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. eta=0), got {text!r}")
+    if value.strip().lower() == "none":
+        return key.strip(), None
+    try:
+        return key.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the value of {key} must be a number or none, got {value!r}") from None
 
 
 def _noise_level_arg(text: str) -> float:

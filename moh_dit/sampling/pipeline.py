@@ -39,7 +39,7 @@ from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.base import Objective
 from moh_dit.objectives.registry import resolve_protocol
-from moh_dit.sampling.guidance import guided_output
+from moh_dit.sampling.guidance import GuidanceRule, guided_output, make_rule
 from moh_dit.sampling.labels import resolve_class_labels
 from moh_dit.sampling.schedulers import scheduler_objective
 from moh_dit.sampling.spec import GRID_GUIDANCE, TRAIN_TIMESTEPS, SamplingSpec
@@ -173,10 +173,15 @@ class MoHDiTPipeline(DiffusionPipeline):
         guidance_scale: float,
         guidance_channels: int | None = None,
         grid_average: bool = False,
+        guide: MoHDiT | None = None,
+        rule: GuidanceRule | None = None,
+        step: int = 0,
     ) -> torch.Tensor:
         """Model output for ``latents`` at time input ``t``, guided towards ``labels`` (see
         :func:`moh_dit.sampling.guidance.guided_output`)."""
-        return guided_output(self.transformer, latents, t, labels, guidance_scale, guidance_channels, grid_average)
+        return guided_output(
+            self.transformer, latents, t, labels, guidance_scale, guidance_channels, grid_average, guide, rule, step
+        )
 
     # ------------------------------------------------------------------------------------------------
     # Sampling
@@ -286,10 +291,26 @@ class MoHDiTPipeline(DiffusionPipeline):
                 f"between 1 and {transformer.in_channels}, or none for all"
             )
         conditional = transformer.config.num_classes > 0
-        if conditional and sampling.guidance_scale != 1.0 and transformer.null_class_id is None:
+        cfg = sampling.guide is None and sampling.guidance_scale != 1.0
+        if conditional and cfg and transformer.null_class_id is None:
             raise ConfigError(
-                "this model was trained without label dropout: it has no null class, use guidance_scale=1"
+                "this model was trained without label dropout: it has no null class, use guidance_scale=1 (or a guide "
+                "model: autoguidance needs none)"
             )
+        self.attached_guide(sampling)
+
+    def attached_guide(self, sampling: SamplingSpec) -> MoHDiT | None:
+        """The guide model ``sampling`` names, as attached by ``moh_dit.sampling.guides.attach_guide`` (``None`` for
+        classifier-free guidance); a guide that is not attached, or another one, is a :class:`ConfigError`."""
+        if sampling.guide is None:
+            return None
+        attached = getattr(self, "guide", None)
+        if attached is None or attached.record != sampling.guide_record():
+            raise ConfigError(
+                f"the guide {sampling.guide} is not attached to this pipeline: moh_dit.sampling.guides.attach_guide("
+                f"pipe, sampling) loads and checks it"
+            )
+        return attached.model
 
     def _check_scheduler(self, objective: Objective) -> None:
         """The pipeline's scheduler must sample the transformer's objective: a sampler of another objective (a
@@ -336,6 +357,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         step_kwargs = (
             {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
         )
+        guide, rule = self.attached_guide(sampling), make_rule(sampling.guidance_rule, sampling.rule)  # fresh state
         for index, t in enumerate(self.progress_bar(steps) if progress else steps):
             model_in = (
                 self.scheduler.scale_model_input(latents, t)
@@ -346,7 +368,9 @@ class MoHDiTPipeline(DiffusionPipeline):
             # by hand: diffusers' class-conditional DiTPipeline guides every step and has no interval option
             scale = sampling.guidance_scale if sampling.guided_at(level.sigma, level.timestep) else 1.0
             average = sampling.averaged_at(level.sigma, level.timestep)
-            out = self.guided_model_output(model_in, time, labels, scale, sampling.guidance_channels, average)
+            out = self.guided_model_output(
+                model_in, time, labels, scale, sampling.guidance_channels, average, guide, rule, index
+            )
             out = objective.scheduler_input(out, self.scheduler, transformer.in_channels)
             latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
         return latents

@@ -24,6 +24,7 @@ from moh_dit.objectives.registry import (
     OBJECTIVES,
     resolve_protocol,
 )
+from moh_dit.sampling.rules import check_rule_options, describe_rule
 
 __all__ = [
     "SamplingSpec",
@@ -89,6 +90,11 @@ CONFIG_KEYS = {
     "guidance_channels": "guidance_channels",
     "grid_averaging": "grid_averaging",
     "time_shift": "time_shift",
+    "guidance_rule": "guidance_rule",
+    "rule_options": "rule_options",
+    "guide": "guide",
+    "guide_step": "guide_step",
+    "guide_sigma_rel": "guide_sigma_rel",
 }
 # Where moh-dit 0.2 kept them: in the ``log`` section, as ``log.sample_<...>`` (run folders of 0.2 still load).
 LEGACY_CONFIG_KEYS = {
@@ -101,6 +107,11 @@ LEGACY_CONFIG_KEYS = {
 
 # ``--grid-averaging off``: no averaging even where the model records some (a command-line value only)
 GRID_AVERAGING_OFF = "off"
+
+
+# the widest relative EMA a power function has (moh_dit.training.posthoc_ema.MAX_SIGMA_REL, sqrt(1/12); not imported:
+# the spec stays below the training layer)
+MAX_SIGMA_REL = math.sqrt(1 / 12)
 
 
 def _is_int(value: Any) -> bool:
@@ -128,7 +139,12 @@ class SamplingSpec:
     - ``grid_averaging``: at the steps with DDPM timestep <= this (a flow model: at the same noise levels), average
       the prediction over the patch grid's shifts (fainter patch seams); ``None``: nowhere;
     - ``time_shift``: flow samplers' grid ``s -> shift s / (1 + (shift - 1) s)`` (SD3's; > 1 spends more steps at
-      high noise); 1 (none) for DDPM models.
+      high noise); 1 (none) for DDPM models;
+    - ``guidance_rule`` and ``rule_options``: how the two predictions mix (:data:`moh_dit.sampling.rules.RULES`:
+      ``cfg``, ``apg``, ``cfg-zero-star``; the options a mapping of the rule's, its defaults filled in);
+    - ``guide``, ``guide_step``, ``guide_sigma_rel``: autoguidance: the weaker model guided away from (a run, a
+      checkpoint, pipeline or transformer folder; the run's checkpoint at ``guide_step``; an EMA of that relative
+      width rebuilt from its post-hoc snapshots) instead of the unconditional prediction; ``None``: classifier-free.
     """
 
     scheduler: str | None = FAST_SCHEDULER
@@ -139,6 +155,11 @@ class SamplingSpec:
     grid_averaging: int | None = None
     guidance_noise: tuple[float, float] | None = None
     time_shift: float = 1.0
+    guidance_rule: str = "cfg"
+    rule_options: Any = None  # kept as a sorted tuple of (option, value) pairs: the spec stays hashable
+    guide: str | None = None
+    guide_step: int | None = None
+    guide_sigma_rel: float | None = None
 
     def __post_init__(self) -> None:
         T = TRAIN_TIMESTEPS
@@ -185,6 +206,40 @@ class SamplingSpec:
         if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not (math.isfinite(shift) and shift > 0):
             raise ConfigError(f"time_shift must be a finite number > 0 (1: none; SD3 uses 3), got {shift!r}")
         object.__setattr__(self, "time_shift", float(shift))
+        options = self.rule_options
+        options = dict(options) if isinstance(options, (Mapping, tuple, list)) else options
+        if options is not None and not isinstance(options, dict):
+            raise ConfigError(f"rule_options must be a mapping of the rule's options, got {self.rule_options!r}")
+        object.__setattr__(
+            self, "rule_options", tuple(sorted(check_rule_options(self.guidance_rule, options).items()))
+        )
+        self._check_guide()
+
+    def _check_guide(self) -> None:
+        guide, step, width = self.guide, self.guide_step, self.guide_sigma_rel
+        if guide is not None and (not isinstance(guide, str) or not guide):
+            raise ConfigError(f"guide must be the path of a run, checkpoint or model folder, got {guide!r}")
+        if guide is None and (step is not None or width is not None):
+            raise ConfigError("guide_step and guide_sigma_rel choose the guide's weights: give guide too")
+        if step is not None and (not _is_int(step) or step < 1):
+            raise ConfigError(f"guide_step must be a training step >= 1, got {step!r}")
+        if width is not None:
+            if isinstance(width, bool) or not isinstance(width, (int, float)) or not 0 < width < MAX_SIGMA_REL:
+                raise ConfigError(
+                    f"guide_sigma_rel must be a relative EMA width in (0, {MAX_SIGMA_REL:.4f}), got {width!r}"
+                )
+            object.__setattr__(self, "guide_sigma_rel", float(width))
+
+    @property
+    def rule(self) -> dict[str, float]:
+        """The rule's options (its defaults filled in)."""
+        return dict(self.rule_options)
+
+    def guide_record(self) -> dict[str, Any] | None:
+        """The guide as records store it: ``{"model", "step", "sigma_rel"}`` (``None``: classifier-free)."""
+        if self.guide is None:
+            return None
+        return {"model": self.guide, "step": self.guide_step, "sigma_rel": self.guide_sigma_rel}
 
     # ------------------------------------------------------------------------------------------------
     # Named protocols, changes
@@ -247,9 +302,17 @@ class SamplingSpec:
         return where
 
     def describe_guidance(self) -> str:
-        """``guidance 4 at timesteps 100-500`` (and where grids are averaged), for logs, pages and cards."""
+        """``guidance 4 at timesteps 100-500`` (and where grids are averaged; the rule, and the guide of
+        autoguidance, when they are not classifier-free guidance's), for logs, pages and cards."""
         channels = f" on the first {self.guidance_channels} channels" if self.guidance_channels else ""
-        return f"guidance {self.guidance_scale:g}{channels} {self.placement()}"
+        rule = describe_rule(self.guidance_rule, self.rule)
+        kind = "autoguidance" if self.guide is not None else "guidance"
+        by = ""
+        if self.guide is not None:
+            which = [f"step {self.guide_step}"] if self.guide_step is not None else []
+            which += [f"EMA sigma_rel {self.guide_sigma_rel:g}"] if self.guide_sigma_rel is not None else []
+            by = f" by {self.guide}" + (f" ({', '.join(which)})" if which else "")
+        return f"{f'{rule} ' if rule else ''}{kind} {self.guidance_scale:g}{by}{channels} {self.placement()}"
 
     def describe(self) -> str:
         """Everything in words: ``dpm-solver, 25 steps, guidance 4 at timesteps 100-500``."""
@@ -264,7 +327,10 @@ class SamplingSpec:
         tag = "-t{}-{}".format(*self.guidance_interval) if self.guidance_interval else ""
         tag += "-n{:g}-{:g}".format(*self.guidance_noise) if self.guidance_noise else ""
         tag += f"-avg{self.grid_averaging}" if self.grid_averaging is not None else ""
-        return tag + (f"-shift{self.time_shift:g}" if self.time_shift != 1.0 else "")
+        tag += f"-shift{self.time_shift:g}" if self.time_shift != 1.0 else ""
+        if self.guidance_rule != "cfg":  # the rule and a digest of its options
+            tag += f"-{self.guidance_rule}-{_digest(self.rule_options)}"
+        return tag + (f"-guide-{_digest(self.guide_record())}" if self.guide is not None else "")
 
     def record(self) -> dict[str, Any]:
         """The spec as manifests store it (a pipeline's ``sampling``). ``guidance_channels``, ``guidance_noise`` and
@@ -283,6 +349,10 @@ class SamplingSpec:
             record["guidance_noise"] = [low, None if math.isinf(high) else high]  # JSON has no infinity
         if self.time_shift != 1.0:
             record["time_shift"] = self.time_shift
+        if self.guidance_rule != "cfg":
+            record["guidance_rule"], record["rule_options"] = self.guidance_rule, self.rule
+        if self.guide is not None:
+            record["guide"] = self.guide_record()
         return record
 
     @classmethod
@@ -292,8 +362,14 @@ class SamplingSpec:
         if not record:
             return None
         try:
-            return cls(**record)
-        except (TypeError, ConfigError) as err:
+            guide = record.get("guide") or {}
+            fields = {k: v for k, v in record.items() if k != "guide"}
+            if guide:
+                fields.update(
+                    guide=guide["model"], guide_step=guide.get("step"), guide_sigma_rel=guide.get("sigma_rel")
+                )
+            return cls(**fields)
+        except (TypeError, KeyError, ConfigError) as err:
             raise ArtifactError(f"the model's recorded sampling {record!r} is not valid ({err})") from None
 
     @classmethod
@@ -326,3 +402,11 @@ def _noise_range(value: Any) -> tuple[float, float] | None:
             f"high may be inf), e.g. [0.3, 5.4]; got {value!r}"
         )
     return None if values == [0, math.inf] else (float(values[0]), float(values[1]))
+
+
+def _digest(value: Any) -> str:
+    """Eight hex digits of a value's JSON: a short, stable name part for settings that do not fit in a name."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:8]

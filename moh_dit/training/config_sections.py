@@ -144,6 +144,11 @@ class EvalSamplingSection:
     grid_averaging: int | None = None
     guidance_noise: list[float] | None = None  # [low, high] noise levels guided instead of guidance_interval
     time_shift: float = 1.0  # flow samplers' grid shift (1: none)
+    guidance_rule: str = "cfg"  # cfg | apg | cfg-zero-star (docs/sampling.md#guidance-rules)
+    rule_options: dict[str, Any] = field(default_factory=dict)  # the rule's options, e.g. {eta: 0.0}
+    guide: str | None = None  # autoguidance: a weaker model's run, checkpoint or pipeline folder
+    guide_step: int | None = None  # the guide run's checkpoint at this step
+    guide_sigma_rel: float | None = None  # an EMA of this width rebuilt from the guide run's post-hoc snapshots
 
     def sampling(self) -> SamplingSpec:
         """The spec, checked; the error of a bad value names its key."""
@@ -205,6 +210,11 @@ class PreviewSection:
     # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.spec.SCHEDULERS); null: the fast protocol's sampler where the
     # model's objective and path offer it (DPM-Solver++; Euler on a flow model's GVP path)
     scheduler: str | None = None
+    guidance_rule: str = "cfg"  # cfg | apg | cfg-zero-star (docs/sampling.md#guidance-rules)
+    rule_options: dict[str, Any] = field(default_factory=dict)  # the rule's options, e.g. {eta: 0.0}
+    guide: str | None = None  # autoguidance: a weaker model's run, checkpoint or pipeline folder
+    guide_step: int | None = None  # the guide run's checkpoint at this step
+    guide_sigma_rel: float | None = None  # an EMA of this width rebuilt from the guide run's post-hoc snapshots
 
     def sampling(self) -> SamplingSpec:
         """How the grids are drawn, checked; the error of a bad value names its key."""

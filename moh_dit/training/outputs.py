@@ -15,11 +15,13 @@ from moh_dit.manifests import read_manifest
 from moh_dit.model.network import MoHDiT
 from moh_dit.progress import Progress
 from moh_dit.sampling.card import push_folder
+from moh_dit.sampling.guides import attach_guide
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.training.checkpoints import save_checkpoint
 from moh_dit.training.config import config_to_dict
 from moh_dit.training.objective import run_sampling
+from moh_dit.training.posthoc_export import rebuild_transformer
 from moh_dit.training.quality import EVALUATION, curve_points, read_records
 from moh_dit.training.setup import learning_rate, non_finite_error
 from moh_dit.training.throughput import peak_memory_gb
@@ -117,7 +119,9 @@ class RunOutputs:
             if reuse and (self.layout.samples / f"{tag}.png").is_file() and self.exported_at() == self.step:
                 return self.layout.samples / f"{tag}.png"
             preview, spec = self.config.preview, self.preview_sampling()
-            path = self.ema_pipeline(spec.scheduler).save_grid(
+            pipe = self.ema_pipeline(spec.scheduler)
+            attach_guide(pipe, spec, rebuild_transformer)  # previews by autoguidance (preview.guide)
+            path = pipe.save_grid(
                 self.layout.samples / f"{tag}.png", preview.per_class, seed, spec, preview.max_classes
             )
             self.metrics.log_image("samples", path, self.step)

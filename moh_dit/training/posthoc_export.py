@@ -87,6 +87,12 @@ def rebuild_pipeline(run: str | os.PathLike, sigma_rel: float, step: int | None 
     return pipe.to(device)
 
 
+def rebuild_transformer(run: str | os.PathLike, sigma_rel: float, step: int | None = None):
+    """The run's transformer with the EMA of ``sigma_rel`` rebuilt at ``step`` (the newest snapshot by default): what
+    a guide of autoguidance with ``guide_sigma_rel`` is (``moh_dit.sampling.guides.attach_guide``'s ``rebuild``)."""
+    return rebuild_pipeline(run, sigma_rel, step).transformer
+
+
 def export_posthoc(
     run: str | os.PathLike,
     sigma_rel: float,
@@ -144,7 +150,14 @@ def sweep(
             spec = settings.sampling.replace(guidance_scale=scale)
             folder = out / "samples" / f"{label}-cfg{scale:g}{spec.tag()}"
             result = sample_and_score(
-                pipe, folder, replace(settings, sampling=spec), reference, extractor, options, overwrite=True
+                pipe,
+                folder,
+                replace(settings, sampling=spec),
+                reference,
+                extractor,
+                options,
+                overwrite=True,
+                rebuild=rebuild_transformer,
             )
             metrics = result["metrics"]
             rows.append(

@@ -140,6 +140,7 @@ class QualityCurve:
         """Sample and score ``pipe`` (the EMA weights at ``step``) on every process. Returns the record on the
         main process (written to ``eval/step-N.metrics.json``), ``None`` elsewhere."""
         from moh_dit.evaluation.model_scores import sample_and_score
+        from moh_dit.training.posthoc_export import rebuild_transformer
 
         start, folder = time.time(), self.sample_dir(step)
         failure = None
@@ -155,7 +156,15 @@ class QualityCurve:
         # the folder is the trainer's own: samples of other weights there (a run rewound by an elastic resume)
         # are replaced, samples of these weights (an evaluation a crash cut short) are completed
         result = sample_and_score(
-            pipe, folder, self.settings, self.reference, self.extractor, self.options, self.accelerator, overwrite=True
+            pipe,
+            folder,
+            self.settings,
+            self.reference,
+            self.extractor,
+            self.options,
+            self.accelerator,
+            overwrite=True,
+            rebuild=rebuild_transformer,  # a guide of log.eval_sampling.guide_sigma_rel
         )
         self.done.add(step)
         if result is None:

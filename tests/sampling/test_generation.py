@@ -158,6 +158,31 @@ def test_a_sample_set_whose_settings_the_model_cannot_sample_is_redrawn_by_the_c
     assert len(list(folder.glob("*.png"))) == 4 and sample_npz_path(folder).is_file()
 
 
+def test_sample_py_draws_an_autoguided_grid_and_guided_by_itself_the_unguided_one(run_dir, tmp_path, caplog):
+    from PIL import Image
+
+    from moh_dit.errors import ConfigError
+
+    from ..helpers.factories import run_in_process
+
+    def grid(name, *extra):
+        args = [run_dir, "--num-steps", "3", "--per-class", "2", "--out", tmp_path / f"{name}.png", *extra]
+        return run_in_process("sample", [*args, "--save-images", tmp_path / name], caplog)
+
+    logged = grid("guided", "--cfg-scale", "3", "--guide-model", run_dir / "checkpoints" / "step-00000002")
+    assert "autoguidance 3 by" in logged and (tmp_path / "guided.png").is_file()
+    grid("self", "--cfg-scale", "3", "--guide-model", run_dir, "--guide-step", "4")  # the newest weights: itself
+    grid("plain", "--cfg-scale", "1")
+    pixels = {
+        n: [np.asarray(Image.open(p)) for p in sorted((tmp_path / n).glob("*.png"))]
+        for n in ("self", "plain", "guided")
+    }
+    assert all(np.array_equal(a, b) for a, b in zip(pixels["self"], pixels["plain"])) and len(pixels["self"]) == 4
+    assert not all(np.array_equal(a, b) for a, b in zip(pixels["guided"], pixels["plain"]))
+    with pytest.raises(ConfigError, match="has no checkpoint at step 3"):
+        grid("bad", "--guide-model", run_dir, "--guide-step", "3")
+
+
 def test_a_sample_sets_identity_names_the_sampler_that_draws_it(run_dir, tmp_path):
     # the sampler a spec names is swapped in before the manifest is written: a pipeline that has not sampled yet
     # records it too (it once recorded its own DDPM, and only the calls after its first sampled set were right)

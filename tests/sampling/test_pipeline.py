@@ -276,9 +276,9 @@ def spy_on_steps(pipe: MoHDiTPipeline) -> list[tuple[int, float, bool]]:
     returned list."""
     seen, inner = [], pipe.guided_model_output
 
-    def spy(x, t, labels, scale, channels=None, average=False):
+    def spy(x, t, labels, scale, channels=None, average=False, *rest):
         seen.append((int(t), scale, average))
-        return inner(x, t, labels, scale, channels, average)
+        return inner(x, t, labels, scale, channels, average, *rest)
 
     pipe.guided_model_output = spy
     return seen
