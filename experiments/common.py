@@ -23,9 +23,11 @@ from moh_dit.evaluation.reference import NAMED_REFERENCES
 from moh_dit.evaluation.scoring import ScoringOptions
 from moh_dit.evaluation.statistics import reference_statistics
 from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.guides import attach_guide
 from moh_dit.sampling.loading import load_pipeline
 from moh_dit.sampling.sample_sets import read_npz_manifest
 from moh_dit.sampling.spec import SamplingSpec
+from moh_dit.training.posthoc_export import rebuild_transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 # the package's named reference fashion-mnist-test: the test images, gray repeated to RGB (uint8 NHWC)
@@ -143,14 +145,19 @@ def sample_and_score(
     reference: Path,
     extractor,
     bootstrap: int = 20,
+    pipe=None,
 ) -> dict:
     """Generate ``settings.num_samples`` images of ``model`` into ``folder`` (resumable; reused when done)
     with ``scheduler``, and score them: KID, FID (90% bootstrap intervals), precision, recall, and the
     sampling time per image (measured when the images are generated; kept beside them), and the patch-seam
-    excess overall and per class (:func:`seam_excess`)."""
+    excess overall and per class (:func:`seam_excess`). ``pipe``: the model already loaded (a rebuilt post-hoc
+    EMA); a guide the settings name is attached (a post-hoc EMA of it rebuilt from its run's snapshots)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     timing = folder.with_name(folder.name + ".timing.json")
-    pipe = load_pipeline(model, device=device, scheduler=scheduler)
+    pipe = pipe if pipe is not None else load_pipeline(model, device=device, scheduler=scheduler)
+    if scheduler is not None:
+        pipe.with_scheduler(scheduler)
+    attach_guide(pipe, settings.sampling, rebuild_transformer)
     # the package's scoring (moh-dit evaluate --model's): also for a finished folder, whose manifest must name this
     # model and these settings (a retrained model or another sampler is refused, never scored as this one)
     options = ScoringOptions(batch_size=500, bootstrap=bootstrap, return_features=True)

@@ -480,3 +480,21 @@ def test_backbone_study_trains_every_arm_scores_and_reports(tmp_path):
     assert "## Guided at NFE 25" in text and "| +qknorm | KID |" in text and (out / "kid_during_training.png").exists()
     modern = result["training"]["+qknorm-seed0"]
     assert len(modern["curve"]) == 2 and modern["final_loss"] > 0
+
+
+@pytest.mark.slow
+@needs_data
+def test_guidance_study_trains_sweeps_every_method_and_reports(tmp_path):
+    from experiments.guidance import METHODS, main
+
+    out = tmp_path / "out"
+    result = main(["--scale", "tiny", "--quarter", "2", "--reference-count", "200", "--out", str(out)])
+    assert {(r["objective"], r["method"]) for r in result["sweep"]} == {
+        (o, m) for o in ("ddpm", "flow") for m in METHODS
+    }
+    assert {(r["method"], r["seed"]) for r in result["seeds"] if r["objective"] == "flow"} == {
+        (m, s) for m in METHODS for s in (0, 1)
+    }
+    assert len(result["ema"]) == 2 * (1 + 3)  # two main widths: CFG, and three guide widths
+    text = (out / "RESULTS.md").read_text()
+    assert "## ddpm: each method at its best scale" in text and "| ag-small |" in text

@@ -340,14 +340,23 @@ def test_a_run_loads_its_newest_weights_and_says_which(run_dir, tmp_path, caplog
 
 
 def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir, tmp_path):
-    # sample.py's default (the fast protocol's solver) against the same solver in this process
+    # sample.py's default (the fast protocol's solver) against the same solver in this process, autoguided by the
+    # run's step-2 checkpoint: each process loads the guide, and the images are the one process's
+    from moh_dit.sampling.guides import attach_guide
+
+    guide = run_dir / "checkpoints" / "step-00000002"
     pipe = load_pipeline(run_dir, device="cpu", scheduler=PROTOCOLS["fast"][0])
-    single = np.load(generate_samples(pipe, tmp_path / "one", settings(num_samples=7)))
+    guided = settings(num_samples=7)
+    guided.sampling = guided.sampling.replace(guide=str(guide))
+    attach_guide(pipe, guided.sampling)
+    single = np.load(generate_samples(pipe, tmp_path / "one", guided))
     args = ["--num-samples", "7", "--seed", "3", "--batch-size", "4", "--cfg-scale", "2.0", "--num-steps", "4"]
+    args += ["--guide-model", str(guide)]
     result = run_command(torchrun(ROOT / "sample.py", run_dir, "--sample-dir", tmp_path / "two", *args))
     assert "2 process(es)" in result.stderr
     two = np.load(tmp_path / "two.npz")
     assert np.array_equal(single["arr_0"], two["arr_0"]) and single["arr_1"].tolist() == two["arr_1"].tolist()
+    assert json.loads(str(two["moh_dit_manifest"]))["identity"]["guide"]["transformer_sha256"]
 
 
 # ----------------------------------------------------------------------------------------------------
