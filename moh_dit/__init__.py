@@ -26,6 +26,7 @@ _EXPORTS = {
     # the flow schedulers diffusers lacks: a saved pipeline names them as ("moh_dit", class) and loads them from here
     "FlowHeunScheduler": "objectives.flow_schedulers",
     "FlowSDEScheduler": "objectives.flow_schedulers",
+    "MeanFlowScheduler": "objectives.flow_schedulers",
     "load_pipeline": "sampling.loading",
     "MohDitError": "errors",
 }

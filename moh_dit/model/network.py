@@ -11,7 +11,7 @@ Shapes: N batch, C channels, H x W image (or latent), p patch size, T = H*W/p**2
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +24,7 @@ from moh_dit.model.alignment import AlignmentProjector
 from moh_dit.model.attention import MoHAttention
 from moh_dit.model.block import BlockOptions, DiTBlock, FinalLayer
 from moh_dit.model.embeddings import LabelEmbedder, PatchEmbedder, TimestepEmbedder, sincos_pos_embed_2d
+from moh_dit.model.head_usage import recording_head_usage
 
 __all__ = ["MoHDiT", "MoHDiTOutput", "DiTBlock", "FinalLayer"]  # the blocks live in model/block.py
 
@@ -97,6 +98,8 @@ class MoHDiT(ModelMixin, ConfigMixin):
         repa_projector_dim: the projectors' hidden width (REPA's 2048).
         block: the block's options (:class:`~moh_dit.model.block.BlockOptions`: norm, MLP, QK-norm, 2-D RoPE), as
             its ``record()``; ``None`` is DiT's block, as every model of moh-dit 0.4 and earlier.
+        time_inputs: how many times the network is conditioned on: 1 (a diffusion or flow time), or 2 (MeanFlow:
+            the time and the interval ``t - r`` it averages over, each through its own timestep embedding, added).
     """
 
     _supports_gradient_checkpointing = True
@@ -127,6 +130,7 @@ class MoHDiT(ModelMixin, ConfigMixin):
         repa_dims: list[int] | None = None,
         repa_projector_dim: int = 2048,
         block: dict | None = None,
+        time_inputs: int = 1,
     ) -> None:
         super().__init__()
         options = BlockOptions.from_config(block)
@@ -164,6 +168,8 @@ class MoHDiT(ModelMixin, ConfigMixin):
         self.num_tokens = grid * grid
 
         self.x_embedder = PatchEmbedder(patch_size, in_channels, hidden_size)
+        if time_inputs not in (1, 2):
+            raise ValueError(f"time_inputs must be 1 or 2 (MeanFlow's time and interval), got {time_inputs}")
         self.t_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob) if num_classes > 0 else None
         # A frozen parameter (not a buffer) as in DiT, so it is saved and counted like the reference.
@@ -196,6 +202,9 @@ class MoHDiT(ModelMixin, ConfigMixin):
             )
         self.blocks = nn.ModuleList(blocks)
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps, options=options)
+        # MeanFlow's second time input (the interval t - r) has its own embedding; created after the blocks, so that
+        # the others' initialisation draws the numbers it always drew
+        self.h_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift) if time_inputs == 2 else None
         # 2-D RoPE's tables (persistent buffers, as LightningDiT keeps them), kept beside the sin-cos table
         self.feat_rope = options.rotary([b.attn.head_dim for b in blocks], grid)
         self.projectors = (  # REPA's alignment heads: only in models that train with it (created last: the others'
@@ -239,6 +248,9 @@ class MoHDiT(ModelMixin, ConfigMixin):
         nn.init.zeros_(self.final_layer.adaLN_modulation[-1].bias)
         nn.init.zeros_(self.final_layer.linear.weight)
         nn.init.zeros_(self.final_layer.linear.bias)
+        if self.h_embedder is not None:  # as the time embedding (MeanFlow's JAX DiT initialises both alike)
+            nn.init.normal_(self.h_embedder.mlp[0].weight, std=0.02)
+            nn.init.normal_(self.h_embedder.mlp[2].weight, std=0.02)
 
     # ------------------------------------------------------------------------------------------------
     # Introspection
@@ -274,33 +286,10 @@ class MoHDiT(ModelMixin, ConfigMixin):
             return None
         return self.config.num_classes
 
-    @contextlib.contextmanager
-    def recording_head_usage(self) -> Iterator[list[torch.Tensor]]:
-        """Within the context, every forward pass adds up which heads its tokens used. Yields one tensor per
-        layer, (heads,) shares of tokens that used each head (shared heads: 1), updated as passes run."""
-        counts = [torch.zeros(a.num_heads, dtype=torch.float64) for a in self.attention_layers]
-        tokens = [0] * len(counts)
-        usage = [c.clone() for c in counts]
-
-        def hook(layer: int, attn: MoHAttention):
-            def record(module, args, output) -> None:
-                x = args[0]
-                used = torch.ones(*x.shape[:2], attn.num_heads, dtype=torch.float64, device=x.device)
-                mask = attn.compute_gates(x)[2]  # the same routing as the forward pass (cheap: one router matmul)
-                if mask is not None:
-                    used[..., attn.num_shared_heads :] = mask.double()
-                counts[layer] += used.sum(dim=(0, 1)).cpu()
-                tokens[layer] += x.shape[0] * x.shape[1]
-                usage[layer].copy_(counts[layer] / tokens[layer])
-
-            return record
-
-        handles = [a.register_forward_hook(hook(i, a)) for i, a in enumerate(self.attention_layers)]
-        try:
-            yield usage
-        finally:
-            for handle in handles:
-                handle.remove()
+    def recording_head_usage(self) -> contextlib.AbstractContextManager[list[torch.Tensor]]:
+        """Within the context, every forward pass adds up which heads its tokens used (see
+        :func:`moh_dit.model.head_usage.recording_head_usage`)."""
+        return recording_head_usage(self.attention_layers)
 
     def with_num_classes(self, num_classes: int, mode: str = "resize", seed: int = 0) -> tuple[MoHDiT, dict]:
         """A copy of this model for ``num_classes`` classes (0: unconditional), for fine-tuning on data with
@@ -374,7 +363,8 @@ class MoHDiT(ModelMixin, ConfigMixin):
 
         Args:
             x: (N, C, H, W) noisy input.
-            t: (N,) diffusion timesteps (or a scalar for the whole batch).
+            t: (N,) diffusion timesteps (or a scalar for the whole batch); a model of two time inputs takes a pair
+                ``(t, h)`` (MeanFlow: the time and the interval averaged over).
             y: (N,) integer class labels; index ``num_classes`` is the null class. ``None`` when
                 ``num_classes == 0``.
             force_drop_ids: (N,) 1 where the label must be replaced by the null class.
@@ -386,12 +376,16 @@ class MoHDiT(ModelMixin, ConfigMixin):
             size = self.config.sample_size
             raise ValueError(f"x must have shape (N, {self.in_channels}, {size}, {size}), got {tuple(x.shape)}")
         self._check_labels(y, n)
-        t = torch.as_tensor(t, device=x.device)
-        if t.ndim == 0:
-            t = t.expand(n)
+        times = t if isinstance(t, (tuple, list)) else (t,)
+        if len(times) != self.config.get("time_inputs", 1):
+            raise ValueError(f"this model takes {self.config.get('time_inputs', 1)} time input(s), got {len(times)}")
+        times = [torch.as_tensor(s, device=x.device) for s in times]
+        times = [s.expand(n) if s.ndim == 0 else s for s in times]
 
         h = self.x_embedder(x) + self.pos_embed.to(x.dtype)  # (N, T, D)
-        c = self.t_embedder(t)  # (N, D)
+        c = self.t_embedder(times[0])  # (N, D)
+        if self.h_embedder is not None:
+            c = c + self.h_embedder(times[1])
         if self.y_embedder is not None:
             c = c + self.y_embedder(y, self.training, force_drop_ids)
 

@@ -193,10 +193,10 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
 # The keys a data set fills in: a preset trained on other data is still that preset.
 DATA_KEYS = ("sample_size", "in_channels", "num_classes")
 # The keys the training objective fills in (a flow model has no variance head), REPA's training-only alignment
-# heads and the block's options: a preset trained with another objective, with REPA or with LightningDiT's block is
-# still that preset's size and head table (DiT-XL/2 trained by flow matching is SiT-XL/2's architecture); cards
-# and logs name the block beside the preset.
-OBJECTIVE_KEYS = ("learn_sigma", "objective", "repa_depth", "repa_dims", "repa_projector_dim", "block")
+# heads, the block's options and MeanFlow's second time input: a preset trained with another objective, with REPA or
+# with LightningDiT's block is still that preset's size and head table (DiT-XL/2 trained by flow matching is
+# SiT-XL/2's architecture); cards and logs name the block beside the preset.
+OBJECTIVE_KEYS = ("learn_sigma", "objective", "repa_depth", "repa_dims", "repa_projector_dim", "block", "time_inputs")
 
 
 def architecture(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,8 @@ bare transformer folder says how it is sampled.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -22,11 +24,12 @@ __all__ = ["Objective", "Noised", "Losses", "NoiseLevel"]
 
 @dataclass
 class Noised:
-    """One noised micro-batch: the network's input ``x_t`` and its time input ``time``; ``terms`` hold what the
-    loss needs (the clean input, the noise, the draw of time), by the objective's own names."""
+    """One noised micro-batch: the network's input ``x_t`` and its time input ``time`` (a tuple for a network of two
+    time inputs: MeanFlow's); ``terms`` hold what the loss needs (the clean input, the noise, the draw of time), by
+    the objective's own names."""
 
     x_t: torch.Tensor
-    time: torch.Tensor
+    time: torch.Tensor | tuple[torch.Tensor, ...]
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -34,12 +37,20 @@ class Noised:
 class Losses:
     """Per-sample loss terms, each of shape (N,): ``loss`` is what is minimised; ``mse`` the objective's squared
     error (noise or velocity); ``vb`` DDPM's variational-bound term where the model learns its variance; ``cos`` the
-    velocity-direction term (LightningDiT's) where a flow model trains with it."""
+    velocity-direction term (LightningDiT's) where a flow model trains with it. ``logged`` is what the logs and the
+    spike guard follow, where it is not ``loss`` (MeanFlow's adaptively weighted loss stays near 1 whatever the
+    error: its logs follow the unweighted error)."""
 
     loss: torch.Tensor
     mse: torch.Tensor
     vb: torch.Tensor | None = None
     cos: torch.Tensor | None = None
+    logged: torch.Tensor | None = None
+
+    @property
+    def followed(self) -> torch.Tensor:
+        """What the logs and the spike guard follow (per sample)."""
+        return self.loss if self.logged is None else self.logged
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,10 @@ class Objective(ABC):
     :data:`moh_dit.objectives.registry.OBJECTIVES`)."""
 
     name: ClassVar[str]
+    # True where the objective runs the bare network, not the trainer's wrapped one (functorch's transforms cannot
+    # run through DistributedDataParallel or a compiled module): the trainer then averages the gradients over
+    # processes itself, and train.compile does not apply
+    runs_bare_module: ClassVar[bool] = False
 
     # ------------------------------------------------------------------------------------------------
     # What it is, and how a model records it
@@ -106,6 +121,23 @@ class Objective(ABC):
     @abstractmethod
     def loss(self, output: torch.Tensor, noised: Noised) -> Losses:
         """Per-sample losses of the network's ``output`` (float32) for ``noised``."""
+
+    def forward_losses(
+        self,
+        model: torch.nn.Module,
+        noised: Noised,
+        labels: torch.Tensor | None,
+        drop: torch.Tensor | None,
+        want_heads: bool,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> tuple[Losses, Any]:
+        """The network's pass over ``noised`` and its per-sample losses: ``(losses, output)``, the output a
+        :class:`~moh_dit.model.network.MoHDiTOutput` (its MoH loss, head masks and REPA tokens are the trainer's).
+        ``model`` is the trainer's (wrapped for DDP or compiled); ``drop`` marks the labels replaced by the null
+        class; ``autocast`` opens the run's mixed precision. One forward here; MeanFlow's JVP overrides it."""
+        with autocast():
+            out = model(noised.x_t, noised.time, labels, force_drop_ids=drop, return_head_masks=want_heads)
+        return self.loss(out.sample.float(), noised), out
 
     # ------------------------------------------------------------------------------------------------
     # Sampling

@@ -23,7 +23,7 @@ from diffusers.schedulers import FlowMatchHeunDiscreteScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin, SchedulerOutput
 from diffusers.utils.torch_utils import randn_tensor
 
-__all__ = ["FlowHeunScheduler", "FlowSDEScheduler", "path_coefficients", "noise_from_velocity"]
+__all__ = ["FlowHeunScheduler", "FlowSDEScheduler", "MeanFlowScheduler", "path_coefficients", "noise_from_velocity"]
 
 
 def path_coefficients(s: torch.Tensor, path: str) -> tuple[torch.Tensor, ...]:
@@ -148,3 +148,38 @@ class FlowSDEScheduler(SchedulerMixin, ConfigMixin):
 
     def __len__(self) -> int:
         return self.config.num_train_timesteps
+
+
+class MeanFlowScheduler(SchedulerMixin, ConfigMixin):
+    """MeanFlow's sampler (Geng et al. 2025, arXiv:2505.13447): the network predicts the average velocity ``u`` over
+    an interval, so one step crosses it: ``z_r = z_t - (t - r) u(z_t, r, t)``. ``set_timesteps(sigmas=[1, ..., s])``
+    takes the grid (0 appended); ``n`` steps evaluate the network ``n`` times (one step: ``z_0 = z_1 - u(z_1, 0,
+    1)``). Flow time as moh-dit counts it: 1 is noise, 0 data."""
+
+    order = 1
+
+    @register_to_config
+    def __init__(self, num_train_timesteps: int = 1000) -> None:
+        self.sigmas = torch.tensor([1.0, 0.0])
+        self.timesteps = self.sigmas[:-1] * num_train_timesteps
+        self._index = 0
+
+    def set_timesteps(
+        self, num_inference_steps: int | None = None, device: str | torch.device = None, sigmas: list | None = None
+    ) -> None:
+        if sigmas is None:
+            sigmas = torch.linspace(1.0, 0.0, num_inference_steps + 1)[:-1].tolist()
+        grid = torch.as_tensor(list(sigmas) + [0.0], dtype=torch.float32)
+        if not (grid[:-1] > grid[1:]).all():
+            raise ValueError(f"a MeanFlow grid must fall from noise to data, got {grid.tolist()}")
+        self.sigmas = grid.to(device)
+        self.timesteps = self.sigmas[:-1] * self.config.num_train_timesteps
+        self.num_inference_steps = len(self.timesteps)
+        self._index = 0
+
+    def step(self, model_output: torch.Tensor, timestep, sample: torch.Tensor, return_dict: bool = True, **_):
+        """One interval of the grid: from the current time ``t`` to the next ``r`` with the average velocity."""
+        t, r = self.sigmas[self._index], self.sigmas[self._index + 1]
+        self._index += 1
+        prev = (sample - (t - r).to(sample.dtype) * model_output).to(sample.dtype)
+        return SchedulerOutput(prev_sample=prev) if return_dict else (prev,)

@@ -49,6 +49,9 @@ class ObjectiveEntry:
     sampler_limits: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     sampler_limits_why: str = ""
     loss_name: str = "loss"  # the objective's loss in logs and metrics.jsonl
+    # the guidance scale a model of this objective samples with where nobody chose one (None: the command's default,
+    # CFG 4 for grids, 1.5 for evaluations); MeanFlow's guidance is folded into training: 1
+    sampling_guidance: float | None = None
 
 
 OBJECTIVES: dict[str, ObjectiveEntry] = {
@@ -89,9 +92,32 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         sampler_limits_why="DPM-Solver++ and UniPC take x0 = x - s v, which holds on the linear path only",
         loss_name="flow_loss",
     ),
+    # MeanFlow (Geng et al. 2025): the average velocity over an interval, sampled in one step or a few. "one-step"
+    # is the paper's headline protocol (1 evaluation), "two-step" its best (2 evaluations, the grid 1 -> 0.5 -> 0).
+    # Guidance is part of training (recorded), so its models sample unguided unless asked.
+    "meanflow": ObjectiveEntry(
+        "moh_dit.objectives.meanflow",
+        "MeanFlow",
+        ("meanflow",),
+        {"one-step": ("meanflow", 1), "two-step": ("meanflow", 2), "fast": ("meanflow", 1)},
+        paper="one-step",
+        summary="MeanFlow: average-velocity prediction, one or a few sampling steps",
+        record_keys=("objective.guidance_scale", "objective.guidance_mix", "objective.guidance_times"),
+        training_keys=(
+            "objective.time_sampling",
+            "objective.time_mean",
+            "objective.time_std",
+            "objective.equal_times",
+            "objective.adaptive_power",
+            "objective.adaptive_eps",
+            "objective.jvp_autocast",
+        ),
+        loss_name="meanflow_loss",
+        sampling_guidance=1.0,
+    ),
 }
 DEFAULT_OBJECTIVE = "ddpm"  # a model or run that records none: every model of moh-dit 0.3 and earlier
-PAPER_PROTOCOL = "paper"  # the protocol of the published numbers of the model's objective (dit, sit-sde)
+PAPER_PROTOCOL = "paper"  # the protocol of the published numbers of the model's objective (dit, sit-sde, one-step)
 ALL_SAMPLERS = tuple(dict.fromkeys(s for e in OBJECTIVES.values() for s in e.samplers))
 # every objective's loss key in metrics.jsonl (runs of moh-dit 0.4 and earlier logged every objective's as the first)
 LOSS_NAMES = tuple(dict.fromkeys(["diffusion_loss", *(e.loss_name for e in OBJECTIVES.values())]))

@@ -25,7 +25,7 @@ prediction; only the first ``guidance_channels`` channels are mixed when set.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +98,7 @@ def grid_shifts(patch: int) -> list[int]:
 def guided_output(
     transformer: MoHDiT,
     latents: torch.Tensor,
-    t: torch.Tensor,
+    t: torch.Tensor | tuple[torch.Tensor, ...],
     labels: torch.Tensor | None,
     guidance_scale: float,
     guidance_channels: int | None = None,
@@ -126,15 +126,21 @@ def guided_output(
     shifts = grid_shifts(transformer.config.patch_size)
     copies = torch.cat([torch.roll(latents, (s, s), dims=(2, 3)) for s in shifts])  # (S*N, C, H, W)
     repeat = None if labels is None else labels.repeat(len(shifts))
-    out = _guided_forward(transformer, copies, t if t.ndim == 0 else t.repeat(len(shifts)), repeat, *args)
+    times = _each(t, lambda s: s if s.ndim == 0 else s.repeat(len(shifts)))
+    out = _guided_forward(transformer, copies, times, repeat, *args)
     back = [torch.roll(o, (-s, -s), dims=(2, 3)) for o, s in zip(out.chunk(len(shifts)), shifts)]
     return torch.stack(back).mean(dim=0)  # (N, C', H, W)
+
+
+def _each(t: torch.Tensor | tuple[torch.Tensor, ...], change: Callable[[torch.Tensor], torch.Tensor]):
+    """``change`` applied to the time input, or to each of a model's several time inputs (MeanFlow's ``(t, t - r)``)."""
+    return tuple(change(s) for s in t) if isinstance(t, tuple) else change(t)
 
 
 def _guided_forward(
     transformer: MoHDiT,
     latents: torch.Tensor,
-    t: torch.Tensor,
+    t: torch.Tensor | tuple[torch.Tensor, ...],
     labels: torch.Tensor | None,
     guidance_scale: float,
     guidance_channels: int | None,
@@ -145,14 +151,14 @@ def _guided_forward(
     """The two predictions (one batched forward for CFG, one each with a guide), mixed (see :func:`guided_output`)."""
     guided = guidance_scale != 1.0 and (guide is not None or labels is not None)
     if guide is not None or not guided:
-        times = t.expand(latents.shape[0]) if t.ndim == 0 else t
+        times = _each(t, lambda s: s.expand(latents.shape[0]) if s.ndim == 0 else s)
         cond = transformer(latents.to(transformer.dtype), times, labels).sample.float()
         if not guided:
             return cond
         uncond = guide(latents.to(guide.dtype), times, labels).sample.float()
     else:
         model_in = torch.cat([latents, latents])
-        timesteps = t.expand(model_in.shape[0]) if t.ndim == 0 else torch.cat([t, t])
+        timesteps = _each(t, lambda s: s.expand(model_in.shape[0]) if s.ndim == 0 else torch.cat([s, s]))
         y = torch.cat([labels, torch.full_like(labels, transformer.null_class_id)])
         cond, uncond = transformer(model_in.to(transformer.dtype), timesteps, y).sample.float().chunk(2)
     c = transformer.in_channels

@@ -63,10 +63,12 @@ def add_sampling_options(parser: Any, guidance: float | None, protocol: str) -> 
     parser.add_argument(
         "--cfg-scale",
         type=finite_float,
-        default=guidance,
+        default=None,
         help="classifier-free guidance scale (1 = off); default: "
-        + (f"{guidance:g}" if guidance is not None else "the model's own, recorded with it"),
+        + (f"{guidance:g}" if guidance is not None else "the model's own, recorded with it")
+        + " (a MeanFlow model, guided in training: 1)",
     )
+    parser.set_defaults(default_guidance=guidance)
     parser.add_argument(
         "--guidance-channels",
         type=positive_int,
@@ -151,13 +153,15 @@ def spec_from_args(
     ``--protocol`` (resolved for the objective: ``paper`` is its published protocol); a protocol the user did not
     give falls back to a sampler the model offers, one the user gave and the model cannot take is an error. Guidance
     left open (``--cfg-scale`` unset) comes from the model's ``recorded`` spec (scale, interval or noise range,
-    channels and grid averaging), else the package's grid guidance at every step; a ``--cfg-scale`` given alone
+    channels and grid averaging), else the objective's (MeanFlow, guided in training: 1), else the command's default
+    (``add_sampling_options``' ``guidance``), else the package's grid guidance at every step; a ``--cfg-scale`` given alone
     guides every step, as DiT, without averaging; ``--guidance-interval``, ``--guidance-noise``,
     ``--guidance-channels`` and ``--grid-averaging`` (``off`` included) always win, and so does ``--time-shift`` over
     the recorded shift. Logs the choice. ``objective=None`` checks the options before the model is known (a
     protocol of any objective); with an objective, a scheduler it does not offer is a :class:`ConfigError`."""
     given = getattr(args, "protocol", None) is not None
     protocol = args.protocol if given else getattr(args, "default_protocol", "fast")
+    name = None
     if objective is None:
         owners = [o for o, e in OBJECTIVES.items() if protocol in e.protocols]
         scheduler, steps = resolve_protocol(protocol, owners[0] if owners else DEFAULT_OBJECTIVE)
@@ -176,8 +180,14 @@ def spec_from_args(
     rule, options = getattr(args, "guidance_rule", None), dict(getattr(args, "rule_option", None) or [])
     guide = dict(guide=getattr(args, "guide_model", None), guide_step=getattr(args, "guide_step", None))
     guide["guide_sigma_rel"] = getattr(args, "guide_sigma_rel", None)
+    # a model whose objective guides in training (MeanFlow) samples unguided unless asked
+    own = OBJECTIVES[name].sampling_guidance if name is not None else None
     if args.cfg_scale is not None:
         scale, why = args.cfg_scale, "--cfg-scale"
+    elif recorded is None and own is not None:
+        scale, why = own, "the objective's: guided in training"
+    elif recorded is None and getattr(args, "default_guidance", None) is not None:
+        scale, why = args.default_guidance, "the command's default"
     elif recorded is not None:
         scale, why = recorded.guidance_scale, "the model's recorded preview guidance"
         if not placed:

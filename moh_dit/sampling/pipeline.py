@@ -168,7 +168,7 @@ class MoHDiTPipeline(DiffusionPipeline):
     def guided_model_output(
         self,
         latents: torch.Tensor,
-        t: torch.Tensor,
+        t: torch.Tensor | tuple[torch.Tensor, ...],
         labels: torch.Tensor | None,
         guidance_scale: float,
         guidance_channels: int | None = None,

@@ -21,6 +21,7 @@ from moh_dit.training import config_sections
 from moh_dit.training.config_checks import validate
 from moh_dit.training.config_sections import *  # noqa: F403 (the sections, read from here as before the split)
 from moh_dit.training.config_sections import Config
+from moh_dit.training.objective import with_objective_defaults
 
 __all__ = [*config_sections.__all__, "load_config", "apply_overrides", "config_to_dict", "validate"]
 
@@ -186,4 +187,4 @@ def load_config(source: str | Path | dict | None = None, overrides: list[str] | 
     raw = _move_old_keys(apply_overrides(raw, overrides or []))
     config = _from_dict(Config, raw, "")
     validate(config)
-    return config
+    return with_objective_defaults(config)  # after validation: the objective is known

@@ -44,15 +44,27 @@ class ObjectiveSection:
     means the default (ddpm, linear, moh-dit) for a new model, and what the weights were trained with for
     ``model.init_from``, whose objective a run keeps."""
 
-    name: str | None = None  # ddpm | flow
+    name: str | None = None  # ddpm | flow | meanflow
     path: str | None = None  # flow: linear (SiT's Linear) | gvp (SiT's GVP, the cosine path)
     # flow: the network's time input and output: moh-dit (1000 s, v), repa (s, v) or sit (1 - s, -v); sit and repa
     # models export to those projects' code (moh-dit convert --to sit | repa)
     convention: str | None = None
-    time_sampling: str = "uniform"  # flow: uniform (SiT, REPA) | logit-normal (SD3) | lognormal (REPA's option)
-    time_mean: float = 0.0  # flow: the normal of logit-normal and lognormal time sampling
-    time_std: float = 1.0
+    # flow and meanflow: how times are drawn; null: the objective's default (flow: uniform, 0, 1 as SiT; meanflow:
+    # logit-normal, -0.4, 1 as the paper). flow: uniform | logit-normal (SD3) | lognormal (REPA's option);
+    # meanflow: logit-normal | uniform
+    time_sampling: str | None = None
+    time_mean: float | None = None  # the normal of logit-normal and lognormal time sampling
+    time_std: float | None = None
     cosine_loss: float = 0.0  # flow: weight of LightningDiT's velocity-direction loss (1 - cosine; its recipe: 1)
+    # meanflow: guidance folded into training, recorded with the model (null: none, or what init_from's weights
+    # record): omega, kappa (the share of the network's own conditional velocity) and the guided flow times
+    guidance_scale: float | None = None
+    guidance_mix: float | None = None
+    guidance_times: list[float] | None = None  # [first, last] flow times (1 = noise); null: every time
+    equal_times: float = 0.75  # meanflow: the share of each batch with r = t (plain flow matching there)
+    adaptive_power: float = 1.0  # meanflow: p of the adaptive loss weight 1 / (L + c)^p (0: plain squared error)
+    adaptive_eps: float = 0.01  # meanflow: c
+    jvp_autocast: bool = False  # meanflow: the JVP in the run's mixed precision (default float32, as the authors')
 
 
 @dataclass

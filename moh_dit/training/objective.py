@@ -7,6 +7,8 @@ Which keys belong to which objective is the registry's (``record_keys``, ``train
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from moh_dit.errors import ConfigError
@@ -17,7 +19,14 @@ if TYPE_CHECKING:
     from moh_dit.sampling.spec import SamplingSpec
     from moh_dit.training.config_sections import Config
 
-__all__ = ["check_objective", "objective_record", "training_options", "run_objective", "run_sampling"]
+__all__ = [
+    "check_objective",
+    "objective_record",
+    "training_options",
+    "run_objective",
+    "run_sampling",
+    "with_objective_defaults",
+]
 
 
 def _value(config: Config, dotted: str) -> Any:
@@ -57,8 +66,34 @@ def objective_record(config: Config, weights: dict | None = None, init_from: str
 
 
 def training_options(config: Config, name: str) -> dict[str, Any]:
-    """The training options of objective ``name`` from the config (loss weighting, time sampling)."""
-    return {_key(dotted): _value(config, dotted) for dotted in entry(name).training_keys}
+    """The training options of objective ``name`` from the config (loss weighting, time sampling); a key left
+    ``null`` takes the objective's own default."""
+    options = {_key(dotted): _value(config, dotted) for dotted in entry(name).training_keys}
+    return {key: value for key, value in options.items() if value is not None}
+
+
+def _class_default(name: str, key: str) -> Any:
+    return inspect.signature(objective_class(name).__init__).parameters[key].default
+
+
+def with_objective_defaults(config: Config) -> Config:
+    """``config`` with the training keys that several objectives share (``objective.time_sampling``, ...) and that
+    it leaves ``null`` filled in: the run's objective's defaults, so that the config a run writes says what it
+    trains with (flow draws uniform times, MeanFlow logit-normal ones). A run whose objective is not known yet
+    (``model.init_from`` without ``objective.name``) keeps them ``null``; one whose objective does not use a key
+    records the first owner's default (what moh-dit 0.4 wrote)."""
+    chosen = config.objective.name or (None if config.model.init_from else DEFAULT_OBJECTIVE)
+    if chosen is None:
+        return config
+    owners: dict[str, list[str]] = {}
+    for name, found in OBJECTIVES.items():
+        for dotted in found.training_keys:
+            owners.setdefault(dotted, []).append(name)
+    filled = {}
+    for dotted, names in owners.items():
+        if len(names) > 1 and _value(config, dotted) is None:
+            filled[_key(dotted)] = _class_default(chosen if chosen in names else names[0], _key(dotted))
+    return dataclasses.replace(config, objective=dataclasses.replace(config.objective, **filled)) if filled else config
 
 
 def run_objective(config: Config, record: dict, learn_sigma: bool) -> Objective:
@@ -87,9 +122,14 @@ def check_objective(config: Config, defaults: Config) -> None:
     chosen = section.name or (None if model.init_from else DEFAULT_OBJECTIVE)
     if chosen is None:
         return
+    mine = {*entry(chosen).record_keys, *entry(chosen).training_keys}
+    # unset is the default, or what with_objective_defaults fills in (a config checked again after loading)
+    filled = with_objective_defaults(
+        dataclasses.replace(defaults, objective=dataclasses.replace(defaults.objective, name=chosen))
+    )
     for other, found in OBJECTIVES.items():
         for dotted in (*found.record_keys, *found.training_keys) if other != chosen else ():
-            if _value(config, dotted) != _value(defaults, dotted):
+            if dotted not in mine and _value(config, dotted) not in (_value(defaults, dotted), _value(filled, dotted)):
                 raise ConfigError(
                     f"{dotted} applies to the {other} objective; this run trains {chosen} (objective.name)"
                 )

@@ -24,6 +24,7 @@ from moh_dit.errors import ConfigError, NonFiniteLossError
 from moh_dit.manifests import fingerprint_module, format_differences, short
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import architecture, preset_config
+from moh_dit.objectives.registry import OBJECTIVES
 from moh_dit.training.config import Config, EMASection, config_to_dict
 from moh_dit.training.objective import objective_record, run_objective
 from moh_dit.training.tracking import tracker_available
@@ -197,7 +198,14 @@ def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
 
 
 # model config keys moh-dit 0.3 did not have, with the value that means "not used"
-_KEYS_AFTER_0_3 = {"objective": None, "repa_depth": None, "repa_dims": None, "repa_projector_dim": 2048, "block": None}
+_KEYS_AFTER_0_3 = {
+    "objective": None,
+    "repa_depth": None,
+    "repa_dims": None,
+    "repa_projector_dim": 2048,
+    "block": None,
+    "time_inputs": 1,
+}
 # the config keys that make a run this run (with the model's architecture and the data's fingerprint)
 _IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
 _IDENTITY_TRAIN_KEYS = ("seed", "global_batch_size")
@@ -231,10 +239,10 @@ def run_settings(full: dict) -> dict:
     """The settings part of a config (as ``config_to_dict`` gives it): what may change on resume."""
     volatile = ("resume", "overwrite", "output_dir", "elastic_resume")
     settings = {name: full[name] for name in ("optim", "ema", "log", "preview")}
-    # the objective's training options (time sampling); what it is (name, path, conventions) is the model's identity
-    settings["objective"] = {
-        k: v for k, v in full.get("objective", {}).items() if k not in ("name", "path", "convention")
-    }
+    # the objective's training options (time sampling); what it is (name and record: path, conventions, MeanFlow's
+    # guidance) is the model's identity
+    recorded = {"name", *(dotted.split(".")[1] for found in OBJECTIVES.values() for dotted in found.record_keys)}
+    settings["objective"] = {k: v for k, v in full.get("objective", {}).items() if k not in recorded}
     settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile + _IDENTITY_TRAIN_KEYS}
     settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
     return settings

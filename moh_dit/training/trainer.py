@@ -51,6 +51,7 @@ from moh_dit.training.checkpoints import (
     set_aside_newer_checkpoints,
 )
 from moh_dit.training.config import Config, config_to_dict
+from moh_dit.training.gradients import average_gradients
 from moh_dit.training.objective import run_objective
 from moh_dit.training.outputs import RunOutputs
 from moh_dit.training.posthoc_ema import PowerFunctionEMAs, save_snapshot
@@ -123,9 +124,11 @@ class Trainer(RunOutputs):
         self.ema = make_ema(model.train(), config.ema)
         self.ema.to(accelerator.device)
         self.model, self.optimizer = accelerator.prepare(model, make_optimizer(model, config))
-        if train_cfg.compile:
-            self.model = torch.compile(self.model)
         self.objective = run_objective(config, model.config.objective or {}, model.config.learn_sigma)
+        if train_cfg.compile and self.objective.runs_bare_module:
+            logger.warning("train.compile: %s runs the uncompiled network (a JVP)", self.objective.name)
+        elif train_cfg.compile:
+            self.model = torch.compile(self.model)
         self.quality.use_objective(self.objective)
         # each objective names its loss in the logs (diffusion_loss, flow_loss, ...)
         self.loss_names = (self.objective.loss_name, "moh_loss", *(("repa_loss",) if self.repa is not None else ()))
@@ -209,14 +212,16 @@ class Trainer(RunOutputs):
         x0 = self.data.clean_latents(x, flip, gen, device)
         noised = self.objective.noised(x0, gen, device)  # the objective's draws of time and noise
         drop = (torch.rand(n, generator=gen) < self.unwrapped.config.class_dropout_prob).long().to(device)
-        with self.accelerator.autocast():
-            y_in = y.to(device) if self.unwrapped.config.num_classes > 0 else None
-            drop = drop if y_in is not None else None
-            out = self.model(noised.x_t, noised.time, y_in, force_drop_ids=drop, return_head_masks=want_heads)
-        objective_loss = self.objective.loss(out.sample.float(), noised).loss.mean()
+        y_in = y.to(device) if self.unwrapped.config.num_classes > 0 else None
+        drop = drop if y_in is not None else None
+        # the objective runs the network: one forward (DDPM, flow) or a JVP (MeanFlow)
+        losses, out = self.objective.forward_losses(
+            self.model, noised, y_in, drop, want_heads, self.accelerator.autocast
+        )
         moh_loss = out.aux_loss.float()
-        loss = objective_loss + self.config.train.moh_loss_coeff * moh_loss
-        logged = [objective_loss.detach(), moh_loss.detach()]
+        loss = losses.loss.mean() + self.config.train.moh_loss_coeff * moh_loss
+        # the logs follow the objective's error (MeanFlow's weighted loss stays near 1: its logs show the error)
+        logged = [losses.followed.mean().detach(), moh_loss.detach()]
         if self.repa is not None:  # the encoders see the clean images, flipped as the model's input
             targets = self.repa.features(self.data.encoder_images(x, flip))
             repa_loss = alignment_loss(out.aligned, targets)
@@ -237,6 +242,8 @@ class Trainer(RunOutputs):
         ``skip`` (the spike guard's verdict) the step's gradients are dropped instead of applied."""
         accelerator = self.accelerator
         accelerator.backward(loss)
+        if accelerator.sync_gradients and self.world > 1 and self.objective.runs_bare_module:
+            average_gradients(self.unwrapped.parameters())  # its forward bypassed DDP (MeanFlow's JVP)
         clip = self.config.optim.grad_clip
         if accelerator.sync_gradients and (clip > 0 or measure_norm):
             # without clipping, an infinite limit measures the norm and scales every gradient by exactly 1

@@ -679,6 +679,37 @@ def test_a_flow_run_trains_exports_and_samples_with_every_flow_sampler(tmp_path,
     assert "flow matching, linear path" in card and "velocity MSE" in card
 
 
+def test_a_meanflow_run_trains_resumes_exactly_exports_and_samples_in_one_step(tmp_path, image_dir):
+    from safetensors.torch import load_file
+
+    from moh_dit.sampling.loading import load_pipeline, recorded_sampling
+    from moh_dit.sampling.spec import SamplingSpec
+    from moh_dit.training.tracking import objective_loss
+
+    common = ("objective.name=meanflow", "objective.guidance_mix=0.5", "train.snr_gamma=null")
+    common += ("preview.num_steps=1", "preview.guidance_scale=1", "train.checkpoint_every=2")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    summary = train_tiny(whole, image_dir, *common)
+    train_tiny(cut, image_dir, *common, "train.max_steps=2", "preview.per_class=0")
+    train_tiny(cut, image_dir, *common, "train.resume=latest")
+    assert summary["step"] == 4 and (whole / "samples" / "final.png").is_file()
+    records = read_metrics(whole)
+    assert [objective_loss(r) for r in records] == [objective_loss(r) for r in read_metrics(cut)]
+    assert all(np.isfinite(r["meanflow_loss"]) and r["moh_loss"] > 0 for r in records)
+    assert any("head_usage" in r or any(k.startswith("heads") for k in r) for r in records)
+    a, b = (load_file(r / "checkpoints" / "step-00000004" / "ema.safetensors") for r in (whole, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    pipe = load_pipeline(whole, device="cpu")
+    assert pipe.transformer.config.time_inputs == 2 and pipe.objective.name == "meanflow"
+    assert recorded_sampling(whole / "pipeline") == SamplingSpec("meanflow", 1, 1.0)
+    for steps in (1, 2):
+        images = pipe([0, 1], sampling=SamplingSpec("meanflow", steps, 1.0), output_type="np", progress=False).images
+        assert images.shape == (2, 8, 8, 3) and np.isfinite(images).all()
+    card = (whole / "pipeline" / "README.md").read_text()
+    assert "MeanFlow" in card and "JVP" in card
+
+
 def test_a_gvp_run_trains_and_previews_with_no_other_override(tmp_path, image_dir):
     # the unset preview and evaluation samplers resolve to one the GVP path offers (DPM-Solver++ needs the linear one)
     from moh_dit.sampling.loading import recorded_sampling
