@@ -50,7 +50,8 @@ class TimedRun:
         model = self.trainer.unwrapped
         self.parameters = sum(p.numel() for p in model.parameters())
         self.heads = model.head_counts()
-        self.flops_per_image = forward_flops(model, active_heads=True).training_step()
+        forwards = self.trainer.objective.training_forwards()
+        self.flops_per_image = forward_flops(model, active_heads=True).training_step(forwards)
 
     def step(self) -> None:
         """One optimizer step, by the trainer's own methods as ``Trainer.run`` calls them (without its

@@ -10,6 +10,7 @@ import argparse
 
 from moh_dit.cli.common import positive_int
 from moh_dit.logs import setup_logging
+from moh_dit.sampling.caches import CACHES
 from moh_dit.sampling.rules import RULES
 
 
@@ -30,6 +31,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--guide-step", type=positive_int, default=None, help="the guide run's checkpoint at this step")
     g.add_argument("--guide-sigma-rel", type=float, default=None, help="the guide run's post-hoc EMA of this width")
     g.add_argument("--guidance-rule", choices=RULES, default=None, help="cfg, apg or cfg-zero-star")
+    g.add_argument(
+        "--cache", choices=CACHES, default=None, help="a sampling cache with its default options (docs/sampling.md)"
+    )
     return p
 
 
@@ -51,7 +55,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     from moh_dit.training.posthoc_export import rebuild_transformer
 
     pipe = load_pipeline(args.model, args.device, vae=args.vae)
-    changes = {k: getattr(args, k) for k in ("guidance_rule",) if getattr(args, k) is not None}
+    changes = {k: getattr(args, k) for k in ("guidance_rule", "cache") if getattr(args, k) is not None}
+    if args.cache is not None:
+        changes["cache_options"] = None  # the cache's defaults, not the options of the one the model records
     if args.guide_model is not None:
         changes.update(guide=args.guide_model, guide_step=args.guide_step, guide_sigma_rel=args.guide_sigma_rel)
     pipe.set_preview_sampling(pipe.preview_sampling.replace(**changes))

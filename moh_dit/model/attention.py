@@ -204,13 +204,20 @@ class MoHAttention(nn.Module):
     # Forward
     # ------------------------------------------------------------------------------------------------
     def forward(
-        self, x: torch.Tensor, rope: RotaryEmbedding2D | None = None, return_head_mask: bool = False
-    ) -> tuple[torch.Tensor, AttentionAux]:
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding2D | None = None,
+        return_head_mask: bool = False,
+        return_aux: bool = True,
+    ) -> tuple[torch.Tensor, AttentionAux] | torch.Tensor:
         """Attend over the T tokens of ``x`` (N, T, D), queries and keys rotated by ``rope`` (the network's table)
-        when given; returns ``(out, aux)`` with ``out`` (N, T, D)."""
+        when given; returns ``(out, aux)`` with ``out`` (N, T, D), or ``out`` alone with ``return_aux=False`` (sampling,
+        where there is nothing to report: diffusers' caches take a module's output as one tensor)."""
         n, t, _ = x.shape
         gates, probs, mask = self.compute_gates(x)
         out = self.processor(self, x, gates, mask, rope)
+        if not return_aux:
+            return out
 
         aux = AttentionAux()
         if probs is not None and self.training:

@@ -191,16 +191,23 @@ class DiTBlock(nn.Module):
         c: torch.Tensor,
         rope: RotaryEmbedding2D | None = None,
         return_head_mask: bool = False,
-    ) -> tuple[torch.Tensor, AttentionAux]:
-        # hidden_states: (N, T, D) tokens (diffusers' name: its caches find the block's input by it), c: (N, D)
+        return_aux: bool = True,
+    ) -> tuple[torch.Tensor, AttentionAux] | torch.Tensor:
+        # hidden_states: (N, T, D) tokens (diffusers' name: its caches find the block's input by it), c: (N, D);
+        # returns (tokens, the attention's aux), or the tokens alone with return_aux=False (sampling: diffusers'
+        # caches take a block's output as one tensor)
         x = hidden_states
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
-        attn_out, aux = self.attn(
-            modulate(self.norm1(x), shift_msa, scale_msa), rope=rope, return_head_mask=return_head_mask
+        attended = self.attn(
+            modulate(self.norm1(x), shift_msa, scale_msa),
+            rope=rope,
+            return_head_mask=return_head_mask,
+            return_aux=return_aux,
         )
+        attn_out, aux = attended if return_aux else (attended, None)
         x = x + gate_msa.unsqueeze(1) * attn_out
         x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
-        return x, aux
+        return (x, aux) if return_aux else x
 
 
 class FinalLayer(nn.Module):

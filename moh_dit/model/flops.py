@@ -34,10 +34,11 @@ class FlopCount:
             self.embed + self.adaln + self.router + self.qkv + self.attention_core + self.proj + self.mlp + self.final
         )
 
-    def training_step(self) -> int:
-        """One image's forward and backward pass: the backward costs two forwards (gradients of the inputs and
-        of the weights)."""
-        return 3 * self.total
+    def training_step(self, forwards: float = 3.0) -> int:
+        """One image's training step: ``forwards`` forward passes' worth. A forward and backward pass is 3 (the
+        backward costs two forwards: gradients of the inputs and of the weights); an objective says its own
+        (:meth:`moh_dit.objectives.base.Objective.training_forwards`: MeanFlow's JVP and guidance passes)."""
+        return round(forwards * self.total)
 
 
 def _linear(layer: nn.Linear, rows: int) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.cache_utils import CacheMixin
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 from torch import nn
@@ -66,8 +67,10 @@ class MoHDiTOutput(BaseOutput):
     aligned: tuple[torch.Tensor, ...] | None = None
 
 
-class MoHDiT(ModelMixin, ConfigMixin):
-    """Diffusion Transformer with Mixture-of-Head attention (DiT when ``attention_type="mha"``).
+class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
+    """Diffusion Transformer with Mixture-of-Head attention (DiT when ``attention_type="mha"``). ``CacheMixin`` takes
+    diffusers' sampling caches (``enable_cache``; moh-dit applies them per batch composition:
+    :mod:`moh_dit.sampling.caches`).
 
     Args:
         sample_size: input height and width (latent size for latent diffusion, e.g. 32 for 256 px).
@@ -392,12 +395,17 @@ class MoHDiT(ModelMixin, ConfigMixin):
         losses, masks, aligned = [], [], None
         align = self.projectors is not None and (self.training if return_aligned is None else return_aligned)
         rope = self.feat_rope
+        # the blocks report (MoH's load-balance loss, head masks) only in training or when asked: sampling gets one
+        # tensor per block, the form diffusers' caches hook
+        report = self.training or return_head_masks
         for index, block in enumerate(self.blocks):
             if torch.is_grad_enabled() and self.gradient_checkpointing:
                 h, aux = self._gradient_checkpointing_func(block, h, c, rope, return_head_masks)
-            else:
+            elif report:
                 h, aux = block(h, c, rope, return_head_masks)
-            if aux.load_balance_loss is not None:
+            else:
+                h, aux = block(h, c, rope, False, False), None
+            if aux is not None and aux.load_balance_loss is not None:
                 losses.append(aux.load_balance_loss)
             if return_head_masks:
                 masks.append(aux.head_mask)

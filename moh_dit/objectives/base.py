@@ -122,6 +122,11 @@ class Objective(ABC):
     def loss(self, output: torch.Tensor, noised: Noised) -> Losses:
         """Per-sample losses of the network's ``output`` (float32) for ``noised``."""
 
+    def training_forwards(self) -> float:
+        """The FLOPs of one image's training step in forward passes (logs' TFLOP/s and MFU): 3, a forward and a
+        backward."""
+        return 3.0
+
     def forward_losses(
         self,
         model: torch.nn.Module,

@@ -309,6 +309,13 @@ class MeanFlow(Objective):
         out = MoHDiTOutput(sample=u, aux_loss=primal[1], head_masks=heads, aligned=tuple(primal[2:]) or None)
         return self.loss(u, noised), out
 
+    def training_forwards(self) -> float:
+        """A forward with its JVP (about two forwards: the tangent pass costs what the primal does), the backward of
+        the primal (two), and the guidance passes on the guided samples (two with kappa, one without, none
+        unguided; counted for every sample, an upper bound outside the guided times)."""
+        guidance = (2.0 if self.kappa > 0 else 1.0) if self.guided else 0.0
+        return 4.0 + guidance
+
     # ------------------------------------------------------------------------------------------------
     # Sampling
     # ------------------------------------------------------------------------------------------------

@@ -73,6 +73,8 @@ def generate(
         guide=recorded.guide,
         guide_step=recorded.guide_step,
         guide_sigma_rel=recorded.guide_sigma_rel,
+        cache=recorded.cache,
+        cache_options=recorded.cache_options,
     )
     start = time.time()
     with pipe.transformer.recording_head_usage() as usage:

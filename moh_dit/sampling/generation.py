@@ -26,6 +26,7 @@ from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.files import atomic_path
 from moh_dit.manifests import fingerprint_module
 from moh_dit.progress import Progress
+from moh_dit.sampling.caches import describe_cache
 from moh_dit.sampling.guides import Rebuild, attach_guide, guide_identity
 from moh_dit.sampling.loading import load_pipeline
 from moh_dit.sampling.pipeline import MoHDiTPipeline
@@ -106,6 +107,8 @@ def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_si
         identity["objective"] = dict(transformer.config.objective)
     if spec.guidance_rule != "cfg":  # the rule and its options, only when not CFG (as the keys above)
         identity["guidance_rule"], identity["rule_options"] = spec.guidance_rule, spec.rule
+    if spec.cache is not None:  # a cache changes the images (only when set, as the keys above)
+        identity["cache"], identity["cache_options"] = spec.cache, spec.cache_settings
     guide = guide_identity(pipe, spec)  # autoguidance: the guide's weights are part of what made the images
     if guide is not None:
         identity["guide"] = guide
@@ -325,5 +328,6 @@ def describe_samples(manifest: dict | None) -> str:
             guidance_rule=ident.get("guidance_rule", "cfg"),
             rule_options=ident.get("rule_options"),
         ).describe_guidance()
+        + (f", {describe_cache(ident['cache'], ident['cache_options'])}" if ident.get("cache") else "")
         + (f", guided by weights {ident['guide']['transformer_sha256'][:12]}" if ident.get("guide") else "")
     )

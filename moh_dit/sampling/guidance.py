@@ -106,6 +106,7 @@ def guided_output(
     guide: MoHDiT | None = None,
     rule: GuidanceRule | None = None,
     step: int = 0,
+    network: Callable[..., Any] | None = None,
 ) -> torch.Tensor:
     """The output of ``transformer`` for ``latents`` at time input ``t``, guided towards ``labels``.
 
@@ -119,15 +120,24 @@ def guided_output(
     each prediction back and average them. The transformer predicts every patch from its own token, so where it is
     imprecise its errors meet at the patch grid's lines as faint seams; each copy puts its grid's lines elsewhere on
     the image, and the average leaves no line stronger than the rest. The copies run in the same batched forward.
+
+    ``network(role, *inputs)`` runs the transformer's forwards (default: the transformer itself): a sampling cache
+    (:class:`moh_dit.sampling.caches.CachedNetwork`) runs each batch composition (``role``: ``guided`` for CFG's
+    two halves, ``plain`` for the conditional prediction alone, ``-averaged`` for grid averaging's copies) apart.
     """
-    args = (guidance_scale, guidance_channels, guide, rule or GuidanceRule(), step)
+    if network is None:
+
+        def network(role: str, *inputs: Any) -> Any:
+            return transformer(*inputs)
+
+    args = (guidance_scale, guidance_channels, guide, rule or GuidanceRule(), step, network)
     if not grid_average:
         return _guided_forward(transformer, latents, t, labels, *args)
     shifts = grid_shifts(transformer.config.patch_size)
     copies = torch.cat([torch.roll(latents, (s, s), dims=(2, 3)) for s in shifts])  # (S*N, C, H, W)
     repeat = None if labels is None else labels.repeat(len(shifts))
     times = _each(t, lambda s: s if s.ndim == 0 else s.repeat(len(shifts)))
-    out = _guided_forward(transformer, copies, times, repeat, *args)
+    out = _guided_forward(transformer, copies, times, repeat, *args, averaged=True)
     back = [torch.roll(o, (-s, -s), dims=(2, 3)) for o, s in zip(out.chunk(len(shifts)), shifts)]
     return torch.stack(back).mean(dim=0)  # (N, C', H, W)
 
@@ -147,12 +157,15 @@ def _guided_forward(
     guide: MoHDiT | None,
     rule: GuidanceRule,
     step: int,
+    network: Callable[..., Any],
+    averaged: bool = False,
 ) -> torch.Tensor:
     """The two predictions (one batched forward for CFG, one each with a guide), mixed (see :func:`guided_output`)."""
     guided = guidance_scale != 1.0 and (guide is not None or labels is not None)
+    suffix = "-averaged" if averaged else ""
     if guide is not None or not guided:
         times = _each(t, lambda s: s.expand(latents.shape[0]) if s.ndim == 0 else s)
-        cond = transformer(latents.to(transformer.dtype), times, labels).sample.float()
+        cond = network("plain" + suffix, latents.to(transformer.dtype), times, labels).sample.float()
         if not guided:
             return cond
         uncond = guide(latents.to(guide.dtype), times, labels).sample.float()
@@ -160,7 +173,7 @@ def _guided_forward(
         model_in = torch.cat([latents, latents])
         timesteps = _each(t, lambda s: s.expand(model_in.shape[0]) if s.ndim == 0 else torch.cat([s, s]))
         y = torch.cat([labels, torch.full_like(labels, transformer.null_class_id)])
-        cond, uncond = transformer(model_in.to(transformer.dtype), timesteps, y).sample.float().chunk(2)
+        cond, uncond = network("guided" + suffix, model_in.to(transformer.dtype), timesteps, y).sample.float().chunk(2)
     c = transformer.in_channels
     g = c if guidance_channels is None else guidance_channels
     mixed = cond[:, :c].clone()

@@ -22,6 +22,7 @@ from moh_dit.objectives.registry import (
     objective_name,
     resolve_protocol,
 )
+from moh_dit.sampling.caches import CACHES
 from moh_dit.sampling.rules import RULES
 from moh_dit.sampling.spec import GRID_AVERAGING_OFF, GRID_GUIDANCE, SCHEDULERS, TRAIN_TIMESTEPS, SamplingSpec
 
@@ -117,6 +118,23 @@ def add_sampling_options(parser: Any, guidance: float | None, protocol: str) -> 
         help="with --guide-model RUN: an EMA of this relative width rebuilt from its post-hoc snapshots",
     )
     parser.add_argument(
+        "--cache",
+        choices=[*CACHES, "none"],
+        default=None,
+        help="a diffusers sampling cache that skips part of the network at some steps: first-block, magcache "
+        "(calibrated on the model first), taylorseer; none: no cache even where the model records one "
+        "(docs/sampling.md#caches)",
+    )
+    parser.add_argument(
+        "--cache-option",
+        type=_rule_option_arg,
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="an option of the cache, repeatable: first-block: threshold; magcache: threshold, max_skip_steps, "
+        "retention_ratio, calibration_images; taylorseer: cache_interval, warmup_steps, max_order",
+    )
+    parser.add_argument(
         "--guidance-noise",
         type=_noise_level_arg,
         nargs=2,
@@ -157,7 +175,8 @@ def spec_from_args(
     (``add_sampling_options``' ``guidance``), else the package's grid guidance at every step; a ``--cfg-scale`` given alone
     guides every step, as DiT, without averaging; ``--guidance-interval``, ``--guidance-noise``,
     ``--guidance-channels`` and ``--grid-averaging`` (``off`` included) always win, and so does ``--time-shift`` over
-    the recorded shift. Logs the choice. ``objective=None`` checks the options before the model is known (a
+    the recorded shift. A cache (``--cache``, its ``--cache-option`` s) is the model's recorded one unless given
+    (``none``: no cache). Logs the choice. ``objective=None`` checks the options before the model is known (a
     protocol of any objective); with an objective, a scheduler it does not offer is a :class:`ConfigError`."""
     given = getattr(args, "protocol", None) is not None
     protocol = args.protocol if given else getattr(args, "default_protocol", "fast")
@@ -178,6 +197,10 @@ def spec_from_args(
         shift = recorded.time_shift if recorded is not None else 1.0
     placed = interval is not None or noise is not None  # a placement given wins over the recorded one
     rule, options = getattr(args, "guidance_rule", None), dict(getattr(args, "rule_option", None) or [])
+    cache, cache_options = getattr(args, "cache", None), dict(getattr(args, "cache_option", None) or [])
+    if cache is None and recorded is not None and recorded.cache is not None:  # the model's own cache, options added
+        cache, cache_options = recorded.cache, recorded.cache_settings | cache_options
+    cache = None if cache == "none" else cache
     guide = dict(guide=getattr(args, "guide_model", None), guide_step=getattr(args, "guide_step", None))
     guide["guide_sigma_rel"] = getattr(args, "guide_sigma_rel", None)
     # a model whose objective guides in training (MeanFlow) samples unguided unless asked
@@ -213,6 +236,8 @@ def spec_from_args(
         time_shift=shift,
         guidance_rule=rule or "cfg",
         rule_options=options,
+        cache=cache,
+        cache_options=cache_options or None,
         **guide,
     )
     if log:
@@ -221,7 +246,7 @@ def spec_from_args(
 
 
 def _rule_option_arg(text: str) -> tuple[str, float | None]:
-    """An argparse type: ``KEY=VALUE`` with a number (or ``none``) as the value."""
+    """An argparse type: ``KEY=VALUE`` with a number (or ``none``) as the value (a rule's or a cache's option)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. eta=0), got {text!r}")

@@ -39,6 +39,7 @@ from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.base import Objective
 from moh_dit.objectives.registry import resolve_protocol
+from moh_dit.sampling.caches import CachedNetwork, calibrate_magcache
 from moh_dit.sampling.guidance import GuidanceRule, guided_output, make_rule
 from moh_dit.sampling.labels import resolve_class_labels
 from moh_dit.sampling.schedulers import scheduler_objective
@@ -176,11 +177,22 @@ class MoHDiTPipeline(DiffusionPipeline):
         guide: MoHDiT | None = None,
         rule: GuidanceRule | None = None,
         step: int = 0,
+        network: CachedNetwork | None = None,
     ) -> torch.Tensor:
         """Model output for ``latents`` at time input ``t``, guided towards ``labels`` (see
-        :func:`moh_dit.sampling.guidance.guided_output`)."""
+        :func:`moh_dit.sampling.guidance.guided_output`; ``network``: a sampling cache's calls)."""
         return guided_output(
-            self.transformer, latents, t, labels, guidance_scale, guidance_channels, grid_average, guide, rule, step
+            self.transformer,
+            latents,
+            t,
+            labels,
+            guidance_scale,
+            guidance_channels,
+            grid_average,
+            guide,
+            rule,
+            step,
+            network,
         )
 
     # ------------------------------------------------------------------------------------------------
@@ -262,7 +274,8 @@ class MoHDiTPipeline(DiffusionPipeline):
             raise ValueError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
         latents = latents.to(device=device, dtype=torch.float32)
 
-        latents = self._denoise(latents, labels, sampling, generator, progress)
+        network = CachedNetwork(transformer, sampling.cache, sampling.cache_settings, self.cache_calibration(sampling))
+        latents = self._denoise(latents, labels, sampling, generator, progress, network)
 
         if not torch.isfinite(latents).all():
             raise NonFiniteSampleError(
@@ -272,6 +285,36 @@ class MoHDiTPipeline(DiffusionPipeline):
         result = latents if output_type == "latent" else self._images(latents, output_type)
         self.maybe_free_model_hooks()
         return ImagePipelineOutput(images=result) if return_dict else (result,)
+
+    def cache_calibration(self, sampling: SamplingSpec) -> dict[str, list[float]] | None:
+        """MagCache's ratios for ``sampling`` on this model, per batch composition: calibrated once per pipeline,
+        model and settings by one uncached run on ``calibration_images`` images of seed 0 (classes in turn), so that
+        every batch and every process samples with the same ratios. ``None`` for the other caches."""
+        if sampling.cache != "magcache":
+            return None
+        key = (
+            id(self.transformer),
+            sampling.replace(cache=None, cache_options=None).record().__repr__(),
+            sampling.cache_options,
+        )
+        found = getattr(self, "_cache_calibrations", {}).get(key)
+        if found is not None:
+            return found
+        count = int(sampling.cache_settings["calibration_images"])
+        transformer, device = self.transformer, self._execution_device
+        num_classes = transformer.config.num_classes
+        labels = torch.arange(count, device=device) % num_classes if num_classes > 0 else None
+        shape = (count, transformer.in_channels, transformer.config.sample_size, transformer.config.sample_size)
+        noise = _randn(shape, torch.Generator().manual_seed(0), device)
+        uncached = sampling.replace(cache=None, cache_options=None)
+
+        def run(network: CachedNetwork) -> None:
+            self._denoise(noise, labels, uncached, torch.Generator().manual_seed(1), False, network)
+
+        ratios = calibrate_magcache(run, transformer)
+        self._cache_calibrations = {**getattr(self, "_cache_calibrations", {}), key: ratios}
+        logger.info("MagCache calibrated on %d images: %s", count, {k: len(v) for k, v in ratios.items()})
+        return ratios
 
     def check_sampling(self, sampling: SamplingSpec, decode: bool = True) -> None:
         """Whether ``sampling`` can draw from this pipeline's model, checked before anything is drawn or written: its
@@ -345,10 +388,12 @@ class MoHDiTPipeline(DiffusionPipeline):
         sampling: SamplingSpec,
         generator: torch.Generator | list[torch.Generator] | None,
         progress: bool,
+        network: CachedNetwork | None = None,
     ) -> torch.Tensor:
         """The sampling loop: from noise ``latents`` to the model's output, guided as ``sampling`` says. The objective
         puts the scheduler on its grid and says, at each call, the network's time input and the noise level (where
-        guidance and grid averaging apply), and what the scheduler takes from the network's output."""
+        guidance and grid averaging apply), and what the scheduler takes from the network's output. ``network`` runs
+        the forwards (a sampling cache's; default: the transformer)."""
         transformer, device, objective = self.transformer, self._execution_device, self.objective
         objective.set_timesteps(self.scheduler, sampling.num_inference_steps, sampling.time_shift, device)
         latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)  # diffusers' flow schedulers have none
@@ -369,7 +414,7 @@ class MoHDiTPipeline(DiffusionPipeline):
             scale = sampling.guidance_scale if sampling.guided_at(level.sigma, level.timestep) else 1.0
             average = sampling.averaged_at(level.sigma, level.timestep)
             out = self.guided_model_output(
-                model_in, time, labels, scale, sampling.guidance_channels, average, guide, rule, index
+                model_in, time, labels, scale, sampling.guidance_channels, average, guide, rule, index, network
             )
             out = objective.scheduler_input(out, self.scheduler, transformer.in_channels)
             latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample

@@ -24,6 +24,7 @@ from moh_dit.objectives.registry import (
     OBJECTIVES,
     resolve_protocol,
 )
+from moh_dit.sampling.caches import check_cache_options, describe_cache
 from moh_dit.sampling.rules import check_rule_options, describe_rule
 
 __all__ = [
@@ -95,6 +96,8 @@ CONFIG_KEYS = {
     "guide": "guide",
     "guide_step": "guide_step",
     "guide_sigma_rel": "guide_sigma_rel",
+    "cache": "cache",
+    "cache_options": "cache_options",
 }
 # Where moh-dit 0.2 kept them: in the ``log`` section, as ``log.sample_<...>`` (run folders of 0.2 still load).
 LEGACY_CONFIG_KEYS = {
@@ -160,6 +163,8 @@ class SamplingSpec:
     guide: str | None = None
     guide_step: int | None = None
     guide_sigma_rel: float | None = None
+    cache: str | None = None
+    cache_options: Any = None  # a sorted tuple of (option, value) pairs, as rule_options
 
     def __post_init__(self) -> None:
         T = TRAIN_TIMESTEPS
@@ -214,6 +219,11 @@ class SamplingSpec:
             self, "rule_options", tuple(sorted(check_rule_options(self.guidance_rule, options).items()))
         )
         self._check_guide()
+        options = self.cache_options
+        options = dict(options) if isinstance(options, (Mapping, tuple, list)) else options
+        if options is not None and not isinstance(options, dict):
+            raise ConfigError(f"cache_options must be a mapping of the cache's options, got {self.cache_options!r}")
+        object.__setattr__(self, "cache_options", tuple(sorted(check_cache_options(self.cache, options).items())))
 
     def _check_guide(self) -> None:
         guide, step, width = self.guide, self.guide_step, self.guide_sigma_rel
@@ -234,6 +244,11 @@ class SamplingSpec:
     def rule(self) -> dict[str, float]:
         """The rule's options (its defaults filled in)."""
         return dict(self.rule_options)
+
+    @property
+    def cache_settings(self) -> dict[str, float]:
+        """The cache's options (its defaults filled in; ``{}`` without a cache)."""
+        return dict(self.cache_options)
 
     def guide_record(self) -> dict[str, Any] | None:
         """The guide as records store it: ``{"model", "step", "sigma_rel"}`` (``None``: classifier-free)."""
@@ -318,7 +333,8 @@ class SamplingSpec:
         """Everything in words: ``dpm-solver, 25 steps, guidance 4 at timesteps 100-500``."""
         shift = f", time shift {self.time_shift:g}" if self.time_shift != 1.0 else ""
         scheduler = self.scheduler or "the pipeline scheduler"
-        return f"{scheduler}, {self.num_inference_steps} steps{shift}, {self.describe_guidance()}"
+        cache = f", {describe_cache(self.cache, self.cache_settings)}" if self.cache else ""
+        return f"{scheduler}, {self.num_inference_steps} steps{shift}, {self.describe_guidance()}{cache}"
 
     def tag(self) -> str:
         """The part of a sample folder's name that says where guidance applies, the patch grid is averaged and the
@@ -330,7 +346,8 @@ class SamplingSpec:
         tag += f"-shift{self.time_shift:g}" if self.time_shift != 1.0 else ""
         if self.guidance_rule != "cfg":  # the rule and a digest of its options
             tag += f"-{self.guidance_rule}-{_digest(self.rule_options)}"
-        return tag + (f"-guide-{_digest(self.guide_record())}" if self.guide is not None else "")
+        tag += f"-guide-{_digest(self.guide_record())}" if self.guide is not None else ""
+        return tag + (f"-{self.cache}-{_digest(self.cache_options)}" if self.cache is not None else "")
 
     def record(self) -> dict[str, Any]:
         """The spec as manifests store it (a pipeline's ``sampling``). ``guidance_channels``, ``guidance_noise`` and
@@ -353,6 +370,8 @@ class SamplingSpec:
             record["guidance_rule"], record["rule_options"] = self.guidance_rule, self.rule
         if self.guide is not None:
             record["guide"] = self.guide_record()
+        if self.cache is not None:
+            record["cache"], record["cache_options"] = self.cache, self.cache_settings
         return record
 
     @classmethod

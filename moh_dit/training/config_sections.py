@@ -161,6 +161,8 @@ class EvalSamplingSection:
     guide: str | None = None  # autoguidance: a weaker model's run, checkpoint or pipeline folder
     guide_step: int | None = None  # the guide run's checkpoint at this step
     guide_sigma_rel: float | None = None  # an EMA of this width rebuilt from the guide run's post-hoc snapshots
+    cache: str | None = None  # a sampling cache: first-block | magcache | taylorseer (docs/sampling.md#caches)
+    cache_options: dict[str, Any] = field(default_factory=dict)  # the cache's options, e.g. {threshold: 0.1}
 
     def sampling(self) -> SamplingSpec:
         """The spec, checked; the error of a bad value names its key."""
@@ -227,6 +229,8 @@ class PreviewSection:
     guide: str | None = None  # autoguidance: a weaker model's run, checkpoint or pipeline folder
     guide_step: int | None = None  # the guide run's checkpoint at this step
     guide_sigma_rel: float | None = None  # an EMA of this width rebuilt from the guide run's post-hoc snapshots
+    cache: str | None = None  # a sampling cache: first-block | magcache | taylorseer (docs/sampling.md#caches)
+    cache_options: dict[str, Any] = field(default_factory=dict)  # the cache's options, e.g. {threshold: 0.1}
 
     def sampling(self) -> SamplingSpec:
         """How the grids are drawn, checked; the error of a bad value names its key."""

@@ -356,7 +356,8 @@ class Trainer(RunOutputs):
         )
         logger.info(describe_tokens(self.unwrapped.config, self.data.vae_record))
         # model FLOPs of one image's training step (the heads each token uses), and the hardware's peak for MFU
-        self.flops_per_image = forward_flops(self.unwrapped, active_heads=True).training_step()
+        forwards = self.objective.training_forwards()  # MeanFlow's JVP costs more than a backward
+        self.flops_per_image = forward_flops(self.unwrapped, active_heads=True).training_step(forwards)
         self.peak_tflops, source = peak_tflops(
             self.accelerator.device, train_cfg.mixed_precision, self.config.log.peak_tflops
         )
