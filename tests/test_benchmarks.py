@@ -349,3 +349,21 @@ def test_suite_time_reads_pytest_s_own_summary_and_slowest_tests():
     assert parsed["slowest"][1]["test"] == "tests/test_distributed.py::test_a[torchrun-0-15]"
     with pytest.raises(ValueError, match="no pytest summary"):
         parse_pytest("collected 0 items / 1 error")
+
+
+def test_caches_benchmark_times_each_cache_against_the_uncached_sampler_in_the_same_run(tmp_path):
+    from benchmarks.caches import main
+
+    from .helpers.factories import tiny_model, tiny_pipeline
+
+    pipe = tiny_pipeline(tiny_model(signal=0.1, depth=3, num_shared_heads=4, top_k=0), scheduler="dpm-solver")
+    pipe.save_pretrained(tmp_path / "pipeline")
+    args = ["--model", str(tmp_path / "pipeline"), "--steps", "6", "--images", "2", "--rounds", "2"]
+    result = main([*args, "--out", str(tmp_path), "--tag", "tiny"])
+    rows = {r["cache"]: r for r in result["rows"]}
+    assert set(rows) == {"none", "first-block", "magcache", "taylorseer"}
+    assert rows["none"]["speedup"] == 1.0 and rows["none"]["max_abs_difference"] == 0
+    # TaylorSeer with its defaults (3 warm-up calls, then every 5th) computes 4 of the 6 calls in full
+    assert rows["taylorseer"]["computed_share"] == 4 / 6
+    assert all(len(r["rounds"]) == 2 and r["seconds_per_image"] > 0 for r in rows.values())
+    assert "| 6 | magcache |" in (tmp_path / "caches_cpu_tiny.md").read_text()

@@ -169,12 +169,20 @@ def test_a_resume_on_another_process_count_is_refused_unless_elastic(images, tmp
     assert (state["world_size"], state["grad_accum_steps"]) == (1, 1)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=SLOW)])
-def test_gradient_accumulation_on_two_processes_averages_every_micro_batch(launcher, images, tmp_path):
+# MeanFlow's JVP runs on the bare module, past DDP: the trainer averages its gradients by hand
+MEANFLOW = ("objective.name=meanflow", "objective.guidance_mix=0.5", "train.snr_gamma=null")
+
+
+@pytest.mark.parametrize(
+    "launcher, objective",
+    [("torchrun", ()), ("torchrun", MEANFLOW), pytest.param("accelerate", (), marks=SLOW)],
+    ids=["torchrun", "torchrun-meanflow", "accelerate"],
+)
+def test_gradient_accumulation_on_two_processes_averages_every_micro_batch(launcher, objective, images, tmp_path):
     from moh_dit.training.config import load_config
     from moh_dit.training.trainer import Trainer
 
-    accumulation = ("train.grad_accum_steps=2", "train.global_batch_size=8")
+    accumulation = ("train.grad_accum_steps=2", "train.global_batch_size=8", *objective)
     ranks, args = probe(tmp_path / "two", images, *accumulation, steps=2, launcher=launcher)
     saved = [torch.load(tmp_path / "two" / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert all(len(s["batches"]) == 2 and len(s["batches"][0][0]) == 2 for s in saved)  # 2 micro-batches of 2
@@ -431,22 +439,24 @@ def test_latent_extraction_on_two_processes_resumes_after_a_kill_to_the_same_fil
 # ----------------------------------------------------------------------------------------------------
 # Flow matching, REPA and post-hoc EMA on two processes
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("objective", ["flow", pytest.param("ddpm", marks=SLOW)])
+@pytest.mark.parametrize("objective", ["flow", "meanflow", pytest.param("ddpm", marks=SLOW)])
 def test_a_run_with_repa_and_post_hoc_ema_resumes_exactly_on_two_processes(objective, images, tmp_path):
-    """Flow matching (with every block option and LightningDiT's cosine loss; or DDPM), REPA's alignment and post-hoc
-    EMA snapshots on two processes: a run stopped at step 4 and resumed ends as the uninterrupted one, bit for bit:
-    per-step losses (the alignment's too), weights, EMA, the power-function EMAs and their snapshots; its pipeline
-    leaves the projectors out."""
+    """Flow matching (with every block option and LightningDiT's cosine loss), MeanFlow (guided in training, its
+    gradients averaged by hand; with every block option) or DDPM, REPA's alignment and post-hoc EMA snapshots on two
+    processes: a run stopped at step 4 and resumed ends as the uninterrupted one, bit for bit: per-step losses (the
+    alignment's too), weights, EMA, the power-function EMAs and their snapshots; its pipeline leaves the projectors
+    out."""
     from moh_dit.sampling.pipeline import MoHDiTPipeline
 
     extra = [f"objective.name={objective}", "train.snr_gamma=null", "train.checkpoint_every=4", "preview.per_class=0"]
     extra += ["repa.encoder=moh-dit-test-tokens", "repa.encoder_module=tests.helpers.tiny_encoder", "repa.depth=2"]
-    extra += (
-        ["ema.posthoc_every=8", "objective.time_sampling=logit-normal", "objective.cosine_loss=1.0"]
-        + ["model.overrides.block={norm: rmsnorm, mlp: swiglu, qk_norm: rmsnorm, rope: true}"]
-        if objective == "flow"
-        else ["ema.posthoc_every=8"]
-    )
+    every_option = ["model.overrides.block={norm: rmsnorm, mlp: swiglu, qk_norm: rmsnorm, rope: true}"]
+    extra += {
+        "flow": ["ema.posthoc_every=8", "objective.time_sampling=logit-normal", "objective.cosine_loss=1.0"]
+        + every_option,
+        "meanflow": ["ema.posthoc_every=8", "objective.guidance_mix=0.5", *every_option],
+        "ddpm": ["ema.posthoc_every=8"],
+    }[objective]
 
     def run(out, *more, tag):
         args = tiny_train_overrides(out, images, *extra, *more)
