@@ -140,7 +140,13 @@ def to_flow_state_dict(model: MoHDiT, fmt: str = "sit") -> dict[str, torch.Tenso
         raise ConversionError(f"the flow checkpoint format must be one of {', '.join(FLOW_FORMATS)}, got {fmt!r}")
     record, convention = model.config.get("objective") or {}, CONVENTION_OF[fmt]
     if record.get("convention") != convention:  # a convention is a flow model's; DiT's DDPM records none
-        what = f"a flow model in the {record['convention']} convention" if record.get("convention") else "a DDPM model"
+        from moh_dit.objectives import objective_of
+
+        what = (
+            f"a flow model in the {record['convention']} convention"
+            if record.get("convention")
+            else objective_of(model).describe()  # DDPM, MeanFlow (whose second time input no such code has)
+        )
         raise ConversionError(
             f"{FLOW_FORMATS[fmt]}'s code feeds its own time convention ({convention}) to the network; this is {what}, "
             f"whose weights expect another time input: train in objective.convention={convention} to export to {fmt}"

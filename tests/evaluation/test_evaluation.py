@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 import evaluate_fid
-from moh_dit.errors import EvaluationError
+from moh_dit.errors import ConfigError, EvaluationError
 from moh_dit.evaluation.features import (
     InceptionFeatures,
     extract_features,
@@ -250,6 +250,31 @@ def test_cli_from_a_model_records_sampling_settings(tmp_path):
     assert identity["guidance_scale"] == 2.5 and identity["num_inference_steps"] == 2
     assert identity["scheduler"]["name"] == "DDPMScheduler" and saved["samples"]["manifest"]["count"] == 6
     assert saved["kind"] == "metrics" and "command_line" not in saved
+
+
+def test_cli_from_a_meanflow_model_samples_its_paper_protocol_unguided_and_with_a_cache(tmp_path):
+    from moh_dit.objectives.meanflow import MeanFlow
+
+    from ..helpers.factories import tiny_model
+    from ..helpers.factories import tiny_pipeline as pipe_for
+
+    model = tiny_model(signal=0.1, in_channels=3, **MeanFlow(guidance_mix=0.5).model_config())
+    pipe_for(model, scheduler="meanflow").save_pretrained(tmp_path / "pipe")
+    np.savez(tmp_path / "ref.npz", arr_0=random_images(10, size=8))
+    common = ["--model", str(tmp_path / "pipe"), "--reference", str(tmp_path / "ref.npz"), "--extractor", TINY]
+    common += ["--num-samples", "4", "--sample-batch-size", "4"]
+    evaluate_fid.main([*common, "--out", str(tmp_path / "one.json")])
+    identity = json.loads((tmp_path / "one.json").read_text())["samples"]["manifest"]["identity"]
+    # the paper's protocol is one step, and the model, guided in training, samples without guidance
+    assert (identity["scheduler"]["name"], identity["num_inference_steps"]) == ("MeanFlowScheduler", 1)
+    assert identity["guidance_scale"] == 1.0 and identity["objective"]["guidance_mix"] == 0.5
+    evaluate_fid.main(
+        [*common, "--protocol", "two-step", "--cache", "first-block", "--out", str(tmp_path / "two.json")]
+    )
+    identity = json.loads((tmp_path / "two.json").read_text())["samples"]["manifest"]["identity"]
+    assert identity["num_inference_steps"] == 2 and identity["cache"] == "first-block"
+    with pytest.raises(ConfigError, match="samples flow models; this is a meanflow model"):
+        evaluate_fid.main([*common, "--scheduler", "euler", "--out", str(tmp_path / "bad.json")])
 
 
 def run_evaluate_cli(args):

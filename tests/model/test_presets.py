@@ -121,3 +121,9 @@ def test_match_preset_names_the_architecture_of_a_config_whatever_its_data():
     flow = {"name": "flow", "path": "linear", "convention": "sit"}
     assert match_preset(preset_config("DiT-XL/2", learn_sigma=False, objective=flow)) == "DiT-XL/2"  # SiT-XL/2
     assert match_preset(preset_config("DiT-B/2", repa_depth=4, repa_dims=[768])) == "DiT-B/2"
+    # MeanFlow's second time input: every preset (MoH included), with or without the 2025 block, is still itself
+    meanflow = {"objective": {"name": "meanflow"}, "learn_sigma": False, "time_inputs": 2}
+    modern = {"norm": "rmsnorm", "mlp": "swiglu", "qk_norm": "rmsnorm", "rope": True}
+    for name in PRESETS:
+        assert match_preset(preset_config(name, **meanflow)) == name
+        assert match_preset(preset_config(name, **meanflow, block=modern)) == name

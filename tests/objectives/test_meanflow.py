@@ -330,3 +330,17 @@ def test_a_config_fills_each_objectives_time_defaults_and_refuses_keys_of_others
         load_config(None, ["objective.name=meanflow", "objective.time_sampling=lognormal"])
     twin = load_config(Path(__file__).resolve().parents[2] / "configs" / "fashion_mnist_moh_meanflow.yaml")
     assert twin.objective.guidance_mix == 0.5 and twin.preview.num_steps == 1 and twin.preview.guidance_scale == 1
+
+
+def test_a_meanflow_model_is_not_exported_where_no_code_takes_its_second_time_input():
+    from moh_dit.errors import ConversionError
+    from moh_dit.interop.official import check_ddpm_export
+    from moh_dit.interop.sit import to_flow_state_dict
+
+    model = MoHDiT(**dict(SETTINGS["tiny"], block=None, num_shared_heads=None, top_k=0, attention_type="mha"))
+    model.register_to_config(objective=MeanFlow().record())
+    for fmt in ("sit", "repa"):
+        with pytest.raises(ConversionError, match="this is MeanFlow: average velocity"):
+            to_flow_state_dict(model, fmt)
+    with pytest.raises(ConversionError, match="samples every checkpoint as DiT's DDPM.*this model is MeanFlow"):
+        check_ddpm_export(model, "DiT's code")

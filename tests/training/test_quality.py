@@ -160,6 +160,17 @@ def test_a_resumed_run_has_every_point_of_its_curve_once(tmp_path, image_dir, mo
     assert scores(evaluations(whole)) == expected
 
 
+def test_a_meanflow_run_evaluates_itself_in_one_step_without_guidance(tmp_path, image_dir):
+    meanflow = ["objective.name=meanflow", "objective.guidance_mix=0.5", "train.snr_gamma=null"]
+    run, config = tiny_run(tmp_path, image_dir, "meanflow", *meanflow, "log.eval_sampling.num_steps=1")
+    Trainer(config).run()
+    records = evaluations(run)
+    assert [r["step"] for r in records] == [2, 4] and all(r["kid"] == r["kid"] for r in records)
+    identity = json.loads((run / records[0]["file"]).read_text())["samples"]["manifest"]["identity"]
+    assert (identity["scheduler"]["name"], identity["num_inference_steps"]) == ("MeanFlowScheduler", 1)
+    assert identity["guidance_scale"] == 1.0
+
+
 def test_evaluation_settings_are_checked_before_a_run_starts(tmp_path, image_dir):
     with pytest.raises(ConfigError, match="log.eval_reference, which is not set"):
         load_config(None, tiny_train_overrides(tmp_path / "a", image_dir, "log.eval_every=10"))
