@@ -34,12 +34,37 @@ import torch
 if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import add_reference_argument, reference_protocol, start_scoring
+from experiments.common import (
+    add_reference_argument,
+    describe_reference,
+    reference_protocol,
+    sample_and_score,
+    start_scoring,
+)
 from experiments.recipes import run_name, train_arm
-from experiments.report import hold_lock, save_results
+from experiments.report import (
+    by_seed_table,
+    curve_points,
+    fmt_values,
+    hold_lock,
+    paired,
+    plot_by_seed,
+    plot_curves,
+    pyplot,
+    save_results,
+)
+from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.loading import load_pipeline, recorded_sampling
+from moh_dit.training.quality import read_records
 
 MEANFLOW = "configs/fashion_mnist_moh_meanflow.yaml"
 ARMS = {"meanflow": (MEANFLOW, [])}
+MEANFLOW_STEPS = (1, 2, 4)
+FLOW_SAMPLER, FLOW_STEPS = "euler", (25, 50)  # the recipes study's flow sampler
+FLOW_SCALES = (1.0, 2.0, 3.0, 4.0, 6.0)  # swept on seed 0 at 25 steps, in the model's recorded interval
+MEANFLOW_SCALES = (1.0, 1.5, 2.0)  # CFG on top of the guidance folded into training (seed 0, one step)
+CACHE_MODELS = {"ddpm": ("dpm-solver", (25, 50)), "flow": (FLOW_SAMPLER, (25, 50))}  # seed 0, recorded guidance
+CACHES = ("none", "first-block", "magcache", "taylorseer")
 SCALES = {
     "cpu": dict(
         overrides=[],
@@ -67,6 +92,67 @@ SCALES = {
 }
 
 
+# ----------------------------------------------------------------------------------------------------
+# Models and scores
+# ----------------------------------------------------------------------------------------------------
+def model_of(kind: str, seed: int, ctx: dict) -> Path:
+    """The pipeline of ``kind`` at ``seed``: this study's MeanFlow runs, the backbone study's flow arm (--flow-runs),
+    the guidance study's DDPM runs (--ddpm-runs)."""
+    folder = {"meanflow": ctx["out"] / "runs", "flow": ctx["flow_runs"], "ddpm": ctx["ddpm_runs"]}[kind]
+    if folder is None:
+        raise SystemExit(f"the {kind} models: pass --{kind}-runs (the folder of their runs)")
+    return Path(folder) / run_name(kind, seed) / "pipeline"
+
+
+def score(kind: str, seed: int, scheduler: str, steps: int, scale: float, ctx: dict, cache: str = "none") -> dict:
+    """One sample set of ``kind``'s model (its recorded guidance interval and grid averaging, this sampler, steps and
+    scale, the cache), scored (reused when it exists), with the network evaluations per image counted."""
+    model = model_of(kind, seed, ctx)
+    spec = recorded_sampling(model).replace(
+        scheduler=None, num_inference_steps=steps, guidance_scale=scale, cache=None if cache == "none" else cache,
+        cache_options=None,
+    )  # fmt: skip
+    samples = ctx["samples"]
+    settings = GenerationSettings(
+        samples, seed=1000, batch_size=min(250, samples), label_mode="balanced", sampling=spec
+    )
+    name = f"{run_name(kind, seed)}-{scheduler}{steps}-cfg{scale:g}" + ("" if cache == "none" else f"-{cache}")
+    scores = sample_and_score(
+        model, ctx["out"] / "samples" / f"{name}-n{samples}", settings, scheduler, ctx["reference"], ctx["extractor"],
+        ctx["bootstrap"],
+    )  # fmt: skip
+    keep = ("kid", "kid_interval", "fid", "precision", "recall", "seconds_per_image")
+    row = {"kind": kind, "seed": seed, "scheduler": scheduler, "steps": steps, "scale": scale, "cache": cache}
+    return row | {k: scores[k] for k in keep if k in scores} | {"nfe": evaluations_per_image(model, spec, scheduler)}
+
+
+def evaluations_per_image(model: Path, spec, scheduler: str) -> int:
+    """Network evaluations of one image under ``spec``, counted: the rows of every forward (CFG's two halves and grid
+    averaging's copies each count; a cache's skips do not lower it: the setting's uncached count)."""
+    pipe = load_pipeline(model, device="cpu", scheduler=scheduler)
+    rows: list[int] = []
+    handle = pipe.transformer.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+    try:
+        pipe.sample_grid([0], 1, 0, spec.replace(scheduler=scheduler, cache=None, cache_options=None))
+    finally:
+        handle.remove()
+    return sum(rows)
+
+
+def _record(result: dict, key: str, row: dict, out: Path) -> None:
+    match = ("kind", "seed", "scheduler", "steps", "scale", "cache")
+    result[key] = [r for r in result[key] if any(r.get(k) != row.get(k) for k in match)] + [row]
+    save(out, result)
+
+
+def best(result: dict, kind: str) -> float | None:
+    rows = [r for r in result["sweep"] if r["kind"] == kind]
+    return min(rows, key=lambda r: r["kid"])["scale"] if rows else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The parts
+# ----------------------------------------------------------------------------------------------------
 def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict) -> None:
     for seed in seeds:
         for arm in ARMS:
@@ -74,19 +160,212 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict) -> Non
             save(out, result)
 
 
+def part_score(ctx: dict, seeds, result: dict) -> None:
+    """The guidance sweeps on seed 0 (the flow twin's CFG scale at 25 steps; CFG on top of MeanFlow's folded
+    guidance at one step), then every seed: MeanFlow at 1, 2 and 4 steps without sampling guidance, flow at 25
+    and 50 steps at its best scale."""
+    for scale in FLOW_SCALES:
+        _record(result, "sweep", score("flow", 0, FLOW_SAMPLER, FLOW_STEPS[0], scale, ctx), ctx["out"])
+    for scale in MEANFLOW_SCALES:
+        _record(result, "sweep", score("meanflow", 0, "meanflow", 1, scale, ctx), ctx["out"])
+    flow_scale = best(result, "flow")
+    for seed in seeds:
+        for steps in MEANFLOW_STEPS:
+            _record(result, "scores", score("meanflow", seed, "meanflow", steps, 1.0, ctx), ctx["out"])
+        for steps in FLOW_STEPS:
+            _record(result, "scores", score("flow", seed, FLOW_SAMPLER, steps, flow_scale, ctx), ctx["out"])
+
+
+def part_caches(ctx: dict, result: dict) -> None:
+    """Seed 0 of the embedded default (DDPM) and of the flow twin, sampled as each records (its guidance and
+    interval), at 25 and 50 steps, without and with each cache, one after the other in this process."""
+    for kind, (scheduler, budgets) in CACHE_MODELS.items():
+        scale = recorded_sampling(model_of(kind, 0, ctx)).guidance_scale
+        for steps in budgets:
+            for cache in CACHES:
+                _record(result, "caches", score(kind, 0, scheduler, steps, scale, ctx, cache), ctx["out"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------
+def by_seed(result: dict, kind: str, steps: int, key: str = "kid") -> dict[int, float]:
+    return {r["seed"]: r[key] for r in result["scores"] if (r["kind"], r["steps"]) == (kind, steps)}
+
+
+def flow_curves(ctx_flow_runs: str | None, seeds) -> list[dict]:
+    """The flow twin's evaluations during training (the backbone study's flow arm), as this study's records."""
+    if not ctx_flow_runs:
+        return []
+    runs = []
+    for seed in seeds:
+        metrics = Path(ctx_flow_runs) / run_name("flow", seed) / "metrics.jsonl"
+        if metrics.is_file():
+            curve = [{k: r.get(k) for k in ("step", "kid", "fid")} for r in read_records(metrics, "evaluation")]
+            runs.append({"arm": "flow", "seed": seed, "curve": curve})
+    return runs
+
+
 def report(result: dict) -> str:
-    return "# Few-step sampling\n\nIn progress.\n"
+    protocol = result["protocol"]
+    lines = [
+        "# Few-step sampling: MeanFlow against flow matching, and sampling caches",
+        "",
+        f"Written by `python -m experiments.fewstep` (scale {protocol['scale']}). The embedded default's data and "
+        "budget (MoH-DiT-Ti/4-75 at width 128, batch 16 x 8300 steps, its optimizer and EMA). KID x 1000 on the "
+        f"project's classifier features against the {describe_reference(protocol)}; {protocol['samples']} "
+        "class-balanced samples per setting; across seeds, means with 95% t-intervals and differences paired by seed. "
+        "NFE: network evaluations per image (a CFG step evaluates two predictions, batched in one forward).",
+    ]
+    curves = [*result["training"].values(), *result.get("flow_curves", [])]
+    if curves:
+        lines += [
+            "",
+            "## During training",
+            "",
+            "500 unguided samples of the EMA weights at each evaluation: MeanFlow in one step, the flow twin with "
+            "DPM-Solver++ 25 steps (the backbone study's flow arm); mean over seeds [95% t] (n):",
+            "",
+            "| step | meanflow, 1 step | flow, 25 steps |",
+            "|---|---|---|",
+        ]
+        points = curve_points(curves)
+        for step in sorted({s for arm in points.values() for s in arm}):
+            cells = [points.get(a, {}).get(step, {}) for a in ("meanflow", "flow")]
+            lines.append(f"| {step} | " + " | ".join(f"{fmt_values(c.values())} (n={len(c)})" for c in cells) + " |")
+    if result["sweep"]:
+        lines += [
+            "",
+            "## Guidance (seed 0)",
+            "",
+            "| model | steps | scale | KID [90%] | FID |",
+            "|---|---|---|---|---|",
+        ]
+        for r in sorted(result["sweep"], key=lambda r: (r["kind"], r["scale"])):
+            lo, hi = r["kid_interval"]
+            lines.append(
+                f"| {r['kind']} | {r['steps']} | {r['scale']:g} | {r['kid']:.2f} [{lo:.2f}, {hi:.2f}] | {r['fid']:.1f} |"
+            )
+        lines += [
+            "",
+            "MeanFlow's scale is CFG on top of the guidance folded into its training (omega 1, kappa 0.5); the rows "
+            "below sample it at scale 1, one evaluation per step. The flow twin's rows take its best scale here, "
+            f"{best(result, 'flow'):g}, in its recorded interval.",
+        ]
+    if result["scores"]:
+        lines += ["", "## MeanFlow at 1, 2 and 4 steps against flow at 25 and 50", ""]
+        base = by_seed(result, "flow", FLOW_STEPS[0])
+        rows = [(("meanflow", str(s)), by_seed(result, "meanflow", s), base) for s in MEANFLOW_STEPS]
+        rows += [
+            (("flow", str(s)), by_seed(result, "flow", s), base if s != FLOW_STEPS[0] else None) for s in FLOW_STEPS
+        ]
+        lines += by_seed_table(("model", "steps"), [r for r in rows if r[1]], f"flow at {FLOW_STEPS[0]} steps")
+        lines += [
+            "",
+            "| model | steps | NFE | FID | precision | recall | s / image |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for kind, steps in [*(("meanflow", s) for s in MEANFLOW_STEPS), *(("flow", s) for s in FLOW_STEPS)]:
+            if by_seed(result, kind, steps):
+                nfe = by_seed(result, kind, steps, "nfe")
+                cells = [f"{max(nfe.values()):g}"]
+                cells += [
+                    fmt_values(by_seed(result, kind, steps, k).values(), d)
+                    for k, d in (("fid", 1), ("precision", 3), ("recall", 3), ("seconds_per_image", 4))
+                ]
+                lines.append(f"| {kind} | {steps} | " + " | ".join(cells) + " |")
+    if result["caches"]:
+        lines += [
+            "",
+            "## Sampling caches (seed 0, sampled as each model records)",
+            "",
+            "Seconds per image as the sample sets were generated, one after the other in one process (the speed-up "
+            "measured in interleaved rounds is benchmarks/results/caches_cpu_*.md); the KID difference from the "
+            "uncached sampler on the same noise and labels, with the cached set's 90% interval.",
+            "",
+            "| model | steps | cache | KID [90%] | KID - uncached | FID | s / image | speed-up |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sorted(result["caches"], key=lambda r: (r["kind"], r["steps"], CACHES.index(r["cache"]))):
+            plain = next(
+                (
+                    p
+                    for p in result["caches"]
+                    if (p["kind"], p["steps"], p["cache"]) == (r["kind"], r["steps"], "none")
+                ),
+                None,
+            )
+            lo, hi = r["kid_interval"]
+            diff = f"{r['kid'] - plain['kid']:+.2f}" if plain else "-"
+            speed = (
+                f"{plain['seconds_per_image'] / r['seconds_per_image']:.2f}x"
+                if plain and r["seconds_per_image"]
+                else "-"
+            )
+            lines.append(
+                f"| {r['kind']} | {r['steps']} | {r['cache']} | {r['kid']:.2f} [{lo:.2f}, {hi:.2f}] | {diff} | "
+                f"{r['fid']:.1f} | {r['seconds_per_image']:.4f} | {speed} |"
+            )
+    lines += ["", "## Reading", "", *reading(result), ""]
+    return "\n".join(lines)
+
+
+def reading(result: dict) -> list[str]:
+    out = []
+    base = by_seed(result, "flow", FLOW_STEPS[0])
+    for kind, steps in [*(("meanflow", s) for s in MEANFLOW_STEPS), ("flow", FLOW_STEPS[1])]:
+        diff = paired(by_seed(result, kind, steps), base)
+        if len(diff) >= 2:
+            from experiments.report import mean_ci, verdict
+
+            stat = mean_ci(diff)
+            ci = stat["ci"]
+            out.append(
+                f"- {kind} at {steps} steps against flow at {FLOW_STEPS[0]}, KID: {stat['mean']:+.2f} "
+                f"[{ci[0]:+.2f}, {ci[1]:+.2f}], {verdict(ci, 'better', 'worse')}."
+            )
+    return out or ["No paired results yet."]
+
+
+def plot(result: dict, out: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    curves = [*result["training"].values(), *result.get("flow_curves", [])]
+    if curves:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        plot_curves(ax, curve_points(curves), "unguided KID x 1000 (500 samples)")
+        ax.set(yscale="log", title="meanflow: 1 step; flow: DPM-Solver++ 25 steps")
+        fig.tight_layout()
+        fig.savefig(out / "kid_during_training.png", dpi=110)
+        plt.close(fig)
+    if result["scores"]:
+        groups = [f"meanflow {s}" for s in MEANFLOW_STEPS] + [f"flow {s}" for s in FLOW_STEPS]
+        values = [by_seed(result, "meanflow", s) for s in MEANFLOW_STEPS] + [
+            by_seed(result, "flow", s) for s in FLOW_STEPS
+        ]
+        fig, ax = plt.subplots(figsize=(7.5, 3.8))
+        plot_by_seed(ax, groups, {"KID": values}, "KID x 1000")
+        ax.set_title("Each setting at every seed (steps = network evaluations, MeanFlow unguided)")
+        fig.tight_layout()
+        fig.savefig(out / "kid_by_steps.png", dpi=110)
+        plt.close(fig)
 
 
 def save(out: Path, result: dict) -> None:
     save_results(out, result, report(result))
 
 
+# ----------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["train", "score", "caches", "all"], default="all")
     p.add_argument("--scale", choices=list(SCALES), default="cpu")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--flow-runs", default=None, help="the backbone study's runs folder (its flow arm)")
+    p.add_argument("--ddpm-runs", default=None, help="the guidance study's runs folder (its DDPM mains)")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--out", default="experiments/results/fewstep")
     add_reference_argument(p)
@@ -96,15 +375,31 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     path = out / "results.json"
     protocol = {"scale": args.scale, "samples": sc["samples"]} | reference_protocol(args)
-    result = json.loads(path.read_text()) if path.exists() else {"protocol": protocol, "training": {}, "scores": []}
+    empty = {"protocol": protocol, "training": {}, "sweep": [], "scores": [], "caches": []}
+    result = json.loads(path.read_text()) if path.exists() else empty
+    result = empty | result  # the parts a results file written before them lacks
+    if result.get("protocol") != protocol:
+        raise SystemExit(f"{path} was written with {result.get('protocol')}, not {protocol}: use another --out")
+    if args.flow_runs:
+        result["flow_curves"] = flow_curves(args.flow_runs, seeds)
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)
         lock = hold_lock(out, "fewstep")  # noqa: F841 (held until the process ends)
         out, reference, extractor = start_scoring(args)
         torch.manual_seed(0)
+        ctx = dict(
+            out=out, reference=reference, extractor=extractor, samples=sc["samples"], bootstrap=sc["bootstrap"],
+            flow_runs=args.flow_runs, ddpm_runs=args.ddpm_runs,
+        )  # fmt: skip
         if args.part in ("train", "all"):
             part_train(sc, out, reference, seeds, result)
+        if args.part in ("score", "all"):
+            part_score(ctx, seeds, result)
+        if args.part in ("caches", "all"):
+            part_caches(ctx, result)
+    out.mkdir(parents=True, exist_ok=True)
     save(out, result)
+    plot(result, out)
     return result
 
 

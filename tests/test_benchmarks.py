@@ -367,3 +367,23 @@ def test_caches_benchmark_times_each_cache_against_the_uncached_sampler_in_the_s
     assert rows["taylorseer"]["computed_share"] == 4 / 6
     assert all(len(r["rounds"]) == 2 and r["seconds_per_image"] > 0 for r in rows.values())
     assert "| 6 | magcache |" in (tmp_path / "caches_cpu_tiny.md").read_text()
+
+
+def test_guidance_benchmark_times_each_rule_and_each_guide_against_cfg_in_the_same_run(tmp_path):
+    from benchmarks.guidance import main
+
+    from .helpers.factories import tiny_model, tiny_pipeline
+
+    tiny_pipeline(tiny_model(signal=0.1), scheduler="dpm-solver").save_pretrained(tmp_path / "main")
+    tiny_pipeline(tiny_model(signal=0.1, hidden_size=16, seed=3), scheduler="dpm-solver").save_pretrained(
+        tmp_path / "small"
+    )
+    args = ["--model", str(tmp_path / "main"), "--guide", f"small={tmp_path / 'small'}", "--steps", "3"]
+    result = main([*args, "--images", "2", "--rounds", "2", "--out", str(tmp_path), "--tag", "tiny"])
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"cfg", "apg", "cfg-zero-star", "ag-small"}
+    assert rows["cfg"]["vs_cfg"] == 1.0 and rows["cfg"]["guide_parameters"] is None
+    small = sum(p.numel() for p in tiny_model(hidden_size=16).parameters())
+    assert rows["ag-small"]["guide_parameters"] == small
+    assert all(len(r["rounds"]) == 2 and r["seconds_per_image"] > 0 for r in rows.values())
+    assert "| ag-small |" in (tmp_path / "guidance_cpu_tiny.md").read_text()

@@ -498,3 +498,33 @@ def test_guidance_study_trains_sweeps_every_method_and_reports(tmp_path):
     assert len(result["ema"]) == 2 * (1 + 3)  # two main widths: CFG, and three guide widths
     text = (out / "RESULTS.md").read_text()
     assert "## ddpm: each method at its best scale" in text and "| ag-small |" in text
+
+
+@pytest.mark.slow
+@needs_data
+def test_fewstep_study_trains_meanflow_scores_it_against_flow_and_caches_and_reports(tmp_path):
+    from experiments.common import fashion_reference
+    from experiments.fewstep import CACHES, MEANFLOW_STEPS, SCALES, main
+    from experiments.recipes import train_arm
+
+    others = tmp_path / "others"  # the flow and DDPM runs the other studies train
+    arms = {"flow": ("configs/fashion_mnist_moh_flow.yaml", []), "ddpm": ("configs/fashion_mnist_moh.yaml", [])}
+    reference = fashion_reference(others, 200)
+    for arm, seed in (("flow", 0), ("flow", 1), ("ddpm", 0)):
+        train_arm(arm, seed, SCALES["tiny"], others, reference, arms)
+    out = tmp_path / "out"
+    args = ["--scale", "tiny", "--reference-count", "200", "--out", str(out)]
+    result = main([*args, "--flow-runs", str(others / "runs"), "--ddpm-runs", str(others / "runs")])
+    assert set(result["training"]) == {"meanflow-seed0", "meanflow-seed1"}
+    assert {(r["kind"], r["steps"], r["seed"]) for r in result["scores"]} == {
+        *(("meanflow", s, seed) for s in MEANFLOW_STEPS for seed in (0, 1)),
+        *(("flow", s, seed) for s in (25, 50) for seed in (0, 1)),
+    }
+    one_step = next(r for r in result["scores"] if (r["kind"], r["steps"]) == ("meanflow", 1))
+    assert one_step["nfe"] == 1 and one_step["scale"] == 1.0
+    assert {(r["kind"], r["steps"], r["cache"]) for r in result["caches"]} == {
+        (k, s, c) for k in ("ddpm", "flow") for s in (25, 50) for c in CACHES
+    }
+    text = (out / "RESULTS.md").read_text()
+    assert "## MeanFlow at 1, 2 and 4 steps" in text and "| flow | 25 | taylorseer |" in text
+    assert (out / "kid_during_training.png").exists()
