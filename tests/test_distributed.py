@@ -87,7 +87,9 @@ def newest_step(run) -> int:
 # ----------------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("launcher,victim,sig", [("torchrun", 0, signal.SIGTERM), ("accelerate", 1, signal.SIGINT)])
+@pytest.mark.parametrize(
+    "launcher,victim,sig", [("torchrun", 0, signal.SIGTERM), pytest.param("accelerate", 1, signal.SIGINT, marks=SLOW)]
+)
 def test_a_killed_rank_and_a_signal_to_the_launcher_stop_the_run_and_each_resume_is_exact(
     launcher, victim, sig, images, reference, tmp_path
 ):
