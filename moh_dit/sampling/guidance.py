@@ -48,19 +48,25 @@ class GuidanceRule:
     name: str = "cfg"
     options: dict[str, float] = field(default_factory=dict)
     _momentum: Any = field(default=None, repr=False)
+    _frames: list[int] | None = field(default=None, repr=False)
 
-    def combine(self, cond: torch.Tensor, uncond: torch.Tensor, scale: float, step: int) -> torch.Tensor:
+    def combine(
+        self, cond: torch.Tensor, uncond: torch.Tensor, scale: float, step: int, shifts: list[int] | None = None
+    ) -> torch.Tensor:
+        """``shifts``: the diagonal rolls of the batch's copies when grid averaging runs (:func:`grid_shifts`)."""
         if self.name == "apg":
-            return self._apg(cond, uncond, scale)
+            return self._apg(cond, uncond, scale, shifts)
         if self.name == "cfg-zero-star":
             return self._zero_star(cond, uncond, scale, step)
         return uncond + scale * (cond - uncond)
 
-    def _apg(self, cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    def _apg(self, cond: torch.Tensor, uncond: torch.Tensor, scale: float, shifts: list[int] | None) -> torch.Tensor:
         from diffusers.guiders.adaptive_projected_guidance import MomentumBuffer, normalized_guidance
 
         if self._momentum is None and self.options["momentum"] is not None:
             self._momentum = MomentumBuffer(self.options["momentum"])
+        if self._momentum is not None:
+            self._momentum_in_frames(shifts)
         return normalized_guidance(
             cond,
             uncond,
@@ -69,6 +75,20 @@ class GuidanceRule:
             eta=self.options["eta"],
             norm_threshold=self.options["norm_threshold"],
         )
+
+    def _momentum_in_frames(self, shifts: list[int] | None) -> None:
+        """APG's running average follows each sample when grid averaging starts or stops (the batch then holds one
+        rolled copy of each sample per shift): the average is rolled back to the image, averaged over its copies and
+        rolled into each new copy's frame, so every copy continues the history of its own sample (diffusers'
+        buffer assumes a fixed batch)."""
+        old, new = self._frames or [0], shifts or [0]
+        self._frames = shifts
+        average = self._momentum.running_average
+        if not isinstance(average, torch.Tensor) or old == new:
+            return
+        image = torch.stack([torch.roll(a, (-s, -s), dims=(2, 3)) for a, s in zip(average.chunk(len(old)), old)])
+        image = image.mean(dim=0)
+        self._momentum.running_average = torch.cat([torch.roll(image, (s, s), dims=(2, 3)) for s in new])
 
     def _zero_star(self, cond: torch.Tensor, uncond: torch.Tensor, scale: float, step: int) -> torch.Tensor:
         from diffusers.guiders.classifier_free_zero_star_guidance import cfg_zero_star_scale
@@ -137,7 +157,7 @@ def guided_output(
     copies = torch.cat([torch.roll(latents, (s, s), dims=(2, 3)) for s in shifts])  # (S*N, C, H, W)
     repeat = None if labels is None else labels.repeat(len(shifts))
     times = _each(t, lambda s: s if s.ndim == 0 else s.repeat(len(shifts)))
-    out = _guided_forward(transformer, copies, times, repeat, *args, averaged=True)
+    out = _guided_forward(transformer, copies, times, repeat, *args, shifts=shifts)
     back = [torch.roll(o, (-s, -s), dims=(2, 3)) for o, s in zip(out.chunk(len(shifts)), shifts)]
     return torch.stack(back).mean(dim=0)  # (N, C', H, W)
 
@@ -158,11 +178,11 @@ def _guided_forward(
     rule: GuidanceRule,
     step: int,
     network: Callable[..., Any],
-    averaged: bool = False,
+    shifts: list[int] | None = None,
 ) -> torch.Tensor:
     """The two predictions (one batched forward for CFG, one each with a guide), mixed (see :func:`guided_output`)."""
     guided = guidance_scale != 1.0 and (guide is not None or labels is not None)
-    suffix = "-averaged" if averaged else ""
+    suffix = "-averaged" if shifts else ""
     if guide is not None or not guided:
         times = _each(t, lambda s: s.expand(latents.shape[0]) if s.ndim == 0 else s)
         cond = network("plain" + suffix, latents.to(transformer.dtype), times, labels).sample.float()
@@ -177,5 +197,5 @@ def _guided_forward(
     c = transformer.in_channels
     g = c if guidance_channels is None else guidance_channels
     mixed = cond[:, :c].clone()
-    mixed[:, :g] = rule.combine(cond[:, :g], uncond[:, :g], guidance_scale, step)
+    mixed[:, :g] = rule.combine(cond[:, :g], uncond[:, :g], guidance_scale, step, shifts)
     return torch.cat([mixed, cond[:, c:]], dim=1)
