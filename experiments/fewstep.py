@@ -34,6 +34,7 @@ import torch
 if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments.backbone import SCALES as BACKBONE_SCALES
 from experiments.common import (
     add_reference_argument,
     describe_reference,
@@ -65,31 +66,8 @@ FLOW_SCALES = (1.0, 2.0, 3.0, 4.0, 6.0)  # swept on seed 0 at 25 steps, in the m
 MEANFLOW_SCALES = (1.0, 1.5, 2.0)  # CFG on top of the guidance folded into training (seed 0, one step)
 CACHE_MODELS = {"ddpm": ("dpm-solver", (25, 50)), "flow": (FLOW_SAMPLER, (25, 50))}  # seed 0, recorded guidance
 CACHES = ("none", "first-block", "magcache", "taylorseer")
-SCALES = {
-    "cpu": dict(
-        overrides=[],
-        eval=["log.eval_every=1660", "log.eval_samples=500"],  # the backbone study's points: 1660, 3320, ... 8300
-        samples=1000,
-        seeds=(0, 1, 2),
-        bootstrap=20,
-    ),
-    "tiny": dict(  # a smoke run (tests/test_experiments.py)
-        overrides=[
-            "model.overrides.hidden_size=32",
-            "model.overrides.head_dim=8",
-            "train.max_steps=4",
-            "train.checkpoint_every=2",
-            "data.subset_per_class=4",
-            "log.log_every=1",
-            "optim.warmup_steps=1",
-            "preview.per_class=1",
-        ],
-        eval=["log.eval_every=2", "log.eval_samples=20"],
-        samples=20,
-        seeds=(0, 1),
-        bootstrap=3,
-    ),
-}
+# the backbone study's scales: the same evaluation points and sample counts, so its flow arm pairs with MeanFlow
+SCALES = BACKBONE_SCALES
 
 
 # ----------------------------------------------------------------------------------------------------
