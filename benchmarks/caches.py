@@ -23,7 +23,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 
 import torch
 
-from benchmarks.timing import interleaved_rounds, write_report
+from benchmarks.timing import interleaved_rounds, run_cli, write_report
 
 CACHES = ("none", "first-block", "magcache", "taylorseer")
 
@@ -153,4 +153,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -25,7 +25,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 import torch
 
 from benchmarks.caches import untrained_default
-from benchmarks.timing import interleaved_rounds, write_report
+from benchmarks.timing import interleaved_rounds, run_cli, write_report
 
 RULES = ("cfg", "apg", "cfg-zero-star")
 
@@ -40,10 +40,22 @@ def untrained_guides(pipe) -> dict:
     return {"same-size": type(main).from_config(main.config).eval(), "half-width": half.eval()}
 
 
+def named_path(text: str) -> tuple[str, str]:
+    """``NAME=PATH`` of ``--guide``."""
+    name, sep, path = text.partition("=")
+    if not (sep and name and path):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NAME=PATH, e.g. quarter=runs/x/checkpoints/step-00002000"
+        )
+    return name, path
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="a run, pipeline, checkpoint or transformer folder")
-    p.add_argument("--guide", action="append", default=[], metavar="NAME=PATH", help="a guide model, repeatable")
+    p.add_argument(
+        "--guide", action="append", default=[], type=named_path, metavar="NAME=PATH", help="a guide model, repeatable"
+    )
     p.add_argument("--scheduler", default=None, help="default: the model's recorded sampler")
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--scale", type=float, default=2.0)
@@ -69,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
         guidance_interval=None,
         guidance_noise=None,
     )
-    guides = dict(g.split("=", 1) for g in args.guide) if args.model else untrained_guides(pipe)
+    guides = dict(args.guide) if args.model else untrained_guides(pipe)
     labels = [i % pipe.transformer.config.num_classes for i in range(args.images)]
     noise_shape = (args.images, pipe.transformer.in_channels, *(pipe.transformer.config.sample_size,) * 2)
     noise = torch.randn(noise_shape, generator=torch.Generator().manual_seed(0)).to(device)
@@ -133,4 +145,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -387,3 +387,15 @@ def test_guidance_benchmark_times_each_rule_and_each_guide_against_cfg_in_the_sa
     assert rows["ag-small"]["guide_parameters"] == small
     assert all(len(r["rounds"]) == 2 and r["seconds_per_image"] > 0 for r in rows.values())
     assert "| ag-small |" in (tmp_path / "guidance_cpu_tiny.md").read_text()
+
+
+def test_a_benchmark_given_a_missing_model_or_a_malformed_guide_says_so_in_one_line(tmp_path, capsys):
+    from benchmarks.caches import main as caches
+    from benchmarks.guidance import main as guidance
+    from benchmarks.timing import run_cli
+
+    with pytest.raises(SystemExit, match=r"^error: .*missing does not exist"):
+        run_cli(lambda: caches(["--model", str(tmp_path / "missing")]))
+    with pytest.raises(SystemExit):
+        guidance(["--guide", "nameonly"])
+    assert "expected NAME=PATH" in capsys.readouterr().err
