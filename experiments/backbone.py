@@ -50,12 +50,11 @@ from experiments.report import (
     curve_table,
     fmt_values,
     hold_lock,
-    paired,
+    paired_reading,
     plot_by_seed,
     plot_curves,
     pyplot,
     save_results,
-    verdict,
 )
 
 FLOW, DIT_FLOW = "configs/fashion_mnist_moh_flow.yaml", "configs/fashion_mnist_dit_flow.yaml"
@@ -265,16 +264,9 @@ def reading(result: dict) -> list[str]:
             ("guided KID at NFE 25", guided(result, arm), guided(result, base)),
             ("final unguided KID", final_kid(result, arm), final_kid(result, base)),
         ):
-            diff = paired(mine, theirs)
-            if len(diff) >= 2:
-                from experiments.report import mean_ci
-
-                stat = mean_ci(diff)
-                ci = stat["ci"]
-                out.append(
-                    f"- {arm} against {base}, {label}: {stat['mean']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}], "
-                    f"{verdict(ci, 'better', 'worse')}."
-                )
+            line = paired_reading(f"{arm} against {base}, {label}", mine, theirs)
+            if line:
+                out.append(line)
     return out or ["No paired results yet."]
 
 

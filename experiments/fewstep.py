@@ -48,7 +48,7 @@ from experiments.report import (
     curve_points,
     fmt_values,
     hold_lock,
-    paired,
+    paired_reading,
     plot_by_seed,
     plot_curves,
     pyplot,
@@ -292,16 +292,11 @@ def reading(result: dict) -> list[str]:
     out = []
     base = by_seed(result, "flow", FLOW_STEPS[0])
     for kind, steps in [*(("meanflow", s) for s in MEANFLOW_STEPS), ("flow", FLOW_STEPS[1])]:
-        diff = paired(by_seed(result, kind, steps), base)
-        if len(diff) >= 2:
-            from experiments.report import mean_ci, verdict
-
-            stat = mean_ci(diff)
-            ci = stat["ci"]
-            out.append(
-                f"- {kind} at {steps} steps against flow at {FLOW_STEPS[0]}, KID: {stat['mean']:+.2f} "
-                f"[{ci[0]:+.2f}, {ci[1]:+.2f}], {verdict(ci, 'better', 'worse')}."
-            )
+        line = paired_reading(
+            f"{kind} at {steps} steps against flow at {FLOW_STEPS[0]}, KID", by_seed(result, kind, steps), base
+        )
+        if line:
+            out.append(line)
     return out or ["No paired results yet."]
 
 

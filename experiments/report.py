@@ -72,6 +72,17 @@ def verdict(ci: tuple[float, float] | None, lower: str = "lower", higher: str = 
     return lower if ci[1] < 0 else higher
 
 
+def paired_reading(what: str, values: BySeed, base: BySeed) -> str | None:
+    """``- WHAT: +d [low, high], verdict.`` for the paired difference ``values - base`` (lower is better), or
+    ``None`` below two seeds."""
+    diff = paired(values, base)
+    if len(diff) < 2:
+        return None
+    stat = mean_ci(diff)
+    ci = stat["ci"]
+    return f"- {what}: {stat['mean']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}], {verdict(ci, 'better', 'worse')}."
+
+
 def seedwise(values: list[float]) -> str:
     """Each seed's difference, and whether they agree in sign (a hint that two seeds cannot resolve)."""
     signs = {v > 0 for v in values}
