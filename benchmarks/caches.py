@@ -28,6 +28,17 @@ from benchmarks.timing import interleaved_rounds, run_cli, write_report
 CACHES = ("none", "first-block", "magcache", "taylorseer")
 
 
+def benchmark_pipeline(model: str | None) -> tuple[object, torch.device]:
+    """The pipeline a sampling benchmark times, on the GPU where there is one: ``model`` (a run, pipeline,
+    checkpoint or transformer folder) or, without one, :func:`untrained_default`; progress bars off."""
+    from moh_dit.sampling.loading import load_pipeline
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    pipe = load_pipeline(model, device=str(device)) if model else untrained_default(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, device
+
+
 def untrained_default(device: torch.device):
     """The embedded default's model (configs/fashion_mnist_moh.yaml: MoH-DiT-Ti/4-75 at width 128) with random
     weights, its zero-initialised layers drawn too, in a pipeline with its preview sampling."""
@@ -71,12 +82,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tag", default=None)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = p.parse_args(argv)
-    from moh_dit.sampling.loading import load_pipeline
     from moh_dit.sampling.spec import SamplingSpec
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    pipe = load_pipeline(args.model, device=str(device)) if args.model else untrained_default(device)
-    pipe.set_progress_bar_config(disable=True)
+    pipe, device = benchmark_pipeline(args.model)
     base = pipe.preview_sampling if args.model else SamplingSpec(guidance_scale=4.0, guidance_interval=(100, 500))
     base = base.replace(scheduler=args.scheduler or base.scheduler)
     classes = pipe.transformer.config.num_classes

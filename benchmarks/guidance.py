@@ -24,7 +24,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 
 import torch
 
-from benchmarks.caches import untrained_default
+from benchmarks.caches import benchmark_pipeline
 from benchmarks.timing import interleaved_rounds, run_cli, write_report
 
 RULES = ("cfg", "apg", "cfg-zero-star")
@@ -65,13 +65,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = p.parse_args(argv)
     from moh_dit.sampling.guides import Guide, attach_guide
-    from moh_dit.sampling.loading import load_pipeline
     from moh_dit.sampling.spec import SamplingSpec
     from moh_dit.training.posthoc_export import rebuild_transformer
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    pipe = load_pipeline(args.model, device=str(device)) if args.model else untrained_default(device)
-    pipe.set_progress_bar_config(disable=True)
+    pipe, device = benchmark_pipeline(args.model)
     base = pipe.preview_sampling if args.model else SamplingSpec()
     # every method guides every step here: autoguidance does (EDM2), and the same guided steps make times comparable
     base = base.replace(
