@@ -144,6 +144,7 @@ def test_model_benchmark_compares_each_mode_with_its_dit(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["peak_mb"] >= 0
 
 
+@pytest.mark.slow
 def test_latents_benchmark_reads_the_manifest_timings(tmp_path):
     from benchmarks import latents
 
@@ -207,6 +208,7 @@ def test_sampler_choice_is_the_cheapest_within_five_percent_of_the_best_fast_set
     assert (choose(rows)["scheduler"], choose(rows)["steps"]) == ("dpm-solver", 25)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
 def test_sampler_study_scores_every_setting_and_reuses_its_sample_sets(tmp_path):
     from benchmarks import samplers

@@ -205,6 +205,7 @@ def test_gradient_accumulation_on_two_processes_averages_every_micro_batch(launc
         torch.testing.assert_close(applied[name], grad, rtol=1e-5, atol=1e-8, msg=name)
 
 
+@SLOW
 def test_two_nodes_on_one_machine_train_and_resume_as_one_node_does(images, reference, tmp_path):
     out = tmp_path / "run"
 
@@ -241,6 +242,7 @@ FAULTY_TRAIN = ROOT / "tests" / "helpers" / "faulty_train.py"
 FAULTS = {"rank": 1, "scale": {"12": 200.0, "16": "nan"}}
 
 
+@SLOW
 def test_the_spike_guard_on_two_processes_acts_alike_on_every_rank_and_resumes_exactly(images, tmp_path):
     """Faults on one rank: every rank skips the same update and rolls back to the same checkpoint (the decision
     uses the loss summed over processes), the weights stay equal on every rank, and a run killed after the

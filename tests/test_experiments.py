@@ -108,6 +108,7 @@ def test_missing_classifier_weights_explain_how_to_make_them(tmp_path):
         load_classifier(tmp_path / "none.safetensors")
 
 
+@pytest.mark.slow
 @needs_data
 def test_quality_experiment_runs_end_to_end_on_a_tiny_setting(tmp_path):
     from experiments.quality import GUIDANCE, run_experiment
@@ -181,6 +182,7 @@ def test_quality_experiment_refuses_a_run_folder_made_by_another_recipe(tmp_path
         train_run(tmp_path / "run", [*tiny, "model.preset=DiT-Ti/4", "train.seed=1"])
 
 
+@pytest.mark.slow
 @needs_data
 def test_default_comparison_trains_scores_and_draws_each_recipe_alike(tmp_path):
     from experiments import default_comparison
