@@ -157,9 +157,11 @@ def score(name: str, objective: str, method: str, scale: float, seed: int, sampl
 # ----------------------------------------------------------------------------------------------------
 # The parts
 # ----------------------------------------------------------------------------------------------------
-def part_train(sc, out, reference, seeds, result, flow_runs: Path | None) -> None:
+def part_train(sc, out, reference, seeds, objectives, result, flow_runs: Path | None) -> None:
+    """The mains and small guides of the chosen objectives (the flow main only without ``--flow-runs``)."""
+    arms = [a for a in ARMS if a.split("-")[0] in objectives and not (a == "flow" and flow_runs)]
     for seed in seeds:
-        for arm in [a for a in ARMS if not (a == "flow" and flow_runs)]:
+        for arm in arms:
             result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference, ARMS)
             save(out, result)
 
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None) -> dict:
                    flow_guides=Path(args.flow_guides) if args.flow_guides else None, quarter=args.quarter)  # fmt: skip
         parts = ["train", "sweep", "seeds", "ema"] if args.part == "all" else [args.part]
         if "train" in parts:
-            part_train(sc, out, reference, seeds, result, ctx["flow_runs"])
+            part_train(sc, out, reference, seeds, args.objectives, result, ctx["flow_runs"])
         if "sweep" in parts:
             part_sweep(sc, ctx, args.objectives, result)
         if "seeds" in parts:

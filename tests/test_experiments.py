@@ -484,6 +484,20 @@ def test_backbone_study_trains_every_arm_scores_and_reports(tmp_path):
     assert len(modern["curve"]) == 2 and modern["final_loss"] > 0
 
 
+def test_guidance_study_trains_only_the_chosen_objectives_models(tmp_path, monkeypatch):
+    from experiments import guidance
+
+    trained = []
+    monkeypatch.setattr(guidance, "train_arm", lambda arm, seed, *rest: trained.append((arm, seed)) or {})
+    result = {"training": {}, "protocol": {}, "sweep": [], "seeds": [], "ema": []}
+    monkeypatch.setattr(guidance, "save", lambda out, result: None)
+    guidance.part_train({}, tmp_path, None, (0, 1), ["flow"], result, tmp_path / "backbone-runs")
+    assert trained == [("flow-small", 0), ("flow-small", 1)]  # the flow mains come from the backbone study
+    trained.clear()
+    guidance.part_train({}, tmp_path, None, (0,), ["ddpm", "flow"], result, None)
+    assert trained == [("ddpm", 0), ("flow", 0), ("ddpm-small", 0), ("flow-small", 0)]
+
+
 @pytest.mark.slow
 @needs_data
 def test_guidance_study_trains_sweeps_every_method_and_reports(tmp_path):
