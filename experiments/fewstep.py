@@ -16,7 +16,7 @@ the two times, its cost the KID difference.
 
     python -m experiments.fewstep --part train   --flow-runs DIR   # MeanFlow, 3 seeds (resumable)
     python -m experiments.fewstep --part score   --flow-runs DIR   # 1/2/4 steps against flow at 25/50
-    python -m experiments.fewstep --part caches  --flow-runs DIR --ddpm-runs DIR
+    python -m experiments.fewstep --part caches  --flow-runs DIR --ddpm-runs DIR   # either alone: that model only
     python -m experiments.fewstep --report-only
 
 Writes experiments/results/fewstep/{RESULTS.md, results.json, *.png}.
@@ -156,8 +156,15 @@ def part_score(ctx: dict, seeds, result: dict) -> None:
 
 def part_caches(ctx: dict, result: dict) -> None:
     """Seed 0 of the embedded default (DDPM) and of the flow twin, sampled as each records (its guidance and
-    interval), at 25 and 50 steps, without and with each cache, one after the other in this process."""
+    interval), at 25 and 50 steps, without and with each cache, one after the other in this process. A model whose
+    runs folder is not given is left out (and said so); with neither, there is nothing to time."""
+    kinds = [kind for kind in CACHE_MODELS if ctx[f"{kind}_runs"]]
+    if not kinds:
+        raise SystemExit("the caches part: pass --flow-runs, --ddpm-runs or both (the folders of the models' runs)")
     for kind, (scheduler, budgets) in CACHE_MODELS.items():
+        if kind not in kinds:
+            print(f"caches: no --{kind}-runs, so no {kind} rows this time", flush=True)
+            continue
         scale = recorded_sampling(model_of(kind, 0, ctx)).guidance_scale
         for steps in budgets:
             for cache in CACHES:

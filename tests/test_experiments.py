@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -514,6 +515,20 @@ def test_guidance_study_trains_sweeps_every_method_and_reports(tmp_path):
     assert len(result["ema"]) == 2 * (1 + 3)  # two main widths: CFG, and three guide widths
     text = (out / "RESULTS.md").read_text()
     assert "## ddpm: each method at its best scale" in text and "| ag-small |" in text
+
+
+def test_fewstep_caches_part_times_the_models_whose_runs_are_given(tmp_path, monkeypatch, capsys):
+    from experiments import fewstep
+
+    timed = []
+    monkeypatch.setattr(fewstep, "recorded_sampling", lambda model: SimpleNamespace(guidance_scale=4.0))
+    monkeypatch.setattr(fewstep, "score", lambda kind, seed, sched, steps, scale, ctx, cache: {"kind": kind})
+    monkeypatch.setattr(fewstep, "_record", lambda result, key, row, out: timed.append(row["kind"]))
+    ctx = {"out": tmp_path, "flow_runs": str(tmp_path), "ddpm_runs": None}
+    fewstep.part_caches(ctx, {})
+    assert timed == ["flow"] * 2 * len(fewstep.CACHES) and "no --ddpm-runs" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="pass --flow-runs, --ddpm-runs or both"):
+        fewstep.part_caches(ctx | {"flow_runs": None}, {})
 
 
 @pytest.mark.slow
