@@ -165,11 +165,10 @@ def part_caches(ctx: dict, result: dict) -> None:
     """Seed 0 of the embedded default (DDPM) and of the flow twin, sampled as each records (its guidance and
     interval), at 25 and 50 steps, without and with each cache, one after the other in this process. A model whose
     runs folder is not given is left out (and said so); with neither, there is nothing to time."""
-    kinds = [kind for kind in CACHE_MODELS if ctx[f"{kind}_runs"]]
-    if not kinds:
+    if not any(ctx[f"{kind}_runs"] for kind in CACHE_MODELS):
         raise SystemExit("the caches part: pass --flow-runs, --ddpm-runs or both (the folders of the models' runs)")
     for kind, (scheduler, budgets) in CACHE_MODELS.items():
-        if kind not in kinds:
+        if not ctx[f"{kind}_runs"]:
             print(f"caches: no --{kind}-runs, so no {kind} rows this time", flush=True)
             continue
         scale = recorded_sampling(model_of(kind, 0, ctx)).guidance_scale
