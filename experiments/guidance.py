@@ -59,6 +59,7 @@ ARMS = {
     "ddpm-small": (DDPM, SMALL),
     "flow-small": (FLOW, SMALL),
 }
+OBJECTIVE_OF_CONFIG = {DDPM: "ddpm", FLOW: "flow"}  # which objective each arm trains: its config's
 QUARTER = 2000  # the checkpoint of a quarter of training (500-step checkpoints; 2075 is a quarter of 8300)
 SAMPLER = {"ddpm": ("dpm-solver", 25), "flow": ("euler", 25)}  # NFE 25 (the recipes study's choices)
 METHODS = {  # method -> (rule, guide, scales swept)
@@ -159,7 +160,8 @@ def score(name: str, objective: str, method: str, scale: float, seed: int, sampl
 # ----------------------------------------------------------------------------------------------------
 def part_train(sc, out, reference, seeds, objectives, result, flow_runs: Path | None) -> None:
     """The mains and small guides of the chosen objectives (the flow main only without ``--flow-runs``)."""
-    arms = [a for a in ARMS if a.split("-")[0] in objectives and not (a == "flow" and flow_runs)]
+    arms = [a for a, (config, _) in ARMS.items() if OBJECTIVE_OF_CONFIG[config] in objectives]
+    arms = [a for a in arms if not (a == "flow" and flow_runs)]
     for seed in seeds:
         for arm in arms:
             result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference, ARMS)
