@@ -66,7 +66,7 @@ METHODS = {  # method -> (rule, guide, scales swept)
     "cfg": ("cfg", None, (2.0, 3.0, 4.0, 6.0)),
     "ag-quarter": ("cfg", "quarter", (1.5, 2.0, 3.0)),
     "ag-small": ("cfg", "small", (1.5, 2.0, 3.0)),
-    "apg": ("apg", None, (4.0, 6.0, 8.0)),
+    "apg": ("apg", None, (2.0, 3.0, 4.0, 6.0, 8.0)),  # 2 and 3 added after 4 came out best at seed 0
     "cfg-zero-star": ("cfg-zero-star", None, (2.0, 3.0, 4.0, 6.0)),
 }
 EMA_MAIN, EMA_GUIDE = (0.05, 0.10), (0.05, 0.10, 0.15)
