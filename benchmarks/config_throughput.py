@@ -10,7 +10,8 @@ trains at 0.8x the images/s gets 0.8x the steps.
     python benchmarks/config_throughput.py experiments/configs/fashion_mnist_moh_v4.yaml configs/fashion_mnist_moh.yaml
     python benchmarks/config_throughput.py configs/fashion_mnist_moh.yaml --set "depth8=model.overrides.depth=8"
 
-``--set NAME=KEY=VALUE[;KEY=VALUE]`` adds the first config with overrides as one more row. Writes
+``--set NAME=KEY=VALUE[;KEY=VALUE]`` adds the first config with overrides as one more row, ``--set
+NAME@CONFIG=KEY=VALUE[;...]`` another config with overrides (for example DiT's with MoH's block options). Writes
 ``benchmarks/results/config_throughput_<cpu|cuda>.{json,md}`` (``--tag`` names other files).
 """
 
@@ -74,18 +75,25 @@ def table_row(row: dict) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
-def parse_set(text: str) -> tuple[str, list[str]]:
-    """``NAME=KEY=VALUE[;KEY=VALUE]`` -> (NAME, [KEY=VALUE, ...]); ``;`` because values may hold commas."""
-    name, _, rest = text.partition("=")
+def parse_set(text: str) -> tuple[str, str | None, list[str]]:
+    """``NAME[@CONFIG]=KEY=VALUE[;KEY=VALUE]`` -> (NAME, CONFIG or None for the first config, [KEY=VALUE, ...]);
+    ``;`` because values may hold commas."""
+    head, _, rest = text.partition("=")
+    name, _, config = head.partition("@")
     if not name or "=" not in rest:
-        raise SystemExit(f"--set wants NAME=KEY=VALUE[;KEY=VALUE], got {text!r}")
-    return name, [o for o in rest.split(";") if o]
+        raise SystemExit(f"--set wants NAME[@CONFIG]=KEY=VALUE[;KEY=VALUE], got {text!r}")
+    return name, config or None, [o for o in rest.split(";") if o]
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("configs", nargs="+", help="training config files; the first is the baseline")
-    p.add_argument("--set", action="append", default=[], help="NAME=KEY=VALUE[;KEY=VALUE]: the first config, changed")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="NAME[@CONFIG]=KEY=VALUE[;KEY=VALUE]: the first config (or CONFIG), changed",
+    )
     p.add_argument("--steps", type=int, default=50, help="timed optimizer steps per config per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=20, help="untimed steps per config first")
@@ -94,7 +102,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     torch.set_flush_denormal(True)  # near-zero gates make denormals that slow CPU matmuls many times over
     entries = [(Path(c).stem, c, []) for c in args.configs]
-    entries += [(name, args.configs[0], overrides) for name, overrides in map(parse_set, args.set)]
+    entries += [(name, config or args.configs[0], overrides) for name, config, overrides in map(parse_set, args.set)]
     package_logger = logging.getLogger("moh_dit")
     level = package_logger.level
     package_logger.setLevel(logging.WARNING)  # every trainer's start-up lines would bury the table

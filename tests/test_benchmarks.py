@@ -278,13 +278,20 @@ def test_config_throughput_times_the_trainers_own_steps_of_each_config(tmp_path)
         "data: {name: fashion-mnist, image_size: 28, channels: 1, vae: none, num_workers: 0}\n"
         "train: {global_batch_size: 4}\n"
     )
+    other = tmp_path / "other.yaml"
+    other.write_text(config.read_text().replace("depth: 2", "depth: 1"))
     level = logging.getLogger("moh_dit").level
     result = config_throughput.main(
         [str(config), "--set", "deeper=model.overrides.depth=3;train.global_batch_size=2"]
+        + ["--set", f"wider@{other}=model.overrides.hidden_size=48"]  # another config than the first, changed
         + ["--steps", "2", "--rounds", "3", "--warmup", "1", "--out", str(tmp_path), "--tag", "t"]
     )
     assert logging.getLogger("moh_dit").level == level  # quiet while timing, then as it was
-    base, deeper = result["rows"]
+    base, deeper, wider = result["rows"]
+    assert wider["name"] == "wider" and (
+        wider["model_overrides"]["depth"],
+        wider["model_overrides"]["hidden_size"],
+    ) == (1, 48)
     assert (base["name"], deeper["name"]) == ("tiny", "deeper") and deeper["model_overrides"]["depth"] == 3
     assert base["parameters"] < deeper["parameters"] and (base["batch_size"], deeper["batch_size"]) == (4, 2)
     for row in result["rows"]:
@@ -298,8 +305,15 @@ def test_config_throughput_times_the_trainers_own_steps_of_each_config(tmp_path)
     assert json.loads((tmp_path / "config_throughput_cpu_t.json").read_text())["baseline"] == "tiny"
     table = (tmp_path / "config_throughput_cpu_t.md").read_text()
     assert all(f"| {r['images_per_s']:.1f} | {r['ratio_to_baseline']:.3f} |" in table for r in result["rows"])
-    with pytest.raises(SystemExit, match="NAME=KEY=VALUE"):
+    with pytest.raises(SystemExit, match="NAME\\[@CONFIG\\]=KEY=VALUE"):
         config_throughput.parse_set("deeper")
+    # a row may change another config than the first (DiT's with MoH's block options)
+    assert config_throughput.parse_set("dit-modern@c/dit.yaml=a=1;b={x: y, z: w}") == (
+        "dit-modern",
+        "c/dit.yaml",
+        ["a=1", "b={x: y, z: w}"],
+    )
+    assert config_throughput.parse_set("deeper=a=1")[1] is None
 
 
 def test_main_job_projects_the_whole_run_from_the_commands_own_records(tmp_path):

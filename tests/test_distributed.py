@@ -177,7 +177,8 @@ MEANFLOW = ("objective.name=meanflow", "objective.guidance_mix=0.5", "train.snr_
 
 @pytest.mark.parametrize(
     "launcher, objective",
-    [("torchrun", ()), ("torchrun", MEANFLOW), pytest.param("accelerate", (), marks=SLOW)],
+    # MeanFlow's in the default suite (its gradients are averaged by hand); the plain ones on demand
+    [pytest.param("torchrun", (), marks=SLOW), ("torchrun", MEANFLOW), pytest.param("accelerate", (), marks=SLOW)],
     ids=["torchrun", "torchrun-meanflow", "accelerate"],
 )
 def test_gradient_accumulation_on_two_processes_averages_every_micro_batch(launcher, objective, images, tmp_path):
@@ -339,7 +340,8 @@ def one_process_samples(reference, tmp_path_factory):
     return folder.with_suffix(".npz")
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=SLOW)])
+# both launchers in the slow set: evaluating a model on two processes (below) resumes its samples after a kill
+@pytest.mark.parametrize("launcher", [pytest.param("torchrun", marks=SLOW), pytest.param("accelerate", marks=SLOW)])
 def test_sampling_on_two_processes_resumes_after_a_kill_to_the_same_images(
     launcher, reference, one_process_samples, tmp_path
 ):
@@ -413,7 +415,8 @@ def many_images(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=SLOW)])
+# both launchers in the slow set: tests/data/test_latents.py resumes an extraction on another number of processes
+@pytest.mark.parametrize("launcher", [pytest.param("torchrun", marks=SLOW), pytest.param("accelerate", marks=SLOW)])
 def test_latent_extraction_on_two_processes_resumes_after_a_kill_to_the_same_file(
     launcher, many_images, tmp_path, caplog
 ):
@@ -443,7 +446,8 @@ def test_latent_extraction_on_two_processes_resumes_after_a_kill_to_the_same_fil
 # ----------------------------------------------------------------------------------------------------
 # Flow matching, REPA and post-hoc EMA on two processes
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("objective", ["flow", "meanflow", pytest.param("ddpm", marks=SLOW)])
+# meanflow in the default suite: every block option, REPA, its hand-averaged gradients; flow and ddpm on demand
+@pytest.mark.parametrize("objective", [pytest.param("flow", marks=SLOW), "meanflow", pytest.param("ddpm", marks=SLOW)])
 def test_a_run_with_repa_and_post_hoc_ema_resumes_exactly_on_two_processes(objective, images, tmp_path):
     """Flow matching (with every block option and LightningDiT's cosine loss), MeanFlow (guided in training, its
     gradients averaged by hand; with every block option) or DDPM, REPA's alignment and post-hoc EMA snapshots on two

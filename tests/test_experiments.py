@@ -25,6 +25,7 @@ needs_data = pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MN
 
 
 @needs_data
+@pytest.mark.slow  # an asset check: 10,000 test images through the classifier; its loading is tested by every study
 def test_shipped_classifier_reaches_its_recorded_test_accuracy():
     from moh_dit.data.fashion_mnist import FashionMNIST
 

@@ -106,7 +106,15 @@ def test_latent_path_end_to_end_with_consistent_manifests(tmp_path, caplog):
     assert metrics["reference"]["content_sha256"] and all(np.isfinite(v) for v in metrics["metrics"].values())
 
 
-@pytest.mark.parametrize("kind", ["sd3-style AutoencoderKL", pytest.param("AutoencoderDC", marks=pytest.mark.slow)])
+# both in the slow set: tests/test_vae.py holds each latent space to diffusers' autoencoders, and the test above
+# runs the latent path end to end in the default suite
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("sd3-style AutoencoderKL", marks=pytest.mark.slow),
+        pytest.param("AutoencoderDC", marks=pytest.mark.slow),
+    ],
+)
 def test_newer_autoencoders_go_through_latents_training_and_sampling_on_one_and_two_processes(kind, tmp_path, caplog):
     """An SD3/Flux-style VAE (16 channels, scale and shift) and a deep-compression autoencoder (deterministic):
     latents on two processes and on one (the same file), training on both, sampling on both (the same images); every

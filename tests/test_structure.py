@@ -82,6 +82,11 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def test_no_module_of_the_package_is_over_450_lines():
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 450}
+    assert not long, f"split these by concept: {long}"
+
+
 def test_no_import_cycles():
     assert not find_cycles(GRAPH), find_cycles(GRAPH)[:3]
 

@@ -33,17 +33,17 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 # ("moh_dit.objectives.flow_schedulers") and, for safety, only from modules already imported: importing it here
 # is what lets MoHDiTPipeline.from_pretrained load a flow pipeline.
 import moh_dit.objectives.flow_schedulers  # noqa: F401
-from moh_dit.errors import ConfigError, NonFiniteSampleError
+from moh_dit.errors import NonFiniteSampleError
 from moh_dit.manifests import read_manifest
 from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.base import Objective
 from moh_dit.objectives.registry import resolve_protocol
 from moh_dit.sampling.caches import CachedNetwork, calibrate_magcache
+from moh_dit.sampling.checks import attached_guide, check_sampling
 from moh_dit.sampling.guidance import GuidanceRule, guided_output, make_rule
 from moh_dit.sampling.labels import resolve_class_labels
-from moh_dit.sampling.schedulers import scheduler_objective
-from moh_dit.sampling.spec import GRID_GUIDANCE, TRAIN_TIMESTEPS, SamplingSpec
+from moh_dit.sampling.spec import GRID_GUIDANCE, SamplingSpec
 from moh_dit.seeding import index_generator
 from moh_dit.vae import ImageSpace
 
@@ -317,55 +317,9 @@ class MoHDiTPipeline(DiffusionPipeline):
         return ratios
 
     def check_sampling(self, sampling: SamplingSpec, decode: bool = True) -> None:
-        """Whether ``sampling`` can draw from this pipeline's model, checked before anything is drawn or written: its
-        scheduler samples the model's objective, the guided channels exist, guidance has a null class to guide
-        with, and (``decode``) latents have a VAE to decode them. Each failure is one :class:`ConfigError`."""
-        transformer = self.transformer
-        self._check_scheduler(self.objective)
-        if decode and self.vae is None and self.config.get("latent_space", False):
-            raise ConfigError(
-                f"this model generates {transformer.in_channels}-channel latents and the pipeline has no VAE to decode "
-                f"them: pass the VAE it was trained with (--vae / vae=...), or output_type='latent'"
-            )
-        channels = sampling.guidance_channels
-        if channels is not None and not 1 <= channels <= transformer.in_channels:
-            raise ConfigError(
-                f"guidance_channels={channels}: this model has {transformer.in_channels} channel(s); give a number "
-                f"between 1 and {transformer.in_channels}, or none for all"
-            )
-        conditional = transformer.config.num_classes > 0
-        cfg = sampling.guide is None and sampling.guidance_scale != 1.0
-        if conditional and cfg and transformer.null_class_id is None:
-            raise ConfigError(
-                "this model was trained without label dropout: it has no null class, use guidance_scale=1 (or a guide "
-                "model: autoguidance needs none)"
-            )
-        self.attached_guide(sampling)
-
-    def attached_guide(self, sampling: SamplingSpec) -> MoHDiT | None:
-        """The guide model ``sampling`` names, as attached by ``moh_dit.sampling.guides.attach_guide`` (``None`` for
-        classifier-free guidance); a guide that is not attached, or another one, is a :class:`ConfigError`."""
-        if sampling.guide is None:
-            return None
-        attached = getattr(self, "guide", None)
-        if attached is None or attached.record != sampling.guide_record():
-            raise ConfigError(
-                f"the guide {sampling.guide} is not attached to this pipeline: moh_dit.sampling.guides.attach_guide("
-                f"pipe, sampling) loads and checks it"
-            )
-        return attached.model
-
-    def _check_scheduler(self, objective: Objective) -> None:
-        """The pipeline's scheduler must sample the transformer's objective: a sampler of another objective (a
-        pipeline assembled by hand) would run without an error and make noise."""
-        if self.scheduler.config.num_train_timesteps != TRAIN_TIMESTEPS:
-            raise ConfigError(f"the scheduler must have {TRAIN_TIMESTEPS} training timesteps, as moh-dit's objectives")
-        owner = scheduler_objective(self.scheduler)
-        if owner is not None and objective.scheduler_name(self.scheduler) is None:
-            raise ConfigError(
-                f"the pipeline's {type(self.scheduler).__name__} samples {owner} models; this is a {objective.name} "
-                f"model ({objective.describe()}): choose one of {', '.join(objective.samplers)} (with_scheduler)"
-            )
+        """Whether ``sampling`` can draw from this pipeline's model, before anything is drawn or written (see
+        :func:`moh_dit.sampling.checks.check_sampling`)."""
+        check_sampling(self, sampling, decode)
 
     def _labels_and_batch(
         self, class_labels: int | str | Sequence[int | str] | None, num_images: int | None
@@ -402,7 +356,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         step_kwargs = (
             {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
         )
-        guide, rule = self.attached_guide(sampling), make_rule(sampling.guidance_rule, sampling.rule)  # fresh state
+        guide, rule = attached_guide(self, sampling), make_rule(sampling.guidance_rule, sampling.rule)  # fresh state
         for index, t in enumerate(self.progress_bar(steps) if progress else steps):
             model_in = (
                 self.scheduler.scale_model_input(latents, t)

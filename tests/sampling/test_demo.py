@@ -82,6 +82,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a real browser; the API the page calls is tested through gradio_client in the default suite
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver")
 def test_the_page_in_a_browser(tmp_path):
     pytest.importorskip("gradio")

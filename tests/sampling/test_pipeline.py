@@ -240,7 +240,7 @@ def test_save_and_load_round_trip(tmp_path, with_vae):
     assert loaded.patch_pixels == a.shape[-1] // (model.config.sample_size // model.config.patch_size)
 
 
-@pytest.mark.parametrize("scheduler", ["sde", "heun"])
+@pytest.mark.parametrize("scheduler", ["sde", pytest.param("heun", marks=pytest.mark.slow)])
 def test_a_saved_flow_pipeline_loads_in_a_fresh_interpreter_and_draws_the_same_images(tmp_path, scheduler):
     """diffusers only resolves a scheduler class from modules already imported; a user's fresh process that imports
     nothing but the pipeline must still load moh-dit's flow schedulers."""
