@@ -4,7 +4,7 @@ guide model is the one attached. Apart from ``pipeline.py`` so the sampling loop
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from moh_dit.errors import ConfigError
 from moh_dit.model.network import MoHDiT
@@ -45,7 +45,13 @@ def check_sampling(pipe: DiffusionPipeline, sampling: SamplingSpec, decode: bool
 
 
 def attached_guide(pipe: DiffusionPipeline, sampling: SamplingSpec) -> MoHDiT | None:
-    """The guide model ``sampling`` names, as attached by ``moh_dit.sampling.guides.attach_guide`` (``None`` for
+    """The guide model ``sampling`` names (``None`` for classifier-free guidance); see :func:`attached_guide_entry`."""
+    entry = attached_guide_entry(pipe, sampling)
+    return None if entry is None else entry.model
+
+
+def attached_guide_entry(pipe: DiffusionPipeline, sampling: SamplingSpec) -> Any:
+    """What ``moh_dit.sampling.guides.attach_guide`` attached for the guide ``sampling`` names (``None`` for
     classifier-free guidance); a guide that is not attached, or another one, is a :class:`ConfigError`."""
     if sampling.guide is None:
         return None
@@ -55,7 +61,7 @@ def attached_guide(pipe: DiffusionPipeline, sampling: SamplingSpec) -> MoHDiT | 
             f"the guide {sampling.guide} is not attached to this pipeline: moh_dit.sampling.guides.attach_guide("
             f"pipe, sampling) loads and checks it"
         )
-    return attached.model
+    return attached
 
 
 def check_scheduler(scheduler: SchedulerMixin, objective: Objective) -> None:

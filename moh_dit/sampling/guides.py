@@ -21,6 +21,7 @@ from moh_dit.errors import ConfigError
 from moh_dit.manifests import fingerprint_module
 from moh_dit.model.network import MoHDiT
 from moh_dit.run_folder import RunLayout
+from moh_dit.sampling.checks import attached_guide_entry
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.sampling.spec import SamplingSpec
 
@@ -107,11 +108,5 @@ def _checkpoint_at(model: str, step: int | None) -> str:
 def guide_identity(pipe: MoHDiTPipeline, spec: SamplingSpec) -> dict[str, Any] | None:
     """The guide's part of a sample set's identity (``None`` without one); the guide ``spec`` names must be
     attached (:func:`attach_guide`)."""
-    if spec.guide is None:
-        return None
-    attached = getattr(pipe, "guide", None)
-    if attached is None or attached.record != spec.guide_record():
-        raise ConfigError(
-            f"the guide {spec.guide} is not attached to the pipeline: call attach_guide(pipe, spec) first"
-        )
-    return attached.identity()
+    entry = attached_guide_entry(pipe, spec)
+    return None if entry is None else entry.identity()
