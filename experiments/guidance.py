@@ -189,10 +189,10 @@ def best_scale(result: dict, objective: str, method: str) -> float | None:
     return min(rows, key=lambda r: r["kid"])["scale"] if rows else None
 
 
-def part_seeds(sc, ctx, seeds, objectives, result) -> None:
+def part_seeds(sc, ctx, seeds, objectives, result, methods: list[str]) -> None:
     for objective in objectives:
         for seed in seeds:
-            for method in METHODS:
+            for method in methods:
                 scale = best_scale(result, objective, method)
                 if scale is not None:
                     name = f"{objective}-{method}-s{scale:g}-seed{seed}"
@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--objectives", nargs="+", choices=["ddpm", "flow"], default=["ddpm", "flow"])
     p.add_argument("--flow-runs", default=None, help="the backbone study's runs (its flow arm); default: trained here")
     p.add_argument("--flow-guides", default=None, help="the flow runs' step-2000 checkpoints (default: in their runs)")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), help="for --part seeds")
     p.add_argument("--quarter", type=int, default=QUARTER, help="the step of the quarter-training guide")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--out", default="experiments/results/guidance")
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
         if "sweep" in parts:
             part_sweep(sc, ctx, args.objectives, result)
         if "seeds" in parts:
-            part_seeds(sc, ctx, seeds, args.objectives, result)
+            part_seeds(sc, ctx, seeds, args.objectives, result, args.methods)
         if "ema" in parts and "ddpm" in args.objectives:
             part_ema(sc, ctx, result)
     out.mkdir(parents=True, exist_ok=True)
