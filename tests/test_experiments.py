@@ -500,6 +500,24 @@ def test_guidance_study_trains_only_the_chosen_objectives_models(tmp_path, monke
     assert trained == [("ddpm", 0), ("flow", 0), ("ddpm-small", 0), ("flow-small", 0)]
 
 
+def test_guidance_study_scores_only_the_chosen_methods_at_each_seed(tmp_path, monkeypatch):
+    from experiments import guidance
+
+    scored = []
+    monkeypatch.setattr(
+        guidance, "score", lambda name, o, m, scale, seed, n, ctx: scored.append((m, seed, scale)) or {}
+    )
+    monkeypatch.setattr(guidance, "_record", lambda result, key, row, out: None)
+    sweep = [
+        {"objective": "flow", "method": m, "scale": s, "kid": abs(s - 3)} for m in guidance.METHODS for s in (2, 3)
+    ]
+    result = {"sweep": sweep, "seeds": []}
+    guidance.part_seeds({"samples": 8}, {"out": tmp_path}, (0, 1), ["flow"], result, ["ag-quarter", "cfg"])
+    assert scored == [("ag-quarter", 0, 3), ("cfg", 0, 3), ("ag-quarter", 1, 3), ("cfg", 1, 3)]
+    with pytest.raises(SystemExit):
+        guidance.main(["--methods", "nope", "--report-only"])
+
+
 @pytest.mark.slow
 @needs_data
 def test_guidance_study_trains_sweeps_every_method_and_reports(tmp_path):
