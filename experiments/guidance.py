@@ -295,12 +295,15 @@ def plot(result: dict, out: Path) -> None:
     plt = pyplot()
     if plt is None or not result["seeds"]:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), squeeze=False)
-    for ax, objective in zip(axes[0], ("ddpm", "flow")):
-        methods = {m: [by_seed(result, objective, m)] for m in METHODS if by_seed(result, objective, m)}
-        if methods:
-            plot_by_seed(ax, ["best scale, NFE 25"], methods, "KID x 1000")
-            ax.set_title(objective)
+    panels = {  # one panel per objective with scored seeds
+        objective: {m: [by_seed(result, objective, m)] for m in METHODS if by_seed(result, objective, m)}
+        for objective in ("ddpm", "flow")
+    }
+    panels = {objective: methods for objective, methods in panels.items() if methods}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (objective, methods) in zip(axes[0], panels.items()):
+        plot_by_seed(ax, ["best scale, NFE 25"], methods, "KID x 1000")
+        ax.set_title(objective)
     fig.tight_layout()
     fig.savefig(out / "kid_by_seed.png", dpi=110)
     plt.close(fig)
