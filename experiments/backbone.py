@@ -30,7 +30,6 @@ experiments/results/backbone/{RESULTS.md, results.json, *.png}.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -42,19 +41,20 @@ import torch
 if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import add_reference_argument, describe_reference, reference_protocol, start_scoring
+from experiments.common import describe_reference, start_scoring
 from experiments.recipes import pipeline_of, run_name, score, scores_row, train_arm
 from experiments.report import (
     by_seed_table,
     curve_points,
     curve_table,
     fmt_values,
-    hold_lock,
+    open_study,
     paired_reading,
     plot_by_seed,
     plot_curves,
     pyplot,
     save_results,
+    study_arguments,
 )
 
 FLOW, DIT_FLOW = "configs/fashion_mnist_moh_flow.yaml", "configs/fashion_mnist_dit_flow.yaml"
@@ -304,26 +304,13 @@ def save(out: Path, result: dict) -> None:
 # Command line
 # ----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["train", "score", "all"], default="all")
-    p.add_argument("--scale", choices=list(SCALES), default="cpu")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p = study_arguments(__doc__, ["train", "score"], SCALES, "cpu", "experiments/results/backbone")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default="experiments/results/backbone")
-    add_reference_argument(p)
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
-    seeds = tuple(args.seeds) if args.seeds is not None else sc["seeds"]
     out = Path(args.out)
-    path = out / "results.json"
-    protocol = {"scale": args.scale, "samples": sc["samples"]} | reference_protocol(args)
-    result = json.loads(path.read_text()) if path.exists() else {"protocol": protocol, "training": {}, "scores": []}
-    if result.get("protocol") != protocol:
-        raise SystemExit(f"{path} was written with {result.get('protocol')}, not {protocol}: use another --out")
+    result, seeds, lock = open_study(args, sc, "backbone", {"training": {}, "scores": []})  # lock: held to the end
     if not args.report_only:
-        out.mkdir(parents=True, exist_ok=True)
-        lock = hold_lock(out, "backbone")  # noqa: F841 (held until the process ends)
         out, reference, extractor = start_scoring(args)
         torch.manual_seed(0)
         if args.part in ("train", "all"):

@@ -24,8 +24,6 @@ Writes experiments/results/fewstep/{RESULTS.md, results.json, *.png}.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -36,9 +34,7 @@ if not __package__:  # run as a file (python experiments/x.py): the repository r
 
 from experiments.backbone import SCALES as BACKBONE_SCALES
 from experiments.common import (
-    add_reference_argument,
     describe_reference,
-    reference_protocol,
     sample_and_score,
     start_scoring,
 )
@@ -47,12 +43,13 @@ from experiments.report import (
     by_seed_table,
     curve_points,
     fmt_values,
-    hold_lock,
+    open_study,
     paired_reading,
     plot_by_seed,
     plot_curves,
     pyplot,
     save_results,
+    study_arguments,
 )
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import load_pipeline, recorded_sampling
@@ -347,31 +344,17 @@ def save(out: Path, result: dict) -> None:
 # Command line
 # ----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["train", "score", "caches", "all"], default="all")
-    p.add_argument("--scale", choices=list(SCALES), default="cpu")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p = study_arguments(__doc__, ["train", "score", "caches"], SCALES, "cpu", "experiments/results/fewstep")
     p.add_argument("--flow-runs", default=None, help="the backbone study's runs folder (its flow arm)")
     p.add_argument("--ddpm-runs", default=None, help="the guidance study's runs folder (its DDPM mains)")
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default="experiments/results/fewstep")
-    add_reference_argument(p)
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
-    seeds = tuple(args.seeds) if args.seeds is not None else sc["seeds"]
     out = Path(args.out)
-    path = out / "results.json"
-    protocol = {"scale": args.scale, "samples": sc["samples"]} | reference_protocol(args)
-    empty = {"protocol": protocol, "training": {}, "sweep": [], "scores": [], "caches": []}
-    result = json.loads(path.read_text()) if path.exists() else empty
-    result = empty | result  # the parts a results file written before them lacks
-    if result.get("protocol") != protocol:
-        raise SystemExit(f"{path} was written with {result.get('protocol')}, not {protocol}: use another --out")
+    sections = {"training": {}, "sweep": [], "scores": [], "caches": []}
+    result, seeds, lock = open_study(args, sc, "fewstep", sections)  # lock: held to the end
     if args.flow_runs:
         result["flow_curves"] = flow_curves(args.flow_runs, seeds)
     if not args.report_only:
-        out.mkdir(parents=True, exist_ok=True)
-        lock = hold_lock(out, "fewstep")  # noqa: F841 (held until the process ends)
         out, reference, extractor = start_scoring(args)
         torch.manual_seed(0)
         ctx = dict(

@@ -27,8 +27,6 @@ Writes experiments/results/guidance/{RESULTS.md, results.json, *.png}.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -38,14 +36,20 @@ if not __package__:  # run as a file (python experiments/x.py): the repository r
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import (
-    add_reference_argument,
     describe_reference,
-    reference_protocol,
     sample_and_score,
     start_scoring,
 )
 from experiments.recipes import run_name, train_arm
-from experiments.report import by_seed_table, fmt_values, hold_lock, plot_by_seed, pyplot, save_results
+from experiments.report import (
+    by_seed_table,
+    fmt_values,
+    open_study,
+    plot_by_seed,
+    pyplot,
+    save_results,
+    study_arguments,
+)
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import recorded_sampling
 from moh_dit.training.posthoc_export import rebuild_pipeline
@@ -314,31 +318,18 @@ def save(out: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["train", "sweep", "seeds", "ema", "all"], default="all")
-    p.add_argument("--scale", choices=list(SCALES), default="cpu")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p = study_arguments(__doc__, ["train", "sweep", "seeds", "ema"], SCALES, "cpu", "experiments/results/guidance")
     p.add_argument("--objectives", nargs="+", choices=["ddpm", "flow"], default=["ddpm", "flow"])
     p.add_argument("--flow-runs", default=None, help="the backbone study's runs (its flow arm); default: trained here")
     p.add_argument("--flow-guides", default=None, help="the flow runs' step-2000 checkpoints (default: in their runs)")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), help="for --part seeds")
     p.add_argument("--quarter", type=int, default=QUARTER, help="the step of the quarter-training guide")
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default="experiments/results/guidance")
-    add_reference_argument(p)
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
-    seeds = tuple(args.seeds) if args.seeds is not None else sc["seeds"]
     out = Path(args.out)
-    path = out / "results.json"
-    protocol = {"scale": args.scale, "samples": sc["samples"]} | reference_protocol(args)
-    empty = {"protocol": protocol, "training": {}, "sweep": [], "seeds": [], "ema": []}
-    result = json.loads(path.read_text()) if path.exists() else empty
-    if result.get("protocol") != protocol:
-        raise SystemExit(f"{path} was written with {result.get('protocol')}, not {protocol}: use another --out")
+    sections = {"training": {}, "sweep": [], "seeds": [], "ema": []}
+    result, seeds, lock = open_study(args, sc, "guidance", sections)  # lock: held to the end
     if not args.report_only:
-        out.mkdir(parents=True, exist_ok=True)
-        lock = hold_lock(out, "guidance")  # noqa: F841 (held until the process ends)
         out, reference, extractor = start_scoring(args)
         torch.manual_seed(0)
         flow_runs = Path(args.flow_runs) if args.flow_runs else None

@@ -31,8 +31,6 @@ reused, so an interrupted part continues; writes experiments/results/recipes/{RE
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -44,15 +42,13 @@ if not __package__:  # run as a file (python experiments/x.py): the repository r
 
 from experiments.common import (
     ROOT,
-    add_reference_argument,
-    reference_protocol,
     render_grid,
     sample_and_score,
     start_scoring,
 )
 from experiments.default_comparison import train_recipe
 from experiments.recipes_report import COMPARISONS, NFE_BUDGETS, plot, report
-from experiments.report import hold_lock, save_results
+from experiments.report import open_study, save_results, study_arguments
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import load_pipeline, recorded_sampling
 from moh_dit.sampling.spec import SamplingSpec
@@ -317,10 +313,8 @@ def save(out: Path, result: dict) -> None:
 # Command line
 # ----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["train", "samplers", "objective", "repa", "posthoc", "all"], default="all")
-    p.add_argument("--scale", choices=list(SCALES), default="default")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    parts = ["train", "samplers", "objective", "repa", "posthoc"]
+    p = study_arguments(__doc__, parts, SCALES, "default", "experiments/results/recipes")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     p.add_argument(
         "--sigma-rels",
@@ -329,34 +323,15 @@ def main(argv: list[str] | None = None) -> dict:
         default=None,
         help="the post-hoc EMA widths to sweep (the scale's if unset)",
     )
-    p.add_argument("--report-only", action="store_true")
-    p.add_argument("--out", default="experiments/results/recipes")
-    add_reference_argument(p)
     args = p.parse_args(argv)
     sc = SCALES[args.scale] | ({"sigma_rels": tuple(args.sigma_rels)} if args.sigma_rels else {})
-    seeds = tuple(args.seeds) if args.seeds is not None else sc["seeds"]
     out = Path(args.out)
-    path = out / "results.json"
-    protocol = {"scale": args.scale, "samples": sc["samples"]} | reference_protocol(args)
-    empty = {
-        "protocol": protocol,
-        "training": {},
-        "samplers": {},
-        "choice": {},
-        "objective": [],
-        "repa": [],
-        "posthoc": {},
-    }
-    if not args.report_only:
-        out.mkdir(parents=True, exist_ok=True)
-        lock = hold_lock(out, "recipes")  # noqa: F841 (held until the process ends)
-    result = json.loads(path.read_text()) if path.exists() else empty
-    if result.get("protocol") != protocol:
-        raise SystemExit(f"{path} was written with {result.get('protocol')}, not {protocol}: use another --out")
+    sections = {"training": {}, "samplers": {}, "choice": {}, "objective": [], "repa": [], "posthoc": {}}
+    result, seeds, lock = open_study(args, sc, "recipes", sections)  # lock: held to the end
     if not args.report_only:
         out, reference, extractor = start_scoring(args)
         torch.manual_seed(0)
-        parts = ["train", "samplers", "objective", "repa", "posthoc"] if args.part == "all" else [args.part]
+        parts = parts if args.part == "all" else [args.part]
         if "train" in parts:
             part_train(sc, out, reference, seeds, args.arms, result)
         if "samplers" in parts:

@@ -8,12 +8,14 @@ report says only what is particular to it.
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from experiments.common import t_interval
+from experiments.common import add_reference_argument, reference_protocol, t_interval
 from moh_dit.files import atomic_write_json, atomic_write_text
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "plot_curves",
     "hold_lock",
     "save_results",
+    "study_arguments",
+    "open_study",
 ]
 
 BySeed = dict[int, float]
@@ -214,3 +218,38 @@ def save_results(out: Path, result: dict, report: str) -> None:
     """``results.json`` and ``RESULTS.md``, each written atomically."""
     atomic_write_json(out / "results.json", result)
     atomic_write_text(out / "RESULTS.md", report)
+
+
+# ----------------------------------------------------------------------------------------------------
+# A study's command line
+# ----------------------------------------------------------------------------------------------------
+def study_arguments(doc: str, parts: list[str], scales: dict, scale: str, out: str) -> argparse.ArgumentParser:
+    """The options every study shares: ``--part`` (one of ``parts`` or ``all``), ``--scale``, ``--seeds``,
+    ``--report-only``, ``--out`` and the reference's size. A study adds its own to the parser returned."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", choices=[*parts, "all"], default="all")
+    p.add_argument("--scale", choices=list(scales), default=scale)
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the scale's")
+    p.add_argument("--report-only", action="store_true", help="RESULTS.md and the plots from results.json")
+    p.add_argument("--out", default=out)
+    add_reference_argument(p)
+    return p
+
+
+def open_study(args: argparse.Namespace, scale: dict, study: str, sections: dict) -> tuple[dict, tuple[int, ...], Any]:
+    """The records of ``args.out/results.json`` so far, the seeds of this run and the folder's lock (``None`` with
+    ``--report-only``, which writes nothing but the report). Records written under another protocol (scale, sample
+    count, reference) are refused rather than mixed into one table; ``sections`` (name: empty value) are added where
+    a file written before them lacks them."""
+    out = Path(args.out)
+    lock = None
+    if not args.report_only:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = hold_lock(out, study)  # before reading: the records read are then the latest
+    path = out / "results.json"
+    protocol = {"scale": args.scale, "samples": scale["samples"]} | reference_protocol(args)
+    result = {"protocol": protocol} | sections | (json.loads(path.read_text()) if path.exists() else {})
+    if result["protocol"] != protocol:
+        raise SystemExit(f"{path} was written with {result['protocol']}, not {protocol}: use another --out")
+    seeds = tuple(args.seeds) if args.seeds is not None else tuple(scale["seeds"])
+    return result, seeds, lock

@@ -382,6 +382,47 @@ def test_recipes_study_refuses_a_second_writer_of_the_same_folder(tmp_path):
     hold_lock(tmp_path, "recipes").close()  # free again once the first has ended
 
 
+@pytest.mark.parametrize("study", ["recipes", "backbone", "guidance", "fewstep"])
+def test_every_study_refuses_records_of_another_protocol_and_a_second_writer(tmp_path, study):
+    import importlib
+
+    from experiments.report import hold_lock
+
+    main = importlib.import_module(f"experiments.{study}").main
+    records = tmp_path / "results.json"
+    records.write_text(json.dumps({"protocol": {"scale": "cpu", "samples": 1}, "training": {}}))
+    with pytest.raises(SystemExit, match="was written with .*not .*'tiny'.*use another --out"):
+        main(["--report-only", "--scale", "tiny", "--out", str(tmp_path)])
+    records.unlink()
+    held = hold_lock(tmp_path, study)
+    with pytest.raises(SystemExit, match=f"another experiments.{study} process is writing"):
+        main(["--part", "train", "--scale", "tiny", "--out", str(tmp_path)])
+    held.close()
+    assert not records.exists()
+
+
+def test_a_study_opens_its_records_with_sections_added_and_its_seeds(tmp_path):
+    from argparse import Namespace
+
+    from experiments.common import REFERENCE_COUNT
+    from experiments.report import hold_lock, open_study
+
+    scale = {"samples": 8, "seeds": (0, 1, 2)}
+    args = Namespace(out=str(tmp_path), scale="tiny", seeds=None, report_only=False, reference_count=REFERENCE_COUNT)
+    kept = {"protocol": {"scale": "tiny", "samples": 8}, "training": {"flow-seed0": {"steps": 3}}}
+    (tmp_path / "results.json").write_text(json.dumps(kept))
+    result, seeds, lock = open_study(args, scale, "backbone", {"training": {}, "scores": []})
+    assert result == kept | {"scores": []} and seeds == (0, 1, 2)  # a section written later is added, none replaced
+    lock.close()
+    held = hold_lock(tmp_path, "backbone")  # a report alone writes no records: it takes no lock
+    args.report_only, args.seeds, args.reference_count = True, [2], 500
+    with pytest.raises(SystemExit, match="reference_count"):  # another reference is another protocol
+        open_study(args, scale, "backbone", {})
+    args.reference_count = REFERENCE_COUNT
+    assert open_study(args, scale, "backbone", {})[1:] == ((2,), None)
+    held.close()
+
+
 def test_recipes_report_pairs_training_curves_and_posthoc_sweeps_by_seed(tmp_path):
     from experiments.recipes_report import plot, posthoc_table
     from experiments.recipes_report import runs_table as curve_table
