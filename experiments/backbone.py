@@ -41,7 +41,7 @@ import torch
 if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import describe_reference, start_scoring
+from experiments.common import describe_reference, smoke_run, start_scoring
 from experiments.recipes import pipeline_of, run_name, score, scores_row, train_arm
 from experiments.report import (
     by_seed_table,
@@ -94,16 +94,7 @@ SCALES = {
         bootstrap=20,
     ),
     "tiny": dict(  # a smoke run (tests/test_experiments.py)
-        overrides=[
-            "model.overrides.hidden_size=32",
-            "model.overrides.head_dim=8",
-            "train.max_steps=4",
-            "train.checkpoint_every=2",
-            "data.subset_per_class=4",
-            "log.log_every=1",
-            "optim.warmup_steps=1",
-            "preview.per_class=1",
-        ],
+        overrides=smoke_run(),
         eval=["log.eval_every=2", "log.eval_samples=20"],
         samples=20,
         seeds=(0, 1),

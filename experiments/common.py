@@ -63,6 +63,21 @@ def check_fashion_reference(path: Path, count: int, images: np.ndarray | None = 
 REFERENCE_COUNT = 10000
 
 
+def smoke_run(steps: int = 4) -> list[str]:
+    """The training overrides of a study's ``tiny`` scale (its smoke run in tests/test_experiments.py): the narrowest
+    model the presets' heads allow, ``steps`` steps on 4 images per class, a checkpoint every 2 steps."""
+    return [
+        "model.overrides.hidden_size=32",
+        "model.overrides.head_dim=8",
+        f"train.max_steps={steps}",
+        "train.checkpoint_every=2",
+        "data.subset_per_class=4",
+        "log.log_every=1",
+        "optim.warmup_steps=1",
+        "preview.per_class=1",
+    ]
+
+
 def add_scoring_arguments(parser, out: str) -> None:
     """The options every sample-and-score study shares: sample count, sampler, bootstrap, reference size,
     output folder."""

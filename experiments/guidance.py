@@ -38,6 +38,7 @@ if not __package__:  # run as a file (python experiments/x.py): the repository r
 from experiments.common import (
     describe_reference,
     sample_and_score,
+    smoke_run,
     start_scoring,
 )
 from experiments.recipes import run_name, train_arm
@@ -79,17 +80,7 @@ SCALES = {
         overrides=[], eval=["log.eval_every=0"], sweep_samples=500, samples=1000, seeds=(0, 1, 2), bootstrap=20
     ),
     "tiny": dict(  # a smoke run (tests/test_experiments.py)
-        overrides=[
-            "model.overrides.hidden_size=32",
-            "model.overrides.head_dim=8",
-            "train.max_steps=8",
-            "train.checkpoint_every=2",
-            "data.subset_per_class=4",
-            "log.log_every=1",
-            "optim.warmup_steps=1",
-            "preview.per_class=1",
-            "ema.posthoc_every=32",
-        ],
+        overrides=[*smoke_run(8), "ema.posthoc_every=32"],
         eval=["log.eval_every=0"],
         sweep_samples=10,
         samples=12,

@@ -44,6 +44,7 @@ from experiments.common import (
     ROOT,
     render_grid,
     sample_and_score,
+    smoke_run,
     start_scoring,
 )
 from experiments.default_comparison import train_recipe
@@ -108,17 +109,7 @@ SCALES = {
         sigma_rels=(0.05, 0.10, 0.16),
     ),
     "tiny": dict(  # a smoke run (tests/test_experiments.py)
-        overrides=[
-            "model.overrides.hidden_size=32",
-            "model.overrides.head_dim=8",
-            "train.max_steps=4",
-            "train.checkpoint_every=2",
-            "data.subset_per_class=4",
-            "log.log_every=1",
-            "optim.warmup_steps=1",
-            "preview.per_class=1",
-            "ema.posthoc_every=32",
-        ],
+        overrides=[*smoke_run(), "ema.posthoc_every=32"],
         eval=["log.eval_every=2", "log.eval_samples=20"],
         samples=20,
         seeds=(0, 1),
