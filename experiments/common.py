@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import statistics
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from moh_dit.evaluation.model_scores import sample_and_score as package_sample_a
 from moh_dit.evaluation.reference import NAMED_REFERENCES
 from moh_dit.evaluation.scoring import ScoringOptions
 from moh_dit.evaluation.statistics import reference_statistics
+from moh_dit.files import atomic_path
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.guides import attach_guide
 from moh_dit.sampling.loading import load_pipeline
@@ -43,9 +43,10 @@ def fashion_reference(out: Path, count: int = 10000) -> Path:
         check_fashion_reference(path, count, images)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, arr_0=images)
-    os.replace(tmp, path)  # never a half-written reference
+    # never a half-written reference; the temporary name is the process's own, as two studies started at once
+    # write the same reference
+    with atomic_path(path, ".npz") as tmp:
+        np.savez(tmp, arr_0=images)
     return path
 
 

@@ -1,6 +1,7 @@
 """The quality experiment end to end on a tiny setting, and the Fashion-MNIST classifier it relies on."""
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,6 +60,31 @@ def test_predict_takes_grayscale_and_rgb_uint8_alike():
     assert np.array_equal(predict(model, gray, batch=3), predict(model, rgb))
     labels = predict(model, gray)
     assert accuracy(model, gray, labels) == 1.0 and accuracy(model, gray, (labels + 1) % 10) == 0.0
+
+
+@needs_data
+def test_fashion_reference_writes_beside_another_process_writing_the_same_file(tmp_path, monkeypatch):
+    """Two studies started at once write the same reference: each writes its own temporary file, so neither
+    renames the other's away (a shared temporary name failed one of them)."""
+    import experiments.common as common
+    from experiments.common import fashion_reference
+
+    other = tmp_path / ".reference_fmnist_test_20.npz.tmp-999999999.npz"  # another process, mid-write
+    other.write_bytes(b"partial")
+    written = []
+    savez = np.savez
+
+    def recording_savez(file, **arrays):
+        written.append(Path(file).name)
+        savez(file, **arrays)
+
+    monkeypatch.setattr(common.np, "savez", recording_savez)
+    path = fashion_reference(tmp_path, count=20)
+    assert len(written) == 1 and str(os.getpid()) in written[0]  # this process's own temporary name
+    assert other.read_bytes() == b"partial"  # untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, path.name])
+    assert np.load(path)["arr_0"].shape == (20, 28, 28, 3)
+    assert fashion_reference(tmp_path, count=20) == path  # reused, checked
 
 
 @needs_data
