@@ -74,6 +74,9 @@ METHODS = {  # method -> (rule, guide, scales swept)
     "apg": ("apg", None, (2.0, 3.0, 4.0, 6.0, 8.0)),  # 2 and 3 added after 4 came out best at seed 0
     "cfg-zero-star": ("cfg-zero-star", None, (2.0, 3.0, 4.0, 6.0)),
 }
+# scales swept on one objective only, added after the largest tried came out best there (the flow twin's
+# autoguidance peaked inside its range, at 2)
+EXTRA_SCALES = {("ddpm", "ag-quarter"): (4.0, 6.0)}
 EMA_MAIN, EMA_GUIDE = (0.05, 0.10), (0.05, 0.10, 0.15)
 SCALES = {
     "cpu": dict(
@@ -163,20 +166,31 @@ def part_train(sc, out, reference, seeds, objectives, result, flow_runs: Path | 
             save(out, result)
 
 
+MATCH = ("objective", "method", "scale", "seed", "samples", "main_sigma_rel", "guide_sigma_rel")  # a row's identity
+
+
 def _record(result: dict, key: str, row: dict, out: Path) -> None:
-    match = ("objective", "method", "scale", "seed", "samples", "main_sigma_rel", "guide_sigma_rel")
-    result[key] = [r for r in result[key] if any(r.get(k) != row.get(k) for k in match)] + [row]
+    result[key] = [r for r in result[key] if any(r.get(k) != row.get(k) for k in MATCH)] + [row]
     save(out, result)
 
 
-def part_sweep(sc, ctx, objectives, result) -> None:
+def recorded(result: dict, key: str, ctx: dict, **identity) -> bool:
+    """Whether a row of this identity is in the records already (then kept, not redone, unless ``--rescore``):
+    the records outlive the sample sets, which may have been deleted to save space."""
+    if ctx["rescore"]:
+        return False
+    return any(all(r.get(k) == identity.get(k) for k in MATCH) for r in result[key])
+
+
+def part_sweep(sc, ctx, objectives, result, methods: list[str]) -> None:
     for objective in objectives:
-        for method, (_, _, scales) in METHODS.items():
-            for scale in scales:
-                name = f"{objective}-{method}-s{scale:g}-seed0"
-                _record(
-                    result, "sweep", score(name, objective, method, scale, 0, sc["sweep_samples"], ctx), ctx["out"]
-                )
+        for method in methods:
+            for scale in METHODS[method][2] + EXTRA_SCALES.get((objective, method), ()):
+                identity = dict(objective=objective, method=method, scale=scale, seed=0, samples=sc["sweep_samples"])
+                if not recorded(result, "sweep", ctx, **identity):
+                    name = f"{objective}-{method}-s{scale:g}-seed0"
+                    row = score(name, objective, method, scale, 0, sc["sweep_samples"], ctx)
+                    _record(result, "sweep", row, ctx["out"])
 
 
 def best_scale(result: dict, objective: str, method: str) -> float | None:
@@ -189,11 +203,11 @@ def part_seeds(sc, ctx, seeds, objectives, result, methods: list[str]) -> None:
         for seed in seeds:
             for method in methods:
                 scale = best_scale(result, objective, method)
-                if scale is not None:
+                identity = dict(objective=objective, method=method, scale=scale, seed=seed, samples=sc["samples"])
+                if scale is not None and not recorded(result, "seeds", ctx, **identity):
                     name = f"{objective}-{method}-s{scale:g}-seed{seed}"
-                    _record(
-                        result, "seeds", score(name, objective, method, scale, seed, sc["samples"], ctx), ctx["out"]
-                    )
+                    row = score(name, objective, method, scale, seed, sc["samples"], ctx)
+                    _record(result, "seeds", row, ctx["out"])
 
 
 def part_ema(sc, ctx, result) -> None:
@@ -201,12 +215,17 @@ def part_ema(sc, ctx, result) -> None:
     rebuilt at each of EMA_GUIDE, at autoguidance's best scale; and CFG at each main width."""
     run = main_run("ddpm", 0, ctx["out"], None)
     ag, cfg = best_scale(result, "ddpm", "ag-quarter"), best_scale(result, "ddpm", "cfg")
+    n = sc["sweep_samples"]
     for main in EMA_MAIN:
         pipe = rebuild_pipeline(run, main)
         options = {"model": run / "pipeline", "pipe": pipe}  # the recorded sampling of the run; the rebuilt weights
-        row = score(f"ema-main{main:g}-cfg", "ddpm", "cfg", cfg, 0, sc["sweep_samples"], ctx, **options)
-        _record(result, "ema", row | {"main_sigma_rel": main, "guide_sigma_rel": None}, ctx["out"])
+        identity = dict(objective="ddpm", seed=0, samples=n, main_sigma_rel=main)
+        if not recorded(result, "ema", ctx, method="cfg", scale=cfg, guide_sigma_rel=None, **identity):
+            row = score(f"ema-main{main:g}-cfg", "ddpm", "cfg", cfg, 0, n, ctx, **options)
+            _record(result, "ema", row | {"main_sigma_rel": main, "guide_sigma_rel": None}, ctx["out"])
         for width in EMA_GUIDE:
+            if recorded(result, "ema", ctx, method="ag-quarter", scale=ag, guide_sigma_rel=width, **identity):
+                continue
             guide = {"guide": str(run), "guide_options": {"guide_step": ctx["quarter"], "guide_sigma_rel": width}}
             row = score(
                 f"ema-main{main:g}-guide{width:g}",
@@ -214,7 +233,7 @@ def part_ema(sc, ctx, result) -> None:
                 "ag-quarter",
                 ag,
                 0,
-                sc["sweep_samples"],
+                n,
                 ctx,
                 **options,
                 **guide,
@@ -313,7 +332,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--objectives", nargs="+", choices=["ddpm", "flow"], default=["ddpm", "flow"])
     p.add_argument("--flow-runs", default=None, help="the backbone study's runs (its flow arm); default: trained here")
     p.add_argument("--flow-guides", default=None, help="the flow runs' step-2000 checkpoints (default: in their runs)")
-    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), help="for --part seeds")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), help="for --part sweep/seeds")
+    p.add_argument("--rescore", action="store_true", help="redo points already in the records (default: kept)")
     p.add_argument("--quarter", type=int, default=QUARTER, help="the step of the quarter-training guide")
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
@@ -325,12 +345,13 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(0)
         flow_runs = Path(args.flow_runs) if args.flow_runs else None
         ctx = dict(out=out, reference=reference, extractor=extractor, bootstrap=sc["bootstrap"], flow_runs=flow_runs,
-                   flow_guides=Path(args.flow_guides) if args.flow_guides else None, quarter=args.quarter)  # fmt: skip
+                   flow_guides=Path(args.flow_guides) if args.flow_guides else None, quarter=args.quarter,
+                   rescore=args.rescore)  # fmt: skip
         parts = ["train", "sweep", "seeds", "ema"] if args.part == "all" else [args.part]
         if "train" in parts:
             part_train(sc, out, reference, seeds, args.objectives, result, ctx["flow_runs"])
         if "sweep" in parts:
-            part_sweep(sc, ctx, args.objectives, result)
+            part_sweep(sc, ctx, args.objectives, result, args.methods)
         if "seeds" in parts:
             part_seeds(sc, ctx, seeds, args.objectives, result, args.methods)
         if "ema" in parts and "ddpm" in args.objectives:

@@ -578,9 +578,21 @@ def test_guidance_study_scores_only_the_chosen_methods_at_each_seed(tmp_path, mo
     sweep = [
         {"objective": "flow", "method": m, "scale": s, "kid": abs(s - 3)} for m in guidance.METHODS for s in (2, 3)
     ]
-    result = {"sweep": sweep, "seeds": []}
-    guidance.part_seeds({"samples": 8}, {"out": tmp_path}, (0, 1), ["flow"], result, ["ag-quarter", "cfg"])
-    assert scored == [("ag-quarter", 0, 3), ("cfg", 0, 3), ("ag-quarter", 1, 3), ("cfg", 1, 3)]
+    done = {"objective": "flow", "method": "cfg", "scale": 3, "seed": 1, "samples": 8}  # in the records already
+    result = {"sweep": sweep, "seeds": [done]}
+    ctx = {"out": tmp_path, "rescore": False}
+    guidance.part_seeds({"samples": 8}, ctx, (0, 1), ["flow"], result, ["ag-quarter", "cfg"])
+    assert scored == [("ag-quarter", 0, 3), ("cfg", 0, 3), ("ag-quarter", 1, 3)]  # the recorded one kept
+    scored.clear()
+    guidance.part_seeds({"samples": 8}, ctx | {"rescore": True}, (1,), ["flow"], result, ["cfg"])
+    assert scored == [("cfg", 1, 3)]
+    scored.clear()  # the sweep: the chosen methods, their points not yet recorded, and an objective's extra scales
+    guidance.part_sweep({"sweep_samples": 8}, ctx, ["ddpm"], result, ["ag-quarter"])
+    assert scored == [("ag-quarter", 0, s) for s in (1.5, 2.0, 3.0, 4.0, 6.0)]
+    scored.clear()
+    sweep.append({"objective": "flow", "method": "ag-quarter", "scale": 1.5, "seed": 0, "samples": 8, "kid": 9})
+    guidance.part_sweep({"sweep_samples": 8}, ctx, ["flow"], result, ["ag-quarter"])
+    assert scored == [("ag-quarter", 0, 2.0), ("ag-quarter", 0, 3.0)]
     with pytest.raises(SystemExit):
         guidance.main(["--methods", "nope", "--report-only"])
 
