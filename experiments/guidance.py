@@ -73,7 +73,14 @@ METHODS = {  # method -> (rule, guide, scales swept)
     "ag-small": ("cfg", "small", (1.5, 2.0, 3.0)),
     "apg": ("apg", None, (2.0, 3.0, 4.0, 6.0, 8.0)),  # 2 and 3 added after 4 came out best at seed 0
     "cfg-zero-star": ("cfg-zero-star", None, (2.0, 3.0, 4.0, 6.0)),
+    # the quarter checkpoint rebuilt from the run's post-hoc snapshots at GUIDE_SIGMA_REL (the main model keeps its
+    # fixed EMA): added after the EMA part found the guide's EMA, not the main model's, decides autoguidance on DDPM
+    "ag-quarter-ema": ("cfg", "quarter-ema", (2.0, 3.0, 4.0)),
 }
+GUIDE_SIGMA_REL = 0.05  # the EMA part's best guide width (seed 0, 500 samples; 0.10 within noise of it)
+# methods that need what only some objectives' mains keep: the flow twin's runs (the backbone study's) keep no
+# post-hoc snapshots
+ONLY_FOR = {"ag-quarter-ema": ("ddpm",)}
 # scales swept on one objective only, added after the largest tried came out best there (the flow twin's
 # autoguidance peaked inside its range, at 2)
 EXTRA_SCALES = {("ddpm", "ag-quarter"): (4.0, 6.0)}
@@ -114,6 +121,8 @@ def guide_of(objective: str, which: str | None, seed: int, ctx: dict) -> str | N
     backbone study's runs, which keep their last three), or the small model's run."""
     if which is None:
         return None
+    if which == "quarter-ema":  # the run itself: its snapshots rebuild the guide (guide_options name step and width)
+        return str(main_run(objective, seed, ctx["out"], ctx["flow_runs"]))
     if which == "small":
         return str(ctx["out"] / "runs" / run_name(f"{objective}-small", seed) / "pipeline")
     step = f"step-{ctx['quarter']:08d}"
@@ -139,7 +148,8 @@ def score(name: str, objective: str, method: str, scale: float, seed: int, sampl
     model = extra.pop("model", None) or main_model(objective, seed, ctx["out"], ctx["flow_runs"])
     which = METHODS[method][1]
     guide = extra.pop("guide", None) or guide_of(objective, which, seed, ctx)
-    spec, scheduler = spec_for(objective, method, scale, model, guide, **extra.pop("guide_options", {}))
+    rebuilt = {"guide_step": ctx["quarter"], "guide_sigma_rel": GUIDE_SIGMA_REL} if which == "quarter-ema" else {}
+    spec, scheduler = spec_for(objective, method, scale, model, guide, **extra.pop("guide_options", rebuilt))
     settings = GenerationSettings(
         samples, seed=1000, batch_size=min(250, samples), label_mode="balanced", sampling=spec
     )
@@ -182,9 +192,13 @@ def recorded(result: dict, key: str, ctx: dict, **identity) -> bool:
     return any(all(r.get(k) == identity.get(k) for k in MATCH) for r in result[key])
 
 
+def applicable(methods: list[str], objective: str) -> list[str]:
+    return [m for m in methods if objective in ONLY_FOR.get(m, (objective,))]
+
+
 def part_sweep(sc, ctx, objectives, result, methods: list[str]) -> None:
     for objective in objectives:
-        for method in methods:
+        for method in applicable(methods, objective):
             for scale in METHODS[method][2] + EXTRA_SCALES.get((objective, method), ()):
                 identity = dict(objective=objective, method=method, scale=scale, seed=0, samples=sc["sweep_samples"])
                 if not recorded(result, "sweep", ctx, **identity):
@@ -201,7 +215,7 @@ def best_scale(result: dict, objective: str, method: str) -> float | None:
 def part_seeds(sc, ctx, seeds, objectives, result, methods: list[str]) -> None:
     for objective in objectives:
         for seed in seeds:
-            for method in methods:
+            for method in applicable(methods, objective):
                 scale = best_scale(result, objective, method)
                 identity = dict(objective=objective, method=method, scale=scale, seed=seed, samples=sc["samples"])
                 if scale is not None and not recorded(result, "seeds", ctx, **identity):
