@@ -600,6 +600,25 @@ def test_guidance_study_scores_only_the_chosen_methods_at_each_seed(tmp_path, mo
         guidance.main(["--methods", "nope", "--report-only"])
 
 
+def test_guidance_study_rebuilds_the_quarter_guide_from_the_runs_snapshots(tmp_path, monkeypatch):
+    from experiments import guidance
+
+    specs = []
+    monkeypatch.setattr(guidance, "spec_for", lambda *args, **options: specs.append((args, options)) or (None, "s"))
+    monkeypatch.setattr(guidance, "GenerationSettings", lambda *args, **kwargs: None)
+    monkeypatch.setattr(guidance, "sample_and_score", lambda *args, **kwargs: {"kid": 1.0})
+    ctx = {"out": tmp_path, "flow_runs": None, "quarter": 2000, "reference": None, "extractor": None, "bootstrap": 2}
+    guidance.score("x", "ddpm", "ag-quarter-ema", 3.0, 1, 8, ctx)
+    guidance.score("y", "ddpm", "ag-quarter", 3.0, 1, 8, ctx)
+    (ema_args, ema_options), (fixed_args, fixed_options) = specs
+    run = tmp_path / "runs" / "ddpm-seed1"
+    assert ema_args[-1] == str(run) and ema_options == {
+        "guide_step": 2000,
+        "guide_sigma_rel": guidance.GUIDE_SIGMA_REL,
+    }
+    assert fixed_args[-1] == str(run / "checkpoints" / "step-00002000") and fixed_options == {}
+
+
 @pytest.mark.slow
 @needs_data
 def test_guidance_study_trains_sweeps_every_method_and_reports(tmp_path):
