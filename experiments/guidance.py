@@ -14,7 +14,9 @@ are swept on seed 0 with 500 class-balanced samples; each method's best scale by
 1000 samples: KID, FID, precision, recall (the project's classifier features against the 10,000 Fashion-MNIST test
 images), paired by seed against CFG. The EMA part rebuilds the DDPM main model and its step-2000 guide at several
 post-hoc widths (EDM2: the guide wants a longer EMA than the main model) and scores each pair. The sampling time per
-image of each method is measured apart (benchmarks/guidance.py), on a quiet machine.
+image of each method is measured apart (benchmarks/guidance.py), on a quiet machine. The method ag-quarter-ema (DDPM
+only: its runs keep post-hoc snapshots) guides by the quarter checkpoint rebuilt at the EMA part's best guide width.
+Points already in the records are kept, not redone (--rescore redoes them).
 
     python -m experiments.guidance --part train     # the DDPM mains and the small guides (resumable)
     python -m experiments.guidance --part sweep     # seed 0: every method and scale
