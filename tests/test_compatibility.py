@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from .helpers.factories import make_image_folder, tiny_train_config
@@ -80,7 +81,9 @@ def test_a_flow_run_of_0_4_resumes_to_the_losses_it_would_have_had(tmp_path):
     config = tiny_train_config(run, tmp_path / "images")
     train(load_config(config, [*MADE_0_4["overrides"], "train.max_steps=4", "train.resume=latest"]))
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [[r["step"], objective_loss(r)[1], r["moh_loss"]] for r in records] == MADE_0_4["whole_run_losses"]
+    losses = [[r["step"], objective_loss(r)[1], r["moh_loss"]] for r in records]
+    # to the rounding of another CPU's kernels: an AMD EPYC (AVX-512) gave MoH's loss at step 3 2e-7 apart, relative
+    assert losses == [pytest.approx(row, rel=1e-6, abs=0) for row in MADE_0_4["whole_run_losses"]]
     resumed = load_pipeline(run / "pipeline", device="cpu").transformer
     recorded = load_pipeline(RECORDS_0_4 / "pipeline", device="cpu").transformer
     assert resumed.config.get("block") is None and resumed.config.objective["name"] == "flow"
@@ -99,7 +102,8 @@ def test_a_flow_pipeline_of_0_4_gives_the_same_outputs_and_images():
     forward = load_file(RECORDS_0_4 / "forward.safetensors")
     with torch.no_grad():
         out = pipe.transformer(forward["x"], forward["t"], forward["y"]).sample
-    assert torch.equal(out, forward["out"])
+    # another CPU's kernels sum in another order: 2e-9 apart on an AMD EPYC; the images below stay bit for bit
+    torch.testing.assert_close(out, forward["out"], rtol=0, atol=1e-6)
     samples = np.load(RECORDS_0_4 / "samples.npz")
     for name, record in MADE_0_4["sampling"].items():
         images, _ = pipe.sample_grid([0, 1], 2, 7, SamplingSpec.from_record(record))
