@@ -19,6 +19,9 @@ the two times, its cost the KID difference.
     python -m experiments.fewstep --part caches  --flow-runs DIR --ddpm-runs DIR   # either alone: that model only
     python -m experiments.fewstep --report-only
 
+Points already in the records are kept, not redone (--rescore redoes them), so a later run with --seeds 1 2 needs
+only those seeds' runs; the flow curves of seeds it does not read are kept.
+
 Writes experiments/results/fewstep/{RESULTS.md, results.json, *.png}.
 """
 
@@ -43,6 +46,7 @@ from experiments.report import (
     by_seed_table,
     curve_points,
     fmt_values,
+    is_recorded,
     open_study,
     paired_reading,
     plot_by_seed,
@@ -114,10 +118,21 @@ def evaluations_per_image(model: Path, spec, scheduler: str) -> int:
     return sum(rows)
 
 
+MATCH = ("kind", "seed", "scheduler", "steps", "scale", "cache")  # a row's identity
+
+
 def _record(result: dict, key: str, row: dict, out: Path) -> None:
-    match = ("kind", "seed", "scheduler", "steps", "scale", "cache")
-    result[key] = [r for r in result[key] if any(r.get(k) != row.get(k) for k in match)] + [row]
+    result[key] = [r for r in result[key] if any(r.get(k) != row.get(k) for k in MATCH)] + [row]
     save(out, result)
+
+
+def _score_once(result: dict, key: str, ctx: dict, kind: str, seed: int, scheduler: str, steps: int, scale: float,
+                cache: str = "none") -> None:  # fmt: skip
+    """Score and record one point, unless the records hold it already (then kept; ``--rescore`` redoes it): a later
+    session may lack the runs of the points recorded before, seed 0's sweeps among them."""
+    identity = dict(kind=kind, seed=seed, scheduler=scheduler, steps=steps, scale=scale, cache=cache)
+    if ctx.get("rescore") or not is_recorded(result.get(key, []), MATCH, identity):
+        _record(result, key, score(kind, seed, scheduler, steps, scale, ctx, cache), ctx["out"])
 
 
 def _shown(scale: float | None) -> str:
@@ -145,17 +160,17 @@ def part_score(ctx: dict, seeds, result: dict) -> None:
     its CFG scale swept at 25 steps on seed 0, then 25 and 50 steps at its best scale at every seed. A part stopped
     early keeps what it scored."""
     for scale in MEANFLOW_SCALES:
-        _record(result, "sweep", score("meanflow", 0, "meanflow", 1, scale, ctx), ctx["out"])
+        _score_once(result, "sweep", ctx, "meanflow", 0, "meanflow", 1, scale)
     meanflow_scale = best(result, "meanflow")
     for seed in seeds:
         for steps in MEANFLOW_STEPS:
-            _record(result, "scores", score("meanflow", seed, "meanflow", steps, meanflow_scale, ctx), ctx["out"])
+            _score_once(result, "scores", ctx, "meanflow", seed, "meanflow", steps, meanflow_scale)
     for scale in FLOW_SCALES:
-        _record(result, "sweep", score("flow", 0, FLOW_SAMPLER, FLOW_STEPS[0], scale, ctx), ctx["out"])
+        _score_once(result, "sweep", ctx, "flow", 0, FLOW_SAMPLER, FLOW_STEPS[0], scale)
     flow_scale = best(result, "flow")
     for seed in seeds:
         for steps in FLOW_STEPS:
-            _record(result, "scores", score("flow", seed, FLOW_SAMPLER, steps, flow_scale, ctx), ctx["out"])
+            _score_once(result, "scores", ctx, "flow", seed, FLOW_SAMPLER, steps, flow_scale)
 
 
 def part_caches(ctx: dict, result: dict) -> None:
@@ -171,7 +186,7 @@ def part_caches(ctx: dict, result: dict) -> None:
         scale = recorded_sampling(model_of(kind, 0, ctx)).guidance_scale
         for steps in budgets:
             for cache in CACHES:
-                _record(result, "caches", score(kind, 0, scheduler, steps, scale, ctx, cache), ctx["out"])
+                _score_once(result, "caches", ctx, kind, 0, scheduler, steps, scale, cache)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -347,19 +362,22 @@ def main(argv: list[str] | None = None) -> dict:
     p = study_arguments(__doc__, ["train", "score", "caches"], SCALES, "cpu", "experiments/results/fewstep")
     p.add_argument("--flow-runs", default=None, help="the backbone study's runs folder (its flow arm)")
     p.add_argument("--ddpm-runs", default=None, help="the guidance study's runs folder (its DDPM mains)")
+    p.add_argument("--rescore", action="store_true", help="redo points already in the records (default: kept)")
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
     out = Path(args.out)
     sections = {"training": {}, "sweep": [], "scores": [], "caches": []}
     result, seeds, lock = open_study(args, sc, "fewstep", sections)  # lock: held to the end
-    if args.flow_runs:
-        result["flow_curves"] = flow_curves(args.flow_runs, seeds)
+    if args.flow_runs:  # this run's seeds read again; the curves of other seeds (other runs folders) kept
+        read = flow_curves(args.flow_runs, seeds)
+        kept = [c for c in result.get("flow_curves", []) if c["seed"] not in {c["seed"] for c in read}]
+        result["flow_curves"] = sorted(kept + read, key=lambda c: c["seed"])
     if not args.report_only:
         out, reference, extractor = start_scoring(args)
         torch.manual_seed(0)
         ctx = dict(
             out=out, reference=reference, extractor=extractor, samples=sc["samples"], bootstrap=sc["bootstrap"],
-            flow_runs=args.flow_runs, ddpm_runs=args.ddpm_runs,
+            flow_runs=args.flow_runs, ddpm_runs=args.ddpm_runs, rescore=args.rescore,
         )  # fmt: skip
         if args.part in ("train", "all"):
             part_train(sc, out, reference, seeds, result)

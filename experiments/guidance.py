@@ -47,6 +47,7 @@ from experiments.recipes import run_name, train_arm
 from experiments.report import (
     by_seed_table,
     fmt_values,
+    is_recorded,
     open_study,
     plot_by_seed,
     pyplot,
@@ -189,9 +190,7 @@ def _record(result: dict, key: str, row: dict, out: Path) -> None:
 def recorded(result: dict, key: str, ctx: dict, **identity) -> bool:
     """Whether a row of this identity is in the records already (then kept, not redone, unless ``--rescore``):
     the records outlive the sample sets, which may have been deleted to save space."""
-    if ctx["rescore"]:
-        return False
-    return any(all(r.get(k) == identity.get(k) for k in MATCH) for r in result[key])
+    return not ctx["rescore"] and is_recorded(result[key], MATCH, identity)
 
 
 def applicable(methods: list[str], objective: str) -> list[str]:

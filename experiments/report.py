@@ -236,6 +236,12 @@ def study_arguments(doc: str, parts: list[str], scales: dict, scale: str, out: s
     return p
 
 
+def is_recorded(rows: list[dict], match: tuple[str, ...], identity: dict) -> bool:
+    """Whether ``rows`` (a study's records) hold a row equal to ``identity`` on every key of ``match``: the studies
+    keep such a point rather than redo it (the records outlive the sample sets and runs, which may be gone)."""
+    return any(all(r.get(k) == identity.get(k) for k in match) for r in rows)
+
+
 def open_study(args: argparse.Namespace, scale: dict, study: str, sections: dict) -> tuple[dict, tuple[int, ...], Any]:
     """The records of ``args.out/results.json`` so far, the seeds of this run and the folder's lock (``None`` with
     ``--report-only``, which writes nothing but the report). Records written under another protocol (scale, sample

@@ -651,6 +651,67 @@ def test_fewstep_caches_part_times_the_models_whose_runs_are_given(tmp_path, mon
         fewstep.part_caches(ctx | {"flow_runs": None}, {})
 
 
+def test_fewstep_score_part_keeps_recorded_points_and_scores_only_the_given_seeds(tmp_path, monkeypatch):
+    from experiments import fewstep
+
+    scored = []
+    monkeypatch.setattr(
+        fewstep,
+        "score",
+        lambda kind, seed, sched, steps, scale, ctx, cache="none": (
+            scored.append((kind, seed, steps))
+            or {
+                "kind": kind,
+                "seed": seed,
+                "scheduler": sched,
+                "steps": steps,
+                "scale": scale,
+                "cache": cache,
+                "kid": 1.0,
+            }
+        ),
+    )
+    monkeypatch.setattr(fewstep, "save", lambda out, result: None)
+    sweep = [  # seed 0's sweeps, recorded by an earlier session whose seed-0 runs are gone
+        {"kind": "meanflow", "seed": 0, "scheduler": "meanflow", "steps": 1, "scale": s, "cache": "none", "kid": s}
+        for s in fewstep.MEANFLOW_SCALES
+    ] + [
+        {"kind": "flow", "seed": 0, "scheduler": "euler", "steps": 25, "scale": s, "cache": "none", "kid": abs(s - 3)}
+        for s in fewstep.FLOW_SCALES
+    ]
+    result = {"sweep": sweep, "scores": []}
+    fewstep.part_score({"out": tmp_path, "rescore": False}, (1, 2), result)
+    assert scored == [("meanflow", s, n) for s in (1, 2) for n in (1, 2, 4)] + [
+        ("flow", s, n) for s in (1, 2) for n in (25, 50)
+    ]
+    assert {r["scale"] for r in result["scores"] if r["kind"] == "flow"} == {3.0}  # the recorded sweep's best
+    scored.clear()
+    fewstep.part_score({"out": tmp_path, "rescore": False}, (1,), result)
+    assert scored == []  # everything recorded now
+    fewstep.part_score({"out": tmp_path, "rescore": True}, (1,), result)
+    assert len(scored) == len(fewstep.MEANFLOW_SCALES) + 3 + len(fewstep.FLOW_SCALES) + 2
+
+
+def test_fewstep_reads_the_flow_curves_of_its_seeds_and_keeps_the_others(tmp_path):
+    from experiments import fewstep
+
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    (runs / "flow-seed1").mkdir(parents=True)
+    evaluation = {"kind": "evaluation", "step": 10, "kid": 5.0, "fid": 20.0}
+    (runs / "flow-seed1" / "metrics.jsonl").write_text(json.dumps(evaluation) + "\n")
+    out.mkdir()
+    seed0 = {"arm": "flow", "seed": 0, "curve": [{"step": 10, "kid": 9.0, "fid": 30.0}]}  # another session's runs
+    records = {"protocol": {"scale": "tiny", "samples": fewstep.SCALES["tiny"]["samples"]}, "flow_curves": [seed0]}
+    (out / "results.json").write_text(json.dumps(records))
+    result = fewstep.main(
+        ["--report-only", "--scale", "tiny", "--seeds", "1", "--flow-runs", str(runs), "--out", str(out)]
+    )
+    assert result["flow_curves"] == [
+        seed0,
+        {"arm": "flow", "seed": 1, "curve": [{"step": 10, "kid": 5.0, "fid": 20.0}]},
+    ]
+
+
 @pytest.mark.slow
 @needs_data
 def test_fewstep_study_trains_meanflow_scores_it_against_flow_and_caches_and_reports(tmp_path):
