@@ -273,6 +273,7 @@ def report(result: dict) -> str:
         "Euler 25 steps; a guided step evaluates two predictions: CFG's halves in one batched forward, autoguidance's "
         "main and guide models one forward each). Across seeds, means with 95% t-intervals, differences paired by seed.",
     ]
+    lines += [f"\nNote: {note}" for note in result.get("notes", [])]  # what the records alone do not say
     for objective in ("ddpm", "flow"):
         rows = [r for r in result["sweep"] if r["objective"] == objective]
         if rows:

@@ -600,6 +600,14 @@ def test_guidance_study_scores_only_the_chosen_methods_at_each_seed(tmp_path, mo
         guidance.main(["--methods", "nope", "--report-only"])
 
 
+def test_guidance_report_says_what_its_records_alone_do_not():
+    from experiments import guidance
+
+    result = {"protocol": {"scale": "tiny", "samples": 8}, "sweep": [], "seeds": [], "ema": []}
+    assert "Note:" not in guidance.report(result)
+    assert "\nNote: retrained mains\n" in guidance.report(result | {"notes": ["retrained mains"]})
+
+
 def test_guidance_study_rebuilds_the_quarter_guide_from_the_runs_snapshots(tmp_path, monkeypatch):
     from experiments import guidance
 
