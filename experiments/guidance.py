@@ -194,7 +194,11 @@ def recorded(result: dict, key: str, ctx: dict, **identity) -> bool:
 
 
 def applicable(methods: list[str], objective: str) -> list[str]:
-    return [m for m in methods if objective in ONLY_FOR.get(m, (objective,))]
+    """The methods that apply to ``objective``; each one left out is said (a chosen method never vanishes unsaid)."""
+    kept = [m for m in methods if objective in ONLY_FOR.get(m, (objective,))]
+    for method in sorted(set(methods) - set(kept)):
+        print(f"{method}: only for {', '.join(ONLY_FOR[method])}, so not run on {objective}", flush=True)
+    return kept
 
 
 def part_sweep(sc, ctx, objectives, result, methods: list[str]) -> None:

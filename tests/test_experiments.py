@@ -567,7 +567,7 @@ def test_guidance_study_trains_only_the_chosen_objectives_models(tmp_path, monke
     assert trained == [("ddpm", 0), ("flow", 0), ("ddpm-small", 0), ("flow-small", 0)]
 
 
-def test_guidance_study_scores_only_the_chosen_methods_at_each_seed(tmp_path, monkeypatch):
+def test_guidance_study_scores_only_the_chosen_methods_at_each_seed(tmp_path, monkeypatch, capsys):
     from experiments import guidance
 
     scored = []
@@ -596,6 +596,7 @@ def test_guidance_study_scores_only_the_chosen_methods_at_each_seed(tmp_path, mo
     scored.clear()  # a guide rebuilt from post-hoc snapshots: DDPM mains keep them, the flow twin's do not
     guidance.part_sweep({"sweep_samples": 8}, ctx, ["ddpm", "flow"], result, ["ag-quarter-ema"])
     assert scored == [("ag-quarter-ema", 0, s) for s in (2.0, 3.0, 4.0)]
+    assert "ag-quarter-ema: only for ddpm, so not run on flow" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         guidance.main(["--methods", "nope", "--report-only"])
 
