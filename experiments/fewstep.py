@@ -54,6 +54,7 @@ from experiments.report import (
     pyplot,
     save_results,
     study_arguments,
+    with_row,
 )
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import load_pipeline, recorded_sampling
@@ -122,7 +123,7 @@ MATCH = ("kind", "seed", "scheduler", "steps", "scale", "cache")  # a row's iden
 
 
 def _record(result: dict, key: str, row: dict, out: Path) -> None:
-    result[key] = [r for r in result[key] if any(r.get(k) != row.get(k) for k in MATCH)] + [row]
+    result[key] = with_row(result[key], MATCH, row)
     save(out, result)
 
 
@@ -370,7 +371,8 @@ def main(argv: list[str] | None = None) -> dict:
     result, seeds, lock = open_study(args, sc, "fewstep", sections)  # lock: held to the end
     if args.flow_runs:  # this run's seeds read again; the curves of other seeds (other runs folders) kept
         read = flow_curves(args.flow_runs, seeds)
-        kept = [c for c in result.get("flow_curves", []) if c["seed"] not in {c["seed"] for c in read}]
+        seeds_read = {c["seed"] for c in read}
+        kept = [c for c in result.get("flow_curves", []) if c["seed"] not in seeds_read]
         result["flow_curves"] = sorted(kept + read, key=lambda c: c["seed"])
     if not args.report_only:
         out, reference, extractor = start_scoring(args)

@@ -53,6 +53,7 @@ from experiments.report import (
     pyplot,
     save_results,
     study_arguments,
+    with_row,
 )
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.loading import recorded_sampling
@@ -183,7 +184,7 @@ MATCH = ("objective", "method", "scale", "seed", "samples", "main_sigma_rel", "g
 
 
 def _record(result: dict, key: str, row: dict, out: Path) -> None:
-    result[key] = [r for r in result[key] if any(r.get(k) != row.get(k) for k in MATCH)] + [row]
+    result[key] = with_row(result[key], MATCH, row)
     save(out, result)
 
 
@@ -219,8 +220,9 @@ def best_scale(result: dict, objective: str, method: str) -> float | None:
 
 def part_seeds(sc, ctx, seeds, objectives, result, methods: list[str]) -> None:
     for objective in objectives:
+        chosen = applicable(methods, objective)  # said once per objective, not once per seed
         for seed in seeds:
-            for method in applicable(methods, objective):
+            for method in chosen:
                 scale = best_scale(result, objective, method)
                 identity = dict(objective=objective, method=method, scale=scale, seed=seed, samples=sc["samples"])
                 if scale is not None and not recorded(result, "seeds", ctx, **identity):

@@ -242,6 +242,11 @@ def is_recorded(rows: list[dict], match: tuple[str, ...], identity: dict) -> boo
     return any(all(r.get(k) == identity.get(k) for k in match) for r in rows)
 
 
+def with_row(rows: list[dict], match: tuple[str, ...], row: dict) -> list[dict]:
+    """``rows`` with ``row`` in place of any row of its identity (equal on every key of ``match``)."""
+    return [r for r in rows if not is_recorded([r], match, row)] + [row]
+
+
 def open_study(args: argparse.Namespace, scale: dict, study: str, sections: dict) -> tuple[dict, tuple[int, ...], Any]:
     """The records of ``args.out/results.json`` so far, the seeds of this run and the folder's lock (``None`` with
     ``--report-only``, which writes nothing but the report). Records written under another protocol (scale, sample
