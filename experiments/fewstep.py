@@ -197,6 +197,11 @@ def by_seed(result: dict, kind: str, steps: int, key: str = "kid") -> dict[int, 
     return {r["seed"]: r[key] for r in result["scores"] if (r["kind"], r["steps"]) == (kind, steps)}
 
 
+def time_ratios(times: dict[int, float], base: dict[int, float]) -> list[float]:
+    """Each seed's sampling time over the baseline's at the same seed (both timed on one machine), in seed order."""
+    return [times[s] / base[s] for s in sorted(times) if base.get(s)]
+
+
 def flow_curves(ctx_flow_runs: str | None, seeds) -> list[dict]:
     """The flow twin's evaluations during training (the backbone study's flow arm), as this study's records."""
     if not ctx_flow_runs:
@@ -267,9 +272,10 @@ def report(result: dict) -> str:
         lines += by_seed_table(("model", "steps"), [r for r in rows if r[1]], f"flow at {FLOW_STEPS[0]} steps")
         lines += [
             "",
-            "| model | steps | NFE | FID | precision | recall | s / image |",
-            "|---|---|---|---|---|---|---|",
+            "| model | steps | NFE | FID | precision | recall | s / image | time / flow's at 25 steps |",
+            "|---|---|---|---|---|---|---|---|",
         ]
+        base_time = by_seed(result, "flow", FLOW_STEPS[0], "seconds_per_image")
         for kind, steps in [*(("meanflow", s) for s in MEANFLOW_STEPS), *(("flow", s) for s in FLOW_STEPS)]:
             if by_seed(result, kind, steps):
                 nfe = by_seed(result, kind, steps, "nfe")
@@ -278,7 +284,13 @@ def report(result: dict) -> str:
                     fmt_values(by_seed(result, kind, steps, k).values(), d)
                     for k, d in (("fid", 1), ("precision", 3), ("recall", 3), ("seconds_per_image", 4))
                 ]
+                cells.append(fmt_values(time_ratios(by_seed(result, kind, steps, "seconds_per_image"), base_time), 3))
                 lines.append(f"| {kind} | {steps} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "The time ratio is taken within each seed (its two models sampled on one machine) and then averaged: the "
+            "seconds themselves mix machines when seeds ran on different ones.",
+        ]
     if result["caches"]:
         lines += [
             "",
@@ -311,6 +323,7 @@ def report(result: dict) -> str:
                 f"| {r['kind']} | {r['steps']} | {r['cache']} | {r['kid']:.2f} [{lo:.2f}, {hi:.2f}] | {diff} | "
                 f"{r['fid']:.1f} | {r['seconds_per_image']:.4f} | {speed} |"
             )
+    lines += [f"\nNote: {note}" for note in result.get("notes", [])]  # what the records alone do not say
     lines += ["", "## Reading", "", *reading(result), ""]
     return "\n".join(lines)
 
@@ -320,7 +333,9 @@ def reading(result: dict) -> list[str]:
     base = by_seed(result, "flow", FLOW_STEPS[0])
     for kind, steps in [*(("meanflow", s) for s in MEANFLOW_STEPS), ("flow", FLOW_STEPS[1])]:
         line = paired_reading(
-            f"{kind} at {steps} steps against flow at {FLOW_STEPS[0]}, KID", by_seed(result, kind, steps), base
+            f"{kind} at {steps} step{'s' if steps > 1 else ''} against flow at {FLOW_STEPS[0]}, KID",
+            by_seed(result, kind, steps),
+            base,
         )
         if line:
             out.append(line)

@@ -721,6 +721,33 @@ def test_fewstep_reads_the_flow_curves_of_its_seeds_and_keeps_the_others(tmp_pat
     ]
 
 
+def test_fewstep_report_times_each_seed_against_its_own_flow_run_and_prints_the_notes():
+    from experiments import fewstep
+
+    def row(kind, seed, steps, seconds):
+        return {
+            "kind": kind, "seed": seed, "steps": steps, "kid": 1.0, "fid": 10.0, "precision": 0.8, "recall": 0.5,
+            "seconds_per_image": seconds, "nfe": steps,
+        }  # fmt: skip
+
+    # seed 0 timed on a machine 3x slower than seed 1's: the seconds mix machines, the ratios do not
+    scores = [
+        row("meanflow", 0, 1, 0.03),
+        row("flow", 0, 25, 0.9),
+        row("meanflow", 1, 1, 0.01),
+        row("flow", 1, 25, 0.2),
+    ]
+    assert fewstep.time_ratios({0: 0.03, 1: 0.01, 2: 0.5}, {0: 0.9, 1: 0.2}) == pytest.approx([1 / 30, 1 / 20])
+    result = {
+        "protocol": {"scale": "tiny", "samples": 8}, "training": {}, "sweep": [], "scores": scores, "caches": [],
+        "notes": ["seed 0 ran elsewhere"],
+    }  # fmt: skip
+    text = fewstep.report(result)
+    meanflow_line = next(line for line in text.splitlines() if line.startswith("| meanflow | 1 | 1 |"))
+    assert meanflow_line.endswith(f"| {fewstep.fmt_values([1 / 30, 1 / 20], 3)} |")
+    assert "Note: seed 0 ran elsewhere" in text
+
+
 @pytest.mark.slow
 @needs_data
 def test_fewstep_study_trains_meanflow_scores_it_against_flow_and_caches_and_reports(tmp_path):
