@@ -47,6 +47,7 @@ from experiments.report import (
     curve_points,
     fmt_values,
     is_recorded,
+    note_lines,
     open_study,
     paired_reading,
     plot_by_seed,
@@ -323,7 +324,7 @@ def report(result: dict) -> str:
                 f"| {r['kind']} | {r['steps']} | {r['cache']} | {r['kid']:.2f} [{lo:.2f}, {hi:.2f}] | {diff} | "
                 f"{r['fid']:.1f} | {r['seconds_per_image']:.4f} | {speed} |"
             )
-    lines += [f"\nNote: {note}" for note in result.get("notes", [])]  # what the records alone do not say
+    lines += note_lines(result)
     lines += ["", "## Reading", "", *reading(result), ""]
     return "\n".join(lines)
 

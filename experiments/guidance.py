@@ -48,6 +48,7 @@ from experiments.report import (
     by_seed_table,
     fmt_values,
     is_recorded,
+    note_lines,
     open_study,
     plot_by_seed,
     pyplot,
@@ -279,7 +280,7 @@ def report(result: dict) -> str:
         "Euler 25 steps; a guided step evaluates two predictions: CFG's halves in one batched forward, autoguidance's "
         "main and guide models one forward each). Across seeds, means with 95% t-intervals, differences paired by seed.",
     ]
-    lines += [f"\nNote: {note}" for note in result.get("notes", [])]  # what the records alone do not say
+    lines += note_lines(result)
     for objective in ("ddpm", "flow"):
         rows = [r for r in result["sweep"] if r["objective"] == objective]
         if rows:

@@ -247,6 +247,12 @@ def with_row(rows: list[dict], match: tuple[str, ...], row: dict) -> list[dict]:
     return [r for r in rows if not is_recorded([r], match, row)] + [row]
 
 
+def note_lines(result: dict) -> list[str]:
+    """The records' ``notes`` (what the rows alone do not say: which machine or which training made them), each as
+    its own paragraph of a report."""
+    return [f"\nNote: {note}" for note in result.get("notes", [])]
+
+
 def open_study(args: argparse.Namespace, scale: dict, study: str, sections: dict) -> tuple[dict, tuple[int, ...], Any]:
     """The records of ``args.out/results.json`` so far, the seeds of this run and the folder's lock (``None`` with
     ``--report-only``, which writes nothing but the report). Records written under another protocol (scale, sample
