@@ -273,7 +273,7 @@ def report(result: dict) -> str:
         lines += by_seed_table(("model", "steps"), [r for r in rows if r[1]], f"flow at {FLOW_STEPS[0]} steps")
         lines += [
             "",
-            "| model | steps | NFE | FID | precision | recall | s / image | time / flow's at 25 steps |",
+            f"| model | steps | NFE | FID | precision | recall | s / image | time / flow's at {FLOW_STEPS[0]} steps |",
             "|---|---|---|---|---|---|---|---|",
         ]
         base_time = by_seed(result, "flow", FLOW_STEPS[0], "seconds_per_image")
