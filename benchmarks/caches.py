@@ -85,8 +85,10 @@ def main(argv: list[str] | None = None) -> dict:
     from moh_dit.sampling.spec import SamplingSpec
 
     pipe, device = benchmark_pipeline(args.model)
-    base = pipe.preview_sampling if args.model else SamplingSpec(guidance_scale=4.0, guidance_interval=(100, 500))
-    base = base.replace(scheduler=args.scheduler or base.scheduler)
+    base = (
+        pipe.preview_sampling if args.model else SamplingSpec.create(guidance_scale=4.0, guidance_interval=(100, 500))
+    )
+    base = base.replace(scheduler=args.scheduler or base.sampler.scheduler)
     classes = pipe.transformer.config.num_classes
     labels = [i % classes for i in range(args.images)] if classes else None
     noise_shape = (args.images, pipe.transformer.in_channels, *(pipe.transformer.config.sample_size,) * 2)

@@ -64,15 +64,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tag", default=None)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = p.parse_args(argv)
-    from moh_dit.sampling.guides import Guide, attach_guide
+    from moh_dit.sampling.guides import Guide
     from moh_dit.sampling.spec import SamplingSpec
-    from moh_dit.training.posthoc_export import rebuild_transformer
 
     pipe, device = benchmark_pipeline(args.model)
     base = pipe.preview_sampling if args.model else SamplingSpec()
     # every method guides every step here: autoguidance does (EDM2), and the same guided steps make times comparable
     base = base.replace(
-        scheduler=args.scheduler or base.scheduler,
+        scheduler=args.scheduler or base.sampler.scheduler,
         num_inference_steps=args.steps,
         guidance_scale=args.scale,
         guidance_interval=None,
@@ -85,21 +84,20 @@ def main(argv: list[str] | None = None) -> dict:
     specs = {rule: base.replace(guidance_rule=rule, rule_options=None) for rule in RULES}
     attached = {}
     for name, guide in guides.items():
-        if isinstance(guide, str):
+        if isinstance(guide, str):  # loaded as sampling loads it
             spec = base.replace(guide=guide)
-            attach_guide(pipe, spec, rebuild_transformer)
-            attached[name] = pipe.guide
-        else:  # an untrained model: attached as attach_guide attaches one
+            attached[name] = pipe.guide_for(spec)
+        else:  # an untrained model
             spec = base.replace(guide=f"untrained-{name}")
-            attached[name] = Guide(guide.to(device), spec.guide_record(), name, "untrained")
+            attached[name] = Guide.of(guide.to(device), spec.guide, name)
         specs[f"ag-{name}"] = spec
 
     def sampler(name):
         spec = specs[name]
+        guide = attached.get(name.removeprefix("ag-")) if name.startswith("ag-") else None
 
         def run():
-            pipe.guide = attached.get(name.removeprefix("ag-")) if name.startswith("ag-") else None
-            return pipe(labels, sampling=spec, latents=noise, output_type="latent", progress=False).images
+            return pipe(labels, sampling=spec, guide=guide, latents=noise, output_type="latent", progress=False).images
 
         return run
 

@@ -128,7 +128,7 @@ def main(argv=None) -> dict:
     if args.grid_averaging == GRID_AVERAGING_OFF:
         args.grid_averaging = None
     try:
-        placed = SamplingSpec(
+        placed = SamplingSpec.create(
             scheduler=None, guidance_interval=args.guidance_interval, grid_averaging=args.grid_averaging
         )
     except ValueError as err:  # ConfigError is one too
@@ -243,7 +243,7 @@ def sample_size_effect(folder: Path, reference: Path, extractor, total: int) -> 
 
 def _placement(result: dict) -> str:
     """Where a study's settings guided and averaged, in words."""
-    spec = SamplingSpec(
+    spec = SamplingSpec.create(
         scheduler=None, guidance_interval=result.get("guidance_interval"), grid_averaging=result.get("grid_averaging")
     )
     return spec.placement()

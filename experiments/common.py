@@ -23,11 +23,10 @@ from moh_dit.evaluation.scoring import ScoringOptions
 from moh_dit.evaluation.statistics import reference_statistics
 from moh_dit.files import atomic_path
 from moh_dit.sampling.generation import GenerationSettings
-from moh_dit.sampling.guides import attach_guide
+from moh_dit.sampling.grids import sample_grid
 from moh_dit.sampling.loading import load_pipeline
 from moh_dit.sampling.sample_sets import read_npz_manifest
 from moh_dit.sampling.spec import SamplingSpec
-from moh_dit.training.posthoc_export import rebuild_transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 # the package's named reference fashion-mnist-test: the test images, gray repeated to RGB (uint8 NHWC)
@@ -173,7 +172,6 @@ def sample_and_score(
     pipe = pipe if pipe is not None else load_pipeline(model, device=device, scheduler=scheduler)
     if scheduler is not None:
         pipe.with_scheduler(scheduler)
-    attach_guide(pipe, settings.sampling, rebuild_transformer)
     # the package's scoring (moh-dit evaluate --model's): also for a finished folder, whose manifest must name this
     # model and these settings (a retrained model or another sampler is refused, never scored as this one)
     options = ScoringOptions(batch_size=500, bootstrap=bootstrap, return_features=True)
@@ -269,8 +267,8 @@ def render_grid(
 
     pipe = load_pipeline(model, device="cuda" if torch.cuda.is_available() else "cpu", scheduler=scheduler)
     classes = list(range(pipe.transformer.config.num_classes))
-    spec = SamplingSpec(scheduler, steps, guidance, guidance_interval, grid_averaging=grid_averaging)
-    images, names = pipe.sample_grid(classes, per_class, 0, spec)
+    spec = SamplingSpec.create(scheduler, steps, guidance, guidance_interval, grid_averaging=grid_averaging)
+    images, names = sample_grid(pipe, classes, per_class, 0, spec)
     make_grid(images, ncols=per_class, row_labels=names).save(path)
     return path
 

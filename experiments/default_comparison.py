@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
         seed=1000,
         batch_size=250,
         label_mode="balanced",
-        sampling=SamplingSpec(scheduler=None, num_inference_steps=args.steps, guidance_scale=args.guidance),
+        sampling=SamplingSpec.create(scheduler=None, num_inference_steps=args.steps, guidance_scale=args.guidance),
     )
     protocol = {
         k: getattr(args, k) for k in ("samples", "scheduler", "steps", "guidance", "grid_guidance", "bootstrap")

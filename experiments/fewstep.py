@@ -58,6 +58,7 @@ from experiments.report import (
     with_row,
 )
 from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.grids import sample_grid
 from moh_dit.sampling.loading import load_pipeline, recorded_sampling
 from moh_dit.training.quality import read_records
 
@@ -114,7 +115,7 @@ def evaluations_per_image(model: Path, spec, scheduler: str) -> int:
     rows: list[int] = []
     handle = pipe.transformer.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
     try:
-        pipe.sample_grid([0], 1, 0, spec.replace(scheduler=scheduler, cache=None, cache_options=None))
+        sample_grid(pipe, [0], 1, 0, spec.replace(scheduler=scheduler, cache=None))
     finally:
         handle.remove()
     return sum(rows)
@@ -185,7 +186,7 @@ def part_caches(ctx: dict, result: dict) -> None:
         if not ctx[f"{kind}_runs"]:
             print(f"caches: no --{kind}-runs, so no {kind} rows this time", flush=True)
             continue
-        scale = recorded_sampling(model_of(kind, 0, ctx)).guidance_scale
+        scale = recorded_sampling(model_of(kind, 0, ctx)).guidance.scale
         for steps in budgets:
             for cache in CACHES:
                 _score_once(result, "caches", ctx, kind, 0, scheduler, steps, scale, cache)

@@ -71,12 +71,12 @@ def parse_setting(text: str) -> tuple[float, tuple[int, int] | None, int | None]
         if suffix and not averaging:
             raise ValueError("+avg without a timestep")
         value = float(scale)
-        spec = SamplingSpec(
+        spec = SamplingSpec.create(
             scheduler=None,
             guidance_interval=tuple(int(v) for v in interval.split("-")) if interval else None,
             grid_averaging=int(averaging) if averaging else None,
         )
-        return value, spec.guidance_interval, spec.grid_averaging
+        return value, spec.guidance.interval, spec.sampler.grid_averaging
     except ValueError:  # ConfigError is one too
         raise SystemExit(
             f"a setting is GUIDANCE[@FIRST-LAST][+avgT] (e.g. 4@100-600 or 4@100-600+avg100), got {text!r}"
@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
                 seed=1000,  # the comparison's seed and labels: the guidance-2/3 rows are its samples' twins
                 batch_size=250,
                 label_mode="balanced",
-                sampling=SamplingSpec(
+                sampling=SamplingSpec.create(
                     scheduler=None,
                     num_inference_steps=args.steps,
                     guidance_scale=scale,

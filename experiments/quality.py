@@ -146,7 +146,7 @@ def score(model: Path, folder: Path, guidance: float, sc: dict, reference: Path,
         seed=1000,
         batch_size=min(250, sc["samples"]),
         label_mode="balanced",
-        sampling=SamplingSpec(scheduler=None, num_inference_steps=steps, guidance_scale=guidance),
+        sampling=SamplingSpec.create(scheduler=None, num_inference_steps=steps, guidance_scale=guidance),
     )
     return sample_and_score(model, folder, settings, scheduler, reference, extractor, sc["bootstrap"])
 

@@ -51,6 +51,7 @@ from experiments.default_comparison import train_recipe
 from experiments.recipes_report import COMPARISONS, NFE_BUDGETS, plot, report
 from experiments.report import open_study, save_results, study_arguments
 from moh_dit.sampling.generation import GenerationSettings
+from moh_dit.sampling.grids import sample_grid
 from moh_dit.sampling.loading import load_pipeline, recorded_sampling
 from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.training.quality import read_records
@@ -165,7 +166,7 @@ def evaluations_per_image(model: Path, scheduler: str, steps: int) -> int:
     calls = []
     handle = pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
     try:
-        pipe.sample_grid([0], 1, 0, SamplingSpec(scheduler, steps, 1.0))
+        sample_grid(pipe, [0], 1, 0, SamplingSpec.create(scheduler, steps, 1.0))
     finally:
         handle.remove()
     return len(calls)
@@ -343,8 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
                     pick["scheduler"],
                     pick["steps"],
                     pick["guidance"],
-                    guidance_interval=recorded.guidance_interval,
-                    grid_averaging=recorded.grid_averaging,
+                    guidance_interval=recorded.guidance.interval,
+                    grid_averaging=recorded.sampler.grid_averaging,
                 )
     out.mkdir(parents=True, exist_ok=True)
     save(out, result)

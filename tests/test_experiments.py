@@ -650,7 +650,9 @@ def test_fewstep_caches_part_times_the_models_whose_runs_are_given(tmp_path, mon
     from experiments import fewstep
 
     timed = []
-    monkeypatch.setattr(fewstep, "recorded_sampling", lambda model: SimpleNamespace(guidance_scale=4.0))
+    monkeypatch.setattr(
+        fewstep, "recorded_sampling", lambda model: SimpleNamespace(guidance=SimpleNamespace(scale=4.0))
+    )
     monkeypatch.setattr(fewstep, "score", lambda kind, seed, sched, steps, scale, ctx, cache: {"kind": kind})
     monkeypatch.setattr(fewstep, "_record", lambda result, key, row, out: timed.append(row["kind"]))
     ctx = {"out": tmp_path, "flow_runs": str(tmp_path), "ddpm_runs": None}

@@ -50,9 +50,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
         raise ConfigError('the demo needs gradio: pip install "moh-dit[demo]"') from None
     from moh_dit.sampling.demo import build_demo
-    from moh_dit.sampling.guides import attach_guide
     from moh_dit.sampling.loading import load_pipeline
-    from moh_dit.training.posthoc_export import rebuild_transformer
 
     pipe = load_pipeline(args.model, args.device, vae=args.vae)
     changes = {k: getattr(args, k) for k in ("guidance_rule", "cache") if getattr(args, k) is not None}
@@ -61,6 +59,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     if args.guide_model is not None:
         changes.update(guide=args.guide_model, guide_step=args.guide_step, guide_sigma_rel=args.guide_sigma_rel)
     pipe.set_preview_sampling(pipe.preview_sampling.replace(**changes))
-    attach_guide(pipe, pipe.preview_sampling, rebuild_transformer)  # a guide that cannot guide stops here
+    pipe.check_sampling(pipe.preview_sampling)  # a guide that cannot guide stops here
     page = build_demo(pipe, title=f"MoH-DiT demo: {args.model}")
     page.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False)

@@ -75,9 +75,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
     from moh_dit.evaluation.reference import resolve_reference
     from moh_dit.sampling.generation import GenerationSettings
-    from moh_dit.sampling.loading import recorded_objective
     from moh_dit.sampling.options import spec_from_args
-    from moh_dit.training.posthoc_export import snapshots_up_to, sweep
+    from moh_dit.sampling.sources import recorded_objective
+    from moh_dit.snapshots import snapshots_up_to
+    from moh_dit.training.posthoc_export import sweep
 
     snapshots_up_to(args.run, args.step)  # no snapshot there: one line before any extractor is loaded
     spec = spec_from_args(args, objective=recorded_objective(args.run))
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     import_extractor_module(args.extractor_module)
     device = str(resolve_device(args.device))
     extractor = resolve_extractor(args.extractor, args.extractor_weights, device)
-    scales = args.sweep_cfg or [spec.guidance_scale]
+    scales = args.sweep_cfg or [spec.guidance.scale]
     reference = resolve_reference(args.reference)  # a named one (fashion-mnist-test) is made once
     result = sweep(args.run, args.sweep, scales, settings, reference, extractor, out, args.step, device=device)
     best = min(result["rows"], key=lambda r: r["kid"])

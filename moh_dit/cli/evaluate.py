@@ -92,8 +92,8 @@ def default_sample_dir(args, spec: SamplingSpec, source) -> Path:
     root = source.run or (source.path if source.path.is_dir() else source.path.parent)
     step = f"step{source.step}-" if source.step is not None else ""
     tag = (
-        f"{step}n{args.num_samples}-cfg{spec.guidance_scale:g}{spec.tag()}-ch{spec.guidance_channels or 'all'}-"
-        f"{spec.scheduler}{spec.num_inference_steps}-{args.dtype}-seed{args.seed}"
+        f"{step}n{args.num_samples}-cfg{spec.guidance.scale:g}{spec.tag()}-ch{spec.guidance.channels or 'all'}-"
+        f"{spec.sampler.scheduler}{spec.sampler.num_steps}-{args.dtype}-seed{args.seed}"
     )
     return root / f"eval-samples-{tag}"
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     if args.model is None:
         spec = spec_from_args(args, log=False, objective=None)
     else:
-        from moh_dit.sampling.loading import recorded_objective
+        from moh_dit.sampling.sources import recorded_objective
 
         spec_from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
         spec = spec_from_args(args, objective=recorded_objective(args.model))
@@ -131,16 +131,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     if args.model:
         from moh_dit.evaluation.model_scores import sample_and_score
         from moh_dit.sampling.generation import GenerationSettings, open_for_sampling
-        from moh_dit.sampling.loading import resolve_model_source
-        from moh_dit.training.posthoc_export import rebuild_transformer
+        from moh_dit.sampling.sources import resolve_model_source
 
         source = resolve_model_source(args.model)
         sample_dir = Path(args.sample_dir) if args.sample_dir else default_sample_dir(args, spec, source)
         out = ensure_writable_file(args.out or metrics_path_for(sample_npz_path(sample_dir), args.extractor), "--out")
         settings = GenerationSettings.from_args(args, spec, batch_size=args.sample_batch_size)
-        accelerator, pipe = open_for_sampling(
-            args.model, settings, args.device, args.dtype, rebuild=rebuild_transformer
-        )
+        accelerator, pipe = open_for_sampling(args.model, settings, args.device, args.dtype)
         result = sample_and_score(
             pipe, sample_dir, settings, args.reference, extractor, options, accelerator, overwrite=args.overwrite
         )

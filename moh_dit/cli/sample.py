@@ -79,10 +79,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     _check_mode(parser, args)
     setup_logging()
     from moh_dit.files import ensure_writable_dir, ensure_writable_file
-    from moh_dit.sampling.guides import attach_guide
-    from moh_dit.sampling.loading import load_pipeline, recorded_objective, recorded_sampling
+    from moh_dit.sampling.loading import load_pipeline, recorded_sampling
     from moh_dit.sampling.options import spec_from_args
-    from moh_dit.training.posthoc_export import rebuild_transformer
+    from moh_dit.sampling.sources import recorded_objective
 
     spec_from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
     spec = spec_from_args(args, recorded_sampling(args.model), objective=recorded_objective(args.model))
@@ -99,7 +98,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             args.dtype,
             args.vae,
             args.overwrite,
-            rebuild_transformer,
         )
         if npz is not None:
             print(f"wrote {args.num_samples} samples to {args.sample_dir} and {npz}")
@@ -109,15 +107,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     ensure_writable_file(args.out, "--out")
     if args.save_images:
         ensure_writable_dir(args.save_images, "--save-images")
-    pipe = load_pipeline(args.model, args.device, args.dtype, spec.scheduler, args.vae)
-    attach_guide(pipe, spec, rebuild_transformer)  # autoguidance: the guide --guide-model names, checked
+    pipe = load_pipeline(args.model, args.device, args.dtype, spec.sampler.scheduler, args.vae)
+    pipe.check_sampling(spec)  # before any image: a guide --guide-model names that cannot guide, ...
     classes = args.class_labels
     if not classes and pipe.transformer.config.num_classes:
         classes = list(range(pipe.transformer.config.num_classes))
     if classes:
         pipe.get_label_ids(classes)  # unknown names fail now
-    images, names = pipe.sample_grid(classes or [], args.per_class, args.seed, spec, args.batch_size)
     from moh_dit.images import make_grid
+    from moh_dit.sampling.grids import sample_grid
+
+    images, names = sample_grid(pipe, classes or [], args.per_class, args.seed, spec, args.batch_size)
 
     make_grid(images, ncols=args.per_class, row_labels=names).save(args.out)
     if args.save_images:

@@ -14,7 +14,6 @@ from pathlib import Path
 from moh_dit.evaluation.features import FeatureExtractor
 from moh_dit.evaluation.scoring import ScoringOptions, score_sample_set
 from moh_dit.sampling.generation import GenerationSettings, generate_samples, missing_indices
-from moh_dit.sampling.guides import Rebuild, attach_guide
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 
 
@@ -27,15 +26,12 @@ def sample_and_score(
     options: ScoringOptions | None = None,
     accelerator=None,
     overwrite: bool = False,
-    rebuild: Rebuild | None = None,
 ) -> dict | None:
     """Generate ``settings.num_samples`` images of ``pipe`` into ``sample_dir`` (split over the processes of
     ``accelerator``; a folder with the same manifest is resumed, another is refused unless ``overwrite``) and
     score them against ``reference`` on the main process. Returns the scores there, ``None`` elsewhere; with
     ``generation``: how many images this call made and the seconds it took (scoring not counted). A guide the
-    settings name is attached first (``rebuild``: how to make a guide's post-hoc EMA, see
-    :func:`moh_dit.sampling.guides.attach_guide`)."""
-    attach_guide(pipe, settings.sampling, rebuild)
+    settings name is loaded by the pipeline, once."""
     folder = Path(sample_dir)
     missing = len(missing_indices(folder, settings.num_samples)) if folder.is_dir() else settings.num_samples
     start = time.time()

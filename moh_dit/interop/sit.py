@@ -30,7 +30,7 @@ from moh_dit.errors import ConversionError
 from moh_dit.interop.official import config_from_reference, ours_to_reference, read_checkpoint, strict_load
 from moh_dit.model.network import MoHDiT
 from moh_dit.objectives.noise import PATHS
-from moh_dit.sampling.spec import SamplingSpec
+from moh_dit.sampling.spec import GuidanceSpec, SamplerSpec, SamplingSpec
 
 __all__ = ["FLOW_FORMATS", "load_flow_checkpoint", "to_flow_state_dict", "drop_sigma_half", "own_sampling"]
 
@@ -177,10 +177,6 @@ def own_sampling(fmt: str) -> SamplingSpec | None:
     if fmt != "lightningdit":
         return None
     return SamplingSpec(
-        scheduler="euler",
-        num_inference_steps=249,
-        guidance_scale=6.7,
-        guidance_channels=3,
-        guidance_noise=(0.0, (1 - 0.125) / 0.125),
-        time_shift=1 / 0.3,
+        SamplerSpec("euler", 249, time_shift=1 / 0.3),
+        GuidanceSpec(6.7, noise=(0.0, (1 - 0.125) / 0.125), channels=3),
     )

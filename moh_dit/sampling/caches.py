@@ -1,6 +1,6 @@
 """Sampling caches: diffusers' hooks that skip part of the network at some sampler calls, reusing what earlier calls
-computed. The names, options and defaults are checked without torch (``--help``, specs and configs read them first);
-diffusers and torch load when a cache is applied.
+computed. One class per cache, one entry each in :data:`CACHES`; names, options and defaults are checked without torch
+(``--help``, specs and configs read them first); diffusers and torch load when a cache is applied.
 
 - ``first-block`` (diffusers' ``FirstBlockCacheConfig``; the idea of TeaCache): the first block always runs; when its
   residual changed by less than ``threshold`` (relative mean absolute change) since the last full call, the other
@@ -8,8 +8,9 @@ diffusers and torch load when a cache is applied.
 - ``magcache`` (Ma et al. 2025, ``MagCacheConfig``): every block is skipped at a call whose residual is predicted from
   the calibrated ratios of residual norms between calls to have changed by at most ``threshold`` (accumulated), at
   most ``max_skip_steps`` calls in a row, never in the first ``retention_ratio`` of the calls. Its ratios are the
-  model's own: moh-dit calibrates them before sampling (an uncached run on ``calibration_images`` images of a fixed
-  seed, the ratios computed as diffusers' calibration does; they are a pure function of the model and the settings).
+  model's own: the cache calibrates them before sampling (:meth:`MagCache.prepare`: an uncached run on
+  ``calibration_images`` images of a fixed seed, the ratios computed as diffusers' calibration does; a pure function
+  of the model and the settings).
 - ``taylorseer`` (Liu et al. 2025, ``TaylorSeerCacheConfig``): every block's attention and MLP outputs are computed in
   full every ``cache_interval`` calls (and at the first ``warmup_steps``) and predicted by a Taylor expansion of order
   ``max_order`` in between.
@@ -22,67 +23,189 @@ Each batch composition (CFG's conditional and unconditional halves in one forwar
 outside the guidance interval, the copies of grid averaging) is a separate sequence of calls to a cache: moh-dit runs
 each through its own weight-sharing copy of the network with its own hooks (:class:`CachedNetwork`), so that a
 cache never mixes tensors of two batch sizes and MagCache's ratios are calibrated per sequence.
+
+A new cache is a subclass of :class:`SamplingCache` and an entry in :data:`CACHES` (docs/development.md#add-a-cache).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from moh_dit.errors import ConfigError
 
-__all__ = ["CACHE_OPTIONS", "CACHES", "check_cache_options", "describe_cache", "CachedNetwork"]
+__all__ = [
+    "SamplingCache",
+    "FirstBlockCache",
+    "MagCache",
+    "TaylorSeer",
+    "CACHES",
+    "cache_class",
+    "check_cache_options",
+    "describe_cache",
+    "CachedNetwork",
+]
 
-# every cache's options and their defaults (diffusers' defaults, except where said)
-CACHE_OPTIONS: dict[str, dict[str, float | None]] = {
-    "first-block": {"threshold": 0.05},
-    "magcache": {"threshold": 0.06, "max_skip_steps": 3, "retention_ratio": 0.2, "calibration_images": 16},
-    # TaylorSeer's attention and MLP outputs (diffusers' default hooks attention only; its paper caches both)
-    "taylorseer": {"cache_interval": 5, "warmup_steps": 3, "max_order": 1},
-}
-CACHES = tuple(CACHE_OPTIONS)
-CACHE_NAMES = {"first-block": "FirstBlockCache", "magcache": "MagCache", "taylorseer": "TaylorSeer"}
-_COUNTS = ("max_skip_steps", "calibration_images", "cache_interval", "warmup_steps", "max_order")
+
+class SamplingCache:
+    """A sampling cache: its name, options, defaults and checks (class attributes), and for one pipeline and one spec
+    (an instance) what it needs before sampling (:meth:`prepare`: MagCache's calibration) and the diffusers config of
+    the hooks each batch composition (``role``) runs with (:meth:`config_for`; ``None``: that role runs uncached)."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    defaults: ClassVar[dict[str, float]] = {}
+    counts: ClassVar[tuple[str, ...]] = ()  # options that count (whole numbers)
+    at_least_one: ClassVar[tuple[str, ...]] = ()
+    at_most_one: ClassVar[tuple[str, ...]] = ()  # shares
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self.settings = self.check(options)
+
+    @classmethod
+    def check(cls, options: Mapping[str, Any] | None) -> dict[str, float]:
+        """The cache's options with its defaults filled in; an unknown option or a bad value is a :class:`ConfigError`
+        naming what the cache takes."""
+        given = dict(options or {})
+        unknown = sorted(set(given) - set(cls.defaults))
+        if unknown:
+            raise ConfigError(f"the {cls.name} cache takes {', '.join(cls.defaults)}; got {unknown}")
+        for key, value in given.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            counting, share = key in cls.counts, key in cls.at_most_one
+            if not number or value < 0 or (counting and int(value) != value) or (share and value > 1):
+                kind = "a whole number >= 0" if counting else "a number >= 0" + (" and <= 1" * share)
+                raise ConfigError(f"the {cls.name} cache's {key} must be {kind}, got {value!r}")
+            if key in cls.at_least_one and value < 1:
+                raise ConfigError(f"the {cls.name} cache needs {key} >= 1, got {value!r}")
+        return {**cls.defaults, **{k: float(v) for k, v in given.items()}}
+
+    @classmethod
+    def describe(cls, options: Mapping[str, Any]) -> str:
+        """``MagCache (threshold 0.06, max skip steps 3, ...)``."""
+        shown = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in options.items())
+        return f"{cls.title} ({shown})"
+
+    def prepare(self, pipe: Any, sampling: Any, guide: Any = None) -> None:
+        """What the cache needs of the model before it samples with ``sampling`` (nothing, for most caches)."""
+
+    def config_for(self, role: str) -> Any | None:
+        """The diffusers config of the hooks for the calls of ``role`` (``None``: uncached)."""
+        raise NotImplementedError
+
+
+class FirstBlockCache(SamplingCache):
+    name, title = "first-block", "FirstBlockCache"
+    defaults = {"threshold": 0.05}
+
+    def config_for(self, role: str) -> Any:
+        from diffusers.hooks import FirstBlockCacheConfig
+
+        return FirstBlockCacheConfig(threshold=self.settings["threshold"])
+
+
+class MagCache(SamplingCache):
+    """MagCache with the ratios of this model, calibrated per role by :meth:`prepare` (once per instance: the pipeline
+    keeps one instance per model and spec)."""
+
+    name, title = "magcache", "MagCache"
+    defaults = {"threshold": 0.06, "max_skip_steps": 3, "retention_ratio": 0.2, "calibration_images": 16}
+    counts = ("max_skip_steps", "calibration_images")
+    at_least_one = ("calibration_images",)
+    at_most_one = ("retention_ratio",)
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.ratios: dict[str, list[float]] | None = None
+
+    def prepare(self, pipe: Any, sampling: Any, guide: Any = None) -> None:
+        """Calibrate the ratios on ``pipe``'s model: one uncached run of ``sampling`` on ``calibration_images`` images of
+        seed 0 (classes in turn), so that every batch and every process samples with the same ratios."""
+        if self.ratios is not None:
+            return
+        import logging
+
+        import torch
+
+        count, transformer = int(self.settings["calibration_images"]), pipe.transformer
+        device, size = pipe._execution_device, transformer.config.sample_size
+        num_classes = transformer.config.num_classes
+        labels = torch.arange(count, device=device) % num_classes if num_classes > 0 else None
+        noise = torch.randn((count, transformer.in_channels, size, size), generator=torch.Generator().manual_seed(0))
+        recording = CachedNetwork.calibrating(transformer)
+        uncached = sampling.replace(cache=None)
+        pipe.denoise(noise.to(device), labels, uncached, torch.Generator().manual_seed(1), False, recording, guide)
+        self.ratios = recording.recorded_ratios
+        shown = {k: len(v) for k, v in self.ratios.items()}
+        logging.getLogger("moh_dit.sampling").info("MagCache calibrated on %d images: %s", count, shown)
+
+    def config_for(self, role: str) -> Any | None:
+        import torch
+        from diffusers.hooks import MagCacheConfig
+
+        ratios = (self.ratios or {}).get(role)
+        if ratios is None:
+            return None
+        return MagCacheConfig(
+            threshold=self.settings["threshold"],
+            max_skip_steps=int(self.settings["max_skip_steps"]),
+            retention_ratio=self.settings["retention_ratio"],
+            num_inference_steps=len(ratios),
+            mag_ratios=torch.tensor(ratios),
+        )
+
+
+class TaylorSeer(SamplingCache):
+    """TaylorSeer on every block's attention and MLP outputs (diffusers' default hooks attention only; its paper caches
+    both)."""
+
+    name, title = "taylorseer", "TaylorSeer"
+    defaults = {"cache_interval": 5, "warmup_steps": 3, "max_order": 1}
+    counts = ("cache_interval", "warmup_steps", "max_order")
+    at_least_one = ("cache_interval",)
+
+    def config_for(self, role: str) -> Any:
+        import torch
+        from diffusers.hooks import TaylorSeerCacheConfig
+
+        return TaylorSeerCacheConfig(
+            cache_interval=int(self.settings["cache_interval"]),
+            disable_cache_before_step=int(self.settings["warmup_steps"]),
+            max_order=int(self.settings["max_order"]),
+            taylor_factors_dtype=torch.float32,  # the network's precision for its predictions (diffusers' default: bf16)
+            cache_identifiers=[r"blocks\.\d+\.attn", r"blocks\.\d+\.mlp"],
+        )
+
+
+CACHES: dict[str, type[SamplingCache]] = {cache.name: cache for cache in (FirstBlockCache, MagCache, TaylorSeer)}
+
+
+def cache_class(name: str) -> type[SamplingCache]:
+    """The class of cache ``name``; an unknown name is a :class:`ConfigError` listing the caches."""
+    if name not in CACHES:
+        raise ConfigError(f"cache must be one of {', '.join(CACHES)} (or none), got {name!r}")
+    return CACHES[name]
 
 
 def check_cache_options(cache: str | None, options: Mapping[str, Any] | None) -> dict[str, float]:
-    """The cache's options with its defaults filled in (``{}`` without a cache); an unknown cache or option, or a bad
-    value, is a :class:`ConfigError` naming what the cache takes."""
-    given = dict(options or {})
+    """The cache's options with its defaults filled in (``{}`` without a cache; options without one are an error)."""
     if cache is None:
-        if given:
-            raise ConfigError(f"cache_options {sorted(given)} need a cache (one of {', '.join(CACHES)})")
+        if options:
+            raise ConfigError(f"cache_options {sorted(options)} need a cache (one of {', '.join(CACHES)})")
         return {}
-    if cache not in CACHE_OPTIONS:
-        raise ConfigError(f"cache must be one of {', '.join(CACHES)} (or none), got {cache!r}")
-    known = CACHE_OPTIONS[cache]
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise ConfigError(f"the {cache} cache takes {', '.join(known)}; got {unknown}")
-    for key, value in given.items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        counting = key in _COUNTS
-        if not number or value < 0 or (counting and int(value) != value) or (key == "retention_ratio" and value > 1):
-            kind = "a whole number >= 0" if counting else "a number >= 0" + (" and <= 1" * (key == "retention_ratio"))
-            raise ConfigError(f"the {cache} cache's {key} must be {kind}, got {value!r}")
-    if (
-        cache == "taylorseer"
-        and given.get("cache_interval", 1) < 1
-        or cache == "magcache"
-        and given.get("calibration_images", 1) < 1
-    ):
-        raise ConfigError(f"the {cache} cache needs cache_interval and calibration_images >= 1")
-    return {**known, **{k: float(v) for k, v in given.items()}}
+    return cache_class(cache).check(options)
 
 
 def describe_cache(cache: str | None, options: Mapping[str, Any]) -> str:
-    """``MagCache (threshold 0.06, max skip steps 3, ...)`` or ``""`` without a cache."""
-    if cache is None:
-        return ""
-    shown = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in options.items())
-    return f"{CACHE_NAMES[cache]} ({shown})"
+    """``MagCache (threshold 0.06, ...)`` or ``""`` without a cache."""
+    return "" if cache is None else cache_class(cache).describe(options)
+
+
+def options_help() -> str:
+    """Every cache's options, for ``--cache-option``'s help."""
+    return "; ".join(f"{name}: {', '.join(cache.defaults)}" for name, cache in CACHES.items())
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -100,30 +223,6 @@ def _register_block() -> None:
     )
 
 
-def _diffusers_config(cache: str, options: Mapping[str, float], ratios: list[float] | None = None) -> Any:
-    """The diffusers config of a cache (MagCache with the ratios calibrated for its sequence of calls)."""
-    import torch
-    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
-
-    if cache == "first-block":
-        return FirstBlockCacheConfig(threshold=options["threshold"])
-    if cache == "magcache":
-        return MagCacheConfig(
-            threshold=options["threshold"],
-            max_skip_steps=int(options["max_skip_steps"]),
-            retention_ratio=options["retention_ratio"],
-            num_inference_steps=len(ratios),
-            mag_ratios=torch.tensor(ratios),
-        )
-    return TaylorSeerCacheConfig(
-        cache_interval=int(options["cache_interval"]),
-        disable_cache_before_step=int(options["warmup_steps"]),
-        max_order=int(options["max_order"]),
-        taylor_factors_dtype=torch.float32,  # the network's precision for its predictions (diffusers' default: bf16)
-        cache_identifiers=[r"blocks\.\d+\.attn", r"blocks\.\d+\.mlp"],
-    )
-
-
 def _shared_copy(model: Any) -> Any:
     """A copy of ``model`` that shares its parameters and buffers (no memory for weights): hooks on it do not touch
     ``model``."""
@@ -133,20 +232,10 @@ def _shared_copy(model: Any) -> Any:
 
 class CachedNetwork:
     """Calls of the transformer during one sampling run, each batch composition (``role``) through its own
-    weight-sharing copy carrying the cache's hooks, inside a cache context. Without a cache, the transformer itself.
+    weight-sharing copy carrying ``cache``'s hooks, inside a cache context. Without a cache, the transformer itself."""
 
-    ``calibration``: MagCache's ratios by role (:meth:`calibrating` records them); a role without ratios runs uncached.
-    """
-
-    def __init__(
-        self,
-        transformer: Any,
-        cache: str | None = None,
-        options: Mapping[str, float] | None = None,
-        calibration: Mapping[str, list[float]] | None = None,
-    ) -> None:
-        self.transformer, self.cache, self.options = transformer, cache, dict(options or {})
-        self.calibration = dict(calibration or {})
+    def __init__(self, transformer: Any, cache: SamplingCache | None = None) -> None:
+        self.transformer, self.cache = transformer, cache
         self._copies: dict[str, Any] = {}
         self._recorded: dict[str, list[float]] | None = None
 
@@ -164,11 +253,12 @@ class CachedNetwork:
             network = self._copies[role] = _shared_copy(self.transformer)
             self._record_ratios(network, self._recorded.setdefault(role, []))
             return network
-        if self.cache is None or (self.cache == "magcache" and role not in self.calibration):
+        config = self.cache.config_for(role) if self.cache is not None else None
+        if config is None:
             return self.transformer
         _register_block()
         network = _shared_copy(self.transformer)
-        network.enable_cache(_diffusers_config(self.cache, self.options, self.calibration.get(role)))
+        network.enable_cache(config)
         network._reset_stateful_cache()
         self._copies[role] = network
         return network
@@ -210,10 +300,3 @@ class CachedNetwork:
 
         network.blocks[0].register_forward_pre_hook(keep_input, with_kwargs=True)
         network.blocks[-1].register_forward_hook(ratio, with_kwargs=True)
-
-
-def calibrate_magcache(run: Callable[[CachedNetwork], None], transformer: Any) -> dict[str, list[float]]:
-    """MagCache's ratios by role: ``run`` samples once through the recording network it is given."""
-    network = CachedNetwork.calibrating(transformer)
-    run(network)
-    return network.recorded_ratios

@@ -221,11 +221,11 @@ def render_card(
     example = ", ".join(repr(n) for n in names[:2]) if names else "0, 1"
     spec = SamplingSpec.from_record(manifest.get("sampling"))
     shown = spec or SamplingSpec()
-    scale, interval, averaging = shown.guidance_scale, shown.guidance_interval, shown.grid_averaging
+    scale, interval, averaging = shown.guidance.scale, shown.guidance.interval, shown.sampler.grid_averaging
     banded = f", guidance_interval=({interval[0]}, {interval[1]})" if interval else ""
-    banded += f", guidance_noise={shown.guidance_noise!r}" if shown.guidance_noise else ""
+    banded += f", guidance_noise={shown.guidance.noise!r}" if shown.guidance.noise else ""
     banded += f", grid_averaging={averaging}" if averaging is not None else ""
-    banded += f", time_shift={shown.time_shift!r}" if shown.time_shift != 1.0 else ""
+    banded += f", time_shift={shown.sampler.time_shift!r}" if shown.sampler.time_shift != 1.0 else ""
     call = (
         f"pipe([{example}], guidance_scale={float(scale)!r}{banded}, num_inference_steps=250)"
         if config["num_classes"]
@@ -255,7 +255,7 @@ def render_card(
         + (f", step {source['step']}" if source.get("step") is not None else ""),
         "- sampling it was shown with (the default of `moh-dit sample` and the demo): "
         + (
-            f"{spec.describe_guidance()}, {spec.scheduler} {spec.num_inference_steps} steps"
+            f"{spec.describe_guidance()}, {spec.sampler.scheduler} {spec.sampler.num_steps} steps"
             if spec
             else "not recorded"
         ),
@@ -302,7 +302,7 @@ def record_evaluation(folder: str | os.PathLike, pipe, manifest: dict, result: d
         "extractor": result["extractor"],
         "reference": Path(result["reference"]["reference"]).name,
         "sampler": f"{identity.get('scheduler', {}).get('name', '?')} {identity.get('num_inference_steps')} steps, "
-        + SamplingSpec(
+        + SamplingSpec.create(
             scheduler=None,
             guidance_scale=identity.get("guidance_scale"),
             guidance_interval=identity.get("guidance_interval"),

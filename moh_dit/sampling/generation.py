@@ -27,7 +27,7 @@ from moh_dit.files import atomic_path
 from moh_dit.manifests import fingerprint_module
 from moh_dit.progress import Progress
 from moh_dit.sampling.caches import describe_cache
-from moh_dit.sampling.guides import Rebuild, attach_guide, guide_identity
+from moh_dit.sampling.guides import Guide
 from moh_dit.sampling.loading import load_pipeline
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.sampling.sample_sets import prepare_sample_folder, sample_npz_path
@@ -52,7 +52,7 @@ class GenerationSettings:
     batch_size: int = 32
     label_mode: str = "uniform"
     sampling: SamplingSpec = field(
-        default_factory=lambda: SamplingSpec(
+        default_factory=lambda: SamplingSpec.create(
             scheduler=None, num_inference_steps=EVAL_STEPS, guidance_scale=EVAL_GUIDANCE
         )
     )
@@ -75,43 +75,48 @@ class GenerationSettings:
         return asdict(self)
 
 
-def sample_manifest(pipe: MoHDiTPipeline, settings: GenerationSettings, world_size: int = 1) -> dict[str, Any]:
+def sample_manifest(
+    pipe: MoHDiTPipeline, settings: GenerationSettings, world_size: int = 1, guide: Guide | None = None
+) -> dict[str, Any]:
     """What makes a set of samples: ``identity`` holds everything that changes the pixels (weights of the
-    transformer and the VAE, their dtype, the scheduler, steps, guidance, seed, labels); the rest is a record
-    (source, step, count, batch, processes, device), which does not stop a resume."""
+    transformer and the VAE, their dtype, the scheduler, steps, guidance, the guide's weights, seed, labels); the rest
+    is a record (source, step, count, batch, processes, device), which does not stop a resume."""
     transformer, spec = pipe.transformer, settings.sampling
+    sampler, guidance = spec.sampler, spec.guidance
     conditional = transformer.config.num_classes > 0
+    guided = conditional or spec.guide is not None
     scheduler = {k: v for k, v in dict(pipe.scheduler.config).items() if not k.startswith("_")}
     identity = {
         "transformer_sha256": fingerprint_module(transformer),
         "dtype": str(transformer.dtype).removeprefix("torch."),
         "vae_sha256": pipe.space.fingerprint(),
         "scheduler": dict(scheduler, name=type(pipe.scheduler).__name__),
-        "num_inference_steps": spec.num_inference_steps,
-        "guidance_scale": spec.guidance_scale if conditional or spec.guide is not None else 1.0,
-        "guidance_channels": spec.guidance_channels,
+        "num_inference_steps": sampler.num_steps,
+        "guidance_scale": guidance.scale if guided else 1.0,
+        "guidance_channels": guidance.channels,
         "seed": settings.seed,
         "label_mode": settings.label_mode if conditional else None,
         "num_classes": transformer.config.num_classes,
     }
-    if (conditional or spec.guide is not None) and spec.guidance_interval is not None:
-        # only when set: folders made before intervals existed guided every step and keep their identity
-        identity["guidance_interval"] = list(spec.guidance_interval)
-    if spec.grid_averaging is not None:  # likewise: only when set
-        identity["grid_averaging"] = spec.grid_averaging
-    if (conditional or spec.guide is not None) and spec.guidance_noise is not None:
-        identity["guidance_noise"] = spec.record()["guidance_noise"]
-    if spec.time_shift != 1.0:
-        identity["time_shift"] = spec.time_shift
+    # the keys below only when set: folders made before they existed keep their identity
+    record = spec.record()
+    if guided and guidance.interval is not None:
+        identity["guidance_interval"] = list(guidance.interval)
+    if sampler.grid_averaging is not None:
+        identity["grid_averaging"] = sampler.grid_averaging
+    if guided and guidance.noise is not None:
+        identity["guidance_noise"] = record["guidance_noise"]
+    if sampler.time_shift != 1.0:
+        identity["time_shift"] = sampler.time_shift
     if transformer.config.get("objective") is not None:  # DiT's DDPM records none (the folders of moh-dit 0.3)
         identity["objective"] = dict(transformer.config.objective)
-    if spec.guidance_rule != "cfg":  # the rule and its options, only when not CFG (as the keys above)
-        identity["guidance_rule"], identity["rule_options"] = spec.guidance_rule, spec.rule
-    if spec.cache is not None:  # a cache changes the images (only when set, as the keys above)
-        identity["cache"], identity["cache_options"] = spec.cache, spec.cache_settings
-    guide = guide_identity(pipe, spec)  # autoguidance: the guide's weights are part of what made the images
-    if guide is not None:
-        identity["guide"] = guide
+    if "guidance_rule" in record:  # the rule and its options, only when not CFG
+        identity["guidance_rule"], identity["rule_options"] = record["guidance_rule"], record["rule_options"]
+    if spec.cache is not None:  # a cache changes the images
+        identity["cache"], identity["cache_options"] = record["cache"], record["cache_options"]
+    guide = guide or pipe.guide_for(spec)
+    if guide is not None:  # autoguidance: the guide's weights are part of what made the images
+        identity["guide"] = guide.identity()
     return {
         "identity": identity,
         "model": getattr(pipe, "provenance", None),
@@ -142,11 +147,13 @@ def generate_samples(
     settings: GenerationSettings,
     accelerator=None,
     overwrite: bool = False,
+    guide: Guide | None = None,
 ) -> Path | None:
     """Generate ``settings.num_samples`` images into ``sample_dir`` (resuming a folder whose manifest
     matches), then pack them into the ADM-style ``.npz`` beside it (``arr_0`` uint8 NHWC RGB, ``arr_1``
     labels, ``moh_dit_manifest``). Returns the ``.npz`` path on the main process. With ``accelerator`` the
-    missing blocks are split over its processes."""
+    missing blocks are split over its processes; ``guide``: autoguidance's guide for the one the settings name
+    (default: loaded by the pipeline)."""
     settings.validate()
     if pipe.config.get("latent_space", False) and pipe.vae is None:
         raise ConfigError("this model generates latents and the pipeline has no VAE: pass the VAE it was trained with")
@@ -154,8 +161,9 @@ def generate_samples(
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     is_main = rank == 0
     pipe.use_sampling_scheduler(settings.sampling)  # the identity names the sampler that draws the images
-    pipe.check_sampling(settings.sampling)  # settings the model cannot sample stop before anything is written
-    manifest = sample_manifest(pipe, settings, world)
+    # settings the model cannot sample (a guide that cannot guide) stop before anything is written
+    guide = pipe.check_sampling(settings.sampling, guide=guide)
+    manifest = sample_manifest(pipe, settings, world, guide)
     prepare_sample_folder(sample_dir, manifest, overwrite, write=is_main)
     if accelerator:
         accelerator.wait_for_everyone()
@@ -190,6 +198,7 @@ def generate_samples(
         images = pipe(
             **kwargs,
             sampling=spec,
+            guide=guide,
             generator=[index_generator(settings.seed, i) for i in batch],
             output_type="uint8",
             progress=False,
@@ -217,11 +226,10 @@ def open_for_sampling(
     device: str | None = None,
     dtype: str = "fp32",
     vae: str | None = None,
-    rebuild: Rebuild | None = None,
 ):
     """Start accelerate (all processes of an ``accelerate launch`` / ``torchrun``), log how many there are, and
-    load the model for ``settings`` (and the guide they name: ``rebuild`` makes a post-hoc EMA of one, see
-    :func:`moh_dit.sampling.guides.attach_guide`). Returns ``(accelerator, pipeline)``."""
+    load the model for ``settings`` (and the guide they name, checked before anything is drawn). Returns
+    ``(accelerator, pipeline)``."""
     from accelerate import Accelerator
 
     from moh_dit.devices import resolve_device
@@ -229,8 +237,8 @@ def open_for_sampling(
     settings.validate()
     accelerator = Accelerator(cpu=resolve_device(device).type == "cpu")
     logger.info("%d process(es) on %s", accelerator.num_processes, accelerator.device)
-    pipe = load_pipeline(model, accelerator.device, dtype, settings.sampling.scheduler, vae)
-    attach_guide(pipe, settings.sampling, rebuild)
+    pipe = load_pipeline(model, accelerator.device, dtype, settings.sampling.sampler.scheduler, vae)
+    pipe.check_sampling(settings.sampling)
     return accelerator, pipe
 
 
@@ -242,11 +250,10 @@ def sample_to_folder(
     dtype: str = "fp32",
     vae: str | None = None,
     overwrite: bool = False,
-    rebuild: Rebuild | None = None,
 ):
     """What ``sample.py --num-samples`` does: :func:`open_for_sampling`, then :func:`generate_samples`. Returns
     ``(accelerator, npz path on the main process, pipeline)``."""
-    accelerator, pipe = open_for_sampling(model, settings, device, dtype, vae, rebuild)
+    accelerator, pipe = open_for_sampling(model, settings, device, dtype, vae)
     return accelerator, generate_samples(pipe, sample_dir, settings, accelerator, overwrite=overwrite), pipe
 
 
@@ -319,7 +326,7 @@ def describe_samples(manifest: dict | None) -> str:
     return (
         f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
         f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, "
-        + SamplingSpec(
+        + SamplingSpec.create(
             scheduler=None,
             guidance_scale=ident["guidance_scale"],
             guidance_interval=ident.get("guidance_interval"),

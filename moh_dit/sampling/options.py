@@ -194,12 +194,12 @@ def spec_from_args(
     noise = getattr(args, "guidance_noise", None)
     shift = getattr(args, "time_shift", None)
     if shift is None:
-        shift = recorded.time_shift if recorded is not None else 1.0
+        shift = recorded.sampler.time_shift if recorded is not None else 1.0
     placed = interval is not None or noise is not None  # a placement given wins over the recorded one
     rule, options = getattr(args, "guidance_rule", None), dict(getattr(args, "rule_option", None) or [])
     cache, cache_options = getattr(args, "cache", None), dict(getattr(args, "cache_option", None) or [])
     if cache is None and recorded is not None and recorded.cache is not None:  # the model's own cache, options added
-        cache, cache_options = recorded.cache, recorded.cache_settings | cache_options
+        cache, cache_options = recorded.cache.name, recorded.cache.settings | cache_options
     cache = None if cache == "none" else cache
     guide = dict(guide=getattr(args, "guide_model", None), guide_step=getattr(args, "guide_step", None))
     guide["guide_sigma_rel"] = getattr(args, "guide_sigma_rel", None)
@@ -212,20 +212,20 @@ def spec_from_args(
     elif recorded is None and getattr(args, "default_guidance", None) is not None:
         scale, why = args.default_guidance, "the command's default"
     elif recorded is not None:
-        scale, why = recorded.guidance_scale, "the model's recorded preview guidance"
+        scale, why = recorded.guidance.scale, "the model's recorded preview guidance"
         if not placed:
-            interval, noise = recorded.guidance_interval, recorded.guidance_noise
-        averaging = recorded.grid_averaging if averaging is None else averaging
-        channels = recorded.guidance_channels if channels is None else channels
+            interval, noise = recorded.guidance.interval, recorded.guidance.noise
+        averaging = recorded.sampler.grid_averaging if averaging is None else averaging
+        channels = recorded.guidance.channels if channels is None else channels
         if rule is None:
-            rule, options = recorded.guidance_rule, recorded.rule | options
-        if guide["guide"] is None:
+            rule, options = recorded.guidance.rule, recorded.guidance.options | options
+        if guide["guide"] is None and recorded.guide is not None:
             guide = dict(
-                guide=recorded.guide, guide_step=recorded.guide_step, guide_sigma_rel=recorded.guide_sigma_rel
+                guide=recorded.guide.model, guide_step=recorded.guide.step, guide_sigma_rel=recorded.guide.sigma_rel
             )
     else:
         scale, why = GRID_GUIDANCE, "no recorded guidance: the package's grid default"
-    spec = SamplingSpec(
+    spec = SamplingSpec.create(
         scheduler=args.scheduler or scheduler,
         num_inference_steps=args.num_steps or steps,
         guidance_scale=scale,
@@ -274,7 +274,7 @@ def _grid_averaging_arg(text: str) -> Any:
     if text.strip().lower() in (GRID_AVERAGING_OFF, "none"):
         return GRID_AVERAGING_OFF
     try:
-        return SamplingSpec(grid_averaging=int(text)).grid_averaging
+        return SamplingSpec.create(grid_averaging=int(text)).sampler.grid_averaging
     except ValueError:  # ConfigError is one too
         raise argparse.ArgumentTypeError(
             f"expected a training timestep between 0 and {TRAIN_TIMESTEPS - 1} (e.g. 100), or off; got {text!r}"

@@ -39,12 +39,13 @@ from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.base import Objective
 from moh_dit.objectives.registry import resolve_protocol
-from moh_dit.sampling.caches import CachedNetwork, calibrate_magcache
-from moh_dit.sampling.checks import attached_guide, check_sampling
-from moh_dit.sampling.guidance import GuidanceRule, guided_output, make_rule
+from moh_dit.sampling.caches import CachedNetwork, SamplingCache, cache_class
+from moh_dit.sampling.checks import check_sampling
+from moh_dit.sampling.guidance import StepEvaluation, guided_output
+from moh_dit.sampling.guides import Guide, load_guide
 from moh_dit.sampling.labels import resolve_class_labels
+from moh_dit.sampling.rules import make_rule
 from moh_dit.sampling.spec import GRID_GUIDANCE, SamplingSpec
-from moh_dit.seeding import index_generator
 from moh_dit.vae import ImageSpace
 
 logger = logging.getLogger(__name__)
@@ -158,42 +159,38 @@ class MoHDiTPipeline(DiffusionPipeline):
         return self
 
     def use_sampling_scheduler(self, sampling: SamplingSpec) -> None:
-        """Swap in ``sampling.scheduler`` when it names another sampler than the pipeline's (``None`` keeps it).
-        Done before a sample set's manifest is written, so that its identity names the sampler that draws it."""
-        if sampling.scheduler is not None and sampling.scheduler != self.objective.scheduler_name(self.scheduler):
-            self.with_scheduler(sampling.scheduler)
+        """Swap in ``sampling.sampler.scheduler`` when it names another sampler than the pipeline's (``None`` keeps
+        it). Done before a sample set's manifest is written, so that its identity names the sampler that draws it."""
+        wanted = sampling.sampler.scheduler
+        if wanted is not None and wanted != self.objective.scheduler_name(self.scheduler):
+            self.with_scheduler(wanted)
 
     # ------------------------------------------------------------------------------------------------
-    # One denoising evaluation with guidance
+    # The guide and the cache a spec names
     # ------------------------------------------------------------------------------------------------
-    def guided_model_output(
-        self,
-        latents: torch.Tensor,
-        t: torch.Tensor | tuple[torch.Tensor, ...],
-        labels: torch.Tensor | None,
-        guidance_scale: float,
-        guidance_channels: int | None = None,
-        grid_average: bool = False,
-        guide: MoHDiT | None = None,
-        rule: GuidanceRule | None = None,
-        step: int = 0,
-        network: CachedNetwork | None = None,
-    ) -> torch.Tensor:
-        """Model output for ``latents`` at time input ``t``, guided towards ``labels`` (see
-        :func:`moh_dit.sampling.guidance.guided_output`; ``network``: a sampling cache's calls)."""
-        return guided_output(
-            self.transformer,
-            latents,
-            t,
-            labels,
-            guidance_scale,
-            guidance_channels,
-            grid_average,
-            guide,
-            rule,
-            step,
-            network,
-        )
+    def guide_for(self, sampling: SamplingSpec) -> Guide | None:
+        """The guide model ``sampling`` names (``None``: classifier-free guidance), loaded and checked on first use and
+        kept for this transformer (:func:`moh_dit.sampling.guides.load_guide`)."""
+        if sampling.guide is None:
+            return None
+        guides = self.__dict__.setdefault("_guides", {})
+        key = (id(self.transformer), sampling.guide)
+        if key not in guides:
+            guides[key] = load_guide(sampling.guide, self.transformer, self.space.space)
+        return guides[key]
+
+    def cache_for(self, sampling: SamplingSpec, guide: Guide | None = None) -> SamplingCache | None:
+        """The sampling cache ``sampling`` names for this model (``None``: none), prepared once per transformer and
+        spec (MagCache calibrates its ratios on the model: the same for every batch and process)."""
+        if sampling.cache is None:
+            return None
+        caches = self.__dict__.setdefault("_caches", {})
+        key = (id(self.transformer), repr(sampling.record()), None if guide is None else guide.fingerprint)
+        if key not in caches:
+            cache = cache_class(sampling.cache.name)(sampling.cache.settings)
+            cache.prepare(self, sampling, guide)
+            caches[key] = cache
+        return caches[key]
 
     # ------------------------------------------------------------------------------------------------
     # Sampling
@@ -216,6 +213,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         guidance_noise: Sequence[float] | None = None,
         time_shift: float = 1.0,
         sampling: SamplingSpec | None = None,
+        guide: Guide | None = None,
     ):
         """Generate images.
 
@@ -233,9 +231,9 @@ class MoHDiTPipeline(DiffusionPipeline):
                 the classes' variety and at low noise sharpens artefacts; a middle interval avoids both
                 (Kynkaenniemi et al. 2024, arXiv:2404.07724; docs/sampling.md).
             grid_averaging: a training timestep: every step at or below it averages the prediction over the
-                patch grid's diagonal shifts (see :meth:`guided_model_output`; one forward of ``patch`` times
-                the batch). At low noise this removes most of an undertrained model's patch seams at no cost
-                in KID; at high noise the shifted copies are out of distribution (docs/sampling.md).
+                patch grid's diagonal shifts (:func:`moh_dit.sampling.guidance.guided_output`; one forward of
+                ``patch`` times the batch). At low noise this removes most of an undertrained model's patch seams at
+                no cost in KID; at high noise the shifted copies are out of distribution (docs/sampling.md).
                 ``None`` (default) averages nowhere.
             guidance_noise: ``(low, high)`` noise levels (noise std over signal std) guided instead of
                 ``guidance_interval``: the same levels for every objective (docs/sampling.md).
@@ -243,6 +241,8 @@ class MoHDiTPipeline(DiffusionPipeline):
                 - 1) s)``); 1 (none) for DDPM models.
             sampling: a :class:`SamplingSpec` instead of the seven arguments above (its scheduler, when set,
                 replaces the pipeline's).
+            guide: autoguidance's guide model for the guide ``sampling`` names (default: loaded by
+                :meth:`guide_for`); a :class:`~moh_dit.sampling.guides.Guide` of that spec.
             output_type: ``"pil"``, ``"np"`` (float in [0, 1], NHWC), ``"pt"`` (float in [-1, 1], NCHW),
                 ``"uint8"`` (NHWC, ADM quantisation) or ``"latent"`` (the model's output before decoding).
         """
@@ -251,7 +251,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         if output_type not in ("pil", "np", "pt", "uint8", "latent"):
             raise ValueError(f"output_type must be pil, np, pt, uint8 or latent, got {output_type!r}")
         if sampling is None:  # the spec checks every value, once
-            sampling = SamplingSpec(
+            sampling = SamplingSpec.create(
                 None,
                 num_inference_steps,
                 guidance_scale,
@@ -263,7 +263,7 @@ class MoHDiTPipeline(DiffusionPipeline):
             )
         else:
             self.use_sampling_scheduler(sampling)
-        self.check_sampling(sampling, decode=output_type != "latent")
+        guide = self.check_sampling(sampling, decode=output_type != "latent", guide=guide)
         batch, labels = self._labels_and_batch(class_labels, num_images)
 
         device = self._execution_device
@@ -274,8 +274,8 @@ class MoHDiTPipeline(DiffusionPipeline):
             raise ValueError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
         latents = latents.to(device=device, dtype=torch.float32)
 
-        network = CachedNetwork(transformer, sampling.cache, sampling.cache_settings, self.cache_calibration(sampling))
-        latents = self._denoise(latents, labels, sampling, generator, progress, network)
+        network = CachedNetwork(transformer, self.cache_for(sampling, guide))
+        latents = self.denoise(latents, labels, sampling, generator, progress, network, guide)
 
         if not torch.isfinite(latents).all():
             raise NonFiniteSampleError(
@@ -286,40 +286,11 @@ class MoHDiTPipeline(DiffusionPipeline):
         self.maybe_free_model_hooks()
         return ImagePipelineOutput(images=result) if return_dict else (result,)
 
-    def cache_calibration(self, sampling: SamplingSpec) -> dict[str, list[float]] | None:
-        """MagCache's ratios for ``sampling`` on this model, per batch composition: calibrated once per pipeline,
-        model and settings by one uncached run on ``calibration_images`` images of seed 0 (classes in turn), so that
-        every batch and every process samples with the same ratios. ``None`` for the other caches."""
-        if sampling.cache != "magcache":
-            return None
-        key = (
-            id(self.transformer),
-            sampling.replace(cache=None, cache_options=None).record().__repr__(),
-            sampling.cache_options,
-        )
-        found = getattr(self, "_cache_calibrations", {}).get(key)
-        if found is not None:
-            return found
-        count = int(sampling.cache_settings["calibration_images"])
-        transformer, device = self.transformer, self._execution_device
-        num_classes = transformer.config.num_classes
-        labels = torch.arange(count, device=device) % num_classes if num_classes > 0 else None
-        shape = (count, transformer.in_channels, transformer.config.sample_size, transformer.config.sample_size)
-        noise = _randn(shape, torch.Generator().manual_seed(0), device)
-        uncached = sampling.replace(cache=None, cache_options=None)
-
-        def run(network: CachedNetwork) -> None:
-            self._denoise(noise, labels, uncached, torch.Generator().manual_seed(1), False, network)
-
-        ratios = calibrate_magcache(run, transformer)
-        self._cache_calibrations = {**getattr(self, "_cache_calibrations", {}), key: ratios}
-        logger.info("MagCache calibrated on %d images: %s", count, {k: len(v) for k, v in ratios.items()})
-        return ratios
-
-    def check_sampling(self, sampling: SamplingSpec, decode: bool = True) -> None:
+    def check_sampling(self, sampling: SamplingSpec, decode: bool = True, guide: Guide | None = None) -> Guide | None:
         """Whether ``sampling`` can draw from this pipeline's model, before anything is drawn or written (see
-        :func:`moh_dit.sampling.checks.check_sampling`)."""
-        check_sampling(self, sampling, decode)
+        :func:`moh_dit.sampling.checks.check_sampling`); returns the guide it names (``guide``, or the one
+        :meth:`guide_for` loads)."""
+        return check_sampling(self, sampling, decode, guide)
 
     def _labels_and_batch(
         self, class_labels: int | str | Sequence[int | str] | None, num_images: int | None
@@ -335,28 +306,32 @@ class MoHDiTPipeline(DiffusionPipeline):
             raise ValueError("this model is unconditional: pass num_images instead of class_labels")
         return num_images or 1, None
 
-    def _denoise(
+    def denoise(
         self,
         latents: torch.Tensor,
         labels: torch.Tensor | None,
         sampling: SamplingSpec,
-        generator: torch.Generator | list[torch.Generator] | None,
-        progress: bool,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        progress: bool = False,
         network: CachedNetwork | None = None,
+        guide: Guide | None = None,
     ) -> torch.Tensor:
-        """The sampling loop: from noise ``latents`` to the model's output, guided as ``sampling`` says. The objective
-        puts the scheduler on its grid and says, at each call, the network's time input and the noise level (where
-        guidance and grid averaging apply), and what the scheduler takes from the network's output. ``network`` runs
-        the forwards (a sampling cache's; default: the transformer)."""
+        """The sampling loop: from noise ``latents`` to the model's output, guided as ``sampling`` says (away from
+        ``guide``'s prediction where given). The objective puts the scheduler on its grid and says, at each call, the
+        network's time input and the noise level (where guidance and grid averaging apply), and what the scheduler
+        takes from the network's output. ``network`` runs the forwards (a sampling cache's; default: the
+        transformer)."""
         transformer, device, objective = self.transformer, self._execution_device, self.objective
-        objective.set_timesteps(self.scheduler, sampling.num_inference_steps, sampling.time_shift, device)
+        sampler, guidance = sampling.sampler, sampling.guidance
+        objective.set_timesteps(self.scheduler, sampler.num_steps, sampler.time_shift, device)
         latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)  # diffusers' flow schedulers have none
         steps = self.scheduler.timesteps
         # stochastic samplers draw their noise from the generator(s); deterministic ones take none
         step_kwargs = (
             {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
         )
-        guide, rule = attached_guide(self, sampling), make_rule(sampling.guidance_rule, sampling.rule)  # fresh state
+        rule = make_rule(guidance.rule, guidance.options)  # a fresh one: APG's running average is this run's
+        guide_model = None if guide is None else guide.model.to(transformer.device)
         for index, t in enumerate(self.progress_bar(steps) if progress else steps):
             model_in = (
                 self.scheduler.scale_model_input(latents, t)
@@ -365,11 +340,15 @@ class MoHDiTPipeline(DiffusionPipeline):
             )
             time, level = objective.step_time(self.scheduler, index, t)
             # by hand: diffusers' class-conditional DiTPipeline guides every step and has no interval option
-            scale = sampling.guidance_scale if sampling.guided_at(level.sigma, level.timestep) else 1.0
-            average = sampling.averaged_at(level.sigma, level.timestep)
-            out = self.guided_model_output(
-                model_in, time, labels, scale, sampling.guidance_channels, average, guide, rule, index, network
+            how = StepEvaluation(
+                scale=guidance.scale if guidance.guided_at(level.sigma, level.timestep) else 1.0,
+                channels=guidance.channels,
+                rule=rule,
+                step=index,
+                average=sampler.averaged_at(level.sigma, level.timestep),
+                guide=guide_model,
             )
+            out = guided_output(transformer, model_in, time, labels, how, network)
             out = objective.scheduler_input(out, self.scheduler, transformer.in_channels)
             latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
         return latents
@@ -385,47 +364,6 @@ class MoHDiTPipeline(DiffusionPipeline):
             return to_uint8(images)
         result = ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()
         return self.numpy_to_pil(result) if output_type == "pil" else result
-
-    def sample_grid(
-        self,
-        class_labels: Sequence[int | str],
-        per_class: int,
-        seed: int,
-        sampling: SamplingSpec,
-        batch_size: int = 64,
-    ) -> tuple[np.ndarray, list[str] | None]:
-        """``per_class`` uint8 images of every requested class, one row per class, for previews and
-        ``sample.py``; image ``i`` draws its noise from ``(seed, i)``. Returns the images and row names."""
-        conditional = self.transformer.config.num_classes > 0
-        ids = self.get_label_ids(class_labels) if conditional else [None]
-        labels = [c for c in ids for _ in range(per_class)]
-        out = []
-        for b in range(0, len(labels), batch_size):
-            chunk = labels[b : b + batch_size]
-            gens = [index_generator(seed, b + j) for j in range(len(chunk))]
-            kwargs = dict(class_labels=chunk) if conditional else dict(num_images=len(chunk))
-            out.append(self(**kwargs, sampling=sampling, generator=gens, output_type="uint8", progress=False).images)
-        names = [self.id2label.get(c, str(c)) for c in ids] if conditional else None
-        return np.concatenate(out), names
-
-    def save_grid(
-        self,
-        path: str | os.PathLike,
-        per_class: int,
-        seed: int,
-        sampling: SamplingSpec,
-        max_classes: int | None = None,
-    ) -> Path:
-        """A labelled PNG grid of the first ``max_classes`` classes (training previews)."""
-        from moh_dit.images import make_grid
-
-        num_classes = self.transformer.config.num_classes
-        classes = list(range(min(num_classes, max_classes or num_classes)))
-        images, names = self.sample_grid(classes, per_class, seed, sampling)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        make_grid(images, ncols=per_class, row_labels=names).save(path)
-        return path
 
     @property
     def space(self) -> ImageSpace:

@@ -45,7 +45,7 @@ class TrainingState:
     optimizer: Any
     scaler: Any  # accelerate's grad scaler, or None
     window: Any  # moh_dit.training.tracking.LossWindow
-    posthoc: Any = None  # moh_dit.training.posthoc_ema.PowerFunctionEMAs, or None
+    posthoc: Any = None  # moh_dit.posthoc_ema.PowerFunctionEMAs, or None
 
     def param_names(self) -> list[str]:
         return [n for n, _ in self.model.named_parameters()]

@@ -130,7 +130,7 @@ def check_repa(repa: RepaSection) -> None:
 
 def check_posthoc(ema: EMASection, global_batch: int) -> None:
     """The post-hoc EMA keys: an interval in whole steps of images, widths a power function has, a snapshot dtype."""
-    from moh_dit.training.posthoc_ema import MAX_SIGMA_REL
+    from moh_dit.posthoc_ema import MAX_SIGMA_REL
 
     _at_least("ema.posthoc_every", ema.posthoc_every, 0)
     if ema.posthoc_every % global_batch:

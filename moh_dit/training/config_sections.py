@@ -8,10 +8,11 @@ Reading a YAML file with overrides is :func:`moh_dit.training.config.load_config
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from moh_dit.sampling.spec import FAST_STEPS, SamplingSpec
+from moh_dit.sampling.spec import CONFIG_KEYS, SamplingSpec
 
 __all__ = [
     "Config",
@@ -144,32 +145,6 @@ class EMASection:
 
 
 @dataclass
-class EvalSamplingSection:
-    """How the evaluations during training sample. By default the fast protocol without guidance: DiT's curves of
-    FID against training steps are unguided, and 25 solver steps cost a tenth of DiT's 250."""
-
-    scheduler: str | None = None  # null: the fast protocol's sampler where the model's objective and path offer it
-    num_steps: int = FAST_STEPS
-    guidance_scale: float = 1.0
-    guidance_interval: list[int] | None = None
-    guidance_channels: int | None = None
-    grid_averaging: int | None = None
-    guidance_noise: list[float] | None = None  # [low, high] noise levels guided instead of guidance_interval
-    time_shift: float = 1.0  # flow samplers' grid shift (1: none)
-    guidance_rule: str = "cfg"  # cfg | apg | cfg-zero-star (docs/sampling.md#guidance-rules)
-    rule_options: dict[str, Any] = field(default_factory=dict)  # the rule's options, e.g. {eta: 0.0}
-    guide: str | None = None  # autoguidance: a weaker model's run, checkpoint or pipeline folder
-    guide_step: int | None = None  # the guide run's checkpoint at this step
-    guide_sigma_rel: float | None = None  # an EMA of this width rebuilt from the guide run's post-hoc snapshots
-    cache: str | None = None  # a sampling cache: first-block | magcache | taylorseer (docs/sampling.md#caches)
-    cache_options: dict[str, Any] = field(default_factory=dict)  # the cache's options, e.g. {threshold: 0.1}
-
-    def sampling(self) -> SamplingSpec:
-        """The spec, checked; the error of a bad value names its key."""
-        return SamplingSpec.from_config(dataclasses.asdict(self), prefix="log.eval_sampling.")
-
-
-@dataclass
 class RepaSection:
     """REPA's representation alignment (moh_dit/training/repa.py, docs/training.md#repa); off without an encoder."""
 
@@ -180,6 +155,46 @@ class RepaSection:
     depth: int = 8  # the block, from 1, whose tokens are aligned: REPA's 8 for L/XL, 4 for B (a third of the depth)
     coeff: float = 0.5  # REPA's lambda
     projector_dim: int = 2048
+
+
+def _spec_fields(**defaults: Any) -> list[tuple[str, Any, Any]]:
+    """The fields of a config section that holds a :class:`SamplingSpec`: one per key of :data:`CONFIG_KEYS`, with the
+    spec's default (or the section's own, ``defaults``); the mappings of options default to ``{}``."""
+    signature = inspect.signature(SamplingSpec.create).parameters
+    fields = []
+    for key, (flat, _) in CONFIG_KEYS.items():
+        if flat.endswith("_options"):
+            fields.append((key, dict[str, Any], field(default_factory=dict)))
+        else:
+            fields.append((key, Any, field(default=defaults.get(key, signature[flat].default))))
+    return fields
+
+
+def _spec_section(name: str, doc: str, prefix: str, extra: list[tuple[str, Any, Any]], **defaults: Any) -> type:
+    """A config section made from the spec's table (``extra``: the section's own fields first), whose ``sampling()``
+    is the spec it holds, checked (an error names the key with ``prefix``)."""
+
+    def sampling(self) -> SamplingSpec:
+        return SamplingSpec.from_config(dataclasses.asdict(self), prefix=prefix)
+
+    keys = "\n".join(f"    ``{key}``: {words}" for key, (_, words) in CONFIG_KEYS.items())
+    cls = dataclasses.make_dataclass(
+        name, [*extra, *_spec_fields(**defaults)], namespace={"sampling": sampling, "__doc__": f"{doc}\n\n{keys}"}
+    )
+    cls.__module__ = __name__
+    return cls
+
+
+# How the evaluations during training sample. By default the fast protocol without guidance: DiT's curves of FID against
+# training steps are unguided, and 25 solver steps cost a tenth of DiT's 250.
+EvalSamplingSection = _spec_section(
+    "EvalSamplingSection",
+    "How the evaluations during training sample (``log.eval_sampling``): the fast protocol, unguided, by default.",
+    "log.eval_sampling.",
+    [],
+    scheduler=None,
+    guidance_scale=1.0,
+)
 
 
 @dataclass
@@ -204,37 +219,19 @@ class LogSection:
     eval_sampling: EvalSamplingSection = field(default_factory=EvalSamplingSection)
 
 
-@dataclass
-class PreviewSection:
-    """The trainer's grids of EMA samples: when, how many, and how they are sampled (a ``SamplingSpec``, which
-    the exported pipeline records for ``sample.py`` and the demo)."""
-
-    every: int = 0  # > 0: save a grid every N steps (and at the end)
-    per_class: int = 4  # images per class row; 0: no grids, not even at the end
-    max_classes: int = 10
-    guidance_scale: float = 4.0
-    guidance_interval: list[int] | None = None  # [first, last] guided DDPM timesteps (flow: their noise levels)
-    guidance_noise: list[float] | None = None  # or [low, high] guided noise levels; null (both): every step
-    guidance_channels: int | None = (
-        None  # guide only the first N channels (3: DiT's and LightningDiT's code); null: all
-    )
-    grid_averaging: int | None = None  # average over shifted patch grids at timesteps <= this; null: none
-    time_shift: float = 1.0  # flow samplers: shift the grid toward high noise (SD3's 3); 1: none
-    num_steps: int = FAST_STEPS  # the fast protocol (moh_dit.sampling.spec.PROTOCOLS)
-    # ddpm | ddim | dpm-solver | ... (moh_dit.sampling.spec.SCHEDULERS); null: the fast protocol's sampler where the
-    # model's objective and path offer it (DPM-Solver++; Euler on a flow model's GVP path)
-    scheduler: str | None = None
-    guidance_rule: str = "cfg"  # cfg | apg | cfg-zero-star (docs/sampling.md#guidance-rules)
-    rule_options: dict[str, Any] = field(default_factory=dict)  # the rule's options, e.g. {eta: 0.0}
-    guide: str | None = None  # autoguidance: a weaker model's run, checkpoint or pipeline folder
-    guide_step: int | None = None  # the guide run's checkpoint at this step
-    guide_sigma_rel: float | None = None  # an EMA of this width rebuilt from the guide run's post-hoc snapshots
-    cache: str | None = None  # a sampling cache: first-block | magcache | taylorseer (docs/sampling.md#caches)
-    cache_options: dict[str, Any] = field(default_factory=dict)  # the cache's options, e.g. {threshold: 0.1}
-
-    def sampling(self) -> SamplingSpec:
-        """How the grids are drawn, checked; the error of a bad value names its key."""
-        return SamplingSpec.from_config(dataclasses.asdict(self))
+# The trainer's grids of EMA samples: when, how many, and how they are sampled (a SamplingSpec, which the exported
+# pipeline records for sample.py and the demo).
+PreviewSection = _spec_section(
+    "PreviewSection",
+    "The trainer's grids of EMA samples (``preview``): when, how many, and how they are sampled.",
+    "preview.",
+    [
+        ("every", int, field(default=0)),  # > 0: save a grid every N steps (and at the end)
+        ("per_class", int, field(default=4)),  # images per class row; 0: no grids, not even at the end
+        ("max_classes", int, field(default=10)),
+    ],
+    scheduler=None,
+)
 
 
 @dataclass

@@ -146,9 +146,9 @@ def check_objective(config: Config, defaults: Config) -> None:
         ("preview", config.preview.sampling(), True),
         ("log.eval_sampling", config.log.eval_sampling.sampling(), config.log.eval_every > 0),
     ):
-        if used and spec.scheduler is not None:
+        if used and spec.sampler.scheduler is not None:
             try:
-                objective.check_sampler(spec.scheduler)
+                objective.check_sampler(spec.sampler.scheduler)
             except ConfigError as err:
                 raise ConfigError(f"{key}.{err}") from None
 
@@ -156,6 +156,6 @@ def check_objective(config: Config, defaults: Config) -> None:
 def run_sampling(spec: SamplingSpec, objective: Objective) -> SamplingSpec:
     """A config's sampling ``spec`` (previews, evaluations) with an unset scheduler resolved for the run's
     ``objective``: the fast protocol's sampler where the objective and its path offer it, else the first they do."""
-    if spec.scheduler is not None:
+    if spec.sampler.scheduler is not None:
         return spec
     return spec.replace(scheduler=objective.protocol("fast", given=False)[0])

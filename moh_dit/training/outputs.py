@@ -15,13 +15,12 @@ from moh_dit.manifests import read_manifest
 from moh_dit.model.network import MoHDiT
 from moh_dit.progress import Progress
 from moh_dit.sampling.card import push_folder
-from moh_dit.sampling.guides import attach_guide
+from moh_dit.sampling.grids import save_grid
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.training.checkpoints import save_checkpoint
 from moh_dit.training.config import config_to_dict
 from moh_dit.training.objective import run_sampling
-from moh_dit.training.posthoc_export import rebuild_transformer
 from moh_dit.training.quality import EVALUATION, curve_points, read_records
 from moh_dit.training.setup import learning_rate, non_finite_error
 from moh_dit.training.throughput import peak_memory_gb
@@ -119,10 +118,9 @@ class RunOutputs:
             if reuse and (self.layout.samples / f"{tag}.png").is_file() and self.exported_at() == self.step:
                 return self.layout.samples / f"{tag}.png"
             preview, spec = self.config.preview, self.preview_sampling()
-            pipe = self.ema_pipeline(spec.scheduler)
-            attach_guide(pipe, spec, rebuild_transformer)  # previews by autoguidance (preview.guide)
-            path = pipe.save_grid(
-                self.layout.samples / f"{tag}.png", preview.per_class, seed, spec, preview.max_classes
+            pipe = self.ema_pipeline(spec.sampler.scheduler)  # previews by autoguidance load the guide preview.guide
+            path = save_grid(
+                pipe, self.layout.samples / f"{tag}.png", preview.per_class, seed, spec, preview.max_classes
             )
             self.metrics.log_image("samples", path, self.step)
             return path
@@ -131,7 +129,9 @@ class RunOutputs:
     def evaluate_quality(self) -> None:
         """Sample and score the EMA weights at this step on every process (``log.eval_every``); the record goes to
         ``metrics.jsonl``, the trackers and the run's manifest."""
-        record = self.quality.evaluate(self.ema_pipeline(self.quality.spec.scheduler), self.step, self.samples_seen)
+        record = self.quality.evaluate(
+            self.ema_pipeline(self.quality.spec.sampler.scheduler), self.step, self.samples_seen
+        )
         if record is not None:
             self.metrics.write_evaluation(record)
             self.record.write("evaluation", **curve_points([record])[0], file=record["file"])

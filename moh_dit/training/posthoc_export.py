@@ -10,87 +10,27 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from moh_dit.errors import ArtifactError
 from moh_dit.run_folder import RunLayout
-from moh_dit.training.posthoc_ema import profile_error, read_snapshot_metadata, reconstruct
+from moh_dit.sampling.loading import load_pipeline
+from moh_dit.sampling.pipeline import MoHDiTPipeline
+from moh_dit.sampling.posthoc import newest_checkpoint, rebuild_weights
+from moh_dit.snapshots import read_snapshot_metadata, snapshots_up_to
 
-__all__ = ["snapshots_up_to", "rebuild_pipeline", "export_posthoc", "sweep"]
+__all__ = ["rebuild_pipeline", "export_posthoc", "sweep"]
 
 logger = logging.getLogger(__name__)
 
 
-def snapshots_up_to(run: str | os.PathLike, step: int | None = None) -> list[Path]:
-    """The run's snapshots up to ``step`` (default: the newest), oldest first; a step without a snapshot is an
-    error that lists the steps there are."""
-    layout = RunLayout(run)
-    found = layout.list_snapshots()
-    if not found:
-        raise ArtifactError(
-            f"{layout.root} has no post-hoc EMA snapshots ({layout.posthoc.name}/): train it with ema.posthoc_every > 0"
-        )
-    steps = [s for s, _ in found]
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        shown = ", ".join(map(str, steps[:8])) + (f", ... {steps[-1]}" if len(steps) > 8 else "")
-        raise ArtifactError(f"{layout.root} has no snapshot at step {step}; it has steps {shown}")
-    return [p for s, p in found if s <= step]
-
-
-def rebuild_pipeline(run: str | os.PathLike, sigma_rel: float, step: int | None = None, device: str = "cpu"):
+def rebuild_pipeline(
+    run: str | os.PathLike, sigma_rel: float, step: int | None = None, device: str = "cpu"
+) -> MoHDiTPipeline:
     """The run's pipeline (its newest checkpoint's VAE and class names) with the transformer's weights rebuilt at
     ``sigma_rel`` from the snapshots up to ``step``; ``pipe.posthoc`` records the snapshots and coefficients."""
-    from moh_dit.sampling.loading import load_pipeline
-
-    layout = RunLayout(run)
-    snapshots = snapshots_up_to(layout.root, step)
-    latest = layout.latest_checkpoint()
-    if latest is None:
-        raise ArtifactError(f"{layout.root} has no checkpoint to read the architecture, VAE and class names from")
-    pipe = load_pipeline(latest, device="cpu", log=False)  # its weights are replaced: the log says what by, below
-    names = [n for n, _ in pipe.transformer.named_parameters()]  # the network only: REPA's projector is not sampled
-    weights, used = reconstruct(snapshots, sigma_rel, names)
-    with torch.no_grad():
-        for name, param in pipe.transformer.named_parameters():
-            param.copy_(weights[name])
-    last = read_snapshot_metadata(snapshots[-1])
-    logger.info(
-        "rebuilt the EMA of sigma_rel %g at step %d from %d snapshots (the architecture, VAE and class names of %s)",
-        sigma_rel,
-        last["step"],
-        len(used),
-        latest.name,
-    )
-    error = profile_error(
-        [u["images"] for u in used],
-        [u["sigma_rel"] for u in used],
-        [u["coefficient"] for u in used],
-        last["images"],
-        sigma_rel,
-    )
-    if error > 0.1:
-        logger.warning(
-            "the snapshots fit the profile of sigma_rel %g only to %.0f%% (relative L2): it lies far from the "
-            "tracked widths; track it (ema.posthoc_sigma_rels) for a faithful EMA",
-            sigma_rel,
-            100 * error,
-        )
-    pipe.posthoc = {
-        "sigma_rel": sigma_rel,
-        "step": last["step"],
-        "images": last["images"],
-        "profile_error": error,
-        "snapshots": used,
-    }
-    pipe.provenance = dict(pipe.provenance, step=last["step"], posthoc_ema=pipe.posthoc)
+    latest = newest_checkpoint(run)
+    pipe = load_pipeline(latest, device="cpu", log=False)  # its weights are replaced: the log says what by
+    pipe.posthoc = rebuild_weights(pipe.transformer, run, sigma_rel, step, latest.name)
+    pipe.provenance = dict(pipe.provenance, step=pipe.posthoc["step"], posthoc_ema=pipe.posthoc)
     return pipe.to(device)
-
-
-def rebuild_transformer(run: str | os.PathLike, sigma_rel: float, step: int | None = None):
-    """The run's transformer with the EMA of ``sigma_rel`` rebuilt at ``step`` (the newest snapshot by default): what
-    a guide of autoguidance with ``guide_sigma_rel`` is (``moh_dit.sampling.guides.attach_guide``'s ``rebuild``)."""
-    return rebuild_pipeline(run, sigma_rel, step).transformer
 
 
 def export_posthoc(
@@ -136,7 +76,6 @@ def sweep(
 
     from moh_dit.evaluation.model_scores import sample_and_score
     from moh_dit.files import atomic_write_json, atomic_write_text
-    from moh_dit.sampling.loading import load_pipeline
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +96,6 @@ def sweep(
                 extractor,
                 options,
                 overwrite=True,
-                rebuild=rebuild_transformer,
             )
             metrics = result["metrics"]
             rows.append(

@@ -140,7 +140,6 @@ class QualityCurve:
         """Sample and score ``pipe`` (the EMA weights at ``step``) on every process. Returns the record on the
         main process (written to ``eval/step-N.metrics.json``), ``None`` elsewhere."""
         from moh_dit.evaluation.model_scores import sample_and_score
-        from moh_dit.training.posthoc_export import rebuild_transformer
 
         start, folder = time.time(), self.sample_dir(step)
         failure = None
@@ -164,7 +163,6 @@ class QualityCurve:
             self.options,
             self.accelerator,
             overwrite=True,
-            rebuild=rebuild_transformer,  # a guide of log.eval_sampling.guide_sigma_rel
         )
         self.done.add(step)
         if result is None:

@@ -50,7 +50,7 @@ def build_model(config: Config, data: TrainingData) -> tuple[MoHDiT, dict | None
     report = None
     wanted = section.overrides.get("num_classes", data.num_classes)
     if section.init_from:
-        from moh_dit.sampling.loading import load_transformer, source_vae_record
+        from moh_dit.sampling.sources import load_transformer, source_vae_record
 
         model, source = load_transformer(section.init_from)
         logger.info("initialised from %s", source.describe())

@@ -40,9 +40,11 @@ from moh_dit.manifests import format_differences
 from moh_dit.model.flops import forward_flops
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import match_preset
+from moh_dit.posthoc_ema import PowerFunctionEMAs
 from moh_dit.progress import Progress
 from moh_dit.run_folder import RunLayout, checkpoint_step, read_trainer_state
 from moh_dit.seeding import step_generator
+from moh_dit.snapshots import save_snapshot
 from moh_dit.training.checkpoints import (
     TrainingState,
     restore_checkpoint,
@@ -54,7 +56,6 @@ from moh_dit.training.config import Config, config_to_dict
 from moh_dit.training.gradients import average_gradients
 from moh_dit.training.objective import run_objective
 from moh_dit.training.outputs import RunOutputs
-from moh_dit.training.posthoc_ema import PowerFunctionEMAs, save_snapshot
 from moh_dit.training.quality import QualityCurve
 from moh_dit.training.repa import alignment_loss
 from moh_dit.training.runs import RunRecord, check_resume_step, open_run_folder

@@ -179,7 +179,7 @@ def test_sampling_protocols_choose_scheduler_and_steps_unless_given(world, tmp_p
 
     def chosen(module, *args):
         spec = spec_from_args(module.build_parser().parse_args([*args]))
-        return spec.scheduler, spec.num_inference_steps
+        return spec.sampler.scheduler, spec.sampler.num_steps
 
     assert chosen(sample_command, "run") == PROTOCOLS["fast"]  # sample.py: the fast protocol of the sampler study
     assert chosen(evaluate, "--reference", "r.npz", "--model", "m") == ("ddpm", 250)  # DiT's, for paper parity
@@ -349,7 +349,7 @@ def test_guidance_is_described_and_tagged_the_same_way_everywhere():
     from moh_dit.sampling.spec import SamplingSpec
 
     def spec(interval=None, averaging=None, scale=4.0):
-        return SamplingSpec(guidance_scale=scale, guidance_interval=interval, grid_averaging=averaging)
+        return SamplingSpec.create(guidance_scale=scale, guidance_interval=interval, grid_averaging=averaging)
 
     assert spec().tag() == "" and spec((100, 500)).tag() == "-t100-500"
     assert spec((100, 500), 100).tag() == "-t100-500-avg100" and spec(None, 0).tag() == "-avg0"

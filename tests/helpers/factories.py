@@ -193,7 +193,7 @@ def generation_settings(**kw):
     scheduler = kw.pop("scheduler", None)
     spec.setdefault("num_inference_steps", 250)
     spec.setdefault("guidance_scale", 1.5)
-    return GenerationSettings(**kw, sampling=SamplingSpec(scheduler=scheduler, **spec))
+    return GenerationSettings(**kw, sampling=SamplingSpec.create(scheduler=scheduler, **spec))
 
 
 def run_in_process(command: str, argv, caplog) -> str:

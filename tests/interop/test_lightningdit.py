@@ -51,16 +51,16 @@ def test_a_checkpoint_loads_its_ema_as_a_flow_model_in_its_convention(checkpoint
 
 
 def test_its_guidance_on_three_channels_and_its_interval(checkpoint):
-    from moh_dit.sampling.guidance import guided_output
+    from moh_dit.sampling.guidance import StepEvaluation, guided_output
 
     model, _ = load_flow_checkpoint(checkpoint, "lightningdit")
     half, labels = REC["net.x"][:3], torch.tensor([0, 1, 2])
     with torch.no_grad():
         t = REC["net.all.cfg_in.t"][:3]  # inside its interval: guided on the first 3 channels
-        guided = guided_output(model, half, t, labels, 2.5, guidance_channels=3)
+        guided = guided_output(model, half, t, labels, StepEvaluation(scale=2.5, channels=3))
         torch.testing.assert_close(guided, REC["net.all.cfg_in.out"][:3], rtol=1e-5, atol=1e-5)
         t = REC["net.all.cfg_before.t"][:3]  # before its start (time 0.05 < 0.1, the noisy end): the conditional
-        plain = guided_output(model, half, t, labels, 1.0)
+        plain = guided_output(model, half, t, labels, StepEvaluation(scale=1.0))
         torch.testing.assert_close(plain, REC["net.all.cfg_before.out"][:3], rtol=1e-5, atol=1e-5)
 
 
@@ -72,7 +72,7 @@ def test_its_shifted_euler_sampler_with_guidance_in_its_interval(checkpoint):
     ode = SETTINGS["ode"]
     start, shift = ode["cfg_interval_start"], ode["timestep_shift"]
     pipe = MoHDiTPipeline.build(model, scheduler="euler")
-    spec = SamplingSpec(
+    spec = SamplingSpec.create(
         "euler",
         ode["num_steps"] - 1,  # its grid has num_steps points, so num_steps - 1 Euler steps
         ode["cfg_scale"],
@@ -86,8 +86,8 @@ def test_its_shifted_euler_sampler_with_guidance_in_its_interval(checkpoint):
     plain = pipe([0, 1, 2], latents=z, sampling=spec.replace(guidance_scale=1.0), output_type="latent", progress=False)
     torch.testing.assert_close(plain.images, REC["ode.unguided"], rtol=1e-4, atol=1e-4)
     recorded_spec = own_sampling("lightningdit")  # its FID protocol, recorded with a converted pipeline
-    assert (recorded_spec.num_inference_steps, recorded_spec.guidance_channels) == (249, 3)
-    assert recorded_spec.time_shift == pytest.approx(1 / 0.3) and recorded_spec.guidance_noise == (0.0, 7.0)
+    assert (recorded_spec.sampler.num_steps, recorded_spec.guidance.channels) == (249, 3)
+    assert recorded_spec.sampler.time_shift == pytest.approx(1 / 0.3) and recorded_spec.guidance.noise == (0.0, 7.0)
 
 
 def test_the_cosine_loss_is_lightningdits(checkpoint):
@@ -209,7 +209,7 @@ def test_the_convert_command_writes_a_vae_folder_and_a_pipeline_that_samples_as_
     pipe_dir = tmp_path / "pipe"
     run_in_process("convert", [checkpoint, pipe_dir, "--format", "lightningdit", "--num-classes", str(small["num_classes"]), "--vae", tmp_path / "vae4"], caplog)  # fmt: skip
     spec = recorded_sampling(pipe_dir)
-    assert (spec.scheduler, spec.num_inference_steps, spec.guidance_channels) == ("euler", 249, 3)
+    assert (spec.sampler.scheduler, spec.sampler.num_steps, spec.guidance.channels) == ("euler", 249, 3)
     pipe = load_pipeline(pipe_dir, device="cpu")
     assert pipe.transformer.block_options.rope and "2-D RoPE" in (pipe_dir / "README.md").read_text()
     run_in_process(

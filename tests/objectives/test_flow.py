@@ -126,7 +126,7 @@ class ExactVelocity(MoHDiT):
 def toy_samples(scheduler, steps, path="linear", convention="moh-dit", shift=1.0, n=200):
     pipe = MoHDiTPipeline.build(ExactVelocity(2.0, 0.5, path, convention), None, {}, scheduler)
     pipe.set_progress_bar_config(disable=True)
-    spec = SamplingSpec(scheduler, steps, 1.0, time_shift=shift)
+    spec = SamplingSpec.create(scheduler, steps, 1.0, time_shift=shift)
     return pipe(num_images=n, sampling=spec, generator=torch.Generator().manual_seed(0), output_type="latent").images
 
 

@@ -15,6 +15,7 @@ from moh_dit.interop.sit import load_flow_checkpoint, to_flow_state_dict
 from moh_dit.objectives.flow import Flow
 from moh_dit.objectives.flow_schedulers import noise_from_velocity, path_coefficients
 from moh_dit.objectives.noise import flow_sigma
+from moh_dit.sampling.guidance import StepEvaluation, guided_output
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.sampling.spec import SamplingSpec
 
@@ -88,7 +89,8 @@ def test_guidance_on_three_channels_equals_sits_forward_with_cfg(models):
     sit, _ = models
     half, t = REC["sit.forward.x"][:3], REC["sit.forward.t"][:3]
     with torch.no_grad():
-        guided = pipe(sit, "euler").guided_model_output(half, t, torch.tensor([0, 1, 2]), 2.5, guidance_channels=3)
+        how = StepEvaluation(scale=2.5, channels=3)
+        guided = guided_output(pipe(sit, "euler").transformer, half, t, torch.tensor([0, 1, 2]), how)
     torch.testing.assert_close(guided, REC["sit.cfg.out"][:3], rtol=1e-5, atol=1e-6)
 
 
@@ -143,14 +145,14 @@ def test_back_to_sits_and_repas_layouts(models):
 # ----------------------------------------------------------------------------------------------------
 def test_a_euler_ode_run_equals_sits_sample_ode(models):
     sit, _ = models
-    spec = SamplingSpec("euler", STEPS, 1.0)
+    spec = SamplingSpec.create("euler", STEPS, 1.0)
     x = pipe(sit, "euler")([0, 1, 2], latents=REC["sit.ode.noise"], sampling=spec, output_type="latent").images
     torch.testing.assert_close(x, REC["sit.ode.x"], rtol=1e-5, atol=1e-5)
 
 
 def test_an_sde_run_equals_sits_sample_sde_with_its_noise_replayed(models):
     sit, _ = models
-    spec = SamplingSpec("sde", STEPS, 1.0)
+    spec = SamplingSpec.create("sde", STEPS, 1.0)
     generator = torch.Generator().manual_seed(SETTINGS["sde_seed"])  # SiT draws from the seeded CPU generator
     x = pipe(sit, "sde")(
         [0, 1, 2], latents=REC["sit.ode.noise"], sampling=spec, generator=generator, output_type="latent"
@@ -162,13 +164,13 @@ def test_repas_euler_and_heun_samplers_with_a_guidance_interval(models):
     _, repa = models
     noise, labels = REC["repa.samplers.noise"], [0, 1, 2]
     # REPA guides while t <= 0.7: the noise levels up to that of s = 0.7
-    euler = SamplingSpec("euler", STEPS, 2.0, guidance_noise=(0.0, flow_sigma(0.7)))
+    euler = SamplingSpec.create("euler", STEPS, 2.0, guidance_noise=(0.0, flow_sigma(0.7)))
     x = pipe(repa, "euler")(labels, latents=noise, sampling=euler, output_type="latent").images
     torch.testing.assert_close(x, REC["repa.euler.x"].float(), rtol=1e-5, atol=1e-5)
     # REPA decides a Heun step's guidance by the step's start for both of its evaluations, moh-dit by each
     # evaluation's own noise level: they agree where no step straddles an end of the interval, as with guidance at
     # every step (recorded so)
-    heun = SamplingSpec("heun", STEPS, 2.0)
+    heun = SamplingSpec.create("heun", STEPS, 2.0)
     x = pipe(repa, "heun")(labels, latents=noise, sampling=heun, output_type="latent").images
     torch.testing.assert_close(x, REC["repa.heun.x"].float(), rtol=1e-5, atol=1e-5)
 
@@ -179,7 +181,7 @@ def test_repas_sde_sampler_with_its_noise_replayed(models, monkeypatch):
     _, repa = models
     draws = list(REC["repa.sde.noise"].float())  # REPA draws float64 noise; its values, replayed
     monkeypatch.setattr(schedulers, "randn_tensor", lambda shape, **kw: draws.pop(0))
-    spec = SamplingSpec("sde", STEPS, 2.0, guidance_noise=(0.0, flow_sigma(0.7)))
+    spec = SamplingSpec.create("sde", STEPS, 2.0, guidance_noise=(0.0, flow_sigma(0.7)))
     x = pipe(repa, "sde")([0, 1, 2], latents=REC["repa.samplers.noise"], sampling=spec, output_type="latent").images
     assert not draws  # one draw per stochastic step, none for the last
     torch.testing.assert_close(x, REC["repa.sde.x"].float(), rtol=1e-5, atol=1e-5)

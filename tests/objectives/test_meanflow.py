@@ -305,9 +305,9 @@ def test_a_sampler_or_protocol_of_another_objective_is_a_clear_error():
         return spec_from_args(parser.parse_args(argv), log=False, objective=objective)
 
     # evaluate's defaults: a MeanFlow model is guided in training and samples unguided, a DDPM model at 1.5
-    assert (spec([], 1.5, "meanflow").guidance_scale, spec([], 1.5, "meanflow").num_inference_steps) == (1.0, 1)
-    assert spec([], 1.5, "ddpm").guidance_scale == 1.5
-    assert spec(["--cfg-scale", "2"], 1.5, "meanflow").guidance_scale == 2.0  # asked for: given
+    assert (spec([], 1.5, "meanflow").guidance.scale, spec([], 1.5, "meanflow").sampler.num_steps) == (1.0, 1)
+    assert spec([], 1.5, "ddpm").guidance.scale == 1.5
+    assert spec(["--cfg-scale", "2"], 1.5, "meanflow").guidance.scale == 2.0  # asked for: given
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from moh_dit.errors import ConfigError
-from moh_dit.sampling.caches import CachedNetwork, check_cache_options, describe_cache
+from moh_dit.sampling.caches import CachedNetwork, FirstBlockCache, check_cache_options, describe_cache
 from moh_dit.sampling.spec import SamplingSpec
 
 from ..helpers.factories import tiny_model, tiny_pipeline
@@ -36,7 +36,9 @@ def attention_calls(pipe) -> list[int]:
 
 
 def sample(pipe, cache=None, options=None, **spec):
-    sampling = SamplingSpec("dpm-solver", STEPS, spec.pop("guidance", 3.0), cache=cache, cache_options=options, **spec)
+    sampling = SamplingSpec.create(
+        "dpm-solver", STEPS, spec.pop("guidance", 3.0), cache=cache, cache_options=options, **spec
+    )
     gens = [torch.Generator().manual_seed(i) for i in range(len(LABELS))]
     return pipe(LABELS, sampling=sampling, generator=gens, output_type="pt", progress=False).images
 
@@ -84,16 +86,14 @@ def test_magcache_calibration_equals_diffusers_own(pipe):
     from diffusers.hooks import HookRegistry, MagCacheConfig
     from diffusers.hooks.hooks import CacheContext
 
-    from moh_dit.sampling.caches import _register_block, _shared_copy, calibrate_magcache
+    from moh_dit.sampling.caches import _register_block, _shared_copy
 
-    spec = SamplingSpec("dpm-solver", STEPS, 3.0)
+    spec = SamplingSpec.create("dpm-solver", STEPS, 3.0)
     noise = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     labels = torch.tensor(LABELS)
-
-    def run(network):
-        pipe._denoise(noise, labels, spec, None, False, network)
-
-    ours = calibrate_magcache(run, pipe.transformer)
+    recording = CachedNetwork.calibrating(pipe.transformer)
+    pipe.denoise(noise, labels, spec, None, False, recording)
+    ours = recording.recorded_ratios
     assert list(ours) == ["guided"] and len(ours["guided"]) == STEPS and ours["guided"][0] == 1.0
 
     _register_block()
@@ -104,7 +104,7 @@ def test_magcache_calibration_equals_diffusers_own(pipe):
         with copy.cache_context("inference"):
             return copy(*inputs)
 
-    pipe._denoise(noise, labels, spec, None, False, theirs)
+    pipe.denoise(noise, labels, spec, None, False, theirs)
     hook = HookRegistry.check_if_exists_or_initialize(copy.blocks[-1]).get_hook("mag_cache_block_hook")
     hook.state_manager.set_context(CacheContext(name="inference"))
     recorded = hook.state_manager.get_state().calibration_ratios
@@ -134,7 +134,7 @@ def test_each_batch_composition_has_its_own_cache_and_the_images_stay_close(pipe
         assert cached.shape == plain.shape and torch.isfinite(cached).all()
     finally:
         without_hooks(pipe)
-    network = CachedNetwork(pipe.transformer, "first-block", check_cache_options("first-block", None))
+    network = CachedNetwork(pipe.transformer, FirstBlockCache())
     x, t, y = torch.randn(2, 1, 8, 8), torch.tensor([500, 500]), torch.tensor([0, 1])
     network("plain", x, t, y)
     network("guided", torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y]))
@@ -150,10 +150,10 @@ def test_cache_options_are_checked_described_and_recorded():
     with pytest.raises(ConfigError, match="cache must be one of first-block, magcache, taylorseer"):
         check_cache_options("pab", None)
     with pytest.raises(ConfigError, match="need a cache"):
-        SamplingSpec(cache_options={"threshold": 0.1})
+        SamplingSpec.create(cache_options={"threshold": 0.1})
     with pytest.raises(ConfigError, match="cache_interval must be a whole number"):
         check_cache_options("taylorseer", {"cache_interval": 1.5})
-    spec = SamplingSpec("euler", 25, cache="taylorseer", cache_options={"cache_interval": 3})
+    spec = SamplingSpec.create("euler", 25, cache="taylorseer", cache_options={"cache_interval": 3})
     assert "TaylorSeer (cache interval 3, max order 1, warmup steps 3)" in spec.describe()
     assert SamplingSpec.from_record(spec.record()) == spec and spec.tag().startswith("-taylorseer-")
     assert describe_cache(None, {}) == ""
@@ -166,7 +166,7 @@ def test_a_cached_sample_set_is_its_own_and_sample_py_records_the_cache(tmp_path
     from ..helpers.factories import run_in_process
 
     pipe = tiny_pipeline(tiny_model(signal=0.1), scheduler="dpm-solver")
-    spec = SamplingSpec("dpm-solver", 4, 2.0, cache="first-block", cache_options={"threshold": 0.2})
+    spec = SamplingSpec.create("dpm-solver", 4, 2.0, cache="first-block", cache_options={"threshold": 0.2})
     settings = GenerationSettings(4, seed=0, batch_size=2, label_mode="balanced", sampling=spec)
     npz = generate_samples(pipe, tmp_path / "cached", settings)
     identity = json.loads(str(np.load(npz)["moh_dit_manifest"]))["identity"]

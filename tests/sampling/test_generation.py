@@ -201,12 +201,10 @@ def test_a_sample_sets_identity_names_the_sampler_that_draws_it(run_dir, tmp_pat
 
 
 def test_a_guidance_interval_is_part_of_what_made_the_samples(run_dir, tmp_path, monkeypatch):
-    from moh_dit.sampling.spec import SamplingSpec
+    from moh_dit.sampling.spec import GuidanceSpec
 
-    seen, guided_at = [], SamplingSpec.guided_at
-    monkeypatch.setattr(
-        SamplingSpec, "guided_at", lambda self, *a: seen.append(self.guidance_interval) or guided_at(self, *a)
-    )
+    seen, guided_at = [], GuidanceSpec.guided_at
+    monkeypatch.setattr(GuidanceSpec, "guided_at", lambda self, *a: seen.append(self.interval) or guided_at(self, *a))
     pipe = load_pipeline(run_dir, device="cpu")
     plain = generate_samples(pipe, tmp_path / "plain", settings())
     assert "guidance_interval" not in json.loads(str(np.load(plain)["moh_dit_manifest"]))["identity"]
@@ -245,7 +243,7 @@ def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
     from moh_dit.sampling.options import spec_from_args
     from moh_dit.sampling.spec import SamplingSpec
 
-    record = SamplingSpec(guidance_scale=2.5, guidance_interval=[100, 600], grid_averaging=100)
+    record = SamplingSpec.create(guidance_scale=2.5, guidance_interval=[100, 600], grid_averaging=100)
     cases = [
         (dict(cfg_scale=None, guidance_interval=None), record, (2.5, (100, 600), 100)),
         (dict(cfg_scale=None, guidance_interval=[0, 999]), record, (2.5, None, 100)),  # the interval flag wins
@@ -259,7 +257,7 @@ def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
         options = dict(protocol="fast", scheduler=None, num_steps=None, guidance_channels=None)
         args = Namespace(**(options | dict(guidance_interval=None, grid_averaging=None) | given))
         spec = spec_from_args(args, rec)
-        assert (spec.guidance_scale, spec.guidance_interval, spec.grid_averaging) == want
+        assert (spec.guidance.scale, spec.guidance.interval, spec.sampler.grid_averaging) == want
     bad = dict(protocol="fast", scheduler=None, num_steps=None, guidance_channels=None, grid_averaging=None)
     with pytest.raises(ValueError, match=r"guidance_interval must be .* got \[600, 100\]"):
         spec_from_args(Namespace(cfg_scale=None, guidance_interval=[600, 100], **bad), record)
@@ -342,13 +340,10 @@ def test_a_run_loads_its_newest_weights_and_says_which(run_dir, tmp_path, caplog
 def test_two_processes_give_bit_identical_samples_and_log_the_world_size(run_dir, tmp_path):
     # sample.py's default (the fast protocol's solver) against the same solver in this process, autoguided by the
     # run's step-2 checkpoint: each process loads the guide, and the images are the one process's
-    from moh_dit.sampling.guides import attach_guide
-
     guide = run_dir / "checkpoints" / "step-00000002"
     pipe = load_pipeline(run_dir, device="cpu", scheduler=PROTOCOLS["fast"][0])
     guided = settings(num_samples=7)
     guided.sampling = guided.sampling.replace(guide=str(guide))
-    attach_guide(pipe, guided.sampling)
     single = np.load(generate_samples(pipe, tmp_path / "one", guided))
     args = ["--num-samples", "7", "--seed", "3", "--batch-size", "4", "--cfg-scale", "2.0", "--num-steps", "4"]
     args += ["--guide-model", str(guide)]

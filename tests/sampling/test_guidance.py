@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from moh_dit.errors import ArtifactError, ConfigError
-from moh_dit.sampling.guidance import guided_output, make_rule
-from moh_dit.sampling.guides import attach_guide, check_guide
-from moh_dit.sampling.rules import check_rule_options
-from moh_dit.sampling.spec import SamplingSpec
+from moh_dit.sampling.guidance import StepEvaluation, guided_output
+from moh_dit.sampling.guides import Guide, check_guide
+from moh_dit.sampling.rules import check_rule_options, make_rule
+from moh_dit.sampling.spec import GuideSpec, SamplingSpec
 
 from ..helpers.factories import tiny_model, tiny_pipeline
 
@@ -94,7 +94,7 @@ def test_apg_momentum_follows_each_sample_when_grid_averaging_starts_and_stops()
 
 def test_apg_samples_with_grid_averaging_in_the_pipeline():
     pipe = tiny_pipeline(tiny_model(signal=0.1), scheduler="dpm-solver")
-    spec = SamplingSpec(scheduler="dpm-solver", num_inference_steps=4, guidance_scale=2.0, guidance_rule="apg")
+    spec = SamplingSpec.create(scheduler="dpm-solver", num_inference_steps=4, guidance_scale=2.0, guidance_rule="apg")
     images = pipe([0, 1], sampling=spec.replace(grid_averaging=500), output_type="latent", progress=False).images
     assert torch.isfinite(images).all()
 
@@ -108,7 +108,7 @@ def test_cfg_is_byte_identical_to_the_formula_it_always_was():
         out = model(torch.cat([x, x]), t.expand(4), torch.tensor([0, 1, null, null])).sample.float()
         cond, uncond = out.chunk(2)
         expected = torch.cat([uncond[:, :c] + 4.0 * (cond[:, :c] - uncond[:, :c]), cond[:, c:]], dim=1)
-        assert torch.equal(guided_output(model, x, t, y, 4.0), expected)
+        assert torch.equal(guided_output(model, x, t, y, StepEvaluation(scale=4.0)), expected)
 
 
 def test_autoguidance_is_guide_plus_scale_times_main_minus_guide_on_the_predicted_channels():
@@ -117,12 +117,14 @@ def test_autoguidance_is_guide_plus_scale_times_main_minus_guide_on_the_predicte
     x, t, y = torch.randn(2, c, 8, 8), torch.tensor([300, 700]), torch.tensor([0, 1])
     with torch.no_grad():
         m, g = main(x, t, y).sample, guide(x, t, y).sample
-        out = guided_output(main, x, t, y, 2.5, guide=guide)
+        out = guided_output(main, x, t, y, StepEvaluation(scale=2.5, guide=guide))
     torch.testing.assert_close(out[:, :c], g[:, :c] + 2.5 * (m[:, :c] - g[:, :c]))
     assert torch.equal(out[:, c:], m[:, c:])  # the variance stays the main model's
     with torch.no_grad():  # guided by itself: the main model's output, exactly
-        assert torch.equal(guided_output(main, x, t, y, 2.5, guide=main), main(x, t, y).sample)
-        apg = guided_output(main, x, t, y, 2.5, guide=guide, rule=make_rule("apg"))  # any rule mixes any pair
+        assert torch.equal(guided_output(main, x, t, y, StepEvaluation(scale=2.5, guide=main)), main(x, t, y).sample)
+        apg = guided_output(
+            main, x, t, y, StepEvaluation(2.5, rule=make_rule("apg"), guide=guide)
+        )  # any rule, any pair
     assert not torch.equal(apg, out)
 
 
@@ -131,13 +133,12 @@ def test_guided_by_itself_a_sample_set_is_exactly_the_unguided_one(tmp_path):
 
     pipe = tiny_pipeline(tiny_model(signal=0.1))
     pipe.transformer.save_pretrained(tmp_path / "same")  # the same weights, loaded again as the guide
-    base = SamplingSpec(None, 3, 3.0)
+    base = SamplingSpec.create(None, 3, 3.0)
 
     def draw(folder, spec):
         return generate_samples(pipe, tmp_path / folder, GenerationSettings(4, 0, 4, sampling=spec))
 
-    guided = base.replace(guide=str(tmp_path / "same"))
-    attach_guide(pipe, guided)
+    guided = base.replace(guide=str(tmp_path / "same"))  # the pipeline loads the guide the spec names
     a, b = draw("guided", guided), draw("plain", base.replace(guidance_scale=1.0))
     assert np.array_equal(np.load(a)["arr_0"], np.load(b)["arr_0"])
     identity = json.loads(str(np.load(a)["moh_dit_manifest"]))["identity"]
@@ -145,7 +146,6 @@ def test_guided_by_itself_a_sample_set_is_exactly_the_unguided_one(tmp_path):
     # another guide (other weights) is another set: never resumed from this folder
     tiny_model(signal=0.1, seed=9).save_pretrained(tmp_path / "other")
     other = base.replace(guide=str(tmp_path / "other"))
-    attach_guide(pipe, other)
     with pytest.raises(ArtifactError, match="guide.transformer_sha256"):
         draw("guided", other)
 
@@ -164,28 +164,28 @@ def test_a_guide_that_cannot_guide_is_one_line_before_any_image(tmp_path):
         check_guide(main, main, None, {"kind": "AutoencoderKL"}, "runs/x")
     pipe = tiny_pipeline(main)
     wrong.save_pretrained(tmp_path / "wrong")
-    with pytest.raises(ConfigError, match="cannot guide"):
-        attach_guide(pipe, SamplingSpec(guide=str(tmp_path / "wrong")))
-    with pytest.raises(ConfigError, match="is not attached"):  # a spec naming a guide the pipeline lacks
-        pipe([0], sampling=SamplingSpec("ddim", 2, 2.0, guide=str(tmp_path / "wrong")), progress=False)
+    with pytest.raises(ConfigError, match="cannot guide"):  # before any image is drawn
+        pipe([0], sampling=SamplingSpec.create("ddim", 2, 2.0, guide=str(tmp_path / "wrong")), progress=False)
+    given = Guide.of(tiny_model(signal=0.1, seed=5), GuideSpec("elsewhere"))
+    with pytest.raises(ConfigError, match="is not the one the sampling spec names"):
+        pipe([0], sampling=SamplingSpec.create("ddim", 2, 2.0, guide="runs/x"), guide=given, progress=False)
 
 
 def test_the_guide_runs_only_where_guidance_applies():
     main, guide = tiny_model(signal=0.1).eval(), tiny_model(signal=0.1, seed=5).eval()
     pipe = tiny_pipeline(main, scheduler="ddim")
-    pipe.guide = type("Attached", (), {"model": guide, "record": {"model": "g", "step": None, "sigma_rel": None}})()
     calls = []
     guide.register_forward_hook(lambda *_: calls.append(1))
-    spec = SamplingSpec("ddim", 10, 2.0, guidance_interval=(300, 700), guide="g")
-    pipe([0, 1], sampling=spec, progress=False, output_type="pt")
+    spec = SamplingSpec.create("ddim", 10, 2.0, guidance_interval=(300, 700), guide="g")
+    pipe([0, 1], sampling=spec, guide=Guide.of(guide, spec.guide), progress=False, output_type="pt")
     assert 0 < len(calls) < 10  # only the steps inside the interval, one batched forward each
 
 
 def test_rules_and_guides_are_checked_recorded_and_described():
-    spec = SamplingSpec(
+    spec = SamplingSpec.create(
         "ddim", 5, 3.0, guidance_rule="apg", rule_options={"eta": 0.5}, guide="runs/x", guide_step=2000
     )
-    assert spec.rule == {"eta": 0.5, "momentum": -0.5, "norm_threshold": 15.0}
+    assert spec.guidance.options == {"eta": 0.5, "momentum": -0.5, "norm_threshold": 15.0}
     assert SamplingSpec.from_record(spec.record()) == spec and "-apg-" in spec.tag() and "-guide-" in spec.tag()
     assert spec.describe_guidance() == (
         "APG (eta 0.5, momentum -0.5, norm threshold 15) autoguidance 3 by runs/x (step 2000) at every step"
@@ -194,8 +194,8 @@ def test_rules_and_guides_are_checked_recorded_and_described():
     with pytest.raises(ConfigError, match="apg takes eta, momentum, norm_threshold; got \\['beta'\\]"):
         check_rule_options("apg", {"beta": 1})
     with pytest.raises(ConfigError, match="guidance_rule must be one of cfg, apg, cfg-zero-star"):
-        SamplingSpec(guidance_rule="pag")
+        SamplingSpec.create(guidance_rule="pag")
     with pytest.raises(ConfigError, match="give guide too"):
-        SamplingSpec(guide_step=10)
+        SamplingSpec.create(guide_step=10)
     with pytest.raises(ConfigError, match="guide_sigma_rel must be a relative EMA width"):
-        SamplingSpec(guide="runs/x", guide_sigma_rel=0.5)
+        SamplingSpec.create(guide="runs/x", guide_sigma_rel=0.5)

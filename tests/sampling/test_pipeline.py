@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from moh_dit import MoHDiT
+from moh_dit.sampling.guidance import StepEvaluation, guided_output
 from moh_dit.sampling.labels import resolve_class_labels
 from moh_dit.sampling.pipeline import MoHDiTPipeline, to_uint8
 from moh_dit.sampling.schedulers import make_scheduler
@@ -95,8 +96,8 @@ def test_scale_one_is_the_conditional_model_and_cfg_batches_both_halves():
     with torch.no_grad():
         calls = []
         hook = model.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
-        one = pipe.guided_model_output(x, t, y, 1.0)
-        guided = pipe.guided_model_output(x, t, y, 3.0)
+        one = evaluate(pipe, x, t, y, 1.0)
+        guided = evaluate(pipe, x, t, y, 3.0)
         hook.remove()
     torch.testing.assert_close(one, cond)
     assert calls == [2, 4]  # scale 1: conditional only; otherwise one batched forward of both halves
@@ -112,7 +113,7 @@ def test_three_channel_guidance_leaves_channel_four_unguided():
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor(100), torch.tensor([2, 0])
     cond, uncond = cond_and_uncond(model, x, t, y)
     with torch.no_grad():
-        out = pipe.guided_model_output(x, t, y, 4.0, guidance_channels=3)
+        out = evaluate(pipe, x, t, y, 4.0, channels=3)
     torch.testing.assert_close(out[:, :3], uncond[:, :3] + 4.0 * (cond[:, :3] - uncond[:, :3]), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out[:, 3], cond[:, 3], rtol=1e-5, atol=1e-6)
 
@@ -271,23 +272,29 @@ def test_a_saved_flow_pipeline_loads_in_a_fresh_interpreter_and_draws_the_same_i
 # ----------------------------------------------------------------------------------------------------
 # Guidance in an interval of timesteps
 # ----------------------------------------------------------------------------------------------------
-def spy_on_steps(pipe: MoHDiTPipeline) -> list[tuple[int, float, bool]]:
-    """Every later denoising step of ``pipe`` appends ``(timestep, guidance scale, grid averaged)`` to the
-    returned list."""
-    seen, inner = [], pipe.guided_model_output
+def spy_on_steps(monkeypatch) -> list[tuple[int, float, bool]]:
+    """Every later denoising step appends ``(timestep, guidance scale, grid averaged)`` to the returned list."""
+    from moh_dit.sampling import pipeline
 
-    def spy(x, t, labels, scale, channels=None, average=False, *rest):
-        seen.append((int(t), scale, average))
-        return inner(x, t, labels, scale, channels, average, *rest)
+    seen, inner = [], pipeline.guided_output
 
-    pipe.guided_model_output = spy
+    def spy(transformer, x, t, labels, how, *rest):
+        seen.append((int(t), how.scale, how.average))
+        return inner(transformer, x, t, labels, how, *rest)
+
+    monkeypatch.setattr(pipeline, "guided_output", spy)
     return seen
 
 
+def evaluate(pipe, x, t, labels, scale, channels=None, average=False):
+    """One guided evaluation of ``pipe``'s transformer (CFG)."""
+    return guided_output(pipe.transformer, x, t, labels, StepEvaluation(scale, channels, average=average))
+
+
 @pytest.mark.parametrize("name", ["ddpm", "dpm-solver"])
-def test_guidance_interval_guides_exactly_the_steps_inside(name):
+def test_guidance_interval_guides_exactly_the_steps_inside(name, monkeypatch):
     pipe = pipe_for(tiny_model(), scheduler=name)
-    seen = spy_on_steps(pipe)
+    seen = spy_on_steps(monkeypatch)
     kwargs = dict(guidance_scale=3.0, num_inference_steps=10, output_type="pt")
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
     banded = pipe([0, 1], guidance_interval=(300, 700), generator=gen(), **kwargs).images
@@ -308,7 +315,7 @@ def test_guidance_interval_is_checked():
     from moh_dit.sampling.spec import SamplingSpec
 
     def check_guidance_interval(interval):
-        return SamplingSpec(guidance_interval=interval).guidance_interval
+        return SamplingSpec.create(guidance_interval=interval).guidance.interval
 
     assert check_guidance_interval([100, 600]) == (100, 600)
     assert check_guidance_interval((0, 999)) is None  # every step: the same pixels, the same record
@@ -340,10 +347,9 @@ def test_grid_average_is_the_mean_of_the_shifted_predictions_rolled_back(scale):
     pipe = pipe_for(tiny_model(patch_size=2))
     x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     t, labels = torch.tensor(400), torch.tensor([0, 1, 0])
-    averaged = pipe.guided_model_output(x, t, labels, scale, None, True)
+    averaged = evaluate(pipe, x, t, labels, scale, None, True)
     singles = [
-        torch.roll(pipe.guided_model_output(torch.roll(x, (s, s), (2, 3)), t, labels, scale), (-s, -s), (2, 3))
-        for s in (0, 1)
+        torch.roll(evaluate(pipe, torch.roll(x, (s, s), (2, 3)), t, labels, scale), (-s, -s), (2, 3)) for s in (0, 1)
     ]
     assert averaged.shape == singles[0].shape == (3, 2, 8, 8)  # noise and variance channels
     torch.testing.assert_close(averaged, torch.stack(singles).mean(0), rtol=1e-5, atol=1e-6)
@@ -364,16 +370,16 @@ def test_grid_average_spreads_a_denoiser_seam_evenly_over_the_image():
 
     pipe.transformer.forward = seam_only
     x = torch.randn(2, 1, 8, 8)
-    plain = pipe.guided_model_output(x, torch.tensor(10), torch.tensor([0, 1]), 1.0)
-    averaged = pipe.guided_model_output(x, torch.tensor(10), torch.tensor([0, 1]), 1.0, None, True)
+    plain = evaluate(pipe, x, torch.tensor(10), torch.tensor([0, 1]), 1.0)
+    averaged = evaluate(pipe, x, torch.tensor(10), torch.tensor([0, 1]), 1.0, None, True)
     assert torch.equal(plain[0, 0], seam)
     torch.testing.assert_close(averaged, torch.full_like(averaged, 0.25))
 
 
 @pytest.mark.parametrize("name", ["ddpm", "dpm-solver"])
-def test_grid_averaging_averages_exactly_the_steps_at_or_below_its_timestep(name):
+def test_grid_averaging_averages_exactly_the_steps_at_or_below_its_timestep(name, monkeypatch):
     pipe = pipe_for(tiny_model(), scheduler=name)
-    seen = spy_on_steps(pipe)
+    seen = spy_on_steps(monkeypatch)
     kwargs = dict(guidance_scale=3.0, num_inference_steps=10, output_type="pt")
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
     averaged = pipe([0, 1], grid_averaging=400, generator=gen(), **kwargs).images
@@ -391,7 +397,7 @@ def test_grid_averaging_is_checked():
     from moh_dit.sampling.spec import SamplingSpec
 
     def check_grid_averaging(last):
-        return SamplingSpec(grid_averaging=last).grid_averaging
+        return SamplingSpec.create(grid_averaging=last).sampler.grid_averaging
 
     assert check_grid_averaging(100) == 100 and check_grid_averaging(None) is None and check_grid_averaging(0) == 0
     for bad in (-1, 1000, 1.5, True, "100", [100]):
@@ -408,7 +414,7 @@ def test_saved_pipelines_record_how_they_are_meant_to_be_sampled(tmp_path):
 
     pipe = pipe_for(tiny_model())
     assert pipe.preview_sampling == SamplingSpec()  # no record: the package's grid defaults
-    want = SamplingSpec("ddim", 12, 3.0, (100, 600), grid_averaging=100)
+    want = SamplingSpec.create("ddim", 12, 3.0, (100, 600), grid_averaging=100)
     pipe.save(tmp_path / "p", {"note": "test"}, sampling=want)
     recorded = {"guidance_scale": 3.0, "guidance_interval": [100, 600], "scheduler": "ddim", "num_inference_steps": 12}
     recorded["grid_averaging"] = 100  # the manifest's form, as moh-dit 0.2 wrote it
@@ -420,7 +426,7 @@ def test_saved_pipelines_record_how_they_are_meant_to_be_sampled(tmp_path):
     with pytest.raises(ArtifactError, match="recorded sampling"):
         pipe.set_preview_sampling({"guidance_scale": 3.0, "grid_averaging": -5})
     # a record written before grid averaging existed reads as none
-    assert SamplingSpec.from_record({"guidance_scale": 3.0}).grid_averaging is None
+    assert SamplingSpec.from_record({"guidance_scale": 3.0}).sampler.grid_averaging is None
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
     manifest["sampling"]["guidance_interval"] = [100]  # a damaged record is refused, not half-used
     (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))
@@ -437,4 +443,4 @@ def test_a_run_folder_of_moh_dit_0_2_still_gives_its_preview_spec(tmp_path):
         "log:\n  sample_cfg_scale: 2.5\n  sample_guidance_interval: [100, 600]\n  sample_steps: 9\n"
     )
     spec = _run_preview_sampling(ModelSource("checkpoint", tmp_path / "checkpoints" / "step-1", 1, tmp_path))
-    assert spec == SamplingSpec(num_inference_steps=9, guidance_scale=2.5, guidance_interval=(100, 600))
+    assert spec == SamplingSpec.create(num_inference_steps=9, guidance_scale=2.5, guidance_interval=(100, 600))

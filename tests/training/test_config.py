@@ -136,7 +136,7 @@ def test_preview_keys_of_moh_dit_0_2_still_load_where_they_live_now(caplog):
     assert "log.sample_cfg_scale -> preview.guidance_scale" in caplog.text
     assert (config.preview.every, config.preview.num_steps) == (5, 7)
     spec = config.preview.sampling()
-    assert (spec.scheduler, spec.guidance_scale, spec.guidance_interval) == ("ddim", 2.5, (100, 600))
+    assert (spec.sampler.scheduler, spec.guidance.scale, spec.guidance.interval) == ("ddim", 2.5, (100, 600))
     with pytest.raises(ConfigError, match="log.sample_cfg_scale and preview.guidance_scale are the same setting"):
         load_config(None, ["log.sample_cfg_scale=2", "preview.guidance_scale=3"])
 
@@ -203,9 +203,9 @@ def test_unset_samplers_resolve_for_the_objective_and_a_part_that_is_off_is_not_
 
     gvp = load_config(ROOT / "configs" / "fashion_mnist_moh_flow.yaml", ["objective.path=gvp"])
     assert gvp.preview.scheduler is None and gvp.log.eval_sampling.scheduler is None
-    assert run_sampling(gvp.preview.sampling(), Flow("gvp")).scheduler == "euler"  # DPM-Solver++ needs linear
-    assert run_sampling(gvp.preview.sampling(), Flow()).scheduler == "dpm-solver"
-    assert run_sampling(gvp.preview.sampling().replace(scheduler="heun"), Flow("gvp")).scheduler == "heun"
+    assert run_sampling(gvp.preview.sampling(), Flow("gvp")).sampler.scheduler == "euler"  # DPM-Solver++ needs linear
+    assert run_sampling(gvp.preview.sampling(), Flow()).sampler.scheduler == "dpm-solver"
+    assert run_sampling(gvp.preview.sampling().replace(scheduler="heun"), Flow("gvp")).sampler.scheduler == "heun"
     # evaluation is off: its sampler is not checked against the objective (it never runs)
     load_config(None, ["objective.name=flow", "log.eval_sampling.scheduler=ddim", "model.preset=DiT-Ti/4"])
 

@@ -494,7 +494,7 @@ def test_unconditional_training_from_a_flat_folder_and_from_labelled_data(tmp_pa
 def test_fine_tuning_on_data_with_another_class_count(tmp_path, image_dir):
     import shutil
 
-    from moh_dit.sampling.loading import load_transformer
+    from moh_dit.sampling.sources import load_transformer
 
     from ..helpers.factories import tiny_train_config
 
@@ -618,7 +618,7 @@ def test_cosine_learning_rate_matches_torch_after_a_linear_warm_up():
 def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp_path, image_dir, monkeypatch):
     import moh_dit.sampling.guidance as guidance
     from moh_dit.objectives.ddpm import DDPM
-    from moh_dit.sampling.spec import SamplingSpec
+    from moh_dit.sampling.spec import GuidanceSpec
     from moh_dit.training.setup import learning_rate
 
     used, make = [], DDPM.make_scheduler
@@ -626,9 +626,9 @@ def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp
     out = tmp_path / "run"
     extra = ["optim.schedule=cosine", "optim.warmup_steps=1", "optim.min_lr=1e-4", "preview.scheduler=dpm-solver"]
     extra += ["preview.guidance_scale=2.5", "preview.guidance_interval=[100,600]", "preview.grid_averaging=400"]
-    guided, averaged, shifts, guided_at = [], [], guidance.grid_shifts, SamplingSpec.guided_at
+    guided, averaged, shifts, guided_at = [], [], guidance.grid_shifts, GuidanceSpec.guided_at
     monkeypatch.setattr(
-        SamplingSpec, "guided_at", lambda self, *a: guided.append(self.guidance_interval) or guided_at(self, *a)
+        GuidanceSpec, "guided_at", lambda self, *a: guided.append(self.interval) or guided_at(self, *a)
     )
     monkeypatch.setattr(guidance, "grid_shifts", lambda patch: averaged.append(patch) or shifts(patch))
     train_tiny(out, image_dir, *extra)
@@ -671,7 +671,7 @@ def test_a_flow_run_trains_exports_and_samples_with_every_flow_sampler(tmp_path,
     assert config.objective == {"name": "flow", "path": "linear", "convention": "moh-dit"} and not config.learn_sigma
     assert pipe.transformer.out_channels == 3 and isinstance(pipe.scheduler, FlowSDEScheduler)  # SiT's protocol
     for name in pipe.objective.samplers:
-        images = pipe([0, 1], sampling=SamplingSpec(name, 3, 2.0), output_type="np", progress=False).images
+        images = pipe([0, 1], sampling=SamplingSpec.create(name, 3, 2.0), output_type="np", progress=False).images
         assert images.shape == (2, 8, 8, 3) and np.isfinite(images).all()
     manifest = yaml.safe_load((out / "config.yaml").read_text())
     assert manifest["objective"]["name"] == "flow"
@@ -702,9 +702,11 @@ def test_a_meanflow_run_trains_resumes_exactly_exports_and_samples_in_one_step(t
 
     pipe = load_pipeline(whole, device="cpu")
     assert pipe.transformer.config.time_inputs == 2 and pipe.objective.name == "meanflow"
-    assert recorded_sampling(whole / "pipeline") == SamplingSpec("meanflow", 1, 1.0)
+    assert recorded_sampling(whole / "pipeline") == SamplingSpec.create("meanflow", 1, 1.0)
     for steps in (1, 2):
-        images = pipe([0, 1], sampling=SamplingSpec("meanflow", steps, 1.0), output_type="np", progress=False).images
+        images = pipe(
+            [0, 1], sampling=SamplingSpec.create("meanflow", steps, 1.0), output_type="np", progress=False
+        ).images
         assert images.shape == (2, 8, 8, 3) and np.isfinite(images).all()
     card = (whole / "pipeline" / "README.md").read_text()
     assert "MeanFlow" in card and "JVP" in card
@@ -716,7 +718,9 @@ def test_a_gvp_run_trains_and_previews_with_no_other_override(tmp_path, image_di
 
     out = tmp_path / "gvp"
     train_tiny(out, image_dir, *FLOW, "objective.path=gvp", "train.max_steps=2", "preview.num_steps=2")
-    assert (out / "samples" / "final.png").is_file() and recorded_sampling(out / "pipeline").scheduler == "euler"
+    assert (out / "samples" / "final.png").is_file() and recorded_sampling(
+        out / "pipeline"
+    ).sampler.scheduler == "euler"
 
 
 def test_a_flow_run_resumes_to_the_same_losses_and_weights(tmp_path, image_dir):

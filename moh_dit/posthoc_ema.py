@@ -17,8 +17,10 @@ functions), solved in float64, each column normalised to sum to 1. The coefficie
 about 1, so the snapshots are kept in float32 by default: a float16 snapshot's rounding (about 5e-4 relative) goes
 straight into the reconstruction.
 
-``tests/training/test_posthoc_ema.py`` checks the functions against values the official ``training/phema.py`` of
-NVlabs/edm2 computed (recorded by tests/reference_outputs/record_phema.py).
+``tests/test_posthoc_ema.py`` checks the functions against values the official ``training/phema.py`` of NVlabs/edm2
+computed (recorded by tests/reference_outputs/record_phema.py). This module imports nothing of the package: training
+tracks the EMAs with it, and :mod:`moh_dit.snapshots` writes them to a run folder and rebuilds weights from them
+(which sampling does for autoguidance's guides and ``moh-dit ema``).
 """
 
 from __future__ import annotations
@@ -153,73 +155,3 @@ class PowerFunctionEMAs:
                 if key not in state:
                     raise KeyError(f"the post-hoc EMA state has no {key}: tracked with other sigma_rels?")
                 t.copy_(state[key])
-
-
-# ----------------------------------------------------------------------------------------------------
-# Snapshots on disk, and the reconstruction from them
-# ----------------------------------------------------------------------------------------------------
-SNAPSHOT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def save_snapshot(path, emas: PowerFunctionEMAs, names: Sequence[str], step: int, images: int, dtype: str) -> None:
-    """Every tracked EMA at ``step`` (after ``images`` training images) in one safetensors file, written atomically;
-    its metadata says when and how it was taken."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from moh_dit.files import atomic_path
-
-    tensors = {k: v.to(SNAPSHOT_DTYPES[dtype]) for k, v in emas.state_dict(names).items()}
-    metadata = {"step": str(step), "images": str(images), "sigma_rels": json.dumps(emas.sigma_rels), "dtype": dtype}
-    with atomic_path(path) as tmp:
-        save_file(tensors, tmp, metadata=metadata)
-
-
-def read_snapshot_metadata(path) -> dict:
-    """``{"step", "images", "sigma_rels", "dtype"}`` of a snapshot file, without reading its tensors."""
-    import json
-
-    from safetensors import safe_open
-
-    from moh_dit.errors import ArtifactError
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types for a damaged file
-        raise ArtifactError(f"{path} is not a readable post-hoc EMA snapshot ({str(err).splitlines()[0]})") from None
-    try:
-        return {
-            "step": int(meta["step"]),
-            "images": int(meta["images"]),
-            "sigma_rels": [float(s) for s in json.loads(meta["sigma_rels"])],
-            "dtype": meta["dtype"],
-        }
-    except (KeyError, ValueError) as err:
-        raise ArtifactError(f"{path} has no post-hoc EMA snapshot metadata ({err})") from None
-
-
-def reconstruct(
-    snapshots: Sequence, sigma_rel: float, names: Sequence[str]
-) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """The EMA of width ``sigma_rel`` at the time of the last of ``snapshots`` (paths, oldest first; every one with
-    images <= the last's is used, as EDM2 does): each parameter as the coefficients' combination of the snapshots'
-    EMAs, accumulated in float64, returned in float32. Also returns, per snapshot EMA used, its step, images,
-    sigma_rel and coefficient (the record of what made it)."""
-    from moh_dit.files import read_safetensors
-
-    metas = [read_snapshot_metadata(p) for p in snapshots]
-    target = metas[-1]["images"]
-    inputs = [(p, m, s) for p, m in zip(snapshots, metas) for s in m["sigma_rels"] if 0 < m["images"] <= target]
-    x = posthoc_coefficients([m["images"] for _, m, _ in inputs], [s for _, _, s in inputs], target, sigma_rel)[:, 0]
-    total = {name: None for name in names}
-    used, loaded = [], (None, None)
-    for (path, meta, s), coefficient in zip(inputs, x):
-        if loaded[0] != path:  # each file once: its EMAs are next to each other in ``inputs``
-            loaded = (path, read_safetensors(path, "cpu"))
-        for name in names:
-            value = loaded[1][f"{s:.6g}/{name}"].double() * float(coefficient)
-            total[name] = value if total[name] is None else total[name] + value
-        used.append(dict(step=meta["step"], images=meta["images"], sigma_rel=s, coefficient=float(coefficient)))
-    return {name: t.float() for name, t in total.items()}, used

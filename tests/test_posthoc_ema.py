@@ -11,22 +11,29 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from moh_dit.training.posthoc_ema import (
+from moh_dit.posthoc_ema import (
     PowerFunctionEMAs,
     gamma_to_sigma_rel,
     posthoc_coefficients,
     power_function_beta,
     power_function_correlation,
     profile_error,
-    read_snapshot_metadata,
-    reconstruct,
-    save_snapshot,
     sigma_rel_to_gamma,
 )
+from moh_dit.snapshots import read_snapshot_metadata, reconstruct, save_snapshot
 
-HERE = Path(__file__).resolve().parents[1] / "reference_outputs"
+from .helpers.factories import make_image_folder
+
+HERE = Path(__file__).resolve().parent / "reference_outputs"
 OFFICIAL = json.loads((HERE / "phema_official.json").read_text())
 TENSORS = load_file(HERE / "phema_official.safetensors")
+
+
+@pytest.fixture(scope="module")
+def image_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    make_image_folder(root)
+    return root
 
 
 def test_width_and_exponent_conversions_match_edm2():
@@ -161,8 +168,8 @@ def test_a_run_snapshots_in_images_resumes_exactly_and_moh_dit_ema_rebuilds_and_
     from moh_dit.run_folder import RunLayout
     from moh_dit.sampling.loading import load_pipeline
 
-    from ..helpers.factories import run_in_process, train_tiny
-    from ..helpers.tiny_extractor import TINY
+    from .helpers.factories import run_in_process, train_tiny
+    from .helpers.tiny_extractor import TINY
 
     common = ("ema.posthoc_every=8", "train.checkpoint_every=3", "preview.per_class=0")  # batch 4: every 2 steps
     whole, cut = tmp_path / "whole", tmp_path / "cut"
