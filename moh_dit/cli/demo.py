@@ -30,9 +30,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--guide-model", default=None, metavar="PATH", help="autoguidance by this weaker model")
     g.add_argument("--guide-step", type=positive_int, default=None, help="the guide run's checkpoint at this step")
     g.add_argument("--guide-sigma-rel", type=float, default=None, help="the guide run's post-hoc EMA of this width")
-    g.add_argument("--guidance-rule", choices=RULES, default=None, help="cfg, apg or cfg-zero-star")
+    g.add_argument("--guidance-rule", choices=list(RULES), default=None, help=", ".join(RULES))
     g.add_argument(
-        "--cache", choices=CACHES, default=None, help="a sampling cache with its default options (docs/sampling.md)"
+        "--cache",
+        choices=list(CACHES),
+        default=None,
+        help="a sampling cache with its default options (docs/sampling.md)",
     )
     return p
 

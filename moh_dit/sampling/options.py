@@ -22,8 +22,7 @@ from moh_dit.objectives.registry import (
     objective_name,
     resolve_protocol,
 )
-from moh_dit.sampling.caches import CACHES
-from moh_dit.sampling.rules import RULES
+from moh_dit.sampling import caches, rules
 from moh_dit.sampling.spec import GRID_AVERAGING_OFF, GRID_GUIDANCE, SCHEDULERS, TRAIN_TIMESTEPS, SamplingSpec
 
 __all__ = ["add_sampling_options", "add_placement_options", "spec_from_args"]
@@ -87,10 +86,11 @@ def add_sampling_options(parser: Any, guidance: float | None, protocol: str) -> 
     )
     parser.add_argument(
         "--guidance-rule",
-        choices=RULES,
+        choices=list(rules.RULES),
         default=None,
-        help="how the two predictions mix: cfg (u + w (c - u), the default), apg (adaptive projected guidance) or "
-        "cfg-zero-star (CFG-Zero*); docs/sampling.md#guidance-rules",
+        help="how the two predictions mix: "
+        + ", ".join(f"{name} ({rule.title})" for name, rule in rules.RULES.items())
+        + f"; default {rules.DEFAULT_RULE} (docs/sampling.md#guidance-rules)",
     )
     parser.add_argument(
         "--rule-option",
@@ -98,8 +98,8 @@ def add_sampling_options(parser: Any, guidance: float | None, protocol: str) -> 
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help="an option of the rule, repeatable: apg: eta, momentum (none: off), norm_threshold; cfg-zero-star: "
-        "zero_init_steps (defaults in docs/sampling.md)",
+        help=f"an option of the rule, repeatable (none: off, where an option may be off): {rules.options_help()} "
+        "(defaults in docs/sampling.md)",
     )
     parser.add_argument(
         "--guide-model",
@@ -119,11 +119,11 @@ def add_sampling_options(parser: Any, guidance: float | None, protocol: str) -> 
     )
     parser.add_argument(
         "--cache",
-        choices=[*CACHES, "none"],
+        choices=[*caches.CACHES, "none"],
         default=None,
-        help="a diffusers sampling cache that skips part of the network at some steps: first-block, magcache "
-        "(calibrated on the model first), taylorseer; none: no cache even where the model records one "
-        "(docs/sampling.md#caches)",
+        help="a diffusers sampling cache that skips part of the network at some steps: "
+        + ", ".join(f"{name} ({cache.title})" for name, cache in caches.CACHES.items())
+        + "; none: no cache even where the model records one (docs/sampling.md#caches)",
     )
     parser.add_argument(
         "--cache-option",
@@ -131,8 +131,7 @@ def add_sampling_options(parser: Any, guidance: float | None, protocol: str) -> 
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help="an option of the cache, repeatable: first-block: threshold; magcache: threshold, max_skip_steps, "
-        "retention_ratio, calibration_images; taylorseer: cache_interval, warmup_steps, max_order",
+        help=f"an option of the cache, repeatable: {caches.options_help()}",
     )
     parser.add_argument(
         "--guidance-noise",

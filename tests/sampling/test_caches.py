@@ -183,3 +183,35 @@ def test_a_cached_sample_set_is_its_own_and_sample_py_records_the_cache(tmp_path
     assert "MagCache (calibration images 2" in logged and (tmp_path / "grid.png").is_file()
     with pytest.raises(SystemExit):
         run_in_process("sample", [*args, "--cache", "pab"], caplog)
+
+
+def test_a_new_cache_is_one_class_and_one_table_entry(pipe, monkeypatch):
+    """docs/development.md#add-a-cache: a subclass with its options, its diffusers config per batch composition and,
+    where it needs one, its preparation on the model; and its entry in CACHES."""
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    from moh_dit.sampling import caches
+
+    prepared = []
+
+    class GuidedOnly(caches.SamplingCache):  # FirstBlockCache on CFG's batched calls only
+        name, title = "guided-only", "GuidedOnly"
+        defaults = {"threshold": 0.05}
+
+        def prepare(self, pipe, sampling, guide=None):
+            prepared.append(sampling.cache.name)
+
+        def config_for(self, role):
+            return FirstBlockCacheConfig(threshold=self.settings["threshold"]) if role == "guided" else None
+
+    monkeypatch.setitem(caches.CACHES, GuidedOnly.name, GuidedOnly)
+    counts = attention_calls(pipe)
+    try:
+        sample(pipe, "guided-only", {"threshold": 1e9})
+        assert counts == [STEPS, 1, 1] and prepared == ["guided-only"]  # the guided calls cached, prepared once
+        sample(pipe, "guided-only", {"threshold": 1e9})
+        assert prepared == ["guided-only"]  # the pipeline keeps it for this model and spec
+    finally:
+        without_hooks(pipe)
+    spec = SamplingSpec.create("euler", 25, cache="guided-only")
+    assert "GuidedOnly (threshold 0.05)" in spec.describe() and caches.CACHES["guided-only"] is GuidedOnly

@@ -41,6 +41,59 @@ def test_one_request_gives_a_grid_a_head_heatmap_and_a_line():
     assert generate(dit, "cat", 2, 2.0, 2, "dpm-solver", 0)[1] is None  # no routed heads, no heatmap
 
 
+def test_the_page_samples_each_model_as_its_recorded_sampling_says():
+    """The controls start at the model's record, and a request with them is the recorded spec itself: what the page
+    does not show (time shift, guided channels, noise range, rule, cache) is kept, not dropped."""
+    from moh_dit.sampling.demo import page_sampling, start_controls
+    from moh_dit.sampling.spec import SamplingSpec
+
+    flow = {"name": "flow", "path": "linear", "convention": "moh-dit"}
+    pipe = tiny_pipeline(tiny_model(signal=0.1, learn_sigma=False, objective=flow), scheduler="euler")
+    recorded = SamplingSpec.create(
+        "euler", 5, 2.5, guidance_channels=1, guidance_noise=(0.5, 7.0), time_shift=2.0, grid_averaging=100,
+        guidance_rule="apg", rule_options={"eta": 0.5}, cache="taylorseer", cache_options={"cache_interval": 2},
+    )  # fmt: skip
+    pipe.set_preview_sampling(recorded)
+    start = start_controls(pipe)
+    averaging = start["grid_averaging_to"] if start["grid_averaging"] else None
+    controls = {k: start[k] for k in ("guidance", "steps", "scheduler", "guided_from", "guided_to")}
+    assert page_sampling(pipe, **controls, grid_averaging=averaging) == recorded
+    _, _, info = generate(pipe, "dog", 1, seed=0, grid_averaging=averaging, **controls)
+    assert f"({recorded.describe()})" in info
+    moved = page_sampling(pipe, **dict(controls, guided_from=100, guided_to=600), grid_averaging=None)
+    assert moved.guidance.interval == (100, 600) and moved.sampler.time_shift == 2.0 and moved.cache is not None
+
+
+def test_every_objectives_model_draws_with_the_page_defaults(tmp_path, monkeypatch):
+    """Through the page's API, with no setting given: a DDPM, a flow and a MeanFlow model each draw with the sampler
+    and steps they record (MeanFlow: one step, which the steps control offers)."""
+    pytest.importorskip("gradio")
+    from moh_dit.sampling.demo import api_endpoint, build_demo
+    from moh_dit.sampling.spec import SamplingSpec
+
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    meanflow = {"name": "meanflow", "guidance_scale": 1.0, "guidance_mix": 0.0, "guidance_times": [0.0, 1.0]}
+    flow = {"name": "flow", "path": "linear", "convention": "moh-dit"}
+    models = {
+        "ddpm": (tiny_pipeline(), None),
+        "flow": (tiny_pipeline(tiny_model(signal=0.1, learn_sigma=False, objective=flow), scheduler="euler"), None),
+        "meanflow": (
+            tiny_pipeline(
+                tiny_model(signal=0.1, learn_sigma=False, objective=meanflow, time_inputs=2), scheduler="meanflow"
+            ),
+            SamplingSpec.protocol("one-step", "meanflow", guidance_scale=1.0),
+        ),
+    }
+    for name, (pipe, recorded) in models.items():
+        pipe.set_preview_sampling(recorded)
+        grid, _, info = api_endpoint(pipe)("dog", images=1)
+        spec = pipe.preview_sampling
+        scheduler = spec.sampler.scheduler if spec.sampler.scheduler in pipe.objective.samplers else None
+        assert f"{scheduler or pipe.objective.samplers[0]}, {spec.sampler.num_steps} steps" in info, name
+        assert grid.size[0] > 8
+        build_demo(pipe)  # the page builds with these controls (a 1-step MeanFlow model included)
+
+
 def test_the_page_api_is_named_and_answers_a_script(tmp_path, monkeypatch):
     """A user's script calls the page as ``gradio_client`` does: one endpoint, ``/generate``, with named parameters;
     an unknown class and a step count out of range answer with one clear line."""

@@ -199,3 +199,34 @@ def test_rules_and_guides_are_checked_recorded_and_described():
         SamplingSpec.create(guide_step=10)
     with pytest.raises(ConfigError, match="guide_sigma_rel must be a relative EMA width"):
         SamplingSpec.create(guide="runs/x", guide_sigma_rel=0.5)
+
+
+def test_a_new_rule_is_one_class_and_one_table_entry(monkeypatch):
+    """docs/development.md#add-a-guidance-rule: a subclass with its options and ``combine``, and its entry in RULES;
+    the spec checks its options, the record and tag name it, the pipeline samples with it, the CLI offers it."""
+    from moh_dit.sampling import rules
+    from moh_dit.sampling.options import add_sampling_options
+
+    class Halfway(rules.GuidanceRule):  # the unconditional prediction moved part of the way only
+        name, title = "halfway", "half-way guidance"
+        defaults = {"share": 0.5}
+
+        def combine(self, cond, uncond, scale, step, shifts=None):
+            return uncond + self.options["share"] * scale * (cond - uncond)
+
+    monkeypatch.setitem(rules.RULES, Halfway.name, Halfway)
+    spec = SamplingSpec.create("ddim", 3, 2.0, guidance_rule="halfway", rule_options={"share": 0.25})
+    assert spec.record()["rule_options"] == {"share": 0.25} and "-halfway-" in spec.tag()
+    assert spec.describe_guidance().startswith("half-way guidance (share 0.25) guidance 2")
+    with pytest.raises(ConfigError, match="halfway takes share"):
+        SamplingSpec.create(guidance_rule="halfway", rule_options={"eta": 1})
+    pipe = tiny_pipeline(tiny_model(signal=0.1), scheduler="ddim")
+    gen = lambda: [torch.Generator().manual_seed(i) for i in range(2)]  # noqa: E731
+    ours = pipe([0, 1], sampling=spec, generator=gen(), output_type="pt").images
+    cfg = pipe(
+        [0, 1], sampling=spec.replace(guidance_rule="cfg", guidance_scale=0.5), generator=gen(), output_type="pt"
+    )
+    torch.testing.assert_close(ours, cfg.images)  # 0.25 * 2 is CFG at 0.5
+    parser = __import__("argparse").ArgumentParser()
+    add_sampling_options(parser, None, "fast")
+    assert parser.parse_args(["--guidance-rule", "halfway"]).guidance_rule == "halfway"
