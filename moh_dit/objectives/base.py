@@ -9,7 +9,7 @@ bare transformer folder says how it is sampled.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -71,6 +71,9 @@ class Objective(ABC):
     # run through DistributedDataParallel or a compiled module): the trainer then averages the gradients over
     # processes itself, and train.compile does not apply
     runs_bare_module: ClassVar[bool] = False
+    # the frozen models beside the student this objective needs, by role (moh_dit.training.frozen.FROZEN_MODELS: a
+    # distillation's teacher): training loads and places them and hands them to forward_losses
+    frozen_models: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------------------------------------
     # What it is, and how a model records it
@@ -135,11 +138,13 @@ class Objective(ABC):
         drop: torch.Tensor | None,
         want_heads: bool,
         autocast: Callable[[], AbstractContextManager],
+        frozen: Mapping[str, Any] | None = None,
     ) -> tuple[Losses, Any]:
         """The network's pass over ``noised`` and its per-sample losses: ``(losses, output)``, the output a
         :class:`~moh_dit.model.network.MoHDiTOutput` (its MoH loss, head masks and REPA tokens are the trainer's).
         ``model`` is the trainer's (wrapped for DDP or compiled); ``drop`` marks the labels replaced by the null
-        class; ``autocast`` opens the run's mixed precision. One forward here; MeanFlow's JVP overrides it."""
+        class; ``autocast`` opens the run's mixed precision; ``frozen`` holds the run's models beside the student by
+        role (those :attr:`frozen_models` names among them). One forward here; MeanFlow's JVP overrides it."""
         with autocast():
             out = model(noised.x_t, noised.time, labels, force_drop_ids=drop, return_head_masks=want_heads)
         return self.loss(out.sample.float(), noised), out

@@ -43,7 +43,7 @@ the gradients itself).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -276,6 +276,7 @@ class MeanFlow(Objective):
         drop: torch.Tensor | None,
         want_heads: bool,
         autocast: Callable[[], AbstractContextManager],
+        frozen: Mapping[str, Any] | None = None,
     ) -> tuple[Losses, Any]:
         """The guided target velocity, then ``u`` and ``du/dt`` in one ``torch.func.jvp`` (tangent ``(v_g, 1, 0)`` in
         ``(z, t, r)``) on the bare module, on the math attention backend; the target, and the loss of ``u``. The MoH

@@ -81,6 +81,7 @@ class RunOutputs:
         """``checkpoints/step-N``. Exploded or non-finite weights are never written (a stop instead); with
         ``losses`` (a non-finite loss at the next step) the rescue save never prunes, and the run stops."""
         info = dict(self.data.record(), samples_seen=self.samples_seen, **self.process_layout)
+        info["frozen"] = self.frozen.identity()  # the models beside the student: a resume must have the same
         info["batches_per_epoch"] = self.batches_per_epoch
         if self.guard.enabled:
             info["spike_guard"] = self.guard.state()

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from moh_dit.errors import ConfigError
+from moh_dit.training.frozen import FrozenModel
 
 __all__ = ["Alignment", "alignment_loss"]
 
@@ -38,9 +39,12 @@ def alignment_loss(projected: Sequence[torch.Tensor], targets: Sequence[torch.Te
     return total / len(targets)
 
 
-class Alignment:
-    """A run's frozen encoders and REPA's loss: ``features`` of the clean images, ``loss`` against the model's
-    projections. Made before the model, whose projectors take the encoders' widths (``dims``)."""
+class Alignment(FrozenModel):
+    """A run's frozen encoders (a model beside the student, role ``repa_encoder``): ``features`` of the clean images,
+    which REPA's loss compares with the model's projections. Made before the model's projectors, which take the
+    encoders' widths (``dims``)."""
+
+    role = "repa_encoder"
 
     def __init__(
         self,
@@ -69,6 +73,7 @@ class Alignment:
         if weights and len(weights) != len(encoders):
             raise ConfigError(f"repa.encoder_weights gives {len(weights)} files for {len(encoders)} encoders")
         self.device, self.nets, self.dims, self.names = torch.device(device), [], [], list(encoders)
+        self.weights, self.resolution = list(weights), resolution
         for i, name in enumerate(encoders):
             if name not in FEATURE_EXTRACTORS_REGISTRY:
                 raise ConfigError(
@@ -102,3 +107,13 @@ class Alignment:
 
     def describe(self) -> str:
         return ", ".join(f"{name} ({dim}-d)" for name, dim in zip(self.names, self.dims))
+
+    def modules(self) -> list[torch.nn.Module]:
+        return list(self.nets)
+
+    def identity(self) -> dict:
+        """The encoders by name, their weights' fingerprint and input resolution."""
+        from moh_dit.manifests import fingerprint_tensors
+
+        tensors = [(f"{i}.{k}", v) for i, net in enumerate(self.nets) for k, v in net.state_dict().items()]
+        return {"name": "+".join(self.names), "sha256": fingerprint_tensors(tensors), "resolution": self.resolution}

@@ -97,7 +97,10 @@ class RunRecord:
     def __init__(self, layout: RunLayout, identity: dict, settings: dict, defaults: dict | None = None) -> None:
         self.layout, self.identity, self.settings = layout, identity, settings
         self.recorded = read_manifest(layout.root, "run")
-        diffs = differences(self.recorded.get("identity", {}), identity) if self.recorded else []
+        recorded_identity = (self.recorded or {}).get("identity", {})
+        # a run of moh-dit 0.5 or earlier recorded no frozen models (REPA's encoders were its only ones): not compared
+        compared = identity if "frozen" in recorded_identity else {k: v for k, v in identity.items() if k != "frozen"}
+        diffs = differences(recorded_identity, compared) if self.recorded else []
         if diffs:
             diffs = objective_first(self.recorded.get("identity", {}), identity, diffs)
         if diffs:

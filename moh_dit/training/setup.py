@@ -12,7 +12,6 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
@@ -29,9 +28,6 @@ from moh_dit.training.config import Config, EMASection, config_to_dict
 from moh_dit.training.objective import objective_record, run_objective
 from moh_dit.training.tracking import tracker_available
 from moh_dit.vae import latent_space_differences, space_of
-
-if TYPE_CHECKING:
-    from moh_dit.training.repa import Alignment
 
 logger = logging.getLogger("moh_dit.train")
 
@@ -159,28 +155,6 @@ def _check_init_latent_space(init_from: str, source: dict | None, data: dict | N
         )
 
 
-def make_alignment(config: Config, model: MoHDiT, data: TrainingData, device) -> Alignment | None:
-    """REPA's frozen encoders for this run (``None`` without ``repa.encoder``), checked against the model's token
-    grid; their widths size the model's projectors."""
-    repa = config.repa
-    if not repa.encoder:
-        return None
-    if repa.depth > model.config.depth:
-        raise ConfigError(f"repa.depth={repa.depth} counts blocks from 1 to the model's {model.config.depth}")
-    from moh_dit.training.repa import Alignment
-
-    resolution = repa.encoder_resolution or 224 * (config.data.image_size // 256)  # REPA's rule: 224 at 256 px
-    return Alignment(
-        repa.encoder,
-        repa.encoder_weights,
-        repa.encoder_module,
-        resolution,
-        model.num_tokens,
-        config.data.image_size,
-        device,
-    )
-
-
 def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
     """diffusers' EMA configured as DiT: a copy of the model at step 0, then a constant ``decay`` from the
     first update on (``update_after_step=-1``; with 0 diffusers' first update would copy the weights).
@@ -211,10 +185,10 @@ _IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip",
 _IDENTITY_TRAIN_KEYS = ("seed", "global_batch_size")
 
 
-def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dict, dict]:
-    """``(identity, settings)`` of a run. The identity (architecture, data, seed, global batch) makes a run
-    this run: a resume with another identity is refused. Settings may change on resume; changes are logged
-    and recorded in the run's manifest."""
+def run_identity(config: Config, data: TrainingData, model: MoHDiT, frozen: dict | None = None) -> tuple[dict, dict]:
+    """``(identity, settings)`` of a run. The identity (architecture, data, seed, global batch, the frozen models
+    beside the student) makes a run this run: a resume with another identity is refused. Settings may change on
+    resume; changes are logged and recorded in the run's manifest."""
     full = config_to_dict(config)
     identity = {
         # the objective's record and REPA's heads belong to the model; keys added after moh-dit 0.3 are recorded only
@@ -232,6 +206,8 @@ def run_identity(config: Config, data: TrainingData, model: MoHDiT) -> tuple[dic
     }
     if config.ema.posthoc_every:  # the EMAs the snapshots hold (recorded only when on: runs before it still resume)
         identity["ema"] = {"posthoc_sigma_rels": list(config.ema.posthoc_sigma_rels)}
+    if frozen:  # the models beside the student, by identity (only when there are: runs without any still resume)
+        identity["frozen"] = frozen
     return identity, run_settings(full)
 
 

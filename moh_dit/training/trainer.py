@@ -53,6 +53,7 @@ from moh_dit.training.checkpoints import (
     set_aside_newer_checkpoints,
 )
 from moh_dit.training.config import Config, config_to_dict
+from moh_dit.training.frozen import check_resume_beside, load_frozen_models
 from moh_dit.training.gradients import average_gradients
 from moh_dit.training.objective import run_objective
 from moh_dit.training.outputs import RunOutputs
@@ -64,7 +65,6 @@ from moh_dit.training.setup import (
     describe_tokens,
     learning_rate,
     make_accelerator,
-    make_alignment,
     make_ema,
     make_optimizer,
     micro_batch_size,
@@ -114,7 +114,12 @@ class Trainer(RunOutputs):
                 self.config = config = dataclasses.replace(
                     config, model=dataclasses.replace(config.model, preset=preset)
                 )
-        self.repa = make_alignment(config, model, self.data, accelerator.device)
+        self.objective = run_objective(config, model.config.objective or {}, model.config.learn_sigma)
+        # the models beside the student (REPA's encoders, a teacher): loaded, frozen and placed here, never trained
+        self.frozen = load_frozen_models(config, self.objective, self.data, model, accelerator.device)
+        for role, frozen in self.frozen.items():
+            logger.info("beside the student, frozen: %s (%s)", frozen.describe(), role)
+        self.repa = self.frozen.get("repa_encoder")
         if self.repa is not None:  # REPA's projectors, one per encoder (kept when init_from already has them)
             model = model.with_alignment(config.repa.depth, self.repa.dims, config.repa.projector_dim)
             logger.info(
@@ -125,7 +130,6 @@ class Trainer(RunOutputs):
         self.ema = make_ema(model.train(), config.ema)
         self.ema.to(accelerator.device)
         self.model, self.optimizer = accelerator.prepare(model, make_optimizer(model, config))
-        self.objective = run_objective(config, model.config.objective or {}, model.config.learn_sigma)
         if train_cfg.compile and self.objective.runs_bare_module:
             logger.warning("train.compile: %s runs the uncompiled network (a JVP)", self.objective.name)
         elif train_cfg.compile:
@@ -143,7 +147,8 @@ class Trainer(RunOutputs):
         )
         self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window, self.posthoc)
         defaults = run_settings(config_to_dict(Config()))
-        self.record = RunRecord(self.layout, *run_identity(config, self.data, model), defaults)
+        self.frozen.check_apart(model)  # never the student's, never trained
+        self.record = RunRecord(self.layout, *run_identity(config, self.data, model, self.frozen.identity()), defaults)
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
         self.step = self.samples_seen = 0
         self.projected = False  # the projected time is logged once, with the first log record
@@ -217,7 +222,7 @@ class Trainer(RunOutputs):
         drop = drop if y_in is not None else None
         # the objective runs the network: one forward (DDPM, flow) or a JVP (MeanFlow)
         losses, out = self.objective.forward_losses(
-            self.model, noised, y_in, drop, want_heads, self.accelerator.autocast
+            self.model, noised, y_in, drop, want_heads, self.accelerator.autocast, self.frozen
         )
         moh_loss = out.aux_loss.float()
         loss = losses.loss.mean() + self.config.train.moh_loss_coeff * moh_loss
@@ -312,6 +317,7 @@ class Trainer(RunOutputs):
         """Resume from the chosen checkpoint (if any), and record the start in the run folder."""
         if self.resume_from is not None:
             state = restore_checkpoint(self.resume_from, self.state, self.accelerator, self.record.run_id)
+            check_resume_beside(self.resume_from, state.get("frozen"), self.frozen.identity())
             self.step, self.samples_seen = state["step"], state["samples_seen"]
             self.guard.load(state.get("spike_guard"))
             logger.info("resumed from %s at step %d", self.resume_from, self.step)

@@ -1,0 +1,167 @@
+"""Models beside the student: networks a run uses but never trains (REPA's encoders; a distillation's teacher; later a
+reward or representation model).
+
+Each is a :class:`FrozenModel` under a role name. Training loads and places them (:func:`load_frozen_models`, from the
+:data:`FROZEN_MODELS` table: which roles the run's config or its objective asks for, and how each is loaded), puts them
+in eval mode with their parameters frozen, and hands them to the objective's ``forward_losses`` and to the trainer's
+losses; they are never wrapped for DDP, never in the optimizer, the EMA, the post-hoc snapshots or a checkpoint's
+weights. Their identity (what they are and a fingerprint of their weights) is recorded in the run's identity and in
+every checkpoint, so that a resume beside another model, or without one the run was trained beside, is refused in one
+line.
+
+An objective declares the roles it needs (``Objective.frozen_models``); a new role is one entry here: whether a run
+wants it and how it loads (docs/development.md#add-a-model-beside-the-student).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from moh_dit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from moh_dit.data.training_data import TrainingData
+    from moh_dit.model.network import MoHDiT
+    from moh_dit.objectives.base import Objective
+    from moh_dit.training.config_sections import Config
+
+__all__ = ["FrozenModel", "FrozenModels", "FrozenEntry", "FROZEN_MODELS", "load_frozen_models", "check_resume_beside"]
+
+
+class FrozenModel:
+    """A model a run uses without training it. Subclasses hold their networks in :meth:`modules` and say what they
+    are in :meth:`identity` (a JSON-able record with a weights fingerprint)."""
+
+    role: str = "frozen"
+
+    def modules(self) -> list[torch.nn.Module]:
+        raise NotImplementedError
+
+    def identity(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.role
+
+    def freeze(self, device: torch.device | str) -> None:
+        """On ``device``, in eval mode (no dropout, fixed norms), every parameter without gradient."""
+        for module in self.modules():
+            module.to(device).eval().requires_grad_(False)
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        for module in self.modules():
+            yield from module.parameters()
+
+
+class FrozenModels(Mapping[str, FrozenModel]):
+    """The run's frozen models by role (an empty mapping when it has none)."""
+
+    def __init__(self, models: Mapping[str, FrozenModel] | None = None) -> None:
+        self._models = dict(models or {})
+
+    def __getitem__(self, role: str) -> FrozenModel:
+        if role not in self._models:
+            raise KeyError(
+                f"this run has no {role!r} model beside the student (it has {sorted(self._models) or 'none'})"
+            )
+        return self._models[role]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._models)
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def identity(self) -> dict[str, dict[str, Any]]:
+        """Each role's identity (what a run and its checkpoints record)."""
+        return {role: model.identity() for role, model in self._models.items()}
+
+    def check_apart(self, *modules: torch.nn.Module) -> None:
+        """No parameter of a frozen model is one of ``modules``' (the student, its EMA copy), nor trainable."""
+        theirs = {id(p) for model in self._models.values() for p in model.parameters()}
+        shared = [m for m in modules for p in m.parameters() if id(p) in theirs]
+        if shared or any(p.requires_grad for model in self._models.values() for p in model.parameters()):
+            raise RuntimeError("a frozen model shares parameters with the student or is trainable")
+
+
+@dataclass(frozen=True)
+class FrozenEntry:
+    """One role: ``wanted(config, objective)`` says whether a run has it; ``load(config, data, model, device)`` makes
+    it (checked against the data and the student before any step)."""
+
+    wanted: Callable[[Config, Objective], bool]
+    load: Callable[[Config, TrainingData, MoHDiT, torch.device], FrozenModel]
+    what: str  # in words, for errors
+
+
+def _wants_repa(config: Config, objective: Objective) -> bool:
+    return bool(config.repa.encoder)
+
+
+def _load_repa(config: Config, data: TrainingData, model: MoHDiT, device: torch.device) -> FrozenModel:
+    from moh_dit.training.repa import Alignment
+
+    repa = config.repa
+    if repa.depth > model.config.depth:
+        raise ConfigError(f"repa.depth={repa.depth} counts blocks from 1 to the model's {model.config.depth}")
+    resolution = repa.encoder_resolution or 224 * (config.data.image_size // 256)  # REPA's rule: 224 at 256 px
+    return Alignment(
+        repa.encoder,
+        repa.encoder_weights,
+        repa.encoder_module,
+        resolution,
+        model.num_tokens,
+        config.data.image_size,
+        device,
+    )
+
+
+# every role a run may have beside its student
+FROZEN_MODELS: dict[str, FrozenEntry] = {
+    "repa_encoder": FrozenEntry(_wants_repa, _load_repa, "REPA's encoders (repa.encoder)"),
+}
+
+
+def load_frozen_models(
+    config: Config, objective: Objective, data: TrainingData, model: MoHDiT, device: torch.device
+) -> FrozenModels:
+    """The frozen models of a run: every role the config wants and every role ``objective`` declares, loaded, frozen
+    and placed on ``device``; a role the objective declares that no entry loads is a :class:`ConfigError`."""
+    unknown = [role for role in objective.frozen_models if role not in FROZEN_MODELS]
+    if unknown:
+        raise ConfigError(f"the {objective.name} objective needs {unknown}: no loader for them in FROZEN_MODELS")
+    models = {}
+    for role, entry in FROZEN_MODELS.items():
+        if role in objective.frozen_models or entry.wanted(config, objective):
+            frozen = entry.load(config, data, model, device)
+            frozen.freeze(device)
+            models[role] = frozen
+    return FrozenModels(models)
+
+
+def check_resume_beside(checkpoint: Any, recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> None:
+    """A resume beside other frozen models than the checkpoint was trained beside stops in one line. A checkpoint that
+    predates the record (``recorded`` is ``None``) is not checked."""
+    if recorded is None or dict(recorded) == dict(current):
+        return
+    roles = sorted(set(recorded) | set(current))
+    wrong = [r for r in roles if recorded.get(r) != current.get(r)]
+    said = "; ".join(
+        f"{role}: {_short(recorded.get(role))} in the checkpoint, {_short(current.get(role))} now" for role in wrong
+    )
+    raise ConfigError(
+        f"{checkpoint} was trained beside other frozen models ({said}): resume with the ones it was trained beside, or "
+        f"start a new run"
+    )
+
+
+def _short(identity: Mapping[str, Any] | None) -> str:
+    if identity is None:
+        return "none"
+    weights = identity.get("sha256")
+    name = identity.get("source") or identity.get("name") or "?"
+    return f"{name} ({weights[:12]})" if isinstance(weights, str) else str(name)
