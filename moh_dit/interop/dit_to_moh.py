@@ -10,7 +10,8 @@ import torch
 
 from moh_dit.errors import ConversionError
 from moh_dit.interop.official import strict_load
-from moh_dit.model.network import MoHDiT, _per_layer
+from moh_dit.model.architecture import per_layer
+from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 
 
@@ -51,7 +52,7 @@ def dit_to_moh(
         raise ConversionError("dit_to_moh expects a multi-head model (attention_type='mha')")
     depth = model.config.depth
     heads = [a.num_heads for a in model.attention_layers]
-    shared_l, topk_l = _per_layer("shared", shared, depth), _per_layer("top_k", top_k, depth)
+    shared_l, topk_l = per_layer("shared", shared, depth), per_layer("top_k", top_k, depth)
     cfg = dict(model.config)
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
     cfg.update(attention_type="moh", num_heads=heads, num_shared_heads=shared_l, top_k=topk_l)

@@ -18,7 +18,8 @@ import torch
 
 from moh_dit.errors import ConversionError
 from moh_dit.files import read_safetensors, read_torch_file
-from moh_dit.model.network import MoHDiT, _per_layer
+from moh_dit.model.architecture import per_layer
+from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import PRESETS
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def config_from_reference(
             h = hs + e
         else:
             h = (
-                _per_layer("num_heads", num_heads, depth)[i]
+                per_layer("num_heads", num_heads, depth)[i]
                 if num_heads is not None
                 else DIT_HEADS_BY_WIDTH.get(hidden)
             )
@@ -144,16 +145,16 @@ def config_from_reference(
             for n, p in PRESETS.items()
             if p.get("attention_type") == "moh"
             and p["depth"] == depth
-            and _per_layer("num_heads", p["num_heads"], depth) == heads
-            and _per_layer("num_shared_heads", p["num_shared_heads"], depth) == shared
+            and per_layer("num_heads", p["num_heads"], depth) == heads
+            and per_layer("num_shared_heads", p["num_shared_heads"], depth) == shared
         ]
         if not match:
             raise ConversionError(
                 f"MoH checkpoint with heads {heads} and shared heads {shared} matches no preset: pass top_k per layer"
             )
-        top_k = _per_layer("top_k", PRESETS[match[0]]["top_k"], depth)
+        top_k = per_layer("top_k", PRESETS[match[0]]["top_k"], depth)
         logger.info("top-k taken from preset %s (head tables match)", match[0])
-    config.update(attention_type="moh", num_shared_heads=shared, top_k=_per_layer("top_k", top_k, depth))
+    config.update(attention_type="moh", num_shared_heads=shared, top_k=per_layer("top_k", top_k, depth))
     return config
 
 

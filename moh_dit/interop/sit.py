@@ -43,6 +43,10 @@ BLOCKS_OF = {
     "repa": {("layernorm", "none"), ("layernorm", "layernorm")},  # timm's LayerNorm QK-norm (--qk-norm)
     "lightningdit": {("layernorm", "none"), ("layernorm", "layernorm"), ("rmsnorm", "none"), ("rmsnorm", "rmsnorm")},
 }
+# the MLPs and RoPE each format's code builds (LightningDiT's: every one of moh-dit's; SiT's and REPA's: DiT's MLP, no
+# RoPE, at RoPE's usual theta only where it has RoPE)
+MLPS_OF = {"sit": {"gelu"}, "repa": {"gelu"}, "lightningdit": None}
+ROPE_OF = {"sit": False, "repa": False, "lightningdit": True}
 
 
 def _final_rows(tensor: torch.Tensor, patch: int, channels: int, keep: int) -> torch.Tensor:
@@ -156,8 +160,9 @@ def to_flow_state_dict(model: MoHDiT, fmt: str = "sit") -> dict[str, torch.Tenso
             f"{FLOW_FORMATS[fmt]}'s code has no Mixture-of-Head attention: export a DiT-shaped model"
         )
     block = model.block_options
-    has_mlp_and_rope = fmt == "lightningdit" or (block.mlp == "gelu" and not block.rope)
-    if (block.norm, block.qk_norm) not in BLOCKS_OF[fmt] or not has_mlp_and_rope or block.rope_theta != 10000.0:
+    has_mlp = MLPS_OF[fmt] is None or block.mlp in MLPS_OF[fmt]
+    has_rope = ROPE_OF[fmt] or not block.rope
+    if (block.norm, block.qk_norm) not in BLOCKS_OF[fmt] or not (has_mlp and has_rope) or block.rope_theta != 10000.0:
         raise ConversionError(f"{FLOW_FORMATS[fmt]}'s code cannot build this model's block ({block.describe()})")
     sd = ours_to_reference(model)
     if fmt == "sit":

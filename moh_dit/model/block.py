@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,7 +37,18 @@ from torch import nn
 from moh_dit.model.attention import AttentionAux, MoHAttention
 from moh_dit.model.rope import RotaryEmbedding2D
 
-__all__ = ["BlockOptions", "DiTBlock", "FinalLayer", "Mlp", "SwiGLU", "modulate", "NORMS", "MLPS", "QK_NORMS"]
+__all__ = [
+    "BlockOptions",
+    "BlocksTrace",
+    "DiTBlock",
+    "FinalLayer",
+    "Mlp",
+    "SwiGLU",
+    "modulate",
+    "NORMS",
+    "MLPS",
+    "QK_NORMS",
+]
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -229,3 +240,19 @@ class FinalLayer(nn.Module):
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
         return self.linear(modulate(self.norm_final(x), shift, scale))  # (N, T, p*p*C_out)
+
+
+@dataclass
+class BlocksTrace:
+    """What a pass through the blocks reports: MoH's load-balance loss per routed layer, the head masks per layer
+    (when asked), and REPA's projections (when aligned)."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)
+    masks: list[torch.Tensor] = field(default_factory=list)
+    aligned: tuple[torch.Tensor, ...] | None = None
+
+    def add(self, aux: AttentionAux | None, masks: bool) -> None:
+        if aux is not None and aux.load_balance_loss is not None:
+            self.losses.append(aux.load_balance_loss)
+        if masks:
+            self.masks.append(aux.head_mask)

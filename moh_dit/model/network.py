@@ -11,7 +11,6 @@ Shapes: N batch, C channels, H x W image (or latent), p patch size, T = H*W/p**2
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,26 +21,13 @@ from diffusers.utils import BaseOutput
 from torch import nn
 
 from moh_dit.model.alignment import AlignmentProjector
+from moh_dit.model.architecture import IntOrList, attention_of, check_architecture, per_layer
 from moh_dit.model.attention import MoHAttention
-from moh_dit.model.block import BlockOptions, DiTBlock, FinalLayer
+from moh_dit.model.block import BlockOptions, BlocksTrace, DiTBlock, FinalLayer
 from moh_dit.model.embeddings import LabelEmbedder, PatchEmbedder, TimestepEmbedder, sincos_pos_embed_2d
 from moh_dit.model.head_usage import recording_head_usage
 
-__all__ = ["MoHDiT", "MoHDiTOutput", "DiTBlock", "FinalLayer"]  # the blocks live in model/block.py
-
-IntOrList = int | Sequence[int]
-
-
-def _per_layer(name: str, value: IntOrList | None, depth: int) -> list[int | None]:
-    """Expand an int (or None) to one value per layer; check a list has exactly ``depth`` entries."""
-    if value is None or isinstance(value, int):
-        return [value] * depth
-    values = list(value)
-    if len(values) != depth:
-        raise ValueError(f"{name} has {len(values)} entries but depth is {depth}: give one value per layer")
-    if not all(isinstance(v, int) for v in values):
-        raise ValueError(f"{name} must contain integers, got {values}")
-    return values
+__all__ = ["MoHDiT", "MoHDiTOutput", "BlocksTrace", "DiTBlock", "FinalLayer"]  # the blocks live in model/block.py
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -139,28 +125,10 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         options = BlockOptions.from_config(block)
         if block is not None:  # recorded in full (DiT's block spelt out is None), so that equal blocks compare equal
             self.register_to_config(block=options.record())
-        if (repa_depth is None) != (not repa_dims):
-            raise ValueError("repa_depth and repa_dims go together: the block to align and the encoders' widths")
-        if repa_depth is not None and not 1 <= repa_depth <= depth:
-            raise ValueError(f"repa_depth counts blocks from 1 to {depth}, got {repa_depth}")
-        if objective is not None and not (isinstance(objective, dict) and isinstance(objective.get("name"), str)):
-            raise ValueError(f"objective must be None or a record such as {{'name': 'flow', ...}}, got {objective!r}")
-        if attention_type not in ("moh", "mha"):
-            raise ValueError(f"attention_type must be 'moh' or 'mha', got {attention_type!r}")
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
-        if patch_size < 1 or sample_size % patch_size:
-            raise ValueError(f"sample_size={sample_size} is not divisible by patch_size={patch_size}")
-        if hidden_size % 4:
-            raise ValueError(f"hidden_size={hidden_size} must be divisible by 4 (2D sin-cos position embedding)")
-        if num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0, got {num_classes}")
-        if not 0.0 <= class_dropout_prob < 1.0:
-            raise ValueError(f"class_dropout_prob must be in [0, 1), got {class_dropout_prob}")
-
-        heads = _per_layer("num_heads", num_heads, depth)
-        shared = _per_layer("num_shared_heads", num_shared_heads, depth)
-        topks = _per_layer("top_k", top_k, depth)
+        check_architecture(dict(self.config))
+        heads = per_layer("num_heads", num_heads, depth)
+        shared = per_layer("num_shared_heads", num_shared_heads, depth)
+        topks = per_layer("top_k", top_k, depth)
         if attention_type == "mha" and (any(s is not None for s in shared) or any(k for k in topks)):
             raise ValueError("attention_type='mha' has no routing: leave num_shared_heads=None and top_k=0")
 
@@ -171,45 +139,28 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         self.num_tokens = grid * grid
 
         self.x_embedder = PatchEmbedder(patch_size, in_channels, hidden_size)
-        if time_inputs not in (1, 2):
-            raise ValueError(f"time_inputs must be 1 or 2 (MeanFlow's time and interval), got {time_inputs}")
         self.t_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob) if num_classes > 0 else None
         # A frozen parameter (not a buffer) as in DiT, so it is saved and counted like the reference.
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_tokens, hidden_size), requires_grad=False)
 
-        blocks = []
-        for layer, (h, h_s, k) in enumerate(zip(heads, shared, topks)):
-            try:
-                attn = MoHAttention(
-                    hidden_size,
-                    h,
-                    head_dim=head_dim,
-                    num_shared_heads=h_s,
-                    top_k=k or 0,
-                    qkv_bias=qkv_bias,
-                    attention_type=attention_type,
-                    qk_norm=options.qk_norm_layer(),
-                )
-            except ValueError as err:
-                raise ValueError(f"layer {layer}: {err}") from None
-            blocks.append(
-                DiTBlock(
-                    hidden_size,
-                    attn,
-                    mlp_ratio=mlp_ratio,
-                    norm_eps=norm_eps,
-                    mlp_norm_eps=norm_eps if mlp_norm_eps is None else mlp_norm_eps,
-                    options=options,
-                )
+        self.blocks = nn.ModuleList(
+            DiTBlock(
+                hidden_size,
+                attention_of(layer, hidden_size, h, h_s, k, head_dim, qkv_bias, attention_type, options),
+                mlp_ratio=mlp_ratio,
+                norm_eps=norm_eps,
+                mlp_norm_eps=norm_eps if mlp_norm_eps is None else mlp_norm_eps,
+                options=options,
             )
-        self.blocks = nn.ModuleList(blocks)
+            for layer, (h, h_s, k) in enumerate(zip(heads, shared, topks))
+        )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps, options=options)
         # MeanFlow's second time input (the interval t - r) has its own embedding; created after the blocks, so that
         # the others' initialisation draws the numbers it always drew
         self.h_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift) if time_inputs == 2 else None
         # 2-D RoPE's tables (persistent buffers, as LightningDiT keeps them), kept beside the sin-cos table
-        self.feat_rope = options.rotary([b.attn.head_dim for b in blocks], grid)
+        self.feat_rope = options.rotary([b.attn.head_dim for b in self.blocks], grid)
         self.projectors = (  # REPA's alignment heads: only in models that train with it (created last: the others'
             # initialisation draws the same numbers as before they existed)
             nn.ModuleList(AlignmentProjector(hidden_size, repa_projector_dim, d) for d in repa_dims)
@@ -294,32 +245,6 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         :func:`moh_dit.model.head_usage.recording_head_usage`)."""
         return recording_head_usage(self.attention_layers)
 
-    def with_num_classes(self, num_classes: int, mode: str = "resize", seed: int = 0) -> tuple[MoHDiT, dict]:
-        """A copy of this model for ``num_classes`` classes (0: unconditional), for fine-tuning on data with
-        another class count. Every weight but the label table is kept. ``resize`` keeps the rows of the
-        classes both have (ids below the smaller count) and the null-class row; ``reinit`` starts a new table.
-        New rows are drawn as DiT initialises the table, N(0, 0.02). Returns the model and a report of what
-        was kept and what is new."""
-        if mode not in ("resize", "reinit"):
-            raise ValueError(f"mode must be 'resize' or 'reinit', got {mode!r}")
-        config = {k: v for k, v in self.config.items() if not k.startswith("_")}
-        torch.manual_seed(seed)
-        target = type(self)(**dict(config, num_classes=num_classes)).to(self.pos_embed.device)
-        source = self.state_dict()
-        table = "y_embedder.embedding_table.weight"
-        kept = {k: v for k, v in source.items() if k != table}
-        missing = target.load_state_dict(kept, strict=False).missing_keys
-        report = {"kept": sorted(kept), "new": sorted(missing), "classes": [self.config.num_classes, num_classes]}
-        if mode == "resize" and table in source and target.y_embedder is not None:
-            old, new = source[table], target.y_embedder.embedding_table.weight
-            shared = min(self.config.num_classes, num_classes)
-            with torch.no_grad():
-                new[:shared] = old[:shared]
-                if self.null_class_id is not None and target.null_class_id is not None:
-                    new[target.null_class_id] = old[self.null_class_id]
-            report["label_rows_kept"] = list(range(shared)) + (["null"] if self.null_class_id is not None else [])
-        return target, report
-
     # ------------------------------------------------------------------------------------------------
     # Forward
     # ------------------------------------------------------------------------------------------------
@@ -362,85 +287,69 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         return_dict: bool = True,
         return_aligned: bool | None = None,
     ) -> MoHDiTOutput | tuple:
-        """Predict noise (and variance values) for noisy inputs.
+        """Predict noise (and variance values), a velocity or an average velocity, as the objective says.
 
         Args:
             x: (N, C, H, W) noisy input.
-            t: (N,) diffusion timesteps (or a scalar for the whole batch); a model of two time inputs takes a pair
-                ``(t, h)`` (MeanFlow: the time and the interval averaged over).
-            y: (N,) integer class labels; index ``num_classes`` is the null class. ``None`` when
-                ``num_classes == 0``.
+            t: (N,) time input (or a scalar for the whole batch); a model of two time inputs takes a pair ``(t, h)``
+                (MeanFlow: the time and the interval averaged over).
+            y: (N,) integer class labels; index ``num_classes`` is the null class. ``None`` when ``num_classes == 0``.
             force_drop_ids: (N,) 1 where the label must be replaced by the null class.
             return_head_masks: also return which heads each token used, per layer.
             return_aligned: run REPA's projectors on block ``repa_depth``'s tokens (default: in training mode).
         """
+        self._check_inputs(x, y)
+        h = self.x_embedder(x) + self.pos_embed.to(x.dtype)  # (N, T, D) tokens
+        c = self.condition(t, y, force_drop_ids, x)  # (N, D): the time input(s) and the label
+        h, trace = self.run_blocks(h, c, return_head_masks, return_aligned)
+        out = self.unpatchify(self.final_layer(h, c))  # (N, C_out, H, W)
+        aux_loss = torch.stack(trace.losses).mean() if trace.losses else out.new_zeros((), dtype=torch.float32)
+        head_masks = tuple(trace.masks) if return_head_masks else None
+        if not return_dict:
+            return (out, aux_loss, head_masks) if return_head_masks else (out, aux_loss)
+        return MoHDiTOutput(sample=out, aux_loss=aux_loss, head_masks=head_masks, aligned=trace.aligned)
+
+    def condition(
+        self, t: torch.Tensor | float | int | tuple, y: torch.Tensor | None, drop: torch.Tensor | None, x: torch.Tensor
+    ) -> torch.Tensor:
+        """adaLN's conditioning (N, D): the time embedding (plus the interval's, MeanFlow's second time input) plus the
+        label's (dropped to the null class at random in training, or where ``drop`` says)."""
         n = x.shape[0]
-        if x.ndim != 4 or x.shape[1] != self.in_channels or tuple(x.shape[2:]) != (self.config.sample_size,) * 2:
-            size = self.config.sample_size
-            raise ValueError(f"x must have shape (N, {self.in_channels}, {size}, {size}), got {tuple(x.shape)}")
-        self._check_labels(y, n)
         times = t if isinstance(t, (tuple, list)) else (t,)
         if len(times) != self.config.get("time_inputs", 1):
             raise ValueError(f"this model takes {self.config.get('time_inputs', 1)} time input(s), got {len(times)}")
         times = [torch.as_tensor(s, device=x.device) for s in times]
         times = [s.expand(n) if s.ndim == 0 else s for s in times]
-
-        h = self.x_embedder(x) + self.pos_embed.to(x.dtype)  # (N, T, D)
         c = self.t_embedder(times[0])  # (N, D)
         if self.h_embedder is not None:
             c = c + self.h_embedder(times[1])
         if self.y_embedder is not None:
-            c = c + self.y_embedder(y, self.training, force_drop_ids)
+            c = c + self.y_embedder(y, self.training, drop)
+        return c
 
-        losses, masks, aligned = [], [], None
+    def run_blocks(
+        self, h: torch.Tensor, c: torch.Tensor, return_head_masks: bool = False, return_aligned: bool | None = None
+    ) -> tuple[torch.Tensor, BlocksTrace]:
+        """The tokens (N, T, D) through every block, conditioned on ``c``; what the blocks report (MoH's load-balance
+        losses and head masks, in training or when asked: sampling gets one tensor per block, the form diffusers'
+        caches hook) and REPA's projections of block ``repa_depth``'s tokens."""
+        trace = BlocksTrace()
         align = self.projectors is not None and (self.training if return_aligned is None else return_aligned)
-        rope = self.feat_rope
-        # the blocks report (MoH's load-balance loss, head masks) only in training or when asked: sampling gets one
-        # tensor per block, the form diffusers' caches hook
         report = self.training or return_head_masks
         for index, block in enumerate(self.blocks):
             if torch.is_grad_enabled() and self.gradient_checkpointing:
-                h, aux = self._gradient_checkpointing_func(block, h, c, rope, return_head_masks)
+                h, aux = self._gradient_checkpointing_func(block, h, c, self.feat_rope, return_head_masks)
             elif report:
-                h, aux = block(h, c, rope, return_head_masks)
+                h, aux = block(h, c, self.feat_rope, return_head_masks)
             else:
-                h, aux = block(h, c, rope, False, False), None
-            if aux is not None and aux.load_balance_loss is not None:
-                losses.append(aux.load_balance_loss)
-            if return_head_masks:
-                masks.append(aux.head_mask)
+                h, aux = block(h, c, self.feat_rope, False, False), None
+            trace.add(aux, return_head_masks)
             if align and index + 1 == self.config.repa_depth:  # counted from 1, as REPA's encoder_depth
-                aligned = tuple(projector(h) for projector in self.projectors)
+                trace.aligned = tuple(projector(h) for projector in self.projectors)
+        return h, trace
 
-        out = self.unpatchify(self.final_layer(h, c))  # (N, C_out, H, W)
-        aux_loss = torch.stack(losses).mean() if losses else out.new_zeros((), dtype=torch.float32)
-        head_masks = tuple(masks) if return_head_masks else None
-        if not return_dict:
-            return (out, aux_loss, head_masks) if return_head_masks else (out, aux_loss)
-        return MoHDiTOutput(sample=out, aux_loss=aux_loss, head_masks=head_masks, aligned=aligned)
-
-    def with_alignment(self, depth: int, dims: list[int], projector_dim: int = 2048) -> MoHDiT:
-        """This model with REPA's alignment heads after block ``depth`` (from 1), one per encoder width in ``dims``:
-        itself when it has these heads already (a run continued from a REPA checkpoint), else a copy of its weights
-        with new heads (initialised as DiT initialises linears)."""
-        wanted = dict(repa_depth=depth, repa_dims=list(dims), repa_projector_dim=projector_dim)
-        if all(self.config.get(k) == v for k, v in wanted.items()):
-            return self
-        config = {k: v for k, v in self.config.items() if not k.startswith("_")}
-        aligned = type(self)(**dict(config, **wanted))
-        kept = {k: v for k, v in self.state_dict().items() if not k.startswith("projectors.")}
-        missing = aligned.load_state_dict(kept, strict=False).missing_keys
-        if any(not k.startswith("projectors.") for k in missing):
-            raise ValueError(f"with_alignment lost weights: {missing[:4]}")
-        return aligned.to(self.pos_embed.device).train(self.training)
-
-    def without_alignment(self) -> MoHDiT:
-        """This model without REPA's alignment heads (what sampling and exported pipelines use), its weights copied;
-        itself when it has none."""
-        if self.projectors is None:
-            return self
-        config = {k: v for k, v in self.config.items() if not k.startswith("_")}
-        bare = type(self)(**dict(config, repa_depth=None, repa_dims=None, repa_projector_dim=2048))
-        kept = {k: v for k, v in self.state_dict().items() if not k.startswith("projectors.")}
-        bare.load_state_dict(kept)
-        return bare.to(self.pos_embed.device).train(self.training)
+    def _check_inputs(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        if x.ndim != 4 or x.shape[1] != self.in_channels or tuple(x.shape[2:]) != (self.config.sample_size,) * 2:
+            size = self.config.sample_size
+            raise ValueError(f"x must have shape (N, {self.in_channels}, {size}, {size}), got {tuple(x.shape)}")
+        self._check_labels(y, x.shape[0])

@@ -41,17 +41,17 @@ _CITATION = """@article{jin2024moh,
 
 def _heads_table(config: dict) -> list[str]:
     """Per-layer heads as runs of equal layers: ``layers 0-8: 8 heads, 8 shared, top-0``."""
-    from moh_dit.model.network import _per_layer
+    from moh_dit.model.architecture import per_layer
 
     depth = config["depth"]
-    heads = _per_layer("num_heads", config["num_heads"], depth)
+    heads = per_layer("num_heads", config["num_heads"], depth)
     if config.get("attention_type") == "mha":
         rows = [(h, h, 0) for h in heads]
     else:
         shared = [
-            s if s is not None else h for s, h in zip(_per_layer("shared", config["num_shared_heads"], depth), heads)
+            s if s is not None else h for s, h in zip(per_layer("shared", config["num_shared_heads"], depth), heads)
         ]
-        rows = list(zip(heads, shared, _per_layer("top_k", config["top_k"], depth)))
+        rows = list(zip(heads, shared, per_layer("top_k", config["top_k"], depth)))
     lines, start = [], 0
     for i in range(1, depth + 1):
         if i == depth or rows[i] != rows[start]:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from moh_dit.errors import ConfigError
+from moh_dit.model.block import BlockOptions
 from moh_dit.model.presets import check_config_keys, preset_config
-from moh_dit.training.config_sections import Config, EMASection, LogSection, RepaSection
+from moh_dit.training.config_sections import Config, EMASection, LogSection, ModelSection, RepaSection
 
 __all__ = ["validate", "check_repa", "check_posthoc", "check_evaluation", "check_class_weights", "TRACKERS"]
 
@@ -25,11 +26,7 @@ def validate(config: Config) -> None:
     model, data, optim, train, ema, log = config.model, config.data, config.optim, config.train, config.ema, config.log
     if not isinstance(model.overrides, dict):
         raise ConfigError(f"model.overrides must be a mapping such as {{hidden_size: 256}}, got {model.overrides!r}")
-    if model.init_from:  # the weights carry their architecture; the trainer checks the overrides against it
-        # and records the preset the weights match
-        check_config_keys(model.overrides)
-    else:  # the preset name, the override keys and per-layer lengths, once
-        preset_config(model.preset, **model.overrides)
+    check_model_overrides(model)
     _one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))
     _one_of("data.split", data.split, ("train", "test"))
     if data.name != "fashion-mnist" and (data.split != "train" or data.download):
@@ -111,6 +108,23 @@ def validate(config: Config) -> None:
         raise ConfigError(
             "train.resume and train.overwrite contradict each other: resume keeps the run, overwrite clears it"
         )
+
+
+def check_model_overrides(model: ModelSection) -> None:
+    """The ``model.overrides``: known keys (with ``init_from`` the weights carry their architecture; the trainer checks
+    the overrides against it), and without it the preset's name and per-layer lengths; the block's options and their
+    values (a typo such as ``mlp: swigl``) either way."""
+    if model.init_from:
+        check_config_keys(model.overrides)
+    else:
+        preset_config(model.preset, **model.overrides)
+    if "block" in model.overrides:
+        try:
+            BlockOptions.from_config(model.overrides["block"])
+        except ValueError as err:
+            said = str(err)
+            where = f"model.overrides.{said}" if said.startswith("block ") else f"model.overrides.block: {said}"
+            raise ConfigError(where) from None
 
 
 def check_repa(repa: RepaSection) -> None:

@@ -1,35 +1,29 @@
 """Models beside the student: networks a run uses but never trains (REPA's encoders; a distillation's teacher; later a
 reward or representation model).
 
-Each is a :class:`FrozenModel` under a role name. Training loads and places them (:func:`load_frozen_models`, from the
-:data:`FROZEN_MODELS` table: which roles the run's config or its objective asks for, and how each is loaded), puts them
-in eval mode with their parameters frozen, and hands them to the objective's ``forward_losses`` and to the trainer's
+Each is a :class:`FrozenModel` under a role name. Training loads and places them
+(``moh_dit.training.frozen_roles.load_frozen_models``, from its table ``FROZEN_MODELS``: which roles the run's config or
+its objective asks for, and how each is loaded), puts them in eval mode with their parameters frozen, and hands them to the objective's ``forward_losses`` and to the trainer's
 losses; they are never wrapped for DDP, never in the optimizer, the EMA, the post-hoc snapshots or a checkpoint's
 weights. Their identity (what they are and a fingerprint of their weights) is recorded in the run's identity and in
 every checkpoint, so that a resume beside another model, or without one the run was trained beside, is refused in one
 line.
 
-An objective declares the roles it needs (``Objective.frozen_models``); a new role is one entry here: whether a run
-wants it and how it loads (docs/development.md#add-a-model-beside-the-student).
+An objective declares the roles it needs (``Objective.frozen_models``); a new role is a subclass of
+:class:`FrozenModel` and one entry in ``FROZEN_MODELS``: whether a run wants it and how it loads
+(docs/development.md#add-a-model-beside-the-student).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
 from moh_dit.errors import ConfigError
 
-if TYPE_CHECKING:
-    from moh_dit.data.training_data import TrainingData
-    from moh_dit.model.network import MoHDiT
-    from moh_dit.objectives.base import Objective
-    from moh_dit.training.config_sections import Config
-
-__all__ = ["FrozenModel", "FrozenModels", "FrozenEntry", "FROZEN_MODELS", "load_frozen_models", "check_resume_beside"]
+__all__ = ["FrozenModel", "FrozenModels", "check_resume_beside"]
 
 
 class FrozenModel:
@@ -86,61 +80,6 @@ class FrozenModels(Mapping[str, FrozenModel]):
         shared = [m for m in modules for p in m.parameters() if id(p) in theirs]
         if shared or any(p.requires_grad for model in self._models.values() for p in model.parameters()):
             raise RuntimeError("a frozen model shares parameters with the student or is trainable")
-
-
-@dataclass(frozen=True)
-class FrozenEntry:
-    """One role: ``wanted(config, objective)`` says whether a run has it; ``load(config, data, model, device)`` makes
-    it (checked against the data and the student before any step)."""
-
-    wanted: Callable[[Config, Objective], bool]
-    load: Callable[[Config, TrainingData, MoHDiT, torch.device], FrozenModel]
-    what: str  # in words, for errors
-
-
-def _wants_repa(config: Config, objective: Objective) -> bool:
-    return bool(config.repa.encoder)
-
-
-def _load_repa(config: Config, data: TrainingData, model: MoHDiT, device: torch.device) -> FrozenModel:
-    from moh_dit.training.repa import Alignment
-
-    repa = config.repa
-    if repa.depth > model.config.depth:
-        raise ConfigError(f"repa.depth={repa.depth} counts blocks from 1 to the model's {model.config.depth}")
-    resolution = repa.encoder_resolution or 224 * (config.data.image_size // 256)  # REPA's rule: 224 at 256 px
-    return Alignment(
-        repa.encoder,
-        repa.encoder_weights,
-        repa.encoder_module,
-        resolution,
-        model.num_tokens,
-        config.data.image_size,
-        device,
-    )
-
-
-# every role a run may have beside its student
-FROZEN_MODELS: dict[str, FrozenEntry] = {
-    "repa_encoder": FrozenEntry(_wants_repa, _load_repa, "REPA's encoders (repa.encoder)"),
-}
-
-
-def load_frozen_models(
-    config: Config, objective: Objective, data: TrainingData, model: MoHDiT, device: torch.device
-) -> FrozenModels:
-    """The frozen models of a run: every role the config wants and every role ``objective`` declares, loaded, frozen
-    and placed on ``device``; a role the objective declares that no entry loads is a :class:`ConfigError`."""
-    unknown = [role for role in objective.frozen_models if role not in FROZEN_MODELS]
-    if unknown:
-        raise ConfigError(f"the {objective.name} objective needs {unknown}: no loader for them in FROZEN_MODELS")
-    models = {}
-    for role, entry in FROZEN_MODELS.items():
-        if role in objective.frozen_models or entry.wanted(config, objective):
-            frozen = entry.load(config, data, model, device)
-            frozen.freeze(device)
-            models[role] = frozen
-    return FrozenModels(models)
 
 
 def check_resume_beside(checkpoint: Any, recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> None:

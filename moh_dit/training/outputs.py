@@ -13,6 +13,7 @@ import torch
 
 from moh_dit.manifests import read_manifest
 from moh_dit.model.network import MoHDiT
+from moh_dit.model.surgery import without_alignment
 from moh_dit.progress import Progress
 from moh_dit.sampling.card import push_folder
 from moh_dit.sampling.grids import save_grid
@@ -100,7 +101,7 @@ class RunOutputs:
         DDPM, SiT's SDE), the VAE and the class names."""
         ema_model = MoHDiT.from_config(self.unwrapped.config).to(self.accelerator.device)
         self.ema.copy_to(ema_model.parameters())
-        ema_model = ema_model.without_alignment()  # REPA's projectors train with the network; nothing samples them
+        ema_model = without_alignment(ema_model)  # REPA's projectors train with the network; nothing samples them
         latent, names = self.data.vae_record is not None, self.data.id2label if ema_model.config.num_classes else {}
         return MoHDiTPipeline.build(ema_model, self.data.vae, names, scheduler, latent_space=latent)
 

@@ -23,6 +23,7 @@ from moh_dit.errors import ConfigError, NonFiniteLossError
 from moh_dit.manifests import fingerprint_module, format_differences, short
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import architecture, preset_config
+from moh_dit.model.surgery import with_num_classes
 from moh_dit.objectives.registry import OBJECTIVES
 from moh_dit.training.config import Config, EMASection, config_to_dict
 from moh_dit.training.objective import objective_record, run_objective
@@ -65,7 +66,7 @@ def build_model(config: Config, data: TrainingData) -> tuple[MoHDiT, dict | None
                     f"--init-classes resize (keep the shared label rows) or reinit (a new label table); every other "
                     f"weight is kept"
                 )
-            model, resized = model.with_num_classes(wanted, section.init_classes)
+            model, resized = with_num_classes(model, wanted, section.init_classes)
             report = resized | report
             new = ", ".join(report["new"]) or "none"
             logger.info(

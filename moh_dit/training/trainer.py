@@ -40,6 +40,7 @@ from moh_dit.manifests import format_differences
 from moh_dit.model.flops import forward_flops
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import match_preset
+from moh_dit.model.surgery import with_alignment
 from moh_dit.posthoc_ema import PowerFunctionEMAs
 from moh_dit.progress import Progress
 from moh_dit.run_folder import RunLayout, checkpoint_step, read_trainer_state
@@ -53,7 +54,8 @@ from moh_dit.training.checkpoints import (
     set_aside_newer_checkpoints,
 )
 from moh_dit.training.config import Config, config_to_dict
-from moh_dit.training.frozen import check_resume_beside, load_frozen_models
+from moh_dit.training.frozen import check_resume_beside
+from moh_dit.training.frozen_roles import load_frozen_models
 from moh_dit.training.gradients import average_gradients
 from moh_dit.training.objective import run_objective
 from moh_dit.training.outputs import RunOutputs
@@ -121,7 +123,7 @@ class Trainer(RunOutputs):
             logger.info("beside the student, frozen: %s (%s)", frozen.describe(), role)
         self.repa = self.frozen.get("repa_encoder")
         if self.repa is not None:  # REPA's projectors, one per encoder (kept when init_from already has them)
-            model = model.with_alignment(config.repa.depth, self.repa.dims, config.repa.projector_dim)
+            model = with_alignment(model, config.repa.depth, self.repa.dims, config.repa.projector_dim)
             logger.info(
                 "REPA: block %d aligned to %s, weight %g", config.repa.depth, self.repa.describe(), config.repa.coeff
             )

@@ -254,3 +254,13 @@ def test_a_patch_size_that_does_not_divide_the_latent_grid_is_a_clear_error():
     model = preset_config("DiT-XL/4", in_channels=32, sample_size=6, num_classes=10)  # 192 px: a 6 x 6 grid
     with pytest.raises(ConfigError, match=r"DiT-XL/4's patch size 4 does not divide the 6 x 6 latent grid of the "):
         _check_patch_grid("DiT-XL/4", model, SimpleNamespace(vae_record=space))
+
+
+def test_block_options_are_checked_with_the_rest_of_the_config_before_any_data():
+    """A typo in the block's options stops when the config is read (``--print-config`` too), not when the model is
+    built after the data has loaded; with ``init_from`` as well."""
+    with pytest.raises(ConfigError, match="model.overrides.block mlp must be one of gelu, swiglu, got 'swigl'"):
+        load_config(None, ["model.overrides.block={mlp: swigl}"])
+    with pytest.raises(ConfigError, match=r"model.overrides.block: unknown block options \['bogus'\]"):
+        load_config(None, ["model.init_from=runs/x", "model.overrides.block={bogus: 1}"])
+    assert load_config(None, ["model.overrides.block={mlp: swiglu}"]).model.overrides["block"] == {"mlp": "swiglu"}

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.manifests import fingerprint_module
 from moh_dit.objectives.ddpm import DDPM
-from moh_dit.training import frozen
+from moh_dit.training import frozen, frozen_roles
 from moh_dit.training.config import load_config
 from moh_dit.training.trainer import Trainer
 
@@ -38,8 +38,8 @@ class Probe(frozen.FrozenModel):
 def probe_objective(monkeypatch):
     """DDPM declaring a ``probe`` beside the student; its forward_losses notes what it was handed."""
     seen, seed = [], {"value": 0}
-    entry = frozen.FrozenEntry(lambda config, objective: False, lambda *_: Probe(seed["value"]), "a test probe")
-    monkeypatch.setitem(frozen.FROZEN_MODELS, "probe", entry)
+    entry = frozen_roles.FrozenEntry(lambda config, objective: False, lambda *_: Probe(seed["value"]), "a test probe")
+    monkeypatch.setitem(frozen_roles.FROZEN_MODELS, "probe", entry)
     monkeypatch.setattr(DDPM, "frozen_models", ("probe",))
     inner = DDPM.forward_losses
 
@@ -102,4 +102,4 @@ def test_frozen_models_check_what_they_are_given():
         models.check_apart(models["probe"].net)
     with pytest.raises(ConfigError, match="no loader"):
         objective = type("Needy", (), {"frozen_models": ("reward",), "name": "needy"})()
-        frozen.load_frozen_models(None, objective, None, None, "cpu")
+        frozen_roles.load_frozen_models(None, objective, None, None, "cpu")

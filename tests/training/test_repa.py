@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from moh_dit.errors import ConfigError
+from moh_dit.model.surgery import without_alignment
 from moh_dit.training.encoders import load_dinov2, repa_input
 from moh_dit.training.repa import alignment_loss
 
@@ -41,7 +42,7 @@ def test_the_tapped_block_and_its_projections_equal_repas(repa_model):
     torch.testing.assert_close(out.aligned[1], REC["repa.forward.z1"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out.sample, REC["repa.forward.out"], rtol=1e-5, atol=1e-6)
     assert repa_model.eval()(x, t, y).aligned is None  # sampling never runs the projectors
-    bare = repa_model.without_alignment()
+    bare = without_alignment(repa_model)
     assert bare.projectors is None and torch.equal(bare(x, t, y).sample, out.sample)
 
 
