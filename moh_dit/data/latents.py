@@ -12,9 +12,6 @@ resumable chunks, with a manifest (``<file>.json``) beside it that records how i
 from __future__ import annotations
 
 import copy
-import dataclasses
-import errno
-import json
 import logging
 import os
 import time
@@ -25,19 +22,24 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from moh_dit.data.latent_dataset import FORMAT_VERSION, LatentDataset, partial_path
-from moh_dit.errors import ArtifactError, DataError, OutputError
-from moh_dit.files import atomic_write_json, check_free_space, ensure_writable_dir, sibling, size_text, writing
+from moh_dit.data.latent_dataset import FORMAT_VERSION, partial_path
+from moh_dit.data.latent_progress import (
+    commit_blocks,
+    latent_identity,
+    open_partial,
+    plan_extraction,
+    progress_files,
+    read_finished,
+)
+from moh_dit.errors import ArtifactError, DataError
+from moh_dit.files import check_free_space, ensure_writable_dir, sibling
 from moh_dit.images import to_model_range
 from moh_dit.manifests import (
-    differences,
     fingerprint_file,
-    format_differences,
-    read_manifest,
     write_manifest,
 )
 from moh_dit.progress import Progress
-from moh_dit.vae import SPACE_DEFAULTS, encode_posterior, latent_space_of, space_of, vae_record
+from moh_dit.vae import encode_posterior, latent_space_of, vae_record
 
 logger = logging.getLogger(__name__)
 
@@ -73,105 +75,6 @@ class _MarkedImages(Dataset):
             return to_model_range(load(index)), self.targets[index], True
         except (OSError, ValueError, SyntaxError):
             return torch.zeros(self.shape), -1, False
-
-
-def _progress_files(tmp: Path) -> list[Path]:
-    """The per-process records of finished blocks of an unfinished extraction (every attempt's)."""
-    return sorted(tmp.parent.glob(f".{tmp.name}.done-*.json"))
-
-
-def latent_identity(data: dict | None, vae: dict, shapes: dict) -> dict | None:
-    """What decides whether two latent files hold the same numbers: the data (its description without the
-    per-run fields), the VAE's weights and latent-space numbers and the dtype it ran in (not where it was
-    loaded from), and the shapes and storage dtype. ``None`` for a data set that cannot describe itself."""
-    if not data or "fingerprint" not in data:
-        return None
-    # what 0.3 recorded, then the latent-space numbers it did not know, only where they differ from what it assumed
-    # (an SD-VAE's latents keep their identity, and are not extracted again)
-    space = space_of(vae)
-    newer = {k: space[k] for k, assumed in SPACE_DEFAULTS.items() if space[k] != assumed}
-    return {
-        "data": {k: v for k, v in data.items() if k not in ("count", "skipped", "id2label")},
-        "vae": {k: vae.get(k) for k in ("sha256", "scaling_factor", "downsample_factor", "latent_channels", "dtype")}
-        | newer,
-        **{k: shapes.get(k) for k in ("rows", "latent_shape", "dtype", "image_size", "image_channels")},
-        **({"images_kept": True} if shapes.get("images_kept") else {}),
-        **({"moments_per_flip": 1} if shapes.get("moments_per_flip") == 1 else {}),
-    }
-
-
-def _manifest_identity(meta: dict) -> dict | None:
-    return latent_identity(meta.get("data"), meta.get("vae", {}), meta)
-
-
-@dataclasses.dataclass
-class _Plan:
-    """What an extraction does with what it finds at its output path: ``done`` (a complete file with the
-    same identity), ``resume`` (an unfinished one: ``finished`` maps block -> unreadable rows) or ``fresh``."""
-
-    action: str
-    finished: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    attempt: int = 0
-    deviation: dict | None = None
-
-
-def _commit(table: np.ndarray, record: Path, finished: dict[int, list[int]]) -> None:
-    """Record a process's finished blocks (and their unreadable rows); the rows reach the file first."""
-    table.flush()
-    atomic_write_json(record, finished)
-
-
-def _plan_extraction(out: Path, identity: dict | None, batch_size: int, overwrite: bool) -> _Plan:
-    """Decide, from the records beside ``out``, whether the work is done, can be resumed or starts afresh.
-    Every process reaches the same answer; nothing is changed here. Anything that would be replaced
-    without ``overwrite`` is an error naming the way out."""
-    way_out = "pass --overwrite to replace it, or choose another --out"
-    if out.exists() and not overwrite:
-        meta = read_manifest(out, "latents")
-        if meta is None:
-            raise OutputError(f"{out} exists without a latent manifest; {way_out}")
-        try:
-            LatentDataset(out)
-        except ArtifactError as err:
-            raise OutputError(f"{out} cannot be reused ({err}); {way_out}") from None
-        if identity is None:
-            raise OutputError(f"{out} exists and this data set cannot describe itself to compare; {way_out}")
-        diffs = differences(_manifest_identity(meta) or {}, identity)
-        if diffs:
-            raise OutputError(f"{out} holds other latents ({format_differences(diffs)}); {way_out}")
-        return _Plan("done")
-    tmp = partial_path(out)
-    state = read_manifest(tmp, "latents-partial") if tmp.exists() else None
-    if overwrite or state is None:
-        if tmp.exists() and state is None and not overwrite:
-            logger.warning("%s is an unfinished extraction without a record: starting again", tmp)
-        return _Plan("fresh")
-    if identity is None or state.get("identity") is None:
-        raise OutputError(f"{tmp} is an unfinished extraction that cannot be compared with this data set; {way_out}")
-    diffs = differences(state["identity"], identity)
-    if diffs:
-        raise OutputError(
-            f"{tmp} is an unfinished extraction of other latents ({format_differences(diffs)}): finish it with "
-            f"its settings, or {way_out}"
-        )
-    if state["batch_size"] != batch_size:
-        raise OutputError(
-            f"{tmp} is an unfinished extraction in blocks of {state['batch_size']}: pass --batch-size "
-            f"{state['batch_size']} to finish it, or --overwrite to start again"
-        )
-    return _Plan("resume", _read_finished(tmp), int(state["attempt"]) + 1, state.get("deviation"))
-
-
-def _read_finished(tmp: Path) -> dict[int, list[int]]:
-    """Every finished block of an unfinished extraction and its unreadable rows, from all processes'
-    records of all attempts."""
-    finished: dict[int, list[int]] = {}
-    for record in _progress_files(tmp):
-        try:
-            finished.update({int(b): rows for b, rows in json.loads(record.read_text()).items()})
-        except (OSError, ValueError) as err:
-            raise ArtifactError(f"{record} is damaged ({err}); pass --overwrite to start again") from None
-    return finished
 
 
 @torch.no_grad()
@@ -237,7 +140,7 @@ def extract_latents(
         shapes["moments_per_flip"] = 1
     describe = getattr(dataset, "describe", None)
     identity = latent_identity(describe() if describe is not None else None, vae_info, shapes)
-    plan = _plan_extraction(out_path, identity, batch_size, overwrite)
+    plan = plan_extraction(out_path, identity, batch_size, overwrite)
     fields = [("moments", dtype, (2, per_flip, *latent_shape)), ("label", "<i8")]
     row = np.dtype(fields + ([("image", "u1", (channels, size, size))] if keep_images else []))
     tmp = partial_path(out_path)
@@ -258,7 +161,7 @@ def extract_latents(
     blocks = -(-len(dataset) // batch_size)
     state = dict(identity=identity, batch_size=batch_size, attempt=plan.attempt, deviation=plan.deviation)
     if main:
-        _open_partial(out_path, plan, row, len(dataset), blocks, state)
+        open_partial(out_path, plan, row, len(dataset), blocks, state)
     if accelerator:
         accelerator.wait_for_everyone()
     table = np.load(tmp, mmap_mode="r+")
@@ -293,7 +196,7 @@ def extract_latents(
         accelerator.wait_for_everyone()
     if not main:
         return None
-    finished = _read_finished(tmp)
+    finished = read_finished(tmp)
     missing = sorted(set(range(blocks)) - set(finished))
     if missing:
         raise ArtifactError(f"{tmp}: blocks {missing[:5]} were not written (a process failed?); run it again")
@@ -334,7 +237,7 @@ def extract_latents(
         file_mtime_ns=stat.st_mtime_ns,
     )
     os.replace(tmp, out_path)
-    for leftover in [sibling(tmp, ".json"), *_progress_files(tmp)]:
+    for leftover in [sibling(tmp, ".json"), *progress_files(tmp)]:
         leftover.unlink(missing_ok=True)
     return out_path
 
@@ -349,42 +252,6 @@ def _check_vae_fits(vae: torch.nn.Module, channels: int, size: int) -> None:
         )
     if size % factor:
         raise DataError(f"image size {size} is not divisible by the VAE's downsampling factor {factor}")
-
-
-def _reserve(path: Path) -> None:
-    """Allocate the blocks of a fresh (sparse) latents file now: memory-mapped writes into a file whose disk fills
-    later die with SIGBUS, hours in and without a word; a reservation that does not fit fails at once, as one line."""
-    if not hasattr(os, "posix_fallocate"):  # not on macOS or Windows: the check of the free space above must do
-        return
-    with writing(f"the latents file ({size_text(path.stat().st_size)})", path.parent, path):
-        fd = os.open(path, os.O_RDWR)
-        try:
-            os.posix_fallocate(fd, 0, path.stat().st_size)
-        except OSError as err:
-            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a filesystem that cannot reserve
-                raise
-        finally:
-            os.close(fd)
-
-
-def _open_partial(out_path: Path, plan, row: np.dtype, rows: int, blocks: int, state: dict) -> None:
-    """On the main process: a fresh ``.partial.npy`` (stale files of an older extraction removed), or the log
-    line of a resumed one; then the partial file's record."""
-    tmp = partial_path(out_path)
-    if plan.action == "fresh":
-        for stale in [out_path, sibling(out_path, ".json"), sibling(tmp, ".json"), *_progress_files(tmp)]:
-            stale.unlink(missing_ok=True)
-        np.lib.format.open_memmap(tmp, mode="w+", dtype=row, shape=(rows,)).flush()
-        _reserve(tmp)
-    else:
-        logger.info(
-            "resuming the unfinished extraction %s: %d of %d blocks done (attempt %d)",
-            tmp,
-            len(plan.finished),
-            blocks,
-            plan.attempt + 1,
-        )
-    write_manifest(tmp, "latents-partial", **state)
 
 
 def _encode_blocks(
@@ -431,10 +298,10 @@ def _encode_blocks(
             )
         finished[b] = [start + i for i in range(n) if not ok[i]]
         if time.time() - last_commit >= commit_every_s:
-            _commit(table, record, finished)
+            commit_blocks(table, record, finished)
             last_commit = time.time()
         progress.update(n * world)  # the other processes progress at about the same rate
-    _commit(table, record, finished)
+    commit_blocks(table, record, finished)
     return deviation
 
 

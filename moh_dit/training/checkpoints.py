@@ -230,6 +230,22 @@ def _set_python_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((npy[0], np.array(npy[1], dtype=np.uint32), *npy[2:]))
 
 
+def set_aside_the_future(layout: RunLayout, step: int) -> dict[str, str]:
+    """A resume from an older checkpoint rewinds the run: the newer checkpoints and post-hoc snapshots hold another past
+    and must never be taken for this run's (by ``train.resume=latest`` after a crash, or as its final checkpoint).
+    Both are set aside; returns the checkpoints' new folder for the run's record (``{}`` when there were none)."""
+    record = {}
+    aside = set_aside_newer_checkpoints(layout, step)
+    if aside is not None:
+        logger.warning("resuming at step %d: the newer checkpoints were moved to %s", step, aside)
+        record["set_aside"] = str(aside)
+    later = [p for s, p in layout.list_snapshots() if s > step]  # another past's EMAs
+    aside = set_aside(layout.posthoc, later, step)
+    if aside is not None:
+        logger.warning("resuming at step %d: the newer post-hoc EMA snapshots were moved to %s", step, aside)
+    return record
+
+
 def set_aside_newer_checkpoints(layout: RunLayout, step: int) -> Path | None:
     """Move the complete checkpoints after ``step`` into ``checkpoints/set-aside-after-step-N-<time>/`` (where
     no resume looks), for a run that continues from ``step``; returns that folder, or ``None`` when there

@@ -21,7 +21,7 @@ from moh_dit.manifests import (
     utc_now,
 )
 from moh_dit.objectives.registry import DEFAULT_OBJECTIVE
-from moh_dit.run_folder import RunLayout, checkpoint_step, find_checkpoint
+from moh_dit.run_folder import RunLayout, checkpoint_step, find_checkpoint, read_trainer_state
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,30 @@ def open_run_folder(layout: RunLayout, resume: str | None, overwrite: bool, clea
             f"mix the two: choose an empty train.output_dir"
         )
     return ckpt
+
+
+def check_process_layout(resume_from: Path | None, layout: dict[str, int], elastic: bool) -> dict | None:
+    """A resume on another process ``layout`` (processes and accumulation steps) than the checkpoint's keeps the global
+    batch and the data of every step, but not the per-process random draws (keyed by rank and micro-step), so it
+    cannot reproduce the uninterrupted run: refused unless ``elastic`` (``train.elastic_resume``). Returns the
+    checkpoint's layout when it differs (and is allowed to)."""
+    if resume_from is None:
+        return None
+    state = read_trainer_state(resume_from)
+    # checkpoints of moh-dit 0.2 recorded the process count only (their accumulation was the config's)
+    saved = {k: state.get(k, layout[k]) for k in layout}
+    if saved == layout:
+        return None
+    was, now = (f"{d['world_size']} processes x {d['grad_accum_steps']} accumulation steps" for d in (saved, layout))
+    if not elastic:
+        raise ConfigError(
+            f"{resume_from} was written by {was}, this run has {now}: another layout keeps the global "
+            f"batch and the data of every step but draws other noise, timesteps and flips, so the run would "
+            f"not continue as it would have. Resume with the same layout, or pass train.elastic_resume=true "
+            f"to continue anyway (recorded in the run's manifest)"
+        )
+    logger.warning("train.elastic_resume: continuing a run of %s with %s (other random draws)", was, now)
+    return saved
 
 
 def objective_first(recorded: dict, identity: dict, diffs: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:

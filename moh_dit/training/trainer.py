@@ -33,39 +33,29 @@ from accelerate.utils import set_seed
 
 from moh_dit.data.batches import ShardedEpochBatchSampler
 from moh_dit.data.training_data import load_training_data
-from moh_dit.errors import ConfigError, NonFiniteLossError
 from moh_dit.files import atomic_write_text
 from moh_dit.logs import setup_logging
 from moh_dit.manifests import format_differences
-from moh_dit.model.flops import forward_flops
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import match_preset
 from moh_dit.model.surgery import with_alignment
 from moh_dit.posthoc_ema import PowerFunctionEMAs
 from moh_dit.progress import Progress
-from moh_dit.run_folder import RunLayout, checkpoint_step, read_trainer_state
+from moh_dit.run_folder import RunLayout, checkpoint_step
 from moh_dit.seeding import step_generator
-from moh_dit.snapshots import save_snapshot
-from moh_dit.training.checkpoints import (
-    TrainingState,
-    restore_checkpoint,
-    restore_weights,
-    set_aside,
-    set_aside_newer_checkpoints,
-)
+from moh_dit.training.checkpoints import TrainingState, restore_checkpoint, set_aside_the_future
 from moh_dit.training.config import Config, config_to_dict
 from moh_dit.training.frozen import check_resume_beside
 from moh_dit.training.frozen_roles import load_frozen_models
-from moh_dit.training.gradients import average_gradients
 from moh_dit.training.objective import run_objective
+from moh_dit.training.optimizer_steps import OptimizerSteps
 from moh_dit.training.outputs import RunOutputs
 from moh_dit.training.quality import QualityCurve
 from moh_dit.training.repa import alignment_loss
-from moh_dit.training.runs import RunRecord, check_resume_step, open_run_folder
+from moh_dit.training.runs import RunRecord, check_process_layout, check_resume_step, open_run_folder
 from moh_dit.training.setup import (
     build_model,
     describe_tokens,
-    learning_rate,
     make_accelerator,
     make_ema,
     make_optimizer,
@@ -74,8 +64,8 @@ from moh_dit.training.setup import (
     run_settings,
     stop_signals,
 )
-from moh_dit.training.spike_guard import SpikeGuard, Verdict
-from moh_dit.training.throughput import peak_tflops
+from moh_dit.training.spike_guard import SpikeGuard
+from moh_dit.training.throughput import training_cost
 from moh_dit.training.tracking import LossWindow, MetricsLog, start_trackers
 
 logger = logging.getLogger("moh_dit.train")
@@ -84,7 +74,7 @@ logger = logging.getLogger("moh_dit.train")
 # ----------------------------------------------------------------------------------------------------
 # The trainer
 # ----------------------------------------------------------------------------------------------------
-class Trainer(RunOutputs):
+class Trainer(RunOutputs, OptimizerSteps):
     """Set-up, one micro-step, and ``run()``: the loop that trains to ``train.max_steps``."""
 
     def __init__(self, config: Config) -> None:
@@ -99,7 +89,7 @@ class Trainer(RunOutputs):
             self.layout, train_cfg.resume, train_cfg.overwrite, accelerator.is_main_process
         )
         check_resume_step(self.resume_from, train_cfg.max_steps)  # before anything in the run folder changes
-        self.layout_change = self._check_process_layout()
+        self.layout_change = check_process_layout(self.resume_from, self.process_layout, train_cfg.elastic_resume)
         # a missing reference or extractor stops the run now, not at its first evaluation
         self.quality = QualityCurve(config.log, train_cfg.seed, self.layout, accelerator, config.data.image_size)
         accelerator.wait_for_everyone()
@@ -171,32 +161,6 @@ class Trainer(RunOutputs):
         micro-batch, hence the data each process sees and the random draws of each micro-step)."""
         return {"world_size": self.world, "grad_accum_steps": self.config.train.grad_accum_steps}
 
-    def _check_process_layout(self) -> dict | None:
-        """A resume on another process layout than the checkpoint's keeps the global batch and the data of
-        every step, but not the per-process random draws (keyed by rank and micro-step), so it cannot
-        reproduce the uninterrupted run: refused unless ``train.elastic_resume``. Returns the checkpoint's
-        layout when it differs (and is allowed to)."""
-        if self.resume_from is None:
-            return None
-        state = read_trainer_state(self.resume_from)
-        # checkpoints of moh-dit 0.2 recorded the process count only (their accumulation was the config's)
-        saved = {k: state.get(k, self.process_layout[k]) for k in self.process_layout}
-        if saved == self.process_layout:
-            return None
-        was, now = (
-            f"{d['world_size']} processes x {d['grad_accum_steps']} accumulation steps"
-            for d in (saved, self.process_layout)
-        )
-        if not self.config.train.elastic_resume:
-            raise ConfigError(
-                f"{self.resume_from} was written by {was}, this run has {now}: another layout keeps the global "
-                f"batch and the data of every step but draws other noise, timesteps and flips, so the run would "
-                f"not continue as it would have. Resume with the same layout, or pass train.elastic_resume=true "
-                f"to continue anyway (recorded in the run's manifest)"
-            )
-        logger.warning("train.elastic_resume: continuing a run of %s with %s (other random draws)", was, now)
-        return saved
-
     @property
     def unwrapped(self) -> MoHDiT:
         return self.accelerator.unwrap_model(self.model)
@@ -237,81 +201,6 @@ class Trainer(RunOutputs):
             logged.append(repa_loss.detach())
         return loss, tuple(logged), out.head_masks
 
-    # The optimizer step, in three parts so that benchmarks/config_throughput.py times exactly this code
-    def set_learning_rate(self) -> None:
-        """The schedule's learning rate for the coming optimizer step."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.config, self.step)
-
-    def apply_gradients(self, loss: torch.Tensor, measure_norm: bool = False, skip: bool = False) -> None:
-        """Backward; on the last micro-batch of a step (inside ``accelerator.accumulate``) also clip and
-        step the optimizer (accelerate makes ``step`` a no-op on the others). The gradient norm before
-        clipping is kept in ``grad_norm`` when clipped, or when ``measure_norm`` (a step that is logged). With
-        ``skip`` (the spike guard's verdict) the step's gradients are dropped instead of applied."""
-        accelerator = self.accelerator
-        accelerator.backward(loss)
-        if accelerator.sync_gradients and self.world > 1 and self.objective.runs_bare_module:
-            average_gradients(self.unwrapped.parameters())  # its forward bypassed DDP (MeanFlow's JVP)
-        clip = self.config.optim.grad_clip
-        if accelerator.sync_gradients and (clip > 0 or measure_norm):
-            # without clipping, an infinite limit measures the norm and scales every gradient by exactly 1
-            self.grad_norm = accelerator.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else math.inf)
-        if not (skip and accelerator.sync_gradients):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def judge_step(self, micro_loss_sum: float) -> Verdict | None:
-        """Add one micro-batch's loss (summed over processes); on the step's last one, the guard's verdict."""
-        self.step_loss += micro_loss_sum
-        if not self.accelerator.sync_gradients:
-            return None
-        mean = self.step_loss / (self.world * self.config.train.grad_accum_steps)
-        self.step_loss = 0.0
-        return self.guard.judge(mean)
-
-    def roll_back(self, why: str) -> None:
-        """Weights, EMA and optimizer back to the newest checkpoint; the step and the data go on. Stops with one
-        line when no checkpoint exists or ``train.max_rollbacks`` is used up."""
-        newest, limit = self.layout.latest_checkpoint(), self.config.train.max_rollbacks
-        if newest is None or self.guard.exhausted:
-            reason = "no checkpoint to roll back to" if newest is None else f"train.max_rollbacks={limit} used up"
-            if self.accelerator.is_main_process:
-                self.record.write("stopped", step=self.step, reason=f"spike guard: {why}")
-            raise NonFiniteLossError(
-                f"training diverged at step {self.step + 1}: {why}; {reason} after {self.guard.rollbacks - 1} "
-                f"rollback(s) and {self.guard.skipped} skipped update(s). Try a lower optim.lr or optim.grad_clip > 0"
-            )
-        restore_weights(newest, self.state, self.accelerator)
-        logger.warning(
-            "step %d: %s; rolled back to %s (rollback %d of %d)",
-            self.step + 1,
-            why,
-            newest.name,
-            self.guard.rollbacks,
-            limit,
-        )
-        if self.accelerator.is_main_process:
-            self.record.write("rollback", step=self.step + 1, to=str(newest), reason=why)
-
-    def finish_step(self, updated: bool = True) -> None:
-        """After an optimizer step: count it and update the EMAs (not after a skipped update); a post-hoc EMA snapshot
-        when one is due."""
-        self.step += 1
-        batch, ema = self.config.train.global_batch_size, self.config.ema
-        self.samples_seen += batch
-        if updated and self.step % ema.update_every == 0:
-            self.ema.step(self.unwrapped.parameters())
-        if self.posthoc is None:
-            return
-        if updated:  # in training images, the same count on every process
-            self.posthoc.update(self.samples_seen, batch)
-        if self.samples_seen % ema.posthoc_every == 0 and self.accelerator.is_main_process:
-            self.layout.posthoc.mkdir(exist_ok=True)
-            path = self.layout.posthoc / f"step-{self.step:08d}.safetensors"
-            save_snapshot(
-                path, self.posthoc, self.state.param_names(), self.step, self.samples_seen, ema.posthoc_dtype
-            )
-
     # ------------------------------------------------------------------------------------------------
     # The loop
     # ------------------------------------------------------------------------------------------------
@@ -333,18 +222,7 @@ class Trainer(RunOutputs):
             init = {"init": self.init_report} if self.init_report and not self.step else {}
             if self.layout_change:
                 init["elastic_from"] = self.layout_change
-            # a resume from an older checkpoint rewinds the run: newer ones hold another past and must never be
-            # taken for this run's (by train.resume=latest after a crash, or as its final checkpoint)
-            aside = set_aside_newer_checkpoints(self.layout, self.step)
-            if aside is not None:
-                logger.warning("resuming at step %d: the newer checkpoints were moved to %s", self.step, aside)
-                init["set_aside"] = str(aside)
-            later = [p for step, p in self.layout.list_snapshots() if step > self.step]  # another past's EMAs
-            aside = set_aside(self.layout.posthoc, later, self.step)
-            if aside is not None:
-                logger.warning(
-                    "resuming at step %d: the newer post-hoc EMA snapshots were moved to %s", self.step, aside
-                )
+            init.update(set_aside_the_future(self.layout, self.step))
             event = "resume" if self.step else "start"
             self.record.write(event, step=self.step, world_size=self.world, changed=changed, **init)
         self.accelerator.wait_for_everyone()
@@ -357,21 +235,18 @@ class Trainer(RunOutputs):
                 config_to_dict(self.config),
                 self.step,
             )
-        (active, total), params = self.unwrapped.head_counts(), sum(p.numel() for p in self.unwrapped.parameters())
         train_cfg = self.config.train
+        (active, total), params = self.unwrapped.head_counts(), sum(p.numel() for p in self.unwrapped.parameters())
         logger.info(
             f"training {self.config.model.preset}: {params:,} parameters, {active}/{total} heads active, {self.world} "
             f"processes x {self.micro_batch} images x {train_cfg.grad_accum_steps} accumulation = {train_cfg.global_batch_size} per step"
         )
         logger.info(describe_tokens(self.unwrapped.config, self.data.vae_record))
-        # model FLOPs of one image's training step (the heads each token uses), and the hardware's peak for MFU
-        forwards = self.objective.training_forwards()  # MeanFlow's JVP costs more than a backward
-        self.flops_per_image = forward_flops(self.unwrapped, active_heads=True).training_step(forwards)
-        self.peak_tflops, source = peak_tflops(
-            self.accelerator.device, train_cfg.mixed_precision, self.config.log.peak_tflops
+        # model FLOPs of one image's training step (the heads each token uses; MeanFlow's JVP costs more than a
+        # backward), and the hardware's peak for MFU
+        self.flops_per_image, self.peak_tflops = training_cost(
+            self.unwrapped, self.objective.training_forwards(), self.accelerator.device, train_cfg, self.config.log
         )
-        peak = f"{self.peak_tflops:.3g} TFLOP/s per device ({source})" if self.peak_tflops else source
-        logger.info(f"{self.flops_per_image / 1e9:.3g} GFLOP per image per training step; peak {peak}")
         if self.quality.enabled:
             logger.info("evaluation during training: %s", self.quality.describe())
 
