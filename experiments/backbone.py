@@ -33,16 +33,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments.common import describe_reference, smoke_run, start_scoring
-from experiments.recipes import pipeline_of, run_name, score, scores_row, train_arm
+from experiments.arms import STUDY_SCALES as SCALES
+from experiments.arms import pipeline_of, run_name, score, scores_row, train_arm
+from experiments.common import describe_reference, start_scoring
 from experiments.report import (
     by_seed_table,
     curve_points,
@@ -85,22 +82,6 @@ GUIDED = dict(scheduler="euler", steps=25, guidance=4.0)  # the recipes study's 
 # the embedded default's final unguided KID in the recipes study (moh-ddpm, step 8300, seeds 0-2; the same 500-sample
 # evaluation): experiments/results/recipes/results.json
 RECIPES = Path(__file__).resolve().parent / "results" / "recipes" / "results.json"
-SCALES = {
-    "cpu": dict(
-        overrides=[],
-        eval=["log.eval_every=1660", "log.eval_samples=500"],  # 5 points: 1660, 3320, ... 8300
-        samples=1000,
-        seeds=(0, 1, 2),
-        bootstrap=20,
-    ),
-    "tiny": dict(  # a smoke run (tests/test_experiments.py)
-        overrides=smoke_run(),
-        eval=["log.eval_every=2", "log.eval_samples=20"],
-        samples=20,
-        seeds=(0, 1),
-        bootstrap=3,
-    ),
-}
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -13,17 +13,10 @@ results.json and each recipe's grid under experiments/results/default/.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
-import time
-from pathlib import Path
 
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from experiments.arms import train_recipe
 from experiments.common import (
-    ROOT,
     add_scoring_arguments,
     describe_reference,
     kept_rows,
@@ -33,12 +26,9 @@ from experiments.common import (
     sample_and_score,
     start_scoring,
 )
-from experiments.report import save_results
-from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES
+from experiments.report import class_tables, save_results
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.spec import GRID_GUIDANCE, SamplingSpec
-from moh_dit.training.config import load_config
-from moh_dit.training.trainer import train
 
 RECIPES = {
     "v1": "experiments/configs/fashion_mnist_moh_v1.yaml",  # the default of moh-dit 0.1
@@ -68,26 +58,6 @@ def parse_recipe(text: str) -> tuple[str, str, list[str]]:
     if depth:
         raise SystemExit(f"--recipe {text!r}: unbalanced brackets")
     return name, config, [o for o in [*parts, current] if o]
-
-
-def train_recipe(name: str, config: str, overrides: list[str], out: Path) -> dict:
-    run = out / "runs" / name
-    record = run.with_name(name + ".train.json")
-    start = time.time()
-    # a finished run goes through train() too: resuming checks that the folder was made by this recipe
-    # (architecture, data, seed, batch), so a reused name cannot score another recipe's model
-    summary = train(
-        load_config(ROOT / config, [*overrides, f"train.output_dir={run}", "train.resume=latest", "log.trackers=[]"])
-    )
-    if summary["stop_reason"] != "max_steps":  # stopped by a signal: a checkpoint is saved
-        raise SystemExit(f"{run} stopped at step {summary['step']}; rerun the same command to continue from there")
-    if not record.exists():  # the training time of the call that finished the run
-        record.write_text(json.dumps(dict(summary, wall_minutes=(time.time() - start) / 60), default=str))
-    trained = json.loads(record.read_text())
-    # the training speed from the run's own log: wall minutes also count whatever else the machine ran
-    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    speeds = sorted(r["images_per_s"] for r in logged if "images_per_s" in r)
-    return dict(trained, median_images_per_s=speeds[len(speeds) // 2] if speeds else None)
 
 
 def main(argv=None) -> dict:
@@ -179,60 +149,6 @@ def report(result: dict) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-RECOGNISED_NOTE = (
-    "It saturates on sandals: moh-dit 0.1's broken sandals are recognised about as often as the best recipe's, "
-    "so per-class KID is the measure there."
-)
-
-
-def class_tables(
-    rows: dict, real_recognised: list | None, what: str = "recipe", note: str = RECOGNISED_NOTE
-) -> list[str]:
-    """Per class: KID against the test images of that class, and how many samples the classifier recognises
-    as the class they were asked for. The hard classes (sandals, sneakers, bags, ankle boots) are where
-    recipes differ most; the grid shows eight samples of each, these count all of them."""
-    if not all(r.get("class_kid") and r.get("recognised") for r in rows.values()):
-        return []  # rows scored before these columns existed: rerun the script to fill them
-    header = [
-        f"| {what} | " + " | ".join(n.split("/")[0] for n in FASHION_MNIST_CLASSES) + " |",
-        "|---|" + "---|" * len(FASHION_MNIST_CLASSES),
-    ]
-
-    def line(name: str, values: list, digits: int) -> str:
-        return f"| {name} | " + " | ".join("-" if v is None else f"{v:.{digits}f}" for v in values) + " |"
-
-    lines = ["Per-class KID: each class's samples against the 1,000 test images of that class.", "", *header]
-    lines += [line(n, r["class_kid"], 1) for n, r in rows.items()]
-    lines += [
-        "",
-        "Recognised: the share of each class's samples that the classifier labels as that class, and the same on "
-        f"the real test images (the classifier's own errors). {note}",
-        "",
-        *header,
-    ]
-    lines += [line(n, r["recognised"], 2) for n, r in rows.items()]
-    if real_recognised:
-        lines.append(line("real test images", real_recognised, 2))
-    seams = {n: r for n, r in rows.items() if r.get("class_seam_excess")}
-    if seams:  # rows scored before the seam measure existed have none; rerunning the script adds them
-        lines += [
-            "",
-            "Patch seams: how much sharper the lines of the model's patch grid are in the samples than in the test "
-            "images of the same class (`moh_dit.evaluation.metrics.patch_seam_ratio` of the samples over that of the real "
-            "images; 1 = like real images). The faint 4x4 texture of large bright areas shows up here. Any offset: "
-            "the largest excess of all samples over every position of the grid (seams moved off the model's own "
-            "grid, as grid averaging could, show there).",
-            "",
-            header[0][:-1] + "| all | any offset |",
-            header[1] + "---|---|",
-            *[
-                line(n, [*r["class_seam_excess"], r["seam_excess"], r.get("seam_excess_any_offset")], 2)
-                for n, r in seams.items()
-            ],
-        ]
-    return lines
 
 
 if __name__ == "__main__":

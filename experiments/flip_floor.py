@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
-
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import (
     REFERENCE_COUNT,

@@ -2,7 +2,7 @@
 domain (the ImageNet Inception network is a poor judge of 28 x 28 grayscale clothes, and needs weights we
 cannot download here).
 
-The network is trained by :func:`train_classifier` (``python experiments/train_classifier.py``), from a seed,
+The network is trained by :func:`train_classifier` (``python -m experiments.train_classifier``), from a seed,
 on the training split; its test-split accuracy is stored next to the weights (``experiments/weights/``). It
 serves the experiments and the tests, not the package. :func:`register` registers it with torch-fidelity as
 ``fmnist-classifier`` with features ``pool`` (the 128-d penultimate layer, for FID, KID and precision/recall)
@@ -163,7 +163,7 @@ def load_classifier(path: str | os.PathLike | None = None) -> FashionClassifier:
     if not path.is_file():
         raise FileNotFoundError(
             f"Fashion-MNIST classifier weights not found at {path}; train them with "
-            f"`python experiments/train_classifier.py` (12.7 minutes measured on 2 CPU cores) or set {WEIGHTS_ENV}"
+            f"`python -m experiments.train_classifier` (12.7 minutes measured on 2 CPU cores) or set {WEIGHTS_ENV}"
         )
     model = FashionClassifier()
     model.load_state_dict(load_file(path))

@@ -18,7 +18,6 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -27,9 +26,6 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moh_dit.manifests import fingerprint_file
 from moh_dit.training.encoders import PatchTokenEncoder, register_encoder

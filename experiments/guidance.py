@@ -29,21 +29,17 @@ Writes experiments/results/guidance/{RESULTS.md, results.json, *.png}.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from experiments.arms import run_name, train_arm
 from experiments.common import (
     describe_reference,
     sample_and_score,
     smoke_run,
     start_scoring,
 )
-from experiments.recipes import run_name, train_arm
 from experiments.report import (
     by_seed_table,
     fmt_values,

@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
-
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import (
     add_scoring_arguments,
@@ -35,8 +31,7 @@ from experiments.common import (
     sample_and_score,
     start_scoring,
 )
-from experiments.default_comparison import class_tables
-from experiments.report import save_results
+from experiments.report import class_tables, save_results
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.spec import SamplingSpec
 

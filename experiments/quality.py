@@ -35,16 +35,13 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments.common import ROOT, classifier_features, fashion_reference, sample_and_score
+from experiments.common import classifier_features, fashion_reference, sample_and_score
+from experiments.quality_report import ARMS, CONVERSIONS, MODELS, RECIPE, TIMESTEPS, make_plots, report, slug
 from experiments.report import save_results
 from moh_dit.data.fashion_mnist import FashionMNIST
 from moh_dit.diffusion import DiffusionObjective
@@ -57,16 +54,6 @@ from moh_dit.training.quality import read_records
 from moh_dit.training.tracking import objective_loss
 from moh_dit.training.trainer import train
 
-# every run's recipe: the embedded default's when the study began (b32), frozen byte for byte (its content is
-# part of the records' identity, so a later default cannot mix into them)
-RECIPE = ROOT / "experiments" / "configs" / "fashion_mnist_moh_v2.yaml"
-MODELS = ("DiT-Ti/4", "MoH-DiT-Ti/4-90", "MoH-DiT-Ti/4-75", "MoH-DiT-Ti/4-50")
-CONVERSIONS = {  # the head tables of the MoH-DiT-Ti/4 presets: shared heads and top-k per layer
-    "MoH-75": ([2, 2, 2, 2, 3, 6], [2, 2, 2, 2, 2, 0]),
-    "MoH-50": (2, 1),
-}
-SCRATCH = {"MoH-75": "MoH-DiT-Ti/4-75", "MoH-50": "MoH-DiT-Ti/4-50"}  # each conversion's architecture in the study
-ARMS = ("DiT", *CONVERSIONS)  # DiT: the study's DiT trained on with the fine-tuning settings
 SCALES = {
     "tiny": dict(
         overrides=[
@@ -107,12 +94,7 @@ SCALES = {
 }
 GUIDANCE = 3.0  # the guided setting: the best KID of the sweep in benchmarks/results/samplers_cpu.md; 1.0 is none
 FINETUNE = ["optim.schedule=constant", "optim.lr=2e-4", "optim.warmup_steps=50", "ema.warmup=true"]
-TIMESTEPS = [999, 800, 600, 400, 200, 50]
 logger = logging.getLogger("experiments.quality")
-
-
-def slug(name: str) -> str:
-    return name.replace("/", "_")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -309,7 +291,6 @@ def run_experiment(
     settings (scale, recipe, sampler, guidance, fine-tuning), and each stage adds or redoes its own; results
     made with other settings are moved aside, never mixed in. ``RESULTS.md`` is rewritten after every run and
     says which runs are still missing and the command that adds them."""
-    from experiments.quality_report import make_plots, report  # the report reads this study's definitions
 
     sc = dict(SCALES[scale])
     sc["planned_seeds"] = sc["seeds"]
@@ -383,7 +364,6 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out or ("experiments/results" if args.scale != "tiny" else "experiments/results-tiny"))
-    from experiments.quality_report import make_plots, report  # the report reads this study's definitions
 
     if args.report_only or args.note:
         result = json.loads((out / "results.json").read_text())

@@ -1,4 +1,5 @@
-"""The report of the MoH-DiT against DiT study (``experiments/quality.py``): RESULTS.md and its plots."""
+"""The MoH-DiT against DiT study's arms (``experiments/quality.py`` trains and scores them) and its report:
+RESULTS.md and its plots."""
 
 from __future__ import annotations
 
@@ -8,10 +9,25 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common import ROOT
-from experiments.quality import ARMS, MODELS, RECIPE, SCRATCH, TIMESTEPS, slug
 from experiments.report import fmt, mean_ci, pyplot, seedwise
 
-__all__ = ["make_plots", "report", "paired", "conclusion"]
+__all__ = ["make_plots", "report", "paired", "conclusion", "ARMS", "MODELS", "RECIPE", "SCRATCH", "TIMESTEPS", "slug"]
+
+# every run's recipe: the embedded default's when the study began (b32), frozen byte for byte (its content is
+# part of the records' identity, so a later default cannot mix into them)
+RECIPE = ROOT / "experiments" / "configs" / "fashion_mnist_moh_v2.yaml"
+MODELS = ("DiT-Ti/4", "MoH-DiT-Ti/4-90", "MoH-DiT-Ti/4-75", "MoH-DiT-Ti/4-50")
+CONVERSIONS = {  # the head tables of the MoH-DiT-Ti/4 presets: shared heads and top-k per layer
+    "MoH-75": ([2, 2, 2, 2, 3, 6], [2, 2, 2, 2, 2, 0]),
+    "MoH-50": (2, 1),
+}
+SCRATCH = {"MoH-75": "MoH-DiT-Ti/4-75", "MoH-50": "MoH-DiT-Ti/4-50"}  # each conversion's architecture in the study
+ARMS = ("DiT", *CONVERSIONS)  # DiT: the study's DiT trained on with the fine-tuning settings
+TIMESTEPS = [999, 800, 600, 400, 200, 50]  # where the head usage is read
+
+
+def slug(name: str) -> str:
+    return name.replace("/", "_")
 
 
 def per_model(records: list[dict], model: str, setting: str, key: str) -> list[float]:

@@ -32,30 +32,21 @@ reused, so an interrupted part continues; writes experiments/results/recipes/{RE
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import torch
 
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from experiments.arms import pipeline_of, run_name, score, scores_row, train_arm
 from experiments.common import (
     ROOT,
     render_grid,
-    sample_and_score,
     smoke_run,
     start_scoring,
 )
-from experiments.default_comparison import train_recipe
 from experiments.recipes_report import COMPARISONS, NFE_BUDGETS, plot, report
 from experiments.report import open_study, save_results, study_arguments
 from moh_dit.sampling.generation import GenerationSettings
-from moh_dit.sampling.grids import sample_grid
-from moh_dit.sampling.loading import load_pipeline, recorded_sampling
-from moh_dit.sampling.spec import SamplingSpec
-from moh_dit.training.quality import read_records
-from moh_dit.training.tracking import objective_loss
+from moh_dit.sampling.loading import recorded_sampling
 
 logger = logging.getLogger("experiments.recipes")
 
@@ -125,85 +116,14 @@ SCALES = {
 # ----------------------------------------------------------------------------------------------------
 # Training, sampling, scoring
 # ----------------------------------------------------------------------------------------------------
-def eval_overrides(sc: dict, reference: Path) -> list[str]:
-    """The evaluations during training: the study's reference and the project's classifier features."""
-    return [
-        *sc["eval"],
-        f"log.eval_reference={reference}",
-        "log.eval_extractor=fmnist-classifier",
-        "log.eval_extractor_module=experiments.fmnist_classifier",
-    ]
-
-
-def run_name(arm: str, seed: int) -> str:
-    return f"{arm}-seed{seed}"
-
-
-def train_arm(arm: str, seed: int, sc: dict, out: Path, reference: Path, arms: dict | None = None) -> dict:
-    """Train (or reuse) one arm (of ``arms``, this study's by default: ``(config, overrides)`` each) at one seed; its
-    training record, speed and evaluation curve."""
-    config, extra = (arms or ARMS)[arm]
-    overrides = [*extra, *sc["overrides"], *eval_overrides(sc, reference), f"train.seed={seed}"]
-    trained = train_recipe(run_name(arm, seed), config, overrides, out)
-    run = out / "runs" / run_name(arm, seed)
-    records = read_records(run / "metrics.jsonl")
-    last = records[-1] if records else {}
-    return {
-        "arm": arm,
-        "seed": seed,
-        "median_images_per_s": trained["median_images_per_s"],
-        "final_loss": objective_loss(last)[1] if last else None,
-        "final_repa_loss": last.get("repa_loss"),
-        "curve": [
-            {k: r.get(k) for k in ("step", "kid", "fid")} for r in read_records(run / "metrics.jsonl", "evaluation")
-        ],
-    }
-
-
-def evaluations_per_image(model: Path, scheduler: str, steps: int) -> int:
-    """How many times the sampler calls the network for one image (counted, not assumed)."""
-    pipe = load_pipeline(model, device="cpu", scheduler=scheduler)
-    calls = []
-    handle = pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
-    try:
-        sample_grid(pipe, [0], 1, 0, SamplingSpec.create(scheduler, steps, 1.0))
-    finally:
-        handle.remove()
-    return len(calls)
-
-
-def score(model: Path, scheduler: str, steps: int, guidance: float, sc: dict, reference: Path, extractor) -> dict:
-    """2000 (the scale's count) class-balanced samples with the model's own guidance interval and grid averaging
-    and this sampler, steps and guidance scale; scored, with the sampler's NFE."""
-    recorded = recorded_sampling(model)  # the interval and averaging the run recorded
-    spec = recorded.replace(scheduler=None, num_inference_steps=steps, guidance_scale=guidance)
-    settings = GenerationSettings(
-        num_samples=sc["samples"], seed=1000, batch_size=min(250, sc["samples"]), label_mode="balanced", sampling=spec
-    )
-    folder = model.parent / f"samples-{scheduler}{steps}-cfg{guidance:g}-n{sc['samples']}"
-    scores = sample_and_score(model, folder, settings, scheduler, reference, extractor, sc["bootstrap"])
-    return dict(
-        scores, scheduler=scheduler, steps=steps, guidance=guidance, nfe=evaluations_per_image(model, scheduler, steps)
-    )
-
-
-def scores_row(scores: dict) -> dict:
-    keep = ("kid", "kid_interval", "fid", "fid_interval", "precision", "recall", "seconds_per_image", "nfe")
-    return {k: scores[k] for k in keep if k in scores} | {k: scores[k] for k in ("scheduler", "steps", "guidance")}
-
-
 # ----------------------------------------------------------------------------------------------------
 # The parts
 # ----------------------------------------------------------------------------------------------------
 def part_train(sc, out, reference, seeds, arms, result) -> None:
     for seed in seeds:  # seed by seed, so that a part stopped early has every arm at the first seeds
         for arm in arms:
-            result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference)
+            result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference, ARMS)
             save(out, result)
-
-
-def pipeline_of(out: Path, arm: str, seed: int) -> Path:
-    return out / "runs" / run_name(arm, seed) / "pipeline"
 
 
 def at_budget(row: dict, budget: int) -> bool:

@@ -14,12 +14,8 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
-
-if not __package__:  # run as a file (python experiments/x.py): the repository root holds the experiments package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import ROOT, fashion_reference
 from experiments.fmnist_classifier import EXTRACTOR_NAME

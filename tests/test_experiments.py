@@ -739,23 +739,25 @@ def test_fewstep_report_times_each_seed_against_its_own_flow_run_and_prints_the_
         row("meanflow", 1, 1, 0.01),
         row("flow", 1, 25, 0.2),
     ]
-    assert fewstep.time_ratios({0: 0.03, 1: 0.01, 2: 0.5}, {0: 0.9, 1: 0.2}) == pytest.approx([1 / 30, 1 / 20])
+    from experiments import fewstep_report
+
+    assert fewstep_report.time_ratios({0: 0.03, 1: 0.01, 2: 0.5}, {0: 0.9, 1: 0.2}) == pytest.approx([1 / 30, 1 / 20])
     result = {
         "protocol": {"scale": "tiny", "samples": 8}, "training": {}, "sweep": [], "scores": scores, "caches": [],
         "notes": ["seed 0 ran elsewhere"],
     }  # fmt: skip
     text = fewstep.report(result)
     meanflow_line = next(line for line in text.splitlines() if line.startswith("| meanflow | 1 | 1 |"))
-    assert meanflow_line.endswith(f"| {fewstep.fmt_values([1 / 30, 1 / 20], 3)} |")
+    assert meanflow_line.endswith(f"| {fewstep_report.fmt_values([1 / 30, 1 / 20], 3)} |")
     assert "Note: seed 0 ran elsewhere" in text
 
 
 @pytest.mark.slow
 @needs_data
 def test_fewstep_study_trains_meanflow_scores_it_against_flow_and_caches_and_reports(tmp_path):
+    from experiments.arms import train_arm
     from experiments.common import fashion_reference
     from experiments.fewstep import CACHES, MEANFLOW_STEPS, SCALES, main
-    from experiments.recipes import train_arm
 
     others = tmp_path / "others"  # the flow and DDPM runs the other studies train
     arms = {"flow": ("configs/fashion_mnist_moh_flow.yaml", []), "ddpm": ("configs/fashion_mnist_moh.yaml", [])}

@@ -198,3 +198,48 @@ def test_no_reference_to_files_outside_the_repository():
     texts = [p for p in ROOT.rglob("*") if p.suffix in (".py", ".md", ".yaml", ".toml") and ".venv" not in p.parts]
     offenders = [str(p.relative_to(ROOT)) for p in texts if "REFERENCE.md" in p.read_text(errors="ignore")]
     assert offenders == [p for p in offenders if p == "tests/test_structure.py"]
+
+
+def experiments_imports(type_hints: bool = False) -> dict[str, set[str]]:
+    """What each module of experiments/ imports of experiments/ (lazy imports count)."""
+    found = {}
+    for name, path in EXPERIMENTS.items():
+        tree = ast.parse(path.read_text())
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("experiments"):
+                module = node.module
+                deps |= {f"{module}.{a.name}" if f"{module}.{a.name}" in EXPERIMENTS else module for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("experiments.")}
+        found[name] = (deps & set(EXPERIMENTS)) - {name}
+    return found
+
+
+# what the studies share; every other module of experiments/ is a study (X) or a study's report (X_report)
+SHARED_EXPERIMENTS = {f"experiments.{n}" for n in ("common", "arms", "report", "fmnist_classifier", "fmnist_encoder")}
+
+
+def test_no_study_imports_another_and_the_shared_modules_import_no_study():
+    """experiments/: studies import the shared modules (and a study its own report), never another study; the shared
+    modules import no study; no circle."""
+    graph = experiments_imports()
+    wrong = {}
+    for name, deps in graph.items():
+        own_report = {f"{name}_report"} if f"{name}_report" in EXPERIMENTS else set()
+        allowed = SHARED_EXPERIMENTS | ({"experiments"} if name != "experiments" else set())
+        allowed = allowed if name in SHARED_EXPERIMENTS else allowed | own_report
+        if name in SHARED_EXPERIMENTS:
+            bad = deps - SHARED_EXPERIMENTS - {"experiments"}
+        else:
+            bad = deps - allowed
+        if bad:
+            wrong[name] = sorted(bad)
+    assert not wrong, wrong
+    assert not find_cycles(graph), find_cycles(graph)[:3]
+
+
+def test_the_experiments_run_as_modules_without_a_path_shim():
+    """``python -m experiments.X`` from the repository root: no module of experiments/ edits sys.path."""
+    offenders = [n for n, p in EXPERIMENTS.items() if "sys.path" in p.read_text()]
+    assert not offenders, offenders
