@@ -226,13 +226,10 @@ def test_no_study_imports_another_and_the_shared_modules_import_no_study():
     graph = experiments_imports()
     wrong = {}
     for name, deps in graph.items():
-        own_report = {f"{name}_report"} if f"{name}_report" in EXPERIMENTS else set()
-        allowed = SHARED_EXPERIMENTS | ({"experiments"} if name != "experiments" else set())
-        allowed = allowed if name in SHARED_EXPERIMENTS else allowed | own_report
-        if name in SHARED_EXPERIMENTS:
-            bad = deps - SHARED_EXPERIMENTS - {"experiments"}
-        else:
-            bad = deps - allowed
+        allowed = SHARED_EXPERIMENTS | {"experiments"}  # the package itself: ``from experiments import x``
+        if name not in SHARED_EXPERIMENTS and f"{name}_report" in EXPERIMENTS:
+            allowed = allowed | {f"{name}_report"}  # a study's own report
+        bad = deps - allowed
         if bad:
             wrong[name] = sorted(bad)
     assert not wrong, wrong
