@@ -71,3 +71,48 @@ def test_every_time_on_some_hardware_says_whether_it_was_measured_or_estimated()
     ]
     assert not unbacked, unbacked
     assert time_claims("It takes about 1-2 minutes on 8 H100s per point.") and not time_claims("Sampling: 5 minutes.")
+
+
+# the extension points docs/development.md walks through, and what each must name
+EXTENSION_POINTS = {
+    "Add an objective": ["moh_dit/objectives/registry.py", "OBJECTIVES"],
+    "Add a block option": ["moh_dit/model/block.py", "NORMS"],
+    "Add a guidance rule": ["moh_dit/sampling/rules.py", "RULES", "GuidanceRule"],
+    "Add a cache": ["moh_dit/sampling/caches.py", "CACHES", "SamplingCache"],
+    "Add an attention execution": ["moh_dit/model/execution.py", "PROCESSORS"],
+    "Add a model beside the student": [
+        "moh_dit/training/frozen.py",
+        "moh_dit/training/frozen_roles.py",
+        "FROZEN_MODELS",
+    ],
+    "Add a sampler option": ["moh_dit/sampling/spec_parts.py", "FIELDS", "CONFIG_KEYS"],
+}
+
+
+def test_the_development_guide_walks_every_extension_point_through_files_that_exist():
+    """Each extension point has its section; every file, class, table and function a section names in backticks
+    exists where it says (a guide that describes code that moved fails here)."""
+    guide = (ROOT / "docs" / "development.md").read_text()
+    sections = dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", guide, re.M | re.S))
+    missing = [point for point in EXTENSION_POINTS if point not in sections]
+    assert not missing, f"docs/development.md has no section {missing}"
+    wrong = []
+    for point, named in EXTENSION_POINTS.items():
+        text = sections[point]
+        wrong += [f"{point}: does not name {n}" for n in named if f"`{n}`" not in text and n not in text]
+    for title, text in sections.items():
+        files = re.findall(r"`((?:moh_dit|tests|benchmarks|experiments)/[\w/]+\.py)`", text)
+        wrong += [f"{title}: {f} does not exist" for f in files if not (ROOT / f).is_file()]
+        if title not in EXTENSION_POINTS:
+            continue
+        # classes, tables and functions it names (`GuidanceRule`, `RULES`, `check_sampling`, `MoHDiTPipeline.denoise`)
+        names = re.findall(r"`(?:\w+\.)?([A-Z]\w*[a-z]\w*|[A-Z][A-Z_]+|[a-z]+_[a-z_]+)(?:\([^`]*\))?`", text)
+        names = [n for n in dict.fromkeys(names) if n not in ("None", "True", "False")]
+        wrong += [f"{title}: {name} is defined nowhere" for name in names if not _defined_anywhere(name)]
+    assert not wrong, wrong
+
+
+def _defined_anywhere(name: str) -> bool:
+    """Whether ``name`` is defined (a def, a class or an assignment) in the package or the tests."""
+    pattern = re.compile(rf"^\s*(def|class)\s+{name}\b|^\s*{name}\s*[:=]", re.M)
+    return any(pattern.search(p.read_text()) for d in ("moh_dit", "tests") for p in (ROOT / d).rglob("*.py"))

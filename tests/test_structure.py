@@ -112,6 +112,7 @@ def _named_in_tables() -> dict[str, tuple[set[str], str]]:
     """The names each table gives its entries, and the package (or module) that owns the table: objectives, guidance
     rules, sampling caches and block options (``none``, a value of many things, left out)."""
     from moh_dit.model.block import MLPS, NORMS, QK_NORMS
+    from moh_dit.model.execution import PROCESSORS
     from moh_dit.objectives.registry import OBJECTIVES
     from moh_dit.sampling.caches import CACHES
     from moh_dit.sampling.rules import RULES
@@ -121,6 +122,7 @@ def _named_in_tables() -> dict[str, tuple[set[str], str]]:
         "guidance rule": (set(RULES), "moh_dit.sampling.rules"),
         "sampling cache": (set(CACHES), "moh_dit.sampling.caches"),
         "block option": ({*NORMS, *MLPS, *QK_NORMS} - {"none"}, "moh_dit.model.block"),
+        "attention execution": (set(PROCESSORS), "moh_dit.model.execution"),
     }
 
 
@@ -240,3 +242,20 @@ def test_the_experiments_run_as_modules_without_a_path_shim():
     """``python -m experiments.X`` from the repository root: no module of experiments/ edits sys.path."""
     offenders = [n for n, p in EXPERIMENTS.items() if "sys.path" in p.read_text()]
     assert not offenders, offenders
+
+
+def test_the_guide_model_flag_reaches_its_use_through_five_modules():
+    """``--guide-model`` to where the guide acts: options.py (the flag, the spec), spec_parts.py (``GuideSpec``),
+    pipeline.py (``guide_for`` loads it once, the loop hands it on), guides.py (loads and checks it), guidance.py (its
+    prediction). No command, loader or trainer module handles the guide itself."""
+    readers = {n for n, p in MODULES.items() if "guide_model" in p.read_text()}
+    assert readers <= {"moh_dit.sampling.options", "moh_dit.cli.demo"}, readers
+    loaders = {n for n, p in MODULES.items() if re.search(r"\bload_guide\(", p.read_text())}
+    assert loaders == {"moh_dit.sampling.pipeline", "moh_dit.sampling.guides"}, loaders  # the call and the definition
+    path = ["options", "spec_parts", "pipeline", "guides", "guidance"]
+    assert len(path) <= 5 and all(f"moh_dit.sampling.{m}" in MODULES for m in path)
+    assert "moh_dit.sampling.guides" in GRAPH["moh_dit.sampling.pipeline"]
+    assert "moh_dit.sampling.guidance" in GRAPH["moh_dit.sampling.pipeline"]
+    others = ("cli.sample", "cli.evaluate", "sampling.loading", "sampling.generation", "training.outputs")
+    handling = [m for m in others if re.search(r"\bguide\w*\(|attach", MODULES[f"moh_dit.{m}"].read_text())]
+    assert not handling, handling

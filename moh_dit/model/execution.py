@@ -54,9 +54,10 @@ __all__ = [
     "padded_rows",
     "padded_active_fraction",
     "EXECUTION_MODES",
+    "PROCESSORS",
 ]
 
-EXECUTION_MODES = ("auto", "dense", "sparse")
+EXECUTION_MODES = ("auto", "dense", "sparse")  # the names of PROCESSORS (below), known before the classes
 
 
 def padded_rows(mask: torch.Tensor) -> int:
@@ -245,12 +246,12 @@ class AutoProcessor:
         return self.sparse.attend(attn, x, gates, mask, c, rope)
 
 
+# every execution by name (a new one is a processor class and an entry here)
+PROCESSORS = {"auto": AutoProcessor, "dense": DenseProcessor, "sparse": SparseProcessor}
+
+
 def make_processor(mode: str):
-    """A new processor for ``auto``, ``dense`` or ``sparse``."""
-    if mode == "dense":
-        return DenseProcessor()
-    if mode == "sparse":
-        return SparseProcessor()
-    if mode == "auto":
-        return AutoProcessor()
-    raise ValueError(f"execution mode must be one of {', '.join(EXECUTION_MODES)}, got {mode!r}")
+    """A new processor for ``auto``, ``dense`` or ``sparse`` (:data:`PROCESSORS`)."""
+    if mode not in PROCESSORS:
+        raise ValueError(f"execution mode must be one of {', '.join(EXECUTION_MODES)}, got {mode!r}")
+    return PROCESSORS[mode]()

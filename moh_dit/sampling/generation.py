@@ -79,8 +79,8 @@ def sample_manifest(
     pipe: MoHDiTPipeline, settings: GenerationSettings, world_size: int = 1, guide: Guide | None = None
 ) -> dict[str, Any]:
     """What makes a set of samples: ``identity`` holds everything that changes the pixels (weights of the
-    transformer and the VAE, their dtype, the scheduler, steps, guidance, the guide's weights, seed, labels); the rest
-    is a record (source, step, count, batch, processes, device), which does not stop a resume."""
+    transformer and the VAE, their dtype, the scheduler, steps, guidance, the ``guide``'s weights, seed, labels); the
+    rest is a record (source, step, count, batch, processes, device), which does not stop a resume."""
     transformer, spec = pipe.transformer, settings.sampling
     sampler, guidance = spec.sampler, spec.guidance
     conditional = transformer.config.num_classes > 0
@@ -114,8 +114,7 @@ def sample_manifest(
         identity["guidance_rule"], identity["rule_options"] = record["guidance_rule"], record["rule_options"]
     if spec.cache is not None:  # a cache changes the images
         identity["cache"], identity["cache_options"] = record["cache"], record["cache_options"]
-    guide = guide or pipe.guide_for(spec)
-    if guide is not None:  # autoguidance: the guide's weights are part of what made the images
+    if guide is not None:  # autoguidance (the guide the settings name): its weights are part of what made the images
         identity["guide"] = guide.identity()
     return {
         "identity": identity,

@@ -331,7 +331,7 @@ class MoHDiTPipeline(DiffusionPipeline):
             {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
         )
         rule = make_rule(guidance.rule, guidance.options)  # a fresh one: APG's running average is this run's
-        guide_model = None if guide is None else guide.model.to(transformer.device)
+        guide_net = None if guide is None else guide.model.to(transformer.device)
         for index, t in enumerate(self.progress_bar(steps) if progress else steps):
             model_in = (
                 self.scheduler.scale_model_input(latents, t)
@@ -346,7 +346,7 @@ class MoHDiTPipeline(DiffusionPipeline):
                 rule=rule,
                 step=index,
                 average=sampler.averaged_at(level.sigma, level.timestep),
-                guide=guide_model,
+                guide=guide_net,
             )
             out = guided_output(transformer, model_in, time, labels, how, network)
             out = objective.scheduler_input(out, self.scheduler, transformer.in_channels)
