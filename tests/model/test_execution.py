@@ -204,5 +204,5 @@ def test_auto_runs_dense_when_padding_leaves_nothing_to_skip(monkeypatch):
 def test_every_execution_mode_is_a_processor_of_the_table():
     from moh_dit.model.execution import EXECUTION_MODES, PROCESSORS, make_processor
 
-    assert EXECUTION_MODES == tuple(PROCESSORS)
+    assert tuple(PROCESSORS) == EXECUTION_MODES
     assert all(make_processor(mode).name == mode for mode in EXECUTION_MODES)
