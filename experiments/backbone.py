@@ -46,7 +46,7 @@ from experiments.report import (
     curve_table,
     fmt_values,
     open_study,
-    paired_reading,
+    paired_readings,
     plot_by_seed,
     plot_curves,
     pyplot,
@@ -230,16 +230,14 @@ def report(result: dict) -> str:
 def reading(result: dict) -> list[str]:
     """One line per comparison: the paired difference of the guided KID (else the final unguided one) and its
     verdict."""
-    out = []
-    for arm, base in comparisons():
+    return paired_readings(
+        (f"{arm} against {base}, {label}", mine, theirs)
+        for arm, base in comparisons()
         for label, mine, theirs in (
             ("guided KID at NFE 25", guided(result, arm), guided(result, base)),
             ("final unguided KID", final_kid(result, arm), final_kid(result, base)),
-        ):
-            line = paired_reading(f"{arm} against {base}, {label}", mine, theirs)
-            if line:
-                out.append(line)
-    return out or ["No paired results yet."]
+        )
+    )
 
 
 def plot(result: dict, out: Path) -> None:

@@ -11,7 +11,7 @@ from experiments.report import (
     curve_points,
     fmt_values,
     note_lines,
-    paired_reading,
+    paired_readings,
     plot_by_seed,
     plot_curves,
     pyplot,
@@ -156,17 +156,15 @@ def report(result: dict) -> str:
 
 
 def reading(result: dict) -> list[str]:
-    out = []
     base = by_seed(result, "flow", FLOW_STEPS[0])
-    for kind, steps in [*(("meanflow", s) for s in MEANFLOW_STEPS), ("flow", FLOW_STEPS[1])]:
-        line = paired_reading(
+    return paired_readings(
+        (
             f"{kind} at {steps} step{'s' if steps > 1 else ''} against flow at {FLOW_STEPS[0]}, KID",
             by_seed(result, kind, steps),
             base,
         )
-        if line:
-            out.append(line)
-    return out or ["No paired results yet."]
+        for kind, steps in [*(("meanflow", s) for s in MEANFLOW_STEPS), ("flow", FLOW_STEPS[1])]
+    )
 
 
 def plot(result: dict, out: Path) -> None:

@@ -88,6 +88,13 @@ def paired_reading(what: str, values: BySeed, base: BySeed) -> str | None:
     return f"- {what}: {stat['mean']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}], {verdict(ci, 'better', 'worse')}."
 
 
+def paired_readings(comparisons) -> list[str]:
+    """One :func:`paired_reading` line per ``(what, values, base)`` that has two seeds or more; a line saying so when
+    none has."""
+    lines = [line for what, values, base in comparisons if (line := paired_reading(what, values, base))]
+    return lines or ["No paired results yet."]
+
+
 def seedwise(values: list[float]) -> str:
     """Each seed's difference, and whether they agree in sign (a hint that two seeds cannot resolve)."""
     signs = {v > 0 for v in values}

@@ -132,7 +132,7 @@ def test_seam_excess_is_one_for_real_images_and_grows_with_patchwise_offsets():
 
 
 def test_missing_classifier_weights_explain_how_to_make_them(tmp_path):
-    with pytest.raises(FileNotFoundError, match="train_classifier.py"):
+    with pytest.raises(FileNotFoundError, match="python -m experiments.train_classifier"):
         load_classifier(tmp_path / "none.safetensors")
 
 
