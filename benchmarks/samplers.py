@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
         )
     except ValueError as err:  # ConfigError is one too
         p.error(str(err))
-    args.guidance_interval = placed.guidance_interval
+    args.guidance_interval = placed.guidance.interval
     torch.set_flush_denormal(True)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)

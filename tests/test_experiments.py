@@ -305,7 +305,7 @@ def test_classifier_training_script_reaches_stated_accuracy(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = tmp_path / "clf.safetensors"
     done = subprocess.run(
-        [sys.executable, "experiments/train_classifier.py", "--out", str(out)],
+        [sys.executable, "-m", "experiments.train_classifier", "--out", str(out)],
         cwd=Path(__file__).resolve().parents[1],
         env=env,
         capture_output=True,
