@@ -251,7 +251,8 @@ def test_the_guide_model_flag_reaches_its_use_through_five_modules():
     readers = {n for n, p in MODULES.items() if "guide_model" in p.read_text()}
     assert readers <= {"moh_dit.sampling.options", "moh_dit.cli.demo"}, readers
     loaders = {n for n, p in MODULES.items() if re.search(r"\bload_guide\(", p.read_text())}
-    assert loaders == {"moh_dit.sampling.pipeline", "moh_dit.sampling.guides"}, loaders  # the call and the definition
+    # the definition, sampling's one call, and a distillation teacher's own guide
+    assert loaders == {"moh_dit.sampling.pipeline", "moh_dit.sampling.guides", "moh_dit.training.teacher"}, loaders
     path = ["options", "spec_parts", "pipeline", "guides", "guidance"]
     assert len(path) <= 5 and all(f"moh_dit.sampling.{m}" in MODULES for m in path)
     assert "moh_dit.sampling.guides" in GRAPH["moh_dit.sampling.pipeline"]

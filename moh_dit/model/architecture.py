@@ -77,3 +77,8 @@ def check_architecture(config: dict) -> None:
         raise ValueError(f"class_dropout_prob must be in [0, 1), got {config['class_dropout_prob']}")
     if config["time_inputs"] not in (1, 2):
         raise ValueError(f"time_inputs must be 1 or 2 (MeanFlow's time and interval), got {config['time_inputs']}")
+    split = config.get("end_time_blocks", 0)
+    if not isinstance(split, int) or isinstance(split, bool) or not 0 <= split <= depth:
+        raise ValueError(f"end_time_blocks must be a number of blocks between 0 and {depth}, got {split!r}")
+    if split and config["time_inputs"] != 2:
+        raise ValueError("end_time_blocks splits the blocks between two times: it needs time_inputs=2")

@@ -138,6 +138,7 @@ class MoHAttention(nn.Module):
         }
         self._router_sizes = sizes
         self.router = nn.Linear(dim, sum(sizes.values()), bias=False) if sum(sizes.values()) else None
+        self.routing = None  # a RoutingTape's hook, while one holds the top-k choice fixed (moh_dit.model.routing)
         self.set_execution("auto")
 
     # ------------------------------------------------------------------------------------------------
@@ -189,6 +190,10 @@ class MoHAttention(nn.Module):
 
         probs = logits[..., rows["routed"]].softmax(dim=-1)  # (N, T, E)
         top_p, top_i = probs.topk(self.top_k, dim=-1)  # (N, T, k)
+        if self.routing is not None:  # a choice recorded or replayed (moh_dit.model.routing)
+            chosen = self.routing(top_i)
+            if chosen is not top_i:
+                top_i, top_p = chosen, probs.gather(-1, chosen)
         # Renormalise over the chosen k and scale by k; the selection itself carries no gradient.
         top_w = self.top_k * top_p / top_p.sum(dim=-1, keepdim=True).clamp_min(1e-9)
         routed = torch.zeros_like(probs).scatter(-1, top_i, top_w)  # (N, T, E)

@@ -89,6 +89,10 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
             its ``record()``; ``None`` is DiT's block, as every model of moh-dit 0.4 and earlier.
         time_inputs: how many times the network is conditioned on: 1 (a diffusion or flow time), or 2 (MeanFlow:
             the time and the interval ``t - r`` it averages over, each through its own timestep embedding, added).
+        end_time_blocks: with two time inputs, Decoupled MeanFlow's split (Lee et al. 2025, arXiv:2510.24474): the
+            second time input is the end time ``r``, embedded by the same timestep embedding; the last this-many blocks
+            and the final layer are conditioned on it, the others on the start time (no second embedding, no new
+            parameters: with ``r = t`` the network is the one-time network). 0: none.
     """
 
     _supports_gradient_checkpointing = True
@@ -120,6 +124,7 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         repa_projector_dim: int = 2048,
         block: dict | None = None,
         time_inputs: int = 1,
+        end_time_blocks: int = 0,
     ) -> None:
         super().__init__()
         options = BlockOptions.from_config(block)
@@ -158,7 +163,8 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm_eps=norm_eps, options=options)
         # MeanFlow's second time input (the interval t - r) has its own embedding; created after the blocks, so that
         # the others' initialisation draws the numbers it always drew
-        self.h_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift) if time_inputs == 2 else None
+        interval = time_inputs == 2 and not end_time_blocks
+        self.h_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift) if interval else None
         # 2-D RoPE's tables (persistent buffers, as LightningDiT keeps them), kept beside the sin-cos table
         self.feat_rope = options.rotary([b.attn.head_dim for b in self.blocks], grid)
         self.projectors = (  # REPA's alignment heads: only in models that train with it (created last: the others'
@@ -300,9 +306,9 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         """
         self._check_inputs(x, y)
         h = self.x_embedder(x) + self.pos_embed.to(x.dtype)  # (N, T, D) tokens
-        c = self.condition(t, y, force_drop_ids, x)  # (N, D): the time input(s) and the label
-        h, trace = self.run_blocks(h, c, return_head_masks, return_aligned)
-        out = self.unpatchify(self.final_layer(h, c))  # (N, C_out, H, W)
+        c, c_end = self.condition(t, y, force_drop_ids, x)  # (N, D) each: the time input(s) and the label
+        h, trace = self.run_blocks(h, self.block_conditions(c, c_end), return_head_masks, return_aligned)
+        out = self.unpatchify(self.final_layer(h, c_end))  # (N, C_out, H, W)
         aux_loss = torch.stack(trace.losses).mean() if trace.losses else out.new_zeros((), dtype=torch.float32)
         head_masks = tuple(trace.masks) if return_head_masks else None
         if not return_dict:
@@ -311,9 +317,10 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
 
     def condition(
         self, t: torch.Tensor | float | int | tuple, y: torch.Tensor | None, drop: torch.Tensor | None, x: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """adaLN's conditioning (N, D): the time embedding (plus the interval's, MeanFlow's second time input) plus the
-        label's (dropped to the null class at random in training, or where ``drop`` says)."""
+        label's (dropped to the null class at random in training, or where ``drop`` says); and that of the end time
+        where the blocks are split between the two times (``end_time_blocks``), else the same tensor."""
         n = x.shape[0]
         times = t if isinstance(t, (tuple, list)) else (t,)
         if len(times) != self.config.get("time_inputs", 1):
@@ -323,20 +330,32 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         c = self.t_embedder(times[0])  # (N, D)
         if self.h_embedder is not None:
             c = c + self.h_embedder(times[1])
-        if self.y_embedder is not None:
-            c = c + self.y_embedder(y, self.training, drop)
-        return c
+        label = self.y_embedder(y, self.training, drop) if self.y_embedder is not None else None
+        c = c + label if label is not None else c
+        if not self.config.get("end_time_blocks", 0):
+            return c, c
+        c_end = self.t_embedder(times[1])
+        return c, c_end + label if label is not None else c_end
+
+    def block_conditions(self, c: torch.Tensor, c_end: torch.Tensor) -> list[torch.Tensor]:
+        """Each block's conditioning: the start time's, and the end time's for the last ``end_time_blocks`` blocks."""
+        split = len(self.blocks) - self.config.get("end_time_blocks", 0)
+        return [c if index < split else c_end for index in range(len(self.blocks))]
 
     def run_blocks(
-        self, h: torch.Tensor, c: torch.Tensor, return_head_masks: bool = False, return_aligned: bool | None = None
+        self,
+        h: torch.Tensor,
+        conditions: list[torch.Tensor],
+        return_head_masks: bool = False,
+        return_aligned: bool | None = None,
     ) -> tuple[torch.Tensor, BlocksTrace]:
-        """The tokens (N, T, D) through every block, conditioned on ``c``; what the blocks report (MoH's load-balance
-        losses and head masks, in training or when asked: sampling gets one tensor per block, the form diffusers'
-        caches hook) and REPA's projections of block ``repa_depth``'s tokens."""
+        """The tokens (N, T, D) through every block, each conditioned on its ``conditions``; what the blocks report
+        (MoH's load-balance losses and head masks, in training or when asked: sampling gets one tensor per block, the
+        form diffusers' caches hook) and REPA's projections of block ``repa_depth``'s tokens."""
         trace = BlocksTrace()
         align = self.projectors is not None and (self.training if return_aligned is None else return_aligned)
         report = self.training or return_head_masks
-        for index, block in enumerate(self.blocks):
+        for index, (block, c) in enumerate(zip(self.blocks, conditions)):
             if torch.is_grad_enabled() and self.gradient_checkpointing:
                 h, aux = self._gradient_checkpointing_func(block, h, c, self.feat_rope, return_head_masks)
             elif report:

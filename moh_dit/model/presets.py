@@ -196,7 +196,16 @@ DATA_KEYS = ("sample_size", "in_channels", "num_classes")
 # heads, the block's options and MeanFlow's second time input: a preset trained with another objective, with REPA or
 # with LightningDiT's block is still that preset's size and head table (DiT-XL/2 trained by flow matching is
 # SiT-XL/2's architecture); cards and logs name the block beside the preset.
-OBJECTIVE_KEYS = ("learn_sigma", "objective", "repa_depth", "repa_dims", "repa_projector_dim", "block", "time_inputs")
+OBJECTIVE_KEYS = (
+    "learn_sigma",
+    "objective",
+    "repa_depth",
+    "repa_dims",
+    "repa_projector_dim",
+    "block",
+    "time_inputs",
+    "end_time_blocks",
+)
 
 
 def architecture(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from moh_dit.errors import ConfigError
 from moh_dit.objectives.registry import check_sampler, entry, offered_samplers, resolve_protocol
 
 __all__ = ["Objective", "Noised", "Losses", "NoiseLevel"]
@@ -124,6 +125,24 @@ class Objective(ABC):
     @abstractmethod
     def loss(self, output: torch.Tensor, noised: Noised) -> Losses:
         """Per-sample losses of the network's ``output`` (float32) for ``noised``."""
+
+    # ------------------------------------------------------------------------------------------------
+    # Teaching: what a distillation's student learns from a model of this objective
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def time_convention(self) -> str | None:
+        """How a student distilled from a model of this objective feeds its times to the network, so that it starts
+        from the teacher's weights with the teacher's time embedding (a key of
+        ``moh_dit.objectives.distill.TIME_CONVENTIONS``); ``None``: a model of this objective cannot teach."""
+        return None
+
+    def linear_velocity(
+        self, net: torch.nn.Module, z: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None, drop=None
+    ) -> torch.Tensor:
+        """The velocity ``eps - x`` of the linear path ``z = (1 - t) x + t eps`` at flow times ``t`` (N,) as a model of
+        this objective predicts it (its prediction at the same signal-to-noise ratio, converted), from one forward of
+        ``net``; float32. What a distillation's student learns from."""
+        raise ConfigError(f"a model of the {self.name} objective cannot teach: it has no velocity of the linear path")
 
     def training_forwards(self) -> float:
         """The FLOPs of one image's training step in forward passes (logs' TFLOP/s and MFU): 3, a forward and a

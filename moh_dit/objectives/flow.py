@@ -166,6 +166,32 @@ class Flow(Objective):
         return Losses(loss=mse + self.cosine_loss * cos, mse=mse, cos=cos)
 
     # ------------------------------------------------------------------------------------------------
+    # Teaching
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def time_convention(self) -> str:
+        return self.convention  # a student keeps the teacher's time input and output sign
+
+    def linear_velocity(self, net, z, t, labels, drop=None) -> torch.Tensor:
+        """On the linear path the model's own velocity. On the GVP path the model sees the same signal-to-noise ratio
+        at its time ``s`` of the level ``t / (1 - t)`` on the input ``a(s) z / (1 - t)``; its velocity there gives the
+        clean image and the noise (the path's two equations solved), whose difference is the linear path's
+        velocity."""
+        if self.path == "linear":
+            return self.sign * net(z, self.model_time(t), labels, force_drop_ids=drop).sample.float()
+        t64 = t.to(torch.float64)
+        s = 2 / math.pi * torch.atan(t64 / (1 - t64))
+        a, b, da, db = (c.reshape(-1, *([1] * (z.ndim - 1))) for c in path_coefficients(s, self.path))
+        zs = z.double() * a / (1 - t64).reshape(a.shape)
+        v = (
+            self.sign
+            * net(zs.to(z.dtype), self.model_time(s).to(z.dtype), labels, force_drop_ids=drop).sample.double()
+        )
+        det = a * db - da * b
+        x, eps = (db * zs - b * v) / det, (a * v - da * zs) / det
+        return (eps - x).float()
+
+    # ------------------------------------------------------------------------------------------------
     # Sampling
     # ------------------------------------------------------------------------------------------------
 

@@ -200,15 +200,27 @@ class MeanFlow(Objective):
         return self.interpolate(x0, t.to(device), r.to(device), noise.to(device))
 
     def interpolate(self, x0: torch.Tensor, t: torch.Tensor, r: torch.Tensor, noise: torch.Tensor) -> Noised:
-        """``z_t`` between the clean ``x0`` and ``noise`` at times ``t`` (N,), the network's time inputs ``(t, t -
-        r)`` and the instantaneous velocity ``eps - x``."""
+        """``z_t`` between the clean ``x0`` and ``noise`` at times ``t`` (N,), the network's time inputs (see
+        :meth:`network_time`) and the instantaneous velocity ``eps - x``."""
         tt = t.reshape(-1, *([1] * (x0.ndim - 1)))
         terms = {"velocity": noise - x0, "t": t, "r": r}
-        return Noised((1 - tt) * x0 + tt * noise, (t, t - r), terms)
+        return Noised((1 - tt) * x0 + tt * noise, self.network_time(t, r), terms)
+
+    def network_time(self, t: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The network's two time inputs for the interval from ``t`` back to ``r``: the time and the interval ``t - r``
+        as raw numbers (the authors' DiT)."""
+        return t, t - r
 
     def random_model_times(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        t, r = self.draw_times(n, generator)
-        return t, t - r
+        return self.network_time(*self.draw_times(n, generator))
+
+    @property
+    def time_convention(self) -> str:
+        return "repa"  # raw flow time, the velocity as output (REPA's flow convention)
+
+    def linear_velocity(self, net, z, t, labels, drop=None) -> torch.Tensor:
+        """The instantaneous velocity ``u(z, t, t)``: the average over an empty interval."""
+        return net(z, self.network_time(t, t), labels, force_drop_ids=drop).sample.float()
 
     def loss(self, output: torch.Tensor, noised: Noised) -> Losses:
         """The adaptively weighted loss of the average velocity ``output`` against ``noised.terms["target"]`` (set
@@ -254,7 +266,7 @@ class MeanFlow(Objective):
         with torch.no_grad(), autocast():
             out = net(
                 z.repeat(reps, 1, 1, 1),
-                (tg.repeat(reps), torch.zeros_like(tg).repeat(reps)),  # u(z, t, t): the instantaneous velocity
+                self.network_time(tg.repeat(reps), tg.repeat(reps)),  # u(z, t, t): the instantaneous velocity
                 y_in,
                 force_drop_ids=torch.zeros_like(y_in),  # the labels as given (no random dropout in training mode)
             ).sample.float()
@@ -284,31 +296,61 @@ class MeanFlow(Objective):
         forward without gradient."""
         from accelerate.utils import extract_model_from_parallel
 
-        from moh_dit.model.network import MoHDiTOutput
-
         net = extract_model_from_parallel(model, keep_torch_compile=False)
         t, r = noised.terms["t"], noised.terms["r"]
-        v_g = self.guided_velocity(net, noised, labels, drop, autocast)
+        v_g = self.target_velocity(net, noised, labels, drop, autocast, frozen)
+        out, dudt = self.velocity_and_derivative(net, noised, v_g, labels, drop, autocast)
+        span = (t - r).clamp(0, 1).reshape(-1, *([1] * (dudt.ndim - 1)))
+        noised.terms["target"] = (v_g - span * dudt).detach()
+        if want_heads:
+            with torch.no_grad(), autocast():
+                out.head_masks = net(
+                    noised.x_t, noised.time, labels, force_drop_ids=drop, return_head_masks=True
+                ).head_masks
+        return self.loss(out.sample, noised), out
+
+    def target_velocity(
+        self,
+        net: torch.nn.Module,
+        noised: Noised,
+        labels: torch.Tensor | None,
+        drop: torch.Tensor | None,
+        autocast: Callable[[], AbstractContextManager],
+        frozen: Mapping[str, Any] | None = None,
+    ) -> torch.Tensor:
+        """The instantaneous velocity the target is built from, and the JVP's tangent: the data's, guided by the
+        network's own predictions (:meth:`guided_velocity`)."""
+        return self.guided_velocity(net, noised, labels, drop, autocast)
+
+    def velocity_and_derivative(
+        self,
+        net: torch.nn.Module,
+        noised: Noised,
+        velocity: torch.Tensor,
+        labels: torch.Tensor | None,
+        drop: torch.Tensor | None,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> tuple[Any, torch.Tensor]:
+        """The network's output at ``(z_t, t, r)`` (a :class:`~moh_dit.model.network.MoHDiTOutput`, with gradient) and
+        ``du/dt`` along ``velocity``, in one ``torch.func.jvp`` (tangent ``(velocity, 1, 0)`` in ``(z, t, r)``) on the
+        math attention backend, in float32 unless ``jvp_autocast``. The MoH and REPA terms come from the primal pass
+        (counted once)."""
+        from moh_dit.model.network import MoHDiTOutput
+
+        t, r = noised.terms["t"], noised.terms["r"]
         aligned = net.projectors is not None and net.training
 
         def average_velocity(z: torch.Tensor, t: torch.Tensor, r: torch.Tensor):
-            out = net(z, (t, t - r), labels, force_drop_ids=drop)
+            out = net(z, self.network_time(t, r), labels, force_drop_ids=drop)
             return (out.sample, out.aux_loss, *(out.aligned if aligned else ()))
 
         precision = autocast() if self.jvp_autocast else torch.autocast(noised.x_t.device.type, enabled=False)
         with sdpa_kernel(SDPBackend.MATH), precision:  # forward-mode AD has no fused attention kernel
             primal, tangent = torch.func.jvp(
-                average_velocity, (noised.x_t, t, r), (v_g, torch.ones_like(t), torch.zeros_like(r))
+                average_velocity, (noised.x_t, t, r), (velocity, torch.ones_like(t), torch.zeros_like(r))
             )
         u, dudt = primal[0].to(noised.x_t.dtype), tangent[0].to(noised.x_t.dtype)  # float32 from mixed precision
-        span = (t - r).clamp(0, 1).reshape(-1, *([1] * (u.ndim - 1)))
-        noised.terms["target"] = (v_g - span * dudt).detach()
-        heads = None
-        if want_heads:
-            with torch.no_grad(), autocast():
-                heads = net(noised.x_t, noised.time, labels, force_drop_ids=drop, return_head_masks=True).head_masks
-        out = MoHDiTOutput(sample=u, aux_loss=primal[1], head_masks=heads, aligned=tuple(primal[2:]) or None)
-        return self.loss(u, noised), out
+        return MoHDiTOutput(sample=u, aux_loss=primal[1], aligned=tuple(primal[2:]) or None), dudt
 
     def training_forwards(self) -> float:
         """A forward with its JVP (about two forwards: the tangent pass costs what the primal does), the backward of
@@ -341,8 +383,8 @@ class MeanFlow(Objective):
     def step_time(
         self, scheduler: MeanFlowScheduler, index: int, t: torch.Tensor
     ) -> tuple[tuple[torch.Tensor, torch.Tensor], NoiseLevel]:
-        now, to = scheduler.sigmas[index].float(), scheduler.sigmas[index + 1].float()
-        return (now.to(t.device), (now - to).to(t.device)), NoiseLevel(flow_sigma(float(now)))
+        now, to = scheduler.sigmas[index].float().to(t.device), scheduler.sigmas[index + 1].float().to(t.device)
+        return self.network_time(now, to), NoiseLevel(flow_sigma(float(now)))
 
     def scheduler_input(self, output: torch.Tensor, scheduler: Any, in_channels: int) -> torch.Tensor:
         return output[:, :in_channels]

@@ -14,7 +14,7 @@ import bisect
 import functools
 import math
 
-__all__ = ["DIT_SCHEDULE", "ddpm_sigma", "ddpm_timestep", "flow_sigma", "flow_time", "PATHS"]
+__all__ = ["DIT_SCHEDULE", "dit_sigmas", "ddpm_sigma", "ddpm_timestep", "flow_sigma", "flow_time", "PATHS"]
 
 # DiT's noise schedule (training and every DDPM sampler): 1000 steps, betas linear from 1e-4 to 0.02.
 DIT_SCHEDULE = dict(num_train_timesteps=1000, beta_start=1e-4, beta_end=0.02, beta_schedule="linear")
@@ -22,7 +22,8 @@ PATHS = ("linear", "gvp")
 
 
 @functools.cache  # a constant: DiT's table, computed once
-def _dit_sigmas() -> tuple[float, ...]:
+def dit_sigmas() -> tuple[float, ...]:
+    """The noise level of each of DiT's 1000 training timesteps."""
     n, lo, hi = DIT_SCHEDULE["num_train_timesteps"], DIT_SCHEDULE["beta_start"], DIT_SCHEDULE["beta_end"]
     abar, sigmas = 1.0, []
     for i in range(n):
@@ -33,7 +34,7 @@ def _dit_sigmas() -> tuple[float, ...]:
 
 def ddpm_sigma(t: float) -> float:
     """The noise level of DDPM timestep ``t`` (0 .. 999) of DiT's schedule; fractional ``t`` interpolates."""
-    sigmas = _dit_sigmas()
+    sigmas = dit_sigmas()
     if not 0 <= t <= len(sigmas) - 1:
         raise ValueError(f"a DDPM timestep is between 0 and {len(sigmas) - 1}, got {t}")
     low = int(math.floor(t))
@@ -44,7 +45,7 @@ def ddpm_sigma(t: float) -> float:
 
 def ddpm_timestep(sigma: float) -> float:
     """The (fractional) DDPM timestep of DiT's schedule at noise level ``sigma``, clamped to 0 .. 999."""
-    sigmas = _dit_sigmas()
+    sigmas = dit_sigmas()
     if sigma <= sigmas[0]:
         return 0.0
     if sigma >= sigmas[-1]:

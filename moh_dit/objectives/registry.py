@@ -115,6 +115,35 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         loss_name="meanflow_loss",
         sampling_guidance=1.0,
     ),
+    # MeanFlow distilled from a trained model of any objective (moh_dit.objectives.distill): the teacher's velocity as
+    # the target, its guidance folded in; sampled as MeanFlow, in one step or a few ("four-step": DMF's best numbers).
+    "distill": ObjectiveEntry(
+        "moh_dit.objectives.distill",
+        "MeanFlowDistill",
+        ("meanflow",),
+        {
+            "one-step": ("meanflow", 1),
+            "two-step": ("meanflow", 2),
+            "four-step": ("meanflow", 4),
+            "fast": ("meanflow", 1),
+        },
+        paper="one-step",
+        summary="MeanFlow distilled from a trained model (its velocity, its guidance folded in): one or a few steps",
+        record_keys=("distill.end_time_blocks",),
+        training_keys=(
+            "objective.time_sampling",
+            "objective.time_mean",
+            "objective.time_std",
+            "objective.equal_times",
+            "objective.adaptive_power",
+            "objective.adaptive_eps",
+            "objective.jvp_autocast",
+            "distill.derivative",
+            "distill.fd_eps",
+        ),
+        loss_name="distill_loss",
+        sampling_guidance=1.0,
+    ),
 }
 DEFAULT_OBJECTIVE = "ddpm"  # a model or run that records none: every model of moh-dit 0.3 and earlier
 PAPER_PROTOCOL = "paper"  # the protocol of the published numbers of the model's objective (dit, sit-sde, one-step)

@@ -105,6 +105,12 @@ def _coerce(value: Any, default: Any, key: str) -> Any:
             return float(value)
         if isinstance(default, str) and not isinstance(value, str):
             raise TypeError
+        if isinstance(default, list) and all(isinstance(v, (int, float)) for v in default) and default:
+            if not isinstance(value, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+            ):
+                raise TypeError
+            return [float(v) for v in value]  # a list of numbers (distill.guidance_times)
         if isinstance(default, list):
             value = [value] if isinstance(value, str) else value  # one tracker may be given without brackets
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

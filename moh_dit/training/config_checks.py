@@ -5,6 +5,7 @@ can be printed on any machine.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,24 @@ from typing import Any
 from moh_dit.errors import ConfigError
 from moh_dit.model.block import BlockOptions
 from moh_dit.model.presets import check_config_keys, preset_config
-from moh_dit.training.config_sections import Config, EMASection, LogSection, ModelSection, RepaSection
+from moh_dit.training.config_sections import (
+    Config,
+    DistillSection,
+    EMASection,
+    LogSection,
+    ModelSection,
+    RepaSection,
+)
 
-__all__ = ["validate", "check_repa", "check_posthoc", "check_evaluation", "check_class_weights", "TRACKERS"]
+__all__ = [
+    "validate",
+    "check_repa",
+    "check_distill",
+    "check_posthoc",
+    "check_evaluation",
+    "check_class_weights",
+    "TRACKERS",
+]
 
 # Trackers accelerate can log to (accelerate.tracking.LOGGER_TYPE_TO_CLASS); checked without importing it.
 TRACKERS = ("tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab", "trackio")
@@ -88,6 +104,7 @@ def validate(config: Config) -> None:
         raise ConfigError(f"ema.decay must be in [0, 1], got {ema.decay}")
     check_posthoc(ema, train.global_batch_size)
     check_repa(config.repa)
+    check_distill(config)
     if not 0.0 <= data.max_bad_fraction <= 1.0:
         raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {data.max_bad_fraction}")
     if train.resume is not None and not isinstance(train.resume, str):
@@ -125,6 +142,66 @@ def check_model_overrides(model: ModelSection) -> None:
             said = str(err)
             where = f"model.overrides.{said}" if said.startswith("block ") else f"model.overrides.block: {said}"
             raise ConfigError(where) from None
+
+
+TEACHER_FORMATS = ("dit", "sit", "repa", "lightningdit")  # checkpoint files moh-dit convert reads as a model
+
+
+def check_distill(config: Config) -> None:
+    """The ``distill`` section: a teacher exactly when the objective is ``distill``, a format ``moh-dit convert``
+    reads, guidance a finite scale over ordered flow times, a guide spec that holds, a student ``teacher`` or
+    ``preset`` (whether the teacher loads and fits the data is checked when a run starts)."""
+    from moh_dit.training.objective import run_objective_class
+
+    # the section is the teacher's: it applies where the objective learns from one
+    section, distilling = config.distill, "teacher" in run_objective_class(config).frozen_models
+    defaults = DistillSection()
+    if not distilling:
+        changed = [
+            f"distill.{f.name}"
+            for f in dataclasses.fields(section)
+            if getattr(section, f.name) != getattr(defaults, f.name)
+        ]
+        if changed:
+            said = "applies" if len(changed) == 1 else "apply"
+            raise ConfigError(f"{', '.join(changed)} {said} to a distillation (objective.name=distill)")
+        return
+    if not section.teacher or not isinstance(section.teacher, str):
+        raise ConfigError("a distillation learns from a trained model: name it with distill.teacher=RUN")
+    if config.model.init_from:
+        raise ConfigError(
+            "a distillation starts its student from the teacher (distill.teacher); model.init_from is not used: to go "
+            "on with a distillation, resume its run (train.resume=latest)"
+        )
+    _one_of("distill.teacher_format", section.teacher_format, TEACHER_FORMATS)
+    _one_of("distill.teacher_path", section.teacher_path, ("linear", "gvp"))
+    _one_of("distill.student", section.student, ("teacher", "preset"))
+    if section.student == "teacher" and config.model.overrides:
+        raise ConfigError(
+            f"model.overrides {sorted(config.model.overrides)}: the student is the teacher's architecture "
+            f"(distill.student=teacher); choose distill.student=preset for model.preset with overrides"
+        )
+    scale = section.guidance_scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ConfigError(f"distill.guidance_scale must be a finite number (1: no guidance), got {scale!r}")
+    times = section.guidance_times
+    if not (isinstance(times, list) and len(times) == 2 and all(isinstance(v, (int, float)) for v in times)) or not (
+        0 <= times[0] <= times[1] <= 1
+    ):
+        raise ConfigError(
+            f"distill.guidance_times must be [first, last] flow times with 0 <= first <= last <= 1, got {times!r}"
+        )
+    if section.guide is None and (section.guide_step is not None or section.guide_sigma_rel is not None):
+        raise ConfigError(
+            "distill.guide_step and distill.guide_sigma_rel choose the guide's weights: give distill.guide too"
+        )
+    if section.guide is not None:
+        from moh_dit.sampling.spec_parts import GuideSpec
+
+        try:
+            GuideSpec(section.guide, section.guide_step, section.guide_sigma_rel)
+        except ConfigError as err:
+            raise ConfigError(f"distill.{err}") from None
 
 
 def check_repa(repa: RepaSection) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "EvalSamplingSection",
     "PreviewSection",
     "RepaSection",
+    "DistillSection",
 ]
 
 
@@ -45,7 +46,7 @@ class ObjectiveSection:
     means the default (ddpm, linear, moh-dit) for a new model, and what the weights were trained with for
     ``model.init_from``, whose objective a run keeps."""
 
-    name: str | None = None  # ddpm | flow | meanflow
+    name: str | None = None  # ddpm | flow | meanflow | distill
     path: str | None = None  # flow: linear (SiT's Linear) | gvp (SiT's GVP, the cosine path)
     # flow: the network's time input and output: moh-dit (1000 s, v), repa (s, v) or sit (1 - s, -v); sit and repa
     # models export to those projects' code (moh-dit convert --to sit | repa)
@@ -142,6 +143,34 @@ class EMASection:
     posthoc_every: int = 0
     posthoc_sigma_rels: tuple[float, ...] = (0.05, 0.10)
     posthoc_dtype: str = "float32"  # of the snapshots: float16 halves their size and adds ~5e-4 relative error
+
+
+@dataclass
+class DistillSection:
+    """A distillation's teacher and student (``objective.name: distill``; moh_dit/objectives/distill.py,
+    docs/objective.md#distillation): the trained model whose velocity the student learns, the guidance folded in, and
+    how the student's derivative is taken."""
+
+    teacher: str | None = (
+        None  # a run, checkpoint, pipeline or transformer folder, or a checkpoint file (teacher_format)
+    )
+    teacher_format: str = (
+        "dit"  # a checkpoint file's format, as moh-dit convert's --format: dit | sit | repa | lightningdit
+    )
+    teacher_path: str = "linear"  # a SiT or REPA checkpoint's path (convert's --flow-path): linear | gvp
+    guidance_scale: float = 1.0  # the teacher's guidance folded into the target (1: none)
+    guidance_times: list[float] = field(
+        default_factory=lambda: [0.0, 1.0]
+    )  # [first, last] flow times guided (1: noise)
+    guide: str | None = None  # autoguidance of the teacher: a weaker model (run, checkpoint, pipeline) instead of CFG
+    guide_step: int | None = None  # the guide run's checkpoint at this step
+    guide_sigma_rel: float | None = None  # an EMA of this width rebuilt from the guide run's post-hoc snapshots
+    student: str = (
+        "teacher"  # teacher: the teacher's architecture, from its weights | preset: model.preset (+ overrides)
+    )
+    end_time_blocks: int = 0  # Decoupled MeanFlow's split: the last N blocks see the end time (0: MeanFlow's interval)
+    derivative: str = "jvp"  # du/dt by jvp | finite-difference (float64, MoH's routing held)
+    fd_eps: float = 1e-4  # the finite difference's step in time (FastGen's)
 
 
 @dataclass
@@ -245,3 +274,4 @@ class Config:
     log: LogSection = field(default_factory=LogSection)
     preview: PreviewSection = field(default_factory=PreviewSection)
     repa: RepaSection = field(default_factory=RepaSection)
+    distill: DistillSection = field(default_factory=DistillSection)

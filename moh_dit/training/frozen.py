@@ -41,6 +41,11 @@ class FrozenModel:
     def describe(self) -> str:
         return self.role
 
+    def initial_student(self, config: Any, data: Any) -> tuple[torch.nn.Module, dict] | None:
+        """The student a run starts from this model (a teacher's student from its weights), with a report of what it
+        took; ``None``: the student is built as the config says."""
+        return None
+
     def freeze(self, device: torch.device | str) -> None:
         """On ``device``, in eval mode (no dropout, fixed norms), every parameter without gradient."""
         for module in self.modules():
@@ -69,6 +74,13 @@ class FrozenModels(Mapping[str, FrozenModel]):
 
     def __len__(self) -> int:
         return len(self._models)
+
+    def with_models(self, other: Mapping[str, FrozenModel]) -> FrozenModels:
+        """These and ``other``'s models (a role in both is an error)."""
+        both = sorted(set(self._models) & set(other))
+        if both:
+            raise ValueError(f"frozen models {both} loaded twice")
+        return FrozenModels({**self._models, **other})
 
     def identity(self) -> dict[str, dict[str, Any]]:
         """Each role's identity (what a run and its checkpoints record)."""

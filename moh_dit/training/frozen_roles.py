@@ -23,19 +23,21 @@ __all__ = ["FrozenEntry", "FROZEN_MODELS", "load_frozen_models"]
 
 @dataclass(frozen=True)
 class FrozenEntry:
-    """One role: ``wanted(config, objective)`` says whether a run has it; ``load(config, data, model, device)`` makes
-    it (checked against the data and the student before any step)."""
+    """One role: ``wanted(config, objective)`` says whether a run has it; ``load(config, data, student, device)`` makes
+    it, checked against the data (and the student, for a role that ``needs_student``: loaded after the student is
+    built; the others before, so that a teacher can start the student)."""
 
     wanted: Callable[[Config, Objective], bool]
-    load: Callable[[Config, TrainingData, MoHDiT, torch.device], FrozenModel]
+    load: Callable[[Config, TrainingData, MoHDiT | None, torch.device], FrozenModel]
     what: str  # in words, for errors
+    needs_student: bool = False
 
 
 def _wants_repa(config: Config, objective: Objective) -> bool:
     return bool(config.repa.encoder)
 
 
-def _load_repa(config: Config, data: TrainingData, model: MoHDiT, device: torch.device) -> FrozenModel:
+def _load_repa(config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device) -> FrozenModel:
     from moh_dit.training.repa import Alignment
 
     repa = config.repa
@@ -53,24 +55,40 @@ def _load_repa(config: Config, data: TrainingData, model: MoHDiT, device: torch.
     )
 
 
+def _load_teacher(config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device) -> FrozenModel:
+    from moh_dit.training.teacher import Teacher
+
+    return Teacher.load(config.distill, data, device)
+
+
 # every role a run may have beside its student
 FROZEN_MODELS: dict[str, FrozenEntry] = {
-    "repa_encoder": FrozenEntry(_wants_repa, _load_repa, "REPA's encoders (repa.encoder)"),
+    "teacher": FrozenEntry(
+        lambda config, objective: False, _load_teacher, "a distillation's teacher (distill.teacher)"
+    ),
+    "repa_encoder": FrozenEntry(_wants_repa, _load_repa, "REPA's encoders (repa.encoder)", needs_student=True),
 }
 
 
 def load_frozen_models(
-    config: Config, objective: Objective, data: TrainingData, model: MoHDiT, device: torch.device
+    config: Config,
+    objective: Objective | type[Objective],
+    data: TrainingData,
+    device: torch.device,
+    student: MoHDiT | None = None,
 ) -> FrozenModels:
     """The frozen models of a run: every role the config wants and every role ``objective`` declares, loaded, frozen
-    and placed on ``device``; a role the objective declares that no entry loads is a :class:`ConfigError`."""
+    and placed on ``device``: without ``student`` those loaded before it is built, with it those that need it. A role
+    the objective declares that no entry loads is a :class:`ConfigError`."""
     unknown = [role for role in objective.frozen_models if role not in FROZEN_MODELS]
     if unknown:
         raise ConfigError(f"the {objective.name} objective needs {unknown}: no loader for them in FROZEN_MODELS")
     models = {}
     for role, entry in FROZEN_MODELS.items():
+        if entry.needs_student != (student is not None):
+            continue
         if role in objective.frozen_models or entry.wanted(config, objective):
-            frozen = entry.load(config, data, model, device)
+            frozen = entry.load(config, data, student, device)
             frozen.freeze(device)
             models[role] = frozen
     return FrozenModels(models)

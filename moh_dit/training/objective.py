@@ -24,6 +24,7 @@ __all__ = [
     "objective_record",
     "training_options",
     "run_objective",
+    "run_objective_class",
     "run_sampling",
     "with_objective_defaults",
 ]
@@ -94,6 +95,17 @@ def with_objective_defaults(config: Config) -> Config:
         if len(names) > 1 and _value(config, dotted) is None:
             filled[_key(dotted)] = _class_default(chosen if chosen in names else names[0], _key(dotted))
     return dataclasses.replace(config, objective=dataclasses.replace(config.objective, **filled)) if filled else config
+
+
+def run_objective_class(config: Config) -> type[Objective]:
+    """The class of the objective a run trains, known before its model is built: ``objective.name``, else what the
+    weights of ``model.init_from`` record (read without loading them), else the default."""
+    name = config.objective.name
+    if name is None and config.model.init_from:
+        from moh_dit.sampling.sources import recorded_objective
+
+        name = recorded_objective(config.model.init_from)["name"]
+    return objective_class(name or DEFAULT_OBJECTIVE)
 
 
 def run_objective(config: Config, record: dict, learn_sigma: bool) -> Objective:

@@ -10,8 +10,9 @@ import logging
 import math
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -36,17 +37,23 @@ logger = logging.getLogger("moh_dit.train")
 # ----------------------------------------------------------------------------------------------------
 # Construction
 # ----------------------------------------------------------------------------------------------------
-def build_model(config: Config, data: TrainingData) -> tuple[MoHDiT, dict | None]:
+def build_model(
+    config: Config, data: TrainingData, frozen: Mapping[str, Any] | None = None
+) -> tuple[MoHDiT, dict | None]:
     """The preset with overrides, the data's shape and the objective's head filled in (checked when given
-    explicitly), or the weights of ``init_from`` (which keep the objective they were trained with); returns the
-    model and, for ``init_from``, a report of what was kept.
+    explicitly), the student a frozen model starts (a teacher's), or the weights of ``init_from`` (which keep the
+    objective they were trained with); returns the model and, for a teacher or ``init_from``, a report of what was
+    kept.
 
     ``num_classes=0`` (an override) trains an unconditional model on any data (labels are ignored).
     """
     section = config.model
     report = None
     wanted = section.overrides.get("num_classes", data.num_classes)
-    if section.init_from:
+    started = [made for model in (frozen or {}).values() if (made := model.initial_student(config, data)) is not None]
+    if started:
+        model, report = started[0]
+    elif section.init_from:
         from moh_dit.sampling.sources import load_transformer, source_vae_record
 
         model, source = load_transformer(section.init_from)
@@ -180,6 +187,7 @@ _KEYS_AFTER_0_3 = {
     "repa_projector_dim": 2048,
     "block": None,
     "time_inputs": 1,
+    "end_time_blocks": 0,
 }
 # the config keys that make a run this run (with the model's architecture and the data's fingerprint)
 _IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")

@@ -47,7 +47,7 @@ from moh_dit.training.checkpoints import TrainingState, restore_checkpoint, set_
 from moh_dit.training.config import Config, config_to_dict
 from moh_dit.training.frozen import check_resume_beside
 from moh_dit.training.frozen_roles import load_frozen_models
-from moh_dit.training.objective import run_objective
+from moh_dit.training.objective import run_objective, run_objective_class
 from moh_dit.training.optimizer_steps import OptimizerSteps
 from moh_dit.training.outputs import RunOutputs
 from moh_dit.training.quality import QualityCurve
@@ -95,8 +95,10 @@ class Trainer(RunOutputs, OptimizerSteps):
         accelerator.wait_for_everyone()
         self.data = load_training_data(config.data, accelerator.device)
 
+        # the models beside the student it may start from (a teacher), loaded before it is built
+        self.frozen = load_frozen_models(config, run_objective_class(config), self.data, accelerator.device)
         set_seed(train_cfg.seed)  # identical initialisation on every rank
-        model, self.init_report = build_model(config, self.data)
+        model, self.init_report = build_model(config, self.data, self.frozen)
         if config.model.init_from:  # the weights name the architecture; config, log and card say so
             preset = match_preset(model.config) or "custom"
             if preset != config.model.preset:
@@ -107,8 +109,9 @@ class Trainer(RunOutputs, OptimizerSteps):
                     config, model=dataclasses.replace(config.model, preset=preset)
                 )
         self.objective = run_objective(config, model.config.objective or {}, model.config.learn_sigma)
-        # the models beside the student (REPA's encoders, a teacher): loaded, frozen and placed here, never trained
-        self.frozen = load_frozen_models(config, self.objective, self.data, model, accelerator.device)
+        # and those beside it (REPA's encoders): loaded, frozen and placed by training, never trained
+        beside = load_frozen_models(config, self.objective, self.data, accelerator.device, student=model)
+        self.frozen = self.frozen.with_models(beside)
         for role, frozen in self.frozen.items():
             logger.info("beside the student, frozen: %s (%s)", frozen.describe(), role)
         self.repa = self.frozen.get("repa_encoder")

@@ -292,7 +292,9 @@ def test_a_sampler_or_protocol_of_another_objective_is_a_clear_error():
         objective.check_sampler("euler")
     with pytest.raises(ConfigError, match="'sit-sde' is a protocol of flow models; this is a meanflow model"):
         objective.protocol("sit-sde")
-    with pytest.raises(ConfigError, match="scheduler 'meanflow' samples meanflow models; this is a flow model"):
+    with pytest.raises(
+        ConfigError, match="scheduler 'meanflow' samples meanflow and distill models; this is a flow model"
+    ):
         objective_from_record({"name": "flow"}).check_sampler("meanflow")
 
     import argparse

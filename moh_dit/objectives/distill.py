@@ -1,0 +1,283 @@
+r"""MeanFlow distilled from a trained model: the average velocity over an interval learned from a *teacher*'s
+velocity instead of the data's, so that a model the user trained samples in one or two steps.
+
+The loss is MeanFlow's (:mod:`moh_dit.objectives.meanflow`) with the instantaneous velocity ``v`` of its target and
+tangent taken from the teacher, guided as the teacher would be sampled (NVlabs/FastGen's MeanFlow with ``use_cd``):
+
+    v_g = v_T(z_t, t, c) + (w - 1) (v_T(z_t, t, c) - v_T(z_t, t, null))     inside the guided times, else v_T(z_t, t, c)
+    u_tgt = sg(v_g - (t - r) du/dt),     du/dt = v_g . grad_z u + partial_t u,     L = sum (u - u_tgt)^2 / sg(L + c)^p
+
+(``v_T``: the teacher's velocity of the linear path at the same signal-to-noise ratio, whatever its objective:
+``Objective.linear_velocity``; autoguidance replaces ``v_T(., null)`` by a guide model's conditional velocity). The
+guidance is folded into the student, which samples without guidance; samples whose label training drops learn the
+teacher's unconditional velocity, so CFG on top stays possible.
+
+``du/dt`` is a Jacobian-vector product (``torch.func.jvp``, as MeanFlow) or a finite difference in float64 along the
+teacher's velocity, ``(u(z + eps v_g, t + eps, r) - u(z - eps v_g, t - eps, r)) / 2 eps``, one-sided where ``t - eps``
+would reach ``r`` or the lower end, or ``t + eps`` the upper (FastGen's ``use_jvp_finite_diff``); MoH's routing is
+held at the primal input's choice for the shifted evaluations (:mod:`moh_dit.model.routing`), so that a flip of a
+token's top-k does not enter the difference.
+
+The student's network sees its times as the teacher's did (:data:`TIME_CONVENTIONS`): a flow teacher's convention (a
+student that starts from all of a flow teacher's weights reproduces it), a DDPM teacher's timestep of the same noise
+level. Its second time input is the interval ``t - r`` through a second timestep embedding (MeanFlow's), or, with
+``end_time_blocks`` (Decoupled MeanFlow, Lee et al. 2025, arXiv:2510.24474), the end time ``r`` through the same
+embedding, conditioning the last blocks and the final layer: no new parameters.
+
+The teacher (its weights' fingerprint, its objective) and its guidance are recorded with the student, so a student
+says what it was distilled from (``describe``, model cards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from moh_dit.errors import ConfigError
+from moh_dit.objectives.base import Noised
+from moh_dit.objectives.meanflow import MeanFlow
+
+__all__ = ["MeanFlowDistill", "TIME_CONVENTIONS", "DERIVATIVES", "finite_difference_times"]
+
+
+def _ddpm_time(t: torch.Tensor) -> torch.Tensor:
+    from moh_dit.objectives.ddpm import timestep_of_sigma
+
+    t64 = t.to(torch.float64).clamp(max=1 - 1e-12)
+    return timestep_of_sigma(t64 / (1 - t64)).to(t.dtype)
+
+
+# name -> (the network's start time input, its second input's scale for an interval, output sign): a student keeps its
+# teacher's time convention (moh_dit.objectives.flow.CONVENTIONS; DDPM: the DiT timestep of the same noise level)
+TIME_CONVENTIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float, float]] = {
+    "moh-dit": (lambda t: 1000.0 * t, 1000.0, 1.0),
+    "repa": (lambda t: t, 1.0, 1.0),
+    "sit": (lambda t: 1.0 - t, 1.0, -1.0),
+    "ddpm": (_ddpm_time, 1000.0, 1.0),
+}
+DERIVATIVES = ("jvp", "finite-difference")
+
+
+def finite_difference_times(
+    t: torch.Tensor, r: torch.Tensor, eps: float, low: float = 0.0, high: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(t_plus, t_minus, 1 / (t_plus - t_minus))`` in float64 for each sample: a central difference where both
+    ``t + eps <= high`` and ``t - eps`` stays above ``low`` and ``r``; forward where only the first holds, backward
+    where only the second does (FastGen's cases); neither: zeros (a derivative of 0)."""
+    t, r = t.to(torch.float64), r.to(torch.float64)
+    forward_ok = t + eps <= high
+    backward_ok = (t - eps >= low) & (t - eps > r)
+    t_plus = torch.where(forward_ok, t + eps, torch.where(backward_ok, t, torch.zeros_like(t)))
+    t_minus = torch.where(backward_ok, t - eps, torch.where(forward_ok, t, torch.zeros_like(t)))
+    width = t_plus - t_minus
+    return t_plus, t_minus, torch.where(width > 0, 1 / width.clamp(min=1e-300), torch.zeros_like(width))
+
+
+class MeanFlowDistill(MeanFlow):
+    """MeanFlow learned from a teacher's (guided) velocity (see the module docstring).
+
+    Args:
+        time: the student network's time convention (:data:`TIME_CONVENTIONS`), its teacher's.
+        end_time_blocks: Decoupled MeanFlow's split: the last this-many blocks see the end time (0: the interval
+            through a second embedding, MeanFlow's).
+        teacher: what the student was distilled from (recorded: source, weights' fingerprint, objective).
+        guidance: the teacher's guidance folded into the target (recorded: scale, flow times, guide).
+        derivative: ``jvp`` or ``finite-difference``; ``fd_eps``: the finite difference's step in time.
+        time_sampling, time_mean, time_std, equal_times, adaptive_power, adaptive_eps, jvp_autocast: MeanFlow's
+            (:class:`~moh_dit.objectives.meanflow.MeanFlow`).
+    """
+
+    name = "distill"
+    frozen_models = ("teacher",)  # the teacher beside the student (moh_dit.training.teacher)
+
+    def __init__(
+        self,
+        time: str = "moh-dit",
+        end_time_blocks: int = 0,
+        teacher: dict | None = None,
+        guidance: dict | None = None,
+        derivative: str = "jvp",
+        fd_eps: float = 1e-4,
+        time_sampling: str = "logit-normal",
+        time_mean: float = -0.4,
+        time_std: float = 1.0,
+        equal_times: float = 0.75,
+        adaptive_power: float = 1.0,
+        adaptive_eps: float = 0.01,
+        jvp_autocast: bool = False,
+    ) -> None:
+        super().__init__(
+            time_sampling=time_sampling,
+            time_mean=time_mean,
+            time_std=time_std,
+            equal_times=equal_times,
+            adaptive_power=adaptive_power,
+            adaptive_eps=adaptive_eps,
+            jvp_autocast=jvp_autocast,
+        )
+        if time not in TIME_CONVENTIONS:
+            raise ConfigError(
+                f"a distilled model's time convention must be one of {', '.join(TIME_CONVENTIONS)}, got {time!r}"
+            )
+        if isinstance(end_time_blocks, bool) or not isinstance(end_time_blocks, int) or end_time_blocks < 0:
+            raise ConfigError(f"distill.end_time_blocks must be a number of blocks >= 0, got {end_time_blocks!r}")
+        if derivative not in DERIVATIVES:
+            raise ConfigError(f"distill.derivative must be {' or '.join(DERIVATIVES)}, got {derivative!r}")
+        if isinstance(fd_eps, bool) or not isinstance(fd_eps, (int, float)) or not (0 < fd_eps < 0.5):
+            raise ConfigError(
+                f"distill.fd_eps must be a step in time between 0 and 0.5 (FastGen's 1e-4), got {fd_eps!r}"
+            )
+        self.time, self.end_time_blocks = time, end_time_blocks
+        self.teacher, self.teacher_guidance = dict(teacher or {}), dict(guidance or {})
+        self.derivative, self.fd_eps = derivative, float(fd_eps)
+        self._start_time, self._interval_scale, self.sign = TIME_CONVENTIONS[time]
+
+    # ------------------------------------------------------------------------------------------------
+    # What it is
+    # ------------------------------------------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "time": self.time,
+            "end_time_blocks": self.end_time_blocks,
+            "teacher": self.teacher,
+            "guidance": self.teacher_guidance,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any] | None, learn_sigma: bool = False, **training: Any) -> MeanFlowDistill:
+        if learn_sigma:
+            raise ConfigError(
+                "a distilled MeanFlow model predicts an average velocity of C channels: learn_sigma is false"
+            )
+        record = dict(record or {})
+        unknown = sorted(set(record) - {"name", "time", "end_time_blocks", "teacher", "guidance"})
+        if unknown:
+            raise ConfigError(f"the distill objective record has unknown keys {unknown}")
+        given = {k: record[k] for k in ("time", "end_time_blocks", "teacher", "guidance") if k in record}
+        return cls(**given, **training)
+
+    def model_config(self) -> dict[str, Any]:
+        return {
+            "objective": self.record(),
+            "learn_sigma": False,
+            "time_inputs": 2,
+            "end_time_blocks": self.end_time_blocks,
+        }
+
+    @property
+    def guided(self) -> bool:
+        return False  # no guidance by the network's own predictions: the teacher's is folded in
+
+    def describe(self) -> str:
+        source = self.teacher.get("source", "a teacher")
+        weights = self.teacher.get("sha256")
+        scale = self.teacher_guidance.get("scale", 1.0)
+        folded = (
+            f", its guidance {scale:g} folded in"
+            + (
+                f" (autoguidance by {self.teacher_guidance['guide']['model']})"
+                if self.teacher_guidance.get("guide")
+                else ""
+            )
+            if scale != 1.0
+            else ""
+        )
+        split = f", the last {self.end_time_blocks} blocks on the end time" if self.end_time_blocks else ""
+        return f"MeanFlow distilled from {source}" + (f" ({weights[:12]})" if weights else "") + folded + split
+
+    def describe_loss(self) -> str:
+        how = "a JVP" if self.derivative == "jvp" else f"finite differences (step {self.fd_eps:g}, float64)"
+        return f"{super().describe_loss()}; the teacher's velocity as target, du/dt by {how}"
+
+    @property
+    def time_convention(self) -> str:
+        return self.time
+
+    def network_time(self, t: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The start time in the teacher's convention, and the end time in it (Decoupled MeanFlow's split) or the
+        interval ``t - r`` scaled as the convention scales time (MeanFlow's second embedding)."""
+        if self.end_time_blocks:
+            return self._start_time(t), self._start_time(r)
+        return self._start_time(t), self._interval_scale * (t - r)
+
+    def linear_velocity(self, net, z, t, labels, drop=None) -> torch.Tensor:
+        return self.sign * net(z, self.network_time(t, t), labels, force_drop_ids=drop).sample.float()
+
+    def scheduler_input(self, output: torch.Tensor, scheduler: Any, in_channels: int) -> torch.Tensor:
+        return self.sign * output[:, :in_channels]
+
+    def training_forwards(self) -> float:
+        """The student's forward and backward with the derivative's passes (a JVP: about two forwards; finite
+        differences: two forwards), and the teacher's forwards (two with guidance, one without), counted at the
+        student's size."""
+        teacher = 2.0 if self.teacher_guidance.get("scale", 1.0) != 1.0 else 1.0
+        return 3.0 + (1.0 if self.derivative == "jvp" else 2.0) + teacher
+
+    # ------------------------------------------------------------------------------------------------
+    # Training
+    # ------------------------------------------------------------------------------------------------
+    def loss(self, output: torch.Tensor, noised: Noised):
+        return super().loss(self.sign * output, noised)
+
+    def target_velocity(
+        self,
+        net: torch.nn.Module,
+        noised: Noised,
+        labels: torch.Tensor | None,
+        drop: torch.Tensor | None,
+        autocast: Callable[[], AbstractContextManager],
+        frozen: Mapping[str, Any] | None = None,
+    ) -> torch.Tensor:
+        """The teacher's guided velocity at ``(z_t, t)`` (its unconditional one where the label is dropped)."""
+        if not frozen or "teacher" not in frozen:
+            raise ConfigError("the distill objective learns from a teacher: name one (distill.teacher)")
+        return frozen["teacher"].velocity(noised.x_t, noised.terms["t"], labels, drop, autocast)
+
+    def velocity_and_derivative(self, net, noised, velocity, labels, drop, autocast):
+        """A JVP (MeanFlow's), or finite differences (:meth:`finite_difference`)."""
+        if self.derivative == "jvp":  # the tangent of z is the velocity itself; the output is sign * u
+            out, dudt = super().velocity_and_derivative(net, noised, velocity, labels, drop, autocast)
+            return out, self.sign * dudt
+        return self.finite_difference(net, noised, velocity, labels, drop, autocast)
+
+    def finite_difference(
+        self,
+        net: torch.nn.Module,
+        noised: Noised,
+        velocity: torch.Tensor,
+        labels: torch.Tensor | None,
+        drop: torch.Tensor | None,
+        autocast: Callable[[], AbstractContextManager],
+        bounds: tuple[float, float] = (0.0, 1.0),
+    ) -> tuple[Any, torch.Tensor]:
+        """The network's output at ``(z_t, t, r)`` with gradient, then ``du/dt`` (of the average velocity ``u``, in the
+        convention's sign) by a finite difference along ``velocity`` in float64, the shifted inputs evaluated without
+        gradient and with the primal's routing (:func:`finite_difference_times`; ``bounds``: the times' range)."""
+        from moh_dit.model.network import MoHDiTOutput
+        from moh_dit.model.routing import RoutingTape
+
+        z, t, r = noised.x_t, noised.terms["t"], noised.terms["r"]
+        precision = autocast() if self.jvp_autocast else torch.autocast(z.device.type, enabled=False)
+        shape = (-1, *([1] * (z.ndim - 1)))
+        with RoutingTape(getattr(net, "attention_layers", [])) as tape, precision:
+            out = net(z, self.network_time(t, r), labels, force_drop_ids=drop)
+            u = out.sample.float()
+            t_plus, t_minus, norm = finite_difference_times(t, r, self.fd_eps, *bounds)
+            z64, v64 = z.to(torch.float64), velocity.to(torch.float64)
+            shifted = []
+            if tape.layers:
+                tape.replay()
+            with torch.no_grad():
+                for moved in (t_plus, t_minus):
+                    z_moved = z64 + (moved - t.to(torch.float64)).reshape(shape) * v64
+                    time = self.network_time(moved.to(t.dtype), r)
+                    shifted.append(
+                        net(z_moved.to(z.dtype), time, labels, force_drop_ids=drop).sample.to(torch.float64)
+                    )
+        dudt = self.sign * (shifted[0] - shifted[1]) * norm.reshape(shape)
+        aligned = out.aligned if net.projectors is not None and net.training else None
+        return MoHDiTOutput(sample=u, aux_loss=out.aux_loss, aligned=aligned), dudt.to(z.dtype)

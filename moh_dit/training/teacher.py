@@ -1,0 +1,279 @@
+"""A distillation's teacher: a trained model beside the student (a :class:`~moh_dit.training.frozen.FrozenModel`,
+role ``teacher``) whose guided velocity the student learns (``moh_dit.objectives.distill``), and the student it
+starts.
+
+The teacher is any model moh-dit loads: a run, checkpoint, pipeline or transformer folder, or a checkpoint file that
+``moh-dit convert`` reads (DiT, SiT, REPA, LightningDiT), of any objective that has a velocity of the linear path
+(DDPM, flow matching, MeanFlow, a distilled student). It must fit the run's data: its image size, channels, classes and
+latent space are checked before training (another data set with the same class names is said, not refused: a subset or
+another version of the same data teaches as well). Its guidance (CFG at a scale over an interval of flow times, or
+autoguidance by a guide of its own) is folded into the target.
+
+The student starts from the teacher's weights where the layouts allow (:func:`student_from_teacher`): every tensor of
+the same name and shape. A flow teacher's student is all of its weights, with MeanFlow's second time embedding added
+at zero, so that the untrained student is the teacher (Decoupled MeanFlow's split adds nothing); a DDPM teacher's
+student keeps its backbone and learns a new output layer (a velocity where the teacher predicted noise and variance).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from moh_dit.errors import ConfigError
+from moh_dit.manifests import fingerprint_module, read_manifest
+from moh_dit.model.network import MoHDiT
+from moh_dit.objectives import objective_of
+from moh_dit.training.frozen import FrozenModel
+from moh_dit.vae import latent_space_differences, space_of
+
+if TYPE_CHECKING:
+    from moh_dit.data.training_data import TrainingData
+    from moh_dit.sampling.guides import Guide
+    from moh_dit.training.config_sections import Config, DistillSection
+
+__all__ = ["Teacher", "TeacherGuidance", "student_from_teacher"]
+
+logger = logging.getLogger("moh_dit.train")
+
+
+@dataclass(frozen=True)
+class TeacherGuidance:
+    """The teacher's guidance folded into the target: the scale, the flow times it applies at, and the guide of
+    autoguidance (``None``: classifier-free guidance)."""
+
+    scale: float = 1.0
+    times: tuple[float, float] = (0.0, 1.0)
+    guide: Guide | None = None
+
+    def record(self) -> dict[str, Any]:
+        guide = None if self.guide is None else dict(self.guide.spec.record(), sha256=self.guide.fingerprint)
+        return {"scale": self.scale, "times": list(self.times), "guide": guide}
+
+
+@dataclass
+class _Loaded:
+    model: MoHDiT
+    source: str
+    id2label: dict[int, str] | None
+    vae: dict | None  # the latent space it was trained in (None: pixels), or "unknown"
+    data: dict | None  # its training data's record, where it has one
+
+
+class Teacher(FrozenModel):
+    """A frozen teacher and its guidance; :meth:`velocity` is what the student learns."""
+
+    role = "teacher"
+
+    def __init__(self, model: MoHDiT, source: str, guidance: TeacherGuidance) -> None:
+        self.model, self.source, self.guidance = model.eval(), source, guidance
+        self.objective = objective_of(model)
+        if self.objective.time_convention is None:
+            raise ConfigError(f"{source} cannot teach: {self.objective.describe()} has no velocity to learn from")
+        if guidance.scale != 1.0 and guidance.guide is None and model.null_class_id is None:
+            raise ConfigError(
+                f"{source} was trained without label dropout: it has no unconditional prediction to guide with; "
+                f"distill.guidance_scale=1, or a guide (distill.guide)"
+            )
+        self.fingerprint = fingerprint_module(model)
+
+    # ------------------------------------------------------------------------------------------------
+    # Loading, checked against the run's data
+    # ------------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, section: DistillSection, data: TrainingData, device: torch.device) -> Teacher:
+        """The teacher ``section`` names, checked against ``data`` (one :class:`ConfigError` naming every difference),
+        with its guide."""
+        loaded = _load(section)
+        _check_fits(loaded, data)
+        guide = None
+        if section.guide is not None:
+            from moh_dit.sampling.guides import load_guide
+            from moh_dit.sampling.spec_parts import GuideSpec
+
+            space = None if loaded.vae == "unknown" else loaded.vae
+            guide = load_guide(
+                GuideSpec(section.guide, section.guide_step, section.guide_sigma_rel), loaded.model, space
+            )
+        times = (float(section.guidance_times[0]), float(section.guidance_times[1]))
+        teacher = cls(
+            loaded.model.to(device), loaded.source, TeacherGuidance(float(section.guidance_scale), times, guide)
+        )
+        logger.info("the teacher: %s", teacher.describe())
+        return teacher
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.model] + ([self.guidance.guide.model] if self.guidance.guide is not None else [])
+
+    def record(self) -> dict[str, Any]:
+        """What the student's config keeps of its teacher: where it came from, its weights, its objective."""
+        return {"source": self.source, "sha256": self.fingerprint, "objective": self.objective.record()}
+
+    def identity(self) -> dict[str, Any]:
+        return dict(self.record(), guidance=self.guidance.record())
+
+    def describe(self) -> str:
+        how = ""
+        if self.guidance.scale != 1.0:
+            kind = f"autoguidance by {self.guidance.guide.source}" if self.guidance.guide else "CFG"
+            how = (
+                f", {kind} {self.guidance.scale:g} at flow times {self.guidance.times[0]:g}-{self.guidance.times[1]:g}"
+            )
+        return f"{self.source} ({self.objective.describe()}; weights {self.fingerprint[:12]}){how}"
+
+    def initial_student(self, config: Config, data: TrainingData) -> tuple[MoHDiT, dict]:
+        """The student this teacher starts (:func:`student_from_teacher`)."""
+        return student_from_teacher(self, config, data)
+
+    # ------------------------------------------------------------------------------------------------
+    # What the student learns
+    # ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def velocity(
+        self, z: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None, drop: torch.Tensor | None, autocast
+    ) -> torch.Tensor:
+        """The velocity of the linear path at ``(z, t)`` the student learns: the teacher's conditional one, guided inside
+        the guided times (CFG: ``v_u + w (v_c - v_u)``, the two halves in one forward; autoguidance: the guide's
+        conditional velocity for ``v_u``), its unconditional one where ``drop`` replaced the label; float32."""
+        model, guidance = self.model, self.guidance
+        if labels is None:
+            with autocast():
+                return self.objective.linear_velocity(model, z, t, None)
+        null = model.null_class_id
+        given = (
+            labels if drop is None or null is None else torch.where(drop.bool(), torch.full_like(labels, null), labels)
+        )
+        rows = (t >= guidance.times[0]) & (t <= guidance.times[1])
+        rows = rows & (given != null) if null is not None else rows
+        guided = rows.nonzero().flatten() if guidance.scale != 1.0 else rows.new_zeros(0, dtype=torch.long)
+        with autocast():
+            if guidance.guide is not None or guided.numel() == 0:
+                v = self.objective.linear_velocity(model, z, t, given)
+                if guided.numel() == 0:
+                    return v
+                weak = self.objective.linear_velocity(guidance.guide.model, z[guided], t[guided], given[guided])
+                conditional = v[guided]
+            else:  # CFG: the conditional batch and the guided rows' unconditional halves in one forward
+                both = self.objective.linear_velocity(
+                    model,
+                    torch.cat([z, z[guided]]),
+                    torch.cat([t, t[guided]]),
+                    torch.cat([given, torch.full_like(given[guided], null)]),
+                )
+                v, weak = both[: len(z)], both[len(z) :]
+                conditional = v[guided]
+        v = v.clone()
+        v[guided] = weak + guidance.scale * (conditional - weak)
+        return v
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading and checking
+# ----------------------------------------------------------------------------------------------------
+def _load(section: DistillSection) -> _Loaded:
+    """The teacher's weights and what they were trained on, as far as their files say."""
+    path = Path(section.teacher)
+    if path.is_file():  # a checkpoint of another codebase, read as moh-dit convert reads it
+        from moh_dit.interop.load import load_any
+
+        model, _, id2label, report = load_any(path, section.teacher_format, section.teacher_path)
+        return _Loaded(model.eval(), str(path), id2label or None, "unknown", None)
+    from moh_dit.sampling.sources import load_transformer, source_vae_record
+
+    model, source = load_transformer(path)
+    id2label, data = None, None
+    if source.kind == "pipeline":
+        index = json.loads((source.path / "model_index.json").read_text())
+        id2label = {int(k): v for k, v in (index.get("id2label") or {}).items()} or None
+        data = (((read_manifest(source.path, "pipeline") or {}).get("source") or {}).get("training") or {}).get("data")
+    elif source.kind == "checkpoint":
+        state = json.loads((source.path / "trainer_state.json").read_text())
+        id2label = {int(k): v for k, v in (state.get("id2label") or {}).items()} or None
+    if source.run is not None and data is None:
+        data = ((read_manifest(source.run, "run") or {}).get("identity") or {}).get("data")
+    vae = source_vae_record(source) if source.kind != "transformer" else "unknown"
+    return _Loaded(model, str(source.path), id2label, vae, data)
+
+
+def _check_fits(teacher: _Loaded, data: TrainingData) -> None:
+    """The teacher must see what the student sees: one :class:`ConfigError` naming every difference."""
+    config, wrong = teacher.model.config, []
+    for key, mine in (("sample_size", data.sample_size), ("in_channels", data.in_channels)):
+        if config[key] != mine:
+            wrong.append(f"{key} {config[key]} (this run's data: {mine})")
+    if config.num_classes not in (0, data.num_classes):
+        wrong.append(f"{config.num_classes} classes (this run's data: {data.num_classes})")
+    names = {int(k): v for k, v in data.id2label.items()}
+    if teacher.id2label and names and teacher.id2label != names:
+        wrong.append(
+            f"other class names ({list(teacher.id2label.values())[:3]}... against {list(names.values())[:3]}...)"
+        )
+    if teacher.vae == "unknown":
+        if data.vae_record is not None:
+            spec = data.vae_record.get("spec")
+            logger.warning(
+                "%s does not say which autoencoder it was trained with: check it is %s", teacher.source, spec
+            )
+    elif (teacher.vae is None) != (data.vae_record is None) or (
+        teacher.vae is not None and latent_space_differences(teacher.vae, data.vae_record)
+    ):
+        shown = [None if v is None else space_of(v) for v in (teacher.vae, data.vae_record)]
+        wrong.append(f"latent space {shown[0]} (this run's data: {shown[1]})")
+    if wrong:
+        raise ConfigError(f"the teacher {teacher.source} does not fit this run's data: {'; '.join(wrong)}")
+    theirs, mine = (teacher.data or {}).get("fingerprint"), data.description.get("fingerprint")
+    if theirs and mine and theirs != mine:
+        logger.warning(
+            "the teacher %s was trained on other images (data fingerprint %s) than this run's (%s): the same classes, "
+            "so it teaches, but check it is the data you mean",
+            teacher.source,
+            theirs[:12],
+            mine[:12],
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+# The student
+# ----------------------------------------------------------------------------------------------------
+def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -> tuple[MoHDiT, dict]:
+    """The student: the teacher's architecture (``distill.student: teacher``) or the config's preset, with the distill
+    objective (the teacher's time convention, recorded teacher and guidance) and every tensor of the teacher with its
+    name and shape; MeanFlow's second time embedding starts at zero, so that it adds nothing yet. Returns the model and
+    a report of what was copied."""
+    from moh_dit.model.presets import preset_config
+    from moh_dit.training.objective import objective_record, run_objective
+
+    record = dict(
+        objective_record(config),
+        time=teacher.objective.time_convention,
+        teacher=teacher.record(),
+        guidance=teacher.guidance.record(),
+    )
+    objective = run_objective(config, record, learn_sigma=False)
+    if config.distill.student == "teacher":
+        base = {k: v for k, v in teacher.model.config.items() if not k.startswith("_")}
+        base.update(repa_depth=None, repa_dims=None, repa_projector_dim=2048)
+    else:
+        derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
+        base = preset_config(config.model.preset, **(derived | dict(config.model.overrides)))
+    student = MoHDiT(**(base | objective.model_config()))
+    theirs, mine = teacher.model.state_dict(), student.state_dict()
+    copied = {k: v for k, v in theirs.items() if k in mine and mine[k].shape == v.shape}
+    student.load_state_dict(copied, strict=False)
+    if student.h_embedder is not None:  # the interval's embedding starts at nothing: the student is its teacher
+        torch.nn.init.zeros_(student.h_embedder.mlp[2].weight)
+        torch.nn.init.zeros_(student.h_embedder.mlp[2].bias)
+    new = sorted(set(mine) - set(copied))
+    report = {"distilled_from": teacher.source, "copied": len(copied), "of": len(mine), "new": new}
+    logger.info(
+        "the student: %d of %d tensors from the teacher%s",
+        len(copied),
+        len(mine),
+        f"; new: {', '.join(new[:6])}{' ...' if len(new) > 6 else ''}" if new else "",
+    )
+    return student, report
