@@ -263,7 +263,9 @@ class MeanFlowDistill(MeanFlow):
         z, t, r = noised.x_t, noised.terms["t"], noised.terms["r"]
         precision = autocast() if self.jvp_autocast else torch.autocast(z.device.type, enabled=False)
         shape = (-1, *([1] * (z.ndim - 1)))
+        devices = [z.device] if z.device.type == "cuda" else []
         with RoutingTape(getattr(net, "attention_layers", [])) as tape, precision:
+            random_state = [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
             out = net(z, self.network_time(t, r), labels, force_drop_ids=drop)
             u = out.sample.float()
             t_plus, t_minus, norm = finite_difference_times(t, r, self.fd_eps, *bounds)
@@ -275,9 +277,12 @@ class MeanFlowDistill(MeanFlow):
                 for moved in (t_plus, t_minus):
                     z_moved = z64 + (moved - t.to(torch.float64)).reshape(shape) * v64
                     time = self.network_time(moved.to(t.dtype), r)
-                    shifted.append(
-                        net(z_moved.to(z.dtype), time, labels, force_drop_ids=drop).sample.to(torch.float64)
-                    )
+                    with torch.random.fork_rng(devices=devices):  # the primal's random draws (dropout) again
+                        torch.set_rng_state(random_state[0])
+                        for device, state in zip(devices, random_state[1:]):
+                            torch.cuda.set_rng_state(state, device)
+                        moved_out = net(z_moved.to(z.dtype), time, labels, force_drop_ids=drop)
+                    shifted.append(moved_out.sample.to(torch.float64))
         dudt = self.sign * (shifted[0] - shifted[1]) * norm.reshape(shape)
         aligned = out.aligned if net.projectors is not None and net.training else None
         return MoHDiTOutput(sample=u, aux_loss=out.aux_loss, aligned=aligned), dudt.to(z.dtype)

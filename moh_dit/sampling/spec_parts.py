@@ -106,7 +106,8 @@ class SamplerSpec:
     def describe(self) -> str:
         """``dpm-solver, 25 steps`` (and the time shift)."""
         shift = f", time shift {self.time_shift:g}" if self.time_shift != 1.0 else ""
-        return f"{self.scheduler or 'the pipeline scheduler'}, {self.num_steps} steps{shift}"
+        steps = f"{self.num_steps} step{'s' if self.num_steps != 1 else ''}"
+        return f"{self.scheduler or 'the pipeline scheduler'}, {steps}{shift}"
 
 
 @dataclass(frozen=True)

@@ -176,11 +176,6 @@ def check_distill(config: Config) -> None:
     _one_of("distill.teacher_format", section.teacher_format, TEACHER_FORMATS)
     _one_of("distill.teacher_path", section.teacher_path, ("linear", "gvp"))
     _one_of("distill.student", section.student, ("teacher", "preset"))
-    if section.student == "teacher" and config.model.overrides:
-        raise ConfigError(
-            f"model.overrides {sorted(config.model.overrides)}: the student is the teacher's architecture "
-            f"(distill.student=teacher); choose distill.student=preset for model.preset with overrides"
-        )
     scale = section.guidance_scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ConfigError(f"distill.guidance_scale must be a finite number (1: no guidance), got {scale!r}")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from moh_dit.sampling.guides import Guide
     from moh_dit.training.config_sections import Config, DistillSection
 
-__all__ = ["Teacher", "TeacherGuidance", "student_from_teacher"]
+__all__ = ["Teacher", "TeacherGuidance", "guided_velocity", "student_from_teacher"]
 
 logger = logging.getLogger("moh_dit.train")
 
@@ -137,39 +137,57 @@ class Teacher(FrozenModel):
     def velocity(
         self, z: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None, drop: torch.Tensor | None, autocast
     ) -> torch.Tensor:
-        """The velocity of the linear path at ``(z, t)`` the student learns: the teacher's conditional one, guided inside
-        the guided times (CFG: ``v_u + w (v_c - v_u)``, the two halves in one forward; autoguidance: the guide's
-        conditional velocity for ``v_u``), its unconditional one where ``drop`` replaced the label; float32."""
-        model, guidance = self.model, self.guidance
-        if labels is None:
-            with autocast():
-                return self.objective.linear_velocity(model, z, t, None)
-        null = model.null_class_id
-        given = (
-            labels if drop is None or null is None else torch.where(drop.bool(), torch.full_like(labels, null), labels)
-        )
-        rows = (t >= guidance.times[0]) & (t <= guidance.times[1])
-        rows = rows & (given != null) if null is not None else rows
-        guided = rows.nonzero().flatten() if guidance.scale != 1.0 else rows.new_zeros(0, dtype=torch.long)
+        """The velocity of the linear path at ``(z, t)`` the student learns (:func:`guided_velocity` of this teacher's
+        predictions, in the run's precision); float32."""
+        guide = self.guidance.guide
+
+        def teacher(z, t, y):
+            return self.objective.linear_velocity(self.model, z, t, y)
+
+        def weaker(z, t, y):
+            return self.objective.linear_velocity(guide.model, z, t, y)
+
         with autocast():
-            if guidance.guide is not None or guided.numel() == 0:
-                v = self.objective.linear_velocity(model, z, t, given)
-                if guided.numel() == 0:
-                    return v
-                weak = self.objective.linear_velocity(guidance.guide.model, z[guided], t[guided], given[guided])
-                conditional = v[guided]
-            else:  # CFG: the conditional batch and the guided rows' unconditional halves in one forward
-                both = self.objective.linear_velocity(
-                    model,
-                    torch.cat([z, z[guided]]),
-                    torch.cat([t, t[guided]]),
-                    torch.cat([given, torch.full_like(given[guided], null)]),
-                )
-                v, weak = both[: len(z)], both[len(z) :]
-                conditional = v[guided]
-        v = v.clone()
-        v[guided] = weak + guidance.scale * (conditional - weak)
-        return v
+            return guided_velocity(
+                teacher, z, t, labels, drop, self.model.null_class_id, self.guidance, weaker if guide else None
+            )
+
+
+def guided_velocity(
+    teacher,
+    z: torch.Tensor,
+    t: torch.Tensor,
+    labels: torch.Tensor | None,
+    drop: torch.Tensor | None,
+    null: int | None,
+    guidance: TeacherGuidance,
+    guide=None,
+) -> torch.Tensor:
+    """The teacher's velocity ``teacher(z, t, y)`` guided as FastGen's distillation guides it: ``v_u + w (v_c - v_u)``
+    inside the guided flow times (``v_u``: the unconditional velocity, in the conditional batch's forward; with a
+    ``guide``, the guide's conditional velocity), the conditional one outside; where ``drop`` replaced a label (or the
+    model is unconditional) the unconditional one, unguided."""
+    if labels is None:
+        return teacher(z, t, None)
+    given = labels if drop is None or null is None else torch.where(drop.bool(), torch.full_like(labels, null), labels)
+    rows = (t >= guidance.times[0]) & (t <= guidance.times[1])
+    rows = rows & (given != null) if null is not None else rows
+    guided = rows.nonzero().flatten() if guidance.scale != 1.0 else rows.new_zeros(0, dtype=torch.long)
+    if guide is not None or guided.numel() == 0:
+        v = teacher(z, t, given)
+        if guided.numel() == 0:
+            return v
+        weak = guide(z[guided], t[guided], given[guided])
+    else:  # the conditional batch and the guided rows' unconditional halves in one forward
+        both = teacher(
+            torch.cat([z, z[guided]]),
+            torch.cat([t, t[guided]]),
+            torch.cat([given, torch.full_like(given[guided], null)]),
+        )
+        v, weak = both[: len(z)], both[len(z) :]
+    v = v.float().clone()
+    v[guided] = weak.float() + guidance.scale * (v[guided] - weak.float())
+    return v
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -258,6 +276,16 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
     if config.distill.student == "teacher":
         base = {k: v for k, v in teacher.model.config.items() if not k.startswith("_")}
         base.update(repa_depth=None, repa_dims=None, repa_projector_dim=2048)
+        from moh_dit.model.presets import architecture
+
+        claimed = architecture(dict(base) | dict(config.model.overrides))
+        wrong = [k for k in config.model.overrides if k in claimed and claimed[k] != architecture(base)[k]]
+        if wrong:
+            raise ConfigError(
+                f"model.overrides {', '.join(f'{k}={config.model.overrides[k]!r}' for k in wrong)} contradict the "
+                f"teacher's architecture, which the student takes (distill.student=teacher): drop them, or choose "
+                f"distill.student=preset for model.preset with overrides"
+            )
     else:
         derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
         base = preset_config(config.model.preset, **(derived | dict(config.model.overrides)))

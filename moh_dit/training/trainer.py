@@ -99,11 +99,13 @@ class Trainer(RunOutputs, OptimizerSteps):
         self.frozen = load_frozen_models(config, run_objective_class(config), self.data, accelerator.device)
         set_seed(train_cfg.seed)  # identical initialisation on every rank
         model, self.init_report = build_model(config, self.data, self.frozen)
-        if config.model.init_from:  # the weights name the architecture; config, log and card say so
+        if (
+            self.init_report
+        ):  # weights from elsewhere (init_from, a teacher) name the architecture; config and card say so
             preset = match_preset(model.config) or "custom"
             if preset != config.model.preset:
                 logger.info(
-                    "architecture from init_from: %s (model.preset %s is not used)", preset, config.model.preset
+                    "architecture from the weights: %s (model.preset %s is not used)", preset, config.model.preset
                 )
                 self.config = config = dataclasses.replace(
                     config, model=dataclasses.replace(config.model, preset=preset)

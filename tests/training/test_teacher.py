@@ -1,0 +1,117 @@
+"""A distillation's teacher (moh_dit/training/teacher.py) and the run around it: a student that starts as its flow
+teacher (any interval, MeanFlow's embedding at zero or Decoupled MeanFlow's split) or with its DDPM teacher's backbone;
+a teacher that does not fit the data refused in one line before training; the teacher recorded in the run, its
+checkpoints and the student's config and card; a resume beside another teacher or without one refused; the student
+sampled in one step by the command line."""
+
+import json
+
+import pytest
+import torch
+
+from moh_dit.errors import ArtifactError, ConfigError
+from moh_dit.objectives import objective_of
+from moh_dit.sampling.loading import load_pipeline
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import Trainer, train
+
+from ..helpers.factories import make_image_folder, run_in_process, tiny_train_config, train_tiny
+
+
+@pytest.fixture(scope="module")
+def teachers(image_dir, tmp_path_factory):
+    """A tiny flow teacher and a tiny DDPM teacher (four steps each), guided-able (label dropout)."""
+    root = tmp_path_factory.mktemp("teachers")
+    train_tiny(root / "flow", image_dir, "objective.name=flow", "train.max_steps=4", "preview.per_class=0")
+    train_tiny(root / "ddpm", image_dir, "train.max_steps=4", "preview.per_class=0")
+    return root
+
+
+def distill_config(out, image_dir, teacher, *extra):
+    config = tiny_train_config(out, image_dir)
+    overrides = ["objective.name=distill", f"distill.teacher={teacher}", "train.max_steps=2", "preview.per_class=0"]
+    return load_config(config, [*overrides, *extra])
+
+
+@pytest.mark.parametrize("split", [0, 2])
+def test_a_flow_teachers_student_starts_as_the_teacher(teachers, image_dir, tmp_path, split):
+    """Every teacher tensor copied, MeanFlow's interval embedding at zero (or Decoupled MeanFlow's split: no new
+    tensor): the untrained student's velocity is the teacher's at every time, and its average velocity over any
+    interval is the teacher's instantaneous one."""
+    trainer = Trainer(distill_config(tmp_path / "s", image_dir, teachers / "flow", f"distill.end_time_blocks={split}"))
+    student, teacher = trainer.unwrapped.eval(), trainer.frozen["teacher"]
+    interval = [f"h_embedder.mlp.{i}.{w}" for i in (0, 2) for w in ("bias", "weight")]
+    assert trainer.init_report["new"] == ([] if split else interval)
+    g = torch.Generator().manual_seed(0)
+    z, t = torch.randn(3, 3, 8, 8, generator=g), torch.tensor([0.2, 0.5, 0.9])
+    labels = torch.tensor([0, 1, 0])
+    with torch.no_grad():
+        theirs = teacher.objective.linear_velocity(teacher.model, z, t, labels)
+        objective = trainer.objective
+        ours = objective.linear_velocity(student, z, t, labels)
+        over_an_interval = objective.sign * student(z, objective.network_time(t, t * 0.3), labels).sample
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    if not split:  # the interval's embedding adds nothing yet
+        torch.testing.assert_close(over_an_interval, theirs, rtol=0, atol=1e-6)
+    record = student.config.objective
+    assert record["name"] == "distill" and record["time"] == "moh-dit" and record["end_time_blocks"] == split
+    assert record["teacher"]["sha256"] == teacher.fingerprint and record["teacher"]["objective"]["name"] == "flow"
+
+
+def test_a_ddpm_teachers_student_keeps_its_backbone_and_learns_a_new_head(teachers, image_dir, tmp_path):
+    trainer = Trainer(distill_config(tmp_path / "s", image_dir, teachers / "ddpm"))
+    report, student = trainer.init_report, trainer.unwrapped
+    assert "final_layer.linear.weight" in report["new"] and student.out_channels == 3  # a velocity, not 2C
+    assert student.config.objective["time"] == "ddpm"  # the DiT timestep of the same noise level
+    teacher = trainer.frozen["teacher"].model
+    assert torch.equal(student.blocks[0].attn.qkv.weight, teacher.blocks[0].attn.qkv.weight)
+
+
+def test_a_teacher_that_does_not_fit_is_one_line_before_training(teachers, image_dir, tmp_path):
+    other = tmp_path / "three-classes"
+    make_image_folder(other)
+    (other / "bright").rename(other / "light")  # other class names
+    with pytest.raises(ConfigError, match=r"the teacher .* does not fit this run's data: other class names"):
+        Trainer(distill_config(tmp_path / "a", other, teachers / "flow"))
+    with pytest.raises(ConfigError, match=r"does not fit this run's data: sample_size 8 \(this run's data: 16\)"):
+        Trainer(
+            distill_config(tmp_path / "b", other.parent / "three-classes", teachers / "flow", "data.image_size=16")
+        )
+    with pytest.raises(ConfigError, match="a distillation learns from a trained model: name it with distill.teacher"):
+        load_config(tiny_train_config(tmp_path / "c", other), ["objective.name=distill"])
+    with pytest.raises(ConfigError, match=r"distill.teacher applies to a distillation \(objective.name=distill\)"):
+        load_config(tiny_train_config(tmp_path / "c", other), [f"distill.teacher={teachers / 'flow'}"])
+    with pytest.raises(ConfigError, match="model.overrides hidden_size=64 contradict the teacher's architecture"):
+        Trainer(
+            load_config(
+                tiny_train_config(tmp_path / "d", image_dir),
+                ["objective.name=distill", f"distill.teacher={teachers / 'flow'}", "model.overrides.hidden_size=64"],
+            )
+        )
+
+
+def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image_dir, tmp_path, caplog):
+    out = tmp_path / "student"
+    guided = ("distill.guidance_scale=2.0", "distill.guidance_times=[0.2,0.9]", "train.checkpoint_every=2")
+    preview = ("preview.per_class=1", "preview.num_steps=1", "preview.guidance_scale=1.0")  # as the distill configs
+    summary = train(distill_config(out, image_dir, teachers / "flow", *guided, *preview))
+    identity = json.loads((out / "manifest.json").read_text())["identity"]["frozen"]["teacher"]
+    state = json.loads((out / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())
+    assert state["frozen"]["teacher"] == identity and identity["guidance"]["scale"] == 2.0
+    assert identity["guidance"]["times"] == [0.2, 0.9] and identity["source"].endswith("pipeline")
+    pipe = load_pipeline(summary["pipeline"], device="cpu")
+    record = pipe.transformer.config.objective
+    assert record["teacher"]["sha256"] == identity["sha256"] and record["guidance"]["scale"] == 2.0
+    card = (summary["pipeline"] / "README.md").read_text()
+    assert "MeanFlow distilled from" in card and identity["sha256"][:12] in card
+    assert pipe.preview_sampling.sampler.num_steps == 1 and objective_of(pipe.transformer).name == "distill"
+    more = ("train.max_steps=4", "train.resume=latest")
+    with pytest.raises(ArtifactError, match=r"another set-up \(frozen\.teacher"):  # another teacher
+        Trainer(distill_config(out, image_dir, teachers / "ddpm", *guided, *more))
+    with pytest.raises(ArtifactError, match=r"another set-up \(frozen\.teacher\.guidance\.scale"):  # other guidance
+        Trainer(distill_config(out, image_dir, teachers / "flow", *more))
+    # the student samples in one step with the command line, guidance folded in (the CLI's default scale 1)
+    logged = run_in_process(
+        "sample", [summary["pipeline"], "--per-class", "1", "--out", tmp_path / "grid.png"], caplog
+    )
+    assert "meanflow, 1 step," in logged and "guidance 1" in logged and (tmp_path / "grid.png").is_file()
