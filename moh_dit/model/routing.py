@@ -44,10 +44,13 @@ class RoutingTape:
         for attn in self.layers:
             attn.routing = None
 
-    def replay(self) -> None:
-        """From now on, forwards take the recorded choices."""
+    def replay(self, rows: torch.Tensor | None = None) -> None:
+        """From now on, forwards take the recorded choices (of the batch's ``rows`` only, when given: forwards of that
+        part of the batch)."""
         if any(c is None for c in self.choices):
             raise RuntimeError("nothing recorded to replay: run a forward inside the tape first")
+        if rows is not None:
+            self.choices = [c[rows] for c in self.choices]
         self.replaying = True
 
     def _choose(self, index: int, top_i: torch.Tensor) -> torch.Tensor:

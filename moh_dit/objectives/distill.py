@@ -262,27 +262,38 @@ class MeanFlowDistill(MeanFlow):
 
         z, t, r = noised.x_t, noised.terms["t"], noised.terms["r"]
         precision = autocast() if self.jvp_autocast else torch.autocast(z.device.type, enabled=False)
-        shape = (-1, *([1] * (z.ndim - 1)))
         devices = [z.device] if z.device.type == "cuda" else []
         with RoutingTape(getattr(net, "attention_layers", [])) as tape, precision:
             random_state = [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
             out = net(z, self.network_time(t, r), labels, force_drop_ids=drop)
             u = out.sample.float()
-            t_plus, t_minus, norm = finite_difference_times(t, r, self.fd_eps, *bounds)
-            z64, v64 = z.to(torch.float64), velocity.to(torch.float64)
-            shifted = []
-            if tape.layers:
-                tape.replay()
-            with torch.no_grad():
-                for moved in (t_plus, t_minus):
-                    z_moved = z64 + (moved - t.to(torch.float64)).reshape(shape) * v64
-                    time = self.network_time(moved.to(t.dtype), r)
-                    with torch.random.fork_rng(devices=devices):  # the primal's random draws (dropout) again
-                        torch.set_rng_state(random_state[0])
-                        for device, state in zip(devices, random_state[1:]):
-                            torch.cuda.set_rng_state(state, device)
-                        moved_out = net(z_moved.to(z.dtype), time, labels, force_drop_ids=drop)
-                    shifted.append(moved_out.sample.to(torch.float64))
-        dudt = self.sign * (shifted[0] - shifted[1]) * norm.reshape(shape)
+            # only the samples with r < t need du/dt (it is multiplied by t - r): the shifted forwards skip the others
+            rows = (t > r).nonzero().flatten()
+            dudt = torch.zeros_like(u, dtype=torch.float64)
+            if rows.numel():
+                if tape.layers:
+                    tape.replay(rows)
+                moving = (z[rows], t[rows], r[rows], velocity[rows])
+                dudt[rows] = self._difference(net, *moving, labels, drop, rows, random_state, devices, bounds)
         aligned = out.aligned if net.projectors is not None and net.training else None
         return MoHDiTOutput(sample=u, aux_loss=out.aux_loss, aligned=aligned), dudt.to(z.dtype)
+
+    @torch.no_grad()
+    def _difference(self, net, z, t, r, velocity, labels, drop, rows, random_state, devices, bounds) -> torch.Tensor:
+        """``du/dt`` (in the convention's sign) of the batch's ``rows`` by the finite difference, each shifted forward
+        with the primal's random draws (a network's dropout) and its recorded routing."""
+        shape = (-1, *([1] * (z.ndim - 1)))
+        t_plus, t_minus, norm = finite_difference_times(t, r, self.fd_eps, *bounds)
+        z64, v64 = z.to(torch.float64), velocity.to(torch.float64)
+        labels = labels[rows] if labels is not None else None
+        drop = drop[rows] if drop is not None else None
+        shifted = []
+        for moved in (t_plus, t_minus):
+            z_moved = z64 + (moved - t.to(torch.float64)).reshape(shape) * v64
+            time = self.network_time(moved.to(t.dtype), r)
+            with torch.random.fork_rng(devices=devices):  # the primal's random draws again
+                torch.set_rng_state(random_state[0])
+                for device, state in zip(devices, random_state[1:]):
+                    torch.cuda.set_rng_state(state, device)
+                shifted.append(net(z_moved.to(z.dtype), time, labels, force_drop_ids=drop).sample.to(torch.float64))
+        return self.sign * (shifted[0] - shifted[1]) * norm.reshape(shape)

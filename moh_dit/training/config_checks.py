@@ -177,14 +177,18 @@ def check_distill(config: Config) -> None:
     _one_of("distill.teacher_path", section.teacher_path, ("linear", "gvp"))
     _one_of("distill.student", section.student, ("teacher", "preset"))
     scale = section.guidance_scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ConfigError(f"distill.guidance_scale must be a finite number (1: no guidance), got {scale!r}")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+    ):
+        raise ConfigError(f"distill.guidance_scale must be a finite number (1: no guidance) or null, got {scale!r}")
     times = section.guidance_times
-    if not (isinstance(times, list) and len(times) == 2 and all(isinstance(v, (int, float)) for v in times)) or not (
-        0 <= times[0] <= times[1] <= 1
+    if times is not None and (
+        not (isinstance(times, list) and len(times) == 2 and all(isinstance(v, (int, float)) for v in times))
+        or not 0 <= times[0] <= times[1] <= 1
     ):
         raise ConfigError(
-            f"distill.guidance_times must be [first, last] flow times with 0 <= first <= last <= 1, got {times!r}"
+            f"distill.guidance_times must be [first, last] flow times with 0 <= first <= last <= 1, or null, got "
+            f"{times!r}"
         )
     if section.guide is None and (section.guide_step is not None or section.guide_sigma_rel is not None):
         raise ConfigError(
@@ -243,6 +247,11 @@ def check_evaluation(log: LogSection) -> None:
     _at_least("log.eval_every", log.eval_every, 0)
     _at_least("log.eval_samples", log.eval_samples, 1)
     _at_least("log.eval_batch_size", log.eval_batch_size, 1)
+    also = log.eval_also_steps
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1000 for n in also) or len(
+        set(also)
+    ) < len(also):
+        raise ConfigError(f"log.eval_also_steps must be distinct step counts between 1 and 1000, got {list(also)}")
     for key in ("eval_reference", "eval_extractor_weights", "eval_extractor_module"):
         value = getattr(log, key)
         if value is not None and not (isinstance(value, str) and value):

@@ -154,14 +154,13 @@ class DistillSection:
     teacher: str | None = (
         None  # a run, checkpoint, pipeline or transformer folder, or a checkpoint file (teacher_format)
     )
-    teacher_format: str = (
-        "dit"  # a checkpoint file's format, as moh-dit convert's --format: dit | sit | repa | lightningdit
-    )
+    # a checkpoint file's format, as moh-dit convert's --format: dit | sit | repa | lightningdit
+    teacher_format: str = "dit"
     teacher_path: str = "linear"  # a SiT or REPA checkpoint's path (convert's --flow-path): linear | gvp
-    guidance_scale: float = 1.0  # the teacher's guidance folded into the target (1: none)
-    guidance_times: list[float] = field(
-        default_factory=lambda: [0.0, 1.0]
-    )  # [first, last] flow times guided (1: noise)
+    # the teacher's guidance folded into the target (1: none); null: the guidance the teacher records (its previews')
+    guidance_scale: float | None = None
+    # [first, last] flow times guided (1: noise); null: the teacher's recorded interval (as noise levels), else every time
+    guidance_times: list[float] | None = None
     guide: str | None = None  # autoguidance of the teacher: a weaker model (run, checkpoint, pipeline) instead of CFG
     guide_step: int | None = None  # the guide run's checkpoint at this step
     guide_sigma_rel: float | None = None  # an EMA of this width rebuilt from the guide run's post-hoc snapshots
@@ -244,6 +243,9 @@ class LogSection:
     eval_extractor_weights: str | None = None  # default: $MOH_DIT_INCEPTION_WEIGHTS, then the torch hub cache
     eval_extractor_module: str | None = None
     eval_batch_size: int = 64  # images per sampling block (as evaluate's --sample-batch-size)
+    # more step counts of eval_sampling's sampler scored at each evaluation (records kid@N, fid@N, ...), e.g. [2, 4]
+    # for a model sampled in one step
+    eval_also_steps: tuple[int, ...] = ()
     eval_keep_samples: bool = False  # keep the images (PNGs and .npz) after scoring; the scores are always kept
     eval_sampling: EvalSamplingSection = field(default_factory=EvalSamplingSection)
 

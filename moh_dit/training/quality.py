@@ -16,6 +16,7 @@ evaluated step, none missing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -68,6 +69,7 @@ class QualityCurve:
         self.done: set[int] = set()
         self.spec = log.eval_sampling.sampling()
         self.settings = GenerationSettings(log.eval_samples, seed, log.eval_batch_size, "balanced", self.spec)
+        self.also_steps = tuple(log.eval_also_steps)  # more step counts of the same sampler, e.g. a few-step model's
         self.options = ScoringOptions()  # evaluate's defaults: the numbers its command line gives
         self.reference = resolve_reference(log.eval_reference) if log.eval_reference and self.every else None
         self.extractor = None
@@ -139,8 +141,6 @@ class QualityCurve:
     def evaluate(self, pipe, step: int, samples_seen: int) -> dict[str, Any] | None:
         """Sample and score ``pipe`` (the EMA weights at ``step``) on every process. Returns the record on the
         main process (written to ``eval/step-N.metrics.json``), ``None`` elsewhere."""
-        from moh_dit.evaluation.model_scores import sample_and_score
-
         start, folder = time.time(), self.sample_dir(step)
         failure = None
         if self.accelerator.is_main_process:  # stop before sampling for minutes into a disk that cannot hold them
@@ -152,30 +152,22 @@ class QualityCurve:
         failure = first_failure(self.accelerator, failure)
         if failure is not None:
             raise DiskFullError(failure)
-        # the folder is the trainer's own: samples of other weights there (a run rewound by an elastic resume)
-        # are replaced, samples of these weights (an evaluation a crash cut short) are completed
-        result = sample_and_score(
-            pipe,
-            folder,
-            self.settings,
-            self.reference,
-            self.extractor,
-            self.options,
-            self.accelerator,
-            overwrite=True,
-        )
+        result, metrics_file = self._score(pipe, folder, self.settings)
+        extra = {}
+        for steps in self.also_steps:  # the same weights at other step counts (a few-step model: 1, 2, 4)
+            settings = dataclasses.replace(self.settings, sampling=self.spec.replace(num_inference_steps=steps))
+            also, _ = self._score(pipe, folder.with_name(f"{folder.name}-{steps}steps"), settings)
+            if also is not None:
+                extra |= {f"{k}@{steps}": also["metrics"][k] for k in SCORES if k in also["metrics"]}
         self.done.add(step)
         if result is None:
             return None
-        metrics_file = write_metrics(metrics_path_for(sample_npz_path(folder), self.extractor_name), result)
-        if not self.keep_samples:  # 10,000 ImageNet samples are 2 GB; their scores and manifest stay
-            shutil.rmtree(folder)
-            sample_npz_path(folder).unlink()
         scores = {k: result["metrics"][k] for k in SCORES if k in result["metrics"]}
         return {
             "step": step,
             "kind": EVALUATION,
             **scores,
+            **extra,
             "num_samples": result["num_samples"],
             "samples_seen": samples_seen,
             "extractor": result["extractor"],
@@ -185,12 +177,30 @@ class QualityCurve:
             "file": str(metrics_file.relative_to(self.layout.root)),
         }
 
+    def _score(self, pipe, folder: Path, settings: GenerationSettings) -> tuple[dict | None, Path | None]:
+        """One sample set of ``pipe`` scored (on every process; the result and its metrics file on the main one). The
+        folder is the trainer's own: samples of other weights there (a run rewound by an elastic resume) are
+        replaced, samples of these weights (an evaluation a crash cut short) are completed."""
+        from moh_dit.evaluation.model_scores import sample_and_score
+
+        result = sample_and_score(
+            pipe, folder, settings, self.reference, self.extractor, self.options, self.accelerator, overwrite=True
+        )
+        if result is None:
+            return None, None
+        metrics_file = write_metrics(metrics_path_for(sample_npz_path(folder), self.extractor_name), result)
+        if not self.keep_samples:  # 10,000 ImageNet samples are 2 GB; their scores and manifest stay
+            shutil.rmtree(folder)
+            sample_npz_path(folder).unlink()
+        return result, metrics_file
+
     def describe(self) -> str:
         """``10000 samples every 50000 steps (dpm-solver, 25 steps, guidance 1 at every step), KID/FID against
         ref.npz with inception``, for the log at the start."""
+        also = f"; also at {', '.join(map(str, self.also_steps))} steps" if self.also_steps else ""
         return (
-            f"{self.settings.num_samples} samples every {self.every} steps ({self.spec.describe()}), scored against "
-            f"{self.reference} with {self.extractor_name}"
+            f"{self.settings.num_samples} samples every {self.every} steps ({self.spec.describe()}{also}), scored "
+            f"against {self.reference} with {self.extractor_name}"
         )
 
 

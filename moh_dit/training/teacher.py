@@ -29,6 +29,7 @@ from moh_dit.errors import ConfigError
 from moh_dit.manifests import fingerprint_module, read_manifest
 from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
+from moh_dit.objectives.noise import flow_time
 from moh_dit.training.frozen import FrozenModel
 from moh_dit.vae import latent_space_differences, space_of
 
@@ -100,10 +101,8 @@ class Teacher(FrozenModel):
             guide = load_guide(
                 GuideSpec(section.guide, section.guide_step, section.guide_sigma_rel), loaded.model, space
             )
-        times = (float(section.guidance_times[0]), float(section.guidance_times[1]))
-        teacher = cls(
-            loaded.model.to(device), loaded.source, TeacherGuidance(float(section.guidance_scale), times, guide)
-        )
+        scale, times = _guidance_of(section)
+        teacher = cls(loaded.model.to(device), loaded.source, TeacherGuidance(scale, times, guide))
         logger.info("the teacher: %s", teacher.describe())
         return teacher
 
@@ -216,6 +215,26 @@ def _load(section: DistillSection) -> _Loaded:
         data = ((read_manifest(source.run, "run") or {}).get("identity") or {}).get("data")
     vae = source_vae_record(source) if source.kind != "transformer" else "unknown"
     return _Loaded(model, str(source.path), id2label, vae, data)
+
+
+def _guidance_of(section: DistillSection) -> tuple[float, tuple[float, float]]:
+    """The scale and flow times the config gives, or where it gives none the teacher's recorded guidance (its
+    previews': the scale, and its interval as noise levels, read as the linear path's times); a checkpoint file records
+    none: no guidance."""
+    scale, times = section.guidance_scale, section.guidance_times
+    recorded = None
+    if scale is None or times is None:
+        from moh_dit.sampling.loading import recorded_sampling
+
+        recorded = recorded_sampling(section.teacher) if not Path(section.teacher).is_file() else None
+    if scale is None:
+        scale = recorded.guidance.scale if recorded is not None else 1.0
+    if times is None:
+        levels = recorded.guidance.noise_range() if recorded is not None else None
+        times = (0.0, 1.0) if levels is None else tuple(flow_time(level) for level in levels)
+    if recorded is not None:
+        logger.info("the teacher's guidance as it records it: %s", recorded.describe_guidance())
+    return float(scale), (float(times[0]), float(times[1]))
 
 
 def _check_fits(teacher: _Loaded, data: TrainingData) -> None:

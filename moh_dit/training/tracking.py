@@ -194,11 +194,16 @@ class MetricsLog:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        scores = {k: v for k, v in record.items() if k in EVAL_SCORE_NAMES}
+        scores = {k: v for k, v in record.items() if k.split("@")[0] in EVAL_SCORE_NAMES}  # kid, kid@2 (2 steps)
         if self.use_trackers:
             self.accelerator.log({f"eval/{k}": v for k, v in scores.items()}, step=record["step"])
+
+        def name(key: str) -> str:
+            score, _, steps = key.partition("@")
+            return EVAL_SCORE_NAMES[score] + (f" ({steps} steps)" if steps else "")
+
         shown = " | ".join(
-            f"{EVAL_SCORE_NAMES[k]} {v:.{5 if k == 'kid' else 4}g}" for k, v in scores.items() if k != "kid_std"
+            f"{name(k)} {v:.{5 if k.startswith('kid') else 4}g}" for k, v in scores.items() if "kid_std" not in k
         )
         logger.info(
             "step %d | evaluation of %d samples: %s (%.0f s)",
