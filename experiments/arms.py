@@ -128,3 +128,42 @@ def score(model: Path, scheduler: str, steps: int, guidance: float, sc: dict, re
 def scores_row(scores: dict) -> dict:
     keep = ("kid", "kid_interval", "fid", "fid_interval", "precision", "recall", "seconds_per_image", "nfe")
     return {k: scores[k] for k in keep if k in scores} | {k: scores[k] for k in ("scheduler", "steps", "guidance")}
+
+
+def score_model(
+    model: Path, name: str, scheduler: str, steps: int, scale: float, ctx: dict, cache: str = "none"
+) -> dict:
+    """One sample set of ``model`` (its recorded guidance interval and grid averaging, this sampler, steps and scale,
+    the cache) scored (reused when it exists): KID with its 90% interval, FID, precision, recall, the seconds per image
+    and the network evaluations per image counted. ``ctx``: the study's ``out``, ``reference``, ``extractor``,
+    ``samples``, ``bootstrap``; ``name`` names the sample folder."""
+    spec = recorded_sampling(model).replace(
+        scheduler=None, num_inference_steps=steps, guidance_scale=scale, cache=None if cache == "none" else cache,
+        cache_options=None,
+    )  # fmt: skip
+    samples = ctx["samples"]
+    settings = GenerationSettings(
+        samples, seed=1000, batch_size=min(250, samples), label_mode="balanced", sampling=spec
+    )
+    folder = (
+        ctx["out"] / "samples" / (f"{name}-{scheduler}{steps}-cfg{scale:g}" + ("" if cache == "none" else f"-{cache}"))
+    )
+    scores = sample_and_score(
+        model, folder.with_name(f"{folder.name}-n{samples}"), settings, scheduler, ctx["reference"], ctx["extractor"],
+        ctx["bootstrap"],
+    )  # fmt: skip
+    keep = ("kid", "kid_interval", "fid", "precision", "recall", "seconds_per_image")
+    return {k: scores[k] for k in keep if k in scores} | {"nfe": counted_evaluations(model, spec, scheduler)}
+
+
+def counted_evaluations(model: Path, spec, scheduler: str) -> int:
+    """Network evaluations of one image under ``spec``, counted: the rows of every forward (CFG's two halves and grid
+    averaging's copies each count; a cache's skips do not lower it: the setting's uncached count)."""
+    pipe = load_pipeline(model, device="cpu", scheduler=scheduler)
+    rows: list[int] = []
+    handle = pipe.transformer.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+    try:
+        sample_grid(pipe, [0], 1, 0, spec.replace(scheduler=scheduler, cache=None))
+    finally:
+        handle.remove()
+    return sum(rows)

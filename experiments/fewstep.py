@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 
-from experiments.arms import STUDY_SCALES, run_name, train_arm
+from experiments.arms import STUDY_SCALES, run_name, score_model, train_arm
 from experiments.common import (
-    sample_and_score,
     start_scoring,
 )
 from experiments.fewstep_report import CACHES, FLOW_SAMPLER, FLOW_STEPS, MEANFLOW_STEPS, best, plot, report
@@ -44,9 +43,7 @@ from experiments.report import (
     study_arguments,
     with_row,
 )
-from moh_dit.sampling.generation import GenerationSettings
-from moh_dit.sampling.grids import sample_grid
-from moh_dit.sampling.loading import load_pipeline, recorded_sampling
+from moh_dit.sampling.loading import recorded_sampling
 from moh_dit.training.quality import read_records
 
 MEANFLOW = "configs/fashion_mnist_moh_meanflow.yaml"
@@ -71,38 +68,9 @@ def model_of(kind: str, seed: int, ctx: dict) -> Path:
 
 
 def score(kind: str, seed: int, scheduler: str, steps: int, scale: float, ctx: dict, cache: str = "none") -> dict:
-    """One sample set of ``kind``'s model (its recorded guidance interval and grid averaging, this sampler, steps and
-    scale, the cache), scored (reused when it exists), with the network evaluations per image counted."""
-    model = model_of(kind, seed, ctx)
-    spec = recorded_sampling(model).replace(
-        scheduler=None, num_inference_steps=steps, guidance_scale=scale, cache=None if cache == "none" else cache,
-        cache_options=None,
-    )  # fmt: skip
-    samples = ctx["samples"]
-    settings = GenerationSettings(
-        samples, seed=1000, batch_size=min(250, samples), label_mode="balanced", sampling=spec
-    )
-    name = f"{run_name(kind, seed)}-{scheduler}{steps}-cfg{scale:g}" + ("" if cache == "none" else f"-{cache}")
-    scores = sample_and_score(
-        model, ctx["out"] / "samples" / f"{name}-n{samples}", settings, scheduler, ctx["reference"], ctx["extractor"],
-        ctx["bootstrap"],
-    )  # fmt: skip
-    keep = ("kid", "kid_interval", "fid", "precision", "recall", "seconds_per_image")
+    """One sample set of ``kind``'s model at ``seed`` (:func:`experiments.arms.score_model`), as a row."""
     row = {"kind": kind, "seed": seed, "scheduler": scheduler, "steps": steps, "scale": scale, "cache": cache}
-    return row | {k: scores[k] for k in keep if k in scores} | {"nfe": evaluations_per_image(model, spec, scheduler)}
-
-
-def evaluations_per_image(model: Path, spec, scheduler: str) -> int:
-    """Network evaluations of one image under ``spec``, counted: the rows of every forward (CFG's two halves and grid
-    averaging's copies each count; a cache's skips do not lower it: the setting's uncached count)."""
-    pipe = load_pipeline(model, device="cpu", scheduler=scheduler)
-    rows: list[int] = []
-    handle = pipe.transformer.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
-    try:
-        sample_grid(pipe, [0], 1, 0, spec.replace(scheduler=scheduler, cache=None))
-    finally:
-        handle.remove()
-    return sum(rows)
+    return row | score_model(model_of(kind, seed, ctx), run_name(kind, seed), scheduler, steps, scale, ctx, cache)
 
 
 MATCH = ("kind", "seed", "scheduler", "steps", "scale", "cache")  # a row's identity
