@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from moh_dit.run_folder import RunLayout
 from moh_dit.training.tracking import objective_loss
 
-from .helpers.factories import make_image_folder, tiny_train_overrides
+from .helpers.factories import make_image_folder, tiny_train_overrides, train_tiny
 from .helpers.launch import ROOT, Job, alive, free_port, launch, run_job
 
 TRAIN = ROOT / "train.py"
@@ -175,16 +175,39 @@ def test_a_resume_on_another_process_count_is_refused_unless_elastic(images, tmp
 MEANFLOW = ("objective.name=meanflow", "objective.guidance_mix=0.5", "train.snr_gamma=null")
 
 
+@pytest.fixture(scope="module")
+def flow_teacher(images, tmp_path_factory):
+    """A tiny flow run (four steps) to distil from."""
+    out = tmp_path_factory.mktemp("teacher") / "flow"
+    train_tiny(out, images, "objective.name=flow", "train.max_steps=4", "preview.per_class=0")
+    return out
+
+
+def distill(teacher, derivative="finite-difference"):
+    return ("objective.name=distill", f"distill.teacher={teacher}", f"distill.derivative={derivative}")
+
+
 @pytest.mark.parametrize(
     "launcher, objective",
     # MeanFlow's in the default suite (its gradients are averaged by hand); the plain ones on demand
-    [pytest.param("torchrun", (), marks=SLOW), ("torchrun", MEANFLOW), pytest.param("accelerate", (), marks=SLOW)],
-    ids=["torchrun", "torchrun-meanflow", "accelerate"],
+    [
+        pytest.param("torchrun", (), marks=SLOW),
+        ("torchrun", MEANFLOW),
+        ("torchrun", "distill"),
+        pytest.param("accelerate", (), marks=SLOW),
+    ],
+    ids=["torchrun", "torchrun-meanflow", "torchrun-distill", "accelerate"],
 )
-def test_gradient_accumulation_on_two_processes_averages_every_micro_batch(launcher, objective, images, tmp_path):
+def test_gradient_accumulation_on_two_processes_averages_every_micro_batch(
+    launcher, objective, images, tmp_path, request
+):
+    """Two processes, two micro-batches each: the applied gradient is the mean of the four micro-batches' (a
+    distillation's too: its teacher beside the student on every rank, outside DDP)."""
     from moh_dit.training.config import load_config
     from moh_dit.training.trainer import Trainer
 
+    if objective == "distill":
+        objective = distill(request.getfixturevalue("flow_teacher"))
     accumulation = ("train.grad_accum_steps=2", "train.global_batch_size=8", *objective)
     ranks, args = probe(tmp_path / "two", images, *accumulation, steps=2, launcher=launcher)
     saved = [torch.load(tmp_path / "two" / f"rank{r}.pt", weights_only=True) for r in range(2)]
@@ -491,3 +514,27 @@ def test_a_run_with_repa_and_post_hoc_ema_resumes_exactly_on_two_processes(objec
     pipe = MoHDiTPipeline.from_pretrained(whole / "pipeline")
     assert pipe.transformer.projectors is None
     assert (pipe.transformer.config.get("objective") or {}).get("name", "ddpm") == objective
+
+
+@pytest.mark.parametrize("derivative", ["finite-difference", pytest.param("jvp", marks=SLOW)])
+def test_a_distillation_resumes_exactly_on_two_processes(derivative, flow_teacher, images, tmp_path):
+    """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's
+    split) stopped at step 4 and resumed on two processes ends as the uninterrupted one, bit for bit; every
+    checkpoint names its teacher and a resume beside another is refused (tests/training/test_teacher.py)."""
+    extra = [*distill(flow_teacher, derivative), "distill.end_time_blocks=1", "train.checkpoint_every=4"]
+    extra += ["preview.per_class=0"]
+
+    def run(out, *more, tag):
+        return run_job(launch("torchrun", TRAIN, *tiny_train_overrides(out, images, *extra, *more)), tmp_path / tag)
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run(whole, "train.max_steps=8", tag="whole.log")
+    run(cut, "train.max_steps=4", tag="first.log")
+    run(cut, "train.max_steps=8", "train.resume=latest", tag="resumed.log")
+    assert_same_run(cut, whole)
+    assert len(losses(whole)) >= 2 and all(np.isfinite(loss) for _, loss, _ in losses(whole))
+    for run in (whole, cut):  # the teacher each checkpoint was trained beside (a resume compares it)
+        state = json.loads((RunLayout(run).latest_checkpoint() / "trainer_state.json").read_text())
+        assert state["frozen"]["teacher"]["source"] == str(flow_teacher / "pipeline"), state[
+            "frozen"
+        ]  # a run: its pipeline

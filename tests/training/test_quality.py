@@ -171,6 +171,23 @@ def test_a_meanflow_run_evaluates_itself_in_one_step_without_guidance(tmp_path, 
     assert identity["guidance_scale"] == 1.0
 
 
+def test_more_step_counts_are_scored_beside_the_first_as_their_own_evaluation_would(tmp_path, image_dir):
+    """``log.eval_also_steps=[2]`` beside a 1-step MeanFlow evaluation: the records hold kid@2 (and the rest @2),
+    each the score a run evaluating at 2 steps logs for the same weights; a repeated count is refused."""
+    meanflow = ["objective.name=meanflow", "objective.guidance_mix=0.5", "train.snr_gamma=null", "train.max_steps=2"]
+    one = ["log.eval_sampling.num_steps=1", "log.eval_also_steps=[2]"]
+    run, config = tiny_run(tmp_path, image_dir, "both", *meanflow, *one)
+    Trainer(config).run()
+    alone, config = tiny_run(tmp_path, image_dir, "two", *meanflow, "log.eval_sampling.num_steps=2")
+    Trainer(config).run()
+    (both,), (two,) = evaluations(run), evaluations(alone)
+    assert both["kid@2"] != both["kid"]
+    for key in ("kid", "fid", "precision", "recall"):
+        assert both[f"{key}@2"] == two[key], key
+    with pytest.raises(ConfigError, match="log.eval_also_steps must be distinct step counts"):
+        load_config(None, ["log.eval_also_steps=[2, 2]"])
+
+
 def test_evaluation_settings_are_checked_before_a_run_starts(tmp_path, image_dir):
     with pytest.raises(ConfigError, match="log.eval_reference, which is not set"):
         load_config(None, tiny_train_overrides(tmp_path / "a", image_dir, "log.eval_every=10"))
