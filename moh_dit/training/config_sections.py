@@ -157,6 +157,7 @@ class DistillSection:
     # a checkpoint file's format, as moh-dit convert's --format: dit | sit | repa | lightningdit
     teacher_format: str = "dit"
     teacher_path: str = "linear"  # a SiT or REPA checkpoint's path (convert's --flow-path): linear | gvp
+    teacher_num_heads: int | None = None  # a checkpoint file's heads, where its width is no DiT preset's (--num-heads)
     # the teacher's guidance folded into the target (1: none); null: the guidance the teacher records (its previews')
     guidance_scale: float | None = None
     # [first, last] flow times guided (1: noise); null: the teacher's recorded interval (as noise levels), else every time

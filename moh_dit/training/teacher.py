@@ -198,7 +198,8 @@ def _load(section: DistillSection) -> _Loaded:
     if path.is_file():  # a checkpoint of another codebase, read as moh-dit convert reads it
         from moh_dit.interop.load import load_any
 
-        model, _, id2label, report = load_any(path, section.teacher_format, section.teacher_path)
+        heads = {} if section.teacher_num_heads is None else {"num_heads": section.teacher_num_heads}
+        model, _, id2label, report = load_any(path, section.teacher_format, section.teacher_path, **heads)
         return _Loaded(model.eval(), str(path), id2label or None, "unknown", None)
     from moh_dit.sampling.sources import load_transformer, source_vae_record
 

@@ -264,3 +264,27 @@ def test_block_options_are_checked_with_the_rest_of_the_config_before_any_data()
     with pytest.raises(ConfigError, match=r"model.overrides.block: unknown block options \['bogus'\]"):
         load_config(None, ["model.init_from=runs/x", "model.overrides.block={bogus: 1}"])
     assert load_config(None, ["model.overrides.block={mlp: swiglu}"]).model.overrides["block"] == {"mlp": "swiglu"}
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "configs" / "imagenet256").glob("distill-*.yaml")), ids=lambda p: p.name
+)
+def test_imagenet_distillation_configs_distil_the_run_their_base_config_trains(path):
+    """Each ImageNet distillation names as its teacher the run its base config writes (or a checkpoint file in a
+    format convert reads), keeps the base's model and data, splits fewer blocks than the model has, and previews and
+    evaluates in one MeanFlow step without guidance (scoring 2 and 4 beside it)."""
+    import yaml
+
+    config = load_config(path)
+    base = load_config(path.parent / yaml.safe_load(path.read_text())["base"])
+    assert config.objective.name == "distill" and config.distill.derivative == "finite-difference"
+    if config.distill.teacher.endswith(".pt"):
+        assert config.distill.teacher_format in ("sit", "repa", "lightningdit")
+    else:
+        assert config.distill.teacher == base.train.output_dir
+    assert (config.model, config.data) == (base.model, base.data)
+    assert 0 < config.distill.end_time_blocks < preset_config(config.model.preset)["depth"]
+    assert config.distill.guidance_scale > 1 and config.train.max_steps <= base.train.max_steps / 2
+    for spec in (config.log.eval_sampling.sampling(), config.preview.sampling()):
+        assert spec.sampler.num_steps == 1 and spec.guidance.scale == 1.0 and spec.sampler.time_shift == 1.0
+    assert config.log.eval_sampling.scheduler == "meanflow" and tuple(config.log.eval_also_steps) == (2, 4)

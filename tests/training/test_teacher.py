@@ -115,3 +115,31 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
         "sample", [summary["pipeline"], "--per-class", "1", "--out", tmp_path / "grid.png"], caplog
     )
     assert "meanflow, 1 step," in logged and "guidance 1" in logged and (tmp_path / "grid.png").is_file()
+
+
+def test_a_checkpoint_of_another_codebase_teaches_in_its_own_convention(image_dir, tmp_path):
+    """A REPA checkpoint file (``distill.teacher_format=repa``, read as ``moh-dit convert`` reads it): the student is
+    its architecture in REPA's time convention and starts as it; a checkpoint records no guidance, so none is folded
+    in unless the config gives it; the latent space it does not record is not held against it."""
+    from moh_dit.interop.sit import to_flow_state_dict
+    from moh_dit.model.network import MoHDiT
+
+    torch.manual_seed(0)
+    repa = MoHDiT(
+        sample_size=8, patch_size=2, in_channels=3, hidden_size=32, depth=2, num_heads=4, attention_type="mha",
+        num_classes=2, learn_sigma=False, objective={"name": "flow", "path": "linear", "convention": "repa"},
+    )  # fmt: skip
+    torch.save({"ema": to_flow_state_dict(repa, "repa")}, tmp_path / "repa.pt")
+    checkpoint = ("distill.teacher_format=repa", "distill.teacher_num_heads=4")  # a width of no DiT preset
+    config = distill_config(tmp_path / "s", image_dir, tmp_path / "repa.pt", *checkpoint)
+    trainer = Trainer(config)
+    student, teacher = trainer.unwrapped.eval(), trainer.frozen["teacher"]
+    assert student.config.objective["time"] == "repa" and teacher.guidance.scale == 1.0
+    assert student.config.objective["teacher"]["source"] == str(tmp_path / "repa.pt")
+    z, t, labels = torch.randn(2, 3, 8, 8), torch.tensor([0.3, 0.8]), torch.tensor([0, 1])
+    with torch.no_grad():
+        ours = trainer.objective.linear_velocity(student, z, t, labels)
+        theirs = -repa(z, t, labels).sample  # REPA's network velocity points from noise to data at time t
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="distill.teacher_format must be one of"):
+        distill_config(tmp_path / "x", image_dir, tmp_path / "repa.pt", "distill.teacher_format=edm")
