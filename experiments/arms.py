@@ -85,13 +85,18 @@ def train_arm(arm: str, seed: int, sc: dict, out: Path, reference: Path, arms: d
     return {
         "arm": arm,
         "seed": seed,
+        "steps": trained.get("step"),
         "median_images_per_s": trained["median_images_per_s"],
         "final_loss": objective_loss(last)[1] if last else None,
         "final_repa_loss": last.get("repa_loss"),
-        "curve": [
-            {k: r.get(k) for k in ("step", "kid", "fid")} for r in read_records(run / "metrics.jsonl", "evaluation")
-        ],
+        "curve": [curve_point(r) for r in read_records(run / "metrics.jsonl", "evaluation")],
     }
+
+
+def curve_point(record: dict) -> dict:
+    """An evaluation during training as a study keeps it: the step, KID and FID, and those at more step counts
+    (``kid@2``: log.eval_also_steps)."""
+    return {k: v for k, v in record.items() if k == "step" or k.split("@")[0] in ("kid", "fid")}
 
 
 def pipeline_of(out: Path, arm: str, seed: int) -> Path:

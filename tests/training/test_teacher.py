@@ -115,6 +115,25 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
         "sample", [summary["pipeline"], "--per-class", "1", "--out", tmp_path / "grid.png"], caplog
     )
     assert "meanflow, 1 step," in logged and "guidance 1" in logged and (tmp_path / "grid.png").is_file()
+    # evaluate --model samples it in one step, unguided; so does the demo's page with its defaults
+    import evaluate_fid
+
+    from ..helpers.tiny_extractor import TINY
+
+    evaluate_fid.main(
+        ["--model", str(summary["pipeline"]), "--reference", str(image_dir), "--extractor", TINY, "--num-samples", "4",
+         "--sample-batch-size", "4", "--out", str(tmp_path / "m.json")]
+    )  # fmt: skip
+    identity = json.loads((tmp_path / "m.json").read_text())["samples"]["manifest"]["identity"]
+    assert (identity["scheduler"]["name"], identity["num_inference_steps"], identity["guidance_scale"]) == (
+        "MeanFlowScheduler", 1, 1.0
+    )  # fmt: skip
+    assert identity["objective"]["teacher"]["sha256"] == record["teacher"]["sha256"]
+    pytest.importorskip("gradio")
+    from moh_dit.sampling.demo import api_endpoint
+
+    grid, _, info = api_endpoint(pipe)("dark", images=2)
+    assert "meanflow, 1 step" in info and grid.size[0] > 8
 
 
 def test_a_checkpoint_of_another_codebase_teaches_in_its_own_convention(image_dir, tmp_path):
