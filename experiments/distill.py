@@ -33,10 +33,12 @@ from pathlib import Path
 
 import torch
 
-from experiments.arms import STUDY_SCALES, run_name, score_model, train_arm
+from experiments.arms import STUDY_SCALES, curve_point, run_name, score_model, train_arm
 from experiments.common import ROOT, render_grid, start_scoring
 from experiments.distill_report import KINDS, STUDENT_STEPS, TEACHER_STEPS, plot, report
 from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
+from moh_dit.errors import NonFiniteLossError
+from moh_dit.training.quality import read_records
 
 TEACHERS = {"ddpm": ("configs/fashion_mnist_moh.yaml", []), "flow": ("configs/fashion_mnist_moh_flow.yaml", [])}
 TEACHER_SAMPLERS = {"ddpm": "dpm-solver", "flow": "euler"}  # the fast protocol of each (the recipes study's)
@@ -85,8 +87,19 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict) -> Non
         for arm in arms:
             if seed != 0 and arm.removeprefix("distill-flow-") in ABLATIONS:
                 continue
-            result["training"][run_name(arm, seed)] = train_arm(arm, seed, student_sc, out, reference, arms)
+            result["training"][run_name(arm, seed)] = _train_student(arm, seed, student_sc, out, reference, arms)
             save(out, result)
+
+
+def _train_student(arm: str, seed: int, sc: dict, out: Path, reference: Path, arms: dict) -> dict:
+    """A student trained (or reused); one whose loss stops being finite is recorded as diverged, with its curve so
+    far, and the study goes on (an ablation may well diverge: that is its answer)."""
+    try:
+        return train_arm(arm, seed, sc, out, reference, arms)
+    except NonFiniteLossError as err:
+        metrics = out / "runs" / run_name(arm, seed) / "metrics.jsonl"
+        curve = [curve_point(r) for r in read_records(metrics, "evaluation")] if metrics.is_file() else []
+        return {"arm": arm, "seed": seed, "diverged": str(err).splitlines()[0], "curve": curve}
 
 
 def part_score(ctx: dict, seeds, result: dict) -> None:
@@ -117,6 +130,8 @@ def _recorded_scale(model: Path) -> float:
 
 def _score_once(result: dict, ctx: dict, arm: str, seed: int, scheduler: str, steps: int, scale: float) -> None:
     identity = dict(arm=arm, seed=seed, steps=steps, scale=scale)
+    if "diverged" in result["training"].get(run_name(arm, seed), {}):
+        return  # no model to score: the report says where it diverged
     if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
         scores = score_model(model_of(arm, seed, ctx["out"]), run_name(arm, seed), scheduler, steps, scale, ctx)
         result["scores"] = with_row(result["scores"], MATCH, identity | {"scheduler": scheduler} | scores)

@@ -97,7 +97,7 @@ def report(result: dict) -> str:
         f"{protocol['samples']} class-balanced samples per setting; across seeds, means with 95% t-intervals and "
         "differences paired by seed. NFE: network evaluations per image (a CFG step counts its two halves).",
     ]
-    curves = [r for r in result["training"].values() if r["arm"].startswith("distill-")]
+    curves = [r for r in result["training"].values() if r["arm"].startswith("distill-") and r.get("curve")]
     if curves:
         lines += [
             "",
@@ -157,7 +157,11 @@ def report(result: dict) -> str:
                 ]  # fmt: skip
             ),
         ]
-    ablations = [a for a in ("distill-flow-jvp", "distill-flow-split") if by_seed(rows, a, 1)]
+    ablations = [
+        a
+        for a in ("distill-flow-jvp", "distill-flow-split")
+        if by_seed(rows, a, 1) or "diverged" in result["training"].get(f"{a}-seed0", {})
+    ]
     if ablations:
         lines += [
             "",
@@ -167,6 +171,9 @@ def report(result: dict) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for arm in ["distill-flow", *ablations]:
+            if "diverged" in result["training"].get(f"{arm}-seed0", {}):
+                lines.append(f"| {arm} | diverged: {result['training'][f'{arm}-seed0']['diverged']} |||||")
+                continue
             kids = [by_seed(rows, arm, s).get(0) for s in STUDENT_STEPS]
             recall = by_seed(rows, arm, 2, "recall").get(0)
             run = result["training"].get(f"{arm}-seed0", {})
@@ -203,7 +210,7 @@ def plot(result: dict, out: Path) -> None:
             arms["MeanFlow from scratch"] = [_meanflow_by_seed(result, s) for s in STUDENT_STEPS] + [{}]
         plot_by_seed(ax, groups, arms, "KID x 1000 (1000 samples)")
         ax.set_title(NAMES[kind])
-    curves = [r for r in result["training"].values() if r["arm"].startswith("distill-")]
+    curves = [r for r in result["training"].values() if r["arm"].startswith("distill-") and r.get("curve")]
     if curves:
         plot_curves(axes[2], curve_points(curves), "KID x 1000, 1 step (500 samples)")
         axes[2].set_title("students during training")

@@ -408,7 +408,7 @@ def test_recipes_study_refuses_a_second_writer_of_the_same_folder(tmp_path):
     hold_lock(tmp_path, "recipes").close()  # free again once the first has ended
 
 
-@pytest.mark.parametrize("study", ["recipes", "backbone", "guidance", "fewstep"])
+@pytest.mark.parametrize("study", ["recipes", "backbone", "guidance", "fewstep", "distill"])
 def test_every_study_refuses_records_of_another_protocol_and_a_second_writer(tmp_path, study):
     import importlib
 
@@ -782,3 +782,52 @@ def test_fewstep_study_trains_meanflow_scores_it_against_flow_and_caches_and_rep
     text = (out / "RESULTS.md").read_text()
     assert "## MeanFlow at 1, 2 and 4 steps" in text and "| flow | 25 | taylorseer |" in text
     assert (out / "kid_during_training.png").exists()
+
+
+def test_distill_report_judges_the_goal_by_seed_from_the_records():
+    """Students against their teachers, paired by seed: KID ratios, the recall gap and each training's time (its
+    steps over its own median images/s) against the teacher's; a goal met at some seeds says so."""
+    from experiments.distill_report import report, time_fractions
+
+    def row(arm, seed, steps, kid, recall):
+        return dict(arm=arm, seed=seed, steps=steps, kid=kid, recall=recall, fid=10.0, precision=0.8, nfe=steps,
+                    seconds_per_image=0.01, kid_interval=[kid - 1, kid + 1])  # fmt: skip
+
+    scores = [row("flow", s, 25, 2.0, 0.58) for s in (0, 1)]
+    scores += [row("distill-flow", 0, 2, 2.4, 0.55), row("distill-flow", 1, 2, 2.6, 0.50)]  # 1.2x, 1.3x
+    scores += [row("distill-flow", 0, 1, 3.0, 0.4), row("distill-flow", 1, 1, 5.0, 0.4)]  # 1.5x, 2.5x
+    training = {
+        "flow-seed0": {"arm": "flow", "seed": 0, "steps": 8300, "median_images_per_s": 100.0},
+        "flow-seed1": {"arm": "flow", "seed": 1, "steps": 8300, "median_images_per_s": 100.0},
+        "distill-flow-seed0": {"arm": "distill-flow", "seed": 0, "steps": 2075, "median_images_per_s": 50.0},
+        "distill-flow-seed1": {"arm": "distill-flow", "seed": 1, "steps": 2075, "median_images_per_s": 40.0},
+    }
+    result = {"protocol": {"scale": "cpu", "samples": 1000}, "training": training, "scores": scores}
+    assert time_fractions(result, "distill-flow", "flow") == pytest.approx({0: 0.5, 1: 0.625})
+    text = report(result)
+    assert "- 2 steps: KID 1.25 [" in text and "met at 1 of 2 seeds" in text
+    assert "- 1 step: KID 2.00 [" in text
+    assert "- 2 steps: recall -0.055 [" in text  # -0.03 and -0.08: within 0.05 at one seed
+    assert "- training time 0.56 [" in text
+
+
+@pytest.mark.slow
+@needs_data
+def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_path):
+    """The whole study at the tiny scale: each seed's teachers, their students (seed 0's ablations too), every
+    student at 1, 2, 4 steps and every teacher at 25; the students' curves hold their 2-step scores; grids drawn."""
+    from experiments import distill
+
+    result = distill.main(["--scale", "tiny", "--out", str(tmp_path)])
+    arms = {(r["arm"], r["seed"]) for r in result["training"].values()}
+    assert arms == {(a, s) for a in ("flow", "ddpm", "distill-flow", "distill-ddpm") for s in (0, 1)} | {
+        ("distill-flow-jvp", 0), ("distill-flow-split", 0)
+    }  # fmt: skip
+    assert all("kid@2" in p for r in result["training"].values() if r["arm"].startswith("distill") for p in r["curve"])
+    scored = {(r["arm"], r["seed"], r["steps"]) for r in result["scores"]}
+    assert {("distill-ddpm", 1, n) for n in (1, 2, 4)} | {("flow", 1, 25), ("distill-flow-split", 0, 4)} <= scored
+    manifest = json.loads((tmp_path / "runs" / "distill-flow-seed1" / "manifest.json").read_text())
+    assert manifest["identity"]["frozen"]["teacher"]["source"].endswith("flow-seed1/pipeline")
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "## the flow twin: students at 1, 2 and 4 steps" in text and "Against the goal" in text
+    assert (tmp_path / "grid_distill-flow_1step.png").is_file() and (tmp_path / "distill_kid.png").is_file()

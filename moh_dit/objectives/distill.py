@@ -61,6 +61,14 @@ TIME_CONVENTIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float,
 DERIVATIVES = ("jvp", "finite-difference")
 
 
+def default_fd_eps(time: str) -> float:
+    """The finite difference's step when the config gives none: FastGen's 1e-4 where the network sees raw times in
+    [0, 1] (REPA's, SiT's); 5e-3 where it sees them times 1000 (moh-dit's, DDPM's timesteps), whose timestep sinusoid
+    turns over within a few thousandths of ``t``: a step of 1e-4 there follows those wiggles, and the student's targets
+    grew until it diverged (docs/objective.md#the-derivative; FastGen's Wan recipe, also x1000, takes 5e-3)."""
+    return 5e-3 if TIME_CONVENTIONS[time][1] == 1000.0 else 1e-4
+
+
 def finite_difference_times(
     t: torch.Tensor, r: torch.Tensor, eps: float, low: float = 0.0, high: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,7 +93,8 @@ class MeanFlowDistill(MeanFlow):
             through a second embedding, MeanFlow's).
         teacher: what the student was distilled from (recorded: source, weights' fingerprint, objective).
         guidance: the teacher's guidance folded into the target (recorded: scale, flow times, guide).
-        derivative: ``jvp`` or ``finite-difference``; ``fd_eps``: the finite difference's step in time.
+        derivative: ``jvp`` or ``finite-difference``; ``fd_eps``: the finite difference's step in time (None:
+            :func:`default_fd_eps` of the time convention).
         time_sampling, time_mean, time_std, equal_times, adaptive_power, adaptive_eps, jvp_autocast: MeanFlow's
             (:class:`~moh_dit.objectives.meanflow.MeanFlow`).
     """
@@ -100,7 +109,7 @@ class MeanFlowDistill(MeanFlow):
         teacher: dict | None = None,
         guidance: dict | None = None,
         derivative: str = "jvp",
-        fd_eps: float = 1e-4,
+        fd_eps: float | None = None,
         time_sampling: str = "logit-normal",
         time_mean: float = -0.4,
         time_std: float = 1.0,
@@ -126,6 +135,8 @@ class MeanFlowDistill(MeanFlow):
             raise ConfigError(f"distill.end_time_blocks must be a number of blocks >= 0, got {end_time_blocks!r}")
         if derivative not in DERIVATIVES:
             raise ConfigError(f"distill.derivative must be {' or '.join(DERIVATIVES)}, got {derivative!r}")
+        if fd_eps is None and time in TIME_CONVENTIONS:
+            fd_eps = default_fd_eps(time)
         if isinstance(fd_eps, bool) or not isinstance(fd_eps, (int, float)) or not (0 < fd_eps < 0.5):
             raise ConfigError(
                 f"distill.fd_eps must be a step in time between 0 and 0.5 (FastGen's 1e-4), got {fd_eps!r}"

@@ -170,7 +170,9 @@ class DistillSection:
     )
     end_time_blocks: int = 0  # Decoupled MeanFlow's split: the last N blocks see the end time (0: MeanFlow's interval)
     derivative: str = "jvp"  # du/dt by jvp | finite-difference (float64, MoH's routing held)
-    fd_eps: float = 1e-4  # the finite difference's step in time (FastGen's)
+    # the finite difference's step in time; null: 5e-3 for a teacher that sees times x1000 (moh-dit's flow, DDPM), 1e-4
+    # (FastGen's) for raw times (SiT, REPA, LightningDiT)
+    fd_eps: float | None = None
 
 
 @dataclass
