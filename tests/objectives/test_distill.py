@@ -15,9 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from moh_dit.errors import ConfigError
 from moh_dit.model.network import MoHDiT
 from moh_dit.objectives.ddpm import DDPM, sigma_of_timestep, timestep_of_sigma
-from moh_dit.objectives.distill import MeanFlowDistill, finite_difference_times
+from moh_dit.objectives.distill import TIME_CONVENTIONS, MeanFlowDistill, finite_difference_times
 from moh_dit.objectives.flow import Flow
 from moh_dit.objectives.meanflow import MeanFlow
 from moh_dit.objectives.noise import ddpm_timestep
@@ -262,3 +263,13 @@ def test_each_time_convention_feeds_the_teachers_time_and_the_end_time_or_the_in
     assert again.record() == record and "distilled from runs/x" in again.describe()
     assert MeanFlowDistill.from_record(record).model_config()["end_time_blocks"] == 2
     assert not isinstance(MeanFlow(), MeanFlowDistill) and again.samplers == ("meanflow",)
+
+
+def test_the_finite_differences_step_follows_the_time_convention():
+    """5e-3 where the network sees times x1000 (its sinusoid's wiggles), FastGen's 1e-4 for raw times; a given step
+    is kept, a step out of range refused."""
+    steps = {time: MeanFlowDistill(time=time, derivative="finite-difference").fd_eps for time in TIME_CONVENTIONS}
+    assert steps == {"moh-dit": 5e-3, "ddpm": 5e-3, "repa": 1e-4, "sit": 1e-4}
+    assert MeanFlowDistill(time="moh-dit", fd_eps=1e-3).fd_eps == 1e-3
+    with pytest.raises(ConfigError, match="distill.fd_eps must be a step in time between 0 and 0.5"):
+        MeanFlowDistill(fd_eps=0.7)
