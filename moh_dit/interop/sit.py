@@ -155,6 +155,11 @@ def to_flow_state_dict(model: MoHDiT, fmt: str = "sit") -> dict[str, torch.Tenso
             f"{FLOW_FORMATS[fmt]}'s code feeds its own time convention ({convention}) to the network; this is {what}, "
             f"whose weights expect another time input: train in objective.convention={convention} to export to {fmt}"
         )
+    if record.get("prediction", "velocity") != "velocity":
+        raise ConversionError(
+            f"{FLOW_FORMATS[fmt]}'s code reads the network's output as a velocity; this model predicts the clean image "
+            "(objective.prediction=x), which no such code samples"
+        )
     if model.config.attention_type != "mha":
         raise ConversionError(
             f"{FLOW_FORMATS[fmt]}'s code has no Mixture-of-Head attention: export a DiT-shaped model"

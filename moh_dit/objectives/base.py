@@ -206,5 +206,8 @@ class Objective(ABC):
         noise level (for guidance intervals and grid averaging)."""
 
     @abstractmethod
-    def scheduler_input(self, output: torch.Tensor, scheduler: SchedulerMixin, in_channels: int) -> torch.Tensor:
-        """What ``scheduler.step`` takes from the (guided) network ``output``."""
+    def scheduler_input(
+        self, output: torch.Tensor, scheduler: SchedulerMixin, in_channels: int, latents: torch.Tensor, index: int
+    ) -> torch.Tensor:
+        """What ``scheduler.step`` takes from the (guided) network ``output`` at the ``index``-th call, whose input was
+        ``latents``."""

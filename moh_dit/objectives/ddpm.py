@@ -343,7 +343,9 @@ class DDPM(Objective):
     def step_time(self, scheduler: SchedulerMixin, index: int, t: torch.Tensor) -> tuple[torch.Tensor, NoiseLevel]:
         return t, NoiseLevel(ddpm_sigma(int(t)), int(t))  # the network sees the training timestep itself
 
-    def scheduler_input(self, output: torch.Tensor, scheduler: SchedulerMixin, in_channels: int) -> torch.Tensor:
+    def scheduler_input(
+        self, output: torch.Tensor, scheduler: SchedulerMixin, in_channels: int, latents: torch.Tensor, index: int
+    ) -> torch.Tensor:
         # DiT's DDPM takes the learned variance too; the fast solvers take the noise prediction only
         learned = isinstance(scheduler, DDPMScheduler) and scheduler.config.variance_type in (
             "learned",

@@ -218,7 +218,9 @@ class MeanFlowDistill(MeanFlow):
     def linear_velocity(self, net, z, t, labels, drop=None) -> torch.Tensor:
         return self.sign * net(z, self.network_time(t, t), labels, force_drop_ids=drop).sample.float()
 
-    def scheduler_input(self, output: torch.Tensor, scheduler: Any, in_channels: int) -> torch.Tensor:
+    def scheduler_input(
+        self, output: torch.Tensor, scheduler: Any, in_channels: int, latents: torch.Tensor, index: int
+    ) -> torch.Tensor:
         return self.sign * output[:, :in_channels]
 
     def training_forwards(self) -> float:

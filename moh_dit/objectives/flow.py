@@ -40,6 +40,11 @@ CONVENTIONS = {
     "sit": (lambda s: 1.0 - s, -1.0),  # SiT: raw time with noise at 0, and the velocity toward the data
 }
 TIME_SAMPLING = ("uniform", "logit-normal", "lognormal")
+# what the network outputs: the velocity (SiT's), or the clean image (JiT's x-prediction; the loss stays in velocity)
+PREDICTIONS = ("velocity", "x")
+# x-prediction's velocity divides by the noise coefficient b(s); JiT clamps it at 0.05 so that the last steps and the
+# cleanest training times do not blow up
+X_PREDICTION_MIN_NOISE = 0.05
 # samplers that take x0 = x - s v, which holds on the linear path only (the registry's sampler_limits say where)
 LINEAR_ONLY = ("dpm-solver", "unipc")
 
@@ -62,6 +67,8 @@ class Flow(Objective):
         time_mean, time_std: the normal's parameters for the last two.
         cosine_loss: the weight of LightningDiT's velocity-direction loss, ``1 - cos(v_hat, v)`` over the channels at
             every position, averaged over the positions, added to the MSE (its recipe: 1; 0: none).
+        prediction: ``velocity`` (the network outputs ``v``, in its convention's sign) or ``x`` (JiT: it outputs the
+            clean image ``x_hat``; the loss and the samplers take the velocity it implies, :meth:`velocity_of`).
     """
 
     name = "flow"
@@ -74,6 +81,7 @@ class Flow(Objective):
         time_mean: float = 0.0,
         time_std: float = 1.0,
         cosine_loss: float = 0.0,
+        prediction: str = "velocity",
     ) -> None:
         if path not in PATHS:
             raise ConfigError(f"objective.path must be one of {', '.join(PATHS)}, got {path!r}")
@@ -90,12 +98,16 @@ class Flow(Objective):
             raise ConfigError(
                 f"objective.cosine_loss must be a finite weight >= 0 (LightningDiT's 1), got {cosine_loss}"
             )
+        if prediction not in PREDICTIONS:
+            raise ConfigError(f"objective.prediction must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
         self.time_sampling, self.time_mean, self.time_std = time_sampling, time_mean, time_std
         self.cosine_loss = float(cosine_loss)
+        self.prediction = prediction
         self._time, self.sign = CONVENTIONS[convention]
 
     def record(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "convention": self.convention}
+        record = {"name": self.name, "path": self.path, "convention": self.convention}
+        return record | ({"prediction": self.prediction} if self.prediction != "velocity" else {})
 
     @classmethod
     def from_record(cls, record: dict[str, Any] | None, learn_sigma: bool = False, **training: Any) -> Flow:
@@ -105,10 +117,11 @@ class Flow(Objective):
                 "no meaning for flow matching)"
             )
         record = record or {}
-        unknown = sorted(set(record) - {"name", "path", "convention"})
+        unknown = sorted(set(record) - {"name", "path", "convention", "prediction"})
         if unknown:
             raise ConfigError(f"the flow objective record has unknown keys {unknown}")
-        return cls(record.get("path", "linear"), record.get("convention", "moh-dit"), **training)
+        path, convention = record.get("path", "linear"), record.get("convention", "moh-dit")
+        return cls(path, convention, prediction=record.get("prediction", "velocity"), **training)
 
     def out_channels(self, in_channels: int) -> int:
         return in_channels
@@ -117,7 +130,8 @@ class Flow(Objective):
         return {"objective": self.record(), "learn_sigma": False}
 
     def describe(self) -> str:
-        return f"flow matching, {self.path} path, velocity prediction ({self.convention} convention)"
+        what = "velocity prediction" if self.prediction == "velocity" else "x-prediction (loss on the velocity)"
+        return f"flow matching, {self.path} path, {what} ({self.convention} convention)"
 
     def describe_loss(self) -> str:
         direction = f" + {self.cosine_loss:g} x velocity direction (1 - cosine)" if self.cosine_loss else ""
@@ -153,11 +167,23 @@ class Flow(Objective):
         """The network's time input at flow time ``s`` (the convention's)."""
         return self._time(s)
 
+    def velocity_of(self, output: torch.Tensor, x_s: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """The velocity ``dx_s/ds`` the network's ``output`` at ``(x_s, s)`` stands for: the output in the convention's
+        sign, or, with x-prediction, ``a' x_hat + b' eps_hat`` where ``eps_hat = (x_s - a x_hat) / b`` (the path solved
+        for the noise), i.e. ``(b' x_s - (a b' - a' b) x_hat) / b``, whose divisor is held at
+        :data:`X_PREDICTION_MIN_NOISE` or more as JiT holds it (linear path: ``(x_s - x_hat) / max(s, 0.05)``)."""
+        if self.prediction == "velocity":
+            return self.sign * output
+        s = torch.as_tensor(s, device=output.device).to(torch.float32).reshape(-1)
+        a, b, da, db = (c.reshape(-1, *([1] * (output.ndim - 1))) for c in path_coefficients(s, self.path))
+        v = (db * x_s.float() - (a * db - da * b) * output.float()) / b.clamp_min(X_PREDICTION_MIN_NOISE)
+        return v.to(output.dtype)
+
     def loss(self, output: torch.Tensor, noised: Noised) -> Losses:
         target = noised.terms["velocity"]
         if output.shape != target.shape:
             raise ValueError(f"a flow model outputs {target.shape[1]} channels, got {output.shape[1]}")
-        prediction = self.sign * output
+        prediction = self.velocity_of(output, noised.x_t, noised.terms["s"])
         mse = ((prediction - target) ** 2).mean(dim=tuple(range(1, output.ndim)))
         if not self.cosine_loss:
             return Losses(loss=mse, mse=mse)
@@ -178,15 +204,13 @@ class Flow(Objective):
         clean image and the noise (the path's two equations solved), whose difference is the linear path's
         velocity."""
         if self.path == "linear":
-            return self.sign * net(z, self.model_time(t), labels, force_drop_ids=drop).sample.float()
+            return self.velocity_of(net(z, self.model_time(t), labels, force_drop_ids=drop).sample, z, t).float()
         t64 = t.to(torch.float64)
         s = 2 / math.pi * torch.atan(t64 / (1 - t64))
         a, b, da, db = (c.reshape(-1, *([1] * (z.ndim - 1))) for c in path_coefficients(s, self.path))
         zs = z.double() * a / (1 - t64).reshape(a.shape)
-        v = (
-            self.sign
-            * net(zs.to(z.dtype), self.model_time(s).to(z.dtype), labels, force_drop_ids=drop).sample.double()
-        )
+        out = net(zs.to(z.dtype), self.model_time(s).to(z.dtype), labels, force_drop_ids=drop).sample
+        v = self.velocity_of(out, zs.to(z.dtype), s).double()
         det = a * db - da * b
         x, eps = (db * zs - b * v) / det, (a * v - da * zs) / det
         return (eps - x).float()
@@ -249,5 +273,7 @@ class Flow(Objective):
         s = scheduler.sigmas[index].to(torch.float32)
         return self.model_time(s).to(t.device), NoiseLevel(flow_sigma(float(s), self.path))
 
-    def scheduler_input(self, output: torch.Tensor, scheduler: SchedulerMixin, in_channels: int) -> torch.Tensor:
-        return self.sign * output[:, :in_channels]
+    def scheduler_input(
+        self, output: torch.Tensor, scheduler: SchedulerMixin, in_channels: int, latents: torch.Tensor, index: int
+    ) -> torch.Tensor:
+        return self.velocity_of(output[:, :in_channels], latents, scheduler.sigmas[index].to(latents.device))

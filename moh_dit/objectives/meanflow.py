@@ -386,5 +386,7 @@ class MeanFlow(Objective):
         now, to = scheduler.sigmas[index].float().to(t.device), scheduler.sigmas[index + 1].float().to(t.device)
         return self.network_time(now, to), NoiseLevel(flow_sigma(float(now)))
 
-    def scheduler_input(self, output: torch.Tensor, scheduler: Any, in_channels: int) -> torch.Tensor:
+    def scheduler_input(
+        self, output: torch.Tensor, scheduler: Any, in_channels: int, latents: torch.Tensor, index: int
+    ) -> torch.Tensor:
         return output[:, :in_channels]

@@ -80,8 +80,8 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         # recorded with a converted checkpoint: moh_dit.interop.sit.own_sampling)
         {"sit-sde": ("sde", 250), "sit-ode": ("heun", 50), "fast": ("dpm-solver", 25), "lightningdit": ("euler", 249)},
         paper="sit-sde",
-        summary="flow matching (SiT): velocity prediction on a linear or GVP path",
-        record_keys=("objective.path", "objective.convention"),
+        summary="flow matching (SiT): velocity (or x) prediction on a linear or GVP path",
+        record_keys=("objective.path", "objective.convention", "objective.prediction"),
         training_keys=(
             "objective.time_sampling",
             "objective.time_mean",

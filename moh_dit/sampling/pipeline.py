@@ -349,7 +349,7 @@ class MoHDiTPipeline(DiffusionPipeline):
                 guide=guide_net,
             )
             out = guided_output(transformer, model_in, time, labels, how, network)
-            out = objective.scheduler_input(out, self.scheduler, transformer.in_channels)
+            out = objective.scheduler_input(out, self.scheduler, transformer.in_channels, model_in, index)
             latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
         return latents
 

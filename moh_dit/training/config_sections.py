@@ -51,6 +51,8 @@ class ObjectiveSection:
     # flow: the network's time input and output: moh-dit (1000 s, v), repa (s, v) or sit (1 - s, -v); sit and repa
     # models export to those projects' code (moh-dit convert --to sit | repa)
     convention: str | None = None
+    # flow: what the network outputs: velocity | x (JiT's x-prediction: the clean image, the loss on the velocity)
+    prediction: str | None = None
     # flow and meanflow: how times are drawn; null: the objective's default (flow: uniform, 0, 1 as SiT; meanflow:
     # logit-normal, -0.4, 1 as the paper). flow: uniform | logit-normal (SD3) | lognormal (REPA's option);
     # meanflow: logit-normal | uniform

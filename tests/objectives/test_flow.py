@@ -98,8 +98,11 @@ class ExactVelocity(MoHDiT):
     """A MoHDiT (for the pipeline's sake) whose output is the exact velocity of data ``N(mu, std^2)``, in its
     objective's convention."""
 
-    def __init__(self, mu: float, std: float, path: str = "linear", convention: str = "moh-dit") -> None:
+    def __init__(
+        self, mu: float, std: float, path: str = "linear", convention: str = "moh-dit", prediction: str = "velocity"
+    ) -> None:
         objective = {"name": "flow", "path": path, "convention": convention}
+        objective |= {"prediction": prediction} if prediction != "velocity" else {}
         super().__init__(
             sample_size=8,
             patch_size=2,
@@ -111,7 +114,7 @@ class ExactVelocity(MoHDiT):
             learn_sigma=False,
             objective=objective,
         )
-        self.mu, self.std, self.flow = mu, std, Flow(path, convention)
+        self.mu, self.std, self.flow = mu, std, Flow(path, convention, prediction=prediction)
 
     def forward(self, x, t, y=None, **kwargs):
         t = torch.as_tensor(t, dtype=torch.float64).reshape(-1, 1, 1, 1).expand(x.shape[0], 1, 1, 1)
@@ -119,12 +122,15 @@ class ExactVelocity(MoHDiT):
         a, b, da, db = path_coefficients(s, self.flow.path)
         x = x.double()
         resid, var = x - a * self.mu, a**2 * self.std**2 + b**2
-        velocity = da * (self.mu + a * self.std**2 / var * resid) + db * (b / var * resid)
+        clean = self.mu + a * self.std**2 / var * resid  # E[x | x_s]
+        if self.flow.prediction == "x":
+            return MoHDiTOutput(sample=clean.float(), aux_loss=torch.zeros(()))
+        velocity = da * clean + db * (b / var * resid)
         return MoHDiTOutput(sample=(self.flow.sign * velocity).float(), aux_loss=torch.zeros(()))
 
 
-def toy_samples(scheduler, steps, path="linear", convention="moh-dit", shift=1.0, n=200):
-    pipe = MoHDiTPipeline.build(ExactVelocity(2.0, 0.5, path, convention), None, {}, scheduler)
+def toy_samples(scheduler, steps, path="linear", convention="moh-dit", shift=1.0, n=200, prediction="velocity"):
+    pipe = MoHDiTPipeline.build(ExactVelocity(2.0, 0.5, path, convention, prediction), None, {}, scheduler)
     pipe.set_progress_bar_config(disable=True)
     spec = SamplingSpec.create(scheduler, steps, 1.0, time_shift=shift)
     return pipe(num_images=n, sampling=spec, generator=torch.Generator().manual_seed(0), output_type="latent").images
@@ -231,3 +237,51 @@ def test_wrong_combinations_are_errors_that_say_what_applies():
         Flow.from_record({"name": "flow", "sigma_min": 0.1})
     with pytest.raises(ValueError, match="at least 2 steps"):
         FlowSDEScheduler().set_timesteps(1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# x-prediction (JiT)
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["linear", "gvp"])
+def test_x_prediction_stands_for_the_velocity_of_the_path_solved_for_the_noise(path):
+    """The clean image as output: ``a' x + b' eps`` with the noise the path gives back (linear: ``(x_s - x) / s``),
+    so the exact clean image is the exact velocity; the loss is on that velocity; below b = 0.05 the divisor holds."""
+    g = torch.Generator().manual_seed(0)
+    x, eps = torch.randn(4, 3, 4, 4, generator=g), torch.randn(4, 3, 4, 4, generator=g)
+    s = torch.tensor([0.9, 0.5, 0.2, 0.06])
+    objective = Flow(path, prediction="x")
+    noised = objective.interpolate(x, s, eps)
+    torch.testing.assert_close(objective.velocity_of(x, noised.x_t, s), noised.terms["velocity"], rtol=1e-4, atol=1e-4)
+    if path == "linear":
+        guess = torch.randn(4, 3, 4, 4, generator=g)
+        by_hand = (noised.x_t - guess) / s.reshape(-1, 1, 1, 1)
+        losses = objective.loss(guess, noised)
+        torch.testing.assert_close(losses.loss, ((by_hand - noised.terms["velocity"]) ** 2).mean(dim=(1, 2, 3)))
+        late = torch.tensor([0.01])
+        torch.testing.assert_close(objective.velocity_of(guess[:1], x[:1], late), (x[:1] - guess[:1]) / 0.05)
+    assert objective.record() == {"name": "flow", "path": path, "convention": "moh-dit", "prediction": "x"}
+    assert Flow(path).record() == {"name": "flow", "path": path, "convention": "moh-dit"}  # as before: unchanged
+
+
+@pytest.mark.parametrize("scheduler,steps", [("euler", 10), ("heun", 10), ("dpm-solver", 10)])
+def test_an_exact_x_predictor_samples_as_the_exact_velocity_does(scheduler, steps):
+    """On grids whose noisiest-but-last times stay above JiT's clamp the two models give the same samples; the
+    samplers take the velocity either way."""
+    x_pred = toy_samples(scheduler, steps, prediction="x")
+    torch.testing.assert_close(x_pred, toy_samples(scheduler, steps), rtol=1e-4, atol=1e-4)
+
+
+def test_x_prediction_is_refused_where_it_does_not_apply(tmp_path):
+    from moh_dit.errors import ConfigError, ConversionError
+    from moh_dit.interop.sit import to_flow_state_dict
+    from moh_dit.training.config import load_config
+
+    with pytest.raises(ConfigError, match="objective.prediction applies to the flow objective"):
+        load_config(None, ["objective.prediction=x"])  # DDPM: noise prediction with a learned variance
+    with pytest.raises(ConfigError, match="objective.prediction applies to the flow objective"):
+        load_config(None, ["objective.name=meanflow", "objective.prediction=x", "train.snr_gamma=null"])
+    with pytest.raises(ConfigError, match="objective.prediction must be one of velocity, x"):
+        load_config(None, ["objective.name=flow", "objective.prediction=eps", "train.snr_gamma=null"])
+    model = ExactVelocity(0.0, 1.0, convention="repa", prediction="x")
+    with pytest.raises(ConversionError, match="predicts the clean image"):
+        to_flow_state_dict(model, "repa")

@@ -121,7 +121,7 @@ def test_one_or_a_few_steps_of_the_true_average_velocity_carry_noise_to_the_data
         times, level = objective.step_time(scheduler, index, t)
         assert level.sigma == (math.inf if index == 0 else pytest.approx(float(times[0] / (1 - times[0]))))
         out = net(z, tuple(s.expand(5).double() for s in times)).sample
-        z = scheduler.step(objective.scheduler_input(out, scheduler, 1), t, z).prev_sample
+        z = scheduler.step(objective.scheduler_input(out, scheduler, 1, z, index), t, z).prev_sample
     torch.testing.assert_close(z, SCALE * z1, rtol=1e-6, atol=1e-6)
 
 

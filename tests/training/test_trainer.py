@@ -656,19 +656,24 @@ def test_a_cosine_run_logs_its_schedule_and_previews_with_the_chosen_sampler(tmp
 FLOW = ("objective.name=flow", "train.snr_gamma=null")
 
 
-def test_a_flow_run_trains_exports_and_samples_with_every_flow_sampler(tmp_path, image_dir):
+@pytest.mark.parametrize("prediction", ["velocity", "x"])
+def test_a_flow_run_trains_exports_and_samples_with_every_flow_sampler(tmp_path, image_dir, prediction):
+    """Velocity prediction, and JiT's x-prediction (the network's output the clean image; recorded, so the pipeline
+    turns it into the velocity each sampler takes)."""
     from moh_dit.objectives.flow_schedulers import FlowSDEScheduler
     from moh_dit.sampling.loading import load_pipeline
     from moh_dit.sampling.spec import SamplingSpec
 
     out = tmp_path / "flow"
-    summary = train_tiny(out, image_dir, *FLOW, "preview.scheduler=euler", "preview.num_steps=3")
+    given = [f"objective.prediction={prediction}"] if prediction == "x" else []
+    summary = train_tiny(out, image_dir, *FLOW, *given, "preview.scheduler=euler", "preview.num_steps=3")
     assert summary["step"] == 4 and (out / "samples" / "final.png").exists()
     records = read_metrics(out)
     assert all(np.isfinite(r["flow_loss"]) and r["moh_loss"] > 0 for r in records)  # MoH's loss is added
     pipe = load_pipeline(out, device="cpu")
     config = pipe.transformer.config
-    assert config.objective == {"name": "flow", "path": "linear", "convention": "moh-dit"} and not config.learn_sigma
+    recorded = {"name": "flow", "path": "linear", "convention": "moh-dit"} | ({"prediction": "x"} if given else {})
+    assert config.objective == recorded and not config.learn_sigma
     assert pipe.transformer.out_channels == 3 and isinstance(pipe.scheduler, FlowSDEScheduler)  # SiT's protocol
     for name in pipe.objective.samplers:
         images = pipe([0, 1], sampling=SamplingSpec.create(name, 3, 2.0), output_type="np", progress=False).images
@@ -677,6 +682,7 @@ def test_a_flow_run_trains_exports_and_samples_with_every_flow_sampler(tmp_path,
     assert manifest["objective"]["name"] == "flow"
     card = (out / "pipeline" / "README.md").read_text()
     assert "flow matching, linear path" in card and "velocity MSE" in card
+    assert ("x-prediction" in card) == (prediction == "x")
 
 
 def test_a_meanflow_run_trains_resumes_exactly_exports_and_samples_in_one_step(tmp_path, image_dir):
