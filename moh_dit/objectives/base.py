@@ -18,6 +18,7 @@ import torch
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from moh_dit.errors import ConfigError
+from moh_dit.objectives.folded_guidance import FoldedGuidance
 from moh_dit.objectives.registry import check_sampler, entry, offered_samplers, resolve_protocol
 
 __all__ = ["Objective", "Noised", "Losses", "NoiseLevel"]
@@ -149,6 +150,43 @@ class Objective(ABC):
         backward."""
         return 3.0
 
+    # guidance folded into the training target (moh_dit.objectives.folded_guidance); inactive unless the objective
+    # was made with it. DDPM and flow fold it here (their target term and prediction below); MeanFlow folds it into its
+    # instantaneous velocity itself
+    folded: FoldedGuidance = FoldedGuidance()
+    target_term: str | None = None  # the key of ``Noised.terms`` that the network's output is regressed on
+
+    def flow_times(self, noised: Noised) -> torch.Tensor:
+        """Each sample's flow time of its noise level (where folded guidance applies: ``guidance_times``)."""
+        raise NotImplementedError(f"the {self.name} objective does not fold guidance into its target")
+
+    def target_prediction(self, output: torch.Tensor, noised: Noised, index: torch.Tensor) -> torch.Tensor:
+        """The network's ``output`` for the samples ``index`` of ``noised``, as a prediction of the target term."""
+        raise NotImplementedError(f"the {self.name} objective does not fold guidance into its target")
+
+    def fold_guidance(
+        self,
+        net: torch.nn.Module,
+        noised: Noised,
+        labels: torch.Tensor | None,
+        drop: torch.Tensor | None,
+        autocast: Callable[[], AbstractContextManager],
+        step: int | None = None,
+    ) -> None:
+        """Replace the target term of ``noised`` by its guided version (:class:`FoldedGuidance`), with ``net``'s
+        predictions (the bare network or its EMA copy, without gradient)."""
+        if labels is None or not self.folded.active:
+            return
+        rows = self.folded.rows(self.flow_times(noised), drop, step)
+
+        def predict(index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            with autocast():
+                out = net(noised.x_t[index], noised.time[index], y, force_drop_ids=torch.zeros_like(y)).sample
+            return self.target_prediction(out.float(), noised, index)
+
+        term = self.target_term
+        noised.terms[term] = self.folded.fold(noised.terms[term], rows, labels, net.null_class_id, predict)
+
     def forward_losses(
         self,
         model: torch.nn.Module,
@@ -158,12 +196,21 @@ class Objective(ABC):
         want_heads: bool,
         autocast: Callable[[], AbstractContextManager],
         frozen: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        ema: torch.nn.Module | None = None,
     ) -> tuple[Losses, Any]:
         """The network's pass over ``noised`` and its per-sample losses: ``(losses, output)``, the output a
         :class:`~moh_dit.model.network.MoHDiTOutput` (its MoH loss, head masks and REPA tokens are the trainer's).
         ``model`` is the trainer's (wrapped for DDP or compiled); ``drop`` marks the labels replaced by the null
         class; ``autocast`` opens the run's mixed precision; ``frozen`` holds the run's models beside the student by
-        role (those :attr:`frozen_models` names among them). One forward here; MeanFlow's JVP overrides it."""
+        role (those :attr:`frozen_models` names among them); ``step`` is the training step and ``ema`` the EMA
+        weights as a network (folded guidance's warm-up and source). One forward here (after folded guidance's
+        predictions, when it applies); MeanFlow's JVP overrides it."""
+        if self.folded.active:
+            from accelerate.utils import extract_model_from_parallel
+
+            source = ema if self.folded.source == "ema" else extract_model_from_parallel(model)
+            self.fold_guidance(source, noised, labels, drop, autocast, step)
         with autocast():
             out = model(noised.x_t, noised.time, labels, force_drop_ids=drop, return_head_masks=want_heads)
         return self.loss(out.sample.float(), noised), out

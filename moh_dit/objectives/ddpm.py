@@ -24,6 +24,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised, NoiseLevel, Objective
+from moh_dit.objectives.folded_guidance import FOLDED_KEYS, FoldedGuidance
 from moh_dit.objectives.noise import DIT_SCHEDULE, ddpm_sigma, dit_sigmas
 
 __all__ = [
@@ -114,13 +115,29 @@ class DDPM(Objective):
             ``min(SNR_t, gamma) / SNR_t`` (Min-SNR-gamma, Hang et al., ICCV 2023, for noise prediction): the
             many nearly clean timesteps, whose targets conflict least with the others, stop dominating the
             gradient, which speeds up convergence; the VB term is left as it is.
+        guidance_scale, guidance_mix, guidance_times, guidance_warmup, guidance_source: guidance folded into the noise
+            target (Model Guidance; :class:`~moh_dit.objectives.folded_guidance.FoldedGuidance`: omega, kappa, the
+            flow times of the noise levels it applies at, the steps before it starts, whose predictions); the VB term
+            keeps the true posterior. Off by default.
     """
 
     name = "ddpm"
+    target_term = "noise"
 
     def __init__(
-        self, scheduler: DDPMScheduler | None = None, learn_sigma: bool = True, snr_gamma: float | None = None
+        self,
+        scheduler: DDPMScheduler | None = None,
+        learn_sigma: bool = True,
+        snr_gamma: float | None = None,
+        guidance_scale: float | None = None,
+        guidance_mix: float | None = None,
+        guidance_times: list[float] | None = None,
+        guidance_warmup: int | None = None,
+        guidance_source: str | None = None,
     ) -> None:
+        self.folded = FoldedGuidance.create(
+            guidance_scale, guidance_mix, guidance_times, guidance_warmup, guidance_source
+        )
         self.scheduler = scheduler if scheduler is not None else make_train_scheduler(learn_sigma=learn_sigma)
         self.learn_sigma = learn_sigma
         if snr_gamma is not None and not snr_gamma > 0:
@@ -230,16 +247,30 @@ class DDPM(Objective):
     # ------------------------------------------------------------------------------------------------
     # The objective's interface (moh_dit.objectives.base)
     # ------------------------------------------------------------------------------------------------
-    def record(self) -> None:
-        return None  # DiT's objective is what a model without a record means (moh-dit 0.3 and earlier)
+    def record(self) -> dict[str, Any] | None:
+        # DiT's objective is what a model without a record means (moh-dit 0.3 and earlier); folded guidance is recorded
+        return {"name": self.name, **self.folded.record()} if self.folded.active else None
 
     @classmethod
     def from_record(
-        cls, record: dict[str, Any] | None, learn_sigma: bool = True, snr_gamma: float | None = None
+        cls, record: dict[str, Any] | None, learn_sigma: bool = True, snr_gamma: float | None = None, **guidance: Any
     ) -> DDPM:
-        if record and set(record) - {"name"}:
-            raise ConfigError(f"the ddpm objective takes no settings in its record, got {record}")
-        return cls(learn_sigma=learn_sigma, snr_gamma=snr_gamma)
+        record = record or {}
+        unknown = sorted(set(record) - {"name", *FOLDED_KEYS})
+        if unknown:
+            raise ConfigError(f"the ddpm objective record has unknown keys {unknown}")
+        return cls(learn_sigma=learn_sigma, snr_gamma=snr_gamma, **{k: record[k] for k in FOLDED_KEYS if k in record},
+                   **guidance)  # fmt: skip
+
+    def describe(self) -> str:
+        return super().describe() + (f"; {self.folded.describe()}" if self.folded.active else "")
+
+    def flow_times(self, noised: Noised) -> torch.Tensor:
+        sigma = sigma_of_timestep(noised.terms["t"].double())
+        return (sigma / (1 + sigma)).float()  # the linear path's time of that noise level
+
+    def target_prediction(self, output: torch.Tensor, noised: Noised, index: torch.Tensor) -> torch.Tensor:
+        return output[:, : noised.x_t.shape[1]]  # the noise prediction (the learned variance is not guided)
 
     def out_channels(self, in_channels: int) -> int:
         return 2 * in_channels if self.learn_sigma else in_channels

@@ -50,8 +50,11 @@ def _ddpm_time(t: torch.Tensor) -> torch.Tensor:
     return timestep_of_sigma(t64 / (1 - t64)).to(t.dtype)
 
 
-# name -> (the network's start time input, its second input's scale for an interval, output sign): a student keeps its
-# teacher's time convention (moh_dit.objectives.flow.CONVENTIONS; DDPM: the DiT timestep of the same noise level)
+# name -> (the network's start time input, the scale of that input per unit of time, output sign): a student keeps its
+# teacher's time convention (moh_dit.objectives.flow.CONVENTIONS; DDPM: the DiT timestep of the same noise level). The
+# interval t - r goes into MeanFlow's second embedding raw, in [0, 1], whatever the convention (as MeanFlow's own
+# network): scaled by 1000 its sinusoid let the student's derivative in t grow until the distillation diverged
+# (docs/objective.md#the-student-and-its-time)
 TIME_CONVENTIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float, float]] = {
     "moh-dit": (lambda t: 1000.0 * t, 1000.0, 1.0),
     "repa": (lambda t: t, 1.0, 1.0),
@@ -144,7 +147,7 @@ class MeanFlowDistill(MeanFlow):
         self.time, self.end_time_blocks = time, end_time_blocks
         self.teacher, self.teacher_guidance = dict(teacher or {}), dict(guidance or {})
         self.derivative, self.fd_eps = derivative, float(fd_eps)
-        self._start_time, self._interval_scale, self.sign = TIME_CONVENTIONS[time]
+        self._start_time, _, self.sign = TIME_CONVENTIONS[time]
 
     # ------------------------------------------------------------------------------------------------
     # What it is
@@ -210,10 +213,10 @@ class MeanFlowDistill(MeanFlow):
 
     def network_time(self, t: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The start time in the teacher's convention, and the end time in it (Decoupled MeanFlow's split) or the
-        interval ``t - r`` scaled as the convention scales time (MeanFlow's second embedding)."""
+        interval ``t - r``, raw (MeanFlow's second embedding)."""
         if self.end_time_blocks:
             return self._start_time(t), self._start_time(r)
-        return self._start_time(t), self._interval_scale * (t - r)
+        return self._start_time(t), t - r
 
     def linear_velocity(self, net, z, t, labels, drop=None) -> torch.Tensor:
         return self.sign * net(z, self.network_time(t, t), labels, force_drop_ids=drop).sample.float()
@@ -244,6 +247,8 @@ class MeanFlowDistill(MeanFlow):
         drop: torch.Tensor | None,
         autocast: Callable[[], AbstractContextManager],
         frozen: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        ema: torch.nn.Module | None = None,
     ) -> torch.Tensor:
         """The teacher's guided velocity at ``(z_t, t)`` (its unconditional one where the label is dropped)."""
         if not frozen or "teacher" not in frozen:

@@ -29,6 +29,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised, NoiseLevel, Objective
 from moh_dit.objectives.flow_schedulers import FlowHeunScheduler, FlowSDEScheduler, path_coefficients
+from moh_dit.objectives.folded_guidance import FOLDED_KEYS, FoldedGuidance
 from moh_dit.objectives.noise import PATHS, flow_sigma
 
 __all__ = ["Flow", "CONVENTIONS", "TIME_SAMPLING", "shifted"]
@@ -69,9 +70,13 @@ class Flow(Objective):
             every position, averaged over the positions, added to the MSE (its recipe: 1; 0: none).
         prediction: ``velocity`` (the network outputs ``v``, in its convention's sign) or ``x`` (JiT: it outputs the
             clean image ``x_hat``; the loss and the samplers take the velocity it implies, :meth:`velocity_of`).
+        guidance_scale, guidance_mix, guidance_times, guidance_warmup, guidance_source: guidance folded into the
+            velocity target (Model Guidance; :class:`~moh_dit.objectives.folded_guidance.FoldedGuidance`). Off by
+            default.
     """
 
     name = "flow"
+    target_term = "velocity"
 
     def __init__(
         self,
@@ -82,7 +87,15 @@ class Flow(Objective):
         time_std: float = 1.0,
         cosine_loss: float = 0.0,
         prediction: str = "velocity",
+        guidance_scale: float | None = None,
+        guidance_mix: float | None = None,
+        guidance_times: list[float] | None = None,
+        guidance_warmup: int | None = None,
+        guidance_source: str | None = None,
     ) -> None:
+        self.folded = FoldedGuidance.create(
+            guidance_scale, guidance_mix, guidance_times, guidance_warmup, guidance_source
+        )
         if path not in PATHS:
             raise ConfigError(f"objective.path must be one of {', '.join(PATHS)}, got {path!r}")
         if convention not in CONVENTIONS:
@@ -107,7 +120,8 @@ class Flow(Objective):
 
     def record(self) -> dict[str, Any]:
         record = {"name": self.name, "path": self.path, "convention": self.convention}
-        return record | ({"prediction": self.prediction} if self.prediction != "velocity" else {})
+        record |= {"prediction": self.prediction} if self.prediction != "velocity" else {}
+        return record | (self.folded.record() if self.folded.active else {})
 
     @classmethod
     def from_record(cls, record: dict[str, Any] | None, learn_sigma: bool = False, **training: Any) -> Flow:
@@ -117,11 +131,12 @@ class Flow(Objective):
                 "no meaning for flow matching)"
             )
         record = record or {}
-        unknown = sorted(set(record) - {"name", "path", "convention", "prediction"})
+        unknown = sorted(set(record) - {"name", "path", "convention", "prediction", *FOLDED_KEYS})
         if unknown:
             raise ConfigError(f"the flow objective record has unknown keys {unknown}")
         path, convention = record.get("path", "linear"), record.get("convention", "moh-dit")
-        return cls(path, convention, prediction=record.get("prediction", "velocity"), **training)
+        folded = {k: record[k] for k in FOLDED_KEYS if k in record}
+        return cls(path, convention, prediction=record.get("prediction", "velocity"), **folded, **training)
 
     def out_channels(self, in_channels: int) -> int:
         return in_channels
@@ -131,7 +146,8 @@ class Flow(Objective):
 
     def describe(self) -> str:
         what = "velocity prediction" if self.prediction == "velocity" else "x-prediction (loss on the velocity)"
-        return f"flow matching, {self.path} path, {what} ({self.convention} convention)"
+        folded = f"; {self.folded.describe()}" if self.folded.active else ""
+        return f"flow matching, {self.path} path, {what} ({self.convention} convention){folded}"
 
     def describe_loss(self) -> str:
         direction = f" + {self.cosine_loss:g} x velocity direction (1 - cosine)" if self.cosine_loss else ""
@@ -178,6 +194,12 @@ class Flow(Objective):
         a, b, da, db = (c.reshape(-1, *([1] * (output.ndim - 1))) for c in path_coefficients(s, self.path))
         v = (db * x_s.float() - (a * db - da * b) * output.float()) / b.clamp_min(X_PREDICTION_MIN_NOISE)
         return v.to(output.dtype)
+
+    def flow_times(self, noised: Noised) -> torch.Tensor:
+        return noised.terms["s"]
+
+    def target_prediction(self, output: torch.Tensor, noised: Noised, index: torch.Tensor) -> torch.Tensor:
+        return self.velocity_of(output, noised.x_t[index], noised.terms["s"][index])
 
     def loss(self, output: torch.Tensor, noised: Noised) -> Losses:
         target = noised.terms["velocity"]

@@ -53,6 +53,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised, NoiseLevel, Objective
 from moh_dit.objectives.flow_schedulers import MeanFlowScheduler
+from moh_dit.objectives.folded_guidance import FOLDED_KEYS, FoldedGuidance
 from moh_dit.objectives.noise import flow_sigma
 
 __all__ = ["MeanFlow", "TIME_SAMPLING"]
@@ -83,6 +84,8 @@ class MeanFlow(Objective):
             0 and any ``c``: the plain squared error).
         jvp_autocast: run the JVP in the run's mixed precision (default: in float32, as the authors' PyTorch code;
             the guidance passes always take the run's precision).
+        guidance_warmup, guidance_source: the steps before the folded guidance starts, and whose predictions it uses
+            (the network's or its EMA's; :class:`~moh_dit.objectives.folded_guidance.FoldedGuidance`).
     """
 
     name = "meanflow"
@@ -100,15 +103,12 @@ class MeanFlow(Objective):
         adaptive_power: float = 1.0,
         adaptive_eps: float = 0.01,
         jvp_autocast: bool = False,
+        guidance_warmup: int | None = None,
+        guidance_source: str | None = None,
     ) -> None:
-        self.omega = _weight(guidance_scale, "objective.guidance_scale (omega)", -math.inf)
-        self.kappa = _weight(guidance_mix, "objective.guidance_mix (kappa)", 0.0, 0.999)
-        times = list(guidance_times) if isinstance(guidance_times, (list, tuple)) else None
-        if times is None or len(times) != 2 or not all(isinstance(v, (int, float)) for v in times):
-            raise ConfigError(f"objective.guidance_times must be [first, last] flow times, got {guidance_times!r}")
-        if not 0 <= times[0] <= times[1] <= 1:
-            raise ConfigError(f"objective.guidance_times must satisfy 0 <= first <= last <= 1, got {times}")
-        self.guidance_times = (float(times[0]), float(times[1]))
+        self.folded = FoldedGuidance.create(
+            guidance_scale, guidance_mix, guidance_times, guidance_warmup, guidance_source
+        )
         if time_sampling not in TIME_SAMPLING:
             raise ConfigError(
                 f"MeanFlow draws its times {' or '.join(TIME_SAMPLING)} (objective.time_sampling), got {time_sampling!r}"
@@ -131,25 +131,32 @@ class MeanFlow(Objective):
     @property
     def guided(self) -> bool:
         """Whether training guides the target (omega != 1 or kappa > 0)."""
-        return self.omega != 1.0 or self.kappa > 0
+        return self.folded.active
+
+    @property
+    def omega(self) -> float:
+        return self.folded.omega
+
+    @property
+    def kappa(self) -> float:
+        return self.folded.kappa
+
+    @property
+    def guidance_times(self) -> tuple[float, float]:
+        return self.folded.times
 
     def record(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "guidance_scale": self.omega,
-            "guidance_mix": self.kappa,
-            "guidance_times": list(self.guidance_times),
-        }
+        return {"name": self.name, **self.folded.record()}
 
     @classmethod
     def from_record(cls, record: dict[str, Any] | None, learn_sigma: bool = False, **training: Any) -> MeanFlow:
         if learn_sigma:
             raise ConfigError("a MeanFlow model predicts an average velocity of C channels: learn_sigma must be false")
         record = record or {}
-        unknown = sorted(set(record) - {"name", "guidance_scale", "guidance_mix", "guidance_times"})
+        unknown = sorted(set(record) - {"name", *FOLDED_KEYS})
         if unknown:
             raise ConfigError(f"the meanflow objective record has unknown keys {unknown}")
-        given = {k: record[k] for k in ("guidance_scale", "guidance_mix", "guidance_times") if k in record}
+        given = {k: record[k] for k in FOLDED_KEYS if k in record}
         return cls(**given, **training)
 
     def out_channels(self, in_channels: int) -> int:
@@ -242,43 +249,24 @@ class MeanFlow(Objective):
         labels: torch.Tensor | None,
         drop: torch.Tensor | None,
         autocast: Callable[[], AbstractContextManager],
+        step: int | None = None,
+        ema: torch.nn.Module | None = None,
     ) -> torch.Tensor:
         """The target velocity ``v_g`` (no gradient): ``v`` where training does not guide (outside the guided times,
-        dropped labels, an unconditional model), else the authors' mix of ``v`` and the network's own conditional and
-        unconditional instantaneous velocities (one batched forward over the guided samples only)."""
+        dropped labels, an unconditional model, the warm-up), else the authors' mix of ``v`` and the network's own (or
+        its EMA's) conditional and unconditional instantaneous velocities ``u(z_t, t, t)``, in one batched forward over
+        the guided samples only (:class:`~moh_dit.objectives.folded_guidance.FoldedGuidance`)."""
         v, t = noised.terms["velocity"], noised.terms["t"]
         if labels is None or not self.guided:
             return v
-        first, last = self.guidance_times
-        rows = (t >= first) & (t <= last)
-        if drop is not None:
-            rows &= drop == 0
-        index = rows.nonzero().flatten()
-        if index.numel() == 0:
-            return v
-        null_id = net.null_class_id
-        if null_id is None:
-            raise ConfigError("guidance folded into MeanFlow training needs label dropout (model.class_dropout_prob)")
-        z, tg, y = noised.x_t[index], t[index], labels[index]
-        both = self.kappa > 0  # kappa = 0 needs only the unconditional velocity
-        y_in = torch.cat([torch.full_like(y, null_id), y]) if both else torch.full_like(y, null_id)
-        reps = 2 if both else 1
-        with torch.no_grad(), autocast():
-            out = net(
-                z.repeat(reps, 1, 1, 1),
-                self.network_time(tg.repeat(reps), tg.repeat(reps)),  # u(z, t, t): the instantaneous velocity
-                y_in,
-                force_drop_ids=torch.zeros_like(y_in),  # the labels as given (no random dropout in training mode)
-            ).sample.float()
-        v_uncond, v_cond = out.chunk(2) if both else (out, None)
-        vi = v[index]
-        if both:
-            guided = self.omega * vi + (1 - self.omega - self.kappa) * v_uncond + self.kappa * v_cond
-        else:
-            guided = v_uncond + self.omega * (vi - v_uncond)
-        v_g = v.clone()
-        v_g[index] = guided.to(v.dtype)
-        return v_g
+        source = ema if self.folded.source == "ema" and ema is not None else net
+
+        def predict(index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            with autocast():
+                time = self.network_time(t[index], t[index])  # u(z, t, t): the instantaneous velocity
+                return source(noised.x_t[index], time, y, force_drop_ids=torch.zeros_like(y)).sample
+
+        return self.folded.fold(v, self.folded.rows(t, drop, step), labels, source.null_class_id, predict)
 
     def forward_losses(
         self,
@@ -289,6 +277,8 @@ class MeanFlow(Objective):
         want_heads: bool,
         autocast: Callable[[], AbstractContextManager],
         frozen: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        ema: torch.nn.Module | None = None,
     ) -> tuple[Losses, Any]:
         """The guided target velocity, then ``u`` and ``du/dt`` in one ``torch.func.jvp`` (tangent ``(v_g, 1, 0)`` in
         ``(z, t, r)``) on the bare module, on the math attention backend; the target, and the loss of ``u``. The MoH
@@ -298,7 +288,7 @@ class MeanFlow(Objective):
 
         net = extract_model_from_parallel(model, keep_torch_compile=False)
         t, r = noised.terms["t"], noised.terms["r"]
-        v_g = self.target_velocity(net, noised, labels, drop, autocast, frozen)
+        v_g = self.target_velocity(net, noised, labels, drop, autocast, frozen, step, ema)
         out, dudt = self.velocity_and_derivative(net, noised, v_g, labels, drop, autocast)
         span = (t - r).clamp(0, 1).reshape(-1, *([1] * (dudt.ndim - 1)))
         noised.terms["target"] = (v_g - span * dudt).detach()
@@ -317,10 +307,12 @@ class MeanFlow(Objective):
         drop: torch.Tensor | None,
         autocast: Callable[[], AbstractContextManager],
         frozen: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        ema: torch.nn.Module | None = None,
     ) -> torch.Tensor:
         """The instantaneous velocity the target is built from, and the JVP's tangent: the data's, guided by the
-        network's own predictions (:meth:`guided_velocity`)."""
-        return self.guided_velocity(net, noised, labels, drop, autocast)
+        network's own predictions (:meth:`guided_velocity`; ``step``, ``ema``: its warm-up and source)."""
+        return self.guided_velocity(net, noised, labels, drop, autocast, step, ema)
 
     def velocity_and_derivative(
         self,

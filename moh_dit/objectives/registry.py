@@ -26,6 +26,7 @@ __all__ = [
     "check_sampler",
     "offered_samplers",
     "LOSS_NAMES",
+    "sampling_guidance",
 ]
 
 
@@ -54,6 +55,10 @@ class ObjectiveEntry:
     sampling_guidance: float | None = None
 
 
+# guidance folded into training (moh_dit.objectives.folded_guidance): what the model records, what shapes training
+FOLDED_RECORD = ("objective.guidance_scale", "objective.guidance_mix", "objective.guidance_times")
+FOLDED_TRAINING = ("objective.guidance_warmup", "objective.guidance_source")
+
 OBJECTIVES: dict[str, ObjectiveEntry] = {
     # DiT's: noise prediction with a learned variance on DiT's 1000-step schedule. "dit" is DiT's FID protocol
     # (DDPM, 250 steps); "fast" the sampler study's choice (benchmarks/results/v7/samplers_cpu.md).
@@ -64,7 +69,8 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         {"dit": ("ddpm", 250), "fast": ("dpm-solver", 25)},
         paper="dit",
         summary="DiT's DDPM: noise prediction, learned variance, 1000 steps",
-        training_keys=("train.snr_gamma",),
+        record_keys=FOLDED_RECORD,
+        training_keys=("train.snr_gamma", *FOLDED_TRAINING),
         loss_name="diffusion_loss",
     ),
     # SiT's: velocity along a straight (or cosine) path from data to noise. "sit-sde" is SiT's FID protocol
@@ -81,12 +87,13 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         {"sit-sde": ("sde", 250), "sit-ode": ("heun", 50), "fast": ("dpm-solver", 25), "lightningdit": ("euler", 249)},
         paper="sit-sde",
         summary="flow matching (SiT): velocity (or x) prediction on a linear or GVP path",
-        record_keys=("objective.path", "objective.convention", "objective.prediction"),
+        record_keys=("objective.path", "objective.convention", "objective.prediction", *FOLDED_RECORD),
         training_keys=(
             "objective.time_sampling",
             "objective.time_mean",
             "objective.time_std",
             "objective.cosine_loss",
+            *FOLDED_TRAINING,
         ),
         sampler_limits={"path": {"gvp": ("euler", "heun", "sde")}},
         sampler_limits_why="DPM-Solver++ and UniPC take x0 = x - s v, which holds on the linear path only",
@@ -102,7 +109,7 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         {"one-step": ("meanflow", 1), "two-step": ("meanflow", 2), "fast": ("meanflow", 1)},
         paper="one-step",
         summary="MeanFlow: average-velocity prediction, one or a few sampling steps",
-        record_keys=("objective.guidance_scale", "objective.guidance_mix", "objective.guidance_times"),
+        record_keys=FOLDED_RECORD,
         training_keys=(
             "objective.time_sampling",
             "objective.time_mean",
@@ -111,6 +118,7 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
             "objective.adaptive_power",
             "objective.adaptive_eps",
             "objective.jvp_autocast",
+            *FOLDED_TRAINING,
         ),
         loss_name="meanflow_loss",
         sampling_guidance=1.0,
@@ -226,3 +234,13 @@ def check_sampler(sampler: str, objective: str, record: dict[str, Any] | None = 
             f"scheduler {sampler!r} does not apply to this {objective} model ({where}; {found.sampler_limits_why}): "
             f"choose one of {', '.join(offered)}"
         )
+
+
+def sampling_guidance(name: str, record: dict[str, Any] | None = None) -> float | None:
+    """The guidance scale a model samples with where nobody chose one: its objective's (MeanFlow: 1), or 1 for a model
+    trained with guidance folded in (a record with ``guidance_scale`` != 1 or ``guidance_mix`` > 0); ``None``: the
+    command's default."""
+    own = entry(name).sampling_guidance
+    record = record or {}
+    folded = record.get("guidance_scale", 1.0) != 1.0 or record.get("guidance_mix", 0.0) > 0
+    return own if own is not None else (1.0 if folded else None)

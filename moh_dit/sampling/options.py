@@ -21,6 +21,7 @@ from moh_dit.objectives.registry import (
     check_sampler,
     objective_name,
     resolve_protocol,
+    sampling_guidance,
 )
 from moh_dit.sampling import caches, rules
 from moh_dit.sampling.spec import GRID_AVERAGING_OFF, GRID_GUIDANCE, SCHEDULERS, TRAIN_TIMESTEPS, SamplingSpec
@@ -170,7 +171,7 @@ def spec_from_args(
     ``--protocol`` (resolved for the objective: ``paper`` is its published protocol); a protocol the user did not
     give falls back to a sampler the model offers, one the user gave and the model cannot take is an error. Guidance
     left open (``--cfg-scale`` unset) comes from the model's ``recorded`` spec (scale, interval or noise range,
-    channels and grid averaging), else the objective's (MeanFlow, guided in training: 1), else the command's default
+    channels and grid averaging), else the objective's (MeanFlow, or guidance folded into training: 1), else the command's default
     (``add_sampling_options``' ``guidance``), else the package's grid guidance at every step; a ``--cfg-scale`` given alone
     guides every step, as DiT, without averaging; ``--guidance-interval``, ``--guidance-noise``,
     ``--guidance-channels`` and ``--grid-averaging`` (``off`` included) always win, and so does ``--time-shift`` over
@@ -202,8 +203,9 @@ def spec_from_args(
     cache = None if cache == "none" else cache
     guide = dict(guide=getattr(args, "guide_model", None), guide_step=getattr(args, "guide_step", None))
     guide["guide_sigma_rel"] = getattr(args, "guide_sigma_rel", None)
-    # a model whose objective guides in training (MeanFlow) samples unguided unless asked
-    own = OBJECTIVES[name].sampling_guidance if name is not None else None
+    # a model whose objective guides in training (MeanFlow), or that was trained with folded guidance, samples
+    # unguided unless asked
+    own = sampling_guidance(name, record) if name is not None else None
     if args.cfg_scale is not None:
         scale, why = args.cfg_scale, "--cfg-scale"
     elif recorded is None and own is not None:

@@ -60,11 +60,16 @@ class ObjectiveSection:
     time_mean: float | None = None  # the normal of logit-normal and lognormal time sampling
     time_std: float | None = None
     cosine_loss: float = 0.0  # flow: weight of LightningDiT's velocity-direction loss (1 - cosine; its recipe: 1)
-    # meanflow: guidance folded into training, recorded with the model (null: none, or what init_from's weights
-    # record): omega, kappa (the share of the network's own conditional velocity) and the guided flow times
+    # ddpm, flow and meanflow: guidance folded into training (Model Guidance; MeanFlow's), recorded with the model
+    # (null: none, or what init_from's weights record): omega, kappa (the share of the network's own conditional
+    # prediction; Model Guidance's w with omega 1) and the guided flow times
     guidance_scale: float | None = None
     guidance_mix: float | None = None
     guidance_times: list[float] | None = None  # [first, last] flow times (1 = noise); null: every time
+    # ddpm, flow and meanflow: the steps before folded guidance starts (its predictions are noise until the network has
+    # learned something), and whose predictions it uses: model (the weights being trained) | ema (their EMA)
+    guidance_warmup: int | None = None
+    guidance_source: str | None = None
     equal_times: float = 0.75  # meanflow: the share of each batch with r = t (plain flow matching there)
     adaptive_power: float = 1.0  # meanflow: p of the adaptive loss weight 1 / (L + c)^p (0: plain squared error)
     adaptive_eps: float = 0.01  # meanflow: c

@@ -94,7 +94,25 @@ def with_objective_defaults(config: Config) -> Config:
     for dotted, names in owners.items():
         if len(names) > 1 and _value(config, dotted) is None:
             filled[_key(dotted)] = _class_default(chosen if chosen in names else names[0], _key(dotted))
-    return dataclasses.replace(config, objective=dataclasses.replace(config.objective, **filled)) if filled else config
+    config = (
+        dataclasses.replace(config, objective=dataclasses.replace(config.objective, **filled)) if filled else config
+    )
+    return _previews_of_folded_guidance(config, chosen)
+
+
+def _previews_of_folded_guidance(config: Config, chosen: str) -> Config:
+    """A run whose objective folds guidance into training (MeanFlow, a distillation, DDPM or flow with
+    ``objective.guidance_*``) previews as its model samples: at scale 1, one evaluation per step, where the preview's
+    scale is the grid default (CFG 4, which the embedded default's file also sets); another scale is kept (CFG on top
+    of the folded guidance). The pipeline records it, so ``moh-dit sample`` and the demo draw so too."""
+    from moh_dit.objectives.registry import sampling_guidance
+    from moh_dit.sampling.spec import GRID_GUIDANCE
+
+    record = {key: getattr(config.objective, key) for key in ("guidance_scale", "guidance_mix")}
+    own = sampling_guidance(chosen, {k: v for k, v in record.items() if v is not None})
+    if own is None or config.preview.guidance_scale != GRID_GUIDANCE:
+        return config
+    return dataclasses.replace(config, preview=dataclasses.replace(config.preview, guidance_scale=own))
 
 
 def run_objective_class(config: Config) -> type[Objective]:

@@ -179,6 +179,23 @@ def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
     )
 
 
+class EMANetwork:
+    """The EMA weights as a network of their own, for objectives that predict with them (folded guidance from the
+    EMA): a copy of the model, without gradient, refreshed from the EMA whenever the EMA has stepped since (so also
+    after a resume loads it)."""
+
+    def __init__(self, model: torch.nn.Module, ema: EMAModel) -> None:
+        import copy
+
+        self.ema, self.network, self._step = ema, copy.deepcopy(model).eval().requires_grad_(False), None
+
+    def current(self) -> torch.nn.Module:
+        if self._step != self.ema.optimization_step:
+            self.ema.copy_to(self.network.parameters())
+            self._step = self.ema.optimization_step
+        return self.network
+
+
 # model config keys moh-dit 0.3 did not have, with the value that means "not used"
 _KEYS_AFTER_0_3 = {
     "objective": None,

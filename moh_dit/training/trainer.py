@@ -54,6 +54,7 @@ from moh_dit.training.quality import QualityCurve
 from moh_dit.training.repa import alignment_loss
 from moh_dit.training.runs import RunRecord, check_process_layout, check_resume_step, open_run_folder
 from moh_dit.training.setup import (
+    EMANetwork,
     build_model,
     describe_tokens,
     make_accelerator,
@@ -126,6 +127,9 @@ class Trainer(RunOutputs, OptimizerSteps):
             model.enable_gradient_checkpointing()
         self.ema = make_ema(model.train(), config.ema)
         self.ema.to(accelerator.device)
+        # folded guidance from the EMA's predictions needs the EMA weights as a network
+        folded = self.objective.folded
+        self.ema_network = EMANetwork(model, self.ema) if folded.active and folded.source == "ema" else None
         self.model, self.optimizer = accelerator.prepare(model, make_optimizer(model, config))
         if train_cfg.compile and self.objective.runs_bare_module:
             logger.warning("train.compile: %s runs the uncompiled network (a JVP)", self.objective.name)
@@ -193,8 +197,9 @@ class Trainer(RunOutputs, OptimizerSteps):
         drop = drop if y_in is not None else None
         # the objective runs the network: one forward (DDPM, flow) or a JVP (MeanFlow)
         losses, out = self.objective.forward_losses(
-            self.model, noised, y_in, drop, want_heads, self.accelerator.autocast, self.frozen
-        )
+            self.model, noised, y_in, drop, want_heads, self.accelerator.autocast, self.frozen, self.step,
+            self.ema_network.current() if self.ema_network is not None else None,
+        )  # fmt: skip
         moh_loss = out.aux_loss.float()
         loss = losses.loss.mean() + self.config.train.moh_loss_coeff * moh_loss
         # the logs follow the objective's error (MeanFlow's weighted loss stays near 1: its logs show the error)

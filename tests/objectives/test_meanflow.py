@@ -324,8 +324,12 @@ def test_a_config_fills_each_objectives_time_defaults_and_refuses_keys_of_others
     assert (flow.objective.time_sampling, flow.objective.time_mean, flow.objective.time_std) == ("uniform", 0.0, 1.0)
     ddpm = load_config(None, [])  # what moh-dit 0.4 wrote for keys DDPM does not use
     assert (ddpm.objective.time_sampling, ddpm.objective.time_mean) == ("uniform", 0.0)
-    with pytest.raises(ConfigError, match="objective.guidance_mix applies to the meanflow objective"):
-        load_config(None, ["objective.name=flow", "objective.guidance_mix=0.5"])
+    with pytest.raises(ConfigError, match="objective.equal_times applies to the meanflow objective"):
+        load_config(None, ["objective.name=flow", "objective.equal_times=0.5"])
+    with pytest.raises(
+        ConfigError, match="objective.guidance_mix applies to the ddpm objective"
+    ):  # and flow, meanflow
+        load_config(None, ["objective.name=distill", "distill.teacher=t", "objective.guidance_mix=0.5"])
     with pytest.raises(ConfigError, match="objective.path applies to the flow objective"):
         load_config(None, ["objective.name=meanflow", "objective.path=gvp"])
     with pytest.raises(ConfigError, match="MeanFlow draws its times logit-normal or uniform"):

@@ -89,7 +89,8 @@ def test_every_objectives_model_draws_with_the_page_defaults(tmp_path, monkeypat
         grid, _, info = api_endpoint(pipe)("dog", images=1)
         spec = pipe.preview_sampling
         scheduler = spec.sampler.scheduler if spec.sampler.scheduler in pipe.objective.samplers else None
-        assert f"{scheduler or pipe.objective.samplers[0]}, {spec.sampler.num_steps} steps" in info, name
+        steps = spec.sampler.num_steps
+        assert f"{scheduler or pipe.objective.samplers[0]}, {steps} step{'s' if steps != 1 else ''}," in info, name
         assert grid.size[0] > 8
         build_demo(pipe)  # the page builds with these controls (a 1-step MeanFlow model included)
 

@@ -776,3 +776,36 @@ def test_flow_runs_unconditional_and_in_bf16(tmp_path, image_dir):
     finally:
         AcceleratorState._reset_state(True)
     assert np.isfinite(read_metrics(tmp_path / "bf16")[-1]["flow_loss"])
+
+
+@pytest.mark.parametrize("objective", ["ddpm", "flow"])
+def test_guidance_folded_into_training_from_the_ema_resumes_exactly_and_samples_unguided(
+    tmp_path, image_dir, objective, caplog
+):
+    """Model Guidance (kappa 0.5: CFG 2 at one evaluation a step) from the EMA's predictions, after a warm-up of two
+    steps: a run stopped at step 2 and resumed (the EMA network rebuilt from the restored EMA) ends as the whole one;
+    the model records the guidance, and the command line samples it unguided unless asked."""
+    from safetensors.torch import load_file
+
+    from moh_dit.training.tracking import objective_loss
+
+    from ..helpers.factories import run_in_process
+
+    common = [f"objective.name={objective}", "objective.guidance_mix=0.5", "objective.guidance_warmup=2"]
+    common += ["objective.guidance_source=ema", "train.checkpoint_every=2", "preview.per_class=0"]
+    common += ["train.snr_gamma=null"] if objective == "flow" else []
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    summary = train_tiny(whole, image_dir, *common)
+    train_tiny(cut, image_dir, *common, "train.max_steps=2")
+    train_tiny(cut, image_dir, *common, "train.resume=latest")
+    assert [objective_loss(r) for r in read_metrics(whole)] == [objective_loss(r) for r in read_metrics(cut)]
+    a, b = (load_file(r / "checkpoints" / "step-00000004" / "ema.safetensors") for r in (whole, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    unfolded = train_tiny(tmp_path / "plain", image_dir, *common[:1], *common[4:], "train.max_steps=2")
+    warmup = [objective_loss(r) for r in read_metrics(tmp_path / "plain")]
+    assert warmup == [objective_loss(r) for r in read_metrics(cut)][:2]  # the warm-up: no guidance yet
+    pipe = MoHDiTPipeline.from_pretrained(summary["pipeline"])
+    record = pipe.transformer.config.objective
+    assert record["guidance_mix"] == 0.5 and record["guidance_scale"] == 1.0 and unfolded["step"] == 2
+    logged = run_in_process("sample", [summary["pipeline"], "--per-class", "1", "--out", tmp_path / "g.png"], caplog)
+    assert "guidance 1 " in logged or "guidance 1," in logged or "guidance 1)" in logged
