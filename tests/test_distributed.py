@@ -538,3 +538,24 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, flow_teache
         assert state["frozen"]["teacher"]["source"] == str(flow_teacher / "pipeline"), state[
             "frozen"
         ]  # a run: its pipeline
+
+
+def test_a_run_with_token_routing_resumes_exactly_on_two_processes(images, tmp_path):
+    """TREAD on two processes with the modern block (RoPE at the kept tokens' positions) and REPA aligned inside the
+    routed span: a run stopped at step 4 and resumed ends as the uninterrupted one, bit for bit (the routes come from
+    the step's generator)."""
+    extra = ["token_routing.share=0.5", "token_routing.first_block=1", "token_routing.last_block=-2"]
+    extra += ["repa.encoder=moh-dit-test-tokens", "repa.encoder_module=tests.helpers.tiny_encoder", "repa.depth=4"]
+    extra += ["model.overrides.block={norm: rmsnorm, mlp: swiglu, rope: true}", "train.checkpoint_every=4"]
+    extra += ["objective.name=flow", "train.snr_gamma=null", "preview.per_class=0"]
+
+    def run(out, *more, tag):
+        return run_job(launch("torchrun", TRAIN, *tiny_train_overrides(out, images, *extra, *more)), tmp_path / tag)
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run(whole, "train.max_steps=8", tag="whole.log")
+    run(cut, "train.max_steps=4", tag="first.log")
+    run(cut, "train.max_steps=8", "train.resume=latest", tag="resumed.log")
+    assert_same_run(cut, whole)
+    log = (tmp_path / "whole.log").read_text()
+    assert "token routing (TREAD): 8 of 16 tokens per image skip blocks 1-4" in log  # of 6

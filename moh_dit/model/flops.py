@@ -45,22 +45,28 @@ def _linear(layer: nn.Linear, rows: int) -> int:
     return 2 * rows * layer.in_features * layer.out_features
 
 
-def forward_flops(model: nn.Module, active_heads: bool = False) -> FlopCount:
+def forward_flops(
+    model: nn.Module, active_heads: bool = False, routed: tuple[tuple[int, int], int] | None = None
+) -> FlopCount:
     """FLOPs of one image's forward pass through ``model`` (a :class:`~moh_dit.model.network.MoHDiT`).
 
     ``active_heads=False`` counts what dense execution computes: every head, inactive ones multiplied by zero
     (what ``FlopCounterMode`` measures). ``active_heads=True`` counts the useful work of MoH: the queries,
     attention and output projection of the heads a token uses (shared plus top-k routed), with keys and
     values of every head (a routed head's keys serve every token that picks it).
+
+    ``routed``: TREAD's ``((start, stop), kept)``: the blocks ``[start, stop)`` see only ``kept`` tokens.
     """
     config = model.config
-    tokens = (config.sample_size // config.patch_size) ** 2
+    every = (config.sample_size // config.patch_size) ** 2
+    tokens = every
     proj = model.x_embedder.proj  # a patch-sized convolution with stride = kernel: one matrix product per patch
     embed = 2 * tokens * proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1] * proj.out_channels
     embed += sum(_linear(m, 1) for m in model.t_embedder.mlp if isinstance(m, nn.Linear))
     adaln = router = qkv = core = out = mlp = 0
-    for block in model.blocks:
+    for index, block in enumerate(model.blocks):
         attn = block.attn
+        tokens = routed[1] if routed is not None and routed[0][0] <= index < routed[0][1] else every
         adaln += _linear(block.adaLN_modulation[1], 1)
         mlp += sum(_linear(m, tokens) for m in block.mlp.modules() if isinstance(m, nn.Linear))  # GELU or SwiGLU
         if attn.router is not None:
@@ -70,5 +76,5 @@ def forward_flops(model: nn.Module, active_heads: bool = False) -> FlopCount:
         qkv += round(per_part * share) + 2 * per_part
         core += round(2 * 2 * tokens * tokens * attn.head_dim * attn.num_heads * share)
         out += round(_linear(attn.proj, tokens) * share)
-    final = _linear(model.final_layer.adaLN_modulation[1], 1) + _linear(model.final_layer.linear, tokens)
+    final = _linear(model.final_layer.adaLN_modulation[1], 1) + _linear(model.final_layer.linear, every)
     return FlopCount(embed, adaln, router, qkv, core, out, mlp, final)

@@ -11,6 +11,7 @@ Shapes: N batch, C channels, H x W image (or latent), p patch size, T = H*W/p**2
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from moh_dit.model.attention import MoHAttention
 from moh_dit.model.block import BlockOptions, BlocksTrace, DiTBlock, FinalLayer
 from moh_dit.model.embeddings import LabelEmbedder, PatchEmbedder, TimestepEmbedder, sincos_pos_embed_2d
 from moh_dit.model.head_usage import recording_head_usage
+from moh_dit.model.token_routing import KeptRotary, TokenRoute
 
 __all__ = ["MoHDiT", "MoHDiTOutput", "BlocksTrace", "DiTBlock", "FinalLayer"]  # the blocks live in model/block.py
 
@@ -174,6 +176,7 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
             else None
         )
         self.gradient_checkpointing = False
+        self._token_route: TokenRoute | None = None  # TREAD's route of the training pass under way (routed_tokens)
         self.initialize_weights()
 
     # ------------------------------------------------------------------------------------------------
@@ -355,17 +358,39 @@ class MoHDiT(ModelMixin, ConfigMixin, CacheMixin):
         trace = BlocksTrace()
         align = self.projectors is not None and (self.training if return_aligned is None else return_aligned)
         report = self.training or return_head_masks
+        route, full, rope = self._token_route, None, self.feat_rope
         for index, (block, c) in enumerate(zip(self.blocks, conditions)):
+            if route is not None and index == route.start:  # TREAD: the routed tokens wait out the span
+                full, h = h, route.gather(h)
+                rope = KeptRotary(self.feat_rope, route.kept) if self.feat_rope is not None else None
             if torch.is_grad_enabled() and self.gradient_checkpointing:
-                h, aux = self._gradient_checkpointing_func(block, h, c, self.feat_rope, return_head_masks)
+                h, aux = self._gradient_checkpointing_func(block, h, c, rope, return_head_masks)
             elif report:
-                h, aux = block(h, c, self.feat_rope, return_head_masks)
+                h, aux = block(h, c, rope, return_head_masks)
             else:
-                h, aux = block(h, c, self.feat_rope, False, False), None
+                h, aux = block(h, c, rope, False, False), None
             trace.add(aux, return_head_masks)
+            if full is not None and index + 1 == route.stop:  # and rejoin, as they were, after it
+                h, full, rope = route.scatter(full, h), None, self.feat_rope
             if align and index + 1 == self.config.repa_depth:  # counted from 1, as REPA's encoder_depth
                 trace.aligned = tuple(projector(h) for projector in self.projectors)
         return h, trace
+
+    @contextlib.contextmanager
+    def routed_tokens(self, route: TokenRoute | None) -> Iterator[None]:
+        """Within the block, the passes of this network route tokens as ``route`` says (TREAD, training only; None:
+        every token everywhere): the trainer opens it around one micro-batch's losses, so that every pass of the
+        objective (MeanFlow's JVP, a finite difference's shifted passes) takes the same route."""
+        previous, self._token_route = self._token_route, route
+        try:
+            yield
+        finally:
+            self._token_route = previous
+
+    def routed_rows(self, index: torch.Tensor) -> contextlib.AbstractContextManager:
+        """Within the block, a pass over the samples ``index`` of the routed batch routes each as the batch's route
+        does (every token where none is open): the objectives' passes over part of a batch open it."""
+        return self.routed_tokens(None if self._token_route is None else self._token_route.rows(index))
 
     def _check_inputs(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
         if x.ndim != 4 or x.shape[1] != self.in_channels or tuple(x.shape[2:]) != (self.config.sample_size,) * 2:

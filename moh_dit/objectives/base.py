@@ -18,6 +18,7 @@ import torch
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from moh_dit.errors import ConfigError
+from moh_dit.model.token_routing import rows_of_route
 from moh_dit.objectives.folded_guidance import FoldedGuidance
 from moh_dit.objectives.registry import check_sampler, entry, offered_samplers, resolve_protocol
 
@@ -180,7 +181,7 @@ class Objective(ABC):
         rows = self.folded.rows(self.flow_times(noised), drop, step)
 
         def predict(index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            with autocast():
+            with autocast(), rows_of_route(net, index):  # a routed run (TREAD) routes these rows as their batch
                 out = net(noised.x_t[index], noised.time[index], y, force_drop_ids=torch.zeros_like(y)).sample
             return self.target_prediction(out.float(), noised, index)
 

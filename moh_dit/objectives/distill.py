@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from moh_dit.errors import ConfigError
+from moh_dit.model.token_routing import rows_of_route
 from moh_dit.objectives.base import Noised
 from moh_dit.objectives.meanflow import MeanFlow
 
@@ -309,7 +310,7 @@ class MeanFlowDistill(MeanFlow):
         for moved in (t_plus, t_minus):
             z_moved = z64 + (moved - t.to(torch.float64)).reshape(shape) * v64
             time = self.network_time(moved.to(t.dtype), r)
-            with torch.random.fork_rng(devices=devices):  # the primal's random draws again
+            with torch.random.fork_rng(devices=devices), rows_of_route(net, rows):  # the primal's draws and route
                 torch.set_rng_state(random_state[0])
                 for device, state in zip(devices, random_state[1:]):
                     torch.cuda.set_rng_state(state, device)

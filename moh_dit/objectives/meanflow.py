@@ -51,6 +51,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from moh_dit.errors import ConfigError
+from moh_dit.model.token_routing import rows_of_route
 from moh_dit.objectives.base import Losses, Noised, NoiseLevel, Objective
 from moh_dit.objectives.flow_schedulers import MeanFlowScheduler
 from moh_dit.objectives.folded_guidance import FOLDED_KEYS, FoldedGuidance
@@ -262,7 +263,7 @@ class MeanFlow(Objective):
         source = ema if self.folded.source == "ema" and ema is not None else net
 
         def predict(index: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            with autocast():
+            with autocast(), rows_of_route(source, index):  # a routed run (TREAD) routes these rows as their batch
                 time = self.network_time(t[index], t[index])  # u(z, t, t): the instantaneous velocity
                 return source(noised.x_t[index], time, y, force_drop_ids=torch.zeros_like(y)).sample
 

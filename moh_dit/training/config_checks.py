@@ -105,6 +105,7 @@ def validate(config: Config) -> None:
     check_posthoc(ema, train.global_batch_size)
     check_repa(config.repa)
     check_distill(config)
+    check_token_routing(config)
     if not 0.0 <= data.max_bad_fraction <= 1.0:
         raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {data.max_bad_fraction}")
     if train.resume is not None and not isinstance(train.resume, str):
@@ -142,6 +143,27 @@ def check_model_overrides(model: ModelSection) -> None:
             said = str(err)
             where = f"model.overrides.{said}" if said.startswith("block ") else f"model.overrides.block: {said}"
             raise ConfigError(where) from None
+
+
+def check_token_routing(config: Config) -> None:
+    """TREAD's settings: a share in [0, 1) and, when on, a span of blocks inside the model (its depth from the preset
+    and overrides; with ``model.init_from`` the trainer checks it against the weights)."""
+    routing = config.token_routing
+    share = routing.share
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+        raise ConfigError(f"token_routing.share must be a share of the tokens in [0, 1) (TREAD's 0.5), got {share!r}")
+    for key in ("first_block", "last_block"):
+        value = getattr(routing, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"token_routing.{key} must be a block index (negative: from the end), got {value!r}")
+    if share and not config.model.init_from:
+        from moh_dit.model.token_routing import resolve_span
+
+        depth = preset_config(config.model.preset, **config.model.overrides)["depth"]
+        try:
+            resolve_span(routing.first_block, routing.last_block, depth)
+        except ValueError as err:
+            raise ConfigError(f"token_routing: {err}") from None
 
 
 TEACHER_FORMATS = ("dit", "sit", "repa", "lightningdit")  # checkpoint files moh-dit convert reads as a model

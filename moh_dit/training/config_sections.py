@@ -183,6 +183,16 @@ class DistillSection:
 
 
 @dataclass
+class TokenRoutingSection:
+    """Token routing in training (TREAD; moh_dit/model/token_routing.py, docs/training.md#token-routing): a random
+    share of each image's tokens skips a span of blocks; sampling uses every token. Off with ``share: 0``."""
+
+    share: float = 0.0  # the share of each image's tokens that skips the span (TREAD's 0.5); 0: off
+    first_block: int = 2  # the span's first block, from 0 (negative: from the end)
+    last_block: int = -3  # its last block, included (negative: from the end; -1 is the last block)
+
+
+@dataclass
 class RepaSection:
     """REPA's representation alignment (moh_dit/training/repa.py, docs/training.md#repa); off without an encoder."""
 
@@ -287,3 +297,4 @@ class Config:
     preview: PreviewSection = field(default_factory=PreviewSection)
     repa: RepaSection = field(default_factory=RepaSection)
     distill: DistillSection = field(default_factory=DistillSection)
+    token_routing: TokenRoutingSection = field(default_factory=TokenRoutingSection)

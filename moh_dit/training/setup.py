@@ -179,6 +179,25 @@ def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:
     )
 
 
+def token_routing(section, model: torch.nn.Module) -> tuple[tuple[int, int] | None, int]:
+    """TREAD's span of blocks ``[start, stop)`` in ``model`` and how many tokens of each image skip it (``(None, 0)``:
+    off), logged; a span outside the model (one of ``model.init_from``'s weights) is a ConfigError."""
+    if not section.share:
+        return None, 0
+    from moh_dit.model.token_routing import resolve_span
+
+    try:
+        span = resolve_span(section.first_block, section.last_block, len(model.blocks))
+    except ValueError as err:
+        raise ConfigError(f"token_routing: {err}") from None
+    routed = round(section.share * model.num_tokens)
+    logger.info(
+        "token routing (TREAD): %d of %d tokens per image skip blocks %d-%d in training; sampling uses every token",
+        routed, model.num_tokens, span[0], span[1] - 1,
+    )  # fmt: skip
+    return span, routed
+
+
 class EMANetwork:
     """The EMA weights as a network of their own, for objectives that predict with them (folded guidance from the
     EMA): a copy of the model, without gradient, refreshed from the EMA whenever the EMA has stepped since (so also

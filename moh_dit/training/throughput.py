@@ -73,13 +73,16 @@ def peak_memory_gb(device: torch.device) -> float:
     return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes on macOS, KiB on Linux
 
 
-def training_cost(model, forwards: float, device: torch.device, train, log) -> tuple[float, float | None]:
+def training_cost(
+    model, forwards: float, device: torch.device, train, log, routed: tuple[tuple[int, int], int] | None = None
+) -> tuple[float, float | None]:
     """``(model FLOPs of one image's training step, the device's peak TFLOP/s or None)`` for a run's MFU, logged: the
     forward FLOPs of the heads each token uses times ``forwards`` (3: a forward and a backward), and the peak of
-    ``log.peak_tflops``, a known GPU or a matmul measured on this CPU (``train``, ``log``: the config's sections)."""
+    ``log.peak_tflops``, a known GPU or a matmul measured on this CPU (``train``, ``log``: the config's sections);
+    ``routed``: TREAD's span and kept tokens, whose skipped tokens cost nothing in the span."""
     from moh_dit.model.flops import forward_flops
 
-    flops = forward_flops(model, active_heads=True).training_step(forwards)
+    flops = forward_flops(model, active_heads=True, routed=routed).training_step(forwards)
     peak, source = peak_tflops(device, train.mixed_precision, log.peak_tflops)
     shown = f"{peak:.3g} TFLOP/s per device ({source})" if peak else source
     logger.info(f"{flops / 1e9:.3g} GFLOP per image per training step; peak {shown}")

@@ -39,6 +39,7 @@ from moh_dit.manifests import format_differences
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import match_preset
 from moh_dit.model.surgery import with_alignment
+from moh_dit.model.token_routing import draw_route
 from moh_dit.posthoc_ema import PowerFunctionEMAs
 from moh_dit.progress import Progress
 from moh_dit.run_folder import RunLayout, checkpoint_step
@@ -64,6 +65,7 @@ from moh_dit.training.setup import (
     run_identity,
     run_settings,
     stop_signals,
+    token_routing,
 )
 from moh_dit.training.spike_guard import SpikeGuard
 from moh_dit.training.throughput import training_cost
@@ -127,6 +129,7 @@ class Trainer(RunOutputs, OptimizerSteps):
             model.enable_gradient_checkpointing()
         self.ema = make_ema(model.train(), config.ema)
         self.ema.to(accelerator.device)
+        self.route_span, self.routed_count = token_routing(config.token_routing, model)
         # folded guidance from the EMA's predictions needs the EMA weights as a network
         folded = self.objective.folded
         self.ema_network = EMANetwork(model, self.ema) if folded.active and folded.source == "ema" else None
@@ -195,17 +198,26 @@ class Trainer(RunOutputs, OptimizerSteps):
         drop = (torch.rand(n, generator=gen) < self.unwrapped.config.class_dropout_prob).long().to(device)
         y_in = y.to(device) if self.unwrapped.config.num_classes > 0 else None
         drop = drop if y_in is not None else None
+        # TREAD: the tokens that skip the span, drawn last so that the other draws are those of a run without it
+        route = None
+        if self.route_span is not None:
+            route = draw_route(
+                n, self.unwrapped.num_tokens, self.config.token_routing.share, self.route_span, gen, device
+            )
         # the objective runs the network: one forward (DDPM, flow) or a JVP (MeanFlow)
-        losses, out = self.objective.forward_losses(
-            self.model, noised, y_in, drop, want_heads, self.accelerator.autocast, self.frozen, self.step,
-            self.ema_network.current() if self.ema_network is not None else None,
-        )  # fmt: skip
+        with self.unwrapped.routed_tokens(route):
+            losses, out = self.objective.forward_losses(
+                self.model, noised, y_in, drop, want_heads, self.accelerator.autocast, self.frozen, self.step,
+                self.ema_network.current() if self.ema_network is not None else None,
+            )  # fmt: skip
         moh_loss = out.aux_loss.float()
         loss = losses.loss.mean() + self.config.train.moh_loss_coeff * moh_loss
         # the logs follow the objective's error (MeanFlow's weighted loss stays near 1: its logs show the error)
         logged = [losses.followed.mean().detach(), moh_loss.detach()]
         if self.repa is not None:  # the encoders see the clean images, flipped as the model's input
             targets = self.repa.features(self.data.encoder_images(x, flip))
+            if route is not None and route.aligns_kept_tokens(self.unwrapped.config.repa_depth):
+                targets = [route.gather(z) for z in targets]  # the aligned block saw the kept tokens only
             repa_loss = alignment_loss(out.aligned, targets)
             loss = loss + self.config.repa.coeff * repa_loss
             logged.append(repa_loss.detach())
@@ -254,9 +266,11 @@ class Trainer(RunOutputs, OptimizerSteps):
         logger.info(describe_tokens(self.unwrapped.config, self.data.vae_record))
         # model FLOPs of one image's training step (the heads each token uses; MeanFlow's JVP costs more than a
         # backward), and the hardware's peak for MFU
+        routed = None if self.route_span is None else (self.route_span, self.unwrapped.num_tokens - self.routed_count)
         self.flops_per_image, self.peak_tflops = training_cost(
-            self.unwrapped, self.objective.training_forwards(), self.accelerator.device, train_cfg, self.config.log
-        )
+            self.unwrapped, self.objective.training_forwards(), self.accelerator.device, train_cfg, self.config.log,
+            routed,
+        )  # fmt: skip
         if self.quality.enabled:
             logger.info("evaluation during training: %s", self.quality.describe())
 

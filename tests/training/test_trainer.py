@@ -809,3 +809,30 @@ def test_guidance_folded_into_training_from_the_ema_resumes_exactly_and_samples_
     assert record["guidance_mix"] == 0.5 and record["guidance_scale"] == 1.0 and unfolded["step"] == 2
     logged = run_in_process("sample", [summary["pipeline"], "--per-class", "1", "--out", tmp_path / "g.png"], caplog)
     assert "guidance 1 " in logged or "guidance 1," in logged or "guidance 1)" in logged
+
+
+@pytest.mark.parametrize(
+    "objective",
+    [
+        ("train.gradient_checkpointing=true",),  # DDPM, gradient checkpointing
+        ("objective.name=meanflow", "objective.guidance_mix=0.5", "train.snr_gamma=null"),  # a JVP through the route
+    ],
+    ids=["ddpm-checkpointing", "meanflow"],
+)
+def test_token_routing_trains_every_objective_and_leaves_sampling_alone(tmp_path, image_dir, objective):
+    out = tmp_path / "run"
+    routing = ("token_routing.share=0.5", "token_routing.first_block=1", "token_routing.last_block=-2")
+    summary = train_tiny(out, image_dir, *routing, *objective, "train.max_steps=2", "preview.per_class=0")
+    assert summary["step"] == 2 and all(np.isfinite(r["moh_loss"]) for r in read_metrics(out))
+    pipe = MoHDiTPipeline.from_pretrained(summary["pipeline"])
+    assert pipe.transformer._token_route is None  # sampling: every token in every block
+
+
+def test_token_routing_settings_are_one_line_before_any_data_loads(tmp_path):
+    for override, said in (
+        ("token_routing.share=1.0", "token_routing.share must be a share of the tokens in \\[0, 1\\)"),
+        ("token_routing.last_block=40", "token_routing: the routed span must be blocks first <= last"),
+        ("token_routing.first_block=x", "must be a"),
+    ):
+        with pytest.raises((ConfigError, ValueError), match=said):
+            load_config(None, ["token_routing.share=0.5", override] if "share" not in override else [override])
