@@ -43,11 +43,11 @@ def probe_objective(monkeypatch):
     monkeypatch.setattr(DDPM, "frozen_models", ("probe",))
     inner = DDPM.forward_losses
 
-    def forward_losses(self, model, noised, labels, drop, want_heads, autocast, frozen=None):
+    def forward_losses(self, model, noised, labels, drop, want_heads, autocast, frozen=None, *rest):
         probe = frozen["probe"]
         x = torch.ones(2, 4)
         seen.append((not probe.net.training, torch.equal(probe.net(x), probe.net(x)), torch.is_grad_enabled()))
-        return inner(self, model, noised, labels, drop, want_heads, autocast, frozen)
+        return inner(self, model, noised, labels, drop, want_heads, autocast, frozen, *rest)
 
     monkeypatch.setattr(DDPM, "forward_losses", forward_losses)
     return seen, seed
