@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from moh_dit.errors import ConfigError
+from moh_dit.model.block import BlockOptions
 from moh_dit.model.network import MoHDiT
 
 __all__ = [
@@ -209,9 +210,14 @@ OBJECTIVE_KEYS = (
 
 
 def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Every architecture argument of ``config`` (defaults filled in), per-layer values as one tuple per
-    layer, so that ``top_k=2`` and ``top_k=[2, 2, ...]`` compare equal."""
+    """Every architecture argument of ``config`` as the network resolves it, so that two configs that build the
+    same network compare equal: defaults filled in (at the top level and inside ``block``: ``{rope: true}`` is
+    ``{rope: true, rope_theta: 10000.0}``), ``mlp_norm_eps`` unset as ``norm_eps``, per-layer values as one
+    tuple per layer (``top_k=2`` and ``top_k=[2, 2, ...]``)."""
     full = {k: config.get(k, default) for k, default in model_config_defaults().items()}
+    full["block"] = BlockOptions.from_config(full["block"]).record()
+    if full["mlp_norm_eps"] is None:
+        full["mlp_norm_eps"] = full["norm_eps"]
     for key in PER_LAYER_KEYS:
         value = full[key]
         full[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,) * full["depth"]

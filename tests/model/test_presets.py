@@ -127,3 +127,14 @@ def test_match_preset_names_the_architecture_of_a_config_whatever_its_data():
     for name in PRESETS:
         assert match_preset(preset_config(name, **meanflow)) == name
         assert match_preset(preset_config(name, **meanflow, block=modern)) == name
+
+
+def test_architecture_compares_what_the_network_resolves():
+    from moh_dit.model.presets import architecture
+
+    recorded = {"block": {"norm": "layernorm", "mlp": "gelu", "qk_norm": "none", "rope": True, "rope_theta": 1e4}}
+    assert architecture({"block": {"rope": True}}) == architecture(recorded)
+    assert architecture({"block": {"rope": True, "rope_theta": 100}}) != architecture(recorded)
+    assert architecture({"block": {}}) == architecture({"block": None})  # DiT's block either way
+    assert architecture({"norm_eps": 1e-5}) == architecture({"norm_eps": 1e-5, "mlp_norm_eps": 1e-5})
+    assert architecture({"mlp_norm_eps": 1e-5}) != architecture({})

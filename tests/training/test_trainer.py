@@ -836,3 +836,19 @@ def test_token_routing_settings_are_one_line_before_any_data_loads(tmp_path):
     ):
         with pytest.raises((ConfigError, ValueError), match=said):
             load_config(None, ["token_routing.share=0.5", override] if "share" not in override else [override])
+
+
+def test_init_from_a_run_with_the_config_that_trained_it_compares_resolved_values(tmp_path, image_dir):
+    """The config's ``block: {rope: true}`` is the weights' recorded ``{..., rope_theta: 10000.0}``: fine-tuning a
+    modern-block run with its own config starts; a theta the weights do not have is still a contradiction."""
+    block = "model.overrides.block={norm: rmsnorm, mlp: swiglu, qk_norm: rmsnorm, rope: true}"
+    source = tmp_path / "modern"
+    train_tiny(source, image_dir, block, "preview.per_class=0", "train.max_steps=1")
+    out = tmp_path / "fine-tuned"
+    train_tiny(out, image_dir, block, f"model.init_from={source / 'pipeline'}", "train.max_steps=1", "preview.per_class=0")
+    assert (out / "pipeline").is_dir()
+    with pytest.raises(ConfigError, match="contradict"):
+        train_tiny(
+            tmp_path / "other-theta", image_dir, block.replace("rope: true", "rope: true, rope_theta: 100"),
+            f"model.init_from={source / 'pipeline'}", "train.max_steps=1", "preview.per_class=0",
+        )  # fmt: skip
