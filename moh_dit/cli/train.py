@@ -57,7 +57,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    args = build_parser(prog).parse_args(argv)
+    # intermixed: flags and key=value overrides in any order (plain parsing stops collecting the overrides at the
+    # first flag after them and refuses the rest as unrecognized)
+    args = build_parser(prog).parse_intermixed_args(argv)
 
     from moh_dit.logs import launch_rank
     from moh_dit.training.config import config_to_dict, load_config, validate

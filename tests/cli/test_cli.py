@@ -362,3 +362,21 @@ def test_guidance_is_described_and_tagged_the_same_way_everywhere():
         "guidance 1.5 on the first 3 channels at every step"
     )
     assert spec((100, 500)).describe() == "dpm-solver, 25 steps, guidance 4 at timesteps 100-500"
+
+
+def test_flags_and_overrides_mix_in_any_order(tmp_path, capsys):
+    """``train.py --config C k=v --init-from P k=v``: every override is taken, wherever the flags stand."""
+    import yaml
+
+    from moh_dit import create_model
+
+    create_model("DiT-Ti/4", sample_size=8, in_channels=3, num_classes=2).save_pretrained(tmp_path / "p")
+    config = Path(__file__).resolve().parents[2] / "configs" / "fashion_mnist_moh.yaml"
+    argv = [
+        "--config", str(config), "train.max_steps=2", "--init-from", str(tmp_path / "p"),
+        f"train.output_dir={tmp_path / 'd'}", "--print-config",
+    ]  # fmt: skip
+    train_script.main(argv)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["train"]["max_steps"] == 2 and printed["train"]["output_dir"] == str(tmp_path / "d")
+    assert printed["model"]["init_from"] == str(tmp_path / "p")
