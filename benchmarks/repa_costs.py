@@ -128,4 +128,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from moh_dit.cli.common import run_cli
+
+    run_cli(main)  # bad input: one line, as the commands say it

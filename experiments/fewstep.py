@@ -18,6 +18,7 @@ the two times, its cost the KID difference.
     python -m experiments.fewstep --part score   --flow-runs DIR   # 1/2/4 steps against flow at 25/50
     python -m experiments.fewstep --part caches  --flow-runs DIR --ddpm-runs DIR   # either alone: that model only
     python -m experiments.fewstep --report-only
+    python -m experiments.fewstep --scale tiny --out /tmp/fewstep   # the smoke run: trains its own flow twin
 
 Points already in the records are kept, not redone (--rescore redoes them), so a later run with --seeds 1 2 needs
 only those seeds' runs; the flow curves of seeds it does not read are kept.
@@ -48,11 +49,15 @@ from moh_dit.training.quality import read_records
 
 MEANFLOW = "configs/fashion_mnist_moh_meanflow.yaml"
 ARMS = {"meanflow": (MEANFLOW, [])}
+# the flow twin, trained by this study only at a scale whose runs are its own (the smoke run: there is no backbone
+# study's folder to pass); at the real scales it is the backbone study's flow arm (--flow-runs)
+OWN_FLOW = {"flow": ("configs/fashion_mnist_moh_flow.yaml", [])}
 FLOW_SCALES = (1.0, 2.0, 3.0, 4.0, 6.0)  # swept on seed 0 at 25 steps, in the model's recorded interval
 MEANFLOW_SCALES = (1.0, 1.5, 2.0)  # CFG on top of the guidance folded into training (seed 0, one step)
 CACHE_MODELS = {"ddpm": ("dpm-solver", (25, 50)), "flow": (FLOW_SAMPLER, (25, 50))}  # seed 0, recorded guidance
-# the backbone study's scales: the same evaluation points and sample counts, so its flow arm pairs with MeanFlow
-SCALES = STUDY_SCALES
+# the backbone study's scales: the same evaluation points and sample counts, so its flow arm pairs with MeanFlow;
+# the smoke run trains its own flow twin, so that it runs as written
+SCALES = {name: scale | {"own_flow": name == "tiny"} for name, scale in STUDY_SCALES.items()}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -94,9 +99,10 @@ def _score_once(result: dict, key: str, ctx: dict, kind: str, seed: int, schedul
 # The parts
 # ----------------------------------------------------------------------------------------------------
 def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict) -> None:
+    arms = ARMS | (OWN_FLOW if sc["own_flow"] else {})
     for seed in seeds:
-        for arm in ARMS:
-            result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference, ARMS)
+        for arm in arms:
+            result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference, arms)
             save(out, result)
 
 
@@ -167,6 +173,12 @@ def main(argv: list[str] | None = None) -> dict:
     sc = SCALES[args.scale]
     out = Path(args.out)
     sections = {"training": {}, "sweep": [], "scores": [], "caches": []}
+    sc = sc | {"own_flow": sc["own_flow"] and not args.flow_runs}
+    if sc["own_flow"]:
+        args.flow_runs = str(out / "runs")  # the smoke run's own flow twin
+    if args.part in ("score", "all") and not args.report_only and not args.flow_runs:
+        # said before any training: the score part compares MeanFlow with the flow twin of the backbone study
+        p.error("--part score (and all) needs the flow twin's runs: pass --flow-runs DIR (the backbone study's runs)")
     result, seeds, lock = open_study(args, sc, "fewstep", sections)  # lock: held to the end
     if args.flow_runs:  # this run's seeds read again; the curves of other seeds (other runs folders) kept
         read = flow_curves(args.flow_runs, seeds)
@@ -193,4 +205,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from moh_dit.cli.common import run_cli
+
+    run_cli(main)  # bad input: one line, as the commands say it

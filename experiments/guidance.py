@@ -88,7 +88,13 @@ EXTRA_SCALES = {("ddpm", "ag-quarter"): (4.0, 6.0)}
 EMA_MAIN, EMA_GUIDE = (0.05, 0.10), (0.05, 0.10, 0.15)
 SCALES = {
     "cpu": dict(
-        overrides=[], eval=["log.eval_every=0"], sweep_samples=500, samples=1000, seeds=(0, 1, 2), bootstrap=20
+        overrides=[],
+        eval=["log.eval_every=0"],
+        sweep_samples=500,
+        samples=1000,
+        seeds=(0, 1, 2),
+        bootstrap=20,
+        quarter=QUARTER,
     ),
     "tiny": dict(  # a smoke run (tests/test_experiments.py)
         overrides=[*smoke_run(8), "ema.posthoc_every=32"],
@@ -97,6 +103,7 @@ SCALES = {
         samples=12,
         seeds=(0, 1),
         bootstrap=3,
+        quarter=2,  # a quarter of its 8 steps (a checkpoint every 2)
     ),  # fmt: skip
 }
 
@@ -353,9 +360,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--flow-guides", default=None, help="the flow runs' step-2000 checkpoints (default: in their runs)")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), help="for --part sweep/seeds")
     p.add_argument("--rescore", action="store_true", help="redo points already in the records (default: kept)")
-    p.add_argument("--quarter", type=int, default=QUARTER, help="the step of the quarter-training guide")
+    p.add_argument(
+        "--quarter", type=int, default=None, help="the step of the quarter-training guide (default: the scale's)"
+    )
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
+    args.quarter = sc["quarter"] if args.quarter is None else args.quarter
     out = Path(args.out)
     sections = {"training": {}, "sweep": [], "seeds": [], "ema": []}
     result, seeds, lock = open_study(args, sc, "guidance", sections)  # lock: held to the end
@@ -382,4 +392,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from moh_dit.cli.common import run_cli
+
+    run_cli(main)  # bad input: one line, as the commands say it

@@ -176,4 +176,6 @@ def report(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from moh_dit.cli.common import run_cli
+
+    run_cli(main)  # bad input: one line, as the commands say it

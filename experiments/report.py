@@ -275,7 +275,13 @@ def open_study(args: argparse.Namespace, scale: dict, study: str, sections: dict
     protocol = {"scale": args.scale, "samples": scale["samples"]} | reference_protocol(args)
     result = {"protocol": protocol} | sections | (json.loads(path.read_text()) if path.exists() else {})
     if result["protocol"] != protocol:
-        raise SystemExit(f"{path} was written with {result['protocol']}, not {protocol}: use another --out")
+        theirs = result["protocol"].get("scale")
+        fix = (
+            f"pass --scale {theirs} to continue them"
+            if theirs != args.scale
+            else "pass the options they were written with"
+        )
+        raise SystemExit(f"{path} was written with {result['protocol']}, not {protocol}: {fix} (or use another --out)")
     seeds = tuple(args.seeds) if args.seeds is not None else tuple(scale["seeds"])
     return result, seeds, lock
 

@@ -417,7 +417,9 @@ def test_every_study_refuses_records_of_another_protocol_and_a_second_writer(tmp
     main = importlib.import_module(f"experiments.{study}").main
     records = tmp_path / "results.json"
     records.write_text(json.dumps({"protocol": {"scale": "cpu", "samples": 1}, "training": {}}))
-    with pytest.raises(SystemExit, match="was written with .*not .*'tiny'.*use another --out"):
+    with pytest.raises(
+        SystemExit, match="was written with .*not .*'tiny'.*pass --scale cpu to continue them.*another --out"
+    ):
         main(["--report-only", "--scale", "tiny", "--out", str(tmp_path)])
     records.unlink()
     held = hold_lock(tmp_path, study)
@@ -634,7 +636,7 @@ def test_guidance_study_trains_sweeps_every_method_and_reports(tmp_path):
     from experiments.guidance import METHODS, ONLY_FOR, main
 
     out = tmp_path / "out"
-    result = main(["--scale", "tiny", "--quarter", "2", "--reference-count", "200", "--out", str(out)])
+    result = main(["--scale", "tiny", "--reference-count", "200", "--out", str(out)])  # as documented
     assert {(r["objective"], r["method"]) for r in result["sweep"]} == {
         (o, m) for o in ("ddpm", "flow") for m in METHODS if o in ONLY_FOR.get(m, (o,))
     }
@@ -767,7 +769,7 @@ def test_fewstep_study_trains_meanflow_scores_it_against_flow_and_caches_and_rep
     out = tmp_path / "out"
     args = ["--scale", "tiny", "--reference-count", "200", "--out", str(out)]
     result = main([*args, "--flow-runs", str(others / "runs"), "--ddpm-runs", str(others / "runs")])
-    assert set(result["training"]) == {"meanflow-seed0", "meanflow-seed1"}
+    assert set(result["training"]) == {"meanflow-seed0", "meanflow-seed1"}  # the flow runs given are not retrained
     assert {(r["kind"], r["steps"], r["seed"]) for r in result["scores"]} == {
         *(("meanflow", s, seed) for s in MEANFLOW_STEPS for seed in (0, 1)),
         *(("flow", s, seed) for s in (25, 50) for seed in (0, 1)),
@@ -831,3 +833,29 @@ def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_
     text = (tmp_path / "RESULTS.md").read_text()
     assert "## the flow twin: students at 1, 2 and 4 steps" in text and "Against the goal" in text
     assert (tmp_path / "grid_distill-flow_1step.png").is_file() and (tmp_path / "distill_kid.png").is_file()
+
+
+def test_each_studys_tiny_scale_needs_no_flag_the_docs_do_not_show(tmp_path, monkeypatch):
+    """The smoke runs run as written: the guidance study's quarter guide is a checkpoint its tiny runs keep; the
+    few-step study's tiny scale trains its own flow twin; at the real scale a missing --flow-runs is said before
+    any training."""
+    from experiments import fewstep, guidance
+    from experiments.common import smoke_run
+
+    tiny = guidance.SCALES["tiny"]
+    steps = next(int(o.split("=")[1]) for o in tiny["overrides"] if o.startswith("train.max_steps="))
+    every = next(int(o.split("=")[1]) for o in smoke_run() if o.startswith("train.checkpoint_every="))
+    assert 0 < tiny["quarter"] <= steps and tiny["quarter"] % every == 0
+    assert guidance.SCALES["cpu"]["quarter"] == guidance.QUARTER
+
+    trained = []
+    monkeypatch.setattr(fewstep, "train_arm", lambda arm, seed, *rest: trained.append((arm, seed)) or {})
+    monkeypatch.setattr(fewstep, "save", lambda out, result: None)
+    fewstep.part_train(fewstep.SCALES["tiny"], tmp_path, None, (0,), {"training": {}})
+    assert trained == [("meanflow", 0), ("flow", 0)]
+    trained.clear()
+    fewstep.part_train(fewstep.SCALES["cpu"], tmp_path, None, (0,), {"training": {}})
+    assert trained == [("meanflow", 0)]  # the backbone study's flow arm is passed, not retrained
+    with pytest.raises(SystemExit):
+        fewstep.main(["--part", "score", "--scale", "cpu", "--out", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()  # refused before anything was written

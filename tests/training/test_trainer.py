@@ -845,7 +845,9 @@ def test_init_from_a_run_with_the_config_that_trained_it_compares_resolved_value
     source = tmp_path / "modern"
     train_tiny(source, image_dir, block, "preview.per_class=0", "train.max_steps=1")
     out = tmp_path / "fine-tuned"
-    train_tiny(out, image_dir, block, f"model.init_from={source / 'pipeline'}", "train.max_steps=1", "preview.per_class=0")
+    train_tiny(
+        out, image_dir, block, f"model.init_from={source / 'pipeline'}", "train.max_steps=1", "preview.per_class=0"
+    )
     assert (out / "pipeline").is_dir()
     with pytest.raises(ConfigError, match="contradict"):
         train_tiny(
