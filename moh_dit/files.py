@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import shutil
+import struct
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -248,6 +249,19 @@ def read_safetensors(path: Path, device: str | torch.device = "cpu") -> dict[str
     return tensors if target.type == "cpu" else {name: t.to(target) for name, t in tensors.items()}
 
 
+def unpickler_reason(err: BaseException) -> str:
+    """What torch's restricted unpickler refused, in one line, without torch's advice to retry with
+    ``weights_only=False`` (moh-dit never unpickles code from a file): ``Unsupported operand 35``, ``Unsupported
+    global: GLOBAL os.system``; an opcode the unpickler does not know (a ``KeyError`` on junk bytes) is named as one."""
+    if isinstance(err, KeyError):
+        return f"unknown pickle opcode {err.args[0] if err.args else ''}".strip()
+    text = str(err).strip()
+    if "WeightsUnpickler error:" in text:
+        detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
+        return next((line.strip() for line in detail if line.strip()), "a type it may not unpickle")
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def read_torch_file(path: Path, error: type[MohDitError] = ArtifactError, what: str = "plain tensor file") -> Any:
     """``torch.load(weights_only=True)`` on the CPU: plain tensors and containers only (pickled code is
     refused). A damaged file, or one holding anything else, is an ``error`` naming it; a bug or a lack of
@@ -258,14 +272,16 @@ def read_torch_file(path: Path, error: type[MohDitError] = ArtifactError, what: 
         raise error(f"{path} is missing")
 
     def refused(err: BaseException) -> MohDitError:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return error(f"{path} is damaged or not a {what}; refusing to unpickle it ({first})")
+        return error(f"{path} is damaged or not a {what}; refusing to unpickle it ({unpickler_reason(err)})")
 
     import argparse
 
     # map_location="cpu": the file's own tensors, never a device question (callers move what they need).
     # argparse.Namespace, in which the train.py scripts of DiT, SiT and REPA store their arguments beside the
     # weights, is allowed: unpickling it only sets attributes.
-    errors = (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile, ValueError)
+    # junk bytes end in whatever the unpickler trips on: an unknown opcode is a KeyError, a truncated one an
+    # IndexError or a struct error, text a UnicodeDecodeError (a ValueError)
+    errors = (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile, ValueError, KeyError, IndexError,
+              struct.error)  # fmt: skip
     with blame_the_file(refused, errors), torch.serialization.safe_globals([argparse.Namespace]):
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -286,7 +286,16 @@ def test_convert_and_latents_commands(world, tmp_path, capsys):
     evil = tmp_path / "evil.pt"
     with open(evil, "wb") as f:
         pickle.dump({"model": NotATensor()}, f)
-    assert "refusing to unpickle" in fails_in_one_line(convert.main, [str(evil), str(tmp_path / "out")], capsys)
+    line = fails_in_one_line(convert.main, [str(evil), str(tmp_path / "out")], capsys)
+    assert "refusing to unpickle" in line and "weights_only" not in line
+    # junk bytes (an unknown opcode, a KeyError inside the unpickler) and text are damaged files, and moh-dit never
+    # repeats torch's advice to retry with weights_only=False
+    junk, text = tmp_path / "junk.pt", tmp_path / "notes.pt"
+    junk.write_text("hello world this is junk\n")
+    text.write_text("# a README\n\nsome words\n")
+    for path, reason in ((junk, "unknown pickle opcode 101"), (text, "Unsupported operand 35")):
+        line = fails_in_one_line(convert.main, [str(path), str(tmp_path / "out")], capsys)
+        assert "is damaged or not a" in line and reason in line and "weights_only" not in line, line
     tiny_vae().save_pretrained(tmp_path / "vae")
     line = fails_in_one_line(
         latents.main,
