@@ -1,9 +1,11 @@
 r"""Generating N samples reproducibly (PNG, named by index, and an ADM-style ``.npz``).
 
-Each image's label and noise depend only on (seed, index), and images are computed in fixed blocks of
-``batch_size`` indices, so every image is bit-identical for any number of processes; an interrupted run
-fills in only the missing blocks, and a folder is resumed only when its manifest matches the model and
-settings.
+Each image's label and noise depend only on (seed, index), drawn from a generator of its own, and the network
+treats the rows of a batch apart, so an image is the same for any count, batch size, number of processes or resume
+(bit-identical on CPU, tested; a GPU's kernels may differ in a float's last bits between batch shapes). Only the
+images asked for are drawn; an interrupted run draws only the missing ones, and a folder is resumed only when its
+manifest matches the model and settings. With a cache, which decides for a whole batch, images are drawn in fixed
+blocks of ``batch_size`` indices, so that their batch-mates are fixed too.
 
     accelerate launch --num_processes 8 sample.py runs/imagenet/pipeline --num-samples 50000 \
         --sample-dir samples/xl --cfg-scale 1.5 --guidance-channels 3
@@ -43,9 +45,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class GenerationSettings:
     """What to generate: how many images, their seed and labels, and how to sample them (``sampling``; its
-    ``scheduler`` ``None`` keeps the pipeline's own). ``batch_size`` is also the block size: images are
-    always computed with the same block-mates, which is what makes them bit-identical for any number of
-    processes."""
+    ``scheduler`` ``None`` keeps the pipeline's own). ``batch_size`` is also the block size in which the
+    processes share the work (and, with a cache, an image's fixed batch-mates)."""
 
     num_samples: int = 50_000
     seed: int = 0
@@ -183,12 +184,19 @@ def generate_samples(
         )
     num_classes = pipe.transformer.config.num_classes
     spec = settings.sampling
-    progress = Progress(len(todo) * block, desc="sampling", unit="img", enabled=is_main)
+    # each image is drawn from its own generator and the network treats the rows of a batch apart, so an image is
+    # the same whatever its batch-mates: only the images asked for (and missing) are drawn. A cache is the exception:
+    # it decides for the whole batch at once, so with one a block is drawn whole (also past N), its mates fixed.
+    whole_blocks = spec.cache is not None
+
+    def drawn(b: int) -> list[int]:
+        indices = range(b * block, (b + 1) * block)
+        return list(indices) if whole_blocks else [i for i in indices if i < n and i in missing]
+
+    progress = Progress(sum(len(drawn(b)) for b in todo), desc="sampling", unit="img", enabled=is_main)
     pipe.set_progress_bar_config(disable=True)
     for b in todo[rank::world]:
-        # the whole block, also indices past N: an image's block-mates fix its numerics, so any N, process
-        # count or resume gives the same bits
-        batch = list(range(b * block, (b + 1) * block))
+        batch = drawn(b)
         kwargs: dict[str, Any] = dict(num_images=len(batch))
         if num_classes > 0:
             kwargs = dict(
@@ -205,7 +213,7 @@ def generate_samples(
         for i, img in zip(batch, images):
             if i in missing:
                 _save_png(img, _png_path(sample_dir, i))
-        progress.update(block * world)  # the other processes progress at about the same rate
+        progress.update(len(batch) * world)  # the other processes progress at about the same rate
     progress.close()
     if accelerator:
         accelerator.wait_for_everyone()

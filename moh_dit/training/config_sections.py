@@ -176,6 +176,9 @@ class DistillSection:
         "teacher"  # teacher: the teacher's architecture, from its weights | preset: model.preset (+ overrides)
     )
     end_time_blocks: int = 0  # Decoupled MeanFlow's split: the last N blocks see the end time (0: MeanFlow's interval)
+    # false: the student keeps its teacher's time embedding as it is (frozen), so that its dependence on t stays as
+    # smooth as the teacher's (the derivative in t multiplies the target's errors; docs/objective.md#distillation)
+    train_time_embedding: bool = True
     derivative: str = "jvp"  # du/dt by jvp | finite-difference (float64, MoH's routing held)
     # the finite difference's step in time; null: 5e-3 for a teacher that sees times x1000 (moh-dit's flow, DDPM), 1e-4
     # (FastGen's) for raw times (SiT, REPA, LightningDiT)

@@ -316,6 +316,8 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
     if student.h_embedder is not None:  # the interval's embedding starts at nothing: the student is its teacher
         torch.nn.init.zeros_(student.h_embedder.mlp[2].weight)
         torch.nn.init.zeros_(student.h_embedder.mlp[2].bias)
+    if not config.distill.train_time_embedding:  # the teacher's embedding of t, kept as it is
+        student.t_embedder.requires_grad_(False)
     new = sorted(set(mine) - set(copied))
     report = {"distilled_from": teacher.source, "copied": len(copied), "of": len(mine), "new": new}
     logger.info(

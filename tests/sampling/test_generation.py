@@ -72,19 +72,36 @@ def test_load_errors(tmp_path):
         load_pipeline(tmp_path)
 
 
-def test_same_images_for_any_batch_size_and_resume_fills_only_missing(run_dir, tmp_path):
+def test_same_images_for_any_batch_size_and_resume_fills_only_missing(run_dir, tmp_path, monkeypatch):
+    """Each image from its own generator: the same bits at any batch size or count (on CPU), and only the images
+    asked for (or missing) are drawn, never the rest of a block."""
     pipe = load_pipeline(run_dir, device="cpu")
+    drawn, call = [], type(pipe).__call__
+    monkeypatch.setattr(
+        type(pipe), "__call__", lambda self, **kw: drawn.append(len(kw["generator"])) or call(self, **kw)
+    )
     a = np.load(generate_samples(pipe, tmp_path / "a", settings(batch_size=4)))
+    assert drawn == [4, 2]
     b = np.load(generate_samples(pipe, tmp_path / "b", settings(batch_size=1)))
     assert a["arr_0"].shape == (6, 8, 8, 3) and a["arr_0"].dtype == np.uint8
-    assert np.abs(a["arr_0"].astype(int) - b["arr_0"].astype(int)).max() <= 1  # batch-size independent
+    assert np.array_equal(a["arr_0"], b["arr_0"])  # batch-size independent
+    drawn.clear()
+    few = np.load(generate_samples(pipe, tmp_path / "few", settings(batch_size=64, num_samples=3)))
+    assert drawn == [3] and np.array_equal(few["arr_0"], a["arr_0"][:3])  # 3 drawn, not a block of 64
+    drawn.clear()
     assert a["arr_1"].tolist() == [label_for_index(3, i, 2, "uniform") for i in range(6)]
 
     keep = {i: os.stat(tmp_path / "a" / f"{i:06d}.png").st_mtime_ns for i in range(6)}
     for i in (1, 4):
         (tmp_path / "a" / f"{i:06d}.png").unlink()
     c = np.load(generate_samples(pipe, tmp_path / "a", settings(batch_size=4)))
-    assert np.array_equal(c["arr_0"], a["arr_0"])
+    assert drawn == [1, 1] and np.array_equal(c["arr_0"], a["arr_0"])  # only the two missing ones
+    # a cache decides for its whole batch: blocks are drawn whole, so that an image's batch-mates are fixed
+    drawn.clear()
+    cached = settings(num_samples=3)
+    cached.sampling = cached.sampling.replace(cache="first-block")
+    generate_samples(pipe, tmp_path / "cached", cached)
+    assert drawn == [4]
     for i in range(6):
         changed = os.stat(tmp_path / "a" / f"{i:06d}.png").st_mtime_ns != keep[i]
         assert changed == (i in (1, 4))
