@@ -170,12 +170,12 @@ def spec_from_args(
     holds: the record also says which samplers its path allows). The scheduler and steps left open come from
     ``--protocol`` (resolved for the objective: ``paper`` is its published protocol); a protocol the user did not
     give falls back to a sampler the model offers, one the user gave and the model cannot take is an error. Guidance
-    left open (``--cfg-scale`` unset) comes from the model's ``recorded`` spec (scale, interval or noise range,
-    channels and grid averaging), else the objective's (MeanFlow, or guidance folded into training: 1), else the command's default
-    (``add_sampling_options``' ``guidance``), else the package's grid guidance at every step; a ``--cfg-scale`` given alone
-    guides every step, as DiT, without averaging; ``--guidance-interval``, ``--guidance-noise``,
-    ``--guidance-channels`` and ``--grid-averaging`` (``off`` included) always win, and so does ``--time-shift`` over
-    the recorded shift. A cache (``--cache``, its ``--cache-option`` s) is the model's recorded one unless given
+    left open (``--cfg-scale`` unset) comes from the model's ``recorded`` spec, else the objective's (MeanFlow, or
+    guidance folded into training: 1), else the command's default (``add_sampling_options``' ``guidance``), else the
+    package's grid guidance at every step. Each option given overrides its own field of the recorded sampling and
+    only that: ``--cfg-scale`` alone keeps the recorded interval or noise range, channels, rule, guide and grid
+    averaging; ``--guidance-interval``, ``--guidance-noise``, ``--guidance-channels``, ``--grid-averaging``
+    (``off`` included) and ``--time-shift`` replace theirs. A cache (``--cache``, its ``--cache-option`` s) is the model's recorded one unless given
     (``none``: no cache). Logs the choice. ``objective=None`` checks the options before the model is known (a
     protocol of any objective); with an objective, a scheduler it does not offer is a :class:`ConfigError`."""
     given = getattr(args, "protocol", None) is not None
@@ -214,6 +214,9 @@ def spec_from_args(
         scale, why = args.default_guidance, "the command's default"
     elif recorded is not None:
         scale, why = recorded.guidance.scale, "the model's recorded preview guidance"
+    else:
+        scale, why = GRID_GUIDANCE, "no recorded guidance: the package's grid default"
+    if recorded is not None:  # each option given overrides its own field of the recorded sampling, and only that
         if not placed:
             interval, noise = recorded.guidance.interval, recorded.guidance.noise
         averaging = recorded.sampler.grid_averaging if averaging is None else averaging
@@ -224,8 +227,6 @@ def spec_from_args(
             guide = dict(
                 guide=recorded.guide.model, guide_step=recorded.guide.step, guide_sigma_rel=recorded.guide.sigma_rel
             )
-    else:
-        scale, why = GRID_GUIDANCE, "no recorded guidance: the package's grid default"
     spec = SamplingSpec.create(
         scheduler=args.scheduler or scheduler,
         num_inference_steps=args.num_steps or steps,

@@ -266,8 +266,10 @@ def test_sample_py_takes_the_models_recorded_guidance_unless_told(run_dir):
         (dict(cfg_scale=None, guidance_interval=[0, 999]), record, (2.5, None, 100)),  # the interval flag wins
         (dict(cfg_scale=None, grid_averaging=50), record, (2.5, (100, 600), 50)),  # and the averaging flag
         (dict(cfg_scale=None, grid_averaging="off"), record, (2.5, (100, 600), None)),  # off included
-        (dict(cfg_scale=1.5, guidance_interval=None), record, (1.5, None, None)),  # a scale alone: as DiT
-        (dict(cfg_scale=1.5, grid_averaging=200), record, (1.5, None, 200)),
+        # a flag overrides its own field only: a scale alone keeps the recorded interval and grid averaging
+        (dict(cfg_scale=1.5, guidance_interval=None), record, (1.5, (100, 600), 100)),
+        (dict(cfg_scale=1.5, grid_averaging=200), record, (1.5, (100, 600), 200)),
+        (dict(cfg_scale=1.5, guidance_interval=[0, 999], grid_averaging="off"), record, (1.5, None, None)),  # DiT's
         (dict(cfg_scale=None, guidance_interval=None), None, (4.0, None, None)),  # no record: the grid default
     ]
     for given, rec, want in cases:
