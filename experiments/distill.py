@@ -4,14 +4,14 @@ from scratch on the same data and budget (the few-step study's records):
 
     teachers     configs/fashion_mnist_moh.yaml and configs/fashion_mnist_moh_flow.yaml at each seed (batch 16 x 8300
                  steps; the runs this study trains itself, so that every time is measured on one machine)
-    students     the distillation config at each seed, each from its own seed's teacher (2075 steps, a quarter of the
+    students     the distillation config at each seed, each from its own seed's teacher (830 steps, a tenth of the
                  teacher's): finite differences, MeanFlow's interval embedding
     ablations    seed 0 of the flow twin's student with a JVP instead of finite differences, and with Decoupled
                  MeanFlow's split (the last 4 of 12 blocks on the end time) instead of the interval embedding
 
 The guidance folded into each student is the one its teacher samples best with at 25 steps: the flow twin's CFG 3
 in its recorded interval (the few-step study's sweep), the embedded default's recorded CFG 4 in DiT's timesteps
-100-500. Students evaluate themselves during training (500 samples in one and two steps, every 415 steps). At the
+100-500. Students evaluate themselves during training (500 samples in one and two steps, every 166 steps). At the
 end every model is scored with 1000 class-balanced samples: KID, FID, precision and recall on the project's
 classifier features against the 10,000 Fashion-MNIST test images, with the network evaluations per image counted;
 students paired with their teachers by seed. Each training's time is its steps over its median images per second as
@@ -46,9 +46,9 @@ TEACHER_SAMPLERS = {"ddpm": "dpm-solver", "flow": "euler"}  # the fast protocol 
 TEACHER_SCALES = {"ddpm": None, "flow": 3.0}
 DISTILL = "configs/fashion_mnist_moh_distill.yaml"
 ABLATIONS = {"jvp": ["distill.derivative=jvp"], "split": ["distill.end_time_blocks=4"]}  # on the flow twin, seed 0
-# the students' runs are a quarter of the teachers': five evaluations along them, as along the teachers'
+# the students' runs are a tenth of the teachers': five evaluations along them, as along the teachers'
 SCALES = {
-    "cpu": STUDY_SCALES["cpu"] | {"student_eval": ["log.eval_every=415", "log.eval_samples=500"]},
+    "cpu": STUDY_SCALES["cpu"] | {"student_eval": ["log.eval_every=166", "log.eval_samples=500"]},
     "tiny": STUDY_SCALES["tiny"] | {"student_eval": ["log.eval_every=2", "log.eval_samples=20"]},
 }
 MATCH = ("arm", "seed", "steps", "scale")  # a scored row's identity

@@ -162,3 +162,20 @@ def test_a_checkpoint_of_another_codebase_teaches_in_its_own_convention(image_di
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
     with pytest.raises(ConfigError, match="distill.teacher_format must be one of"):
         distill_config(tmp_path / "x", image_dir, tmp_path / "repa.pt", "distill.teacher_format=edm")
+
+
+def test_the_student_can_keep_its_teachers_time_embedding(teachers, image_dir, tmp_path):
+    """distill.train_time_embedding=false: the embedding of t stays the teacher's through training (frozen, out of
+    the gradient); by default it trains like every other weight."""
+    for train_it in (False, True):
+        trainer = Trainer(
+            distill_config(
+                tmp_path / str(train_it), image_dir, teachers / "flow", f"distill.train_time_embedding={train_it}"
+            )
+        )
+        trainer.run()
+        teacher = trainer.frozen["teacher"].model.t_embedder
+        student = trainer.unwrapped.t_embedder
+        same = all(torch.equal(a, b) for a, b in zip(student.parameters(), teacher.parameters()))
+        assert same is not train_it
+        assert all(p.requires_grad is train_it for p in student.parameters())
