@@ -10,7 +10,7 @@ run, next to the ideal FLOP ratio of exact skipping and the share of that ideal 
     python benchmarks/attention.py --calibrate           # also fit the auto cost model for this device
     python benchmarks/attention.py --quick               # a tiny grid (smoke test)
 
-Writes benchmarks/results/attention_<device>.{json,md,png}.
+Writes runs/benchmarks/attention_<device>.{json,md,png} (--out benchmarks/results publishes).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP
 from moh_dit.model.attention import MoHAttention
 from moh_dit.model.cost_model import CALIBRATION_DIR, FEATURE_NAMES, ideal_attention_ratio
 from moh_dit.model.cost_model import features as perf_features
@@ -236,7 +237,7 @@ def main(argv=None) -> dict:
         action="store_true",
         help="with --calibrate: also write moh_dit/calibrations/<device type>.json (to commit)",
     )
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     p.add_argument("--tag", default="", help="suffix for the result file names")
     args = p.parse_args(argv)
     unknown = sorted(set(args.widths.split(",")) - set(WIDTHS))

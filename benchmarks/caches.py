@@ -8,7 +8,7 @@ computations each cache skipped and how far its images move from the uncached on
 
 Without ``--model`` the embedded default's architecture runs with random weights (every path carrying signal): the
 times are real, but what a cache skips depends on the trained model, so report trained runs (docs/results.md does).
-Writes ``benchmarks/results/caches_<cpu|cuda>[_tag].{json,md}``.
+Writes ``runs/benchmarks/caches_<cpu|cuda>[_tag].{json,md}`` (``--out benchmarks/results`` publishes).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 
 import torch
 
-from benchmarks.timing import interleaved_rounds, run_cli, write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, run_cli, write_report
 
 CACHES = ("none", "first-block", "magcache", "taylorseer")
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--images", type=int, default=16, help="images per sampling call (one batch)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tag", default=None)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=OUT_HELP)
     args = p.parse_args(argv)
     from moh_dit.sampling.spec import SamplingSpec
 

@@ -1,7 +1,7 @@
 """How long ``moh-dit <command> --help`` takes, next to a bare Python start and a start that imports torch
 and diffusers (what every ``--help`` cost before the commands imported them only after parsing).
 
-    python benchmarks/cli_startup.py            # writes benchmarks/results/cli_startup_<device>.{json,md}
+    python benchmarks/cli_startup.py            # writes runs/benchmarks/cli_startup_<device>.{json,md}
 
 Each command is started as a fresh process; the median of several rounds is reported.
 """
@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP
 from moh_dit.cli import COMMANDS
 
 BASELINES = {
@@ -34,7 +35,7 @@ def timed(cmd: list[str]) -> float:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     args = p.parse_args(argv)
     runs = dict(BASELINES)
     runs |= {f"moh-dit {name} --help": [sys.executable, "-m", "moh_dit", name, "--help"] for name in COMMANDS}

@@ -12,7 +12,7 @@ trains at 0.8x the images/s gets 0.8x the steps.
 
 ``--set NAME=KEY=VALUE[;KEY=VALUE]`` adds the first config with overrides as one more row, ``--set
 NAME@CONFIG=KEY=VALUE[;...]`` another config with overrides (for example DiT's with MoH's block options). Writes
-``benchmarks/results/config_throughput_<cpu|cuda>.{json,md}`` (``--tag`` names other files).
+``runs/benchmarks/config_throughput_<cpu|cuda>.{json,md}`` (``--out benchmarks/results`` publishes) (``--tag`` names other files).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 
 import torch
 
-from benchmarks.timing import interleaved_rounds, write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, write_report
 from moh_dit.model.flops import forward_flops
 from moh_dit.training.config import load_config
 from moh_dit.training.throughput import peak_tflops
@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=50, help="timed optimizer steps per config per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=20, help="untimed steps per config first")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     p.add_argument("--tag", default="", help="file name suffix, e.g. the recipes compared")
     args = p.parse_args(argv)
     torch.set_flush_denormal(True)  # near-zero gates make denormals that slow CPU matmuls many times over

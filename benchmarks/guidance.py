@@ -9,7 +9,7 @@ of its run) and by a smaller one (one forward of each model per step). Seconds p
 
 Without ``--model`` the embedded default's architecture runs with random weights, guided by a copy of itself
 (``same-size``) and by a model of half its width (``half-width``): the times are real. Writes
-``benchmarks/results/guidance_<cpu|cuda>[_tag].{json,md}``.
+``runs/benchmarks/guidance_<cpu|cuda>[_tag].{json,md}`` (``--out benchmarks/results`` publishes).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 import torch
 
 from benchmarks.caches import benchmark_pipeline
-from benchmarks.timing import interleaved_rounds, run_cli, write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, run_cli, write_report
 
 RULES = ("cfg", "apg", "cfg-zero-star")
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--images", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tag", default=None)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=OUT_HELP)
     args = p.parse_args(argv)
     from moh_dit.sampling.guides import Guide
     from moh_dit.sampling.spec import SamplingSpec

@@ -9,7 +9,7 @@ also reports the deviation of the posterior means from fp32 that the manifest re
     python benchmarks/latents.py                                  # CPU: 64 px, 48 images
     python benchmarks/latents.py --image-size 256 --images 2048 --batch-size 64 --processes 1,8   # 8 GPUs
 
-Writes benchmarks/results/latents_<device>.{json,md}.
+Writes runs/benchmarks/latents_<device>.{json,md} (--out benchmarks/results publishes).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from diffusers import AutoencoderKL
 from PIL import Image
+
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP
 
 SD_VAE = dict(
     in_channels=3,
@@ -99,7 +101,7 @@ def main(argv=None) -> dict:
     p.add_argument("--processes", default="1,2")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

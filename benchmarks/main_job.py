@@ -16,7 +16,7 @@ wall time of a finished main job (its manifest's start and stop events) beside t
     python benchmarks/main_job.py --measured runs/fashion_mnist_moh # and the main job you ran, for comparison
     python benchmarks/main_job.py --config configs/fashion_mnist_moh_flow.yaml --tag flow
 
-Writes ``benchmarks/results/main_job_<cpu|cuda>[_tag].{json,md}``.
+Writes ``runs/benchmarks/main_job_<cpu|cuda>[_tag].{json,md}`` (``--out benchmarks/results`` publishes).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 if not __package__:  # run as a file (python benchmarks/x.py): the repository root holds the benchmarks package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.timing import write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides")
     p.add_argument("--measured", type=Path, default=None, help="a finished run of the config, to show beside")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=OUT_HELP)
     p.add_argument("--tag", default="", help="suffix of the result files")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))

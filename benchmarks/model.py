@@ -27,7 +27,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 
 import torch
 
-from benchmarks.timing import write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, write_report
 from moh_dit import create_model
 
 STEPS = 250
@@ -134,7 +134,7 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--hidden-size", type=int, default=0, help="shrink the width (smoke tests)")
     p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     p.add_argument("--tag", default="")
     p.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)

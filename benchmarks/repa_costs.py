@@ -14,7 +14,7 @@ benchmark measures, in one run:
     python benchmarks/repa_costs.py                                      # DINOv2-B at 224 px, MoH-DiT-XL/2-90
     python benchmarks/repa_costs.py --encoder dinov2-vit-s --model MoH-DiT-S/2-90 --rounds 3   # a CPU-sized run
 
-Writes ``benchmarks/results/repa_costs_<cpu|cuda>.{json,md}``.
+Writes ``runs/benchmarks/repa_costs_<cpu|cuda>.{json,md}`` (``--out benchmarks/results`` publishes).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.timing import interleaved_rounds, write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, write_report
 
 IMAGENET = 1_281_167
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--image-size", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=OUT_HELP)
     args = p.parse_args(argv)
     import timm
 

@@ -17,7 +17,7 @@ the rest) and the report is rewritten after each; `--limit-minutes 90` stops sta
 minutes, and the same command later continues (a CPU study of every setting takes about 2.5 hours).
 
 Also measured: how FID and KID of the same sampler change with the number of samples scored (FID's bias),
-which is why small-sample comparisons here use KID. Writes benchmarks/results/samplers_<device>.{json,md,png};
+which is why small-sample comparisons here use KID. Writes runs/benchmarks/samplers_<device> (--out benchmarks/results publishes).{json,md,png};
 sample sets are kept under --work and reused, so an interrupted study continues.
 """
 
@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP
 from experiments.common import (
     add_reference_argument,
     classifier_features,
@@ -103,7 +104,7 @@ def main(argv=None) -> dict:
     p.add_argument("--bootstrap", type=int, default=20)
     add_reference_argument(p)
     p.add_argument("--work", default="runs/sampler-study", help="where the sample sets are kept")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     p.add_argument("--quick", action="store_true", help="a smoke run: 2 samplers, 2 guidance values")
     p.add_argument(
         "--sweep-guidance",

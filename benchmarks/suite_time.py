@@ -8,7 +8,7 @@ from day to day, so a before/after comparison is only fair when both run back to
 
 The earlier commit is checked out with ``git worktree`` into a temporary folder and run with this checkout's
 Python environment (pytest's ``pythonpath`` puts that folder's package first). Writes
-``benchmarks/results/suite_time_<cpu|cuda>[_tag].{json,md}``.
+``runs/benchmarks/suite_time_<cpu|cuda>[_tag].{json,md}`` (``--out benchmarks/results`` publishes).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.main_job import machine
-from benchmarks.timing import write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(r"=* ?(?P<counts>(\d+ \w+(, )?)+) in (?P<seconds>[\d.]+)s")
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", default=None, metavar="COMMIT", help="also run this commit's suite, first")
     p.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[], help="passed on to pytest")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=OUT_HELP)
     p.add_argument("--tag", default="", help="suffix of the result files")
     args = p.parse_args(argv)
     runs = []

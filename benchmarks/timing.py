@@ -9,6 +9,11 @@ from pathlib import Path
 
 import torch
 
+# where a benchmark writes unless told: a folder git ignores, so that a user's run leaves the checkout clean;
+# benchmarks/results/ holds the published measurements (pass --out benchmarks/results to add to them)
+DEFAULT_OUT = "runs/benchmarks"
+OUT_HELP = f"folder of the JSON and markdown results (default {DEFAULT_OUT}; benchmarks/results publishes them)"
+
 
 def sync(device: torch.device) -> None:
     """Wait for queued GPU work, so that a timer measures it (a no-op on CPU)."""

@@ -8,7 +8,7 @@ and the ratio to the baseline (DiT-S/2, fp32, pre-extracted latents) measured in
     python benchmarks/train_throughput.py --image-size 64 --batch-size 4 --rounds 3   # a CPU-sized run
 
 The VAE has the SD-VAE architecture with random weights (no download needed; the cost is the same).
-Writes ``benchmarks/results/train_throughput_<device>.{json,md}``.
+Writes ``runs/benchmarks/train_throughput_<device>.{json,md}`` (``--out benchmarks/results`` publishes).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 import torch
 from diffusers import AutoencoderKL
 
-from benchmarks.timing import interleaved_rounds, write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, write_report
 from moh_dit import create_model
 from moh_dit.diffusion import DiffusionObjective
 from moh_dit.vae import LatentNormalization, encode_posterior, sample_posterior
@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
     p.add_argument("--hidden-size", type=int, default=0, help="shrink the width (smoke tests); 0 = real S width")
     p.add_argument("--vae", choices=["sd", "tiny"], default="sd")
     p.add_argument("--precisions", default="fp32,bf16")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     torch.set_flush_denormal(True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from experiments.common import add_reference_argument, reference_protocol, t_interval
 from moh_dit.data.fashion_mnist import FASHION_MNIST_CLASSES
-from moh_dit.files import atomic_write_json, atomic_write_text
+from moh_dit.files import atomic_write_text, json_text
 
 __all__ = [
     "mean_ci",
@@ -223,9 +223,11 @@ def hold_lock(out: Path, study: str):
 
 
 def save_results(out: Path, result: dict, report: str) -> None:
-    """``results.json`` and ``RESULTS.md``, each written atomically."""
-    atomic_write_json(out / "results.json", result)
-    atomic_write_text(out / "RESULTS.md", report)
+    """``results.json`` and ``RESULTS.md``, each written atomically, and only when its content changed (a
+    ``--report-only`` on unchanged records leaves a checkout clean)."""
+    for path, text in ((out / "results.json", json_text(result)), (out / "RESULTS.md", report)):
+        if not (path.is_file() and path.read_text() == text):
+            atomic_write_text(path, text)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -158,8 +158,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def json_text(obj: Any) -> str:
+    """``obj`` as the JSON files moh-dit writes hold it: indented, numpy values and paths as plain ones, a final
+    newline."""
+    return json.dumps(obj, indent=2, default=_json_default) + "\n"
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+    return atomic_write_text(path, json_text(obj))
 
 
 def _json_default(obj: Any) -> Any:

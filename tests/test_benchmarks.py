@@ -415,3 +415,21 @@ def test_a_benchmark_given_a_missing_model_or_a_malformed_guide_says_so_in_one_l
     with pytest.raises(SystemExit):
         guidance(["--guide", "nameonly"])
     assert "expected NAME=PATH" in capsys.readouterr().err
+
+
+def test_no_benchmark_or_script_writes_into_committed_files_by_default():
+    """Every benchmark's --out defaults to runs/benchmarks (which git ignores), as does the classifier's training:
+    publishing into benchmarks/results or experiments/weights is asked for, not a side effect."""
+    import ast
+
+    from benchmarks.timing import DEFAULT_OUT
+
+    root = Path(__file__).resolve().parents[1]
+    assert DEFAULT_OUT.startswith("runs/") and "runs/" in (root / ".gitignore").read_text().splitlines()
+    for script in [*sorted((root / "benchmarks").glob("*.py")), root / "experiments" / "train_classifier.py"]:
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                if node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--out":
+                    default = next(k.value for k in node.keywords if k.arg == "default")
+                    text = ast.unparse(default)
+                    assert "DEFAULT_OUT" in text or text.startswith("'runs/"), (script.name, text)

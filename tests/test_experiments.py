@@ -859,3 +859,22 @@ def test_each_studys_tiny_scale_needs_no_flag_the_docs_do_not_show(tmp_path, mon
     with pytest.raises(SystemExit):
         fewstep.main(["--part", "score", "--scale", "cpu", "--out", str(tmp_path / "x")])
     assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+def test_a_report_only_run_leaves_the_committed_records_as_they_are(tmp_path):
+    """Every committed results.json is byte for byte what a study writes, and unchanged records are not rewritten:
+    ``--report-only`` does not dirty a checkout."""
+    from experiments.report import save_results
+    from moh_dit.files import json_text
+
+    import time
+
+    for path in (Path(__file__).resolve().parents[1] / "experiments" / "results").glob("*/results.json"):
+        assert json_text(json.loads(path.read_text())) == path.read_text(), path
+    save_results(tmp_path, {"a": 1}, "# report\n")
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    time.sleep(0.01)
+    save_results(tmp_path, {"a": 1}, "# report\n")
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
+    save_results(tmp_path, {"a": 2}, "# report\n")
+    assert json.loads((tmp_path / "results.json").read_text()) == {"a": 2}
