@@ -864,10 +864,10 @@ def test_each_studys_tiny_scale_needs_no_flag_the_docs_do_not_show(tmp_path, mon
 def test_a_report_only_run_leaves_the_committed_records_as_they_are(tmp_path):
     """Every committed results.json is byte for byte what a study writes, and unchanged records are not rewritten:
     ``--report-only`` does not dirty a checkout."""
+    import time
+
     from experiments.report import save_results
     from moh_dit.files import json_text
-
-    import time
 
     for path in (Path(__file__).resolve().parents[1] / "experiments" / "results").glob("*/results.json"):
         assert json_text(json.loads(path.read_text())) == path.read_text(), path
