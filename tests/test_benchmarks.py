@@ -428,8 +428,7 @@ def test_no_benchmark_or_script_writes_into_committed_files_by_default():
     assert DEFAULT_OUT.startswith("runs/") and "runs/" in (root / ".gitignore").read_text().splitlines()
     for script in [*sorted((root / "benchmarks").glob("*.py")), root / "experiments" / "train_classifier.py"]:
         for node in ast.walk(ast.parse(script.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-                if node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--out":
-                    default = next(k.value for k in node.keywords if k.arg == "default")
-                    text = ast.unparse(default)
-                    assert "DEFAULT_OUT" in text or text.startswith("'runs/"), (script.name, text)
+            is_call = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+            if is_call and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--out":
+                text = ast.unparse(next(k.value for k in node.keywords if k.arg == "default"))
+                assert "DEFAULT_OUT" in text or text.startswith("'runs/"), (script.name, text)
