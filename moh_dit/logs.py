@@ -42,3 +42,8 @@ def setup_logging(with_time: bool = True) -> None:
     if rank != 0 and not configured:
         for handler in root.handlers:
             handler.addFilter(_own_problems)
+
+
+def plural(count: int | None, noun: str) -> str:
+    """``1 step``, ``25 steps``: a count with its noun as a sentence says it."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

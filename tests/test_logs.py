@@ -37,3 +37,12 @@ def test_the_main_process_logs_everything_once_and_the_others_only_their_own_pro
         "[rank 1] ERROR moh_dit.train: failed",
     ]
     assert _log_of(0, 1)[1] == "WARNING moh_dit.train: resuming with changed settings: optim.lr"
+
+
+def test_counts_read_as_sentences():
+    from moh_dit.logs import plural
+    from moh_dit.sampling.generation import describe_samples
+
+    assert (plural(1, "step"), plural(25, "step"), plural(0, "step")) == ("1 step", "25 steps", "0 steps")
+    one = {"identity": {"scheduler": {"name": "MeanFlowScheduler"}, "num_inference_steps": 1, "guidance_scale": 1.0}}
+    assert "MeanFlowScheduler 1 step," in describe_samples(one | {"count": 8})

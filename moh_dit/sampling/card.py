@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from moh_dit.logs import plural
 from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.vae import LatentNormalization, space_of
 
@@ -255,7 +256,7 @@ def render_card(
         + (f", step {source['step']}" if source.get("step") is not None else ""),
         "- sampling it was shown with (the default of `moh-dit sample` and the demo): "
         + (
-            f"{spec.describe_guidance()}, {spec.sampler.scheduler} {spec.sampler.num_steps} steps"
+            f"{spec.describe_guidance()}, {spec.sampler.scheduler} {plural(spec.sampler.num_steps, 'step')}"
             if spec
             else "not recorded"
         ),
@@ -301,7 +302,7 @@ def record_evaluation(folder: str | os.PathLike, pipe, manifest: dict, result: d
         "num_samples": result["num_samples"],
         "extractor": result["extractor"],
         "reference": Path(result["reference"]["reference"]).name,
-        "sampler": f"{identity.get('scheduler', {}).get('name', '?')} {identity.get('num_inference_steps')} steps, "
+        "sampler": f"{identity.get('scheduler', {}).get('name', '?')} {plural(identity.get('num_inference_steps'), 'step')}, "
         + SamplingSpec.create(
             scheduler=None,
             guidance_scale=identity.get("guidance_scale"),

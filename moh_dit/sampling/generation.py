@@ -26,6 +26,7 @@ from PIL import Image
 
 from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.files import atomic_path
+from moh_dit.logs import plural
 from moh_dit.manifests import fingerprint_module
 from moh_dit.progress import Progress
 from moh_dit.sampling.caches import describe_cache
@@ -332,7 +333,7 @@ def describe_samples(manifest: dict | None) -> str:
     step = f" step {model['step']}" if model.get("step") is not None else ""
     return (
         f"{manifest.get('count')} samples of {model.get('source', 'a model')}{step}, "
-        f"{ident['scheduler']['name']} {ident['num_inference_steps']} steps, "
+        f"{ident['scheduler']['name']} {plural(ident['num_inference_steps'], 'step')}, "
         + SamplingSpec.create(
             scheduler=None,
             guidance_scale=ident["guidance_scale"],

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from moh_dit.errors import ConfigError
 from moh_dit.manifests import fingerprint_module
 from moh_dit.model.network import MoHDiT
@@ -81,7 +83,9 @@ def load_guide(spec: GuideSpec, main: MoHDiT, main_space: dict | None) -> Guide:
         model, source = load_transformer(_checkpoint_at(spec.model, spec.step))
         where = str(source.path)
     check_guide(main, model, main_space, source_vae_record(source), where)
-    model = model.to(device=main.device, dtype=main.dtype).eval()
+    # torch's own cast: diffusers' ModelMixin.to warns that "modules should be kept in float32: []" on every dtype
+    # given, also when (as here) there are none
+    model = torch.nn.Module.to(model, device=main.device, dtype=main.dtype).eval()
     return Guide(model, spec, where, fingerprint_module(model))
 
 

@@ -165,7 +165,10 @@ class SamplingSpec:
     ) -> SamplingSpec:
         """A spec from its flat keys (the order of moh-dit 0.5's fields), each checked."""
         if guide is None and (guide_step is not None or guide_sigma_rel is not None):
-            raise ConfigError("guide_step and guide_sigma_rel choose the guide's weights: give guide too")
+            raise ConfigError(
+                "--guide-step and --guide-sigma-rel (guide_step, guide_sigma_rel in a config) choose the guide's "
+                "weights: give --guide-model (guide) too"
+            )
         if cache is None:
             check_cache_options(None, cache_options)  # options without a cache are an error
         return cls(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moh_dit.errors import ConfigError
+from moh_dit.logs import plural
 from moh_dit.objectives.noise import ddpm_sigma
 from moh_dit.objectives.registry import ALL_SAMPLERS, DEFAULT_OBJECTIVE, OBJECTIVES
 from moh_dit.sampling.caches import cache_class
@@ -106,7 +107,7 @@ class SamplerSpec:
     def describe(self) -> str:
         """``dpm-solver, 25 steps`` (and the time shift)."""
         shift = f", time shift {self.time_shift:g}" if self.time_shift != 1.0 else ""
-        steps = f"{self.num_steps} step{'s' if self.num_steps != 1 else ''}"
+        steps = plural(self.num_steps, "step")
         return f"{self.scheduler or 'the pipeline scheduler'}, {steps}{shift}"
 
 

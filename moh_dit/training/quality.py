@@ -28,6 +28,7 @@ from moh_dit.errors import ConfigError
 from moh_dit.evaluation.reference import resolve_reference
 from moh_dit.evaluation.scoring import ScoringOptions, write_metrics
 from moh_dit.files import DiskFullError, check_free_space
+from moh_dit.logs import plural
 from moh_dit.run_folder import CHECKPOINT_PREFIX, RunLayout, checkpoint_step
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
@@ -199,7 +200,7 @@ class QualityCurve:
         ref.npz with inception``, for the log at the start."""
         also = f"; also at {', '.join(map(str, self.also_steps))} steps" if self.also_steps else ""
         return (
-            f"{self.settings.num_samples} samples every {self.every} steps ({self.spec.describe()}{also}), scored "
+            f"{self.settings.num_samples} samples every {plural(self.every, 'step')} ({self.spec.describe()}{also}), scored "
             f"against {self.reference} with {self.extractor_name}"
         )
 
