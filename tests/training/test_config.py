@@ -288,3 +288,26 @@ def test_imagenet_distillation_configs_distil_the_run_their_base_config_trains(p
     for spec in (config.log.eval_sampling.sampling(), config.preview.sampling()):
         assert spec.sampler.num_steps == 1 and spec.guidance.scale == 1.0 and spec.sampler.time_shift == 1.0
     assert config.log.eval_sampling.scheduler == "meanflow" and tuple(config.log.eval_also_steps) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    "name", ["fashion_mnist_moh_tread.yaml", "fashion_mnist_moh_mg.yaml", "fashion_mnist_moh_modern_tread_mg.yaml"]
+)
+def test_the_efficiency_twins_train_and_record_what_they_turn_on(name, tmp_path, image_dir):
+    """Each twin with no other override than the tiny data and size: routing on in training, guidance folded in and
+    recorded (so that sampling defaults to one evaluation per step)."""
+    from moh_dit.training.trainer import Trainer
+
+    from ..helpers.factories import as_overrides, tiny_train_config
+
+    tiny = tiny_train_config(tmp_path / "run", image_dir)
+    overrides = [*as_overrides({k: tiny[k] for k in ("data", "train")}), "model.overrides.hidden_size=32",
+                 "model.overrides.head_dim=8", "model.overrides.patch_size=2", "train.max_steps=2", "preview.per_class=0",
+                 "log.trackers=[]", "objective.guidance_warmup=0"]  # fmt: skip
+    config = load_config(ROOT / "configs" / name, overrides)
+    trainer = Trainer(config)
+    trainer.run()
+    routed = "tread" in name
+    assert (trainer.route_span is not None) is routed
+    recorded = trainer.unwrapped.config.objective or {}
+    assert (recorded.get("guidance_scale") == 4.0) is ("mg" in name)
