@@ -878,3 +878,24 @@ def test_a_report_only_run_leaves_the_committed_records_as_they_are(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
     save_results(tmp_path, {"a": 2}, "# report\n")
     assert json.loads((tmp_path / "results.json").read_text()) == {"a": 2}
+
+
+def test_the_efficiency_study_reports_each_arm_against_its_full_budget_run():
+    from experiments import efficiency
+
+    result = {
+        "training": {
+            "tread-short-seed0": {"arm": "tread-short", "seed": 0, "steps": 2490, "median_images_per_s": 83.0,
+                                  "curve": [{"step": 830, "kid": 30.0}, {"step": 2490, "kid": 12.5}]},
+        },
+        "scores": [{"arm": "tread-short", "seed": 0, "kid": 11.0, "nfe": 25}],
+        "full_budget": {
+            "training": {"flow-seed0": {"arm": "flow", "seed": 0, "curve": [{"step": 8300, "kid": 9.0}]}},
+            "scores": [{"arm": "flow", "seed": 0, "kid": 1.8, "nfe": 50}],
+        },
+    }  # fmt: skip
+    row = next(line for line in efficiency.report(result).splitlines() if line.startswith("| tread-short"))
+    assert row == (
+        "| tread-short | 0 | 2490 | 83.0 | 8.0 | 830: 30.0, 2490: 12.5 | 11.00 (25) | flow: 9.00 at 8300, 1.80 (50) |"
+    )
+    assert set(efficiency.ARMS) == set(efficiency.BASELINES) == set(efficiency.SAMPLERS)

@@ -1,0 +1,146 @@
+r"""Training efficiency against the goal of issue #65: the embedded default's final quality in at most 0.3 of its
+steps. Each arm trains for 0.3 of the default's budget (2490 of 8300 steps at batch 16, its schedule compressed to
+them) and is compared with the full-budget runs of the distillation study (the embedded default and its flow twin,
+same seeds, same evaluations):
+
+    flow-short    the flow twin (configs/fashion_mnist_moh_flow.yaml) on the short budget: what the budget alone does
+    tread-short   token routing (configs/fashion_mnist_moh_tread.yaml): half of each image's tokens skip blocks 2-9
+    mg-short      guidance folded into the default's DDPM training (configs/fashion_mnist_moh_mg.yaml), its warm-up
+                  scaled with the budget (300 steps), sampled at one network evaluation per step
+
+Every run evaluates itself during training (500 unguided samples every 830 steps, the project's classifier
+features against the 10,000 Fashion-MNIST test images); at the end each model is scored with 1000 class-balanced
+samples at 25 steps of its fast sampler, without CFG (the folded guidance is in the weights), against the
+full-budget runs' final scores (the distillation study scores the teachers at 25 steps with their CFG). Wall-clock
+is each run's steps over its median images per second as its own log measured them, two runs at a time on the
+machine's two cores.
+
+    python -m experiments.efficiency                    # seed 0 (resumable); --seeds 0 1 2 for the three
+    python -m experiments.efficiency --report-only
+
+Writes experiments/results/efficiency/{RESULTS.md, results.json}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from experiments.arms import STUDY_SCALES, run_name, score_model, train_arm
+from experiments.common import ROOT, start_scoring
+from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
+
+SHORT = 2490  # 0.3 of the default's 8300 steps
+ARMS = {
+    "flow-short": ("configs/fashion_mnist_moh_flow.yaml", []),
+    "tread-short": ("configs/fashion_mnist_moh_tread.yaml", []),
+    "mg-short": ("configs/fashion_mnist_moh_mg.yaml", ["objective.guidance_warmup=300"]),
+}
+SAMPLERS = {"flow-short": "euler", "tread-short": "euler", "mg-short": "dpm-solver"}
+BASELINES = {"flow-short": "flow", "tread-short": "flow", "mg-short": "ddpm"}  # the full-budget run each is held to
+SCALES = {
+    "cpu": STUDY_SCALES["cpu"]
+    | {
+        "overrides": [f"train.max_steps={SHORT}"],
+        "eval": ["log.eval_every=830", "log.eval_samples=500"],
+        "seeds": (0,),
+    },
+    "tiny": STUDY_SCALES["tiny"],
+}
+MATCH = ("arm", "seed")
+FULL = ROOT / "experiments" / "results" / "distill" / "results.json"
+
+
+def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict) -> None:
+    for seed in seeds:
+        for arm in ARMS:
+            result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference, ARMS)
+            save(out, result)
+
+
+def part_score(ctx: dict, seeds, result: dict) -> None:
+    for seed in seeds:
+        for arm in ARMS:
+            identity = dict(arm=arm, seed=seed)
+            if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
+                model = ctx["out"] / "runs" / run_name(arm, seed) / "pipeline"
+                scores = score_model(model, run_name(arm, seed), SAMPLERS[arm], 25, 1.0, ctx)
+                result["scores"] = with_row(result["scores"], MATCH, identity | scores)
+                save(ctx["out"], result)
+
+
+def full_budget() -> dict:
+    """The distillation study's teachers (the default and its flow twin at 8300 steps): training and final scores."""
+    if not FULL.is_file():
+        return {}
+    full = json.loads(FULL.read_text())
+    teachers = {k: v for k, v in full["training"].items() if v.get("arm") in ("ddpm", "flow")}
+    scores = [r for r in full["scores"] if r["arm"] in ("ddpm", "flow")]
+    return {"training": teachers, "scores": scores}
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def report(result: dict) -> str:
+    full = result.get("full_budget") or {}
+    lines = [
+        "# Training efficiency: 0.3 of the default's steps",
+        "",
+        "Each arm trains 2490 steps (0.3 of the default's 8300), batch 16, seed as listed; the baselines are the "
+        "distillation study's full-budget runs at the same seed. KID x1000 on the project's classifier features.",
+        "",
+        "| arm | seed | steps | images/s | minutes | KID during training (500 unguided, by step) | final KID "
+        "(1000, 25 steps, NFE) | full-budget run: final KID during training, scored KID (NFE) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for _, run in sorted(result["training"].items()):
+        arm, seed = run["arm"], run["seed"]
+        curve = ", ".join(f"{c['step']}: {c['kid']:.1f}" for c in run.get("curve", []))
+        speed = run.get("median_images_per_s")
+        minutes = run["steps"] * 16 / speed / 60 if speed else None
+        score = next((r for r in result["scores"] if (r["arm"], r["seed"]) == (arm, seed)), {})
+        base = BASELINES[arm]
+        base_run = full.get("training", {}).get(run_name(base, seed), {})
+        last = (base_run.get("curve") or [{}])[-1]
+        base_score = next((r for r in full.get("scores", []) if (r["arm"], r["seed"]) == (base, seed)), {})
+        lines.append(
+            f"| {arm} | {seed} | {run['steps']} | {_fmt(speed, 1)} | {_fmt(minutes, 1)} | {curve} | "
+            f"{_fmt(score.get('kid'))} ({score.get('nfe', 'n/a')}) | {base}: {_fmt(last.get('kid'))} at "
+            f"{last.get('step', 'n/a')}, {_fmt(base_score.get('kid'))} ({base_score.get('nfe', 'n/a')}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def save(out: Path, result: dict) -> None:
+    result["full_budget"] = full_budget()
+    save_results(out, result, report(result))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = study_arguments(__doc__, ["train", "score"], SCALES, "cpu", "experiments/results/efficiency")
+    p.add_argument("--rescore", action="store_true", help="redo points already in the records (default: kept)")
+    args = p.parse_args(argv)
+    sc = SCALES[args.scale]
+    result, seeds, lock = open_study(args, sc, "efficiency", {"training": {}, "scores": []})
+    if not args.report_only:
+        out, reference, extractor = start_scoring(args)
+        torch.manual_seed(0)
+        ctx = dict(out=out, reference=reference, extractor=extractor, samples=sc["samples"], bootstrap=sc["bootstrap"],
+                   rescore=args.rescore)  # fmt: skip
+        if args.part in ("train", "all"):
+            part_train(sc, out, reference, seeds, result)
+        if args.part in ("score", "all"):
+            part_score(ctx, seeds, result)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    save(Path(args.out), result)
+    return result
+
+
+if __name__ == "__main__":
+    from moh_dit.cli.common import run_cli
+
+    run_cli(main)  # bad input: one line, as the commands say it
