@@ -48,8 +48,18 @@ class Guide:
 
 
 def _objective(model: MoHDiT) -> dict[str, Any]:
-    record = model.config.get("objective")
-    return dict(record or {}, name=objective_name(record))
+    """What the model's outputs mean, resolved (a record that leaves a default out equals one that writes it): the
+    objective's completed record without the guidance folded into training, which changes the predictions' strength,
+    not what they are."""
+    from moh_dit.objectives import objective_of
+    from moh_dit.objectives.folded_guidance import FOLDED_KEYS
+
+    record = objective_of(model).record() or {}
+    return {
+        k: v
+        for k, v in dict(record, name=objective_name(model.config.get("objective"))).items()
+        if k not in FOLDED_KEYS
+    }
 
 
 def check_guide(main: MoHDiT, guide: MoHDiT, main_space: dict | None, guide_space: dict | None, where: str) -> None:

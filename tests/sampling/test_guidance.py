@@ -235,3 +235,19 @@ def test_a_new_rule_is_one_class_and_one_table_entry(monkeypatch):
     parser = __import__("argparse").ArgumentParser()
     add_sampling_options(parser, None, "fast")
     assert parser.parse_args(["--guidance-rule", "halfway"]).guidance_rule == "halfway"
+
+
+def test_a_guide_is_checked_on_what_the_records_mean_not_how_they_are_written():
+    """A record that leaves a default out (an older flow record without its convention) or one with guidance folded
+    into training guides the same objective; another path does not."""
+    from moh_dit.errors import ConfigError
+    from moh_dit.sampling.guides import check_guide
+
+    def flow(**record):
+        return tiny_model(learn_sigma=False, objective={"name": "flow", "path": "linear", **record})
+
+    main = flow(convention="moh-dit")
+    check_guide(main, flow(), None, None, "here")  # the convention left to its default
+    check_guide(main, flow(convention="moh-dit", guidance_scale=2.0, guidance_mix=0.0), None, None, "here")
+    with pytest.raises(ConfigError, match="cannot guide this model: objective"):
+        check_guide(main, flow(path="gvp"), None, None, "here")
