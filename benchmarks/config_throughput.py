@@ -51,8 +51,11 @@ class TimedRun:
         model = self.trainer.unwrapped
         self.parameters = sum(p.numel() for p in model.parameters())
         self.heads = model.head_counts()
-        forwards = self.trainer.objective.training_forwards()
-        self.flops_per_image = forward_flops(model, active_heads=True).training_step(forwards)
+        # as the trainer counts it: the heads each token uses, the objective's passes, a routed span's kept tokens
+        t = self.trainer
+        routed = None if t.route_span is None else (t.route_span, model.num_tokens - t.routed_count)
+        forwards = t.objective.training_forwards()
+        self.flops_per_image = forward_flops(model, active_heads=True, routed=routed).training_step(forwards)
 
     def step(self) -> None:
         """One optimizer step, by the trainer's own methods as ``Trainer.run`` calls them (without its
