@@ -2,7 +2,8 @@ r"""Generating N samples reproducibly (PNG, named by index, and an ADM-style ``.
 
 Each image's label and noise depend only on (seed, index), drawn from a generator of its own, and the network
 treats the rows of a batch apart, so an image is the same for any count, batch size, number of processes or resume
-(bit-identical on CPU, tested; a GPU's kernels may differ in a float's last bits between batch shapes). Only the
+(bit-identical on CPU in the tests; MoH's automatic execution or a GPU's kernels may pick another kernel for
+another batch shape, which moves a float's last bits and almost never a uint8 pixel). Only the
 images asked for are drawn; an interrupted run draws only the missing ones, and a folder is resumed only when its
 manifest matches the model and settings. With a cache, which decides for a whole batch, images are drawn in fixed
 blocks of ``batch_size`` indices, so that their batch-mates are fixed too.
