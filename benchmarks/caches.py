@@ -23,7 +23,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 
 import torch
 
-from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, run_cli, write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, write_report
 
 CACHES = ("none", "first-block", "magcache", "taylorseer")
 
@@ -163,4 +163,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    from moh_dit.cli.common import run_cli
+
+    run_cli(main)  # bad input: one line, as the commands say it

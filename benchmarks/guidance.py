@@ -25,7 +25,7 @@ if not __package__:  # run as a file (python benchmarks/x.py): the repository ro
 import torch
 
 from benchmarks.caches import benchmark_pipeline
-from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, run_cli, write_report
+from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, write_report
 
 RULES = ("cfg", "apg", "cfg-zero-star")
 
@@ -140,4 +140,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    from moh_dit.cli.common import run_cli
+
+    run_cli(main)  # bad input: one line, as the commands say it

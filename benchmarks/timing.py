@@ -47,13 +47,3 @@ def write_report(out: Path, stem: str, result: dict, lines: list[str]) -> None:
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def run_cli(main: Callable[[], object]) -> None:
-    """A benchmark's command line: a missing or mismatched model is one line, not a traceback."""
-    from moh_dit.errors import MohDitError
-
-    try:
-        main()
-    except MohDitError as error:
-        raise SystemExit(f"error: {error}") from None
