@@ -516,13 +516,10 @@ def test_a_run_with_repa_and_post_hoc_ema_resumes_exactly_on_two_processes(objec
     assert (pipe.transformer.config.get("objective") or {}).get("name", "ddpm") == objective
 
 
-@pytest.mark.parametrize("derivative", ["finite-difference", pytest.param("jvp", marks=SLOW)])
-def test_a_distillation_resumes_exactly_on_two_processes(derivative, flow_teacher, images, tmp_path):
-    """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's
-    split) stopped at step 4 and resumed on two processes ends as the uninterrupted one, bit for bit; every
-    checkpoint names its teacher and a resume beside another is refused (tests/training/test_teacher.py)."""
-    extra = [*distill(flow_teacher, derivative), "distill.end_time_blocks=1", "train.checkpoint_every=4"]
-    extra += ["preview.per_class=0"]
+def stopped_and_resumed_as_whole(images, tmp_path, extra: list[str]) -> tuple:
+    """Train 8 steps on two processes in one go, and 4 then 4 more resumed in another folder; the two runs must be
+    the same bit for bit. Returns their folders ``(whole, cut)``; the logs are ``whole.log``, ``first.log``,
+    ``resumed.log`` under ``tmp_path``."""
 
     def run(out, *more, tag):
         return run_job(launch("torchrun", TRAIN, *tiny_train_overrides(out, images, *extra, *more)), tmp_path / tag)
@@ -532,6 +529,17 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, flow_teache
     run(cut, "train.max_steps=4", tag="first.log")
     run(cut, "train.max_steps=8", "train.resume=latest", tag="resumed.log")
     assert_same_run(cut, whole)
+    return whole, cut
+
+
+@pytest.mark.parametrize("derivative", ["finite-difference", pytest.param("jvp", marks=SLOW)])
+def test_a_distillation_resumes_exactly_on_two_processes(derivative, flow_teacher, images, tmp_path):
+    """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's
+    split) stopped at step 4 and resumed on two processes ends as the uninterrupted one, bit for bit; every
+    checkpoint names its teacher and a resume beside another is refused (tests/training/test_teacher.py)."""
+    extra = [*distill(flow_teacher, derivative), "distill.end_time_blocks=1", "train.checkpoint_every=4"]
+    extra += ["preview.per_class=0"]
+    whole, cut = stopped_and_resumed_as_whole(images, tmp_path, extra)
     assert len(losses(whole)) >= 2 and all(np.isfinite(loss) for _, loss, _ in losses(whole))
     for run in (whole, cut):  # the teacher each checkpoint was trained beside (a resume compares it)
         state = json.loads((RunLayout(run).latest_checkpoint() / "trainer_state.json").read_text())
@@ -548,14 +556,6 @@ def test_a_run_with_token_routing_resumes_exactly_on_two_processes(images, tmp_p
     extra += ["repa.encoder=moh-dit-test-tokens", "repa.encoder_module=tests.helpers.tiny_encoder", "repa.depth=4"]
     extra += ["model.overrides.block={norm: rmsnorm, mlp: swiglu, rope: true}", "train.checkpoint_every=4"]
     extra += ["objective.name=flow", "train.snr_gamma=null", "preview.per_class=0"]
-
-    def run(out, *more, tag):
-        return run_job(launch("torchrun", TRAIN, *tiny_train_overrides(out, images, *extra, *more)), tmp_path / tag)
-
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run(whole, "train.max_steps=8", tag="whole.log")
-    run(cut, "train.max_steps=4", tag="first.log")
-    run(cut, "train.max_steps=8", "train.resume=latest", tag="resumed.log")
-    assert_same_run(cut, whole)
+    stopped_and_resumed_as_whole(images, tmp_path, extra)
     log = (tmp_path / "whole.log").read_text()
     assert "token routing (TREAD): 8 of 16 tokens per image skip blocks 1-4" in log  # of 6
