@@ -125,6 +125,15 @@ def start_scoring(args) -> tuple[Path, Path, object]:
     return out, fashion_reference(out.parent, args.reference_count), classifier_features()
 
 
+def scoring_context(args, sc: dict, **extra) -> dict:
+    """What a study's scoring parts take: :func:`start_scoring`'s folder, reference and features, torch's seed fixed,
+    the scale's sample count and bootstrap, ``--rescore``, and the study's ``extra`` entries."""
+    out, reference, extractor = start_scoring(args)
+    torch.manual_seed(0)
+    return dict(out=out, reference=reference, extractor=extractor, samples=sc["samples"], bootstrap=sc["bootstrap"],
+                rescore=args.rescore, **extra)  # fmt: skip
+
+
 def kept_rows(out: Path, protocol: dict) -> dict:
     """The rows of ``out/results.json`` that a study run now may keep beside its own: all of them when they
     were scored with the same ``protocol``, none otherwise (the old file is moved aside to

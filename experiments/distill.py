@@ -31,10 +31,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from experiments.arms import STUDY_SCALES, curve_point, run_name, score_model, train_arm
-from experiments.common import ROOT, render_grid, start_scoring
+from experiments.common import ROOT, render_grid, scoring_context
 from experiments.distill_report import KINDS, STUDENT_STEPS, TEACHER_STEPS, plot, report
 from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
 from moh_dit.errors import NonFiniteLossError
@@ -163,14 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
     result, seeds, lock = open_study(args, sc, "distill", {"training": {}, "scores": []})  # lock: held to the end
     result["meanflow"] = meanflow_from_scratch(out)
     if not args.report_only:
-        out, reference, extractor = start_scoring(args)
-        torch.manual_seed(0)
-        ctx = dict(
-            out=out, reference=reference, extractor=extractor, samples=sc["samples"], bootstrap=sc["bootstrap"],
-            rescore=args.rescore,
-        )  # fmt: skip
+        ctx = scoring_context(args, sc)
+        out = ctx["out"]
         if args.part in ("train", "all"):
-            part_train(sc, out, reference, seeds, result)
+            part_train(sc, out, ctx["reference"], seeds, result)
         if args.part in ("score", "all"):
             part_score(ctx, seeds, result)
     out.mkdir(parents=True, exist_ok=True)

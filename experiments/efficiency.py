@@ -26,10 +26,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from experiments.arms import STUDY_SCALES, run_name, score_model, train_arm
-from experiments.common import ROOT, start_scoring
+from experiments.common import ROOT, scoring_context
 from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
 
 SHORT = 2490  # 0.3 of the default's 8300 steps
@@ -127,12 +125,9 @@ def main(argv: list[str] | None = None) -> dict:
     sc = SCALES[args.scale]
     result, seeds, lock = open_study(args, sc, "efficiency", {"training": {}, "scores": []})
     if not args.report_only:
-        out, reference, extractor = start_scoring(args)
-        torch.manual_seed(0)
-        ctx = dict(out=out, reference=reference, extractor=extractor, samples=sc["samples"], bootstrap=sc["bootstrap"],
-                   rescore=args.rescore)  # fmt: skip
+        ctx = scoring_context(args, sc)
         if args.part in ("train", "all"):
-            part_train(sc, out, reference, seeds, result)
+            part_train(sc, ctx["out"], ctx["reference"], seeds, result)
         if args.part in ("score", "all"):
             part_score(ctx, seeds, result)
     Path(args.out).mkdir(parents=True, exist_ok=True)

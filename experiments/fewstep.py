@@ -30,11 +30,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from experiments.arms import STUDY_SCALES, run_name, score_model, train_arm
 from experiments.common import (
-    start_scoring,
+    scoring_context,
 )
 from experiments.fewstep_report import CACHES, FLOW_SAMPLER, FLOW_STEPS, MEANFLOW_STEPS, best, plot, report
 from experiments.report import (
@@ -186,14 +184,10 @@ def main(argv: list[str] | None = None) -> dict:
         kept = [c for c in result.get("flow_curves", []) if c["seed"] not in seeds_read]
         result["flow_curves"] = sorted(kept + read, key=lambda c: c["seed"])
     if not args.report_only:
-        out, reference, extractor = start_scoring(args)
-        torch.manual_seed(0)
-        ctx = dict(
-            out=out, reference=reference, extractor=extractor, samples=sc["samples"], bootstrap=sc["bootstrap"],
-            flow_runs=args.flow_runs, ddpm_runs=args.ddpm_runs, rescore=args.rescore,
-        )  # fmt: skip
+        ctx = scoring_context(args, sc, flow_runs=args.flow_runs, ddpm_runs=args.ddpm_runs)
+        out = ctx["out"]
         if args.part in ("train", "all"):
-            part_train(sc, out, reference, seeds, result)
+            part_train(sc, out, ctx["reference"], seeds, result)
         if args.part in ("score", "all"):
             part_score(ctx, seeds, result)
         if args.part in ("caches", "all"):
