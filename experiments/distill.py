@@ -1,13 +1,16 @@
 r"""Few steps from a trained model: the embedded default (DDPM) and its flow twin distilled into 1-, 2- and 4-step
-samplers (configs/fashion_mnist_moh_distill.yaml), against their teachers at 25 steps and against MeanFlow trained
-from scratch on the same data and budget (the few-step study's records):
+samplers (configs/fashion_mnist_moh_distill.yaml and its DDPM twin fashion_mnist_moh_distill_ddpm.yaml), against
+their teachers at 25 steps and against MeanFlow trained from scratch on the same data and budget (the few-step
+study's records):
 
     teachers     configs/fashion_mnist_moh.yaml and configs/fashion_mnist_moh_flow.yaml at each seed (batch 16 x 8300
                  steps; the runs this study trains itself, so that every time is measured on one machine)
-    students     the distillation config at each seed, each from its own seed's teacher (830 steps, a tenth of the
-                 teacher's): finite differences, MeanFlow's interval embedding
+    students     each teacher's distillation config at each seed, from its own seed's teacher (830 steps, a tenth of
+                 the teacher's): finite differences, MeanFlow's interval embedding; the DDPM teacher's student with
+                 uniform times and lr 1e-3 (its velocity head is new)
     ablations    seed 0 of the flow twin's student with a JVP instead of finite differences, and with Decoupled
-                 MeanFlow's split (the last 4 of 12 blocks on the end time) instead of the interval embedding
+                 MeanFlow's split (the last 4 of 12 blocks on the end time) instead of the interval embedding; the
+                 DDPM teacher's student with the flow twin's recipe (logit-normal times, lr 3e-4)
 
 The guidance folded into each student is the one its teacher samples best with at 25 steps: the flow twin's CFG 3
 in its recorded interval (the few-step study's sweep), the embedded default's recorded CFG 4 in DiT's timesteps
@@ -42,8 +45,14 @@ TEACHERS = {"ddpm": ("configs/fashion_mnist_moh.yaml", []), "flow": ("configs/fa
 TEACHER_SAMPLERS = {"ddpm": "dpm-solver", "flow": "euler"}  # the fast protocol of each (the recipes study's)
 # the guidance each teacher samples best with at 25 steps (null: the one it records), folded into its students
 TEACHER_SCALES = {"ddpm": None, "flow": 3.0}
-DISTILL = "configs/fashion_mnist_moh_distill.yaml"
-ABLATIONS = {"jvp": ["distill.derivative=jvp"], "split": ["distill.end_time_blocks=4"]}  # on the flow twin, seed 0
+# each teacher's distillation config (the DDPM teacher's: uniform times and lr 1e-3 for its student's new head)
+DISTILL = {"flow": "configs/fashion_mnist_moh_distill.yaml", "ddpm": "configs/fashion_mnist_moh_distill_ddpm.yaml"}
+# at seed 0: the flow twin's student with a JVP and with the split; the DDPM student with the flow twin's recipe
+# (MeanFlow's logit-normal times, lr 3e-4: the recipe every DDPM student had before its own config)
+ABLATIONS = {
+    "flow": {"jvp": ["distill.derivative=jvp"], "split": ["distill.end_time_blocks=4"]},
+    "ddpm": {"flowrecipe": ["objective.time_sampling=logit-normal", "optim.lr=3e-4"]},
+}
 # the students' runs are a tenth of the teachers': five evaluations along them, as along the teachers'
 SCALES = {
     "cpu": STUDY_SCALES["cpu"] | {"student_eval": ["log.eval_every=166", "log.eval_samples=500"]},
@@ -59,11 +68,15 @@ def student_arms(seed: int, out: Path) -> dict[str, tuple[str, list[str]]]:
         teacher = out / "runs" / run_name(kind, seed)
         scale = TEACHER_SCALES[kind]
         guidance = [] if scale is None else [f"distill.guidance_scale={scale}"]
-        arms[f"distill-{kind}"] = (DISTILL, [f"distill.teacher={teacher}", *guidance])
-    for name, extra in ABLATIONS.items():
-        config, flow = arms["distill-flow"]
-        arms[f"distill-flow-{name}"] = (config, [*flow, *extra])
+        arms[f"distill-{kind}"] = (DISTILL[kind], [f"distill.teacher={teacher}", *guidance])
+    for kind, ablations in ABLATIONS.items():
+        config, student = arms[f"distill-{kind}"]
+        arms |= {f"distill-{kind}-{name}": (config, [*student, *extra]) for name, extra in ablations.items()}
     return arms
+
+
+def ablation_arms(kind: str) -> list[str]:
+    return [f"distill-{kind}-{name}" for name in ABLATIONS.get(kind, {})]
 
 
 def model_of(arm: str, seed: int, out: Path) -> Path:
@@ -83,7 +96,7 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict) -> Non
         arms = student_arms(seed, out)
         student_sc = sc | {"eval": sc["student_eval"]}
         for arm in arms:
-            if seed != 0 and arm.removeprefix("distill-flow-") in ABLATIONS:
+            if seed != 0 and any(arm in ablation_arms(kind) for kind in KINDS):
                 continue
             result["training"][run_name(arm, seed)] = _train_student(arm, seed, student_sc, out, reference, arms)
             save(out, result)
@@ -105,7 +118,7 @@ def part_score(ctx: dict, seeds, result: dict) -> None:
     guidance folded into its students; then a grid of seed 0's students at 1 and 2 steps."""
     for seed in seeds:
         for kind in KINDS:
-            arms = [f"distill-{kind}"] + ([f"distill-flow-{a}" for a in ABLATIONS] if kind == "flow" else [])
+            arms = [f"distill-{kind}", *ablation_arms(kind)]
             for arm in arms:
                 if seed == 0 or arm == f"distill-{kind}":
                     for steps in STUDENT_STEPS:

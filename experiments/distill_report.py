@@ -18,6 +18,7 @@ from experiments.report import (
     plot_curves,
     pyplot,
 )
+from moh_dit.logs import plural
 
 __all__ = ["KINDS", "STUDENT_STEPS", "TEACHER_STEPS", "GOAL", "by_seed", "time_fractions", "report", "plot"]
 
@@ -85,6 +86,37 @@ def _goal_lines(result: dict, kind: str) -> list[str]:
     return lines
 
 
+def _ablation_lines(result: dict, kind: str) -> list[str]:
+    """The table of ``kind``'s student against its ablations at seed 0 (arms ``distill-{kind}-*``)."""
+    rows, training, student = result["scores"], result["training"], f"distill-{kind}"
+    ablations = sorted(
+        {r["arm"] for r in rows if r["arm"].startswith(student + "-")}
+        | {r["arm"] for r in training.values() if r["arm"].startswith(student + "-") and "diverged" in r}
+    )
+    if not ablations:
+        return []
+    lines = [
+        "",
+        f"## Ablations: the student of {NAMES[kind]}, seed 0",
+        "",
+        "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | training images/s | time / teacher's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm in [student, *ablations]:
+        run = training.get(f"{arm}-seed0", {})
+        if "diverged" in run:
+            lines.append(f"| {arm} | diverged: {run['diverged']} |||||")
+            continue
+        kids = [by_seed(rows, arm, s).get(0) for s in STUDENT_STEPS]
+        recall = by_seed(rows, arm, 2, "recall").get(0)
+        fraction = time_fractions(result, arm, kind).get(0)
+        cells = [*(f"{k:.2f}" if k is not None else "-" for k in kids)]
+        cells += [f"{recall:.3f}" if recall is not None else "-", f"{run.get('median_images_per_s') or 0:.1f}"]
+        cells.append(f"{fraction:.2f}" if fraction is not None else "-")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(result: dict) -> str:
     protocol, rows = result["protocol"], result["scores"]
     lines = [
@@ -92,7 +124,9 @@ def report(result: dict) -> str:
         "",
         f"Written by `python -m experiments.distill` (scale {protocol['scale']}). Teachers: the embedded default "
         "(DDPM) and its flow twin (MoH-DiT-Ti/4-75 at width 128, batch 16 x 8300 steps); students: "
-        "configs/fashion_mnist_moh_distill.yaml from each teacher at the same seed (830 steps, finite differences, the teacher's time embedding kept). "
+        "configs/fashion_mnist_moh_distill.yaml (the flow twin) and fashion_mnist_moh_distill_ddpm.yaml (the default: "
+        "uniform times, lr 1e-3) from each teacher at the same seed (830 steps, finite differences, the teacher's time "
+        "embedding kept). "
         f"KID x 1000 on the project's classifier features against the {describe_reference(protocol)}; "
         f"{protocol['samples']} class-balanced samples per setting; across seeds, means with 95% t-intervals and "
         "differences paired by seed. NFE: network evaluations per image (a CFG step counts its two halves).",
@@ -157,37 +191,16 @@ def report(result: dict) -> str:
                 ]  # fmt: skip
             ),
         ]
-    ablations = [
-        a
-        for a in ("distill-flow-jvp", "distill-flow-split")
-        if by_seed(rows, a, 1) or "diverged" in result["training"].get(f"{a}-seed0", {})
-    ]
-    if ablations:
-        lines += [
-            "",
-            "## Ablations (the flow twin's student, seed 0)",
-            "",
-            "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | training images/s | time / teacher's |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for arm in ["distill-flow", *ablations]:
-            if "diverged" in result["training"].get(f"{arm}-seed0", {}):
-                lines.append(f"| {arm} | diverged: {result['training'][f'{arm}-seed0']['diverged']} |||||")
-                continue
-            kids = [by_seed(rows, arm, s).get(0) for s in STUDENT_STEPS]
-            recall = by_seed(rows, arm, 2, "recall").get(0)
-            run = result["training"].get(f"{arm}-seed0", {})
-            fraction = time_fractions(result, arm, "flow").get(0)
-            cells = [*(f"{k:.2f}" if k is not None else "-" for k in kids)]
-            cells += [f"{recall:.3f}" if recall is not None else "-", f"{run.get('median_images_per_s') or 0:.1f}"]
-            cells.append(f"{fraction:.2f}" if fraction is not None else "-")
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    for kind in KINDS:
+        lines += _ablation_lines(result, kind)
     teachers = [r for r in result["training"].values() if r["arm"] in KINDS]
     if teachers:
         speeds = {arm: mean_ci([r["median_images_per_s"] for r in result["training"].values() if r["arm"] == arm])
                   for arm in sorted({r["arm"] for r in result["training"].values()})}  # fmt: skip
         lines += ["", "## Training speed (images/s, median of each run's log; mean over runs)", ""]
-        lines += [f"- {arm}: {stat['mean']:.1f} ({len(stat['values'])} runs)" for arm, stat in speeds.items()]
+        lines += [
+            f"- {arm}: {stat['mean']:.1f} ({plural(len(stat['values']), 'run')})" for arm, stat in speeds.items()
+        ]
     lines += note_lines(result)
     return "\n".join(lines) + "\n"
 

@@ -823,7 +823,7 @@ def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_
     result = distill.main(["--scale", "tiny", "--out", str(tmp_path)])
     arms = {(r["arm"], r["seed"]) for r in result["training"].values()}
     assert arms == {(a, s) for a in ("flow", "ddpm", "distill-flow", "distill-ddpm") for s in (0, 1)} | {
-        ("distill-flow-jvp", 0), ("distill-flow-split", 0)
+        ("distill-flow-jvp", 0), ("distill-flow-split", 0), ("distill-ddpm-flowrecipe", 0)
     }  # fmt: skip
     assert all("kid@2" in p for r in result["training"].values() if r["arm"].startswith("distill") for p in r["curve"])
     scored = {(r["arm"], r["seed"], r["steps"]) for r in result["scores"]}

@@ -8,7 +8,7 @@ import torch
 
 from moh_dit.model.network import MoHDiT
 
-__all__ = ["with_num_classes", "with_alignment", "without_alignment"]
+__all__ = ["with_num_classes", "with_alignment", "without_alignment", "first_output_channels"]
 
 
 def with_num_classes(model: MoHDiT, num_classes: int, mode: str = "resize", seed: int = 0) -> tuple[MoHDiT, dict]:
@@ -64,3 +64,20 @@ def without_alignment(model: MoHDiT) -> MoHDiT:
     kept = {k: v for k, v in model.state_dict().items() if not k.startswith("projectors.")}
     bare.load_state_dict(kept)
     return bare.to(model.pos_embed.device).train(model.training)
+
+
+def first_output_channels(state: dict[str, torch.Tensor], linear: torch.nn.Linear, channels: int) -> dict:
+    """The output layer ``final_layer.linear`` of ``state`` (``channels`` output channels per pixel) cut to the first
+    channels that ``linear`` (the new layer) has room for: a learned-sigma DiT's noise prediction without its variance.
+    Its rows are ordered (patch row, patch column, channel), the channel fastest (:meth:`MoHDiT.unpatchify`). Empty
+    when ``state`` has no such layer or it already fits."""
+    weight, bias = state.get("final_layer.linear.weight"), state.get("final_layer.linear.bias")
+    if weight is None or weight.shape == linear.weight.shape or weight.shape[1] != linear.in_features:
+        return {}
+    pixels = weight.shape[0] // channels
+    kept = linear.out_features // pixels
+    if pixels * channels != weight.shape[0] or pixels * kept != linear.out_features or not 0 < kept < channels:
+        return {}
+    rows = (torch.arange(weight.shape[0]) % channels) < kept
+    cut = {"final_layer.linear.weight": weight[rows]}
+    return cut | ({"final_layer.linear.bias": bias[rows]} if bias is not None else {})

@@ -148,8 +148,8 @@ class Objective(ABC):
 
     def training_forwards(self) -> float:
         """The FLOPs of one image's training step in forward passes (logs' TFLOP/s and MFU): 3, a forward and a
-        backward."""
-        return 3.0
+        backward, and the passes of guidance folded into the target."""
+        return 3.0 + self.folded.forwards
 
     # guidance folded into the training target (moh_dit.objectives.folded_guidance); inactive unless the objective
     # was made with it. DDPM and flow fold it here (their target term and prediction below); MeanFlow folds it into its
@@ -253,9 +253,15 @@ class Objective(ABC):
         """At the ``index``-th call of the sampling loop (scheduler timestep ``t``): the network's time input, and the
         noise level (for guidance intervals and grid averaging)."""
 
+    def network_input(
+        self, scheduler: SchedulerMixin, latents: torch.Tensor, index: int, t: torch.Tensor
+    ) -> torch.Tensor:
+        """The network's input at the ``index``-th call (timestep ``t``): what the scheduler makes of ``latents``."""
+        return scheduler.scale_model_input(latents, t) if hasattr(scheduler, "scale_model_input") else latents
+
     @abstractmethod
     def scheduler_input(
         self, output: torch.Tensor, scheduler: SchedulerMixin, in_channels: int, latents: torch.Tensor, index: int
     ) -> torch.Tensor:
-        """What ``scheduler.step`` takes from the (guided) network ``output`` at the ``index``-th call, whose input was
-        ``latents``."""
+        """What ``scheduler.step`` takes from the (guided) network ``output`` at the ``index``-th call, at the sampler's
+        ``latents`` (before :meth:`network_input`)."""

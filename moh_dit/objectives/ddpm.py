@@ -25,11 +25,14 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised, NoiseLevel, Objective
 from moh_dit.objectives.folded_guidance import FOLDED_KEYS, FoldedGuidance
-from moh_dit.objectives.noise import DIT_SCHEDULE, ddpm_sigma, dit_sigmas
+from moh_dit.objectives.linear_path import linear_path_input, sigma_of_timestep, timestep_of_sigma, velocity_of_noise
+from moh_dit.objectives.noise import DIT_SCHEDULE, ddpm_sigma
 
 __all__ = [
     "DIT_SCHEDULE",
     "DDPM",
+    "linear_path_input",
+    "velocity_of_noise",
     "DiffusionObjective",
     "DiffusionLosses",
     "make_train_scheduler",
@@ -80,29 +83,6 @@ def discretized_gaussian_log_likelihood(x: torch.Tensor, mean: torch.Tensor, log
 
 
 DiffusionLosses = Losses  # the name of moh-dit 0.3
-
-
-def _sigma_table(device: torch.device) -> torch.Tensor:
-    return torch.tensor(dit_sigmas(), dtype=torch.float64, device=device)
-
-
-def timestep_of_sigma(sigma: torch.Tensor) -> torch.Tensor:
-    """The fractional DiT timestep of each noise level ``sigma`` (its schedule's levels interpolated linearly, clamped
-    to 0 .. 999): :func:`moh_dit.objectives.noise.ddpm_timestep` on tensors, float64, differentiable in ``sigma``."""
-    table = _sigma_table(sigma.device)
-    sigma = sigma.to(torch.float64).clamp(table[0], table[-1])
-    high = torch.searchsorted(table, sigma.detach()).clamp(1, len(table) - 1)
-    low = high - 1
-    return low + (sigma - table[low]) / (table[high] - table[low])
-
-
-def sigma_of_timestep(tau: torch.Tensor) -> torch.Tensor:
-    """The noise level of each fractional DiT timestep ``tau`` (interpolated): the inverse of
-    :func:`timestep_of_sigma`."""
-    table = _sigma_table(tau.device)
-    tau = tau.to(torch.float64).clamp(0, len(table) - 1)
-    low = tau.detach().floor().long().clamp(0, len(table) - 2)
-    return table[low] + (tau - low) * (table[low + 1] - table[low])
 
 
 class DDPM(Objective):
@@ -305,13 +285,9 @@ class DDPM(Objective):
         t)``, and predicts the noise ``eps_hat``; the velocity ``eps - x`` with ``x = (z - t eps) / (1 - t)`` is then
         ``(eps_hat - z) / (1 - t)`` (docs/objective.md#distillation). Beyond DiT's schedule (noise levels below
         timestep 0's or above 999's) the model sees the nearest timestep."""
-        t64 = t.to(torch.float64)
-        tau = timestep_of_sigma(t64 / (1 - t64))
-        abar = 1 / (1 + sigma_of_timestep(tau) ** 2)
-        scale = (abar.sqrt() / (1 - t64)).reshape(-1, *([1] * (z.ndim - 1)))
-        eps = net((z.double() * scale).to(z.dtype), tau.to(z.dtype), labels, force_drop_ids=drop).sample
-        eps = eps[:, : z.shape[1]].double()
-        return ((eps - z.double()) / (1 - t64).reshape(-1, *([1] * (z.ndim - 1)))).float()
+        model_in, tau = linear_path_input(z, t)
+        eps = net(model_in, tau.to(z.dtype), labels, force_drop_ids=drop).sample
+        return velocity_of_noise(eps[:, : z.shape[1]], z, t).float()
 
     def make_scheduler(self, name: str) -> SchedulerMixin:
         """Sampling schedulers for DiT's training schedule.

@@ -39,6 +39,7 @@ import torch
 from moh_dit.errors import ConfigError
 from moh_dit.model.token_routing import rows_of_route
 from moh_dit.objectives.base import Noised
+from moh_dit.objectives.distill_heads import HEADS
 from moh_dit.objectives.meanflow import MeanFlow
 
 __all__ = ["MeanFlowDistill", "TIME_CONVENTIONS", "DERIVATIVES", "finite_difference_times"]
@@ -99,6 +100,8 @@ class MeanFlowDistill(MeanFlow):
         guidance: the teacher's guidance folded into the target (recorded: scale, flow times, guide).
         derivative: ``jvp`` or ``finite-difference``; ``fd_eps``: the finite difference's step in time (None:
             :func:`default_fd_eps` of the time convention).
+        head: what the network outputs (:data:`HEADS`): the average velocity, or a DDPM teacher's noise;
+            ``noise_until``: the latter's last flow time of DDIM's exact parameterization.
         time_sampling, time_mean, time_std, equal_times, adaptive_power, adaptive_eps, jvp_autocast: MeanFlow's
             (:class:`~moh_dit.objectives.meanflow.MeanFlow`).
     """
@@ -114,6 +117,8 @@ class MeanFlowDistill(MeanFlow):
         guidance: dict | None = None,
         derivative: str = "jvp",
         fd_eps: float | None = None,
+        head: str = "velocity",
+        noise_until: float = 0.5,
         time_sampling: str = "logit-normal",
         time_mean: float = -0.4,
         time_std: float = 1.0,
@@ -145,6 +150,16 @@ class MeanFlowDistill(MeanFlow):
             raise ConfigError(
                 f"distill.fd_eps must be a step in time between 0 and 0.5 (FastGen's 1e-4), got {fd_eps!r}"
             )
+        if head not in HEADS:
+            raise ConfigError(f"distill.head must be teacher or one of {', '.join(HEADS)}, got {head!r}")
+        if HEADS[head].conventions and time not in HEADS[head].conventions:
+            raise ConfigError(
+                f"distill.head={head} is the parameterization of a {' or '.join(HEADS[head].conventions)} teacher; "
+                f"this student's times are {time!r}: distill.head=velocity"
+            )
+        if isinstance(noise_until, bool) or not isinstance(noise_until, (int, float)) or not 0 < noise_until < 1:
+            raise ConfigError(f"distill.noise_until must be a flow time between 0 and 1 (0.5), got {noise_until!r}")
+        self.head = HEADS[head](float(noise_until))
         self.time, self.end_time_blocks = time, end_time_blocks
         self.teacher, self.teacher_guidance = dict(teacher or {}), dict(guidance or {})
         self.derivative, self.fd_eps = derivative, float(fd_eps)
@@ -160,7 +175,7 @@ class MeanFlowDistill(MeanFlow):
             "end_time_blocks": self.end_time_blocks,
             "teacher": self.teacher,
             "guidance": self.teacher_guidance,
-        }
+        } | self.head.record()
 
     @classmethod
     def from_record(cls, record: dict[str, Any] | None, learn_sigma: bool = False, **training: Any) -> MeanFlowDistill:
@@ -169,10 +184,16 @@ class MeanFlowDistill(MeanFlow):
                 "a distilled MeanFlow model predicts an average velocity of C channels: learn_sigma is false"
             )
         record = dict(record or {})
-        unknown = sorted(set(record) - {"name", "time", "end_time_blocks", "teacher", "guidance"})
+        unknown = sorted(
+            set(record) - {"name", "time", "end_time_blocks", "teacher", "guidance", "head", "noise_until"}
+        )
         if unknown:
             raise ConfigError(f"the distill objective record has unknown keys {unknown}")
-        given = {k: record[k] for k in ("time", "end_time_blocks", "teacher", "guidance") if k in record}
+        given = {
+            k: record[k]
+            for k in ("time", "end_time_blocks", "teacher", "guidance", "head", "noise_until")
+            if k in record
+        }
         return cls(**given, **training)
 
     def model_config(self) -> dict[str, Any]:
@@ -219,13 +240,25 @@ class MeanFlowDistill(MeanFlow):
             return self._start_time(t), self._start_time(r)
         return self._start_time(t), t - r
 
-    def linear_velocity(self, net, z, t, labels, drop=None) -> torch.Tensor:
-        return self.sign * net(z, self.network_time(t, t), labels, force_drop_ids=drop).sample.float()
+    def average_velocity(self, net, z, t, r, labels, drop=None, **kwargs: Any):
+        """The network's output at ``(z, t, r)`` with ``sample`` the average velocity its head stands for, in the
+        flow's sign (:data:`HEADS`)."""
+        out = net(self.head.network_input(z, t), self.network_time(t, r), labels, force_drop_ids=drop, **kwargs)
+        out.sample = self.head.velocity(out.sample, z, t, self.sign)
+        return out
+
+    def network_input(self, scheduler: Any, latents: torch.Tensor, index: int, t: torch.Tensor) -> torch.Tensor:
+        return self.head.network_input(latents, self._grid_time(scheduler, index, latents))
 
     def scheduler_input(
         self, output: torch.Tensor, scheduler: Any, in_channels: int, latents: torch.Tensor, index: int
     ) -> torch.Tensor:
-        return self.sign * output[:, :in_channels]
+        now = self._grid_time(scheduler, index, latents)
+        return self.head.velocity(output[:, :in_channels], latents, now, self.sign).to(latents.dtype)
+
+    @staticmethod
+    def _grid_time(scheduler: Any, index: int, latents: torch.Tensor) -> torch.Tensor:
+        return scheduler.sigmas[index].to(latents.device, torch.float32).expand(latents.shape[0])
 
     def training_forwards(self) -> float:
         """The student's forward and backward with the derivative's passes (a JVP: about two forwards; finite
@@ -237,9 +270,6 @@ class MeanFlowDistill(MeanFlow):
     # ------------------------------------------------------------------------------------------------
     # Training
     # ------------------------------------------------------------------------------------------------
-    def loss(self, output: torch.Tensor, noised: Noised):
-        return super().loss(self.sign * output, noised)
-
     def target_velocity(
         self,
         net: torch.nn.Module,
@@ -258,9 +288,8 @@ class MeanFlowDistill(MeanFlow):
 
     def velocity_and_derivative(self, net, noised, velocity, labels, drop, autocast):
         """A JVP (MeanFlow's), or finite differences (:meth:`finite_difference`)."""
-        if self.derivative == "jvp":  # the tangent of z is the velocity itself; the output is sign * u
-            out, dudt = super().velocity_and_derivative(net, noised, velocity, labels, drop, autocast)
-            return out, self.sign * dudt
+        if self.derivative == "jvp":  # the tangent of z is the velocity itself
+            return super().velocity_and_derivative(net, noised, velocity, labels, drop, autocast)
         return self.finite_difference(net, noised, velocity, labels, drop, autocast)
 
     def finite_difference(
@@ -284,7 +313,7 @@ class MeanFlowDistill(MeanFlow):
         devices = [z.device] if z.device.type == "cuda" else []
         with RoutingTape(getattr(net, "attention_layers", [])) as tape, precision:
             random_state = [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
-            out = net(z, self.network_time(t, r), labels, force_drop_ids=drop)
+            out = self.average_velocity(net, z, t, r, labels, drop)
             u = out.sample.float()
             # only the samples with r < t need du/dt (it is multiplied by t - r): the shifted forwards skip the others
             rows = (t > r).nonzero().flatten()
@@ -309,10 +338,10 @@ class MeanFlowDistill(MeanFlow):
         shifted = []
         for moved in (t_plus, t_minus):
             z_moved = z64 + (moved - t.to(torch.float64)).reshape(shape) * v64
-            time = self.network_time(moved.to(t.dtype), r)
             with torch.random.fork_rng(devices=devices), rows_of_route(net, rows):  # the primal's draws and route
                 torch.set_rng_state(random_state[0])
                 for device, state in zip(devices, random_state[1:]):
                     torch.cuda.set_rng_state(state, device)
-                shifted.append(net(z_moved.to(z.dtype), time, labels, force_drop_ids=drop).sample.to(torch.float64))
-        return self.sign * (shifted[0] - shifted[1]) * norm.reshape(shape)
+                out = self.average_velocity(net, z_moved.to(z.dtype), moved.to(t.dtype), r, labels, drop)
+                shifted.append(out.sample.to(torch.float64))
+        return (shifted[0] - shifted[1]) * norm.reshape(shape)

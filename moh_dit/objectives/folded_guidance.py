@@ -92,6 +92,13 @@ class FoldedGuidance:
         return self.omega != 1.0 or self.kappa > 0
 
     @property
+    def forwards(self) -> float:
+        """Forward passes per image it adds to a training step (FLOPs, MFU): the conditional and unconditional
+        predictions with ``kappa``, the unconditional one without (counted for every sample, an upper bound outside
+        the guided times and the warm-up), none when inactive."""
+        return (2.0 if self.kappa > 0 else 1.0) if self.active else 0.0
+
+    @property
     def effective_scale(self) -> float:
         """The classifier-free guidance scale the trained model samples at: ``omega / (1 - kappa)``."""
         return self.omega / (1 - self.kappa)

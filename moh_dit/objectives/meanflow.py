@@ -228,7 +228,12 @@ class MeanFlow(Objective):
 
     def linear_velocity(self, net, z, t, labels, drop=None) -> torch.Tensor:
         """The instantaneous velocity ``u(z, t, t)``: the average over an empty interval."""
-        return net(z, self.network_time(t, t), labels, force_drop_ids=drop).sample.float()
+        return self.average_velocity(net, z, t, t, labels, drop).sample.float()
+
+    def average_velocity(self, net, z, t, r, labels, drop=None, **kwargs: Any):
+        """The network's output at ``(z, t, r)`` (a :class:`~moh_dit.model.network.MoHDiTOutput`) with ``sample`` the
+        average velocity ``u``: here the output itself; a distilled student's may be a parameterization of it."""
+        return net(z, self.network_time(t, r), labels, force_drop_ids=drop, **kwargs)
 
     def loss(self, output: torch.Tensor, noised: Noised) -> Losses:
         """The adaptively weighted loss of the average velocity ``output`` against ``noised.terms["target"]`` (set
@@ -295,8 +300,8 @@ class MeanFlow(Objective):
         noised.terms["target"] = (v_g - span * dudt).detach()
         if want_heads:
             with torch.no_grad(), autocast():
-                out.head_masks = net(
-                    noised.x_t, noised.time, labels, force_drop_ids=drop, return_head_masks=True
+                out.head_masks = self.average_velocity(
+                    net, noised.x_t, t, r, labels, drop, return_head_masks=True
                 ).head_masks
         return self.loss(out.sample, noised), out
 
@@ -334,7 +339,7 @@ class MeanFlow(Objective):
         aligned = net.projectors is not None and net.training
 
         def average_velocity(z: torch.Tensor, t: torch.Tensor, r: torch.Tensor):
-            out = net(z, self.network_time(t, r), labels, force_drop_ids=drop)
+            out = self.average_velocity(net, z, t, r, labels, drop)
             return (out.sample, out.aux_loss, *(out.aligned if aligned else ()))
 
         precision = autocast() if self.jvp_autocast else torch.autocast(noised.x_t.device.type, enabled=False)
@@ -349,8 +354,7 @@ class MeanFlow(Objective):
         """A forward with its JVP (about two forwards: the tangent pass costs what the primal does), the backward of
         the primal (two), and the guidance passes on the guided samples (two with kappa, one without, none
         unguided; counted for every sample, an upper bound outside the guided times)."""
-        guidance = (2.0 if self.kappa > 0 else 1.0) if self.guided else 0.0
-        return 4.0 + guidance
+        return 4.0 + self.folded.forwards
 
     # ------------------------------------------------------------------------------------------------
     # Sampling

@@ -333,11 +333,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         rule = make_rule(guidance.rule, guidance.options)  # a fresh one: APG's running average is this run's
         guide_net = None if guide is None else guide.model.to(transformer.device)
         for index, t in enumerate(self.progress_bar(steps) if progress else steps):
-            model_in = (
-                self.scheduler.scale_model_input(latents, t)
-                if hasattr(self.scheduler, "scale_model_input")
-                else latents
-            )
+            model_in = objective.network_input(self.scheduler, latents, index, t)
             time, level = objective.step_time(self.scheduler, index, t)
             # by hand: diffusers' class-conditional DiTPipeline guides every step and has no interval option
             how = StepEvaluation(
@@ -349,7 +345,7 @@ class MoHDiTPipeline(DiffusionPipeline):
                 guide=guide_net,
             )
             out = guided_output(transformer, model_in, time, labels, how, network)
-            out = objective.scheduler_input(out, self.scheduler, transformer.in_channels, model_in, index)
+            out = objective.scheduler_input(out, self.scheduler, transformer.in_channels, latents, index)
             latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
         return latents
 

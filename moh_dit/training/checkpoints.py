@@ -209,6 +209,12 @@ def restore_weights(path: Path, state: TrainingState, accelerator, run_id: str |
             raise ArtifactError(
                 f"{path}/{POSTHOC_STATE}: {err.args[0]}; keep the run's ema.posthoc_sigma_rels"
             ) from None
+    saved, ours = len(contents.optimizer_state["param_groups"]), len(state.optimizer.param_groups)
+    if saved != ours:  # torch's own error names no cause
+        raise ArtifactError(
+            f"{path}/optimizer.pt has {saved} parameter group(s) and this run {ours}: optim.new_lr_scale was 1 in one "
+            f"of them and not in the other (1 trains every tensor alike); resume with the run's own value"
+        )
     state.optimizer.load_state_dict(contents.optimizer_state)
     if state.scaler is not None and contents.scaler_state is not None:
         state.scaler.load_state_dict(contents.scaler_state)

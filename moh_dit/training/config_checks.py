@@ -100,6 +100,10 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
     if optim.lr <= 0:
         raise ConfigError(f"optim.lr must be > 0, got {optim.lr}")
+    if not (math.isfinite(optim.new_lr_scale) and optim.new_lr_scale > 0):
+        raise ConfigError(
+            f"optim.new_lr_scale must be a finite number > 0 (a multiple of optim.lr), got {optim.new_lr_scale}"
+        )
     if not 0.0 <= ema.decay <= 1.0:
         raise ConfigError(f"ema.decay must be in [0, 1], got {ema.decay}")
     check_posthoc(ema, train.global_batch_size)
@@ -198,6 +202,9 @@ def check_distill(config: Config) -> None:
     _one_of("distill.teacher_format", section.teacher_format, TEACHER_FORMATS)
     _one_of("distill.teacher_path", section.teacher_path, ("linear", "gvp"))
     _one_of("distill.student", section.student, ("teacher", "preset"))
+    from moh_dit.objectives.distill_heads import HEADS
+
+    _one_of("distill.head", section.head, ("teacher", *HEADS))
     scale = section.guidance_scale
     if scale is not None and (
         isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)

@@ -104,6 +104,9 @@ class OptimSection:
     warmup_steps: int = 0  # linear LR warm-up
     schedule: str = "constant"  # after warm-up: constant (DiT) or cosine (decays to min_lr at train.max_steps)
     min_lr: float = 0.0  # the end of the cosine schedule
+    # the learning rate of the tensors a run did not take from its teacher or init_from (a new output head, a new time
+    # input), as a multiple of lr; the schedule applies to both groups alike
+    new_lr_scale: float = 1.0
 
 
 @dataclass
@@ -179,6 +182,12 @@ class DistillSection:
     # false: the student keeps its teacher's time embedding as it is (frozen), so that its dependence on t stays as
     # smooth as the teacher's (the derivative in t multiplies the target's errors; docs/objective.md#distillation)
     train_time_embedding: bool = True
+    # what the student outputs: velocity | noise (a DDPM teacher's own parameterization on its input scale, so that the
+    # student starts as its teacher; DDPM teachers only) | teacher (the teacher's own: noise for DDPM, else velocity)
+    head: str = "velocity"
+    # the noise head's last flow time of DDIM's exact parameterization (u = (F - z) / (1 - t)); later times divide by
+    # 1 - noise_until, so that the first step from pure noise stays learnable (docs/objective.md#the-student-and-its-time)
+    noise_until: float = 0.5
     derivative: str = "jvp"  # du/dt by jvp | finite-difference (float64, MoH's routing held)
     # the finite difference's step in time; null: 5e-3 for a teacher that sees times x1000 (moh-dit's flow, DDPM), 1e-4
     # (FastGen's) for raw times (SiT, REPA, LightningDiT)

@@ -27,9 +27,11 @@ class OptimizerSteps:
     record and config."""
 
     def set_learning_rate(self) -> None:
-        """The schedule's learning rate for the coming optimizer step."""
+        """The schedule's learning rate for the coming optimizer step (times ``optim.new_lr_scale`` for the tensors
+        the run did not take from its teacher or ``init_from``)."""
+        lr = learning_rate(self.config, self.step)
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.config, self.step)
+            group["lr"] = lr * (self.config.optim.new_lr_scale if group.get("new") else 1.0)
 
     def apply_gradients(self, loss: torch.Tensor, measure_norm: bool = False, skip: bool = False) -> None:
         """Backward; on the last micro-batch of a step (inside ``accelerator.accumulate``) also clip and

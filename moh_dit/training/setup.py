@@ -10,7 +10,7 @@ import logging
 import math
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -325,10 +325,17 @@ def micro_batch_size(config: Config, world: int) -> int:
     return config.train.global_batch_size // per_step
 
 
-def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, config: Config, new: Collection[str] = ()) -> torch.optim.Optimizer:
+    """AdamW over the model's parameters; those named in ``new`` (not taken from a teacher or ``init_from``) form a
+    second group (``new``) whose learning rate is ``optim.new_lr_scale`` times the schedule's."""
     optim = config.optim
+    named = list(model.named_parameters())
+    split = bool(new) and optim.new_lr_scale != 1.0  # one group as before otherwise: older checkpoints resume
+    groups = [{"params": [p for name, p in named if not (split and name in new)], "new": False}]
+    if split:
+        groups.append({"params": [p for name, p in named if name in new], "new": True})
     return torch.optim.AdamW(
-        model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+        groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
     )
 
 

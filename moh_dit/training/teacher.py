@@ -28,6 +28,7 @@ import torch
 from moh_dit.errors import ConfigError
 from moh_dit.manifests import fingerprint_module, read_manifest
 from moh_dit.model.network import MoHDiT
+from moh_dit.model.surgery import first_output_channels
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.noise import flow_time
 from moh_dit.training.frozen import FrozenModel
@@ -284,14 +285,20 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
     name and shape; MeanFlow's second time embedding starts at zero, so that it adds nothing yet. Returns the model and
     a report of what was copied."""
     from moh_dit.model.presets import preset_config
+    from moh_dit.objectives.distill_heads import HEADS, native_head
     from moh_dit.training.objective import objective_record, run_objective
 
+    time = teacher.objective.time_convention
+    section = config.distill
+    head = native_head(time) if section.head == "teacher" else section.head
+    defaults = type(section)()
+    others = {key for kind in HEADS.values() for key in kind.options} - set(HEADS[head].options)
+    unread = sorted(f"distill.{key}" for key in others if getattr(section, key) != getattr(defaults, key))
+    if unread:
+        raise ConfigError(f"{', '.join(unread)}: not an option of this student's head ({head}; distill.head)")
     record = dict(
-        objective_record(config),
-        time=teacher.objective.time_convention,
-        teacher=teacher.record(),
-        guidance=teacher.guidance.record(),
-    )
+        objective_record(config), time=time, teacher=teacher.record(), guidance=teacher.guidance.record(), head=head
+    ) | {key: getattr(section, key) for key in HEADS[head].options}
     objective = run_objective(config, record, learn_sigma=False)
     if config.distill.student == "teacher":
         base = {k: v for k, v in teacher.model.config.items() if not k.startswith("_")}
@@ -311,6 +318,8 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
         base = preset_config(config.model.preset, **(derived | dict(config.model.overrides)))
     student = MoHDiT(**(base | objective.model_config()))
     theirs, mine = teacher.model.state_dict(), student.state_dict()
+    if HEADS[head].noise_channels:  # a learned-sigma teacher's output layer without its variance channels
+        theirs = theirs | first_output_channels(theirs, student.final_layer.linear, teacher.model.out_channels)
     copied = {k: v for k, v in theirs.items() if k in mine and mine[k].shape == v.shape}
     student.load_state_dict(copied, strict=False)
     if student.h_embedder is not None:  # the interval's embedding starts at nothing: the student is its teacher

@@ -133,7 +133,9 @@ class Trainer(RunOutputs, OptimizerSteps):
         # folded guidance from the EMA's predictions needs the EMA weights as a network
         folded = self.objective.folded
         self.ema_network = EMANetwork(model, self.ema) if folded.active and folded.source == "ema" else None
-        self.model, self.optimizer = accelerator.prepare(model, make_optimizer(model, config))
+        self.model, self.optimizer = accelerator.prepare(
+            model, make_optimizer(model, config, (self.init_report or {}).get("new", ()))
+        )
         if train_cfg.compile and self.objective.runs_bare_module:
             logger.warning("train.compile: %s runs the uncompiled network (a JVP)", self.objective.name)
         elif train_cfg.compile:

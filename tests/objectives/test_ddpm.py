@@ -226,3 +226,16 @@ def test_ddpm_samplers_by_name_and_the_error_for_a_flow_sampler():
     t = sched.timesteps[0]
     time, level = obj.step_time(sched, 0, t)
     assert time is t and level.timestep == int(t) == 999
+
+
+def test_the_linear_paths_input_is_ddpms_at_the_same_noise_level_and_unit_variance_beyond():
+    """Inside DiT's schedule ``sqrt(abar_tau) z / (1 - t)`` at the timestep ``tau`` of ``t / (1 - t)``; at ``t = 1``
+    (past timestep 999) the noise itself at timestep 999, not the schedule's last input scale divided by zero."""
+    from moh_dit.objectives.ddpm import linear_path_input, sigma_of_timestep
+
+    z = torch.randn(3, 1, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    t = torch.tensor([0.3, 0.9, 1.0], dtype=torch.float64)
+    model_in, tau = linear_path_input(z, t)
+    abar = 1 / (1 + sigma_of_timestep(tau[:2]) ** 2)
+    torch.testing.assert_close(model_in[:2], z[:2] * (abar.sqrt() / (1 - t[:2])).view(-1, 1, 1, 1))
+    assert float(tau[2]) == 999.0 and torch.equal(model_in[2], z[2])

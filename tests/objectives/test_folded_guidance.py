@@ -136,3 +136,15 @@ def test_bad_settings_are_one_line_each():
         FoldedGuidance.create(source="teacher")
     with pytest.raises(ConfigError, match="needs label dropout"):
         FoldedGuidance.create(scale=2.0).fold(torch.zeros(2), torch.tensor([0]), torch.tensor([0, 1]), None, None)
+
+
+def test_the_logged_flops_count_the_passes_folded_guidance_adds():
+    """A training step's forwards per image (TFLOP/s and MFU in the logs): 3 without folded guidance; the
+    unconditional prediction adds one, with kappa the conditional one too; MeanFlow's JVP step counts them the same."""
+    from moh_dit.objectives.meanflow import MeanFlow
+
+    assert DDPM().training_forwards() == Flow().training_forwards() == 3.0
+    assert DDPM(guidance_scale=2.0).training_forwards() == Flow(guidance_scale=2.0).training_forwards() == 4.0
+    assert Flow(guidance_scale=2.0, guidance_mix=0.5).training_forwards() == 5.0
+    assert MeanFlow().training_forwards() == 4.0
+    assert MeanFlow(guidance_scale=2.0, guidance_mix=0.5).training_forwards() == 6.0

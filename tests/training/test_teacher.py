@@ -58,13 +58,41 @@ def test_a_flow_teachers_student_starts_as_the_teacher(teachers, image_dir, tmp_
     assert record["teacher"]["sha256"] == teacher.fingerprint and record["teacher"]["objective"]["name"] == "flow"
 
 
-def test_a_ddpm_teachers_student_keeps_its_backbone_and_learns_a_new_head(teachers, image_dir, tmp_path):
-    trainer = Trainer(distill_config(tmp_path / "s", image_dir, teachers / "ddpm"))
-    report, student = trainer.init_report, trainer.unwrapped
-    assert "final_layer.linear.weight" in report["new"] and student.out_channels == 3  # a velocity, not 2C
-    assert student.config.objective["time"] == "ddpm"  # the DiT timestep of the same noise level
-    teacher = trainer.frozen["teacher"].model
-    assert torch.equal(student.blocks[0].attn.qkv.weight, teacher.blocks[0].attn.qkv.weight)
+def test_a_ddpm_teachers_student_starts_as_its_teacher_in_its_parameterization(teachers, image_dir, tmp_path):
+    """distill.head=teacher: the student of a DDPM teacher sees the teacher's input scale and timestep and
+    predicts its noise with the teacher's noise channels (the variance rows cut off), so that up to noise_until the
+    untrained student's velocity is the teacher's, and its average velocity over any interval the teacher's
+    instantaneous one; later the divisor stays 1 - noise_until. With distill.head=velocity (the default) the output layer is new (a
+    velocity of C channels)."""
+    trainer = Trainer(distill_config(tmp_path / "s", image_dir, teachers / "ddpm", "distill.head=teacher"))
+    student, teacher = trainer.unwrapped.eval(), trainer.frozen["teacher"]
+    assert trainer.init_report["new"] == [f"h_embedder.mlp.{i}.{w}" for i in (0, 2) for w in ("bias", "weight")]
+    assert student.out_channels == 3 and student.config.objective["time"] == "ddpm"  # DiT's timestep of the level
+    assert student.config.objective["head"] == "noise" and student.config.objective["noise_until"] == 0.5
+    g = torch.Generator().manual_seed(0)
+    z, t, labels = torch.randn(3, 3, 8, 8, generator=g), torch.tensor([0.2, 0.5, 0.9]), torch.tensor([0, 1, 0])
+    objective = trainer.objective
+    with torch.no_grad():
+        theirs = teacher.objective.linear_velocity(teacher.model, z, t, labels)
+        ours = objective.linear_velocity(student, z, t, labels)
+        over_an_interval = objective.average_velocity(student, z, t, t * 0.3, labels).sample.float()
+    # up to noise_until the teacher's; at 0.9 its noise over 1 - 0.5 instead of 1 - 0.9
+    expected = theirs * torch.tensor([1.0, 1.0, 0.1 / 0.5]).view(-1, 1, 1, 1)
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(over_an_interval, expected, rtol=1e-5, atol=1e-5)
+
+    velocity = Trainer(distill_config(tmp_path / "v", image_dir, teachers / "ddpm"))
+    assert "final_layer.linear.weight" in velocity.init_report["new"]
+    assert "head" not in velocity.unwrapped.config.objective
+    assert torch.equal(velocity.unwrapped.blocks[0].attn.qkv.weight, teacher.model.blocks[0].attn.qkv.weight)
+    with pytest.raises(ConfigError, match="distill.head"):
+        distill_config(tmp_path / "x", image_dir, teachers / "ddpm", "distill.head=eps")
+    with pytest.raises(ConfigError, match="distill.head=noise"):
+        Trainer(distill_config(tmp_path / "f", image_dir, teachers / "flow", "distill.head=noise"))
+    with pytest.raises(ConfigError, match="distill.noise_until"):
+        Trainer(distill_config(tmp_path / "u", image_dir, teachers / "flow", "distill.noise_until=0.7"))
+    with pytest.raises(ConfigError, match="distill.noise_until"):
+        Trainer(distill_config(tmp_path / "w", image_dir, teachers / "ddpm", "distill.noise_until=1.5"))
 
 
 def test_a_teacher_that_does_not_fit_is_one_line_before_training(teachers, image_dir, tmp_path):
@@ -179,3 +207,54 @@ def test_the_student_can_keep_its_teachers_time_embedding(teachers, image_dir, t
         same = all(torch.equal(a, b) for a, b in zip(student.parameters(), teacher.parameters()))
         assert same is not train_it
         assert all(p.requires_grad is train_it for p in student.parameters())
+
+
+def test_the_new_head_can_learn_at_its_own_rate(teachers, image_dir, tmp_path):
+    """optim.new_lr_scale: the tensors the student did not take from its DDPM teacher (the velocity head, the interval
+    embedding) form their own optimizer group at that multiple of the schedule's rate; the copied backbone keeps the
+    schedule's; a resume that changes whether there are two groups is one line."""
+    from moh_dit.training.setup import learning_rate
+
+    trainer = Trainer(distill_config(tmp_path / "s", image_dir, teachers / "ddpm", "optim.new_lr_scale=4"))
+    names = {id(p): name for name, p in trainer.unwrapped.named_parameters()}
+    groups = trainer.optimizer.param_groups
+    assert [g["new"] for g in groups] == [False, True]
+    assert sorted(names[id(p)] for p in groups[1]["params"]) == sorted(trainer.init_report["new"])
+    trainer.run()
+    lr = learning_rate(trainer.config, trainer.step - 1)
+    assert [g["lr"] for g in groups] == pytest.approx([lr, 4 * lr])
+    one = Trainer(
+        distill_config(tmp_path / "s", image_dir, teachers / "ddpm", "train.max_steps=3", "train.resume=latest")
+    )
+    assert len(one.optimizer.param_groups) == 1  # the default: every tensor at the schedule's rate
+    with pytest.raises(ArtifactError, match="optim.new_lr_scale"):
+        one.run()
+    with pytest.raises(ConfigError, match="optim.new_lr_scale"):
+        distill_config(tmp_path / "x", image_dir, teachers / "ddpm", "optim.new_lr_scale=0")
+
+
+def test_a_noise_students_sampler_is_its_teachers_ddim_after_noise_until(teachers, image_dir, tmp_path):
+    """The untrained student of a DDPM teacher, sampled in two MeanFlow steps by the pipeline (the grid 1, 0.5, 0):
+    from pure noise ``z_1`` its first step is ``z_1 - 0.5 (F - z_1) / (1 - 0.5)`` with its teacher's noise ``F`` (the
+    bounded divisor), the second DDIM's step with the teacher's noise; the pipeline feeds it the input scale of each
+    time and converts its noise into the step's velocity."""
+    from moh_dit.objectives.ddpm import linear_path_input
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
+
+    trainer = Trainer(distill_config(tmp_path / "s", image_dir, teachers / "ddpm", "distill.head=noise"))
+    student, teacher = trainer.unwrapped.eval(), trainer.frozen["teacher"].model
+    pipe = MoHDiTPipeline.build(student, None, None, "meanflow")
+    noise = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    labels = [0, 1]
+    sampled = pipe(labels, 1.0, 2, latents=noise.clone(), output_type="latent", progress=False).images
+    z = noise.double()
+
+    def teachers_noise(z, now):
+        model_in, tau = linear_path_input(z.float(), torch.full((2,), now))
+        return teacher(model_in, tau.float(), torch.tensor(labels)).sample[:, :3].double()
+
+    with torch.no_grad():
+        z = z - 0.5 * (teachers_noise(z, 1.0) - z) / 0.5
+        eps = teachers_noise(z, 0.5)
+        z = (z - 0.5 * eps) / 0.5  # DDIM to 0: the clean image as predicted
+    torch.testing.assert_close(sampled, z.float(), rtol=1e-4, atol=1e-4 * float(z.abs().max()))

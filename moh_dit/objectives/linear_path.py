@@ -1,0 +1,54 @@
+"""DiT's DDPM seen on the linear path ``z = (1 - t) x + t eps`` (flow time ``t``, 1: noise): the fractional DiT
+timestep of a noise level and back, the input a DDPM model sees at the same signal-to-noise ratio, and the linear
+path's velocity from its noise prediction. What a DDPM teacher gives its students (``DDPM.linear_velocity``) and what a
+student in its teacher's parameterization sees (``moh_dit.objectives.distill_heads``); docs/objective.md#the-target."""
+
+from __future__ import annotations
+
+import torch
+
+from moh_dit.objectives.noise import dit_sigmas
+
+__all__ = ["timestep_of_sigma", "sigma_of_timestep", "linear_path_input", "velocity_of_noise"]
+
+
+def _sigma_table(device: torch.device) -> torch.Tensor:
+    return torch.tensor(dit_sigmas(), dtype=torch.float64, device=device)
+
+
+def timestep_of_sigma(sigma: torch.Tensor) -> torch.Tensor:
+    """The fractional DiT timestep of each noise level ``sigma`` (its schedule's levels interpolated linearly, clamped
+    to 0 .. 999): :func:`moh_dit.objectives.noise.ddpm_timestep` on tensors, float64, differentiable in ``sigma``."""
+    table = _sigma_table(sigma.device)
+    sigma = sigma.to(torch.float64).clamp(table[0], table[-1])
+    high = torch.searchsorted(table, sigma.detach()).clamp(1, len(table) - 1)
+    low = high - 1
+    return low + (sigma - table[low]) / (table[high] - table[low])
+
+
+def sigma_of_timestep(tau: torch.Tensor) -> torch.Tensor:
+    """The noise level of each fractional DiT timestep ``tau`` (interpolated): the inverse of
+    :func:`timestep_of_sigma`."""
+    table = _sigma_table(tau.device)
+    tau = tau.to(torch.float64).clamp(0, len(table) - 1)
+    low = tau.detach().floor().long().clamp(0, len(table) - 2)
+    return table[low] + (tau - low) * (table[low + 1] - table[low])
+
+
+def linear_path_input(z: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The linear path's ``z = (1 - t) x + t eps`` at flow time ``t`` (N,) as DiT's DDPM model sees the same
+    signal-to-noise ratio: the (fractional) timestep ``tau`` of the level ``sigma = t / (1 - t)`` and the input
+    ``sqrt(abar) z / (1 - t) = z / sqrt((1 - t)^2 + t^2)`` (unit variance, as the model was trained on). Beyond DiT's
+    schedule (``sigma`` outside timestep 0's .. 999's) the nearest timestep, the input still at unit variance (at
+    ``t = 1``: the noise itself). Returns the input (``z``'s dtype) and ``tau`` (float64)."""
+    t64 = t.to(torch.float64).clamp(0, 1)
+    tau = timestep_of_sigma(t64 / (1 - t64).clamp(min=1e-12))
+    scale = (1 / ((1 - t64) ** 2 + t64**2).sqrt()).reshape(-1, *([1] * (z.ndim - 1)))
+    return (z.double() * scale).to(z.dtype), tau
+
+
+def velocity_of_noise(eps: torch.Tensor, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The linear path's velocity ``eps - x`` from a noise prediction ``eps`` at ``(z, t)``: with ``x = (z - t eps) /
+    (1 - t)`` it is ``(eps - z) / (1 - t)``, in float64 (differentiable)."""
+    t64 = t.to(torch.float64).clamp(max=1 - 1e-12).reshape(-1, *([1] * (z.ndim - 1)))
+    return (eps.double() - z.double()) / (1 - t64)
