@@ -7,6 +7,9 @@ same seeds, same evaluations):
     tread-short   token routing (configs/fashion_mnist_moh_tread.yaml): half of each image's tokens skip blocks 2-9
     mg-short      guidance folded into the default's DDPM training (configs/fashion_mnist_moh_mg.yaml), its warm-up
                   scaled with the budget (300 steps), sampled at one network evaluation per step
+    xpred-short   the flow twin with x-prediction (JiT: the network outputs the clean image, the loss and the sampler
+                  stay in velocity); flow-p7-short, xpred-p7-short, flow-p14-short, xpred-p14-short: velocity and
+                  x-prediction at patch 7 (16 tokens) and 14 (4 tokens) instead of 4 (49 tokens), in pixels
 
 Every run evaluates itself during training (500 unguided samples every 830 steps, the project's classifier
 features against the 10,000 Fashion-MNIST test images); at the end each model is scored with 1000 class-balanced
@@ -35,9 +38,19 @@ ARMS = {
     "flow-short": ("configs/fashion_mnist_moh_flow.yaml", []),
     "tread-short": ("configs/fashion_mnist_moh_tread.yaml", []),
     "mg-short": ("configs/fashion_mnist_moh_mg.yaml", ["objective.guidance_warmup=300"]),
+    # x-prediction (JiT) against velocity prediction in pixels at patch 4 (flow-short), 7 and 14
+    "xpred-short": ("configs/fashion_mnist_moh_flow.yaml", ["objective.prediction=x"]),
+    **{
+        f"{kind}-p{patch}-short": (
+            "configs/fashion_mnist_moh_flow.yaml",
+            [f"model.overrides.patch_size={patch}", *(["objective.prediction=x"] if kind == "xpred" else [])],
+        )
+        for patch in (7, 14)
+        for kind in ("flow", "xpred")
+    },
 }
-SAMPLERS = {"flow-short": "euler", "tread-short": "euler", "mg-short": "dpm-solver"}
-BASELINES = {"flow-short": "flow", "tread-short": "flow", "mg-short": "ddpm"}  # the full-budget run each is held to
+SAMPLERS = {"mg-short": "dpm-solver"}  # the others: euler
+BASELINES = {"mg-short": "ddpm"}  # the full-budget run each is held to; the others: the flow twin
 SCALES = {
     "cpu": STUDY_SCALES["cpu"]
     | {
@@ -64,7 +77,7 @@ def part_score(ctx: dict, seeds, result: dict) -> None:
             identity = dict(arm=arm, seed=seed)
             if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
                 model = ctx["out"] / "runs" / run_name(arm, seed) / "pipeline"
-                scores = score_model(model, run_name(arm, seed), SAMPLERS[arm], 25, 1.0, ctx)
+                scores = score_model(model, run_name(arm, seed), SAMPLERS.get(arm, "euler"), 25, 1.0, ctx)
                 result["scores"] = with_row(result["scores"], MATCH, identity | scores)
                 save(ctx["out"], result)
 
@@ -101,7 +114,7 @@ def report(result: dict) -> str:
         speed = run.get("median_images_per_s")
         minutes = run["steps"] * 16 / speed / 60 if speed else None
         score = next((r for r in result["scores"] if (r["arm"], r["seed"]) == (arm, seed)), {})
-        base = BASELINES[arm]
+        base = BASELINES.get(arm, "flow")
         base_run = full.get("training", {}).get(run_name(base, seed), {})
         last = (base_run.get("curve") or [{}])[-1]
         base_score = next((r for r in full.get("scores", []) if (r["arm"], r["seed"]) == (base, seed)), {})

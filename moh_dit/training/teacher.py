@@ -328,6 +328,14 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
     if not config.distill.train_time_embedding:  # the teacher's embedding of t, kept as it is
         student.t_embedder.requires_grad_(False)
     new = sorted(set(mine) - set(copied))
+    if any(name.startswith("final_layer.") for name in new) and config.objective.time_sampling != "uniform":
+        logger.warning(
+            "the student's output layer is new (the teacher predicts %s): MeanFlow's %s times rarely reach pure noise, "
+            "where one step starts; objective.time_sampling=uniform and optim.lr=1e-3 made such a student converge "
+            "(configs/fashion_mnist_moh_distill_ddpm.yaml, docs/results.md#distillation)",
+            teacher.objective.describe(),
+            config.objective.time_sampling,
+        )
     report = {"distilled_from": teacher.source, "copied": len(copied), "of": len(mine), "new": new}
     logger.info(
         "the student: %d of %d tensors from the teacher%s",

@@ -58,7 +58,7 @@ def test_a_flow_teachers_student_starts_as_the_teacher(teachers, image_dir, tmp_
     assert record["teacher"]["sha256"] == teacher.fingerprint and record["teacher"]["objective"]["name"] == "flow"
 
 
-def test_a_ddpm_teachers_student_starts_as_its_teacher_in_its_parameterization(teachers, image_dir, tmp_path):
+def test_a_ddpm_teachers_student_starts_as_its_teacher_in_its_parameterization(teachers, image_dir, tmp_path, caplog):
     """distill.head=teacher: the student of a DDPM teacher sees the teacher's input scale and timestep and
     predicts its noise with the teacher's noise channels (the variance rows cut off), so that up to noise_until the
     untrained student's velocity is the teacher's, and its average velocity over any interval the teacher's
@@ -81,8 +81,10 @@ def test_a_ddpm_teachers_student_starts_as_its_teacher_in_its_parameterization(t
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(over_an_interval, expected, rtol=1e-5, atol=1e-5)
 
-    velocity = Trainer(distill_config(tmp_path / "v", image_dir, teachers / "ddpm"))
+    with caplog.at_level("WARNING", logger="moh_dit.train"):
+        velocity = Trainer(distill_config(tmp_path / "v", image_dir, teachers / "ddpm"))
     assert "final_layer.linear.weight" in velocity.init_report["new"]
+    assert "objective.time_sampling=uniform" in caplog.text  # the recipe that made such a student converge
     assert "head" not in velocity.unwrapped.config.objective
     assert torch.equal(velocity.unwrapped.blocks[0].attn.qkv.weight, teacher.model.blocks[0].attn.qkv.weight)
     with pytest.raises(ConfigError, match="distill.head"):
