@@ -19,6 +19,7 @@ is each run's steps over its median images per second as its own log measured th
 machine's two cores.
 
     python -m experiments.efficiency                    # seed 0 (resumable); --seeds 0 1 2 for the three
+    python -m experiments.efficiency --seeds 1 2 --arms flow-short tread-short mg-short   # some arms only
     python -m experiments.efficiency --report-only
 
 Writes experiments/results/efficiency/{RESULTS.md, results.json}.
@@ -64,16 +65,16 @@ MATCH = ("arm", "seed")
 FULL = ROOT / "experiments" / "results" / "distill" / "results.json"
 
 
-def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict) -> None:
+def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, arms=tuple(ARMS)) -> None:
     for seed in seeds:
-        for arm in ARMS:
+        for arm in arms:
             result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference, ARMS)
             save(out, result)
 
 
-def part_score(ctx: dict, seeds, result: dict) -> None:
+def part_score(ctx: dict, seeds, result: dict, arms=tuple(ARMS)) -> None:
     for seed in seeds:
-        for arm in ARMS:
+        for arm in arms:
             identity = dict(arm=arm, seed=seed)
             if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
                 model = ctx["out"] / "runs" / run_name(arm, seed) / "pipeline"
@@ -134,15 +135,16 @@ def save(out: Path, result: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = study_arguments(__doc__, ["train", "score"], SCALES, "cpu", "experiments/results/efficiency")
     p.add_argument("--rescore", action="store_true", help="redo points already in the records (default: kept)")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="default: every arm")
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
     result, seeds, lock = open_study(args, sc, "efficiency", {"training": {}, "scores": []})
     if not args.report_only:
         ctx = scoring_context(args, sc)
         if args.part in ("train", "all"):
-            part_train(sc, ctx["out"], ctx["reference"], seeds, result)
+            part_train(sc, ctx["out"], ctx["reference"], seeds, result, args.arms)
         if args.part in ("score", "all"):
-            part_score(ctx, seeds, result)
+            part_score(ctx, seeds, result, args.arms)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     save(Path(args.out), result)
     return result

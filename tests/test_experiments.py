@@ -900,3 +900,15 @@ def test_the_efficiency_study_reports_each_arm_against_its_full_budget_run():
     )
     assert set(efficiency.BASELINES) | set(efficiency.SAMPLERS) <= set(efficiency.ARMS)  # no stale entry
     assert efficiency.SAMPLERS.get("xpred-p7-short", "euler") == "euler"
+
+
+def test_the_efficiency_study_trains_and_scores_only_the_arms_asked_for(tmp_path, monkeypatch):
+    from experiments import efficiency
+
+    trained = []
+    monkeypatch.setattr(efficiency, "train_arm", lambda arm, seed, *rest: trained.append((arm, seed)) or {})
+    monkeypatch.setattr(efficiency, "save", lambda out, result: None)
+    efficiency.part_train(efficiency.SCALES["tiny"], tmp_path, None, (1, 2), {"training": {}}, ["tread-short"])
+    assert trained == [("tread-short", 1), ("tread-short", 2)]
+    with pytest.raises(SystemExit):
+        efficiency.main(["--arms", "no-such-arm", "--out", str(tmp_path / "x")])
