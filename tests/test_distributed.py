@@ -532,13 +532,21 @@ def stopped_and_resumed_as_whole(images, tmp_path, extra: list[str]) -> tuple:
     return whole, cut
 
 
-@pytest.mark.parametrize("derivative", ["finite-difference", pytest.param("jvp", marks=SLOW)])
-def test_a_distillation_resumes_exactly_on_two_processes(derivative, flow_teacher, images, tmp_path):
-    """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's
-    split) stopped at step 4 and resumed on two processes ends as the uninterrupted one, bit for bit; every
-    checkpoint names its teacher and a resume beside another is refused (tests/training/test_teacher.py)."""
-    extra = [*distill(flow_teacher, derivative), "distill.end_time_blocks=1", "train.checkpoint_every=4"]
-    extra += ["preview.per_class=0"]
+@pytest.mark.parametrize(
+    "derivative, student",
+    [
+        ("finite-difference", "distill.end_time_blocks=1"),
+        ("finite-difference", "optim.new_lr_scale=3"),
+        pytest.param("jvp", "distill.end_time_blocks=1", marks=SLOW),
+    ],
+    ids=["finite-difference-split", "finite-difference-interval-own-lr", "jvp-split"],
+)
+def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, flow_teacher, images, tmp_path):
+    """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's split
+    or MeanFlow's new interval embedding in its own optimizer group at 3x the rate) stopped at step 4 and resumed on
+    two processes ends as the uninterrupted one, bit for bit; every checkpoint names its teacher and a resume beside
+    another is refused (tests/training/test_teacher.py)."""
+    extra = [*distill(flow_teacher, derivative), student, "train.checkpoint_every=4", "preview.per_class=0"]
     whole, cut = stopped_and_resumed_as_whole(images, tmp_path, extra)
     assert len(losses(whole)) >= 2 and all(np.isfinite(loss) for _, loss, _ in losses(whole))
     for run in (whole, cut):  # the teacher each checkpoint was trained beside (a resume compares it)

@@ -40,16 +40,14 @@ from moh_dit.errors import ConfigError
 from moh_dit.model.token_routing import rows_of_route
 from moh_dit.objectives.base import Noised
 from moh_dit.objectives.distill_heads import HEADS
+from moh_dit.objectives.linear_path import timestep_of_flow_time
 from moh_dit.objectives.meanflow import MeanFlow
 
 __all__ = ["MeanFlowDistill", "TIME_CONVENTIONS", "DERIVATIVES", "finite_difference_times"]
 
 
 def _ddpm_time(t: torch.Tensor) -> torch.Tensor:
-    from moh_dit.objectives.ddpm import timestep_of_sigma
-
-    t64 = t.to(torch.float64).clamp(max=1 - 1e-12)
-    return timestep_of_sigma(t64 / (1 - t64)).to(t.dtype)
+    return timestep_of_flow_time(t).to(t.dtype)
 
 
 # name -> (the network's start time input, the scale of that input per unit of time, output sign): a student keeps its
@@ -159,7 +157,8 @@ class MeanFlowDistill(MeanFlow):
             )
         if isinstance(noise_until, bool) or not isinstance(noise_until, (int, float)) or not 0 < noise_until < 1:
             raise ConfigError(f"distill.noise_until must be a flow time between 0 and 1 (0.5), got {noise_until!r}")
-        self.head = HEADS[head](float(noise_until))
+        options = {"noise_until": float(noise_until)}
+        self.head = HEADS[head](**{key: options[key] for key in HEADS[head].options})
         self.time, self.end_time_blocks = time, end_time_blocks
         self.teacher, self.teacher_guidance = dict(teacher or {}), dict(guidance or {})
         self.derivative, self.fd_eps = derivative, float(fd_eps)

@@ -20,11 +20,8 @@ class VelocityHead:
 
     name = "velocity"
     conventions: tuple[str, ...] = ()  # any time convention
-    options: tuple[str, ...] = ()  # the distill keys it reads
+    options: tuple[str, ...] = ()  # the distill keys it reads (its constructor's arguments)
     noise_channels = False  # starts from a teacher's output layer only where the shapes agree (a flow teacher's)
-
-    def __init__(self, noise_until: float) -> None:
-        pass
 
     def network_input(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return z

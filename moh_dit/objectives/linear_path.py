@@ -9,7 +9,7 @@ import torch
 
 from moh_dit.objectives.noise import dit_sigmas
 
-__all__ = ["timestep_of_sigma", "sigma_of_timestep", "linear_path_input", "velocity_of_noise"]
+__all__ = ["timestep_of_sigma", "sigma_of_timestep", "timestep_of_flow_time", "linear_path_input", "velocity_of_noise"]
 
 
 def _sigma_table(device: torch.device) -> torch.Tensor:
@@ -35,6 +35,13 @@ def sigma_of_timestep(tau: torch.Tensor) -> torch.Tensor:
     return table[low] + (tau - low) * (table[low + 1] - table[low])
 
 
+def timestep_of_flow_time(t: torch.Tensor) -> torch.Tensor:
+    """The fractional DiT timestep (float64) of the noise level ``t / (1 - t)`` of each flow time ``t``; beyond DiT's
+    schedule (``t = 1`` included) the nearest timestep."""
+    t64 = t.to(torch.float64).clamp(0, 1)
+    return timestep_of_sigma(t64 / (1 - t64).clamp(min=1e-12))
+
+
 def linear_path_input(z: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The linear path's ``z = (1 - t) x + t eps`` at flow time ``t`` (N,) as DiT's DDPM model sees the same
     signal-to-noise ratio: the (fractional) timestep ``tau`` of the level ``sigma = t / (1 - t)`` and the input
@@ -42,7 +49,7 @@ def linear_path_input(z: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, t
     schedule (``sigma`` outside timestep 0's .. 999's) the nearest timestep, the input still at unit variance (at
     ``t = 1``: the noise itself). Returns the input (``z``'s dtype) and ``tau`` (float64)."""
     t64 = t.to(torch.float64).clamp(0, 1)
-    tau = timestep_of_sigma(t64 / (1 - t64).clamp(min=1e-12))
+    tau = timestep_of_flow_time(t64)
     scale = (1 / ((1 - t64) ** 2 + t64**2).sqrt()).reshape(-1, *([1] * (z.ndim - 1)))
     return (z.double() * scale).to(z.dtype), tau
 
