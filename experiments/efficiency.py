@@ -4,7 +4,7 @@ them) and is compared with the full-budget runs of the distillation study (the e
 same seeds, same evaluations):
 
     flow-short    the flow twin (configs/fashion_mnist_moh_flow.yaml) on the short budget: what the budget alone does
-    tread-short   token routing (configs/fashion_mnist_moh_tread.yaml): half of each image's tokens skip blocks 2-9
+    tread-short   token routing (configs/fashion_mnist_moh_tread.yaml): half of each image's tokens skip blocks 2-3 of 6
     mg-short      guidance folded into the default's DDPM training (configs/fashion_mnist_moh_mg.yaml), its warm-up
                   scaled with the budget (300 steps), sampled at one network evaluation per step
     xpred-short   the flow twin with x-prediction (JiT: the network outputs the clean image, the loss and the sampler
@@ -33,6 +33,7 @@ from pathlib import Path
 from experiments.arms import STUDY_SCALES, run_name, score_model, train_arm
 from experiments.common import ROOT, scoring_context
 from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
+from moh_dit.sampling.loading import recorded_sampling
 
 SHORT = 2490  # 0.3 of the default's 8300 steps
 ARMS = {
@@ -50,8 +51,38 @@ ARMS = {
         for kind in ("flow", "xpred")
     },
 }
-SAMPLERS = {"mg-short": "dpm-solver"}  # the others: euler
-BASELINES = {"mg-short": "ddpm"}  # the full-budget run each is held to; the others: the flow twin
+MODERN, DIT = "configs/fashion_mnist_moh_modern.yaml", ["model.preset=DiT-Ti/4"]
+
+
+def _routing(share: float = 0.5, first: int = 2, last: int = -3) -> list[str]:
+    return [f"token_routing.share={share}", f"token_routing.first_block={first}", f"token_routing.last_block={last}"]
+
+
+WARMUP = ["objective.guidance_warmup=300"]  # the folded guidance's warm-up scaled with the budget (1000 of 8300)
+ARMS |= {
+    # the routed share and span swept on the flow twin at one seed (tread-short: share 0.5, blocks 2-3 of the 6)
+    "tread-s25-short": ("configs/fashion_mnist_moh_flow.yaml", _routing(share=0.25)),
+    "tread-s75-short": ("configs/fashion_mnist_moh_flow.yaml", _routing(share=0.75)),
+    "tread-wide-short": ("configs/fashion_mnist_moh_flow.yaml", _routing(first=1, last=-2)),
+    # token routing on the modern recipe, MoH-DiT and DiT
+    "modern-short": (MODERN, []),
+    "modern-tread-short": (MODERN, _routing()),
+    "dit-modern-short": (MODERN, DIT),
+    "dit-modern-tread-short": (MODERN, [*DIT, *_routing()]),
+    # folded guidance on the flow twin, the DDPM default on the same short budget (its CFG baseline), and every
+    # option of the issue on the modern block
+    "mg-flow-short": ("configs/fashion_mnist_moh_flow_mg.yaml", WARMUP),
+    "ddpm-short": ("configs/fashion_mnist_moh.yaml", []),
+    "modern-tread-mg-short": ("configs/fashion_mnist_moh_modern_tread_mg.yaml", WARMUP),
+}
+SAMPLERS = {"mg-short": "dpm-solver", "ddpm-short": "dpm-solver"}  # the others: euler
+# the plain arms also scored with CFG at the scale and interval their models record (two evaluations per step inside
+# it), against the arm that folds the same guidance into training and samples at one
+FOLDED = {"mg-short": "ddpm-short", "mg-flow-short": "flow-short", "modern-tread-mg-short": "modern-short"}
+BASELINES = {
+    "mg-short": "ddpm",
+    "ddpm-short": "ddpm",
+}  # the full-budget run each is held to; the others: the flow twin
 SCALES = {
     "cpu": STUDY_SCALES["cpu"]
     | {
@@ -61,7 +92,7 @@ SCALES = {
     },
     "tiny": STUDY_SCALES["tiny"],
 }
-MATCH = ("arm", "seed")
+MATCH = ("arm", "seed", "scale")
 FULL = ROOT / "experiments" / "results" / "distill" / "results.json"
 
 
@@ -75,12 +106,14 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, arms=t
 def part_score(ctx: dict, seeds, result: dict, arms=tuple(ARMS)) -> None:
     for seed in seeds:
         for arm in arms:
-            identity = dict(arm=arm, seed=seed)
-            if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
-                model = ctx["out"] / "runs" / run_name(arm, seed) / "pipeline"
-                scores = score_model(model, run_name(arm, seed), SAMPLERS.get(arm, "euler"), 25, 1.0, ctx)
-                result["scores"] = with_row(result["scores"], MATCH, identity | scores)
-                save(ctx["out"], result)
+            model = ctx["out"] / "runs" / run_name(arm, seed) / "pipeline"
+            scales = [1.0] + ([recorded_sampling(model).guidance_scale] if arm in FOLDED.values() else [])
+            for scale in scales:
+                identity = dict(arm=arm, seed=seed, scale=scale)
+                if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
+                    scores = score_model(model, run_name(arm, seed), SAMPLERS.get(arm, "euler"), 25, scale, ctx)
+                    result["scores"] = with_row(result["scores"], MATCH, identity | scores)
+                    save(ctx["out"], result)
 
 
 def full_budget() -> dict:
@@ -91,6 +124,13 @@ def full_budget() -> dict:
     teachers = {k: v for k, v in full["training"].items() if v.get("arm") in ("ddpm", "flow")}
     scores = [r for r in full["scores"] if r["arm"] in ("ddpm", "flow")]
     return {"training": teachers, "scores": scores}
+
+
+def _score(rows: list[dict], arm: str, seed: int, guided: bool = False) -> dict:
+    """The arm's final score at this seed: unguided, or (``guided``) with its recorded CFG."""
+    return next(
+        (r for r in rows if (r["arm"], r["seed"]) == (arm, seed) and (r.get("scale", 1.0) != 1.0) == guided), {}
+    )
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -114,7 +154,7 @@ def report(result: dict) -> str:
         curve = ", ".join(f"{c['step']}: {c['kid']:.1f}" for c in run.get("curve", []))
         speed = run.get("median_images_per_s")
         minutes = run["steps"] * 16 / speed / 60 if speed else None
-        score = next((r for r in result["scores"] if (r["arm"], r["seed"]) == (arm, seed)), {})
+        score = _score(result["scores"], arm, seed)
         base = BASELINES.get(arm, "flow")
         base_run = full.get("training", {}).get(run_name(base, seed), {})
         last = (base_run.get("curve") or [{}])[-1]
@@ -124,7 +164,67 @@ def report(result: dict) -> str:
             f"{_fmt(score.get('kid'))} ({score.get('nfe', 'n/a')}) | {base}: {_fmt(last.get('kid'))} at "
             f"{last.get('step', 'n/a')}, {_fmt(base_score.get('kid'))} ({base_score.get('nfe', 'n/a')}) |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + goal_table(result) + guidance_table(result)) + "\n"
+
+
+def steps_to(curve: list[dict], target: float) -> int | None:
+    """The first evaluated step whose KID is at most ``target`` (``None``: not reached)."""
+    return next((c["step"] for c in curve if c["kid"] <= target), None)
+
+
+def goal_table(result: dict) -> list[str]:
+    """Each arm against the goal: the embedded default's final unguided KID during training (its full-budget run at
+    the same seed) reached within the short budget, and at which step."""
+    default = (result.get("full_budget") or {}).get("training", {})
+    finals = {run["seed"]: run["curve"][-1] for run in default.values() if run["arm"] == "ddpm" and run.get("curve")}
+    lines = [
+        "",
+        "Against the goal (the default's final unguided KID during training, its 8300-step run at the same seed: "
+        + ", ".join(f"seed {s}: {f['kid']:.1f}" for s, f in sorted(finals.items()))
+        + "); KID during training (500 unguided samples), mean over the seeds run:",
+        "",
+        "| arm | seeds | mean KID by step | reached at step (by seed; -: not within the run) |",
+        "|---|---|---|---|",
+    ]
+    arms: dict[str, list[dict]] = {}
+    for run in result["training"].values():
+        arms.setdefault(run["arm"], []).append(run)
+    for arm in ARMS:
+        runs = sorted((r for r in arms.get(arm, []) if r.get("curve")), key=lambda r: r["seed"])
+        if not runs or not finals:
+            continue
+        steps = [c["step"] for c in runs[0]["curve"]]
+        means = [sum(r["curve"][i]["kid"] for r in runs) / len(runs) for i in range(len(steps))]
+        reached = [steps_to(r["curve"], finals[r["seed"]]["kid"]) if r["seed"] in finals else None for r in runs]
+        lines.append(
+            f"| {arm} | {', '.join(str(r['seed']) for r in runs)} | "
+            + ", ".join(f"{step}: {kid:.1f}" for step, kid in zip(steps, means))
+            + f" | {', '.join('-' if x is None else str(x) for x in reached)} |"
+        )
+    return lines
+
+
+def guidance_table(result: dict) -> list[str]:
+    """Each folded-guidance arm at one evaluation per step against its plain arm with CFG, both at 25 steps."""
+    lines = [
+        "",
+        "Folded guidance (one evaluation per step) against CFG on the same budget (1000 samples, 25 steps; seconds "
+        "per image as measured beside the other study jobs):",
+        "",
+        "| arm | seed | guidance | NFE | KID | FID | precision | recall | s/image |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for folded, plain in FOLDED.items():
+        for seed in sorted({r["seed"] for r in result["scores"] if r["arm"] == folded}):
+            for arm, guided, how in ((folded, False, "folded"), (plain, True, "CFG")):
+                r = _score(result["scores"], arm, seed, guided)
+                if r:
+                    how = how if not guided else f"CFG {r['scale']:g}"
+                    lines.append(
+                        f"| {arm} | {seed} | {how} | {r['nfe']} | {_fmt(r['kid'])} | {_fmt(r.get('fid'), 1)} | "
+                        f"{_fmt(r.get('precision'))} | {_fmt(r.get('recall'))} | {_fmt(r.get('seconds_per_image'), 3)} |"
+                    )
+    return lines
 
 
 def save(out: Path, result: dict) -> None:
@@ -139,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
     result, seeds, lock = open_study(args, sc, "efficiency", {"training": {}, "scores": []})
+    for row in result["scores"]:  # records from before the CFG rows were unguided
+        row.setdefault("scale", 1.0)
     if not args.report_only:
         ctx = scoring_context(args, sc)
         if args.part in ("train", "all"):

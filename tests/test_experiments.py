@@ -898,8 +898,24 @@ def test_the_efficiency_study_reports_each_arm_against_its_full_budget_run():
     assert row == (
         "| tread-short | 0 | 2490 | 83.0 | 8.0 | 830: 30.0, 2490: 12.5 | 11.00 (25) | flow: 9.00 at 8300, 1.80 (50) |"
     )
-    assert set(efficiency.BASELINES) | set(efficiency.SAMPLERS) <= set(efficiency.ARMS)  # no stale entry
+    tables = set(efficiency.BASELINES) | set(efficiency.SAMPLERS)
+    assert tables | set(efficiency.FOLDED) | set(efficiency.FOLDED.values()) <= set(efficiency.ARMS)  # no stale entry
     assert efficiency.SAMPLERS.get("xpred-p7-short", "euler") == "euler"
+
+
+def test_the_efficiency_study_sets_folded_guidance_against_cfg_on_the_same_budget():
+    from experiments import efficiency
+
+    def row(arm, scale, nfe, kid):
+        return {"arm": arm, "seed": 1, "scale": scale, "nfe": nfe, "kid": kid, "fid": 50.0, "precision": 0.7,
+                "recall": 0.3, "seconds_per_image": 0.1}  # fmt: skip
+
+    rows = [row("flow-short", 1.0, 43, 30.0), row("flow-short", 4.0, 59, 12.0), row("mg-flow-short", 1.0, 43, 20.0)]
+    table = efficiency.guidance_table({"scores": rows})
+    assert table[-2:] == [
+        "| mg-flow-short | 1 | folded | 43 | 20.00 | 50.0 | 0.70 | 0.30 | 0.100 |",
+        "| flow-short | 1 | CFG 4 | 59 | 12.00 | 50.0 | 0.70 | 0.30 | 0.100 |",
+    ]  # the plain arm's unguided row is not its CFG baseline
 
 
 def test_the_efficiency_study_trains_and_scores_only_the_arms_asked_for(tmp_path, monkeypatch):
@@ -912,3 +928,18 @@ def test_the_efficiency_study_trains_and_scores_only_the_arms_asked_for(tmp_path
     assert trained == [("tread-short", 1), ("tread-short", 2)]
     with pytest.raises(SystemExit):
         efficiency.main(["--arms", "no-such-arm", "--out", str(tmp_path / "x")])
+
+
+def test_the_efficiency_study_finds_the_step_each_seed_reaches_the_defaults_final_kid():
+    from experiments import efficiency
+
+    def run(arm, seed, kids):
+        return {"arm": arm, "seed": seed, "curve": [{"step": 830 * (i + 1), "kid": k} for i, k in enumerate(kids)]}
+
+    result = {
+        "training": {"a": run("modern-short", 0, [40.0, 14.0, 12.0]), "b": run("modern-short", 1, [40.0, 20.0, 16.0])},
+        "full_budget": {"training": {"d0": run("ddpm", 0, [50.0, 14.0]), "d1": run("ddpm", 1, [50.0, 15.0])}},
+    }
+    table = efficiency.goal_table(result)
+    assert "seed 0: 14.0, seed 1: 15.0" in table[1]
+    assert table[-1] == "| modern-short | 0, 1 | 830: 40.0, 1660: 17.0, 2490: 14.0 | 1660, - |"

@@ -291,7 +291,13 @@ def test_imagenet_distillation_configs_distil_the_run_their_base_config_trains(p
 
 
 @pytest.mark.parametrize(
-    "name", ["fashion_mnist_moh_tread.yaml", "fashion_mnist_moh_mg.yaml", "fashion_mnist_moh_modern_tread_mg.yaml"]
+    "name",
+    [
+        "fashion_mnist_moh_tread.yaml",
+        "fashion_mnist_moh_mg.yaml",
+        "fashion_mnist_moh_flow_mg.yaml",
+        "fashion_mnist_moh_modern_tread_mg.yaml",
+    ],
 )
 def test_the_efficiency_twins_train_and_record_what_they_turn_on(name, tmp_path, image_dir):
     """Each twin with no other override than the tiny data and size: routing on in training, guidance folded in and
