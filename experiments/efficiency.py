@@ -74,11 +74,19 @@ ARMS |= {
     "mg-flow-short": ("configs/fashion_mnist_moh_flow_mg.yaml", WARMUP),
     "ddpm-short": ("configs/fashion_mnist_moh.yaml", []),
     "modern-tread-mg-short": ("configs/fashion_mnist_moh_modern_tread_mg.yaml", WARMUP),
+    # folded guidance on the default's full budget (its own 1000-step warm-up), against the default's CFG
+    "mg-full": ("configs/fashion_mnist_moh_mg.yaml", []),
 }
-SAMPLERS = {"mg-short": "dpm-solver", "ddpm-short": "dpm-solver"}  # the others: euler
+FULL_BUDGET = {"mg-full"}  # the arms trained on the default's 8300 steps, evaluated as the full-budget runs are
+SAMPLERS = {"mg-short": "dpm-solver", "ddpm-short": "dpm-solver", "mg-full": "dpm-solver"}  # the others: euler
 # the plain arms also scored with CFG at the scale and interval their models record (two evaluations per step inside
 # it), against the arm that folds the same guidance into training and samples at one
-FOLDED = {"mg-short": "ddpm-short", "mg-flow-short": "flow-short", "modern-tread-mg-short": "modern-short"}
+FOLDED = {
+    "mg-short": "ddpm-short",
+    "mg-flow-short": "flow-short",
+    "modern-tread-mg-short": "modern-short",
+    "mg-full": "ddpm",  # the default's full-budget run, scored with its CFG by the distillation study
+}
 BASELINES = {
     "mg-short": "ddpm",
     "ddpm-short": "ddpm",
@@ -99,15 +107,25 @@ FULL = ROOT / "experiments" / "results" / "distill" / "results.json"
 def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, arms=tuple(ARMS)) -> None:
     for seed in seeds:
         for arm in arms:
-            result["training"][run_name(arm, seed)] = train_arm(arm, seed, sc, out, reference, ARMS)
+            result["training"][run_name(arm, seed)] = train_arm(arm, seed, arm_scale(sc, arm), out, reference, ARMS)
             save(out, result)
+
+
+def arm_scale(sc: dict, arm: str) -> dict:
+    """The study's scale for ``arm``: the short budget, or for a full-budget arm the config's own steps and the
+    full-budget runs' evaluations (every 1660 steps)."""
+    if arm not in FULL_BUDGET or sc is not SCALES["cpu"]:
+        return sc
+    short = f"train.max_steps={SHORT}"
+    return sc | {"overrides": [o for o in sc["overrides"] if o != short], "eval": STUDY_SCALES["cpu"]["eval"]}
 
 
 def part_score(ctx: dict, seeds, result: dict, arms=tuple(ARMS)) -> None:
     for seed in seeds:
         for arm in arms:
             model = ctx["out"] / "runs" / run_name(arm, seed) / "pipeline"
-            scales = [1.0] + ([recorded_sampling(model).guidance_scale] if arm in FOLDED.values() else [])
+            cfg = arm in FOLDED.values()  # a plain arm that a folded one is held to
+            scales = [1.0] + ([recorded_sampling(model).guidance_scale] if cfg else [])
             for scale in scales:
                 identity = dict(arm=arm, seed=seed, scale=scale)
                 if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
@@ -214,10 +232,11 @@ def guidance_table(result: dict) -> list[str]:
         "| arm | seed | guidance | NFE | KID | FID | precision | recall | s/image |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = result["scores"] + (result.get("full_budget") or {}).get("scores", [])
     for folded, plain in FOLDED.items():
         for seed in sorted({r["seed"] for r in result["scores"] if r["arm"] == folded}):
             for arm, guided, how in ((folded, False, "folded"), (plain, True, "CFG")):
-                r = _score(result["scores"], arm, seed, guided)
+                r = _score(rows, arm, seed, guided)
                 if r:
                     how = how if not guided else f"CFG {r['scale']:g}"
                     lines.append(

@@ -899,7 +899,8 @@ def test_the_efficiency_study_reports_each_arm_against_its_full_budget_run():
         "| tread-short | 0 | 2490 | 83.0 | 8.0 | 830: 30.0, 2490: 12.5 | 11.00 (25) | flow: 9.00 at 8300, 1.80 (50) |"
     )
     tables = set(efficiency.BASELINES) | set(efficiency.SAMPLERS)
-    assert tables | set(efficiency.FOLDED) | set(efficiency.FOLDED.values()) <= set(efficiency.ARMS)  # no stale entry
+    full_budget = {"ddpm", "flow"}  # the distillation study's runs
+    assert tables | set(efficiency.FOLDED) | set(efficiency.FOLDED.values()) <= set(efficiency.ARMS) | full_budget
     assert efficiency.SAMPLERS.get("xpred-p7-short", "euler") == "euler"
 
 
@@ -916,6 +917,8 @@ def test_the_efficiency_study_sets_folded_guidance_against_cfg_on_the_same_budge
         "| mg-flow-short | 1 | folded | 43 | 20.00 | 50.0 | 0.70 | 0.30 | 0.100 |",
         "| flow-short | 1 | CFG 4 | 59 | 12.00 | 50.0 | 0.70 | 0.30 | 0.100 |",
     ]  # the plain arm's unguided row is not its CFG baseline
+    full = {"scores": [row("mg-full", 1.0, 31, 5.0)], "full_budget": {"scores": [row("ddpm", 4.0, 41, 3.0)]}}
+    assert efficiency.guidance_table(full)[-1] == "| ddpm | 1 | CFG 4 | 41 | 3.00 | 50.0 | 0.70 | 0.30 | 0.100 |"
 
 
 def test_the_efficiency_study_trains_and_scores_only_the_arms_asked_for(tmp_path, monkeypatch):
