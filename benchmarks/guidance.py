@@ -1,6 +1,7 @@
 """What each guidance method costs per image: classifier-free guidance (its two halves in one batched forward), APG
-and CFG-Zero* (the same forward, another mix), and autoguidance by a guide of the main model's size (a checkpoint
-of its run) and by a smaller one (one forward of each model per step). Seconds per image of each in the same run
+and CFG-Zero* (the same forward, another mix), autoguidance by a guide of the main model's size (a checkpoint
+of its run) and by a smaller one (one forward of each model per step), and guidance folded into training (``folded``:
+one conditional evaluation per step). Seconds per image of each in the same run
 (interleaved rounds, medians), and their ratio to CFG's, at the same steps and guided steps.
 
     python benchmarks/guidance.py --model runs/fashion_mnist_moh \\
@@ -38,6 +39,17 @@ def untrained_guides(pipe) -> dict:
     torch.manual_seed(1)
     half = create_model("MoH-DiT-Ti/4-75", hidden_size=64, sample_size=28, in_channels=1, num_classes=10)
     return {"same-size": type(main).from_config(main.config).eval(), "half-width": half.eval()}
+
+
+def counted_rows(pipe, run) -> int:
+    """The rows the main model evaluates in one call of ``run`` (CFG's two halves count twice), by a forward hook."""
+    rows: list[int] = []
+    handle = pipe.transformer.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return sum(rows)
 
 
 def named_path(text: str) -> tuple[str, str]:
@@ -82,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
     noise_shape = (args.images, pipe.transformer.in_channels, *(pipe.transformer.config.sample_size,) * 2)
     noise = torch.randn(noise_shape, generator=torch.Generator().manual_seed(0)).to(device)
     specs = {rule: base.replace(guidance_rule=rule, rule_options=None) for rule in RULES}
+    # one evaluation per step: how a model with guidance folded into training samples (objective.guidance_scale)
+    specs["folded"] = base.replace(guidance_scale=1.0)
     attached = {}
     for name, guide in guides.items():
         if isinstance(guide, str):  # loaded as sampling loads it
@@ -102,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
         return run
 
     runs = {name: sampler(name) for name in specs}
+    evaluations = {name: counted_rows(pipe, run) / args.images for name, run in runs.items()}
     params = {name: sum(p.numel() for p in a.model.parameters()) for name, a in attached.items()}
     seconds = interleaved_rounds(runs, device, warmup=1, rounds=args.rounds, per_round=1)
     cfg = statistics.median(seconds["cfg"]) / args.images
@@ -114,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "method": name,
                 "seconds_per_image": median,
                 "vs_cfg": median / cfg,
+                "main_model_evaluations_per_image": evaluations[name],
                 "guide_parameters": params.get(guide),
                 "rounds": times,
             }
@@ -127,12 +143,15 @@ def main(argv: list[str] | None = None) -> dict:
         f"Written by `python benchmarks/guidance.py`. {args.images} images per call, {args.rounds} interleaved rounds, "
         f"medians; {base.describe()}, every step guided. The main model has {main_params / 1e6:.2f}M parameters.",
         "",
-        "| method | s / image | vs CFG | guide parameters |",
-        "|---|---|---|---|",
+        "| method | s / image | vs CFG | main model's evaluations per image | guide parameters |",
+        "|---|---|---|---|---|",
     ]
     for row in rows:
         guide = f"{row['guide_parameters'] / 1e6:.2f}M" if row["guide_parameters"] else "-"
-        lines.append(f"| {row['method']} | {row['seconds_per_image']:.4f} | {row['vs_cfg']:.2f}x | {guide} |")
+        lines.append(
+            f"| {row['method']} | {row['seconds_per_image']:.4f} | {row['vs_cfg']:.2f}x | "
+            f"{row['main_model_evaluations_per_image']:g} | {guide} |"
+        )
     stem = f"guidance_{device.type}" + (f"_{args.tag}" if args.tag else "")
     result = {"model": model, "device": device_name, "sampling": base.record(), "images": args.images, "rows": rows}
     write_report(args.out, stem, result, lines)

@@ -398,7 +398,9 @@ def test_guidance_benchmark_times_each_rule_and_each_guide_against_cfg_in_the_sa
     args = ["--model", str(tmp_path / "main"), "--guide", f"small={tmp_path / 'small'}", "--steps", "3"]
     result = main([*args, "--images", "2", "--rounds", "2", "--out", str(tmp_path), "--tag", "tiny"])
     rows = {r["method"]: r for r in result["rows"]}
-    assert set(rows) == {"cfg", "apg", "cfg-zero-star", "ag-small"}
+    assert set(rows) == {"cfg", "apg", "cfg-zero-star", "ag-small", "folded"}
+    evaluations = {name: row["main_model_evaluations_per_image"] for name, row in rows.items()}
+    assert evaluations["folded"] == 3 and evaluations["cfg"] == evaluations["ag-small"] + 3 == 6  # 3 steps
     assert rows["cfg"]["vs_cfg"] == 1.0 and rows["cfg"]["guide_parameters"] is None
     small = sum(p.numel() for p in tiny_model(hidden_size=16).parameters())
     assert rows["ag-small"]["guide_parameters"] == small
