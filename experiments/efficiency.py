@@ -125,7 +125,7 @@ def part_score(ctx: dict, seeds, result: dict, arms=tuple(ARMS)) -> None:
         for arm in arms:
             model = ctx["out"] / "runs" / run_name(arm, seed) / "pipeline"
             cfg = arm in FOLDED.values()  # a plain arm that a folded one is held to
-            scales = [1.0] + ([recorded_sampling(model).guidance_scale] if cfg else [])
+            scales = [1.0] + ([recorded_sampling(model).guidance.scale] if cfg else [])
             for scale in scales:
                 identity = dict(arm=arm, seed=seed, scale=scale)
                 if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):

@@ -946,3 +946,19 @@ def test_the_efficiency_study_finds_the_step_each_seed_reaches_the_defaults_fina
     table = efficiency.goal_table(result)
     assert "seed 0: 14.0, seed 1: 15.0" in table[1]
     assert table[-1] == "| modern-short | 0, 1 | 830: 40.0, 1660: 17.0, 2490: 14.0 | 1660, - |"
+
+
+def test_the_efficiency_study_scores_a_plain_arm_also_at_its_recorded_cfg(tmp_path, monkeypatch):
+    from experiments import efficiency
+    from moh_dit.sampling.spec import SamplingSpec
+
+    scored = []
+    monkeypatch.setattr(efficiency, "recorded_sampling", lambda model: SamplingSpec.create(guidance_scale=4.0))
+    monkeypatch.setattr(efficiency, "score_model", lambda *a: scored.append((a[1], a[4])) or {"kid": 1.0, "nfe": 9})
+    monkeypatch.setattr(efficiency, "save", lambda out, result: None)
+    result = {"scores": [{"arm": "flow-short", "seed": 0, "scale": 1.0, "kid": 2.0}]}
+    efficiency.part_score({"out": tmp_path}, (0,), result, ["flow-short", "mg-flow-short"])
+    assert scored == [("flow-short-seed0", 4.0), ("mg-flow-short-seed0", 1.0)]  # the unguided row was kept
+    assert {(r["arm"], r["scale"]) for r in result["scores"]} == {
+        ("flow-short", 1.0), ("flow-short", 4.0), ("mg-flow-short", 1.0)
+    }  # fmt: skip
