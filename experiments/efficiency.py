@@ -125,7 +125,8 @@ def part_score(ctx: dict, seeds, result: dict, arms=tuple(ARMS)) -> None:
         for arm in arms:
             model = ctx["out"] / "runs" / run_name(arm, seed) / "pipeline"
             cfg = arm in FOLDED.values()  # a plain arm that a folded one is held to
-            scales = [1.0] + ([recorded_sampling(model).guidance.scale] if cfg else [])
+            unguided = [] if cfg and ctx.get("guided_only") else [1.0]
+            scales = unguided + ([recorded_sampling(model).guidance.scale] if cfg else [])
             for scale in scales:
                 identity = dict(arm=arm, seed=seed, scale=scale)
                 if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
@@ -255,13 +256,18 @@ def main(argv: list[str] | None = None) -> dict:
     p = study_arguments(__doc__, ["train", "score"], SCALES, "cpu", "experiments/results/efficiency")
     p.add_argument("--rescore", action="store_true", help="redo points already in the records (default: kept)")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="default: every arm")
+    p.add_argument(
+        "--guided-only",
+        action="store_true",
+        help="score a plain arm only with its CFG (its unguided KID is in its curve)",
+    )
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
     result, seeds, lock = open_study(args, sc, "efficiency", {"training": {}, "scores": []})
     for row in result["scores"]:  # records from before the CFG rows were unguided
         row.setdefault("scale", 1.0)
     if not args.report_only:
-        ctx = scoring_context(args, sc)
+        ctx = scoring_context(args, sc, guided_only=args.guided_only)
         if args.part in ("train", "all"):
             part_train(sc, ctx["out"], ctx["reference"], seeds, result, args.arms)
         if args.part in ("score", "all"):

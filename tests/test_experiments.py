@@ -962,3 +962,6 @@ def test_the_efficiency_study_scores_a_plain_arm_also_at_its_recorded_cfg(tmp_pa
     assert {(r["arm"], r["scale"]) for r in result["scores"]} == {
         ("flow-short", 1.0), ("flow-short", 4.0), ("mg-flow-short", 1.0)
     }  # fmt: skip
+    scored.clear()
+    efficiency.part_score({"out": tmp_path, "guided_only": True}, (1,), result, ["flow-short", "mg-flow-short"])
+    assert scored == [("flow-short-seed1", 4.0), ("mg-flow-short-seed1", 1.0)]  # a folded arm's own row is guided
