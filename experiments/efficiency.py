@@ -10,11 +10,16 @@ same seeds, same evaluations):
     xpred-short   the flow twin with x-prediction (JiT: the network outputs the clean image, the loss and the sampler
                   stay in velocity); flow-p7-short, xpred-p7-short, flow-p14-short, xpred-p14-short: velocity and
                   x-prediction at patch 7 (16 tokens) and 14 (4 tokens) instead of 4 (49 tokens), in pixels
+    second round  modern-short, modern-tread-short, dit-modern-short, dit-modern-tread-short: routing on the modern
+                  recipe (configs/fashion_mnist_moh_modern.yaml), MoH-DiT and DiT; tread-s25/s75/wide-short: the
+                  share and span swept on the flow twin; mg-flow-short (configs/fashion_mnist_moh_flow_mg.yaml) and
+                  ddpm-short, the plain default on the short budget; modern-tread-mg-short: every option on the modern
+                  block; mg-full: folded guidance on the default's full 8300 steps
 
 Every run evaluates itself during training (500 unguided samples every 830 steps, the project's classifier
 features against the 10,000 Fashion-MNIST test images); at the end each model is scored with 1000 class-balanced
-samples at 25 steps of its fast sampler, without CFG (the folded guidance is in the weights), against the
-full-budget runs' final scores (the distillation study scores the teachers at 25 steps with their CFG). Wall-clock
+samples at 25 steps of its fast sampler, without CFG (the folded guidance is in the weights), and each plain arm
+that a folded one is held to also with the CFG its model records (FOLDED), against the full-budget runs' final scores (the distillation study scores the teachers at 25 steps with their CFG). Wall-clock
 is each run's steps over its median images per second as its own log measured them, two runs at a time on the
 machine's two cores.
 
@@ -200,7 +205,7 @@ def goal_table(result: dict) -> list[str]:
         "",
         "Against the goal (the default's final unguided KID during training, its 8300-step run at the same seed: "
         + ", ".join(f"seed {s}: {f['kid']:.1f}" for s, f in sorted(finals.items()))
-        + "); KID during training (500 unguided samples), mean over the seeds run:",
+        + "); KID during training (500 samples; unguided, a folded arm at its recorded guidance), mean over the seeds run:",
         "",
         "| arm | seeds | mean KID by step | reached at step (by seed; -: not within the run) |",
         "|---|---|---|---|",
