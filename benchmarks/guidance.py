@@ -27,6 +27,7 @@ import torch
 
 from benchmarks.caches import benchmark_pipeline
 from benchmarks.timing import DEFAULT_OUT, OUT_HELP, interleaved_rounds, write_report
+from experiments.arms import counted_rows
 
 RULES = ("cfg", "apg", "cfg-zero-star")
 
@@ -39,17 +40,6 @@ def untrained_guides(pipe) -> dict:
     torch.manual_seed(1)
     half = create_model("MoH-DiT-Ti/4-75", hidden_size=64, sample_size=28, in_channels=1, num_classes=10)
     return {"same-size": type(main).from_config(main.config).eval(), "half-width": half.eval()}
-
-
-def counted_rows(pipe, run) -> int:
-    """The rows the main model evaluates in one call of ``run`` (CFG's two halves count twice), by a forward hook."""
-    rows: list[int] = []
-    handle = pipe.transformer.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
-    try:
-        run()
-    finally:
-        handle.remove()
-    return sum(rows)
 
 
 def named_path(text: str) -> tuple[str, str]:

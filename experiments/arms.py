@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from experiments.common import ROOT, sample_and_score, smoke_run
@@ -165,10 +166,16 @@ def counted_evaluations(model: Path, spec, scheduler: str) -> int:
     """Network evaluations of one image under ``spec``, counted: the rows of every forward (CFG's two halves and grid
     averaging's copies each count; a cache's skips do not lower it: the setting's uncached count)."""
     pipe = load_pipeline(model, device="cpu", scheduler=scheduler)
+    return counted_rows(pipe, lambda: sample_grid(pipe, [0], 1, 0, spec.replace(scheduler=scheduler, cache=None)))
+
+
+def counted_rows(pipe, run: Callable[[], object]) -> int:
+    """The rows ``pipe``'s network evaluates in one call of ``run`` (CFG's two halves count twice), by a forward
+    hook."""
     rows: list[int] = []
     handle = pipe.transformer.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
     try:
-        sample_grid(pipe, [0], 1, 0, spec.replace(scheduler=scheduler, cache=None))
+        run()
     finally:
         handle.remove()
     return sum(rows)
