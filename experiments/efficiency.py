@@ -19,7 +19,8 @@ same seeds, same evaluations):
 Every run evaluates itself during training (500 unguided samples every 830 steps, the project's classifier
 features against the 10,000 Fashion-MNIST test images); at the end each model is scored with 1000 class-balanced
 samples at 25 steps of its fast sampler, without CFG (the folded guidance is in the weights), and each plain arm
-that a folded one is held to also with the CFG its model records (FOLDED), against the full-budget runs' final scores (the distillation study scores the teachers at 25 steps with their CFG). Wall-clock
+that a folded one is held to also with the CFG its model records (FOLDED), against the full-budget runs' final scores
+(the distillation study scores the teachers at 25 steps with their CFG). Wall-clock
 is each run's steps over its median images per second as its own log measured them, two runs at a time on the
 machine's two cores.
 
@@ -92,10 +93,8 @@ FOLDED = {
     "modern-tread-mg-short": "modern-short",
     "mg-full": "ddpm",  # the default's full-budget run, scored with its CFG by the distillation study
 }
-BASELINES = {
-    "mg-short": "ddpm",
-    "ddpm-short": "ddpm",
-}  # the full-budget run each is held to; the others: the flow twin
+# the full-budget run each is held to; the others: the flow twin
+BASELINES = {"mg-short": "ddpm", "ddpm-short": "ddpm", "mg-full": "ddpm"}
 SCALES = {
     "cpu": STUDY_SCALES["cpu"]
     | {
