@@ -101,8 +101,10 @@ SCALES = {
         "overrides": [f"train.max_steps={SHORT}"],
         "eval": ["log.eval_every=830", "log.eval_samples=500"],
         "seeds": (0,),
+        # a full-budget arm: the config's own steps, evaluated as the full-budget runs are (every 1660 steps)
+        "full_budget": {"overrides": [], "eval": STUDY_SCALES["cpu"]["eval"]},
     },
-    "tiny": STUDY_SCALES["tiny"],
+    "tiny": STUDY_SCALES["tiny"],  # its budget is already the config's tiny one, whatever the arm
 }
 MATCH = ("arm", "seed", "scale")
 FULL = ROOT / "experiments" / "results" / "distill" / "results.json"
@@ -116,12 +118,11 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, arms=t
 
 
 def arm_scale(sc: dict, arm: str) -> dict:
-    """The study's scale for ``arm``: the short budget, or for a full-budget arm the config's own steps and the
-    full-budget runs' evaluations (every 1660 steps)."""
-    if arm not in FULL_BUDGET or sc is not SCALES["cpu"]:
+    """The study's scale for ``arm``: the short budget, or for a full-budget arm the scale's ``full_budget`` part
+    (the config's own steps and the full-budget runs' evaluations) where the scale has one."""
+    if arm not in FULL_BUDGET:
         return sc
-    short = f"train.max_steps={SHORT}"
-    return sc | {"overrides": [o for o in sc["overrides"] if o != short], "eval": STUDY_SCALES["cpu"]["eval"]}
+    return sc | sc.get("full_budget", {})
 
 
 def part_score(ctx: dict, seeds, result: dict, arms=tuple(ARMS)) -> None:

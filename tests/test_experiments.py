@@ -933,6 +933,19 @@ def test_the_efficiency_study_trains_and_scores_only_the_arms_asked_for(tmp_path
         efficiency.main(["--arms", "no-such-arm", "--out", str(tmp_path / "x")])
 
 
+def test_a_full_budget_arm_trains_on_the_configs_own_steps_and_the_full_budget_evaluations():
+    from experiments import efficiency
+    from experiments.arms import STUDY_SCALES
+
+    cpu = efficiency.SCALES["cpu"]
+    assert f"train.max_steps={efficiency.SHORT}" in efficiency.arm_scale(cpu, "mg-short")["overrides"]
+    full = efficiency.arm_scale(cpu, "mg-full")
+    assert full["overrides"] == [] and full["eval"] == STUDY_SCALES["cpu"]["eval"]
+    assert full["samples"] == cpu["samples"] and full["bootstrap"] == cpu["bootstrap"]
+    tiny = efficiency.SCALES["tiny"]
+    assert efficiency.arm_scale(tiny, "mg-full") == tiny == efficiency.arm_scale(tiny, "mg-short")
+
+
 def test_the_efficiency_study_finds_the_step_each_seed_reaches_the_defaults_final_kid():
     from experiments import efficiency
 
