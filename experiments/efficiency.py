@@ -16,8 +16,8 @@ same seeds, same evaluations):
                   ddpm-short, the plain default on the short budget; modern-tread-mg-short: every option on the modern
                   block; mg-full: folded guidance on the default's full 8300 steps
 
-Every run evaluates itself during training (500 unguided samples every 830 steps, the project's classifier
-features against the 10,000 Fashion-MNIST test images); at the end each model is scored with 1000 class-balanced
+Every run evaluates itself during training (500 unguided samples every 830 steps, a full-budget arm's every 1660;
+the project's classifier features against the 10,000 Fashion-MNIST test images); at the end each model is scored with 1000 class-balanced
 samples at 25 steps of its fast sampler, without CFG (the folded guidance is in the weights), and each plain arm
 that a folded one is held to also with the CFG its model records (FOLDED), against the full-budget runs' final scores
 (the distillation study scores the teachers at 25 steps with their CFG). Wall-clock
