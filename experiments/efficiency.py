@@ -14,7 +14,8 @@ same seeds, same evaluations):
                   recipe (configs/fashion_mnist_moh_modern.yaml), MoH-DiT and DiT; tread-s25/s75/wide-short: the
                   share and span swept on the flow twin; mg-flow-short (configs/fashion_mnist_moh_flow_mg.yaml) and
                   ddpm-short, the plain default on the short budget; modern-tread-mg-short: every option on the modern
-                  block; mg-full: folded guidance on the default's full 8300 steps
+                  block; mg-full: folded guidance on the default's full 8300 steps; modern-time, dit-modern-time:
+                  the plain modern recipe for the wall-clock its routed run took (EQUAL_TIME: 1905 and 1997 steps)
 
 Every run evaluates itself during training (500 unguided samples every 830 steps, a full-budget arm's every 1660;
 the project's classifier features against the 10,000 Fashion-MNIST test images); at the end each model is scored with 1000 class-balanced
@@ -84,6 +85,12 @@ ARMS |= {
     "mg-full": ("configs/fashion_mnist_moh_mg.yaml", []),
 }
 FULL_BUDGET = {"mg-full"}  # the arms trained on the default's 8300 steps, evaluated as the full-budget runs are
+# token routing at equal wall-clock: the plain recipe trained for the time its routed run took, its 2490 steps over
+# the routed/plain images-per-second ratio an idle machine measured (benchmarks/results/
+# config_throughput_cpu_efficiency_modern_idle.md: MoH 109.4/83.7 = 1.31x, DiT 117.1/93.9 = 1.25x); its schedule
+# is compressed to those steps as the short arms' is to 2490. Arm: (its routed arm, steps).
+EQUAL_TIME = {"modern-time": ("modern-tread-short", 1905), "dit-modern-time": ("dit-modern-tread-short", 1997)}
+ARMS |= {"modern-time": ARMS["modern-short"], "dit-modern-time": ARMS["dit-modern-short"]}
 SAMPLERS = {"mg-short": "dpm-solver", "ddpm-short": "dpm-solver", "mg-full": "dpm-solver"}  # the others: euler
 # the plain arms also scored with CFG at the scale and interval their models record (two evaluations per step inside
 # it), against the arm that folds the same guidance into training and samples at one
@@ -118,11 +125,15 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, arms=t
 
 
 def arm_scale(sc: dict, arm: str) -> dict:
-    """The study's scale for ``arm``: the short budget, or for a full-budget arm the scale's ``full_budget`` part
-    (the config's own steps and the full-budget runs' evaluations) where the scale has one."""
-    if arm not in FULL_BUDGET:
-        return sc
-    return sc | sc.get("full_budget", {})
+    """The study's scale for ``arm``: the short budget; for a full-budget arm the scale's ``full_budget`` part (the
+    config's own steps and the full-budget runs' evaluations) where the scale has one; for an equal-time arm its own
+    steps where the scale sets the short budget."""
+    if arm in FULL_BUDGET:
+        return sc | sc.get("full_budget", {})
+    if arm in EQUAL_TIME and f"train.max_steps={SHORT}" in sc["overrides"]:
+        steps = f"train.max_steps={EQUAL_TIME[arm][1]}"
+        return sc | {"overrides": [steps if o == f"train.max_steps={SHORT}" else o for o in sc["overrides"]]}
+    return sc
 
 
 def part_score(ctx: dict, seeds, result: dict, arms=tuple(ARMS)) -> None:
@@ -188,7 +199,7 @@ def report(result: dict) -> str:
             f"{_fmt(score.get('kid'))} ({score.get('nfe', 'n/a')}) | {base}: {_fmt(last.get('kid'))} at "
             f"{last.get('step', 'n/a')}, {_fmt(base_score.get('kid'))} ({base_score.get('nfe', 'n/a')}) |"
         )
-    return "\n".join(lines + goal_table(result) + guidance_table(result)) + "\n"
+    return "\n".join(lines + goal_table(result) + equal_time_table(result) + guidance_table(result)) + "\n"
 
 
 def steps_to(curve: list[dict], target: float) -> int | None:
@@ -224,6 +235,34 @@ def goal_table(result: dict) -> list[str]:
             f"| {arm} | {', '.join(str(r['seed']) for r in runs)} | "
             + ", ".join(f"{step}: {kid:.1f}" for step, kid in zip(steps, means))
             + f" | {', '.join('-' if x is None else str(x) for x in reached)} |"
+        )
+    return lines
+
+
+def equal_time_table(result: dict) -> list[str]:
+    """Each routed arm against its plain recipe trained for the same wall-clock (EQUAL_TIME): the last KID during
+    training of each, paired by seed."""
+    lines = [
+        "",
+        "Token routing at equal wall-clock (the plain recipe trained for the routed run's time on an idle machine); "
+        "the last KID during training (500 unguided samples) by seed, and the mean:",
+        "",
+        "| routed arm (steps) | plain arm (steps) | seeds | routed KID | plain KID | routed minus plain, mean |",
+        "|---|---|---|---|---|---|",
+    ]
+    runs = {(r["arm"], r["seed"]): r for r in result["training"].values() if r.get("curve")}
+    for plain, (routed, steps) in EQUAL_TIME.items():
+        seeds = sorted(s for a, s in runs if a == plain and (routed, s) in runs)
+        if not seeds:
+            continue
+        kid = {arm: [runs[arm, s]["curve"][-1]["kid"] for s in seeds] for arm in (routed, plain)}
+        diff = sum(r - p for r, p in zip(kid[routed], kid[plain])) / len(seeds)
+        lines.append(
+            f"| {routed} ({runs[routed, seeds[0]]['steps']}) | {plain} ({steps}) | {', '.join(map(str, seeds))} | "
+            + " / ".join(f"{k:.1f}" for k in kid[routed])
+            + " | "
+            + " / ".join(f"{k:.1f}" for k in kid[plain])
+            + f" | {diff:+.1f} |"
         )
     return lines
 

@@ -946,6 +946,33 @@ def test_a_full_budget_arm_trains_on_the_configs_own_steps_and_the_full_budget_e
     assert efficiency.arm_scale(tiny, "mg-full") == tiny == efficiency.arm_scale(tiny, "mg-short")
 
 
+def test_an_equal_time_arm_trains_the_plain_recipe_for_its_routed_runs_time_and_is_paired_with_it():
+    from experiments import efficiency
+
+    cpu, tiny = efficiency.SCALES["cpu"], efficiency.SCALES["tiny"]
+    for arm, (routed, steps) in efficiency.EQUAL_TIME.items():
+        assert efficiency.ARMS[arm] == efficiency.ARMS[routed.replace("-tread", "")]  # the plain recipe
+        assert efficiency.arm_scale(cpu, arm)["overrides"] == [f"train.max_steps={steps}"]
+        assert efficiency.arm_scale(tiny, arm) == tiny  # the tiny scale keeps its own budget
+    assert efficiency.EQUAL_TIME["modern-time"][1] == round(efficiency.SHORT / (109.4 / 83.7))
+
+    def run(arm, seed, steps, kid):
+        return {"arm": arm, "seed": seed, "steps": steps, "curve": [{"step": steps, "kid": kid}]}
+
+    result = {
+        "training": {
+            "a": run("modern-tread-short", 0, 2490, 20.0),
+            "b": run("modern-time", 0, 1905, 23.0),
+            "c": run("modern-tread-short", 1, 2490, 22.0),
+            "d": run("modern-time", 1, 1905, 24.0),
+            "e": run("dit-modern-tread-short", 0, 2490, 19.0),  # its plain arm not run: no row
+        }
+    }
+    table = efficiency.equal_time_table(result)
+    assert table[-1] == "| modern-tread-short (2490) | modern-time (1905) | 0, 1 | 20.0 / 22.0 | 23.0 / 24.0 | -2.5 |"
+    assert "| dit-modern-tread-short" not in "\n".join(table)
+
+
 def test_the_efficiency_study_finds_the_step_each_seed_reaches_the_defaults_final_kid():
     from experiments import efficiency
 
