@@ -954,7 +954,20 @@ def test_an_equal_time_arm_trains_the_plain_recipe_for_its_routed_runs_time_and_
         assert efficiency.ARMS[arm] == efficiency.ARMS[routed.replace("-tread", "")]  # the plain recipe
         assert efficiency.arm_scale(cpu, arm)["overrides"] == [f"train.max_steps={steps}"]
         assert efficiency.arm_scale(tiny, arm) == tiny  # the tiny scale keeps its own budget
-    assert efficiency.EQUAL_TIME["modern-time"][1] == round(efficiency.SHORT / (109.4 / 83.7))
+    # the routed run's 2490 steps over the routed/plain images/s of the committed idle benchmark, as its table shows them
+    bench = json.loads(
+        (
+            Path(__file__).parents[1] / "benchmarks/results/config_throughput_cpu_efficiency_modern_idle.json"
+        ).read_text()
+    )
+    speed = {row["name"]: row["images_per_s"] for row in bench["rows"]}
+    for arm, plain, routed in (
+        ("modern-time", "fashion_mnist_moh_modern", "modern_tread"),
+        ("dit-modern-time", "dit_modern", "dit_modern_tread"),
+    ):
+        assert efficiency.EQUAL_TIME[arm][1] == round(
+            efficiency.SHORT / (round(speed[routed], 1) / round(speed[plain], 1))
+        )
 
     def run(arm, seed, steps, kid):
         return {"arm": arm, "seed": seed, "steps": steps, "curve": [{"step": steps, "kid": kid}]}
