@@ -27,16 +27,17 @@ __all__ = [
 ]
 
 
-def objective_class(name: str) -> type[Objective]:
-    """The class of objective ``name`` (``ddpm``, ``flow``)."""
-    found = entry(name)
-    return getattr(importlib.import_module(found.module), found.cls)
+def objective_class(name: str, record: dict[str, Any] | None = None) -> type[Objective]:
+    """The class of objective ``name`` (``ddpm``, ``flow``); for an objective of several classes (a distillation's
+    methods) the one ``record`` names, else its default."""
+    module, cls = entry(name).variant(record)
+    return getattr(importlib.import_module(module), cls)
 
 
 def objective_from_record(record: dict[str, Any] | None, **training: Any) -> Objective:
     """The objective a model records (``MoHDiT.config.objective``; ``None``: DiT's DDPM, as every model of moh-dit
     0.3 and earlier), with ``training`` options (loss weighting, time sampling) where the caller trains it."""
-    return objective_class(objective_name(record)).from_record(record, **training)
+    return objective_class(objective_name(record), record).from_record(record, **training)
 
 
 def objective_of(model: Any, **training: Any) -> Objective:

@@ -42,13 +42,15 @@ class Losses:
     error (noise or velocity); ``vb`` DDPM's variational-bound term where the model learns its variance; ``cos`` the
     velocity-direction term (LightningDiT's) where a flow model trains with it. ``logged`` is what the logs and the
     spike guard follow, where it is not ``loss`` (MeanFlow's adaptively weighted loss stays near 1 whatever the
-    error: its logs follow the unweighted error)."""
+    error: its logs follow the unweighted error). ``extras`` are more terms the logs follow (the objective's
+    ``logged_terms``: a distillation's derivative, its anchor)."""
 
     loss: torch.Tensor
     mse: torch.Tensor
     vb: torch.Tensor | None = None
     cos: torch.Tensor | None = None
     logged: torch.Tensor | None = None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per sample, by Objective.logged_terms' names
 
     @property
     def followed(self) -> torch.Tensor:
@@ -77,6 +79,11 @@ class Objective(ABC):
     # the frozen models beside the student this objective needs, by role (moh_dit.training.frozen.FROZEN_MODELS: a
     # distillation's teacher): training loads and places them and hands them to forward_losses
     frozen_models: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def logged_terms(self) -> tuple[str, ...]:
+        """The names of the terms beside the loss that the logs and ``metrics.jsonl`` follow (``Losses.extras``)."""
+        return ()
 
     # ------------------------------------------------------------------------------------------------
     # What it is, and how a model records it

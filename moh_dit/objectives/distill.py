@@ -38,8 +38,12 @@ import torch
 
 from moh_dit.errors import ConfigError
 from moh_dit.model.token_routing import rows_of_route
-from moh_dit.objectives.base import Noised
+from moh_dit.objectives.base import Losses, Noised
+from moh_dit.objectives.distill_derivative import X1000, FiniteDifference, default_fd_eps, finite_difference_times
 from moh_dit.objectives.distill_heads import HEADS
+from moh_dit.objectives.distill_losses import TangentLoss
+from moh_dit.objectives.distill_methods import DEFAULT_METHOD, method_entry
+from moh_dit.objectives.distill_times import IntervalCoverage, TimeDistribution
 from moh_dit.objectives.linear_path import timestep_of_flow_time
 from moh_dit.objectives.meanflow import MeanFlow
 
@@ -56,38 +60,19 @@ def _ddpm_time(t: torch.Tensor) -> torch.Tensor:
 # network): scaled by 1000 its sinusoid let the student's derivative in t grow until the distillation diverged
 # (docs/objective.md#the-student-and-its-time)
 TIME_CONVENTIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float, float]] = {
-    "moh-dit": (lambda t: 1000.0 * t, 1000.0, 1.0),
+    "moh-dit": (lambda t: X1000 * t, X1000, 1.0),
     "repa": (lambda t: t, 1.0, 1.0),
     "sit": (lambda t: 1.0 - t, 1.0, -1.0),
-    "ddpm": (_ddpm_time, 1000.0, 1.0),
+    "ddpm": (_ddpm_time, X1000, 1.0),
 }
 DERIVATIVES = ("jvp", "finite-difference")
 
 
-def default_fd_eps(time: str) -> float:
-    """The finite difference's step when the config gives none: FastGen's 1e-4 where the network sees raw times in
-    [0, 1] (REPA's, SiT's); 5e-3 where it sees them times 1000 (moh-dit's, DDPM's timesteps), whose timestep sinusoid
-    turns over within a few thousandths of ``t``: a step of 1e-4 there follows those wiggles, and the student's targets
-    grew until it diverged (docs/objective.md#the-derivative; FastGen's Wan recipe, also x1000, takes 5e-3)."""
-    return 5e-3 if TIME_CONVENTIONS[time][1] == 1000.0 else 1e-4
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
-def finite_difference_times(
-    t: torch.Tensor, r: torch.Tensor, eps: float, low: float = 0.0, high: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(t_plus, t_minus, 1 / (t_plus - t_minus))`` in float64 for each sample: a central difference where both
-    ``t + eps <= high`` and ``t - eps`` stays above ``low`` and ``r``; forward where only the first holds, backward
-    where only the second does (FastGen's cases); neither: zeros (a derivative of 0)."""
-    t, r = t.to(torch.float64), r.to(torch.float64)
-    forward_ok = t + eps <= high
-    backward_ok = (t - eps >= low) & (t - eps > r)
-    t_plus = torch.where(forward_ok, t + eps, torch.where(backward_ok, t, torch.zeros_like(t)))
-    t_minus = torch.where(backward_ok, t - eps, torch.where(forward_ok, t, torch.zeros_like(t)))
-    width = t_plus - t_minus
-    return t_plus, t_minus, torch.where(width > 0, 1 / width.clamp(min=1e-300), torch.zeros_like(width))
-
-
-class MeanFlowDistill(MeanFlow):
+class MeanFlowDistill(FiniteDifference, MeanFlow):
     """MeanFlow learned from a teacher's (guided) velocity (see the module docstring).
 
     Args:
@@ -102,10 +87,17 @@ class MeanFlowDistill(MeanFlow):
             ``noise_until``: the latter's last flow time of DDIM's exact parameterization.
         time_sampling, time_mean, time_std, equal_times, adaptive_power, adaptive_eps, jvp_autocast: MeanFlow's
             (:class:`~moh_dit.objectives.meanflow.MeanFlow`).
+        method: the distillation method (:data:`moh_dit.objectives.distill_methods.METHODS`; recorded).
+        r_time_sampling, r_time_mean, r_time_std, grid_share, grid_steps: the interval coverage
+            (:class:`~moh_dit.objectives.distill_times.IntervalCoverage`).
+        loss, spatial_invariance, tangent_clamp, tangent_warmup: the loss and its stabilisers
+            (:class:`~moh_dit.objectives.distill_losses.TangentLoss`); ``anchor``: the weight of the flow-matching
+            anchor on the interval samples.
     """
 
     name = "distill"
     frozen_models = ("teacher",)  # the teacher beside the student (moh_dit.training.teacher)
+    method = DEFAULT_METHOD
 
     def __init__(
         self,
@@ -124,7 +116,21 @@ class MeanFlowDistill(MeanFlow):
         adaptive_power: float = 1.0,
         adaptive_eps: float = 0.01,
         jvp_autocast: bool = False,
+        method: str | None = None,
+        r_time_sampling: str | None = None,
+        r_time_mean: float | None = None,
+        r_time_std: float | None = None,
+        grid_share: float = 0.0,
+        grid_steps: tuple[int, ...] | list[int] = (1, 2),
+        loss: str = "l2",
+        spatial_invariance: bool = False,
+        tangent_clamp: float | None = None,
+        tangent_warmup: int = 0,
+        anchor: float = 0.0,
     ) -> None:
+        if (method or DEFAULT_METHOD) != self.method:
+            found = method_entry(method)
+            raise ConfigError(f"distill.method={method} is {found.cls}, not {type(self).__name__}")
         super().__init__(
             time_sampling=time_sampling,
             time_mean=time_mean,
@@ -143,7 +149,7 @@ class MeanFlowDistill(MeanFlow):
         if derivative not in DERIVATIVES:
             raise ConfigError(f"distill.derivative must be {' or '.join(DERIVATIVES)}, got {derivative!r}")
         if fd_eps is None and time in TIME_CONVENTIONS:
-            fd_eps = default_fd_eps(time)
+            fd_eps = default_fd_eps(TIME_CONVENTIONS[time][1])
         if isinstance(fd_eps, bool) or not isinstance(fd_eps, (int, float)) or not (0 < fd_eps < 0.5):
             raise ConfigError(
                 f"distill.fd_eps must be a step in time between 0 and 0.5 (FastGen's 1e-4), got {fd_eps!r}"
@@ -163,6 +169,20 @@ class MeanFlowDistill(MeanFlow):
         self.teacher, self.teacher_guidance = dict(teacher or {}), dict(guidance or {})
         self.derivative, self.fd_eps = derivative, float(fd_eps)
         self._start_time, _, self.sign = TIME_CONVENTIONS[time]
+        own_t = TimeDistribution(self.time_sampling, self.time_mean, self.time_std)
+        r_given = r_time_sampling is not None or r_time_mean is not None or r_time_std is not None
+        own_r = (
+            TimeDistribution(r_time_sampling or "logit-normal", _or(r_time_mean, -0.4), _or(r_time_std, 1.0))
+            if r_given
+            else None
+        )
+        self.coverage = IntervalCoverage(own_t, own_r, self.equal_times, grid_share, tuple(grid_steps))
+        self.tangent_loss = TangentLoss(
+            loss, self.adaptive_power, self.adaptive_eps, spatial_invariance, tangent_clamp, tangent_warmup
+        )
+        if isinstance(anchor, bool) or not isinstance(anchor, (int, float)) or not 0 <= anchor < float("inf"):
+            raise ConfigError(f"distill.anchor must be a weight >= 0 (0: no anchor), got {anchor!r}")
+        self.anchor = float(anchor)
 
     # ------------------------------------------------------------------------------------------------
     # What it is
@@ -170,6 +190,7 @@ class MeanFlowDistill(MeanFlow):
     def record(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "method": self.method,
             "time": self.time,
             "end_time_blocks": self.end_time_blocks,
             "teacher": self.teacher,
@@ -183,16 +204,11 @@ class MeanFlowDistill(MeanFlow):
                 "a distilled MeanFlow model predicts an average velocity of C channels: learn_sigma is false"
             )
         record = dict(record or {})
-        unknown = sorted(
-            set(record) - {"name", "time", "end_time_blocks", "teacher", "guidance", "head", "noise_until"}
-        )
+        keys = ("time", "end_time_blocks", "teacher", "guidance", "head", "noise_until", "method")
+        unknown = sorted(set(record) - {"name", *keys})
         if unknown:
             raise ConfigError(f"the distill objective record has unknown keys {unknown}")
-        given = {
-            k: record[k]
-            for k in ("time", "end_time_blocks", "teacher", "guidance", "head", "noise_until")
-            if k in record
-        }
+        given = {k: record[k] for k in keys if k in record}
         return cls(**given, **training)
 
     def model_config(self) -> dict[str, Any]:
@@ -226,7 +242,16 @@ class MeanFlowDistill(MeanFlow):
 
     def describe_loss(self) -> str:
         how = "a JVP" if self.derivative == "jvp" else f"finite differences (step {self.fd_eps:g}, float64)"
-        return f"{super().describe_loss()}; the teacher's velocity as target, du/dt by {how}"
+        anchor = f"; a flow-matching anchor of weight {self.anchor:g}" if self.anchor else ""
+        return (
+            f"{self.tangent_loss.describe()} against the teacher's velocity, du/dt by {how}{anchor}; times: "
+            f"{self.coverage.describe()}"
+        )
+
+    @property
+    def logged_terms(self) -> tuple[str, ...]:
+        """The derivative's term ``(t - r) du/dt`` (its root mean square) and the anchor's loss."""
+        return ("derivative_rms", *(("anchor_loss",) if self.anchor else ()))
 
     @property
     def time_convention(self) -> str:
@@ -264,11 +289,69 @@ class MeanFlowDistill(MeanFlow):
         differences: two forwards), and the teacher's forwards (two with guidance, one without), counted at the
         student's size."""
         teacher = 2.0 if self.teacher_guidance.get("scale", 1.0) != 1.0 else 1.0
-        return 3.0 + (1.0 if self.derivative == "jvp" else 2.0) + teacher
+        anchor = 3.0 * (1 - self.equal_times) if self.anchor else 0.0  # a forward and backward of the intervals
+        return 3.0 + (1.0 if self.derivative == "jvp" else 2.0) + teacher + anchor
 
     # ------------------------------------------------------------------------------------------------
     # Training
     # ------------------------------------------------------------------------------------------------
+    def draw_times(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(t, r)`` by the interval coverage (:class:`~moh_dit.objectives.distill_times.IntervalCoverage`)."""
+        return self.coverage.draw(n, generator)
+
+    def forward_losses(
+        self,
+        model: torch.nn.Module,
+        noised: Noised,
+        labels: torch.Tensor | None,
+        drop: torch.Tensor | None,
+        want_heads: bool,
+        autocast: Callable[[], AbstractContextManager],
+        frozen: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        ema: torch.nn.Module | None = None,
+    ) -> tuple[Losses, Any]:
+        """The teacher's guided velocity, the student's ``u`` and ``du/dt`` (a JVP or finite differences, on the bare
+        module), then the loss with its stabilisers (:class:`~moh_dit.objectives.distill_losses.TangentLoss` at
+        training ``step``: the warm-up) and the anchor. The logs follow the unweighted error against the unclamped
+        target."""
+        from accelerate.utils import extract_model_from_parallel
+
+        net = extract_model_from_parallel(model, keep_torch_compile=False)
+        t, r = noised.terms["t"], noised.terms["r"]
+        v_g = self.target_velocity(net, noised, labels, drop, autocast, frozen, step, ema)
+        out, dudt = self.velocity_and_derivative(net, noised, v_g, labels, drop, autocast)
+        span = (t - r).clamp(0, 1).reshape(-1, *([1] * (dudt.ndim - 1)))
+        derivative = (span * dudt).detach()
+        loss, _, _ = self.tangent_loss(out.sample, v_g, derivative, step)
+        target = (v_g - self.tangent_loss.warm(step) * derivative).detach()
+        noised.terms["target"] = target
+        mse = ((out.sample.detach() - target).float() ** 2).flatten(1).mean(dim=1)
+        extras = {"derivative_rms": derivative.float().flatten(1).pow(2).mean(dim=1).sqrt()}
+        if self.anchor:
+            anchored = self.anchor_loss(net, noised, v_g, labels, drop, autocast)
+            loss, extras["anchor_loss"] = loss + self.anchor * anchored, anchored.detach()
+        if want_heads:
+            out.head_masks = self.head_masks(net, noised, labels, drop, autocast)
+        return Losses(loss=loss, mse=mse, logged=mse, extras=extras), out
+
+    def anchor_loss(self, net, noised: Noised, velocity: torch.Tensor, labels, drop, autocast) -> torch.Tensor:
+        """Per sample, the flow-matching anchor of the interval samples (0 elsewhere: ``r = t`` is flow matching
+        already): the student's instantaneous velocity ``u(z_t, t, t)`` (one more forward, with gradient) against the
+        teacher's, by the same loss without derivative (DMF's and FACM's flow-matching term beside the interval's)."""
+        t, r = noised.terms["t"], noised.terms["r"]
+        rows = (t > r).nonzero().flatten()
+        loss = torch.zeros(t.shape[0], device=t.device, dtype=torch.float32)
+        if rows.numel() == 0:
+            return loss
+        y = labels[rows] if labels is not None else None
+        dropped = drop[rows] if drop is not None else None
+        precision = autocast() if self.jvp_autocast else torch.autocast(t.device.type, enabled=False)
+        with precision, rows_of_route(net, rows):
+            u = self.average_velocity(net, noised.x_t[rows], t[rows], t[rows], y, dropped).sample.float()
+        anchored, _, _ = self.tangent_loss(u, velocity[rows], torch.zeros_like(u))
+        return loss.index_put((rows,), anchored.float())
+
     def target_velocity(
         self,
         net: torch.nn.Module,
@@ -290,57 +373,3 @@ class MeanFlowDistill(MeanFlow):
         if self.derivative == "jvp":  # the tangent of z is the velocity itself
             return super().velocity_and_derivative(net, noised, velocity, labels, drop, autocast)
         return self.finite_difference(net, noised, velocity, labels, drop, autocast)
-
-    def finite_difference(
-        self,
-        net: torch.nn.Module,
-        noised: Noised,
-        velocity: torch.Tensor,
-        labels: torch.Tensor | None,
-        drop: torch.Tensor | None,
-        autocast: Callable[[], AbstractContextManager],
-        bounds: tuple[float, float] = (0.0, 1.0),
-    ) -> tuple[Any, torch.Tensor]:
-        """The network's output at ``(z_t, t, r)`` with gradient, then ``du/dt`` (of the average velocity ``u``, in the
-        convention's sign) by a finite difference along ``velocity`` in float64, the shifted inputs evaluated without
-        gradient and with the primal's routing (:func:`finite_difference_times`; ``bounds``: the times' range)."""
-        from moh_dit.model.network import MoHDiTOutput
-        from moh_dit.model.routing import RoutingTape
-
-        z, t, r = noised.x_t, noised.terms["t"], noised.terms["r"]
-        precision = autocast() if self.jvp_autocast else torch.autocast(z.device.type, enabled=False)
-        devices = [z.device] if z.device.type == "cuda" else []
-        with RoutingTape(getattr(net, "attention_layers", [])) as tape, precision:
-            random_state = [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
-            out = self.average_velocity(net, z, t, r, labels, drop)
-            u = out.sample.float()
-            # only the samples with r < t need du/dt (it is multiplied by t - r): the shifted forwards skip the others
-            rows = (t > r).nonzero().flatten()
-            dudt = torch.zeros_like(u, dtype=torch.float64)
-            if rows.numel():
-                if tape.layers:
-                    tape.replay(rows)
-                moving = (z[rows], t[rows], r[rows], velocity[rows])
-                dudt[rows] = self._difference(net, *moving, labels, drop, rows, random_state, devices, bounds)
-        aligned = out.aligned if net.projectors is not None and net.training else None
-        return MoHDiTOutput(sample=u, aux_loss=out.aux_loss, aligned=aligned), dudt.to(z.dtype)
-
-    @torch.no_grad()
-    def _difference(self, net, z, t, r, velocity, labels, drop, rows, random_state, devices, bounds) -> torch.Tensor:
-        """``du/dt`` (in the convention's sign) of the batch's ``rows`` by the finite difference, each shifted forward
-        with the primal's random draws (a network's dropout) and its recorded routing."""
-        shape = (-1, *([1] * (z.ndim - 1)))
-        t_plus, t_minus, norm = finite_difference_times(t, r, self.fd_eps, *bounds)
-        z64, v64 = z.to(torch.float64), velocity.to(torch.float64)
-        labels = labels[rows] if labels is not None else None
-        drop = drop[rows] if drop is not None else None
-        shifted = []
-        for moved in (t_plus, t_minus):
-            z_moved = z64 + (moved - t.to(torch.float64)).reshape(shape) * v64
-            with torch.random.fork_rng(devices=devices), rows_of_route(net, rows):  # the primal's draws and route
-                torch.set_rng_state(random_state[0])
-                for device, state in zip(devices, random_state[1:]):
-                    torch.cuda.set_rng_state(state, device)
-                out = self.average_velocity(net, z_moved.to(z.dtype), moved.to(t.dtype), r, labels, drop)
-                shifted.append(out.sample.to(torch.float64))
-        return (shifted[0] - shifted[1]) * norm.reshape(shape)

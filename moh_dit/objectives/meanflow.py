@@ -299,11 +299,15 @@ class MeanFlow(Objective):
         span = (t - r).clamp(0, 1).reshape(-1, *([1] * (dudt.ndim - 1)))
         noised.terms["target"] = (v_g - span * dudt).detach()
         if want_heads:
-            with torch.no_grad(), autocast():
-                out.head_masks = self.average_velocity(
-                    net, noised.x_t, t, r, labels, drop, return_head_masks=True
-                ).head_masks
+            out.head_masks = self.head_masks(net, noised, labels, drop, autocast)
         return self.loss(out.sample, noised), out
+
+    @torch.no_grad()
+    def head_masks(self, net, noised: Noised, labels, drop, autocast) -> Any:
+        """Each layer's head masks at ``noised`` (one more forward, without gradient: the JVP returns none)."""
+        with autocast():
+            t, r = noised.terms["t"], noised.terms["r"]
+            return self.average_velocity(net, noised.x_t, t, r, labels, drop, return_head_masks=True).head_masks
 
     def target_velocity(
         self,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moh_dit.errors import ConfigError
+from moh_dit.objectives.distill_methods import DEFAULT_METHOD, METHODS
 
 __all__ = [
     "ObjectiveEntry",
@@ -53,11 +54,54 @@ class ObjectiveEntry:
     # the guidance scale a model of this objective samples with where nobody chose one (None: the command's default,
     # CFG 4 for grids, 1.5 for evaluations); MeanFlow's guidance is folded into training: 1
     sampling_guidance: float | None = None
+    # an objective of several classes (a distillation's methods): the record key that names the class, the table of
+    # its classes (each with ``module`` and ``cls``: moh_dit.objectives.distill_methods.METHODS) and its default
+    variant_key: str | None = None
+    variants: dict[str, Any] = field(default_factory=dict)
+    default_variant: str | None = None
+
+    def variant(self, record: dict[str, Any] | None) -> tuple[str, str]:
+        """``(module, class)`` of a model of this objective with ``record`` (the variant it names, else the
+        default)."""
+        if self.variant_key is None:
+            return self.module, self.cls
+        chosen = self._variant_name(record)
+        return self.variants[chosen].module, self.variants[chosen].cls
+
+    def _variant_name(self, record: dict[str, Any] | None) -> str:
+        chosen = (record or {}).get(self.variant_key) or self.default_variant
+        if chosen not in self.variants:
+            raise ConfigError(
+                f"unknown {self.variant_key} {chosen!r} of the {self.cls} objective; choose one of "
+                f"{', '.join(self.variants)}"
+            )
+        return chosen
+
+    def training_keys_of(self, record: dict[str, Any] | None) -> tuple[str, ...]:
+        """The training keys a model of ``record`` is trained with: all of them, less those only other variants
+        read (each variant's ``keys``, in the section of its ``variant_key``)."""
+        if self.variant_key is None:
+            return self.training_keys
+        section = next(d.split(".")[0] for d in self.record_keys if d.split(".")[1] == self.variant_key)
+        chosen = self._variant_name(record)
+        mine = {f"{section}.{key}" for key in self.variants[chosen].keys}
+        others = {f"{section}.{key}" for variant in self.variants.values() for key in variant.keys} - mine
+        return tuple(key for key in self.training_keys if key not in others)
 
 
 # guidance folded into training (moh_dit.objectives.folded_guidance): what the model records, what shapes training
 FOLDED_RECORD = ("objective.guidance_scale", "objective.guidance_mix", "objective.guidance_times")
 FOLDED_TRAINING = ("objective.guidance_warmup", "objective.guidance_source")
+
+# a distillation's training keys (the interval coverage every method reads, then each method's own: distill_methods)
+DISTILL_TRAINING_KEYS = (
+    "r_time_sampling",
+    "r_time_mean",
+    "r_time_std",
+    "grid_share",
+    "grid_steps",
+    *dict.fromkeys(key for method in METHODS.values() for key in method.keys),
+)
 
 OBJECTIVES: dict[str, ObjectiveEntry] = {
     # DiT's: noise prediction with a learned variance on DiT's 1000-step schedule. "dit" is DiT's FID protocol
@@ -137,7 +181,7 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         },
         paper="one-step",
         summary="MeanFlow distilled from a trained model (its velocity, its guidance folded in): one or a few steps",
-        record_keys=("distill.end_time_blocks",),
+        record_keys=("distill.end_time_blocks", "distill.method"),
         training_keys=(
             "objective.time_sampling",
             "objective.time_mean",
@@ -146,11 +190,13 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
             "objective.adaptive_power",
             "objective.adaptive_eps",
             "objective.jvp_autocast",
-            "distill.derivative",
-            "distill.fd_eps",
+            *(f"distill.{key}" for key in DISTILL_TRAINING_KEYS),
         ),
         loss_name="distill_loss",
         sampling_guidance=1.0,
+        variant_key="method",
+        variants=METHODS,
+        default_variant=DEFAULT_METHOD,
     ),
 }
 DEFAULT_OBJECTIVE = "ddpm"  # a model or run that records none: every model of moh-dit 0.3 and earlier

@@ -192,6 +192,37 @@ class DistillSection:
     # the finite difference's step in time; null: 5e-3 for a teacher that sees times x1000 (moh-dit's flow, DDPM), 1e-4
     # (FastGen's) for raw times (SiT, REPA, LightningDiT)
     fd_eps: float | None = None
+    # how the student learns (moh_dit/objectives/distill_methods.py): meanflow (MeanFlow's identity on the teacher's
+    # velocity) | trajectory (secants of the teacher's own sampling trajectories)
+    method: str = "meanflow"
+    # the student's weights to start from instead of its teacher's: a run, checkpoint or pipeline of another student of
+    # the same teacher (CMT's second stage: a trajectory student post-trained by MeanFlow)
+    student_from: str | None = None
+    # --- which intervals are trained (every method; docs/objective.md#interval-coverage) ---
+    # r drawn apart from t (Decoupled MeanFlow: t ~ LN(0.4, 1), r ~ LN(-1.2, 1)); null: as t (objective.time_*)
+    r_time_sampling: str | None = None
+    r_time_mean: float | None = None
+    r_time_std: float | None = None
+    # the share of the interval samples (r < t) put on the intervals the student samples with: the grids of
+    # grid_steps steps (1: [1, 0]; 2: [1, 0.5] and [0.5, 0]; ...), each interval equally often
+    grid_share: float = 0.0
+    grid_steps: tuple[int, ...] = (1, 2)
+    # --- the meanflow method's stabilisers (docs/objective.md#the-stabilisers) ---
+    loss: str = (
+        "l2"  # l2 (MeanFlow's adaptively weighted error) | opt-grad (FastGen's: a normalised step to the target)
+    )
+    spatial_invariance: bool = False  # opt-grad: the step's norm per element (FastGen's tangent_spatial_invariance)
+    tangent_clamp: float | None = None  # each element of the step to the target clamped to [-c, c] (FACM's 1)
+    tangent_warmup: int = 0  # steps over which the derivative's term grows from 0 to 1 (FastGen: 2000; sCM: 10k)
+    anchor: float = 0.0  # the weight of a flow-matching anchor: u(z_t, t, t) on the teacher's velocity (DMF, FACM)
+    # --- the trajectory method (docs/objective.md#trajectory-distillation) ---
+    # the teacher's trajectories: null (drawn by the run itself into its folder before training), online (drawn for
+    # each batch, never stored) or a folder a run or `moh-dit trajectories` recorded for this teacher
+    trajectories: str | None = None
+    trajectory_count: int = 2048  # trajectories in a stored set
+    trajectory_sampler: str | None = None  # euler | heun | unipc; null: the teacher's recorded sampler where it is one
+    trajectory_steps: int | None = None  # the teacher's steps; null: its recorded protocol's
+    trajectory_shard_size: int = 256  # trajectories per file of a stored set
 
 
 @dataclass

@@ -66,10 +66,10 @@ def objective_record(config: Config, weights: dict | None = None, init_from: str
     return record
 
 
-def training_options(config: Config, name: str) -> dict[str, Any]:
-    """The training options of objective ``name`` from the config (loss weighting, time sampling); a key left
-    ``null`` takes the objective's own default."""
-    options = {_key(dotted): _value(config, dotted) for dotted in entry(name).training_keys}
+def training_options(config: Config, name: str, record: dict | None = None) -> dict[str, Any]:
+    """The training options of objective ``name`` (and of the variant its ``record`` names: a distillation's method)
+    from the config (loss weighting, time sampling); a key left ``null`` takes the objective's own default."""
+    options = {_key(dotted): _value(config, dotted) for dotted in entry(name).training_keys_of(record)}
     return {key: value for key, value in options.items() if value is not None}
 
 
@@ -123,13 +123,23 @@ def run_objective_class(config: Config) -> type[Objective]:
         from moh_dit.sampling.sources import recorded_objective
 
         name = recorded_objective(config.model.init_from)["name"]
-    return objective_class(name or DEFAULT_OBJECTIVE)
+    name = name or DEFAULT_OBJECTIVE
+    return objective_class(name, _variant_record(config, name))
+
+
+def _variant_record(config: Config, name: str) -> dict[str, Any]:
+    """What the config says of the objective's variant (a distillation's ``distill.method``), as a record."""
+    key = entry(name).variant_key
+    dotted = [d for d in entry(name).record_keys if _key(d) == key]
+    return {key: _value(config, dotted[0])} if key is not None and dotted else {}
 
 
 def run_objective(config: Config, record: dict, learn_sigma: bool) -> Objective:
     """The objective a run trains with: its model's ``record`` and the config's training options."""
     name = objective_name(record)
-    return objective_class(name).from_record(record, learn_sigma=learn_sigma, **training_options(config, name))
+    return objective_class(name, record).from_record(
+        record, learn_sigma=learn_sigma, **training_options(config, name, record)
+    )
 
 
 def check_objective(config: Config, defaults: Config) -> None:

@@ -142,7 +142,12 @@ class Trainer(RunOutputs, OptimizerSteps):
             self.model = torch.compile(self.model)
         self.quality.use_objective(self.objective)
         # each objective names its loss in the logs (diffusion_loss, flow_loss, ...)
-        self.loss_names = (self.objective.loss_name, "moh_loss", *(("repa_loss",) if self.repa is not None else ()))
+        self.loss_names = (
+            self.objective.loss_name,
+            "moh_loss",
+            *(("repa_loss",) if self.repa is not None else ()),
+            *self.objective.logged_terms,
+        )
         self.window = LossWindow(accelerator.device, train_cfg.global_batch_size, self.loss_names)
         self.grad_norm = math.nan  # before clipping, at the last logged step
         t = config.train
@@ -223,6 +228,7 @@ class Trainer(RunOutputs, OptimizerSteps):
             repa_loss = alignment_loss(out.aligned, targets)
             loss = loss + self.config.repa.coeff * repa_loss
             logged.append(repa_loss.detach())
+        logged.extend(losses.extras[name].float().mean().detach() for name in self.objective.logged_terms)
         return loss, tuple(logged), out.head_masks
 
     # ------------------------------------------------------------------------------------------------

@@ -14,7 +14,10 @@ What is recorded:
 - ``_get_velocity`` with ``use_cd`` and teacher CFG (scale 3 on flow times 0.3-0.8): the teacher's guided velocity;
 - ``_estimate_jvp_finite_difference`` (eps 1e-4) at six (t, r): central, forward (t - eps reaches r; r = t), backward
   (t + eps passes 0.999) and neither;
-- ``_mf_pred_to_loss`` (``l2``, ``poly_1.0``, c = 0.01): the per-sample loss, its weight and tangent.
+- ``_mf_pred_to_loss`` (``l2``, ``poly_1.0``, c = 0.01): the per-sample loss, its weight and tangent;
+- ``_mf_pred_to_loss`` in the settings of :data:`LOSS_CASES` (``opt_grad`` with and without its spatial invariance,
+  the tangent warm-up part-way, other norm constants and powers): loss, weight, tangent and the gradient of the summed
+  loss in the student's output.
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ from safetensors.torch import save_file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# name -> FastGen's loss settings and the training iteration (the warm-up's clock)
+LOSS_CASES = {
+    "opt_grad": dict(loss_type="opt_grad", norm_method="poly_1.0", norm_const=0.1, spatial=False, warmup=0, it=0),
+    "opt_grad_spatial": dict(loss_type="opt_grad", norm_method="poly_1.0", norm_const=10.0, spatial=True, warmup=0, it=0),
+    "opt_grad_warmup": dict(loss_type="opt_grad", norm_method="poly_1.0", norm_const=10.0, spatial=True, warmup=2000, it=500),
+    "opt_grad_poly": dict(loss_type="opt_grad", norm_method="poly_0.75", norm_const=1e-3, spatial=False, warmup=0, it=0),
+    "l2_warmup": dict(loss_type="l2", norm_method="poly_1.0", norm_const=0.01, spatial=False, warmup=100, it=30),
+}  # fmt: skip
 
 
 def commit(repo: Path) -> str:
@@ -116,6 +127,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     out |= {"x_t": x_t, "velocity": velocity, "fd": fd, "u": u.detach(), "loss": loss.detach()}
     out |= {"weight": weight.detach(), "tangent": tangent.detach()}
+    for case, given in LOSS_CASES.items():
+        me.loss_config = SimpleNamespace(
+            use_cd=True, norm_method=given["norm_method"], norm_const=given["norm_const"],
+            tangent_warmup_steps=given["warmup"], loss_type=given["loss_type"],
+            tangent_spatial_invariance=given["spatial"],
+        )  # fmt: skip
+        u_case = u.detach().clone().requires_grad_(True)
+        loss, tangent, weight, warm = MeanFlowModel._mf_pred_to_loss(
+            me, u_theta=u_case, u_theta_jvp=fd.float(), x_t=x_t, dxt_dt=velocity, t=t, r=r, iteration=given["it"]
+        )
+        loss.sum().backward()
+        out |= {f"{case}.loss": loss.detach(), f"{case}.tangent": tangent.detach(), f"{case}.weight": weight.detach()}
+        out |= {f"{case}.grad": u_case.grad.detach().clone(), f"{case}.warm": torch.tensor(float(warm))}
+    settings["loss_cases"] = LOSS_CASES
     save_file({k: v.contiguous() for k, v in out.items()}, args.out / "fastgen_official.safetensors")
     (args.out / "fastgen_official.json").write_text(json.dumps(settings, indent=2) + "\n")
     print(f"recorded {len(out)} tensors in {args.out / 'fastgen_official.safetensors'}")
