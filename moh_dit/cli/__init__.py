@@ -8,6 +8,7 @@
     moh-dit reference /data/imagenet/train --image-size 256 --out refs/in256.npz
     moh-dit demo runs/fashion_mnist_moh
     moh-dit ema runs/fashion_mnist_moh --sigma-rel 0.07 --out pipelines/ema-0.07
+    moh-dit trajectories --teacher runs/fashion_mnist_moh_flow --out trajectories/flow --count 2048
 
 Each subcommand module has ``build_parser(prog)`` and ``main(argv, prog)`` and imports torch only after its
 arguments are parsed, so ``--help`` answers at once. ``train.py``, ``sample.py`` and ``evaluate_fid.py`` at
@@ -29,6 +30,7 @@ COMMANDS = {
     "reference": "build an ADM-style reference batch from an image tree",
     "demo": "open a local web page to try a model (needs the demo extra)",
     "ema": "rebuild an EMA of any width from a run's post-hoc EMA snapshots, or sweep widths and score them",
+    "trajectories": "record a teacher's sampling trajectories for trajectory distillation (resumable, sharded)",
 }
 
 

@@ -98,6 +98,7 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
     name = "distill"
     frozen_models = ("teacher",)  # the teacher beside the student (moh_dit.training.teacher)
     method = DEFAULT_METHOD
+    title = "MeanFlow"  # what the student is, in its description
 
     def __init__(
         self,
@@ -238,7 +239,7 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
             else ""
         )
         split = f", the last {self.end_time_blocks} blocks on the end time" if self.end_time_blocks else ""
-        return f"MeanFlow distilled from {source}" + (f" ({weights[:12]})" if weights else "") + folded + split
+        return f"{self.title} distilled from {source}" + (f" ({weights[:12]})" if weights else "") + folded + split
 
     def describe_loss(self) -> str:
         how = "a JVP" if self.derivative == "jvp" else f"finite differences (step {self.fd_eps:g}, float64)"

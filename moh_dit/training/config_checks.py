@@ -230,6 +230,30 @@ def check_distill(config: Config) -> None:
             GuideSpec(section.guide, section.guide_step, section.guide_sigma_rel)
         except ConfigError as err:
             raise ConfigError(f"distill.{err}") from None
+    check_distill_method(section, defaults)
+
+
+def check_distill_method(section: DistillSection, defaults: DistillSection) -> None:
+    """The method is known and no key of another method is set (it would be ignored); the trajectory keys hold."""
+    from moh_dit.objectives.distill_methods import keys_of_other_methods, method_entry
+
+    method_entry(section.method)
+    ignored = sorted(k for k in keys_of_other_methods(section.method) if getattr(section, k) != getattr(defaults, k))
+    if ignored:
+        said = ", ".join(f"distill.{k}" for k in ignored)
+        raise ConfigError(f"{said}: not an option of distill.method={section.method}")
+    for key in ("trajectory_count", "trajectory_shard_size"):
+        _at_least(f"distill.{key}", getattr(section, key), 1)
+    if section.trajectory_steps is not None:
+        _at_least("distill.trajectory_steps", section.trajectory_steps, 1)
+    if section.trajectory_sampler is not None:
+        from moh_dit.training.trajectories import TRAJECTORY_SAMPLERS
+
+        _one_of("distill.trajectory_sampler", section.trajectory_sampler, TRAJECTORY_SAMPLERS)
+    if section.student_from is not None and not isinstance(section.student_from, str):
+        raise ConfigError(
+            f"distill.student_from must be a run, checkpoint or pipeline folder, got {section.student_from!r}"
+        )
 
 
 def check_repa(repa: RepaSection) -> None:

@@ -23,12 +23,13 @@ __all__ = ["FrozenEntry", "FROZEN_MODELS", "load_frozen_models"]
 
 @dataclass(frozen=True)
 class FrozenEntry:
-    """One role: ``wanted(config, objective)`` says whether a run has it; ``load(config, data, student, device)`` makes
-    it, checked against the data (and the student, for a role that ``needs_student``: loaded after the student is
-    built; the others before, so that a teacher can start the student)."""
+    """One role: ``wanted(config, objective)`` says whether a run has it; ``load(config, data, student, device,
+    loaded)`` makes it, checked against the data (and the student, for a role that ``needs_student``: loaded after the
+    student is built; the others before, so that a teacher can start the student), with the roles loaded before it
+    (``loaded``: a teacher's trajectories need the teacher)."""
 
     wanted: Callable[[Config, Objective], bool]
-    load: Callable[[Config, TrainingData, MoHDiT | None, torch.device], FrozenModel]
+    load: Callable[[Config, TrainingData, MoHDiT | None, torch.device, dict[str, FrozenModel]], FrozenModel]
     what: str  # in words, for errors
     needs_student: bool = False
 
@@ -37,7 +38,7 @@ def _wants_repa(config: Config, objective: Objective) -> bool:
     return bool(config.repa.encoder)
 
 
-def _load_repa(config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device) -> FrozenModel:
+def _load_repa(config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device, loaded) -> FrozenModel:
     from moh_dit.training.repa import Alignment
 
     repa = config.repa
@@ -55,16 +56,30 @@ def _load_repa(config: Config, data: TrainingData, model: MoHDiT | None, device:
     )
 
 
-def _load_teacher(config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device) -> FrozenModel:
+def _load_teacher(
+    config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device, loaded
+) -> FrozenModel:
     from moh_dit.training.teacher import Teacher
 
     return Teacher.load(config.distill, data, device)
+
+
+def _load_trajectories(config: Config, data: TrainingData, model, device: torch.device, loaded) -> FrozenModel:
+    from moh_dit.training.trajectory_sources import trajectory_source
+
+    if "teacher" not in loaded:
+        raise ConfigError("trajectories are the teacher's: the run needs a teacher (distill.teacher)")
+    return trajectory_source(config, data, loaded["teacher"], device)
 
 
 # every role a run may have beside its student
 FROZEN_MODELS: dict[str, FrozenEntry] = {
     "teacher": FrozenEntry(
         lambda config, objective: False, _load_teacher, "a distillation's teacher (distill.teacher)"
+    ),
+    # the teacher's sampling trajectories (trajectory distillation), after the teacher they are drawn from
+    "trajectories": FrozenEntry(
+        lambda config, objective: False, _load_trajectories, "the teacher's trajectories (distill.trajectories)"
     ),
     "repa_encoder": FrozenEntry(_wants_repa, _load_repa, "REPA's encoders (repa.encoder)", needs_student=True),
 }
@@ -88,7 +103,7 @@ def load_frozen_models(
         if entry.needs_student != (student is not None):
             continue
         if role in objective.frozen_models or entry.wanted(config, objective):
-            frozen = entry.load(config, data, student, device)
+            frozen = entry.load(config, data, student, device, models)
             frozen.freeze(device)
             models[role] = frozen
     return FrozenModels(models)

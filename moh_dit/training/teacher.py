@@ -72,8 +72,12 @@ class Teacher(FrozenModel):
 
     role = "teacher"
 
-    def __init__(self, model: MoHDiT, source: str, guidance: TeacherGuidance) -> None:
+    def __init__(
+        self, model: MoHDiT, source: str, guidance: TeacherGuidance, sampling: tuple[str, int] | None = None
+    ) -> None:
         self.model, self.source, self.guidance = model.eval(), source, guidance
+        self.sampling = sampling  # the (scheduler, steps) it records, where it records them
+        self.evaluations = 0  # rows of the teacher's (and its guide's) forwards so far, in this process
         self.objective = objective_of(model)
         if self.objective.time_convention is None:
             raise ConfigError(f"{source} cannot teach: {self.objective.describe()} has no velocity to learn from")
@@ -88,11 +92,12 @@ class Teacher(FrozenModel):
     # Loading, checked against the run's data
     # ------------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, section: DistillSection, data: TrainingData, device: torch.device) -> Teacher:
-        """The teacher ``section`` names, checked against ``data`` (one :class:`ConfigError` naming every difference),
-        with its guide."""
+    def load(cls, section: DistillSection, data: TrainingData | None, device: torch.device) -> Teacher:
+        """The teacher ``section`` names, checked against ``data`` (one :class:`ConfigError` naming every difference;
+        ``None``: no data to check against, as for ``moh-dit trajectories``), with its guide."""
         loaded = _load(section)
-        _check_fits(loaded, data)
+        if data is not None:
+            _check_fits(loaded, data)
         guide = None
         if section.guide is not None:
             from moh_dit.sampling.guides import load_guide
@@ -102,8 +107,8 @@ class Teacher(FrozenModel):
             guide = load_guide(
                 GuideSpec(section.guide, section.guide_step, section.guide_sigma_rel), loaded.model, space
             )
-        scale, times = _guidance_of(section)
-        teacher = cls(loaded.model.to(device), loaded.source, TeacherGuidance(scale, times, guide))
+        scale, times, sampling = _guidance_of(section)
+        teacher = cls(loaded.model.to(device), loaded.source, TeacherGuidance(scale, times, guide), sampling)
         logger.info("the teacher: %s", teacher.describe())
         return teacher
 
@@ -116,6 +121,11 @@ class Teacher(FrozenModel):
 
     def identity(self) -> dict[str, Any]:
         return dict(self.record(), guidance=self.guidance.record())
+
+    def computes(self) -> dict[str, Any]:
+        """What the teacher computes, wherever it was loaded from: its weights' fingerprint, objective and guidance
+        (a set of its trajectories records this)."""
+        return {"sha256": self.fingerprint, "objective": self.objective.record(), "guidance": self.guidance.record()}
 
     def describe(self) -> str:
         how = ""
@@ -142,9 +152,11 @@ class Teacher(FrozenModel):
         guide = self.guidance.guide
 
         def teacher(z, t, y):
+            self.evaluations += z.shape[0]
             return self.objective.linear_velocity(self.model, z, t, y)
 
         def weaker(z, t, y):
+            self.evaluations += z.shape[0]
             return self.objective.linear_velocity(guide.model, z, t, y)
 
         with autocast():
@@ -219,24 +231,25 @@ def _load(section: DistillSection) -> _Loaded:
     return _Loaded(model, str(source.path), id2label, vae, data)
 
 
-def _guidance_of(section: DistillSection) -> tuple[float, tuple[float, float]]:
+def _guidance_of(section: DistillSection) -> tuple[float, tuple[float, float], tuple[str, int] | None]:
     """The scale and flow times the config gives, or where it gives none the teacher's recorded guidance (its
     previews': the scale, and its interval as noise levels, read as the linear path's times); a checkpoint file records
-    none: no guidance."""
+    none: no guidance. And the sampler and steps it records (``None`` for a checkpoint file)."""
     scale, times = section.guidance_scale, section.guidance_times
-    recorded = None
-    if scale is None or times is None:
-        from moh_dit.sampling.loading import recorded_sampling
+    from moh_dit.sampling.loading import recorded_sampling
 
-        recorded = recorded_sampling(section.teacher) if not Path(section.teacher).is_file() else None
+    recorded = recorded_sampling(section.teacher) if not Path(section.teacher).is_file() else None
     if scale is None:
         scale = recorded.guidance.scale if recorded is not None else 1.0
     if times is None:
         levels = recorded.guidance.noise_range() if recorded is not None else None
         times = (0.0, 1.0) if levels is None else tuple(flow_time(level) for level in levels)
-    if recorded is not None:
+    if recorded is not None and (section.guidance_scale is None or section.guidance_times is None):
         logger.info("the teacher's guidance as it records it: %s", recorded.describe_guidance())
-    return float(scale), (float(times[0]), float(times[1]))
+    sampling = None
+    if recorded is not None and recorded.sampler.scheduler is not None:
+        sampling = (recorded.sampler.scheduler, recorded.sampler.num_steps)
+    return float(scale), (float(times[0]), float(times[1])), sampling
 
 
 def _check_fits(teacher: _Loaded, data: TrainingData) -> None:
@@ -316,6 +329,8 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
     else:
         derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
         base = preset_config(config.model.preset, **(derived | dict(config.model.overrides)))
+    if section.student_from is not None:
+        return _student_from_student(teacher, section, objective)
     student = MoHDiT(**(base | objective.model_config()))
     theirs, mine = teacher.model.state_dict(), student.state_dict()
     if HEADS[head].noise_channels:  # a learned-sigma teacher's output layer without its variance channels
@@ -344,3 +359,36 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
         f"; new: {', '.join(new[:6])}{' ...' if len(new) > 6 else ''}" if new else "",
     )
     return student, report
+
+
+def _student_from_student(teacher: Teacher, section: DistillSection, objective) -> tuple[MoHDiT, dict]:
+    """The student of ``distill.student_from``: every weight of another student of the same teacher (a trajectory
+    student post-trained by MeanFlow, CMT's second stage), with this run's objective record."""
+    from moh_dit.sampling.sources import load_transformer
+
+    model, source = load_transformer(Path(section.student_from))
+    record = model.config.get("objective") or {}
+    theirs = (record.get("teacher") or {}).get("sha256")
+    if record.get("name") != "distill" or theirs != teacher.fingerprint:
+        what = (
+            "not a distilled student"
+            if record.get("name") != "distill"
+            else f"a student of another teacher ({theirs[:12] if theirs else '?'})"
+        )
+        raise ConfigError(
+            f"distill.student_from={section.student_from} is {what}: a student starts from a student of its own "
+            f"teacher ({teacher.fingerprint[:12]}), or from the teacher (distill.student_from unset)"
+        )
+    base = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    student = MoHDiT(**(base | objective.model_config()))
+    student.load_state_dict(model.state_dict())
+    if not section.train_time_embedding:
+        student.t_embedder.requires_grad_(False)
+    logger.info("the student: every tensor of %s (%s)", source.path, record.get("method", "meanflow"))
+    return student, {
+        "distilled_from": teacher.source,
+        "started_from": str(source.path),
+        "copied": len(student.state_dict()),
+        "of": len(student.state_dict()),
+        "new": [],
+    }
