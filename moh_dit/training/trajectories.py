@@ -21,6 +21,7 @@ teacher in one line, and names a shard that is missing or damaged.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -83,7 +84,8 @@ def run_teacher_sampler(
     for index, timestep in enumerate(scheduler.timesteps):
         now = scheduler.sigmas[index].to(noise.device, torch.float32).expand(noise.shape[0])
         z = scheduler.step(velocity(z, now, labels).to(z.dtype), timestep, z).prev_sample
-        if getattr(scheduler, "state_in_first_order", True):  # Heun's second call completes its step
+        last = index == len(scheduler.timesteps) - 1  # Heun's step to 0 is Euler's: one call
+        if last or getattr(scheduler, "state_in_first_order", True):  # Heun's second call completes its step
             states.append(z.float())
     if len(states) != len(grid):
         raise RuntimeError(f"the {sampler} sampler kept {len(states)} states on a grid of {len(grid)} times")
@@ -124,6 +126,10 @@ class TrajectoryPlan:
 
 def _shard_path(folder: Path, shard: int) -> Path:
     return folder / f"shard-{shard:05d}.safetensors"
+
+
+def _cost_path(folder: Path, shard: int) -> Path:
+    return folder / f"shard-{shard:05d}.cost.json"
 
 
 def record_trajectories(
@@ -174,10 +180,13 @@ def record_trajectories(
             bar.update(len(indices))
         indices = plan.indices(shard)
         _, labels = plan.draw(indices, torch.device("cpu"))
-        cost = {"evaluations": str(evaluations() - before), "seconds": f"{time.time() - start:.3f}"}
         tensors = {"states": torch.cat(parts).contiguous(), "labels": labels, "index": torch.tensor(list(indices))}
+        # the cost beside the shard, so that the shard's bytes are the same on any machine and at any speed
+        atomic_write_json(
+            _cost_path(folder, shard), {"evaluations": evaluations() - before, "seconds": time.time() - start}
+        )
         with atomic_path(_shard_path(folder, shard), ".safetensors") as tmp:
-            save_file(tensors, tmp, metadata=cost)
+            save_file(tensors, tmp)
     bar.close()
     barrier()
     if rank == 0:
@@ -185,9 +194,9 @@ def record_trajectories(
         for shard in range(plan.shards):
             path = _shard_path(folder, shard)
             manifest["shards"][path.name] = fingerprint_file(path)
-            meta = _metadata(path)
-            manifest["cost"]["evaluations"] += int(meta["evaluations"])
-            manifest["cost"]["seconds"] += float(meta["seconds"])
+            cost = json.loads(_cost_path(folder, shard).read_text()) if _cost_path(folder, shard).is_file() else {}
+            manifest["cost"]["evaluations"] += int(cost.get("evaluations", 0))
+            manifest["cost"]["seconds"] += float(cost.get("seconds", 0.0))
         manifest["cost"]["images"] = plan.count
         atomic_write_json(folder / MANIFEST, manifest)
     barrier()
@@ -195,8 +204,6 @@ def record_trajectories(
 
 
 def _read_manifest(folder: Path) -> dict | None:
-    import json
-
     path = Path(folder) / MANIFEST
     if not path.is_file():
         return None
@@ -204,13 +211,6 @@ def _read_manifest(folder: Path) -> dict | None:
         return json.loads(path.read_text())
     except ValueError as err:
         raise ArtifactError(f"{path} is damaged ({err}): delete the folder and record it again") from None
-
-
-def _metadata(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
-    with safe_open(path, "pt") as f:
-        return f.metadata() or {}
 
 
 def _readable(path: Path, plan: TrajectoryPlan) -> bool:

@@ -1,0 +1,349 @@
+r"""Why the distilled students of moh-dit 0.5 collapse at one step and get worse with longer training: five
+measurements on the distillation's own code (docs/objective.md#the-diagnosis).
+
+    times       the drawn (t, r) of each recipe: a histogram, and the share near the intervals the few-step sampler
+                evaluates (1 -> 0; 1 -> 0.5 and 0.5 -> 0): t and r each within 0.1 of the interval's ends; with the
+                closed form of two logit-normal draws (2 P(a > 0.9) P(b < 0.1))
+    collapse    one-step samples of a student: the spread of each class's pixels (std over its samples, mean over
+                pixels) against the teacher's 25-step samples and the data, and their distance to the teacher's single
+                guided Euler step and to its 25-step sample, from the same noise
+    derivative  at the student's checkpoints: its finite-difference du/dt against the exact JVP (relative error), and
+                the size of the derivative's term (t - r) du/dt against the teacher's velocity
+    updates     at the same checkpoints: the gradient of the loss from the r = t samples against that of the intervals
+                (norms, cosine, each one's share of the update's projection)
+    ema         the share of the teacher's weights the EMA still holds at the end (its decay rule, exactly)
+
+    python -m experiments.distill_diagnosis --part times
+    python -m experiments.distill_diagnosis --part collapse derivative updates ema --run RUN   # a distillation run
+
+Writes experiments/results/distill_diagnosis/{RESULTS.md, results.json, times.png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from experiments.common import ROOT
+from experiments.report import pyplot
+from moh_dit.files import atomic_write_text, json_text
+from moh_dit.training.config import load_config
+
+OUT = ROOT / "experiments" / "results" / "distill_diagnosis"
+WINDOW = 0.1  # "near" an interval: t and r each within this of its ends
+INTERVALS = {"1 -> 0": (1.0, 0.0), "1 -> 0.5": (1.0, 0.5), "0.5 -> 0": (0.5, 0.0)}
+# the recipes whose draws are measured: (config, overrides)
+RECIPES = {
+    "flow twin's student (0.5)": ("experiments/configs/distill_v05.yaml", []),
+    "default's student (0.5)": ("experiments/configs/distill_ddpm_v05.yaml", []),
+    "MeanFlow distillation (0.6)": ("configs/fashion_mnist_moh_distill.yaml", []),
+    "trajectory distillation (0.6)": ("configs/fashion_mnist_moh_distill_trajectory.yaml", []),
+}
+DRAWS = 1_000_000
+
+
+# ----------------------------------------------------------------------------------------------------
+# times
+# ----------------------------------------------------------------------------------------------------
+def objective_of_config(config_path: str, overrides: list[str]):
+    """The distill objective a config trains (its method, coverage and loss), without a teacher."""
+    from moh_dit.training.objective import run_objective
+
+    config = load_config(ROOT / config_path, ["distill.teacher=unused", *overrides])
+    record = {"name": "distill", "method": config.distill.method, "time": "moh-dit"}
+    return run_objective(config, record, learn_sigma=False)
+
+
+def near(t: torch.Tensor, r: torch.Tensor, interval: tuple[float, float]) -> torch.Tensor:
+    return ((t - interval[0]).abs() <= WINDOW) & ((r - interval[1]).abs() <= WINDOW) & (t > r)
+
+
+def logit_normal_closed_form(mean: float, std: float) -> float:
+    """P(max > 0.9 and min < 0.1) of two independent logit-normal draws: 2 P(a > 0.9) P(b < 0.1)."""
+    z = math.log(0.9 / 0.1)
+    phi = statistics.NormalDist(mean, std).cdf
+    return 2 * (1 - phi(z)) * phi(-z)
+
+
+def part_times(result: dict) -> None:
+    rows, plotted = {}, {}
+    for name, (path, overrides) in RECIPES.items():
+        objective = objective_of_config(path, overrides)
+        g = torch.Generator().manual_seed(0)
+        t, r = objective.draw_times(DRAWS, g)
+        intervals = t > r
+        row = {
+            "recipe": objective.coverage.describe(),
+            "interval_share": float(intervals.float().mean()),
+            **{k: float(near(t, r, v).float().mean()) for k, v in INTERVALS.items()},
+            **{f"{k} of intervals": float(near(t, r, v).float().sum() / intervals.sum()) for k, v in INTERVALS.items()},
+        }
+        cov = objective.coverage
+        if cov.t.sampling == "logit-normal" and cov.r is None and not cov.grid_share:
+            row["closed form 1 -> 0 of intervals"] = logit_normal_closed_form(cov.t.mean, cov.t.std)
+        rows[name] = row
+        plotted[name] = (t[intervals][:200_000], r[intervals][:200_000])
+    result["times"] = rows
+    plt = pyplot()
+    if plt is not None:
+        fig, axes = plt.subplots(1, len(plotted), figsize=(3.2 * len(plotted), 3.2), squeeze=False)
+        for ax, (name, (t, r)) in zip(axes[0], plotted.items()):
+            ax.hist2d(t.numpy(), r.numpy(), bins=40, range=[[0, 1], [0, 1]], cmap="magma", norm="log")
+            for a, b in INTERVALS.values():
+                ax.plot([a], [b], "c+", markersize=12)
+            ax.set(title=name, xlabel="t (start)", ylabel="r (end)")
+            ax.title.set_fontsize(8)
+        fig.tight_layout()
+        fig.savefig(OUT / "times.png", dpi=110)
+
+
+# ----------------------------------------------------------------------------------------------------
+# A run: its config, teacher, student checkpoints
+# ----------------------------------------------------------------------------------------------------
+def run_parts(run: Path):
+    """The run's config, data, teacher and objective (the objective of its student's record)."""
+    from moh_dit.data.training_data import load_training_data
+    from moh_dit.training.teacher import Teacher
+
+    config = load_config(run / "config.yaml")
+    data = load_training_data(config.data, torch.device("cpu"))
+    teacher = Teacher.load(config.distill, data, torch.device("cpu"))
+    teacher.freeze("cpu")
+    return config, data, teacher
+
+
+def student_at(run: Path, step: int | None, ema: bool):
+    from moh_dit.run_folder import RunLayout
+    from moh_dit.sampling.sources import checkpoint_model
+
+    layout = RunLayout(run)
+    folder = layout.checkpoint(step) if step is not None else layout.latest_checkpoint()
+    model, _ = checkpoint_model(Path(folder), prefer_ema=ema)
+    return model.eval()
+
+
+def checkpoint_steps(run: Path) -> list[int]:
+    from moh_dit.run_folder import checkpoint_step
+
+    return sorted(checkpoint_step(p) for p in (run / "checkpoints").glob("step-*"))
+
+
+def the_objective(config, model):
+    from moh_dit.training.objective import run_objective
+
+    return run_objective(config, model.config.objective, learn_sigma=False)
+
+
+def a_batch(config, data, objective, n: int, seed: int = 0):
+    """``n`` training images with the objective's draws of noise and times, from a fixed generator."""
+    g = torch.Generator().manual_seed(seed)
+    index = torch.randperm(len(data.dataset), generator=g)[:n]
+    x, y = zip(*(data.dataset[int(i)] for i in index))
+    x, y = torch.stack([torch.as_tensor(v) for v in x]), torch.as_tensor(y)
+    x0 = data.clean_latents(x, torch.zeros(n, dtype=torch.bool), g, torch.device("cpu"))
+    return objective.noised(x0, g, torch.device("cpu")), y
+
+
+# ----------------------------------------------------------------------------------------------------
+# collapse
+# ----------------------------------------------------------------------------------------------------
+def spread(images: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean over classes of each class's pixel std over its samples, averaged over pixels."""
+    return statistics.mean(float(images[labels == c].std(dim=0).mean()) for c in labels.unique().tolist())
+
+
+def rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a - b) ** 2).mean().sqrt())
+
+
+@torch.no_grad()
+def part_collapse(result: dict, run: Path, per_class: int = 50) -> None:
+    from moh_dit.training.trajectories import run_teacher_sampler
+    from moh_dit.training.trajectory_sources import teacher_velocity
+
+    config, data, teacher = run_parts(run)
+    student = student_at(run, None, ema=True)
+    objective = the_objective(config, student)
+    classes = data.num_classes
+    y = torch.arange(classes).repeat_interleave(per_class)
+    z = torch.randn(len(y), *data.dataset[0][0].shape, generator=torch.Generator().manual_seed(1))
+    one = torch.ones(len(y))
+    velocity = teacher_velocity(teacher, "no", torch.device("cpu"))
+    student_1 = z - objective.average_velocity(student, z, one, 0 * one, y).sample
+    half = z - 0.5 * objective.average_velocity(student, z, one, 0.5 * one, y).sample
+    student_2 = half - 0.5 * objective.average_velocity(student, half, 0.5 * one, 0 * one, y).sample
+    euler_1 = z - velocity(z, one, y)
+    grid = torch.linspace(1, 0, 26).tolist()
+    teacher_25 = run_teacher_sampler(velocity, z, y, grid, "euler")[:, -1]
+    real_x, real_y = zip(*(data.dataset[i] for i in range(2000)))
+    real = torch.stack([torch.as_tensor(v) for v in real_x]).float() / 127.5 - 1
+    result["collapse"] = {
+        "run": str(run),
+        "spread": {
+            "student, 1 step": spread(student_1, y),
+            "student, 2 steps": spread(student_2, y),
+            "teacher, one guided Euler step": spread(euler_1, y),
+            "teacher, 25 Euler steps": spread(teacher_25, y),
+            "data": spread(real, torch.as_tensor(real_y)),
+        },
+        "distance": {
+            "student 1 step to the teacher's one Euler step": rms(student_1, euler_1),
+            "student 1 step to the teacher's 25 steps": rms(student_1, teacher_25),
+            "teacher's one Euler step to its 25 steps": rms(euler_1, teacher_25),
+            "student 2 steps to the teacher's 25 steps": rms(student_2, teacher_25),
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# derivative and updates, along the run's checkpoints
+# ----------------------------------------------------------------------------------------------------
+def part_derivative(result: dict, run: Path, n: int = 64) -> None:
+    from moh_dit.objectives.meanflow import MeanFlow
+
+    config, data, teacher = run_parts(run)
+    rows = []
+    for step in checkpoint_steps(run):
+        student = student_at(run, step, ema=False)
+        objective = the_objective(config, student)
+        noised, y = a_batch(config, data, objective, n)
+        t, r = noised.terms["t"], noised.terms["r"]
+        moving = t > r
+        v = teacher.velocity(noised.x_t, t, y, None, contextlib.nullcontext)
+        _, fd = objective.finite_difference(student, noised, v, y, None, contextlib.nullcontext)
+        _, exact = MeanFlow.velocity_and_derivative(objective, student, noised, v, y, None, contextlib.nullcontext)
+        error = (fd - exact).flatten(1).norm(dim=1) / exact.flatten(1).norm(dim=1).clamp(min=1e-12)
+        span = (t - r).reshape(-1, 1, 1, 1)
+        term = (span * exact).flatten(1).pow(2).mean(dim=1).sqrt()
+        rows.append(
+            {
+                "step": step,
+                "fd_vs_jvp_relative_error_median": float(error[moving].median()),
+                "fd_vs_jvp_relative_error_max": float(error[moving].max()),
+                "derivative_term_rms": float(term[moving].mean()),
+                "teacher_velocity_rms": float(v.flatten(1).pow(2).mean(dim=1).sqrt().mean()),
+            }
+        )
+    result["derivative"] = {"run": str(run), "fd_eps": objective.fd_eps, "rows": rows}
+
+
+def part_updates(result: dict, run: Path, n: int = 64) -> None:
+    config, data, teacher = run_parts(run)
+    rows = []
+    for step in checkpoint_steps(run):
+        student = student_at(run, step, ema=False).train()
+        objective = the_objective(config, student)
+        noised, y = a_batch(config, data, objective, n, seed=1)
+        equal = noised.terms["t"] == noised.terms["r"]
+        losses, _ = objective.forward_losses(
+            student, noised, y, torch.zeros_like(y), False, contextlib.nullcontext, {"teacher": teacher}, step
+        )
+        grads = []
+        for part in (equal, ~equal):
+            student.zero_grad()
+            (losses.loss * part).sum().div(n).backward(retain_graph=True)
+            grads.append(torch.cat([p.grad.flatten() for p in student.parameters() if p.grad is not None]).clone())
+        g_eq, g_int = grads
+        total = g_eq + g_int
+        rows.append(
+            {
+                "step": step,
+                "norm_r_eq_t": float(g_eq.norm()),
+                "norm_intervals": float(g_int.norm()),
+                "cosine": float(torch.nn.functional.cosine_similarity(g_eq, g_int, dim=0)),
+                "share_r_eq_t": float(g_eq @ total / total.dot(total)),
+                "share_intervals": float(g_int @ total / total.dot(total)),
+            }
+        )
+    result["updates"] = {"run": str(run), "rows": rows}
+
+
+def part_ema(result: dict, run: Path) -> None:
+    """The EMA's weight on the weights it started from (the teacher's) after the run's steps: its own update rule
+    applied to one number that starts at 1 and is 0 ever after."""
+    from moh_dit.training.setup import make_ema
+
+    config = load_config(run / "config.yaml")
+    param = torch.nn.Parameter(torch.ones(1))
+    ema = make_ema(torch.nn.ParameterList([param]), config.ema)
+    shares = {}
+    with torch.no_grad():
+        param.zero_()
+        for step in range(1, config.train.max_steps + 1):
+            ema.step([param])
+            if step in (config.train.max_steps // 4, config.train.max_steps // 2, config.train.max_steps):
+                shares[step] = float(ema.shadow_params[0])
+    result["ema"] = {"run": str(run), "decay": config.ema.decay, "teacher_share": shares}
+
+
+# ----------------------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------------------
+def report(result: dict) -> str:
+    lines = ["# Distillation: the diagnosis", "", "`python -m experiments.distill_diagnosis` (see its docstring).", ""]
+    if "times" in result:
+        lines += ["## The drawn intervals", "", "![times](times.png)", ""]
+        keys = [*INTERVALS, *(f"{k} of intervals" for k in INTERVALS)]
+        lines += ["| recipe | draws | r < t | " + " | ".join(keys) + " |", "|---" * (3 + len(keys)) + "|"]
+        for name, row in result["times"].items():
+            closed = row.get("closed form 1 -> 0 of intervals")
+            cells = [f"{row[k]:.3%}" for k in keys]
+            if closed is not None:
+                cells[3] += f" (closed form {closed:.3%})"
+            lines.append(f"| {name} | {row['recipe']} | {row['interval_share']:.0%} | " + " | ".join(cells) + " |")
+        lines.append("")
+    for part, title in (("collapse", "The collapse at one step"),):
+        if part in result:
+            c = result[part]
+            lines += [f"## {title}", "", f"Run: `{c['run']}`", "", "| samples | per-class pixel spread |", "|---|---|"]
+            lines += [f"| {k} | {v:.4f} |" for k, v in c["spread"].items()]
+            lines += ["", "| distance (RMS per pixel, same noise) | |", "|---|---|"]
+            lines += [f"| {k} | {v:.4f} |" for k, v in c["distance"].items()]
+            lines.append("")
+    for part, title in (("derivative", "The derivative along the run"), ("updates", "Where each update comes from")):
+        if part in result:
+            rows = result[part]["rows"]
+            keys = [k for k in rows[0] if k != "step"]
+            lines += [f"## {title}", "", f"Run: `{result[part]['run']}`", ""]
+            lines += ["| step | " + " | ".join(keys) + " |", "|---" * (1 + len(keys)) + "|"]
+            lines += [f"| {r['step']} | " + " | ".join(f"{r[k]:.4g}" for k in keys) + " |" for r in rows]
+            lines.append("")
+    if "ema" in result:
+        e = result["ema"]
+        shares = ", ".join(f"step {s}: {v:.3g}" for s, v in e["teacher_share"].items())
+        lines += ["## The EMA", "", f"Decay {e['decay']}: the teacher's share of the EMA weights at {shares}.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import json
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", nargs="+", choices=["times", "collapse", "derivative", "updates", "ema"], default=["times"])
+    p.add_argument("--run", type=Path, default=None, help="a distillation run folder (every part but times)")
+    args = p.parse_args(argv)
+    if set(args.part) - {"times"} and (args.run is None or not (args.run / "config.yaml").is_file()):
+        raise SystemExit(f"--part {' '.join(args.part)} needs --run: a distillation run folder (got {args.run})")
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "results.json"
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    parts = {"times": lambda: part_times(result), "collapse": lambda: part_collapse(result, args.run),
+             "derivative": lambda: part_derivative(result, args.run), "updates": lambda: part_updates(result, args.run),
+             "ema": lambda: part_ema(result, args.run)}  # fmt: skip
+    for part in args.part:
+        parts[part]()
+        atomic_write_text(path, json_text(result))
+        atomic_write_text(OUT / "RESULTS.md", report(result))
+    return result
+
+
+if __name__ == "__main__":
+    from moh_dit.cli.common import run_cli
+
+    run_cli(main)

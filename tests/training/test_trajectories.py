@@ -1,0 +1,188 @@
+"""The teacher's trajectories for trajectory distillation (moh_dit/training/trajectories.py, trajectory_sources.py,
+moh_dit/cli/trajectories.py): the sampler's states against a hand-written Euler, the grid with the student's times,
+a set recorded in pieces (a stopped recording finished later, on two processes) equal to one recorded at once, a
+folder of another plan refused before anything is written, a set of another teacher refused, a missing or damaged
+shard named; and a trajectory distillation that records its set, trains and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from moh_dit.errors import ArtifactError, ConfigError
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import train
+from moh_dit.training.trajectories import (
+    MANIFEST,
+    StoredTrajectories,
+    TrajectoryPlan,
+    record_trajectories,
+    run_teacher_sampler,
+    trajectory_grid,
+)
+
+from ..helpers.factories import run_command, tiny_train_config, torchrun, train_tiny
+
+TEACHER = {"sha256": "ab" * 32, "objective": {"name": "flow"}, "guidance": {"scale": 2.0}}
+
+
+def toy_velocity(z, t, labels):
+    """A smooth velocity with a label: v = (0.5 + t) z + label."""
+    return (0.5 + t).reshape(-1, 1, 1, 1) * z + labels.reshape(-1, 1, 1, 1).float()
+
+
+def plan(**changed) -> TrajectoryPlan:
+    fields = dict(teacher=TEACHER, sampler="euler", steps=4, grid=trajectory_grid(4, (1, 2)), count=7, shard_size=3,
+                  seed=0, null_share=0.25, null_id=2, num_classes=2, shape=[1, 2, 2])  # fmt: skip
+    return TrajectoryPlan(**(fields | changed))
+
+
+def record(folder, the_plan=None, **kw):
+    calls = []
+
+    def velocity(z, t, labels):
+        calls.append(len(z))
+        return toy_velocity(z, t, labels)
+
+    return record_trajectories(folder, the_plan or plan(), velocity, lambda: sum(calls), torch.device("cpu"), **kw)
+
+
+def test_the_grid_holds_the_teachers_steps_and_the_students_sampling_times():
+    assert trajectory_grid(4, (1, 2)) == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert trajectory_grid(3, (1, 2, 4)) == [1.0, 0.75, 0.666666667, 0.5, 0.333333333, 0.25, 0.0]
+
+
+def test_the_sampler_keeps_one_state_per_grid_time_as_a_hand_written_euler_does():
+    grid = [1.0, 0.6, 0.25, 0.0]
+    z = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 1, 2])
+    states = run_teacher_sampler(toy_velocity, z, labels, grid, "euler")
+    expected = [z]  # z_next = z + (s_next - s) v(z, s)
+    for s, s_next in zip(grid, grid[1:]):
+        expected.append(expected[-1] + (s_next - s) * toy_velocity(expected[-1], torch.full((3,), s), labels))
+    torch.testing.assert_close(states, torch.stack(expected, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_the_second_order_samplers_follow_the_exact_trajectory_closer_than_euler():
+    """dz/dt = c z has z(s) = z(1) exp(c (s - 1)): Heun and UniPC keep states nearer it than Euler at every time."""
+    grid = trajectory_grid(8, (1, 2))
+    z = torch.randn(4, 1, 2, 2, generator=torch.Generator().manual_seed(1))
+    exact = torch.stack([z * torch.exp(torch.tensor(1.5 * (s - 1))) for s in grid], 1)
+    errors = {
+        name: (run_teacher_sampler(lambda x, t, y: 1.5 * x, z, torch.zeros(4), grid, name) - exact).abs().max()
+        for name in ("euler", "heun", "unipc")
+    }
+    assert errors["heun"] < errors["euler"] / 5 and errors["unipc"] < errors["euler"] / 2, errors  # its first step: Euler
+
+
+def test_a_recording_stopped_and_finished_later_equals_one_made_at_once(tmp_path):
+    whole = record(tmp_path / "whole")
+    assert whole["complete"] and len(whole["shards"]) == 3 and whole["cost"]["images"] == 7
+    assert whole["cost"]["evaluations"] == 7 * 4  # one evaluation per Euler step and trajectory
+    cut = tmp_path / "cut"
+    record(cut)
+    (cut / "shard-00001.safetensors").unlink()  # as a stopped recording leaves it: some shards, an open plan
+    manifest = json.loads((cut / MANIFEST).read_text())
+    (cut / MANIFEST).write_text(json.dumps({"plan": manifest["plan"], "complete": False}))
+    again = record(cut)
+    assert again["shards"] == whole["shards"]  # bit for bit
+    states = load_file(cut / "shard-00002.safetensors")
+    assert states["states"].shape == (1, 5, 1, 2, 2) and states["index"].tolist() == [6]
+
+
+def test_a_folder_of_another_plan_is_refused_before_anything_is_written(tmp_path):
+    record(tmp_path / "set")
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "set").iterdir()}
+    with pytest.raises(ConfigError, match=r"another teacher or other settings \(steps: 4 -> 5"):
+        record(tmp_path / "set", plan(steps=5))
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "set").iterdir()} == before
+
+
+def test_a_set_of_another_teacher_an_unfinished_set_and_a_damaged_or_missing_shard_are_refused(tmp_path):
+    record(tmp_path / "set")
+    stored = StoredTrajectories(tmp_path / "set", TEACHER)
+    assert stored.count == 7 and stored.identity()["teacher"] == TEACHER
+    with pytest.raises(ConfigError, match="another teacher"):
+        StoredTrajectories(tmp_path / "set", TEACHER | {"sha256": "cd" * 32})
+    shard = tmp_path / "set" / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="shard-00001.safetensors is damaged"):
+        StoredTrajectories(tmp_path / "set", TEACHER)
+    shard.unlink()
+    with pytest.raises(ArtifactError, match="shard-00001.safetensors is missing"):
+        StoredTrajectories(tmp_path / "set", TEACHER)
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open" / MANIFEST).write_text(json.dumps({"plan": plan().record(), "complete": False}))
+    with pytest.raises(ConfigError, match="unfinished"):
+        StoredTrajectories(tmp_path / "open", TEACHER)
+
+
+def test_the_pairs_read_the_chosen_trajectorys_two_states_and_its_label(tmp_path):
+    record(tmp_path / "set")
+    stored = StoredTrajectories(tmp_path / "set", TEACHER)
+    pick = torch.tensor([0.0, 0.5, 0.99])  # trajectories 0, 3 and 6
+    first, second, labels = stored.pairs({"pick": pick}, torch.tensor([0, 1, 2]), torch.tensor([4, 3, 2]), "cpu")
+    shards = [load_file(tmp_path / "set" / f"shard-0000{k}.safetensors") for k in range(3)]
+    torch.testing.assert_close(first[1], shards[1]["states"][0, 1])
+    torch.testing.assert_close(second[2], shards[2]["states"][0, 2])
+    assert labels.tolist() == [shards[0]["labels"][0], shards[1]["labels"][0], shards[2]["labels"][0]]
+
+
+@pytest.fixture(scope="module")
+def flow_teacher(image_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher") / "flow"
+    train_tiny(out, image_dir, "objective.name=flow", "train.max_steps=4", "preview.per_class=0")
+    return out
+
+
+TRAJECTORY = ["objective.name=distill", "distill.method=trajectory", "distill.trajectory_count=6",
+              "distill.trajectory_shard_size=2", "distill.trajectory_steps=3", "distill.grid_share=0.5",
+              "preview.per_class=0"]  # fmt: skip
+
+
+def test_the_command_records_on_two_processes_what_one_process_records(flow_teacher, tmp_path):
+    """moh-dit trajectories on two processes, stopped after its first shards and run again, equals one process."""
+    args = ["--teacher", flow_teacher, "--count", "6", "--shard-size", "2", "--steps", "3", "--device", "cpu"]
+    run_command([sys.executable, "-m", "moh_dit", "trajectories", *args, "--out", tmp_path / "one"])
+    two = tmp_path / "two"
+    run_command(torchrun("-m", "moh_dit", "trajectories", *args, "--out", two))
+    (two / "shard-00002.safetensors").unlink()
+    manifest = json.loads((two / MANIFEST).read_text())
+    (two / MANIFEST).write_text(json.dumps({"plan": manifest["plan"], "complete": False}))
+    done = run_command(torchrun("-m", "moh_dit", "trajectories", *args, "--out", two))
+    assert "6 trajectories" in done.stdout
+    shards = [json.loads((f / MANIFEST).read_text())["shards"] for f in (tmp_path / "one", two)]
+    assert shards[0] == shards[1]
+
+
+def test_a_trajectory_distillation_records_its_set_trains_and_refuses_another_teachers_set(
+    flow_teacher, image_dir, tmp_path
+):
+    config = tiny_train_config(tmp_path / "student", image_dir)
+    summary = train(load_config(config, [f"distill.teacher={flow_teacher}", *TRAJECTORY, "train.max_steps=2"]))
+    run = tmp_path / "student"
+    assert summary["step"] == 2 and (run / "trajectories" / MANIFEST).is_file()
+    record_ = json.loads((run / "trajectories" / MANIFEST).read_text())
+    assert record_["complete"] and record_["plan"]["teacher"]["sha256"] and record_["cost"]["evaluations"] > 0
+    objective = json.loads((run / "pipeline" / "transformer" / "config.json").read_text())["objective"]
+    assert objective["method"] == "trajectory"
+    other = tmp_path / "other"
+    train_tiny(other, image_dir, "objective.name=flow", "train.max_steps=2", "preview.per_class=0", "train.seed=5")
+    again = [f"distill.teacher={other}", *TRAJECTORY, f"distill.trajectories={run / 'trajectories'}"]
+    with pytest.raises(ConfigError, match="another teacher"):
+        train(load_config(tiny_train_config(tmp_path / "s2", image_dir), again))
+    assert not (tmp_path / "s2" / "checkpoints").exists()
+
+
+def test_a_key_of_another_method_is_refused_in_one_line(flow_teacher, image_dir, tmp_path):
+    config = tiny_train_config(tmp_path / "s", image_dir)
+    with pytest.raises(ConfigError, match="distill.tangent_warmup: not an option of distill.method=trajectory"):
+        load_config(config, [f"distill.teacher={flow_teacher}", *TRAJECTORY, "distill.tangent_warmup=5"])
+    with pytest.raises(ConfigError, match="distill.trajectory_count: not an option of distill.method=meanflow"):
+        load_config(config, ["objective.name=distill", f"distill.teacher={flow_teacher}", "distill.trajectory_count=5"])
