@@ -1,26 +1,27 @@
 r"""Few steps from a trained model: the embedded default (DDPM) and its flow twin distilled into 1-, 2- and 4-step
-samplers (configs/fashion_mnist_moh_distill.yaml and its DDPM twin fashion_mnist_moh_distill_ddpm.yaml), against
-their teachers at 25 steps and against MeanFlow trained from scratch on the same data and budget (the few-step
-study's records):
+samplers by each method (``distill.method``), against their teachers at 25 steps and against MeanFlow trained from
+scratch on the same data and budget (the few-step study's records):
 
     teachers     configs/fashion_mnist_moh.yaml and configs/fashion_mnist_moh_flow.yaml at each seed (batch 16 x 8300
-                 steps; the runs this study trains itself, so that every time is measured on one machine)
-    students     each teacher's distillation config at each seed, from its own seed's teacher (830 steps, a tenth of
-                 the teacher's): finite differences, MeanFlow's interval embedding; the DDPM teacher's student with
-                 uniform times and lr 1e-3 (its velocity head is new)
-    ablations    seed 0 of the flow twin's student with a JVP instead of finite differences, and with Decoupled
-                 MeanFlow's split (the last 4 of 12 blocks on the end time) instead of the interval embedding; the
-                 DDPM teacher's student with the flow twin's recipe (logit-normal times, lr 3e-4)
+                 steps; trained by this study, so that every time is measured on one machine)
+    meanflow     MeanFlow distillation with the stabilisers (configs/fashion_mnist_moh_distill.yaml, its DDPM twin
+                 fashion_mnist_moh_distill_ddpm.yaml), from each teacher at the same seed
+    trajectory   trajectory distillation (configs/fashion_mnist_moh_distill_trajectory.yaml, its DDPM twin): the
+                 teacher's trajectories recorded by the run, then secants
+    cmt          the trajectory student post-trained by MeanFlow (configs/fashion_mnist_moh_distill_cmt.yaml: CMT's
+                 second stage), from the same seed's trajectory student
+    v05          seed 0: moh-dit 0.5's recipe (experiments/configs/distill_v05.yaml, distill_ddpm_v05.yaml) over the
+                 same four-times-longer run: the failure the others repair
+    ablations    seed 0 of the flow twin's meanflow student with each stabiliser taken out, one at a time
 
-The guidance folded into each student is the one its teacher samples best with at 25 steps: the flow twin's CFG 3
-in its recorded interval (the few-step study's sweep), the embedded default's recorded CFG 4 in DiT's timesteps
-100-500. Students evaluate themselves during training (500 samples in one and two steps, every 166 steps). At the
-end every model is scored with 1000 class-balanced samples: KID, FID, precision and recall on the project's
-classifier features against the 10,000 Fashion-MNIST test images, with the network evaluations per image counted;
-students paired with their teachers by seed. Each training's time is its steps over its median images per second as
-its own log measured them (the teachers and the students each ran two at a time on the machine's two cores).
+Every student trains 3320 steps (four times 0.5's 830) and evaluates itself every 415 (500 samples, one and two
+steps). At the end every model is scored with 1000 class-balanced samples: KID, FID, precision and recall on the
+project's classifier features against the 10,000 Fashion-MNIST test images, with the network evaluations per image
+counted; students paired with their teachers by seed. The cost of each distillation is counted beside it
+(experiments/distill_report.py): the teacher's network evaluations for targets and trajectories, the student's own,
+the images and the wall-clock, against the teacher's training.
 
-    python -m experiments.distill --part train    # teachers, then students and ablations (resumable)
+    python -m experiments.distill --part train    # teachers, then students, baselines and ablations (resumable)
     python -m experiments.distill --part score    # students at 1, 2, 4 steps; teachers at 25
     python -m experiments.distill --report-only
 
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from experiments.arms import STUDY_SCALES, curve_point, run_name, score_model, train_arm
 from experiments.common import ROOT, render_grid, scoring_context
-from experiments.distill_report import KINDS, STUDENT_STEPS, TEACHER_STEPS, plot, report
+from experiments.distill_report import KINDS, METHODS, STUDENT_STEPS, TEACHER_STEPS, plot, report, run_cost
 from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
 from moh_dit.errors import NonFiniteLossError
 from moh_dit.training.quality import read_records
@@ -45,38 +46,58 @@ TEACHERS = {"ddpm": ("configs/fashion_mnist_moh.yaml", []), "flow": ("configs/fa
 TEACHER_SAMPLERS = {"ddpm": "dpm-solver", "flow": "euler"}  # the fast protocol of each (the recipes study's)
 # the guidance each teacher samples best with at 25 steps (null: the one it records), folded into its students
 TEACHER_SCALES = {"ddpm": None, "flow": 3.0}
-# each teacher's distillation config (the DDPM teacher's: uniform times and lr 1e-3 for its student's new head)
-DISTILL = {"flow": "configs/fashion_mnist_moh_distill.yaml", "ddpm": "configs/fashion_mnist_moh_distill_ddpm.yaml"}
-# at seed 0: the flow twin's student with a JVP and with the split; the DDPM student with the flow twin's recipe
-# (MeanFlow's logit-normal times, lr 3e-4: the recipe every DDPM student had before its own config)
+# each method's config per teacher ({seed} and {runs} filled in: the cmt student starts from its trajectory student)
+CONFIGS = {
+    "meanflow": {"flow": "configs/fashion_mnist_moh_distill.yaml", "ddpm": "configs/fashion_mnist_moh_distill_ddpm.yaml"},
+    "trajectory": {
+        "flow": "configs/fashion_mnist_moh_distill_trajectory.yaml",
+        "ddpm": "configs/fashion_mnist_moh_distill_trajectory_ddpm.yaml",
+    },
+    "cmt": {"flow": "configs/fashion_mnist_moh_distill_cmt.yaml", "ddpm": "configs/fashion_mnist_moh_distill_cmt_ddpm.yaml"},
+    "v05": {"flow": "experiments/configs/distill_v05.yaml", "ddpm": "experiments/configs/distill_ddpm_v05.yaml"},
+}  # fmt: skip
+EXTRA = {"cmt": ["distill.student_from={runs}/trajectory-{kind}-seed{seed}"]}
+SEED_0_ONLY = ("v05",)
+STUDENT_STEPS_RUN = 3320  # four times 0.5's 830
+# seed 0 of the flow twin's meanflow student with one stabiliser taken out (the config's default restored)
 ABLATIONS = {
-    "flow": {"jvp": ["distill.derivative=jvp"], "split": ["distill.end_time_blocks=4"]},
-    "ddpm": {"flowrecipe": ["objective.time_sampling=logit-normal", "optim.lr=3e-4"]},
+    "no-grid": ["distill.grid_share=0.0"],
+    "no-r-law": ["distill.r_time_sampling=null", "distill.r_time_mean=null", "distill.r_time_std=null"],
+    "no-warmup": ["distill.tangent_warmup=0"],
+    "l2": ["distill.loss=l2", "distill.spatial_invariance=false", "objective.adaptive_eps=0.01"],
+    "no-anchor": ["distill.anchor=0.0"],
+    "no-clamp": ["distill.tangent_clamp=null"],
 }
-# the students' runs are a tenth of the teachers': five evaluations along them, as along the teachers'
 SCALES = {
-    "cpu": STUDY_SCALES["cpu"] | {"student_eval": ["log.eval_every=166", "log.eval_samples=500"]},
-    "tiny": STUDY_SCALES["tiny"] | {"student_eval": ["log.eval_every=2", "log.eval_samples=20"]},
+    "cpu": STUDY_SCALES["cpu"]
+    | {
+        "student_eval": ["log.eval_every=415", "log.eval_samples=500"],
+        "student_length": [f"train.max_steps={STUDENT_STEPS_RUN}", "train.checkpoint_every=415"],
+    },
+    "tiny": STUDY_SCALES["tiny"] | {"student_eval": ["log.eval_every=2", "log.eval_samples=20"], "student_length": []},
 }
 MATCH = ("arm", "seed", "steps", "scale")  # a scored row's identity
 
 
-def student_arms(seed: int, out: Path) -> dict[str, tuple[str, list[str]]]:
-    """The students of ``seed``: one per teacher, each from that seed's run, and the flow twin's ablations."""
-    arms = {}
-    for kind in KINDS:
-        teacher = out / "runs" / run_name(kind, seed)
-        scale = TEACHER_SCALES[kind]
-        guidance = [] if scale is None else [f"distill.guidance_scale={scale}"]
-        arms[f"distill-{kind}"] = (DISTILL[kind], [f"distill.teacher={teacher}", *guidance])
-    for kind, ablations in ABLATIONS.items():
-        config, student = arms[f"distill-{kind}"]
-        arms |= {f"distill-{kind}-{name}": (config, [*student, *extra]) for name, extra in ablations.items()}
+def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[str]]]:
+    """Every student of ``seed``: each method from that seed's teacher of each kind (v05 at seed 0), and at seed 0 the
+    flow twin's ablations. Arm names: ``{method}-{kind}``, ``meanflow-flow-{ablation}``; ``sc``: the scale (its
+    students' length)."""
+    arms, runs = {}, out / "runs"
+    length = sc["student_length"]
+    for method, configs in CONFIGS.items():
+        if method in SEED_0_ONLY and seed != 0:
+            continue
+        for kind, config in configs.items():
+            teacher = runs / run_name(kind, seed)
+            scale = TEACHER_SCALES[kind]
+            guidance = [] if scale is None else [f"distill.guidance_scale={scale}"]
+            extra = [e.format(runs=runs, kind=kind, seed=seed) for e in EXTRA.get(method, [])]
+            arms[f"{method}-{kind}"] = (config, [f"distill.teacher={teacher}", *guidance, *length, *extra])
+    if seed == 0:
+        config, student = arms["meanflow-flow"]
+        arms |= {f"meanflow-flow-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS.items()}
     return arms
-
-
-def ablation_arms(kind: str) -> list[str]:
-    return [f"distill-{kind}-{name}" for name in ABLATIONS.get(kind, {})]
 
 
 def model_of(arm: str, seed: int, out: Path) -> Path:
@@ -86,19 +107,20 @@ def model_of(arm: str, seed: int, out: Path) -> Path:
 # ----------------------------------------------------------------------------------------------------
 # The parts
 # ----------------------------------------------------------------------------------------------------
-def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict) -> None:
-    """Each seed's teachers, then its students (seed 0 also the ablations); a part stopped early resumes where it
-    stopped (every run resumes from its latest checkpoint)."""
+def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, only: list[str] | None = None) -> None:
+    """Each seed's teachers, then its students (``only``: these arms); a part stopped early resumes where it stopped
+    (every run resumes from its latest checkpoint, a set of trajectories from its last shard)."""
     for seed in seeds:
         for kind in KINDS:
             result["training"][run_name(kind, seed)] = train_arm(kind, seed, sc, out, reference, TEACHERS)
             save(out, result)
-        arms = student_arms(seed, out)
+        arms = student_arms(seed, out, sc)
         student_sc = sc | {"eval": sc["student_eval"]}
-        for arm in arms:
-            if seed != 0 and any(arm in ablation_arms(kind) for kind in KINDS):
+        for arm in arms:  # in order: a cmt student after its trajectory student
+            if only and arm not in only:
                 continue
-            result["training"][run_name(arm, seed)] = _train_student(arm, seed, student_sc, out, reference, arms)
+            record = _train_student(arm, seed, student_sc, out, reference, arms)
+            result["training"][run_name(arm, seed)] = record | run_cost(out / "runs" / run_name(arm, seed))
             save(out, result)
 
 
@@ -113,24 +135,25 @@ def _train_student(arm: str, seed: int, sc: dict, out: Path, reference: Path, ar
         return {"arm": arm, "seed": seed, "diverged": str(err).splitlines()[0], "curve": curve}
 
 
-def part_score(ctx: dict, seeds, result: dict) -> None:
-    """Every student at 1, 2 and 4 steps without guidance (it is folded in), every teacher at 25 steps with the
-    guidance folded into its students; then a grid of seed 0's students at 1 and 2 steps."""
+def part_score(ctx: dict, seeds, result: dict, only: list[str] | None = None) -> None:
+    """Every trained student at 1, 2 and 4 steps without guidance (it is folded in), every teacher at 25 steps with
+    the guidance folded into its students; then grids of seed 0's students at 1 and 2 steps."""
     for seed in seeds:
+        for arm in student_arms(seed, ctx["out"], ctx["sc"]):
+            if (only and arm not in only) or not model_of(arm, seed, ctx["out"]).is_dir():
+                continue
+            for steps in STUDENT_STEPS:
+                _score_once(result, ctx, arm, seed, "meanflow", steps, 1.0)
         for kind in KINDS:
-            arms = [f"distill-{kind}", *ablation_arms(kind)]
-            for arm in arms:
-                if seed == 0 or arm == f"distill-{kind}":
-                    for steps in STUDENT_STEPS:
-                        _score_once(result, ctx, arm, seed, "meanflow", steps, 1.0)
             teacher = model_of(kind, seed, ctx["out"])
             scale = TEACHER_SCALES[kind] or _recorded_scale(teacher)
             _score_once(result, ctx, kind, seed, TEACHER_SAMPLERS[kind], TEACHER_STEPS, scale)
-    for kind in KINDS:
-        for steps in (1, 2):
-            grid = ctx["out"] / f"grid_distill-{kind}_{steps}step.png"
-            if not grid.exists() and model_of(f"distill-{kind}", 0, ctx["out"]).is_dir():
-                render_grid(model_of(f"distill-{kind}", 0, ctx["out"]), grid, "meanflow", steps, 1.0)
+    for method in METHODS:
+        for kind in KINDS:
+            for steps in (1, 2):
+                grid = ctx["out"] / f"grid_{method}-{kind}_{steps}step.png"
+                if not grid.exists() and model_of(f"{method}-{kind}", 0, ctx["out"]).is_dir():
+                    render_grid(model_of(f"{method}-{kind}", 0, ctx["out"]), grid, "meanflow", steps, 1.0)
 
 
 def _recorded_scale(model: Path) -> float:
@@ -168,18 +191,19 @@ def save(out: Path, result: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = study_arguments(__doc__, ["train", "score"], SCALES, "cpu", "experiments/results/distill")
     p.add_argument("--rescore", action="store_true", help="redo points already in the records (default: kept)")
+    p.add_argument("--arms", nargs="+", default=None, help="train and score only these students (default: all)")
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
     out = Path(args.out)
     result, seeds, lock = open_study(args, sc, "distill", {"training": {}, "scores": []})  # lock: held to the end
     result["meanflow"] = meanflow_from_scratch(out)
     if not args.report_only:
-        ctx = scoring_context(args, sc)
+        ctx = scoring_context(args, sc, sc=sc)
         out = ctx["out"]
         if args.part in ("train", "all"):
-            part_train(sc, out, ctx["reference"], seeds, result)
+            part_train(sc, out, ctx["reference"], seeds, result, args.arms)
         if args.part in ("score", "all"):
-            part_score(ctx, seeds, result)
+            part_score(ctx, seeds, result, args.arms)
     out.mkdir(parents=True, exist_ok=True)
     save(out, result)
     plot(result, out)

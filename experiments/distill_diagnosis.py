@@ -82,7 +82,9 @@ def part_times(result: dict) -> None:
             "recipe": objective.coverage.describe(),
             "interval_share": float(intervals.float().mean()),
             **{k: float(near(t, r, v).float().mean()) for k, v in INTERVALS.items()},
-            **{f"{k} of intervals": float(near(t, r, v).float().sum() / intervals.sum()) for k, v in INTERVALS.items()},
+            **{
+                f"{k} of intervals": float(near(t, r, v).float().sum() / intervals.sum()) for k, v in INTERVALS.items()
+            },
         }
         cov = objective.coverage
         if cov.t.sampling == "logit-normal" and cov.r is None and not cov.grid_share:
@@ -325,7 +327,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import json
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", nargs="+", choices=["times", "collapse", "derivative", "updates", "ema"], default=["times"])
+    p.add_argument(
+        "--part", nargs="+", choices=["times", "collapse", "derivative", "updates", "ema"], default=["times"]
+    )
     p.add_argument("--run", type=Path, default=None, help="a distillation run folder (every part but times)")
     args = p.parse_args(argv)
     if set(args.part) - {"times"} and (args.run is None or not (args.run / "config.yaml").is_file()):

@@ -1,8 +1,18 @@
-"""The distillation study's settings (``experiments/distill.py`` trains and scores them) and its report: RESULTS.md
-and its plots."""
+"""The distillation study's settings (``experiments/distill.py`` trains and scores them), the cost of each
+distillation, and its report: RESULTS.md and its plots.
+
+What a distillation costs is counted from its run folder against what its teacher's training cost. In network
+evaluations at the model's size (a training step's forward and backward count as three forwards): the teacher's
+evaluations while the student trains (its guided targets; the run's log counts them exactly), the teacher's
+evaluations that recorded the trajectories (the set's manifest), and the student's own passes (its objective's count
+per image times the images it saw). In images: the student's training images and the trajectories. In wall-clock: the
+student's training steps over its median speed, and the trajectories' process-seconds. The teacher's training: its
+images times three, and its steps over its median speed.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from experiments.common import describe_reference
@@ -10,7 +20,6 @@ from experiments.report import (
     by_seed_table,
     curve_points,
     fmt_values,
-    mean_ci,
     note_lines,
     paired,
     paired_readings,
@@ -18,18 +27,125 @@ from experiments.report import (
     plot_curves,
     pyplot,
 )
-from moh_dit.logs import plural
 
-__all__ = ["KINDS", "STUDENT_STEPS", "TEACHER_STEPS", "GOAL", "by_seed", "time_fractions", "report", "plot"]
+__all__ = [
+    "KINDS",
+    "METHODS",
+    "STUDENT_STEPS",
+    "TEACHER_STEPS",
+    "GOAL",
+    "by_seed",
+    "costs",
+    "run_cost",
+    "report",
+    "plot",
+]
 
 KINDS = ("flow", "ddpm")  # the teachers: the flow twin, the embedded default
+METHODS = ("meanflow", "trajectory", "cmt", "v05")  # the students' arms, {method}-{kind}
 STUDENT_STEPS, TEACHER_STEPS = (1, 2, 4), 25
-# the issue's goal: 2 steps within 1.25x the teacher's 25-step KID with recall within 0.05, 1 step within 2x, for at
-# most half the teacher's training time
-GOAL = {"kid_ratio": {2: 1.25, 1: 2.0}, "recall_gap": 0.05, "time_fraction": 0.5}
+# the issue's goal: 2 steps within 1.25x the teacher's 25-step KID with recall within 0.05, 1 step within 2x, the whole
+# distillation within the teacher's own training cost
+GOAL = {"kid_ratio": {2: 1.25, 1: 2.0}, "recall_gap": 0.05, "cost_ratio": 1.0}
 NAMES = {"flow": "the flow twin", "ddpm": "the embedded default (DDPM)"}
+STARTS_FROM = {"cmt": "trajectory"}  # a method whose students start from another method's (their cost adds up)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Costs
+# ----------------------------------------------------------------------------------------------------
+FORWARDS_PER_TRAINING_IMAGE = 3.0  # a forward and its backward
+
+
+def _last_record(run: Path, key: str) -> dict:
+    path = run / "metrics.jsonl"
+    found = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if key in record:
+                found = record
+    return found
+
+
+def _trajectory_manifest(run: Path) -> dict | None:
+    from moh_dit.training.config import load_config
+
+    config = load_config(run / "config.yaml") if (run / "config.yaml").is_file() else None
+    if config is None or config.distill.method != "trajectory":
+        return None
+    folder = (
+        Path(config.distill.trajectories)
+        if config.distill.trajectories not in (None, "online")
+        else run / "trajectories"
+    )
+    path = folder / "trajectories.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _student_forwards(run: Path) -> float | None:
+    """The student's passes per training image, from its objective as the run trained it."""
+    from moh_dit.training.config import load_config
+    from moh_dit.training.objective import run_objective
+
+    pipeline = run / "pipeline" / "transformer" / "config.json"
+    if not (run / "config.yaml").is_file() or not pipeline.is_file():
+        return None
+    record = json.loads(pipeline.read_text()).get("objective")
+    objective = run_objective(load_config(run / "config.yaml"), record, learn_sigma=False)
+    return getattr(objective, "student_forwards", objective.training_forwards)()
+
+
+def run_cost(run: Path) -> dict:
+    """A student's cost from its run folder (``{}`` when it has none yet)."""
+    last = _last_record(run, "samples_seen")
+    if not last:
+        return {}
+    images = last["samples_seen"]
+    per_image = _student_forwards(run)
+    cost = {
+        "student_images": images,
+        "student_forwards": images * per_image if per_image is not None else None,
+        "teacher_evaluations": last.get("teacher_evaluations", 0),
+    }
+    manifest = _trajectory_manifest(run)
+    if manifest is not None:
+        cost |= {
+            "trajectories": manifest["cost"]["images"],
+            "trajectory_evaluations": manifest["cost"]["evaluations"],
+            "trajectory_seconds": manifest["cost"]["seconds"],
+        }
+    return cost
+
+
+def teacher_cost(training: dict) -> dict:
+    """The teacher's training cost from its study record (steps, median images/s) at batch 16."""
+    images = training["steps"] * 16
+    return {"images": images, "forwards": images * FORWARDS_PER_TRAINING_IMAGE,
+            "seconds": images / training["median_images_per_s"]}  # fmt: skip
+
+
+def total_cost(record: dict, chain: list[dict] = ()) -> dict | None:
+    """A student's whole distillation (with the students it started from, ``chain``: a cmt student's trajectory
+    student): network evaluations, images and seconds."""
+    parts = [*chain, record]
+    if any("student_images" not in p or p.get("student_forwards") is None for p in parts):
+        return None
+    forwards = sum(
+        p["student_forwards"] + p["teacher_evaluations"] + p.get("trajectory_evaluations", 0) for p in parts
+    )
+    images = sum(p["student_images"] + p.get("trajectories", 0) for p in parts)
+    seconds = sum(
+        p["steps"] * 16 / p["median_images_per_s"] + p.get("trajectory_seconds", 0.0)
+        for p in parts
+        if p.get("median_images_per_s")
+    )
+    return {"forwards": forwards, "images": images, "seconds": seconds}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The report
+# ----------------------------------------------------------------------------------------------------
 def _steps(count: int) -> str:
     return f"{count} step" + ("s" if count != 1 else "")
 
@@ -38,70 +154,113 @@ def by_seed(rows: list[dict], arm: str, steps: int, key: str = "kid") -> dict[in
     return {r["seed"]: r[key] for r in rows if (r["arm"], r["steps"]) == (arm, steps) and key in r}
 
 
-def time_fractions(result: dict, arm: str, kind: str) -> dict[int, float]:
-    """Each seed's training time of ``arm`` over its teacher's: each run's steps over the median images/s its own log
-    measured (the same batch of 16 images a step)."""
-    training, fractions = result["training"], {}
-    for run in training.values():
-        if run["arm"] != arm or not run.get("median_images_per_s"):
-            continue
-        teacher = training.get(f"{kind}-seed{run['seed']}")
-        if teacher and teacher.get("median_images_per_s"):
-            student_time = run["steps"] / run["median_images_per_s"]
-            fractions[run["seed"]] = student_time / (teacher["steps"] / teacher["median_images_per_s"])
-    return fractions
-
-
 def _meanflow_by_seed(result: dict, steps: int, key: str = "kid") -> dict[int, float]:
-    return {r["seed"]: r[key] for r in result.get("meanflow", []) if r["steps"] == steps}
+    return {r["seed"]: r[key] for r in result.get("meanflow", []) if r["steps"] == steps and key in r}
 
 
-def _goal_lines(result: dict, kind: str) -> list[str]:
-    """Whether the students of ``kind`` meet the issue's goal, seed by seed and on the mean."""
-    rows, student, lines = result["scores"], f"distill-{kind}", []
+def costs(result: dict, method: str, kind: str) -> dict[int, dict[str, float]]:
+    """Each seed's whole distillation by ``method`` from the teacher ``kind``, as ratios to the teacher's training:
+    network evaluations, images and seconds."""
+    training, found = result["training"], {}
+    for run in training.values():
+        if run.get("arm") != f"{method}-{kind}":
+            continue
+        seed = run["seed"]
+        start = STARTS_FROM.get(method)
+        chain = [training.get(f"{start}-{kind}-seed{seed}", {})] if start else []
+        whole, teacher = total_cost(run, chain), training.get(f"{kind}-seed{seed}")
+        if whole is None or not teacher or not teacher.get("median_images_per_s"):
+            continue
+        base = teacher_cost(teacher)
+        found[seed] = {"forwards": whole["forwards"] / base["forwards"], "images": whole["images"] / base["images"],
+                       "seconds": whole["seconds"] / base["seconds"]}  # fmt: skip
+    return found
+
+
+def _goal_lines(result: dict, method: str, kind: str) -> list[str]:
+    """Whether ``method``'s students of ``kind`` meet the issue's goal, seed by seed."""
+    rows, student, lines = result["scores"], f"{method}-{kind}", []
     teacher_kid = by_seed(rows, kind, TEACHER_STEPS)
     for steps, limit in sorted(GOAL["kid_ratio"].items(), reverse=True):
-        ratios = [by_seed(rows, student, steps)[s] / teacher_kid[s] for s in sorted(teacher_kid)
-                  if s in by_seed(rows, student, steps)]  # fmt: skip
+        mine = by_seed(rows, student, steps)
+        ratios = [mine[s] / teacher_kid[s] for s in sorted(teacher_kid) if s in mine]
         if ratios:
             met = sum(r <= limit for r in ratios)
-            lines.append(
-                f"- {_steps(steps)}: KID {fmt_values(ratios)} x the teacher's (goal <= {limit:g}x; "
-                f"met at {met} of {len(ratios)} seeds)."
-            )
+            lines.append(f"- {_steps(steps)}: KID {fmt_values(ratios)} x the teacher's (goal <= {limit:g}x; met at "
+                         f"{met} of {len(ratios)} seeds).")  # fmt: skip
     gaps = paired(by_seed(rows, student, 2, "recall"), by_seed(rows, kind, TEACHER_STEPS, "recall"))
     if gaps:
-        met = sum(abs(g) <= GOAL["recall_gap"] or g > 0 for g in gaps)
-        lines.append(
-            f"- 2 steps: recall {fmt_values(gaps, 3)} from the teacher's (goal: within {GOAL['recall_gap']:g}; met at "
-            f"{met} of {len(gaps)} seeds)."
-        )
-    fractions = list(time_fractions(result, student, kind).values())
-    if fractions:
-        met = sum(f <= GOAL["time_fraction"] for f in fractions)
-        lines.append(
-            f"- training time {fmt_values(fractions, 2)} of the teacher's (goal <= {GOAL['time_fraction']:g}; met at "
-            f"{met} of {len(fractions)} seeds)."
-        )
+        met = sum(g >= -GOAL["recall_gap"] for g in gaps)
+        lines.append(f"- 2 steps: recall {fmt_values(gaps, 3)} from the teacher's (goal: within {GOAL['recall_gap']:g}; "
+                     f"met at {met} of {len(gaps)} seeds).")  # fmt: skip
+    spent = costs(result, method, kind)
+    if spent:
+        ratios = [c["forwards"] for c in spent.values()]
+        met = sum(r <= GOAL["cost_ratio"] for r in ratios)
+        lines.append(f"- cost: {fmt_values(ratios)} x the teacher's training in network evaluations, "
+                     f"{fmt_values([c['seconds'] for c in spent.values()])} x in wall-clock (goal <= 1; met at {met} of "
+                     f"{len(ratios)} seeds).")  # fmt: skip
+    return [f"**{method}**:", *lines] if lines else []
+
+
+def _curve_lines(result: dict) -> list[str]:
+    curves = [r for r in result["training"].values() if r.get("curve") and r["arm"] not in KINDS]
+    if not curves:
+        return []
+    lines = ["", "## During training", "", "500 samples of the students' EMA weights at each evaluation, unguided (the "
+             "teacher's guidance is folded in), in one step and in two: KID x 1000, mean over seeds [95% t] (n):", "",
+             "| student | step | 1 step | 2 steps |", "|---|---|---|---|"]  # fmt: skip
+    one, two = curve_points(curves), curve_points(curves, "kid@2")
+    for arm in sorted(one):
+        for step in sorted(one[arm]):
+            cells = [one[arm][step], two.get(arm, {}).get(step, {})]
+            lines.append(
+                f"| {arm} | {step} | " + " | ".join(f"{fmt_values(c.values())} (n={len(c)})" for c in cells) + " |"
+            )
     return lines
 
 
-def _ablation_lines(result: dict, kind: str) -> list[str]:
-    """The table of ``kind``'s student against its ablations at seed 0 (arms ``distill-{kind}-*``)."""
-    rows, training, student = result["scores"], result["training"], f"distill-{kind}"
-    ablations = sorted(
-        {r["arm"] for r in rows if r["arm"].startswith(student + "-")}
-        | {r["arm"] for r in training.values() if r["arm"].startswith(student + "-") and "diverged" in r}
-    )
+def _kind_lines(result: dict, kind: str) -> list[str]:
+    rows = result["scores"]
+    teacher = by_seed(rows, kind, TEACHER_STEPS)
+    students = [m for m in METHODS if by_seed(rows, f"{m}-{kind}", 1)]
+    if not teacher and not students:
+        return []
+    lines = ["", f"## {NAMES[kind]}: students at 1, 2 and 4 steps against the teacher at {TEACHER_STEPS}", ""]
+    table = [
+        ((f"{m}-{kind}", str(s)), by_seed(rows, f"{m}-{kind}", s), teacher) for m in students for s in STUDENT_STEPS
+    ]
+    table.append(((f"teacher ({kind})", str(TEACHER_STEPS)), teacher, None))
+    table += [(("MeanFlow from scratch", str(s)), _meanflow_by_seed(result, s), teacher) for s in STUDENT_STEPS]
+    lines += by_seed_table(("model", "steps"), [r for r in table if r[1]], f"the teacher at {TEACHER_STEPS}")
+    lines += ["", "| model | steps | NFE | FID | precision | recall | cost / teacher's (evaluations, images, time) |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    shown = [(f"{m}-{kind}", s, m) for m in students for s in STUDENT_STEPS] + [(kind, TEACHER_STEPS, None)]
+    for arm, steps, method in shown:
+        if by_seed(rows, arm, steps):
+            cells = [f"{max(by_seed(rows, arm, steps, 'nfe').values()):g}"]
+            cells += [fmt_values(by_seed(rows, arm, steps, k).values(), d)
+                      for k, d in (("fid", 1), ("precision", 3), ("recall", 3))]  # fmt: skip
+            spent = costs(result, method, kind) if method else {}
+            cells.append(", ".join(fmt_values([c[k] for c in spent.values()]) for k in ("forwards", "images", "seconds"))
+                         if spent else "")  # fmt: skip
+            lines.append(f"| {arm} | {steps} | " + " | ".join(cells) + " |")
+    lines += ["", "Against the goal (the issue's):", ""]
+    for method in students:
+        lines += _goal_lines(result, method, kind)
+    comparisons = [(f"{m}-{kind}, {_steps(s)} - MeanFlow from scratch, KID", by_seed(rows, f"{m}-{kind}", s),
+                    _meanflow_by_seed(result, s)) for m in students for s in STUDENT_STEPS]  # fmt: skip
+    return [*lines, "", *paired_readings(comparisons)]
+
+
+def _ablation_lines(result: dict) -> list[str]:
+    rows, training, student = result["scores"], result["training"], "meanflow-flow"
+    ablations = sorted({r["arm"] for r in training.values() if r.get("arm", "").startswith(student + "-")})
     if not ablations:
         return []
-    lines = [
-        "",
-        f"## Ablations: the student of {NAMES[kind]}, seed 0",
-        "",
-        "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | training images/s | time / teacher's |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines = ["", "## Ablations: the flow twin's meanflow student with one stabiliser taken out, seed 0", "",
+             "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | KID at 1 step during training |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for arm in [student, *ablations]:
         run = training.get(f"{arm}-seed0", {})
         if "diverged" in run:
@@ -109,124 +268,59 @@ def _ablation_lines(result: dict, kind: str) -> list[str]:
             continue
         kids = [by_seed(rows, arm, s).get(0) for s in STUDENT_STEPS]
         recall = by_seed(rows, arm, 2, "recall").get(0)
-        fraction = time_fractions(result, arm, kind).get(0)
-        cells = [*(f"{k:.2f}" if k is not None else "-" for k in kids)]
-        cells += [f"{recall:.3f}" if recall is not None else "-", f"{run.get('median_images_per_s') or 0:.1f}"]
-        cells.append(f"{fraction:.2f}" if fraction is not None else "-")
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        curve = " / ".join(f"{p['kid']:.1f}" for p in run.get("curve", []) if "kid" in p)
+        cells = [*(f"{k:.2f}" if k is not None else "-" for k in kids), f"{recall:.3f}" if recall is not None else "-"]
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {curve} |")
     return lines
 
 
 def report(result: dict) -> str:
-    protocol, rows = result["protocol"], result["scores"]
+    protocol = result["protocol"]
     lines = [
         "# Distillation: 1, 2 and 4 steps from a trained model",
         "",
         f"Written by `python -m experiments.distill` (scale {protocol['scale']}). Teachers: the embedded default "
-        "(DDPM) and its flow twin (MoH-DiT-Ti/4-75 at width 128, batch 16 x 8300 steps); students: "
-        "configs/fashion_mnist_moh_distill.yaml (the flow twin) and fashion_mnist_moh_distill_ddpm.yaml (the default: "
-        "uniform times, lr 1e-3) from each teacher at the same seed (830 steps, finite differences, the teacher's time "
-        "embedding kept). "
+        "(DDPM) and its flow twin (MoH-DiT-Ti/4-75 at width 128, batch 16 x 8300 steps); students by each method "
+        "(meanflow, trajectory, cmt: the trajectory student post-trained by MeanFlow; v05: moh-dit 0.5's recipe) "
+        "from each teacher at the same seed, 3320 steps each. "
         f"KID x 1000 on the project's classifier features against the {describe_reference(protocol)}; "
         f"{protocol['samples']} class-balanced samples per setting; across seeds, means with 95% t-intervals and "
-        "differences paired by seed. NFE: network evaluations per image (a CFG step counts its two halves).",
+        "differences paired by seed. NFE: network evaluations per image (a CFG step counts its two halves). Cost: "
+        "the whole distillation (the teacher's evaluations for targets and trajectories, the student's passes, "
+        "images, wall-clock) over the teacher's training (experiments/distill_report.py).",
     ]
-    curves = [r for r in result["training"].values() if r["arm"].startswith("distill-") and r.get("curve")]
-    if curves:
-        lines += [
-            "",
-            "## During training",
-            "",
-            "500 samples of the students' EMA weights at each evaluation, unguided (the teacher's guidance is folded "
-            "in), in one step and in two: KID x 1000, mean over seeds [95% t] (n):",
-            "",
-            "| student | step | 1 step | 2 steps |",
-            "|---|---|---|---|",
-        ]
-        one, two = curve_points(curves), curve_points(curves, "kid@2")
-        for arm in sorted(one):
-            for step in sorted(one[arm]):
-                cells = [one[arm][step], two.get(arm, {}).get(step, {})]
-                lines.append(
-                    f"| {arm} | {step} | " + " | ".join(f"{fmt_values(c.values())} (n={len(c)})" for c in cells) + " |"
-                )
+    lines += _curve_lines(result)
     for kind in KINDS:
-        teacher = by_seed(rows, kind, TEACHER_STEPS)
-        student = f"distill-{kind}"
-        if not teacher and not by_seed(rows, student, 1):
-            continue
-        lines += ["", f"## {NAMES[kind]}: students at 1, 2 and 4 steps against the teacher at {TEACHER_STEPS}", ""]
-        table = [((student, str(s)), by_seed(rows, student, s), teacher) for s in STUDENT_STEPS]
-        table.append(((f"teacher ({kind})", str(TEACHER_STEPS)), teacher, None))
-        if kind == "flow":
-            table += [(("MeanFlow from scratch", str(s)), _meanflow_by_seed(result, s), teacher) for s in (1, 2, 4)]
-        lines += by_seed_table(("model", "steps"), [r for r in table if r[1]], f"the teacher at {TEACHER_STEPS}")
-        lines += [
-            "",
-            "| model | steps | NFE | FID | precision | recall | s / image |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        shown = [(student, s, rows) for s in STUDENT_STEPS] + [(kind, TEACHER_STEPS, rows)]
-        for arm, steps, source in shown:
-            if by_seed(source, arm, steps):
-                cells = [f"{max(by_seed(source, arm, steps, 'nfe').values()):g}"]
-                cells += [
-                    fmt_values(by_seed(source, arm, steps, k).values(), d)
-                    for k, d in (("fid", 1), ("precision", 3), ("recall", 3), ("seconds_per_image", 4))
-                ]
-                lines.append(f"| {arm} | {steps} | " + " | ".join(cells) + " |")
-        lines += ["", "Against the goal (the issue's):", "", *_goal_lines(result, kind)]
-        lines += [
-            "",
-            *paired_readings(
-                [(f"{student}, {_steps(s)} - teacher, KID", by_seed(rows, student, s), teacher) for s in STUDENT_STEPS]
-                + [
-                    (
-                        f"{student}, {_steps(s)} - MeanFlow from scratch, KID",
-                        by_seed(rows, student, s),
-                        _meanflow_by_seed(result, s),
-                    )
-                    for s in STUDENT_STEPS
-                    if kind == "flow"
-                ]  # fmt: skip
-            ),
-        ]
-    for kind in KINDS:
-        lines += _ablation_lines(result, kind)
-    teachers = [r for r in result["training"].values() if r["arm"] in KINDS]
-    if teachers:
-        speeds = {arm: mean_ci([r["median_images_per_s"] for r in result["training"].values() if r["arm"] == arm])
-                  for arm in sorted({r["arm"] for r in result["training"].values()})}  # fmt: skip
-        lines += ["", "## Training speed (images/s, median of each run's log; mean over runs)", ""]
-        lines += [
-            f"- {arm}: {stat['mean']:.1f} ({plural(len(stat['values']), 'run')})" for arm, stat in speeds.items()
-        ]
+        lines += _kind_lines(result, kind)
+    lines += _ablation_lines(result)
     lines += note_lines(result)
     return "\n".join(lines) + "\n"
 
 
 def plot(result: dict, out: Path) -> None:
     """distill_kid.png: KID by steps for each teacher's students, the teacher and MeanFlow from scratch; and the
-    students' curves during training."""
+    students' one-step curves during training."""
     plt = pyplot()
     if plt is None or not result["scores"]:
         return
     rows = result["scores"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for ax, kind in zip(axes[:2], KINDS):
         groups = [_steps(s) for s in STUDENT_STEPS] + [f"{TEACHER_STEPS} (teacher)"]
-        arms = {
-            f"distill-{kind}": [by_seed(rows, f"distill-{kind}", s) for s in STUDENT_STEPS] + [{}],
-            "teacher": [{}] * len(STUDENT_STEPS) + [by_seed(rows, kind, TEACHER_STEPS)],
-        }
-        if kind == "flow":
-            arms["MeanFlow from scratch"] = [_meanflow_by_seed(result, s) for s in STUDENT_STEPS] + [{}]
+        arms = {f"{m}-{kind}": [by_seed(rows, f"{m}-{kind}", s) for s in STUDENT_STEPS] + [{}] for m in METHODS
+                if by_seed(rows, f"{m}-{kind}", 1)}  # fmt: skip
+        arms["teacher"] = [{}] * len(STUDENT_STEPS) + [by_seed(rows, kind, TEACHER_STEPS)]
+        arms["MeanFlow from scratch"] = [_meanflow_by_seed(result, s) for s in STUDENT_STEPS] + [{}]
         plot_by_seed(ax, groups, arms, "KID x 1000 (1000 samples)")
         ax.set_title(NAMES[kind])
-    curves = [r for r in result["training"].values() if r["arm"].startswith("distill-") and r.get("curve")]
+        ax.set_yscale("log")
+    curves = [r for r in result["training"].values() if r.get("curve") and r["arm"] in
+              {f"{m}-{k}" for m in METHODS for k in KINDS}]  # fmt: skip
     if curves:
         plot_curves(axes[2], curve_points(curves), "KID x 1000, 1 step (500 samples)")
         axes[2].set_title("students during training")
+        axes[2].set_yscale("log")
+        axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "distill_kid.png", dpi=120)
     plt.close(fig)

@@ -532,21 +532,35 @@ def stopped_and_resumed_as_whole(images, tmp_path, extra: list[str]) -> tuple:
     return whole, cut
 
 
+STABILISED = ["distill.loss=opt-grad", "distill.spatial_invariance=true", "distill.tangent_warmup=4",
+              "distill.tangent_clamp=1", "distill.anchor=0.5", "distill.grid_share=0.5"]  # fmt: skip
+TRAJECTORY = ["distill.method=trajectory", "distill.trajectory_count=6", "distill.trajectory_shard_size=2",
+              "distill.trajectory_steps=3", "distill.grid_share=0.5"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "derivative, student",
     [
-        ("finite-difference", "distill.end_time_blocks=1"),
-        ("finite-difference", "optim.new_lr_scale=3"),
-        pytest.param("jvp", "distill.end_time_blocks=1", marks=SLOW),
+        ("finite-difference", ["distill.end_time_blocks=1"]),
+        ("finite-difference", ["optim.new_lr_scale=3"]),
+        ("finite-difference", STABILISED),
+        (None, TRAJECTORY),
+        pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
-    ids=["finite-difference-split", "finite-difference-interval-own-lr", "jvp-split"],
+    ids=["finite-difference-split", "finite-difference-interval-own-lr", "stabilised", "trajectory", "jvp-split"],
 )
 def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, flow_teacher, images, tmp_path):
     """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's split
-    or MeanFlow's new interval embedding in its own optimizer group at 3x the rate) stopped at step 4 and resumed on
-    two processes ends as the uninterrupted one, bit for bit; every checkpoint names its teacher and a resume beside
-    another is refused (tests/training/test_teacher.py)."""
-    extra = [*distill(flow_teacher, derivative), student, "train.checkpoint_every=4", "preview.per_class=0"]
+    or MeanFlow's new interval embedding in its own optimizer group at 3x the rate; the stabilisers and a grid share;
+    trajectory distillation recording its set of trajectories on both processes) stopped at step 4 and resumed on two
+    processes ends as the uninterrupted one, bit for bit, the teacher's evaluations counted alike; every checkpoint
+    names its teacher and a resume beside another is refused (tests/training/test_teacher.py)."""
+    base = (
+        distill(flow_teacher, derivative)
+        if derivative
+        else ("objective.name=distill", f"distill.teacher={flow_teacher}")
+    )
+    extra = [*base, *student, "train.checkpoint_every=4", "preview.per_class=0"]
     whole, cut = stopped_and_resumed_as_whole(images, tmp_path, extra)
     assert len(losses(whole)) >= 2 and all(np.isfinite(loss) for _, loss, _ in losses(whole))
     for run in (whole, cut):  # the teacher each checkpoint was trained beside (a resume compares it)
@@ -554,6 +568,12 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
         assert state["frozen"]["teacher"]["source"] == str(flow_teacher / "pipeline"), state[
             "frozen"
         ]  # a run: its pipeline
+    counted = [[json.loads(line).get("teacher_evaluations") for line in (r / "metrics.jsonl").read_text().splitlines()]
+               for r in (whole, cut)]  # fmt: skip
+    assert counted[0] == counted[1] and counted[0][-1] > 0
+    if derivative is None:  # the same set of trajectories, recorded on two processes in either run
+        sets = [json.loads((r / "trajectories" / "trajectories.json").read_text())["shards"] for r in (whole, cut)]
+        assert sets[0] == sets[1] and len(sets[0]) == 3
 
 
 def test_a_run_with_token_routing_resumes_exactly_on_two_processes(images, tmp_path):

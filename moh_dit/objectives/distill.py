@@ -286,12 +286,21 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
         return scheduler.sigmas[index].to(latents.device, torch.float32).expand(latents.shape[0])
 
     def training_forwards(self) -> float:
-        """The student's forward and backward with the derivative's passes (a JVP: about two forwards; finite
-        differences: two forwards), and the teacher's forwards (two with guidance, one without), counted at the
-        student's size."""
-        teacher = 2.0 if self.teacher_guidance.get("scale", 1.0) != 1.0 else 1.0
-        anchor = 3.0 * (1 - self.equal_times) if self.anchor else 0.0  # a forward and backward of the intervals
-        return 3.0 + (1.0 if self.derivative == "jvp" else 2.0) + teacher + anchor
+        """The student's passes and the teacher's, counted at the student's size (the logs' FLOPs and MFU)."""
+        return self.student_forwards() + self.teacher_forwards()
+
+    def student_forwards(self) -> float:
+        """The student's passes per image, in forwards: its forward and backward (three), the derivative's (a JVP:
+        about one more; finite differences: two, on the interval samples only) and the anchor's forward and backward
+        on the interval samples."""
+        intervals = 1 - self.equal_times
+        derivative = 1.0 if self.derivative == "jvp" else 2.0 * intervals
+        return 3.0 + derivative + (3.0 * intervals if self.anchor else 0.0)
+
+    def teacher_forwards(self) -> float:
+        """The teacher's forwards per image: two where it is guided, one elsewhere (counted as guided everywhere; the
+        logs' ``teacher_evaluations`` count them exactly)."""
+        return 2.0 if self.teacher_guidance.get("scale", 1.0) != 1.0 else 1.0
 
     # ------------------------------------------------------------------------------------------------
     # Training

@@ -74,11 +74,14 @@ class TrajectoryDistill(MeanFlowDistill):
     def logged_terms(self) -> tuple[str, ...]:
         return ()
 
-    def training_forwards(self) -> float:
-        """The student's forward and backward, and the teacher's (guided) forwards for the samples with ``r = t``;
-        the trajectories' own cost is the set's (its manifest)."""
-        teacher = 2.0 if self.teacher_guidance.get("scale", 1.0) != 1.0 else 1.0
-        return 3.0 + teacher * self.equal_times
+    def student_forwards(self) -> float:
+        """The student's forward and backward: no derivative."""
+        return 3.0
+
+    def teacher_forwards(self) -> float:
+        """The teacher's (guided) forwards for the samples with ``r = t``; the trajectories' own cost is the set's
+        (its manifest)."""
+        return super().teacher_forwards() * self.equal_times
 
     def noised(self, x0: torch.Tensor, generator: torch.Generator, device: torch.device) -> Noised:
         """The step's draws, on the CPU from ``generator``: ``(t, r)``, which stored trajectory (``pick``), and for

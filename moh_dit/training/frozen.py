@@ -31,6 +31,7 @@ class FrozenModel:
     are in :meth:`identity` (a JSON-able record with a weights fingerprint)."""
 
     role: str = "frozen"
+    evaluations: int = 0  # rows of the network evaluations it made in this process (a teacher counts its own)
 
     def modules(self) -> list[torch.nn.Module]:
         raise NotImplementedError
@@ -81,6 +82,10 @@ class FrozenModels(Mapping[str, FrozenModel]):
         if both:
             raise ValueError(f"frozen models {both} loaded twice")
         return FrozenModels({**self._models, **other})
+
+    def evaluations(self) -> int:
+        """The rows of network evaluations the frozen models made in this process so far (a distillation's cost)."""
+        return sum(model.evaluations for model in self._models.values())
 
     def identity(self) -> dict[str, dict[str, Any]]:
         """Each role's identity (what a run and its checkpoints record)."""

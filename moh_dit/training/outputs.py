@@ -46,6 +46,16 @@ class RunOutputs:
         record["peak_memory_gb"] = peak_memory_gb(self.accelerator.device)
         return record
 
+    def count_evaluations(self) -> int:
+        """The frozen models' network evaluations since the run began (its teacher's), over all processes: this
+        process's new ones summed over processes (a collective: every process calls it at the same points)."""
+        new = self.frozen.evaluations() - self.evaluations_seen
+        self.evaluations_seen += new
+        if self.world > 1:
+            new = int(self.accelerator.reduce(torch.tensor(float(new), device=self.accelerator.device), "sum"))
+        self.teacher_evaluations += new
+        return self.teacher_evaluations
+
     def write_record(self, on_boundary: bool, heads, progress: Progress, made: int) -> None:
         """The log record of the steps since the last one (a last record between boundaries leaves the window open for
         a later resume). With the first record of this call of ``run`` (``made``: the steps it has made so far), the
@@ -53,6 +63,8 @@ class RunOutputs:
         lr = learning_rate(self.config, self.step - 1)
         record = self.window.record(self.accelerator, self.step, lr, self.samples_seen, heads, on_boundary)
         record.update(self.hardware_record(record["images_per_s"]))
+        if self.count_evaluations():  # a distillation's cost: its teacher's network evaluations, all processes
+            record["teacher_evaluations"] = self.teacher_evaluations
         if self.guard.enabled:
             record.update(skipped_updates=self.guard.skipped, rollbacks=self.guard.rollbacks)
         self.metrics.write(record, progress)
@@ -83,6 +95,7 @@ class RunOutputs:
         ``losses`` (a non-finite loss at the next step) the rescue save never prunes, and the run stops."""
         info = dict(self.data.record(), samples_seen=self.samples_seen, **self.process_layout)
         info["frozen"] = self.frozen.identity()  # the models beside the student: a resume must have the same
+        info["teacher_evaluations"] = self.count_evaluations()
         info["batches_per_epoch"] = self.batches_per_epoch
         if self.guard.enabled:
             info["spike_guard"] = self.guard.state()

@@ -368,13 +368,9 @@ def _student_from_student(teacher: Teacher, section: DistillSection, objective) 
 
     model, source = load_transformer(Path(section.student_from))
     record = model.config.get("objective") or {}
-    theirs = (record.get("teacher") or {}).get("sha256")
-    if record.get("name") != "distill" or theirs != teacher.fingerprint:
-        what = (
-            "not a distilled student"
-            if record.get("name") != "distill"
-            else f"a student of another teacher ({theirs[:12] if theirs else '?'})"
-        )
+    theirs = (record.get("teacher") or {}).get("sha256")  # a distilled student records its teacher
+    if theirs != teacher.fingerprint:
+        what = f"a student of another teacher ({theirs[:12]})" if theirs else "not a distilled student"
         raise ConfigError(
             f"distill.student_from={section.student_from} is {what}: a student starts from a student of its own "
             f"teacher ({teacher.fingerprint[:12]}), or from the teacher (distill.student_from unset)"

@@ -162,6 +162,8 @@ class Trainer(RunOutputs, OptimizerSteps):
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model, self.frozen.identity()), defaults)
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
         self.step = self.samples_seen = 0
+        # a distillation's teacher evaluations while training (a set of trajectories recorded above counts its own)
+        self.teacher_evaluations, self.evaluations_seen = 0, self.frozen.evaluations()
         self.projected = False  # the projected time is logged once, with the first log record
         self.sampler = partial(
             ShardedEpochBatchSampler,
@@ -240,6 +242,7 @@ class Trainer(RunOutputs, OptimizerSteps):
             state = restore_checkpoint(self.resume_from, self.state, self.accelerator, self.record.run_id)
             check_resume_beside(self.resume_from, state.get("frozen"), self.frozen.identity())
             self.step, self.samples_seen = state["step"], state["samples_seen"]
+            self.teacher_evaluations = state.get("teacher_evaluations", 0)
             self.guard.load(state.get("spike_guard"))
             logger.info("resumed from %s at step %d", self.resume_from, self.step)
         if self.record.changes:

@@ -76,7 +76,9 @@ def test_the_second_order_samplers_follow_the_exact_trajectory_closer_than_euler
         name: (run_teacher_sampler(lambda x, t, y: 1.5 * x, z, torch.zeros(4), grid, name) - exact).abs().max()
         for name in ("euler", "heun", "unipc")
     }
-    assert errors["heun"] < errors["euler"] / 5 and errors["unipc"] < errors["euler"] / 2, errors  # its first step: Euler
+    assert errors["heun"] < errors["euler"] / 5 and errors["unipc"] < errors["euler"] / 2, (
+        errors
+    )  # its first step: Euler
 
 
 def test_a_recording_stopped_and_finished_later_equals_one_made_at_once(tmp_path):
@@ -185,4 +187,6 @@ def test_a_key_of_another_method_is_refused_in_one_line(flow_teacher, image_dir,
     with pytest.raises(ConfigError, match="distill.tangent_warmup: not an option of distill.method=trajectory"):
         load_config(config, [f"distill.teacher={flow_teacher}", *TRAJECTORY, "distill.tangent_warmup=5"])
     with pytest.raises(ConfigError, match="distill.trajectory_count: not an option of distill.method=meanflow"):
-        load_config(config, ["objective.name=distill", f"distill.teacher={flow_teacher}", "distill.trajectory_count=5"])
+        load_config(
+            config, ["objective.name=distill", f"distill.teacher={flow_teacher}", "distill.trajectory_count=5"]
+        )
