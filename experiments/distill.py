@@ -58,6 +58,7 @@ CONFIGS = {
 }  # fmt: skip
 EXTRA = {"cmt": ["distill.student_from={runs}/trajectory-{kind}-seed{seed}"]}
 SEED_0_ONLY = ("v05",)
+OWN_LENGTH = ("cmt",)  # a post-training: its config's steps, not the study's
 STUDENT_STEPS_RUN = 3320  # four times 0.5's 830
 # seed 0 of the flow twin's meanflow student with one stabiliser taken out (the config's default restored)
 ABLATIONS = {
@@ -93,7 +94,8 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
             scale = TEACHER_SCALES[kind]
             guidance = [] if scale is None else [f"distill.guidance_scale={scale}"]
             extra = [e.format(runs=runs, kind=kind, seed=seed) for e in EXTRA.get(method, [])]
-            arms[f"{method}-{kind}"] = (config, [f"distill.teacher={teacher}", *guidance, *length, *extra])
+            steps = [] if method in OWN_LENGTH else length
+            arms[f"{method}-{kind}"] = (config, [f"distill.teacher={teacher}", *guidance, *steps, *extra])
     if seed == 0:
         config, student = arms["meanflow-flow"]
         arms |= {f"meanflow-flow-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS.items()}

@@ -190,3 +190,33 @@ def test_a_key_of_another_method_is_refused_in_one_line(flow_teacher, image_dir,
         load_config(
             config, ["objective.name=distill", f"distill.teacher={flow_teacher}", "distill.trajectory_count=5"]
         )
+
+
+def test_a_trajectory_distillation_stopped_in_its_recording_and_in_training_resumes_as_an_uninterrupted_one(
+    flow_teacher, image_dir, tmp_path
+):
+    """One process: the run stopped after a shard of its set (as a kill would leave it) and again after two training
+    steps, resumed each time, ends with the set, the per-step losses, the teacher's evaluations and the weights of a
+    run made at once."""
+    from safetensors.torch import load_file as weights
+
+    def run(out, *more):
+        config = tiny_train_config(out, image_dir)
+        return train(load_config(config, [f"distill.teacher={flow_teacher}", *TRAJECTORY, "train.checkpoint_every=2",
+                                          *more]))  # fmt: skip
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run(whole, "train.max_steps=4")
+    run(cut, "train.max_steps=2")
+    for shard in ("shard-00001.safetensors", "shard-00002.safetensors"):  # the recording stopped after its first shard
+        (cut / "trajectories" / shard).unlink()
+    manifest = json.loads((cut / "trajectories" / MANIFEST).read_text())
+    (cut / "trajectories" / MANIFEST).write_text(json.dumps({"plan": manifest["plan"], "complete": False}))
+    run(cut, "train.max_steps=4", "train.resume=latest")
+    sets = [json.loads((r / "trajectories" / MANIFEST).read_text())["shards"] for r in (whole, cut)]
+    assert sets[0] == sets[1]
+    records = [[json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()] for r in (whole, cut)]
+    keys = ("step", "distill_loss", "teacher_evaluations")
+    assert [[r.get(k) for k in keys] for r in records[0]] == [[r.get(k) for k in keys] for r in records[1]]
+    final = [weights(r / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors") for r in (whole, cut)]
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
