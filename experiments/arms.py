@@ -179,3 +179,14 @@ def counted_rows(pipe, run: Callable[[], object]) -> int:
     finally:
         handle.remove()
     return sum(rows)
+
+
+def run_config(run: Path):
+    """The config a run wrote (``config.yaml``). A run whose weights came from elsewhere (a distillation's student: its
+    teacher's architecture) records ``model.preset: custom``, which no preset loads: its preset is not used, so the
+    default's stands in for it."""
+    import yaml
+
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    custom = (raw.get("model") or {}).get("preset") == "custom"
+    return load_config(run / "config.yaml", ["model.preset=MoH-DiT-Ti/4-75"] if custom else [])

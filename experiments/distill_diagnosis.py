@@ -11,6 +11,8 @@ measurements on the distillation's own code (docs/objective.md#the-diagnosis).
                 the size of the derivative's term (t - r) du/dt against the teacher's velocity
     updates     at the same checkpoints: the gradient of the loss from the r = t samples against that of the intervals
                 (norms, cosine, each one's share of the update's projection)
+    fit         a trajectory student's samples against the teacher's trajectory ends, on trajectories it trained on and
+                on new noise, with its EMA and raw weights (too few trajectories, or too little training?)
     ema         the share of the teacher's weights the EMA still holds at the end (its decay rule, exactly)
 
     python -m experiments.distill_diagnosis --part times
@@ -30,6 +32,7 @@ from typing import Any
 
 import torch
 
+from experiments.arms import run_config
 from experiments.common import ROOT
 from experiments.report import pyplot
 from moh_dit.files import atomic_write_text, json_text
@@ -113,7 +116,7 @@ def run_parts(run: Path):
     from moh_dit.data.training_data import load_training_data
     from moh_dit.training.teacher import Teacher
 
-    config = load_config(run / "config.yaml")
+    config = run_config(run)
     data = load_training_data(config.data, torch.device("cpu"))
     teacher = Teacher.load(config.distill, data, torch.device("cpu"))
     teacher.freeze("cpu")
@@ -160,17 +163,41 @@ def spread(images: torch.Tensor, labels: torch.Tensor) -> float:
     return statistics.mean(float(images[labels == c].std(dim=0).mean()) for c in labels.unique().tolist())
 
 
+def roughness(images: torch.Tensor) -> float:
+    """The mean absolute difference of neighbouring pixels (total variation per pixel): the grain a sampler leaves."""
+    down = (images[..., 1:, :] - images[..., :-1, :]).abs().mean()
+    across = (images[..., :, 1:] - images[..., :, :-1]).abs().mean()
+    return float((down + across) / 2)
+
+
+def feature_spread(images: torch.Tensor, labels: torch.Tensor, extractor) -> float:
+    """Mean over classes of the samples' mean distance to their class centroid in the classifier's features (what
+    precision and recall compare), relative to the mean distance between class centroids."""
+    import numpy as np
+
+    from moh_dit.evaluation.features import extract_features
+
+    pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).repeat(1, 3, 1, 1)
+    feats = torch.as_tensor(extract_features(extractor, pixels.permute(0, 2, 3, 1).numpy(), desc="features")["pool"])
+    centroids = torch.stack([feats[labels == c].mean(0) for c in labels.unique()])
+    inner = statistics.mean(
+        float((feats[labels == c] - centroids[i]).norm(dim=1).mean()) for i, c in enumerate(labels.unique())
+    )
+    between = float(torch.pdist(centroids).mean())
+    return inner / between if np.isfinite(between) and between > 0 else float("nan")
+
+
 def rms(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b) ** 2).mean().sqrt())
 
 
 @torch.no_grad()
-def part_collapse(result: dict, run: Path, per_class: int = 50) -> None:
+def part_collapse(result: dict, run: Path, step: int | None = None, per_class: int = 50) -> None:
     from moh_dit.training.trajectories import run_teacher_sampler
     from moh_dit.training.trajectory_sources import teacher_velocity
 
     config, data, teacher = run_parts(run)
-    student = student_at(run, None, ema=True)
+    student = student_at(run, step, ema=True)
     objective = the_objective(config, student)
     classes = data.num_classes
     y = torch.arange(classes).repeat_interleave(per_class)
@@ -184,16 +211,23 @@ def part_collapse(result: dict, run: Path, per_class: int = 50) -> None:
     grid = torch.linspace(1, 0, 26).tolist()
     teacher_25 = run_teacher_sampler(velocity, z, y, grid, "euler")[:, -1]
     real_x, real_y = zip(*(data.dataset[i] for i in range(2000)))
-    real = torch.stack([torch.as_tensor(v) for v in real_x]).float() / 127.5 - 1
-    result["collapse"] = {
+    real = data.clean_latents(torch.stack([torch.as_tensor(v) for v in real_x]), torch.zeros(2000, dtype=torch.bool),
+                              torch.Generator(), torch.device("cpu"))  # fmt: skip
+    from experiments.common import classifier_features
+
+    extractor = classifier_features()
+    sets = {
+        "student, 1 step": (student_1, y),
+        "student, 2 steps": (student_2, y),
+        "teacher, one guided Euler step": (euler_1, y),
+        "teacher, 25 Euler steps": (teacher_25, y),
+        "data": (real, torch.as_tensor(real_y)),
+    }
+    result.setdefault("collapse", {})[str(step or "last")] = {
         "run": str(run),
-        "spread": {
-            "student, 1 step": spread(student_1, y),
-            "student, 2 steps": spread(student_2, y),
-            "teacher, one guided Euler step": spread(euler_1, y),
-            "teacher, 25 Euler steps": spread(teacher_25, y),
-            "data": spread(real, torch.as_tensor(real_y)),
-        },
+        "spread": {name: spread(images, labels) for name, (images, labels) in sets.items()},
+        "feature spread": {name: feature_spread(images, labels, extractor) for name, (images, labels) in sets.items()},
+        "roughness": {name: roughness(images) for name, (images, _) in sets.items()},
         "distance": {
             "student 1 step to the teacher's one Euler step": rms(student_1, euler_1),
             "student 1 step to the teacher's 25 steps": rms(student_1, teacher_25),
@@ -223,12 +257,14 @@ def part_derivative(result: dict, run: Path, n: int = 64) -> None:
         error = (fd - exact).flatten(1).norm(dim=1) / exact.flatten(1).norm(dim=1).clamp(min=1e-12)
         span = (t - r).reshape(-1, 1, 1, 1)
         term = (span * exact).flatten(1).pow(2).mean(dim=1).sqrt()
+        fd_term = (span * fd).flatten(1).pow(2).mean(dim=1).sqrt()
         rows.append(
             {
                 "step": step,
                 "fd_vs_jvp_relative_error_median": float(error[moving].median()),
                 "fd_vs_jvp_relative_error_max": float(error[moving].max()),
-                "derivative_term_rms": float(term[moving].mean()),
+                "jvp_term_rms": float(term[moving].mean()),
+                "fd_term_rms": float(fd_term[moving].mean()),
                 "teacher_velocity_rms": float(v.flatten(1).pow(2).mean(dim=1).sqrt().mean()),
             }
         )
@@ -266,12 +302,46 @@ def part_updates(result: dict, run: Path, n: int = 64) -> None:
     result["updates"] = {"run": str(run), "rows": rows}
 
 
+@torch.no_grad()
+def part_fit(result: dict, run: Path, n: int = 256) -> None:
+    """A trajectory student against its targets: its 1- and 2-step samples' distance (RMS per pixel) to the teacher's
+    trajectory end, on trajectories it trained on and on new noise (the teacher's sampler run now), with its EMA and
+    its raw weights: a gap between the two sets is too few trajectories; none, too little training."""
+    from moh_dit.training.trajectories import StoredTrajectories, run_teacher_sampler
+    from moh_dit.training.trajectory_sources import teacher_velocity
+
+    config, data, teacher = run_parts(run)
+    stored = StoredTrajectories(run / "trajectories", teacher.computes())
+    pick = torch.arange(n) / stored.count
+    last = torch.full((n,), len(stored.plan.grid) - 1)
+    seen_noise, seen_end, seen_y = stored.pairs({"pick": pick.double()}, torch.zeros(n, dtype=torch.long), last, "cpu")
+    g = torch.Generator().manual_seed(12345)
+    new_y = torch.randint(data.num_classes, (n,), generator=g)
+    new_noise = torch.randn(seen_noise.shape, generator=g)
+    velocity = teacher_velocity(teacher, "no", torch.device("cpu"))
+    new_end = run_teacher_sampler(velocity, new_noise, new_y, stored.plan.grid, stored.plan.sampler)[:, -1]
+    rows = {}
+    for weights in ("ema", "raw"):
+        student = student_at(run, None, ema=weights == "ema")
+        objective = the_objective(config, student)
+        one = torch.ones(n)
+        for name, (z, end, y) in {
+            "trained on": (seen_noise, seen_end, seen_y),
+            "new": (new_noise, new_end, new_y),
+        }.items():
+            x1 = z - objective.average_velocity(student, z, one, 0 * one, y).sample
+            half = z - 0.5 * objective.average_velocity(student, z, one, 0.5 * one, y).sample
+            x2 = half - 0.5 * objective.average_velocity(student, half, 0.5 * one, 0 * one, y).sample
+            rows[f"{weights}, {name}"] = {"1 step": rms(x1, end), "2 steps": rms(x2, end)}
+    result["fit"] = {"run": str(run), "trajectories": stored.count, "rows": rows}
+
+
 def part_ema(result: dict, run: Path) -> None:
     """The EMA's weight on the weights it started from (the teacher's) after the run's steps: its own update rule
     applied to one number that starts at 1 and is 0 ever after."""
     from moh_dit.training.setup import make_ema
 
-    config = load_config(run / "config.yaml")
+    config = run_config(run)
     param = torch.nn.Parameter(torch.ones(1))
     ema = make_ema(torch.nn.ParameterList([param]), config.ema)
     shares = {}
@@ -300,14 +370,22 @@ def report(result: dict) -> str:
                 cells[3] += f" (closed form {closed:.3%})"
             lines.append(f"| {name} | {row['recipe']} | {row['interval_share']:.0%} | " + " | ".join(cells) + " |")
         lines.append("")
-    for part, title in (("collapse", "The collapse at one step"),):
-        if part in result:
-            c = result[part]
-            lines += [f"## {title}", "", f"Run: `{c['run']}`", "", "| samples | per-class pixel spread |", "|---|---|"]
-            lines += [f"| {k} | {v:.4f} |" for k, v in c["spread"].items()]
-            lines += ["", "| distance (RMS per pixel, same noise) | |", "|---|---|"]
-            lines += [f"| {k} | {v:.4f} |" for k, v in c["distance"].items()]
-            lines.append("")
+    if "fit" in result:
+        f = result["fit"]
+        lines += ["## A trajectory student against its targets", "", f"Run: `{f['run']}` ({f['trajectories']} "
+                  "trajectories); RMS per pixel to the teacher's trajectory end, same noise:", "",
+                  "| weights, noise | 1 step | 2 steps |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| {k} | {v['1 step']:.4f} | {v['2 steps']:.4f} |" for k, v in f["rows"].items()]
+        lines.append("")
+    for step, c in result.get("collapse", {}).items():
+        lines += [f"## The collapse at one step (step {step})", "", f"Run: `{c['run']}`", "",
+                  "| samples | per-class pixel spread | per-class feature spread / between classes | roughness |",
+                  "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {k} | {v:.4f} | {c['feature spread'][k]:.3f} | {c['roughness'][k]:.4f} |"
+                  for k, v in c["spread"].items()]  # fmt: skip
+        lines += ["", "| distance (RMS per pixel, same noise) | |", "|---|---|"]
+        lines += [f"| {k} | {v:.4f} |" for k, v in c["distance"].items()]
+        lines.append("")
     for part, title in (("derivative", "The derivative along the run"), ("updates", "Where each update comes from")):
         if part in result:
             rows = result[part]["rows"]
@@ -328,18 +406,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--part", nargs="+", choices=["times", "collapse", "derivative", "updates", "ema"], default=["times"]
+        "--part", nargs="+", choices=["times", "collapse", "derivative", "updates", "fit", "ema"], default=["times"]
     )
     p.add_argument("--run", type=Path, default=None, help="a distillation run folder (every part but times)")
+    p.add_argument("--step", type=int, default=None, help="collapse: the checkpoint at this step (default: the last)")
     args = p.parse_args(argv)
     if set(args.part) - {"times"} and (args.run is None or not (args.run / "config.yaml").is_file()):
         raise SystemExit(f"--part {' '.join(args.part)} needs --run: a distillation run folder (got {args.run})")
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / "results.json"
     result = json.loads(path.read_text()) if path.is_file() else {}
-    parts = {"times": lambda: part_times(result), "collapse": lambda: part_collapse(result, args.run),
+    parts = {"times": lambda: part_times(result), "collapse": lambda: part_collapse(result, args.run, args.step),
              "derivative": lambda: part_derivative(result, args.run), "updates": lambda: part_updates(result, args.run),
-             "ema": lambda: part_ema(result, args.run)}  # fmt: skip
+             "fit": lambda: part_fit(result, args.run), "ema": lambda: part_ema(result, args.run)}  # fmt: skip
     for part in args.part:
         parts[part]()
         atomic_write_text(path, json_text(result))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from experiments.arms import run_config
 from experiments.common import describe_reference
 from experiments.report import (
     by_seed_table,
@@ -69,9 +70,7 @@ def _last_record(run: Path, key: str) -> dict:
 
 
 def _trajectory_manifest(run: Path) -> dict | None:
-    from moh_dit.training.config import load_config
-
-    config = load_config(run / "config.yaml") if (run / "config.yaml").is_file() else None
+    config = run_config(run) if (run / "config.yaml").is_file() else None
     if config is None or config.distill.method != "trajectory":
         return None
     folder = (
@@ -85,14 +84,13 @@ def _trajectory_manifest(run: Path) -> dict | None:
 
 def _student_forwards(run: Path) -> float | None:
     """The student's passes per training image, from its objective as the run trained it."""
-    from moh_dit.training.config import load_config
     from moh_dit.training.objective import run_objective
 
     pipeline = run / "pipeline" / "transformer" / "config.json"
     if not (run / "config.yaml").is_file() or not pipeline.is_file():
         return None
     record = json.loads(pipeline.read_text()).get("objective")
-    objective = run_objective(load_config(run / "config.yaml"), record, learn_sigma=False)
+    objective = run_objective(run_config(run), record, learn_sigma=False)
     return getattr(objective, "student_forwards", objective.training_forwards)()
 
 
