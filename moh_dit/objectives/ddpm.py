@@ -25,7 +25,13 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised, NoiseLevel, Objective
 from moh_dit.objectives.folded_guidance import FOLDED_KEYS, FoldedGuidance
-from moh_dit.objectives.linear_path import linear_path_input, sigma_of_timestep, timestep_of_sigma, velocity_of_noise
+from moh_dit.objectives.linear_path import (
+    linear_path_input,
+    sigma_of_timestep,
+    timestep_of_sigma,
+    velocity_of_ddpm_noise,
+    velocity_of_noise,
+)
 from moh_dit.objectives.noise import DIT_SCHEDULE, ddpm_sigma
 
 __all__ = [
@@ -284,10 +290,11 @@ class DDPM(Objective):
         signal-to-noise ratio at the (fractional) timestep ``tau`` of that level, on the input ``sqrt(abar_tau) z / (1 -
         t)``, and predicts the noise ``eps_hat``; the velocity ``eps - x`` with ``x = (z - t eps) / (1 - t)`` is then
         ``(eps_hat - z) / (1 - t)`` (docs/objective.md#distillation). Beyond DiT's schedule (noise levels below
-        timestep 0's or above 999's) the model sees the nearest timestep."""
+        timestep 0's or above 999's) the model sees the nearest timestep; above 999's the velocity comes from its
+        clean estimate there (:func:`velocity_of_ddpm_noise`: finite at ``t = 1``)."""
         model_in, tau = linear_path_input(z, t)
         eps = net(model_in, tau.to(z.dtype), labels, force_drop_ids=drop).sample
-        return velocity_of_noise(eps[:, : z.shape[1]], z, t).float()
+        return velocity_of_ddpm_noise(eps[:, : z.shape[1]], z, t).float()
 
     def make_scheduler(self, name: str) -> SchedulerMixin:
         """Sampling schedulers for DiT's training schedule.

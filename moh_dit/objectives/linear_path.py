@@ -9,7 +9,14 @@ import torch
 
 from moh_dit.objectives.noise import dit_sigmas
 
-__all__ = ["timestep_of_sigma", "sigma_of_timestep", "timestep_of_flow_time", "linear_path_input", "velocity_of_noise"]
+__all__ = [
+    "timestep_of_sigma",
+    "sigma_of_timestep",
+    "timestep_of_flow_time",
+    "linear_path_input",
+    "velocity_of_noise",
+    "velocity_of_ddpm_noise",
+]
 
 
 def _sigma_table(device: torch.device) -> torch.Tensor:
@@ -59,3 +66,20 @@ def velocity_of_noise(eps: torch.Tensor, z: torch.Tensor, t: torch.Tensor) -> to
     (1 - t)`` it is ``(eps - z) / (1 - t)``, in float64 (differentiable)."""
     t64 = t.to(torch.float64).clamp(max=1 - 1e-12).reshape(-1, *([1] * (z.ndim - 1)))
     return (eps.double() - z.double()) / (1 - t64)
+
+
+def velocity_of_ddpm_noise(eps: torch.Tensor, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The linear path's velocity from a DDPM model's noise prediction ``eps`` for ``linear_path_input(z, t)``, at any
+    flow time: ``(eps - z) / (1 - t)`` inside DiT's schedule (:func:`velocity_of_noise`). Beyond its noisiest level
+    (``t > 0.99369``) that divisor goes to 0 (at ``t = 1`` the velocity was infinite, and a few such samples wrecked a
+    student's targets: docs/objective.md#the-diagnosis); there the model's clean estimate at timestep 999 in its own
+    variables, ``x = x_999 sqrt(1 + sigma^2) - sigma eps``, gives ``v = (z - x) / t`` (at ``t = 1``: ``z - x``,
+    since the noise is ``z`` itself). Float64."""
+    model_in, tau = linear_path_input(z, t)
+    t64 = t.to(torch.float64).clamp(0, 1).reshape(-1, *([1] * (z.ndim - 1)))
+    top = _sigma_table(z.device)[-1]
+    beyond = (t64 / (1 - t64).clamp(min=1e-300)) > top
+    inside = velocity_of_noise(eps, z, t.clamp(max=float(top / (1 + top))))
+    sigma = sigma_of_timestep(tau).reshape(t64.shape)
+    x = model_in.double() * (1 + sigma**2).sqrt() - sigma * eps.double()
+    return torch.where(beyond, (z.double() - x) / t64.clamp(min=1e-12), inside)

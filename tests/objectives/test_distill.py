@@ -273,3 +273,16 @@ def test_the_finite_differences_step_follows_the_time_convention():
     assert MeanFlowDistill(time="moh-dit", fd_eps=1e-3).fd_eps == 1e-3
     with pytest.raises(ConfigError, match="distill.fd_eps must be a step in time between 0 and 0.5"):
         MeanFlowDistill(fd_eps=0.7)
+
+
+def test_a_ddpm_teachers_velocity_stays_finite_and_near_the_exact_one_beyond_its_schedule():
+    """Past DiT's noisiest level (t > 0.99369) ``(eps_hat - z) / (1 - t)`` is infinite at t = 1 (it was: targets of
+    1e12 wrecked DDPM students and their trajectories); the teacher's clean estimate at timestep 999 gives the velocity
+    there, finite and near the exact one of Gaussian data (whose clean estimate at t = 1 is 0: v = z)."""
+    g = torch.Generator().manual_seed(0)
+    t = torch.tensor([0.9936, 0.9938, 0.9999, 1.0], dtype=torch.float64)
+    z = torch.randn(4, 1, 4, 4, generator=g, dtype=torch.float64)
+    ours = DDPM().linear_velocity(ExactNoise(), z, t, None).double()
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, true_velocity(z, t), rtol=0, atol=0.02 * float(z.abs().max()))
+    torch.testing.assert_close(ours[-1], z[-1], rtol=0, atol=0.02 * float(z.abs().max()))
