@@ -79,6 +79,18 @@ class Objective(ABC):
     # the frozen models beside the student this objective needs, by role (moh_dit.training.frozen.FROZEN_MODELS: a
     # distillation's teacher): training loads and places them and hands them to forward_losses
     frozen_models: ClassVar[tuple[str, ...]] = ()
+    # the networks this objective trains beside the student, by role (moh_dit.training.companions.COMPANIONS: DMD2's
+    # fake score), each with its own optimizer; ``updates(step)`` says which one a training step updates
+    trained_models: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def frozen_models_for(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """The frozen roles a run of these options (its config's ``distill`` section) needs: :attr:`frozen_models`."""
+        return cls.frozen_models
+
+    def updates(self, step: int) -> str:
+        """Which network training ``step`` updates: ``student``, or a role of :attr:`trained_models`."""
+        return "student"
 
     @property
     def logged_terms(self) -> tuple[str, ...]:

@@ -28,6 +28,13 @@ class MethodEntry:
     keys: tuple[str, ...] = ()
 
 
+TRAJECTORY_KEYS = (
+    "trajectories",
+    "trajectory_count",
+    "trajectory_sampler",
+    "trajectory_steps",
+    "trajectory_shard_size",
+)
 # the interval coverage (distill.r_time_*, grid_share, grid_steps) is every method's: it chooses the (t, r) trained
 METHODS: dict[str, MethodEntry] = {
     # MeanFlow's identity with the teacher's velocity as the target (NVlabs/FastGen's MeanFlow with use_cd) and the
@@ -52,7 +59,25 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.trajectory",
         "TrajectoryDistill",
         "the secant between two states of the teacher's own sampling trajectories (no derivative of the student)",
-        ("trajectories", "trajectory_count", "trajectory_sampler", "trajectory_steps", "trajectory_shard_size"),
+        TRAJECTORY_KEYS,
+    ),
+    # distribution matching (DMD2, arXiv:2405.14867; FastGen's dmd2.py): a generator against the teacher's score and a
+    # fake score trained on its samples, a GAN term and a regression on the teacher's trajectories optional
+    "dmd2": MethodEntry(
+        "moh_dit.objectives.dmd2",
+        "DMD2Distill",
+        "a generator matching the teacher's distribution through a fake score (DMD2), one step or a few",
+        (
+            "fake_updates",
+            "fake_lr",
+            "gan_weight",
+            "gan_block",
+            "regression",
+            "dmd_steps",
+            "dmd_input",
+            "dmd_time",
+            *TRAJECTORY_KEYS,
+        ),  # fmt: skip
     ),
 }
 DEFAULT_METHOD = "meanflow"  # every student of moh-dit 0.5 and earlier

@@ -154,12 +154,16 @@ class MeanFlowScheduler(SchedulerMixin, ConfigMixin):
     """MeanFlow's sampler (Geng et al. 2025, arXiv:2505.13447): the network predicts the average velocity ``u`` over
     an interval, so one step crosses it: ``z_r = z_t - (t - r) u(z_t, r, t)``. ``set_timesteps(sigmas=[1, ..., s])``
     takes the grid (0 appended); ``n`` steps evaluate the network ``n`` times (one step: ``z_0 = z_1 - u(z_1, 0,
-    1)``). Flow time as moh-dit counts it: 1 is noise, 0 data."""
+    1)``). Flow time as moh-dit counts it: 1 is noise, 0 data.
+
+    With ``renoise`` it is the few-step sampler of a generator trained to the data (DMD2's, a consistency model's):
+    each step predicts the data from ``u`` over the whole way, ``x = z_t - t u(z_t, 0, t)``, and noises it afresh to the
+    next time, ``z_r = (1 - r) x + r eps`` (``eps`` from the step's generator); one step is the same as without."""
 
     order = 1
 
     @register_to_config
-    def __init__(self, num_train_timesteps: int = 1000) -> None:
+    def __init__(self, num_train_timesteps: int = 1000, renoise: bool = False) -> None:
         self.sigmas = torch.tensor([1.0, 0.0])
         self.timesteps = self.sigmas[:-1] * num_train_timesteps
         self._index = 0
@@ -177,9 +181,24 @@ class MeanFlowScheduler(SchedulerMixin, ConfigMixin):
         self.num_inference_steps = len(self.timesteps)
         self._index = 0
 
-    def step(self, model_output: torch.Tensor, timestep, sample: torch.Tensor, return_dict: bool = True, **_):
-        """One interval of the grid: from the current time ``t`` to the next ``r`` with the average velocity."""
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep,
+        sample: torch.Tensor,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        return_dict: bool = True,
+        **_,
+    ):
+        """One interval of the grid: from the current time ``t`` to the next ``r`` with the average velocity (or, with
+        ``renoise``, to the data and back to ``r`` with fresh noise from ``generator``)."""
         t, r = self.sigmas[self._index], self.sigmas[self._index + 1]
         self._index += 1
-        prev = (sample - (t - r).to(sample.dtype) * model_output).to(sample.dtype)
+        if not self.config.renoise:
+            prev = (sample - (t - r).to(sample.dtype) * model_output).to(sample.dtype)
+        else:
+            prev = (sample - t.to(sample.dtype) * model_output).to(sample.dtype)  # the data it predicts
+            if r > 0:
+                noise = randn_tensor(sample.shape, generator=generator, device=sample.device, dtype=sample.dtype)
+                prev = ((1 - r) * prev + r * noise).to(sample.dtype)
         return SchedulerOutput(prev_sample=prev) if return_dict else (prev,)

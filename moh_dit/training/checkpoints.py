@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,15 @@ import numpy as np
 import torch
 
 from moh_dit.errors import ArtifactError
-from moh_dit.files import DiskFullError, check_free_space, folder_size, read_safetensors, replace_folder, writing
+from moh_dit.files import (
+    DiskFullError,
+    check_free_space,
+    folder_size,
+    read_safetensors,
+    read_torch_file,
+    replace_folder,
+    writing,
+)
 from moh_dit.manifests import (
     _normalise,
     fingerprint_module,
@@ -34,6 +42,7 @@ from moh_dit.run_folder import CHECKPOINT_PREFIX, CheckpointContents, RunLayout,
 
 logger = logging.getLogger(__name__)
 POSTHOC_STATE = "posthoc_ema.safetensors"  # a checkpoint's power-function EMAs (post-hoc EMA)
+COMPANIONS = "companions"  # a checkpoint's networks trained beside the student (DMD2's fake score), with optimizers
 
 
 @dataclass
@@ -46,13 +55,15 @@ class TrainingState:
     scaler: Any  # accelerate's grad scaler, or None
     window: Any  # moh_dit.training.tracking.LossWindow
     posthoc: Any = None  # moh_dit.posthoc_ema.PowerFunctionEMAs, or None
+    companions: dict = field(default_factory=dict)  # role -> moh_dit.training.companions.Companion (DMD2's fake score)
 
     def param_names(self) -> list[str]:
         return [n for n, _ in self.model.named_parameters()]
 
     def health(self) -> tuple[bool, float]:
         posthoc = [t for ema in self.posthoc.emas for t in ema] if self.posthoc is not None else []
-        return weight_health([*self.model.parameters(), *self.ema.shadow_params, *posthoc])
+        beside = [p for companion in self.companions.values() for p in companion.module.parameters()]
+        return weight_health([*self.model.parameters(), *self.ema.shadow_params, *posthoc, *beside])
 
 
 def save_checkpoint(
@@ -132,6 +143,15 @@ def _write_checkpoint_files(tmp: Path, state: TrainingState, accelerator, manife
         torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
         if state.scaler is not None:
             torch.save(state.scaler.state_dict(), tmp / "scaler.pt")
+        for (
+            role,
+            companion,
+        ) in state.companions.items():  # the networks trained beside the student, and their optimizers
+            (tmp / COMPANIONS).mkdir(exist_ok=True)
+            weights = {n: t.detach().cpu().contiguous() for n, t in companion.module.state_dict().items()}
+            save_file(weights, tmp / COMPANIONS / f"{role}.safetensors")
+            torch.save(companion.optimizer.state_dict(), tmp / COMPANIONS / f"{role}.optimizer.pt")
+            manifest = dict(manifest, **{f"{role}_sha256": fingerprint_tensors(weights.items())})
         manifest = dict(
             manifest,
             max_abs_weight=peak,
@@ -218,6 +238,15 @@ def restore_weights(path: Path, state: TrainingState, accelerator, run_id: str |
     state.optimizer.load_state_dict(contents.optimizer_state)
     if state.scaler is not None and contents.scaler_state is not None:
         state.scaler.load_state_dict(contents.scaler_state)
+    for role, companion in state.companions.items():
+        weights, optimizer = path / COMPANIONS / f"{role}.safetensors", path / COMPANIONS / f"{role}.optimizer.pt"
+        if not weights.is_file():
+            raise ArtifactError(f"{path} holds no {role} ({weights.name}): it was written by another method's run")
+        try:
+            companion.module.load_state_dict(read_safetensors(weights, "cpu"))
+        except RuntimeError as err:
+            raise ArtifactError(f"{weights} is for another architecture ({str(err).splitlines()[0]})") from None
+        companion.optimizer.load_state_dict(read_torch_file(optimizer))
     return contents
 
 

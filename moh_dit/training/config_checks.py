@@ -250,6 +250,13 @@ def check_distill_method(section: DistillSection, defaults: DistillSection) -> N
         from moh_dit.training.trajectories import TRAJECTORY_SAMPLERS
 
         _one_of("distill.trajectory_sampler", section.trajectory_sampler, TRAJECTORY_SAMPLERS)
+    from moh_dit.objectives.dmd2 import DMD_INPUTS
+
+    _one_of("distill.dmd_input", section.dmd_input, DMD_INPUTS)
+    if len(section.dmd_time) != 2:
+        raise ConfigError(f"distill.dmd_time must be [first, last] flow times, got {list(section.dmd_time)!r}")
+    if section.gan_block is not None:
+        _at_least("distill.gan_block", section.gan_block, 1)
     if section.student_from is not None and not isinstance(section.student_from, str):
         raise ConfigError(
             f"distill.student_from must be a run, checkpoint or pipeline folder, got {section.student_from!r}"

@@ -223,6 +223,15 @@ class DistillSection:
     trajectory_sampler: str | None = None  # euler | heun | unipc; null: the teacher's recorded sampler where it is one
     trajectory_steps: int | None = None  # the teacher's steps; null: its recorded protocol's
     trajectory_shard_size: int = 256  # trajectories per file of a stored set
+    # --- the dmd2 method (docs/objective.md#dmd2) ---
+    fake_updates: int = 4  # fake-score updates per generator update (FastGen's student_update_freq 5)
+    fake_lr: float | None = None  # the fake score's and discriminator's learning rate; null: optim.lr
+    gan_weight: float = 0.0  # the GAN term's weight in the generator's loss (FastGen's 1e-3); 0: no discriminator
+    gan_block: int | None = None  # the fake score's block (from 1) the discriminator reads; null: the middle one
+    regression: float = 0.0  # DMD's regression on the teacher's trajectories (distill.trajectory_*), its weight
+    dmd_steps: tuple[int, ...] = (1,)  # the generator's grids: [1] one step; [1, 2] also two
+    dmd_input: str = "data"  # a multi-step generator's input at a grid time: data (noised) | generator (its own)
+    dmd_time: tuple[float, ...] = (0.02, 0.98)  # the flow times the VSD loss noises the samples at (uniform)
 
 
 @dataclass

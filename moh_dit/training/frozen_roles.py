@@ -95,14 +95,17 @@ def load_frozen_models(
     """The frozen models of a run: every role the config wants and every role ``objective`` declares, loaded, frozen
     and placed on ``device``: without ``student`` those loaded before it is built, with it those that need it. A role
     the objective declares that no entry loads is a :class:`ConfigError`."""
-    unknown = [role for role in objective.frozen_models if role not in FROZEN_MODELS]
+    import dataclasses
+
+    needed = objective.frozen_models_for(dataclasses.asdict(config.distill))
+    unknown = [role for role in needed if role not in FROZEN_MODELS]
     if unknown:
         raise ConfigError(f"the {objective.name} objective needs {unknown}: no loader for them in FROZEN_MODELS")
     models = {}
     for role, entry in FROZEN_MODELS.items():
         if entry.needs_student != (student is not None):
             continue
-        if role in objective.frozen_models or entry.wanted(config, objective):
+        if role in needed or entry.wanted(config, objective):
             frozen = entry.load(config, data, student, device, models)
             frozen.freeze(device)
             models[role] = frozen

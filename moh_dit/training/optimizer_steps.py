@@ -32,6 +32,9 @@ class OptimizerSteps:
         lr = learning_rate(self.config, self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * (self.config.optim.new_lr_scale if group.get("new") else 1.0)
+        for companion in self.companions.values():  # the same schedule, at each one's own rate
+            for group in companion.optimizer.param_groups:
+                group["lr"] = lr * companion.lr_scale
 
     def apply_gradients(self, loss: torch.Tensor, measure_norm: bool = False, skip: bool = False) -> None:
         """Backward; on the last micro-batch of a step (inside ``accelerator.accumulate``) also clip and
@@ -40,15 +43,29 @@ class OptimizerSteps:
         ``skip`` (the spike guard's verdict) the step's gradients are dropped instead of applied."""
         accelerator = self.accelerator
         accelerator.backward(loss)
-        if accelerator.sync_gradients and self.world > 1 and self.objective.runs_bare_module:
-            average_gradients(self.unwrapped.parameters())  # its forward bypassed DDP (MeanFlow's JVP)
+        updating = self.objective.updates(self.step)
+        companion = self.companions.get(updating)  # a network beside the student (DMD2's fake score), or None
+        params = list(companion.module.parameters()) if companion is not None else None
+        if (
+            accelerator.sync_gradients
+            and self.world > 1
+            and (companion is not None or self.objective.runs_bare_module)
+        ):
+            # its forward bypassed DDP (MeanFlow's JVP; a companion's several passes): averaged here
+            average_gradients(params if companion is not None else self.unwrapped.parameters())
         clip = self.config.optim.grad_clip
         if accelerator.sync_gradients and (clip > 0 or measure_norm):
             # without clipping, an infinite limit measures the norm and scales every gradient by exactly 1
-            self.grad_norm = accelerator.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else math.inf)
+            limit = clip if clip > 0 else math.inf
+            self.grad_norm = (
+                accelerator.clip_grad_norm_(self.model.parameters(), limit)
+                if companion is None
+                else torch.nn.utils.clip_grad_norm_(params, limit)
+            )
+        optimizer = self.optimizer if companion is None else companion.optimizer
         if not (skip and accelerator.sync_gradients):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     def judge_step(self, micro_loss_sum: float) -> Verdict | None:
         """Add one micro-batch's loss (summed over processes); on the step's last one, the guard's verdict."""

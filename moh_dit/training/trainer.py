@@ -45,6 +45,7 @@ from moh_dit.progress import Progress
 from moh_dit.run_folder import RunLayout, checkpoint_step
 from moh_dit.seeding import step_generator
 from moh_dit.training.checkpoints import TrainingState, restore_checkpoint, set_aside_the_future
+from moh_dit.training.companions import build_companions
 from moh_dit.training.config import Config, config_to_dict
 from moh_dit.training.frozen import check_resume_beside
 from moh_dit.training.frozen_roles import load_frozen_models
@@ -136,6 +137,8 @@ class Trainer(RunOutputs, OptimizerSteps):
         self.model, self.optimizer = accelerator.prepare(
             model, make_optimizer(model, config, (self.init_report or {}).get("new", ()))
         )
+        # the networks the objective trains beside the student (DMD2's fake score), each with its own optimizer
+        self.companions = build_companions(config, self.objective, self.frozen, accelerator.device)
         if train_cfg.compile and self.objective.runs_bare_module:
             logger.warning("train.compile: %s runs the uncompiled network (a JVP)", self.objective.name)
         elif train_cfg.compile:
@@ -156,7 +159,9 @@ class Trainer(RunOutputs, OptimizerSteps):
         self.posthoc = (
             PowerFunctionEMAs(model.parameters(), config.ema.posthoc_sigma_rels) if config.ema.posthoc_every else None
         )
-        self.state = TrainingState(model, self.ema, self.optimizer, accelerator.scaler, self.window, self.posthoc)
+        self.state = TrainingState(
+            model, self.ema, self.optimizer, accelerator.scaler, self.window, self.posthoc, self.companions
+        )
         defaults = run_settings(config_to_dict(Config()))
         self.frozen.check_apart(model)  # never the student's, never trained
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model, self.frozen.identity()), defaults)
@@ -213,11 +218,16 @@ class Trainer(RunOutputs, OptimizerSteps):
             route = draw_route(
                 n, self.unwrapped.num_tokens, self.config.token_routing.share, self.route_span, gen, device
             )
-        # the objective runs the network: one forward (DDPM, flow) or a JVP (MeanFlow)
+        # the objective runs the network: one forward (DDPM, flow) or a JVP (MeanFlow); a network trained beside the
+        # student (DMD2's fake score) takes gradients only on the steps that update it
+        updating = self.objective.updates(self.step)
+        for companion in self.companions.values():
+            companion.set_trainable(companion.role == updating)
+        beside = {"companions": {role: c.module for role, c in self.companions.items()}} if self.companions else {}
         with self.unwrapped.routed_tokens(route):
             losses, out = self.objective.forward_losses(
                 self.model, noised, y_in, drop, want_heads, self.accelerator.autocast, self.frozen, self.step,
-                self.ema_network.current() if self.ema_network is not None else None,
+                self.ema_network.current() if self.ema_network is not None else None, **beside,
             )  # fmt: skip
         moh_loss = out.aux_loss.float()
         loss = losses.loss.mean() + self.config.train.moh_loss_coeff * moh_loss
@@ -313,6 +323,7 @@ class Trainer(RunOutputs, OptimizerSteps):
                     verdict = self.judge_step(float(flags[3])) if self.guard.enabled else None
                     logged = (self.step + 1) % log_cfg.log_every == 0 or self.step + 1 == train_cfg.max_steps
                     skip = verdict is not None and verdict.action != "update"
+                    updated_student = self.objective.updates(self.step) == "student"
                     self.apply_gradients(loss, measure_norm=logged and not skip, skip=skip)
                 self.window.add(*losses)
                 last_heads = heads if heads is not None else last_heads
@@ -326,7 +337,7 @@ class Trainer(RunOutputs, OptimizerSteps):
                     self.roll_back(verdict.why)
                 elif verdict is not None and verdict.action == "skip":
                     logger.warning("step %d: update skipped, %s", self.step + 1, verdict.why)
-                self.finish_step(updated=not skip)
+                self.finish_step(updated=not skip and updated_student)  # the EMAs follow the student's updates
                 self.window.steps += 1
                 on_boundary = self.step % log_cfg.log_every == 0
                 if on_boundary or self.step == train_cfg.max_steps:

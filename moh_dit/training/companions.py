@@ -1,0 +1,163 @@
+"""Networks trained beside the student (DMD2's fake score and its discriminator head): each with its own optimizer
+and learning rate, saved in every checkpoint and restored on resume, never exported with the student.
+
+An objective names the roles it trains beside its student (``trained_models``) and says which network each training
+step updates (``updates(step)``); a role is one entry in :data:`COMPANIONS`. A companion runs its passes itself (not
+through DDP: the objective calls it several times per step), and the trainer all-reduces its gradients over the
+processes before its optimizer steps, as it does for an objective that runs the bare student
+(moh_dit/training/gradients.py). docs/objective.md#dmd2.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from moh_dit.errors import ConfigError
+from moh_dit.objectives import objective_of
+
+if TYPE_CHECKING:
+    from moh_dit.training.config_sections import Config
+    from moh_dit.training.frozen import FrozenModels
+
+__all__ = ["Companion", "FakeScore", "COMPANIONS", "build_companions"]
+
+logger = logging.getLogger("moh_dit.train")
+
+
+class DiscriminatorHead(nn.Module):
+    """DMD2's small classifier on a network's tokens (N, T, D): normed, a hidden layer, pooled over the tokens, one
+    logit per image."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.SiLU())
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(self.net(tokens).mean(dim=1))  # (N, 1)
+
+
+class FakeScore(nn.Module):
+    """DMD2's fake score: a copy of the teacher (its architecture, weights and objective), trained on the generator's
+    samples with that objective; with the GAN term a :class:`DiscriminatorHead` on the tokens of one of its blocks.
+
+    Args:
+        teacher: the teacher's network (copied).
+        gan: whether the discriminator head is on.
+        block: the block (from 1) the head reads; ``None``: the middle one.
+    """
+
+    def __init__(self, teacher: nn.Module, gan: bool, block: int | None = None) -> None:
+        super().__init__()
+        self.score = copy.deepcopy(teacher).train().requires_grad_(True)
+        self.objective = objective_of(self.score)
+        depth = len(self.score.blocks)
+        self.block = depth // 2 if block is None else block
+        if not 1 <= self.block <= depth:
+            raise ConfigError(f"distill.gan_block must be a block from 1 to {depth}, got {block}")
+        self.head = DiscriminatorHead(self.score.config.hidden_size) if gan else None
+
+    def _labels(self, labels: torch.Tensor | None, drop: torch.Tensor | None) -> torch.Tensor | None:
+        if labels is None or drop is None or self.score.null_class_id is None:
+            return labels
+        return torch.where(drop.bool(), torch.full_like(labels, self.score.null_class_id), labels)
+
+    def velocity(self, z, t, labels, drop, autocast) -> torch.Tensor:
+        """Its (unguided) velocity of the linear path at ``(z, t)``."""
+        with autocast():
+            return self.objective.linear_velocity(self.score, z, t, self._labels(labels, drop)).float()
+
+    def discriminate(self, z, t, labels, drop, autocast) -> torch.Tensor:
+        """The head's logit (N, 1) on the tokens of block ``block`` at ``(z, t)`` of the linear path."""
+        found: list[torch.Tensor] = []
+        hook = self.score.blocks[self.block - 1].register_forward_hook(
+            lambda m, i, out: found.append(out[0] if isinstance(out, tuple) else out)  # (h, aux) in training
+        )
+        try:
+            with autocast():
+                self.objective.linear_velocity(self.score, z, t, self._labels(labels, drop))
+        finally:
+            hook.remove()
+        return self.head(found[0].float())
+
+    def train_on(self, x, labels, drop, generator, autocast, real_t=None, noised=None):
+        """Its own objective's losses on the generator's samples ``x`` (drawn from ``generator``), its output (MoH's
+        loss), and with the GAN term the head's logits on real images noised (``real_t``: those images at the drawn
+        times) and on ``x`` noised as the generator's loss sees it."""
+        own = self.objective.noised(x, generator, x.device)
+        with autocast():
+            out = self.score(own.x_t, own.time, self._labels(labels, drop))
+        losses = self.objective.loss(out.sample.float(), own)
+        logits = None
+        if self.head is not None:
+            shape = (-1, *([1] * (x.ndim - 1)))
+            t, noise = noised.terms["t"], noised.terms["noise"]
+            fake_t = (1 - t).reshape(shape) * x + t.reshape(shape) * noise
+            real = self.discriminate(real_t, noised.terms["real_t"], labels, drop, autocast)
+            logits = (real, self.discriminate(fake_t, t, labels, drop, autocast))
+        return losses, out, logits
+
+
+@dataclass
+class Companion:
+    """A network trained beside the student: its module, its optimizer and its learning rate (a factor of the run's
+    schedule)."""
+
+    role: str
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scale: float
+
+    def set_trainable(self, trainable: bool) -> None:
+        self.module.train(trainable).requires_grad_(trainable)
+
+
+@dataclass(frozen=True)
+class CompanionEntry:
+    """One role: ``build(config, frozen, device)`` makes its module and learning rate."""
+
+    build: Callable[[Config, FrozenModels, torch.device], tuple[nn.Module, float]]
+    what: str
+
+
+def _build_fake_score(config: Config, frozen: FrozenModels, device: torch.device) -> tuple[nn.Module, float]:
+    section = config.distill
+    fake = FakeScore(frozen["teacher"].model, section.gan_weight > 0, section.gan_block).to(device)
+    lr = section.fake_lr if section.fake_lr is not None else config.optim.lr
+    return fake, lr / config.optim.lr
+
+
+COMPANIONS: dict[str, CompanionEntry] = {
+    "fake_score": CompanionEntry(_build_fake_score, "DMD2's fake score (a copy of the teacher) and its discriminator"),
+}
+
+
+def build_companions(
+    config: Config, objective: Any, frozen: FrozenModels, device: torch.device
+) -> dict[str, Companion]:
+    """The networks ``objective`` trains beside its student, each with an AdamW of the run's settings."""
+    built = {}
+    for role in getattr(objective, "trained_models", ()):
+        if role not in COMPANIONS:
+            raise ConfigError(
+                f"the {objective.name} objective trains {role!r} beside its student: no entry in COMPANIONS"
+            )
+        module, scale = COMPANIONS[role].build(config, frozen, device)
+        optim = config.optim
+        optimizer = torch.optim.AdamW(
+            module.parameters(), lr=optim.lr * scale, betas=tuple(optim.betas), eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )  # fmt: skip
+        built[role] = Companion(role, module, optimizer, scale)
+        count = sum(p.numel() for p in module.parameters())
+        logger.info(
+            "trained beside the student: %s (%s parameters, lr x%g)", COMPANIONS[role].what, f"{count:,}", scale
+        )
+    return built
