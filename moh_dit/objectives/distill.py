@@ -129,7 +129,7 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
         tangent_warmup: int = 0,
         anchor: float = 0.0,
     ) -> None:
-        if (method or DEFAULT_METHOD) != self.method:
+        if method is not None and method != self.method:
             found = method_entry(method)
             raise ConfigError(f"distill.method={method} is {found.cls}, not {type(self).__name__}")
         super().__init__(

@@ -174,7 +174,7 @@ class DMD2Distill(MeanFlowDistill):
         terms = {k: v.to(device) for k, v in terms.items()} | {"real": x0}
         return Noised(x0, self.network_time(terms["start"], torch.zeros_like(terms["start"])), terms)
 
-    def generate(self, net, noised: Noised, labels: torch.Tensor | None, autocast, **kwargs: Any):
+    def generate(self, net, noised: Noised, labels: torch.Tensor | None, drop, autocast, **kwargs: Any):
         """The generator's samples ``x`` from its inputs at the drawn start times (pure noise at 1), and its output
         (MoH's loss, head masks). A start time below 1 sees the data noised to it, or the generator's own sample from
         the grid time before (without gradient), noised to it."""
@@ -182,15 +182,15 @@ class DMD2Distill(MeanFlowDistill):
         start, noise = terms["start"], terms["start_noise"]
         source = terms["real"]
         if self.dmd_input == "generator" and bool((start < 1).any()):
-            source = self.backward_simulation(net, noise, start, labels, autocast)
+            source = self.backward_simulation(net, noise, start, labels, drop, autocast)
         shape = (-1, *([1] * (noise.ndim - 1)))
         z = (1 - start).reshape(shape) * source + start.reshape(shape) * noise
         with autocast():
-            out = self.average_velocity(net, z, start, torch.zeros_like(start), labels, **kwargs)
+            out = self.average_velocity(net, z, start, torch.zeros_like(start), labels, drop, **kwargs)
         return z - start.reshape(shape) * out.sample.float(), out
 
     @torch.no_grad()
-    def backward_simulation(self, net, noise, start, labels, autocast) -> torch.Tensor:
+    def backward_simulation(self, net, noise, start, labels, drop, autocast) -> torch.Tensor:
         """For each sample, the generator's own prediction of the data at the grid time before its start (from pure
         noise down the grid, renoising with ``noise`` on the way)."""
         shape = (-1, *([1] * (noise.ndim - 1)))
@@ -198,7 +198,8 @@ class DMD2Distill(MeanFlowDistill):
         for previous in self.start_times:  # 1, then lower: a sample stops where the next time is its start
             now = torch.full_like(start, previous)
             with autocast():
-                x_now = z - previous * self.average_velocity(net, z, now, torch.zeros_like(now), labels).sample.float()
+                u = self.average_velocity(net, z, now, torch.zeros_like(now), labels, drop).sample.float()
+                x_now = z - previous * u
             x = torch.where((start < previous).reshape(shape), x_now, x)
             z = (1 - start).reshape(shape) * x_now + start.reshape(shape) * noise
         return x
@@ -234,7 +235,7 @@ class DMD2Distill(MeanFlowDistill):
 
     def _generator_losses(self, model, noised, labels, drop, want_heads, autocast, frozen, companions):
         fake = companions["fake_score"]
-        x, out = self.generate(model, noised, labels, autocast, return_head_masks=want_heads)
+        x, out = self.generate(model, noised, labels, drop, autocast, return_head_masks=want_heads)
         x_t, t = self._noised_sample(x, noised)
         shape = (-1, *([1] * (x.ndim - 1)))
         with torch.no_grad():
@@ -266,7 +267,7 @@ class DMD2Distill(MeanFlowDistill):
 
     def _fake_score_losses(self, model, noised, labels, drop, autocast, fake):
         with torch.no_grad():
-            x, _ = self.generate(model, noised, labels, autocast)
+            x, _ = self.generate(model, noised, labels, drop, autocast)
         generator = torch.Generator().manual_seed(int(noised.terms["fake_seed"]))
         real = None
         if self.gan_weight:

@@ -69,10 +69,16 @@ class FakeScore(nn.Module):
             return labels
         return torch.where(drop.bool(), torch.full_like(labels, self.score.null_class_id), labels)
 
+    @staticmethod
+    def _kept(labels: torch.Tensor | None) -> torch.Tensor | None:
+        """No label dropped at random: every draw of a step comes from its generator (a resume redraws them)."""
+        return None if labels is None else torch.zeros_like(labels)
+
     def velocity(self, z, t, labels, drop, autocast) -> torch.Tensor:
         """Its (unguided) velocity of the linear path at ``(z, t)``."""
+        y = self._labels(labels, drop)
         with autocast():
-            return self.objective.linear_velocity(self.score, z, t, self._labels(labels, drop)).float()
+            return self.objective.linear_velocity(self.score, z, t, y, self._kept(y)).float()
 
     def discriminate(self, z, t, labels, drop, autocast) -> torch.Tensor:
         """The head's logit (N, 1) on the tokens of block ``block`` at ``(z, t)`` of the linear path."""
@@ -81,8 +87,9 @@ class FakeScore(nn.Module):
             lambda m, i, out: found.append(out[0] if isinstance(out, tuple) else out)  # (h, aux) in training
         )
         try:
+            y = self._labels(labels, drop)
             with autocast():
-                self.objective.linear_velocity(self.score, z, t, self._labels(labels, drop))
+                self.objective.linear_velocity(self.score, z, t, y, self._kept(y))
         finally:
             hook.remove()
         return self.head(found[0].float())
@@ -92,8 +99,9 @@ class FakeScore(nn.Module):
         loss), and with the GAN term the head's logits on real images noised (``real_t``: those images at the drawn
         times) and on ``x`` noised as the generator's loss sees it."""
         own = self.objective.noised(x, generator, x.device)
+        y = self._labels(labels, drop)
         with autocast():
-            out = self.score(own.x_t, own.time, self._labels(labels, drop))
+            out = self.score(own.x_t, own.time, y, force_drop_ids=self._kept(y))
         losses = self.objective.loss(out.sample.float(), own)
         logits = None
         if self.head is not None:

@@ -57,3 +57,29 @@ def test_the_fake_scores_denoising_loss_is_the_flow_objectives_own():
     value, (grad,) = mean_and_grad(lambda y: objective.loss(y, noised).loss, REC["pred"])
     torch.testing.assert_close(value, REC["dsm_flow"], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grad, REC["dsm_flow.grad"], rtol=1e-5, atol=1e-8)
+
+
+def test_the_renoising_sampler_predicts_the_data_and_noises_it_afresh_at_each_grid_time():
+    """One step is MeanFlow's step to 0; two steps are x = z - t u at 1, then (1 - r) x + r eps at r = 0.5 with eps
+    from the step's generator, then that sample's data prediction."""
+    from moh_dit.objectives.flow_schedulers import MeanFlowScheduler
+
+    z, u1, u2 = (torch.randn(2, 1, 2, 2, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    plain, renoised = MeanFlowScheduler(), MeanFlowScheduler(renoise=True)
+    for scheduler in (plain, renoised):
+        scheduler.set_timesteps(sigmas=[1.0])
+    torch.testing.assert_close(renoised.step(u1, 1000, z).prev_sample, plain.step(u1, 1000, z).prev_sample)
+    renoised.set_timesteps(sigmas=[1.0, 0.5])
+    middle = renoised.step(u1, 1000, z, generator=torch.Generator().manual_seed(7)).prev_sample
+    eps = torch.randn(z.shape, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(middle, 0.5 * (z - u1) + 0.5 * eps)
+    torch.testing.assert_close(renoised.step(u2, 500, middle).prev_sample, middle - 0.5 * u2)
+
+
+def test_of_every_fake_updates_plus_one_steps_the_first_updates_the_generator():
+    from moh_dit.objectives.dmd2 import DMD2Distill
+
+    objective = DMD2Distill(fake_updates=4)
+    assert [objective.updates(s) for s in range(6)] == ["student", *["fake_score"] * 4, "student"]
+    assert objective.frozen_models_for({"regression": 0.0}) == ("teacher",)
+    assert objective.frozen_models_for({"regression": 0.5}) == ("teacher", "trajectories")

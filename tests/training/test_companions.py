@@ -1,0 +1,97 @@
+"""Networks trained beside the student (moh_dit/training/companions.py) as DMD2 trains them
+(moh_dit/objectives/dmd2.py): the fake score starts as the teacher and trains on its own steps only, the generator on
+its; both in every checkpoint with their optimizers and restored exactly on resume; the exported pipeline holds the
+generator alone and samples in one step through the command line; a checkpoint without the fake score, or with one
+of another architecture, is refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from moh_dit.errors import ArtifactError
+from moh_dit.run_folder import RunLayout
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import Trainer, train
+
+from ..helpers.factories import run_in_process, tiny_train_config, train_tiny
+
+DMD2 = ["objective.name=distill", "distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01",
+        "distill.dmd_steps=[1,2]", "preview.per_class=0", "train.checkpoint_every=3"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def flow_teacher(image_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher") / "flow"
+    train_tiny(out, image_dir, "objective.name=flow", "train.max_steps=4", "preview.per_class=0")
+    return out
+
+
+def dmd2(out, image_dir, teacher, *more):
+    return load_config(tiny_train_config(out, image_dir), [f"distill.teacher={teacher}", *DMD2, *more])
+
+
+def test_the_fake_score_starts_as_the_teacher_and_each_network_trains_on_its_own_steps(
+    flow_teacher, image_dir, tmp_path
+):
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, flow_teacher, "train.max_steps=3"))
+    fake = trainer.companions["fake_score"].module
+    teacher = trainer.frozen["teacher"].model.state_dict()
+    assert all(torch.equal(v.cpu(), teacher[k].cpu()) for k, v in fake.score.state_dict().items())
+    assert fake.head is not None  # the GAN term is on
+    before_student = {k: v.clone() for k, v in trainer.unwrapped.state_dict().items()}
+    before_fake = {k: v.clone() for k, v in fake.state_dict().items()}
+    trainer.run()  # steps 0 (generator), 1 and 2 (fake score)
+    student_moved = any(not torch.equal(v, before_student[k]) for k, v in trainer.unwrapped.state_dict().items())
+    fake_moved = any(not torch.equal(v, before_fake[k]) for k, v in fake.state_dict().items())
+    assert student_moved and fake_moved
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r for r in records if "vsd_loss" in r]
+    assert [r["vsd_loss"] > 0 for r in losses] == [True, False, False]  # the generator's step, then the fake score's
+    assert [r["fake_score_loss"] > 0 for r in losses] == [False, True, True]
+
+
+def test_a_dmd2_run_stopped_and_resumed_ends_as_an_uninterrupted_one_with_its_fake_score(
+    flow_teacher, image_dir, tmp_path
+):
+    train(dmd2(tmp_path / "whole", image_dir, flow_teacher, "train.max_steps=6"))
+    train(dmd2(tmp_path / "cut", image_dir, flow_teacher, "train.max_steps=3"))
+    train(dmd2(tmp_path / "cut", image_dir, flow_teacher, "train.max_steps=6", "train.resume=latest"))
+    for name in ("companions/fake_score.safetensors", "ema.safetensors", "model/diffusion_pytorch_model.safetensors"):
+        a, b = (load_file(RunLayout(tmp_path / r).latest_checkpoint() / name) for r in ("whole", "cut"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    records = [
+        [json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()] for r in ("whole", "cut")
+    ]
+    keys = ("step", "distill_loss", "vsd_loss", "fake_score_loss", "gan_generator", "gan_discriminator")
+    assert [[r.get(k) for k in keys] for r in records[0]] == [[r.get(k) for k in keys] for r in records[1]]
+
+
+def test_the_exported_generator_is_alone_and_samples_in_one_step_from_the_command_line(
+    flow_teacher, image_dir, tmp_path, caplog
+):
+    train(dmd2(tmp_path / "s", image_dir, flow_teacher, "train.max_steps=3"))
+    pipeline = tmp_path / "s" / "pipeline"
+    weights = load_file(pipeline / "transformer" / "diffusion_pytorch_model.safetensors")
+    assert not any(k.startswith(("score.", "head.")) for k in weights)
+    scheduler = json.loads((pipeline / "scheduler" / "scheduler_config.json").read_text())
+    assert scheduler["renoise"] is True
+    run_in_process("sample", [pipeline, "--per-class", "1", "--num-steps", "1", "--out", tmp_path / "g.png"], caplog)
+    assert (tmp_path / "g.png").is_file()
+
+
+def test_a_checkpoint_without_the_fake_score_or_with_another_is_refused_in_one_line(flow_teacher, image_dir, tmp_path):
+    run = tmp_path / "s"
+    train(dmd2(run, image_dir, flow_teacher, "train.max_steps=3"))
+    fake = RunLayout(run).latest_checkpoint() / "companions" / "fake_score.safetensors"
+    weights = load_file(fake)
+    name = next(k for k in weights if k.endswith("head.out.weight"))
+    save_file(weights | {name: torch.zeros(1, 3)}, fake)
+    with pytest.raises(ArtifactError, match="fake_score.safetensors is for another architecture"):
+        train(dmd2(run, image_dir, flow_teacher, "train.max_steps=6", "train.resume=latest"))
+    fake.unlink()
+    with pytest.raises(ArtifactError, match="holds no fake_score"):
+        train(dmd2(run, image_dir, flow_teacher, "train.max_steps=6", "train.resume=latest"))
