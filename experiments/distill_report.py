@@ -256,7 +256,7 @@ def _ablation_lines(result: dict) -> list[str]:
     ablations = sorted({r["arm"] for r in training.values() if r.get("arm", "").startswith(student + "-")})
     if not ablations:
         return []
-    lines = ["", "## Ablations: the flow twin's meanflow student with one stabiliser taken out, seed 0", "",
+    lines = ["", "## Ablations: the flow twin's meanflow student with one stabiliser changed, seed 0", "",
              "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | KID at 1 step during training |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for arm in [student, *ablations]:
