@@ -75,7 +75,12 @@ SCALES = {
         "student_eval": ["log.eval_every=415", "log.eval_samples=500"],
         "student_length": [f"train.max_steps={STUDENT_STEPS_RUN}", "train.checkpoint_every=415"],
     },
-    "tiny": STUDY_SCALES["tiny"] | {"student_eval": ["log.eval_every=2", "log.eval_samples=20"], "student_length": []},
+    "tiny": STUDY_SCALES["tiny"]
+    | {
+        "student_eval": ["log.eval_every=2", "log.eval_samples=20"],
+        "student_length": [],
+        "trajectory": ["distill.trajectory_count=8", "distill.trajectory_shard_size=4", "distill.trajectory_steps=3"],
+    },
 }
 MATCH = ("arm", "seed", "steps", "scale")  # a scored row's identity
 
@@ -95,6 +100,7 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
             guidance = [] if scale is None else [f"distill.guidance_scale={scale}"]
             extra = [e.format(runs=runs, kind=kind, seed=seed) for e in EXTRA.get(method, [])]
             steps = [] if method in OWN_LENGTH else length
+            extra += sc.get(method, [])  # the scale's own settings of the method (a smoke run's small set)
             arms[f"{method}-{kind}"] = (config, [f"distill.teacher={teacher}", *guidance, *steps, *extra])
     if seed == 0:
         config, student = arms["meanflow-flow"]

@@ -787,52 +787,66 @@ def test_fewstep_study_trains_meanflow_scores_it_against_flow_and_caches_and_rep
 
 
 def test_distill_report_judges_the_goal_by_seed_from_the_records():
-    """Students against their teachers, paired by seed: KID ratios, the recall gap and each training's time (its
-    steps over its own median images/s) against the teacher's; a goal met at some seeds says so."""
-    from experiments.distill_report import report, time_fractions
+    """Students against their teachers, paired by seed: KID ratios, the recall gap and each distillation's whole cost
+    (the student's passes, the teacher's evaluations, the trajectories; a cmt student's trajectory student's too)
+    against the teacher's training; a goal met at some seeds says so."""
+    from experiments.distill_report import costs, report
 
     def row(arm, seed, steps, kid, recall):
         return dict(arm=arm, seed=seed, steps=steps, kid=kid, recall=recall, fid=10.0, precision=0.8, nfe=steps,
                     seconds_per_image=0.01, kid_interval=[kid - 1, kid + 1])  # fmt: skip
 
     scores = [row("flow", s, 25, 2.0, 0.58) for s in (0, 1)]
-    scores += [row("distill-flow", 0, 2, 2.4, 0.55), row("distill-flow", 1, 2, 2.6, 0.50)]  # 1.2x, 1.3x
-    scores += [row("distill-flow", 0, 1, 3.0, 0.4), row("distill-flow", 1, 1, 5.0, 0.4)]  # 1.5x, 2.5x
-    training = {
-        "flow-seed0": {"arm": "flow", "seed": 0, "steps": 8300, "median_images_per_s": 100.0},
-        "flow-seed1": {"arm": "flow", "seed": 1, "steps": 8300, "median_images_per_s": 100.0},
-        "distill-flow-seed0": {"arm": "distill-flow", "seed": 0, "steps": 2075, "median_images_per_s": 50.0},
-        "distill-flow-seed1": {"arm": "distill-flow", "seed": 1, "steps": 2075, "median_images_per_s": 40.0},
-    }
+    scores += [row("trajectory-flow", 0, 2, 2.4, 0.55), row("trajectory-flow", 1, 2, 2.6, 0.50)]  # 1.2x, 1.3x
+    scores += [row("trajectory-flow", 0, 1, 3.0, 0.4), row("trajectory-flow", 1, 1, 5.0, 0.4)]  # 1.5x, 2.5x
+    teacher = {"steps": 8300, "median_images_per_s": 100.0}  # 132,800 images: 398,400 evaluations, 1328 s
+    student = {"steps": 1000, "median_images_per_s": 80.0, "student_images": 16000, "student_forwards": 48000,
+               "teacher_evaluations": 10000, "trajectories": 1000, "trajectory_evaluations": 40000,
+               "trajectory_seconds": 100.0}  # fmt: skip
+    training = {f"flow-seed{s}": {"arm": "flow", "seed": s, **teacher} for s in (0, 1)}
+    training |= {f"trajectory-flow-seed{s}": {"arm": "trajectory-flow", "seed": s, **student} for s in (0, 1)}
+    training["cmt-flow-seed0"] = {"arm": "cmt-flow", "seed": 0, **student, "trajectories": 0, "trajectory_evaluations": 0,
+                                  "trajectory_seconds": 0.0}  # fmt: skip
     result = {"protocol": {"scale": "cpu", "samples": 1000}, "training": training, "scores": scores}
-    assert time_fractions(result, "distill-flow", "flow") == pytest.approx({0: 0.5, 1: 0.625})
+    spent = costs(result, "trajectory", "flow")[0]
+    assert spent["forwards"] == pytest.approx(98000 / 398400)
+    assert spent["images"] == pytest.approx(17000 / 132800)
+    assert spent["seconds"] == pytest.approx((200 + 100) / 1328)
+    assert costs(result, "cmt", "flow")[0]["forwards"] == pytest.approx((98000 + 58000) / 398400)  # with its start
     text = report(result)
     assert "- 2 steps: KID 1.25 [" in text and "met at 1 of 2 seeds" in text
     assert "- 1 step: KID 2.00 [" in text
     assert "- 2 steps: recall -0.055 [" in text  # -0.03 and -0.08: within 0.05 at one seed
-    assert "- training time 0.56 [" in text
+    assert "- cost: 0.25 [" in text
 
 
 @pytest.mark.slow
 @needs_data
 def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_path):
-    """The whole study at the tiny scale: each seed's teachers, their students (seed 0's ablations too), every
-    student at 1, 2, 4 steps and every teacher at 25; the students' curves hold their 2-step scores; grids drawn."""
+    """The whole study at the tiny scale: each seed's teachers, their students by each method (seed 0's baselines and
+    ablations too), every student at 1, 2, 4 steps and every teacher at 25; the students' curves hold their 2-step
+    scores, each student its cost; grids drawn."""
     from experiments import distill
 
     result = distill.main(["--scale", "tiny", "--out", str(tmp_path)])
     arms = {(r["arm"], r["seed"]) for r in result["training"].values()}
-    assert arms == {(a, s) for a in ("flow", "ddpm", "distill-flow", "distill-ddpm") for s in (0, 1)} | {
-        ("distill-flow-jvp", 0), ("distill-flow-split", 0), ("distill-ddpm-flowrecipe", 0)
-    }  # fmt: skip
-    assert all("kid@2" in p for r in result["training"].values() if r["arm"].startswith("distill") for p in r["curve"])
+    methods = ("meanflow", "trajectory", "cmt")
+    expected = {
+        (a, s) for a in ("flow", "ddpm", *(f"{m}-{k}" for m in methods for k in ("flow", "ddpm"))) for s in (0, 1)
+    }
+    expected |= {("v05-flow", 0), ("v05-ddpm", 0)} | {(f"meanflow-flow-{a}", 0) for a in distill.ABLATIONS}
+    assert arms == expected
+    students = [r for r in result["training"].values() if "-" in r["arm"]]
+    assert all("kid@2" in p for r in students for p in r["curve"])
+    assert all(r["student_images"] > 0 and r["teacher_evaluations"] > 0 for r in students if "diverged" not in r)
+    assert all(r["trajectory_evaluations"] > 0 for r in students if r["arm"].startswith("trajectory"))
     scored = {(r["arm"], r["seed"], r["steps"]) for r in result["scores"]}
-    assert {("distill-ddpm", 1, n) for n in (1, 2, 4)} | {("flow", 1, 25), ("distill-flow-split", 0, 4)} <= scored
-    manifest = json.loads((tmp_path / "runs" / "distill-flow-seed1" / "manifest.json").read_text())
-    assert manifest["identity"]["frozen"]["teacher"]["source"].endswith("flow-seed1/pipeline")
+    assert {("trajectory-ddpm", 1, n) for n in (1, 2, 4)} | {("flow", 1, 25), ("cmt-flow", 0, 4)} <= scored
+    manifest = json.loads((tmp_path / "runs" / "trajectory-flow-seed1" / "manifest.json").read_text())
+    assert manifest["identity"]["frozen"]["teacher"]["sha256"]
     text = (tmp_path / "RESULTS.md").read_text()
     assert "## the flow twin: students at 1, 2 and 4 steps" in text and "Against the goal" in text
-    assert (tmp_path / "grid_distill-flow_1step.png").is_file() and (tmp_path / "distill_kid.png").is_file()
+    assert (tmp_path / "grid_trajectory-flow_1step.png").is_file() and (tmp_path / "distill_kid.png").is_file()
 
 
 def test_each_studys_tiny_scale_needs_no_flag_the_docs_do_not_show(tmp_path, monkeypatch):
