@@ -17,6 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+if not __package__:  # run as a file (python benchmarks/x.py): the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from benchmarks.timing import DEFAULT_OUT, OUT_HELP
 from moh_dit.cli import COMMANDS
 

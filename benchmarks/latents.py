@@ -28,6 +28,9 @@ import torch
 from diffusers import AutoencoderKL
 from PIL import Image
 
+if not __package__:  # run as a file (python benchmarks/x.py): the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from benchmarks.timing import DEFAULT_OUT, OUT_HELP
 
 SD_VAE = dict(

@@ -26,12 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+
+if not __package__:  # run as a file (python benchmarks/x.py): the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.timing import DEFAULT_OUT, OUT_HELP
 from experiments.common import (

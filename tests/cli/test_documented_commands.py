@@ -1,15 +1,21 @@
-"""Every command that a help text, the README, docs/ or a config's comments shows exists and parses: a `moh-dit`
-subcommand (or train.py / sample.py / evaluate_fid.py, under any launcher) parses the arguments shown with its own
-parser; a module or script (`python -m experiments.recipes`, `python benchmarks/main_job.py`) answers `--help` with
-its usage line. Placeholders (`...`, `[--step N]`, `<run>`) reduce a command to its `--help` check."""
+"""Every command that a help text, the README, docs/, a config's comments or a script's own usage lines show exists
+and parses: a `moh-dit` subcommand (or train.py / sample.py / evaluate_fid.py, under any launcher) parses the arguments
+shown with its own parser; a module or script (`python -m experiments.recipes`, `python benchmarks/main_job.py`)
+answers `--help` with its usage line, run as written in a fresh process from the repository root (where only what
+that form of the command imports is importable). Placeholders (`...`, `[--step N]`, `<run>`) reduce a command to its
+`--help` check."""
 
+import ast
 import contextlib
+import functools
 import importlib
 import io
+import os
 import re
-import runpy
 import shlex
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,6 +38,8 @@ def _documents() -> dict[str, str]:
     for page in sorted((ROOT / "configs").rglob("*.yaml")):  # the comments, as text
         comments = [ln.split("#", 1)[1] for ln in page.read_text().splitlines() if ln.lstrip().startswith("#")]
         texts[str(page.relative_to(ROOT))] = "\n".join(comments)
+    for script in sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "experiments").glob("*.py")]):  # usage lines
+        texts[str(script.relative_to(ROOT))] = ast.get_docstring(ast.parse(script.read_text())) or ""
     for name in COMMANDS:
         parser = importlib.import_module(f"moh_dit.cli.{name}").build_parser(f"moh-dit {name}")
         texts[f"moh-dit {name} --help"] = "\n".join(filter(None, (parser.description, parser.epilog)))
@@ -164,13 +172,36 @@ def test_a_documented_command_exists_and_parses(where, command, whole, monkeypat
             except SystemExit:
                 pytest.fail(f"{where} shows `{command}`, which does not parse: {err.getvalue().strip()}")
         return
-    monkeypatch.chdir(ROOT)
-    monkeypatch.syspath_prepend(str(ROOT))
-    if kind == "module":
-        monkeypatch.setattr(sys, "argv", [name, "--help"])
-        shown = _help(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True))
-    else:
+    if kind == "script":
         assert (ROOT / name).is_file(), f"{where} shows `{command}`: {name} does not exist"
-        monkeypatch.setattr(sys, "argv", [name, "--help"])
-        shown = _help(lambda: runpy.run_path(str(ROOT / name), run_name="__main__"))
-    assert "usage:" in shown, f"{where} shows `{command}`, but `{name} --help` prints no usage line"
+    code, shown = answers_help()[(kind, name)]
+    assert code == 0 and "usage:" in shown, f"{where} shows `{command}`, but as written it answers:\n{shown[-1500:]}"
+
+
+def _help_command(kind: str, name: str) -> list[str]:
+    return [sys.executable, "-m", name, "--help"] if kind == "module" else [sys.executable, name, "--help"]
+
+
+@functools.cache
+def answers_help() -> dict[tuple[str, str], tuple[int, str]]:
+    """Each documented module and script's ``--help``, run as written in a fresh process from the repository root
+    without the test's import path (a script sees its own folder, ``-m`` the working directory), several at a time."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    wanted = sorted({target(c)[:2] for _, c, _ in CASES if target(c)[0] != "cli"})
+
+    def run(key):
+        done = subprocess.run(_help_command(*key), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        return key, (done.returncode, done.stdout + done.stderr)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(run, wanted))
+
+
+def test_a_script_run_from_its_path_sees_no_more_than_a_fresh_process_does(tmp_path):
+    """The check above runs each command as a user would: a script that imports the benchmarks package without
+    putting the repository root on its path fails there, as it did for a user (moh-dit 0.5's benchmarks/attention.py)."""
+    script = tmp_path / "bench.py"
+    script.write_text("import benchmarks.timing\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # fmt: skip
+    assert done.returncode != 0 and "No module named 'benchmarks'" in done.stderr
