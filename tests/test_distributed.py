@@ -565,9 +565,9 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
     assert len(losses(whole)) >= 2 and all(np.isfinite(loss) for _, loss, _ in losses(whole))
     for run in (whole, cut):  # the teacher each checkpoint was trained beside (a resume compares it)
         state = json.loads((RunLayout(run).latest_checkpoint() / "trainer_state.json").read_text())
-        assert state["frozen"]["teacher"]["source"] == str(flow_teacher / "pipeline"), state[
-            "frozen"
-        ]  # a run: its pipeline
+        assert state["frozen_provenance"]["teacher"]["weights"] == str(
+            flow_teacher / "pipeline"
+        )  # a run: its pipeline
     counted = [[json.loads(line).get("teacher_evaluations") for line in (r / "metrics.jsonl").read_text().splitlines()]
                for r in (whole, cut)]  # fmt: skip
     assert counted[0] == counted[1] and counted[0][-1] > 0
@@ -587,3 +587,25 @@ def test_a_run_with_token_routing_resumes_exactly_on_two_processes(images, tmp_p
     stopped_and_resumed_as_whole(images, tmp_path, extra)
     log = (tmp_path / "whole.log").read_text()
     assert "token routing (TREAD): 8 of 16 tokens per image skip blocks 1-4" in log  # of 6
+
+
+def test_a_distillation_resumes_on_two_processes_with_its_teacher_given_by_another_path(
+    flow_teacher, images, tmp_path
+):
+    """On two processes too, the teacher is what it computes: resumed with a copy of the teacher's folder, the
+    student ends bit for bit as one trained beside the original in one go."""
+    import shutil
+
+    copy = tmp_path / "teacher-copy"
+    shutil.copytree(flow_teacher, copy)
+    common = ["objective.name=distill", "train.checkpoint_every=4", "preview.per_class=0"]
+
+    def run(out, teacher, *more, tag):
+        args = tiny_train_overrides(out, images, *common, f"distill.teacher={teacher}", *more)
+        return run_job(launch("torchrun", TRAIN, *args), tmp_path / tag)
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run(whole, flow_teacher, "train.max_steps=8", tag="whole.log")
+    run(cut, flow_teacher, "train.max_steps=4", tag="first.log")
+    run(cut, copy, "train.max_steps=8", "train.resume=latest", tag="resumed.log")
+    assert_same_run(cut, whole)

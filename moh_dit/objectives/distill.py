@@ -225,7 +225,7 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
         return False  # no guidance by the network's own predictions: the teacher's is folded in
 
     def describe(self) -> str:
-        source = self.teacher.get("source", "a teacher")
+        source = self.teacher.get("source", "the teacher")  # a student of moh-dit 0.5 recorded the path it was given
         weights = self.teacher.get("sha256")
         scale = self.teacher_guidance.get("scale", 1.0)
         folded = (

@@ -199,6 +199,12 @@ def check_distill(config: Config) -> None:
             "a distillation starts its student from the teacher (distill.teacher); model.init_from is not used: to go "
             "on with a distillation, resume its run (train.resume=latest)"
         )
+    own, teacher = Path(config.train.output_dir).resolve(), Path(section.teacher).resolve()
+    if teacher == own or own in teacher.parents:
+        raise ConfigError(
+            f"a run cannot teach itself: distill.teacher={section.teacher} is this run's own folder "
+            f"(train.output_dir={config.train.output_dir}); name the trained teacher's run, or another train.output_dir"
+        )
     _one_of("distill.teacher_format", section.teacher_format, TEACHER_FORMATS)
     _one_of("distill.teacher_path", section.teacher_path, ("linear", "gvp"))
     _one_of("distill.student", section.student, ("teacher", "preset"))

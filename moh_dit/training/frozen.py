@@ -23,7 +23,7 @@ import torch
 
 from moh_dit.errors import ConfigError
 
-__all__ = ["FrozenModel", "FrozenModels", "check_resume_beside"]
+__all__ = ["FrozenModel", "FrozenModels", "check_resume_beside", "recorded_frozen"]
 
 
 class FrozenModel:
@@ -38,6 +38,10 @@ class FrozenModel:
 
     def identity(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def provenance(self) -> dict[str, Any]:
+        """Where it was loaded from (its folder or file): recorded beside the identity, never compared."""
+        return {}
 
     def describe(self) -> str:
         return self.role
@@ -91,6 +95,10 @@ class FrozenModels(Mapping[str, FrozenModel]):
         """Each role's identity (what a run and its checkpoints record)."""
         return {role: model.identity() for role, model in self._models.items()}
 
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        """Each role's provenance (where it was loaded from; recorded, not compared)."""
+        return {role: model.provenance() for role, model in self._models.items()}
+
     def check_apart(self, *modules: torch.nn.Module) -> None:
         """No parameter of a frozen model is one of ``modules``' (the student, its EMA copy), nor trainable."""
         theirs = {id(p) for model in self._models.values() for p in model.parameters()}
@@ -119,5 +127,18 @@ def _short(identity: Mapping[str, Any] | None) -> str:
     if identity is None:
         return "none"
     weights = identity.get("sha256")
-    name = identity.get("source") or identity.get("name") or "?"
-    return f"{name} ({weights[:12]})" if isinstance(weights, str) else str(name)
+    name = identity.get("name") or identity.get("source") or "weights"
+    return f"{name} {weights[:12]}" if isinstance(weights, str) else str(name)
+
+
+def recorded_frozen(checkpoint: Any) -> dict[str, dict[str, Any]] | None:
+    """What the checkpoint a run resumes from recorded of its frozen models, by role: ``{"identity", "provenance"}``
+    (``None``: a new run, or a checkpoint that records none)."""
+    if checkpoint is None:
+        return None
+    import json
+    from pathlib import Path
+
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    identity, provenance = state.get("frozen") or {}, state.get("frozen_provenance") or {}
+    return {role: {"identity": identity[role], "provenance": provenance.get(role)} for role in identity} or None

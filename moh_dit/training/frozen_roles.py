@@ -24,12 +24,15 @@ __all__ = ["FrozenEntry", "FROZEN_MODELS", "load_frozen_models"]
 @dataclass(frozen=True)
 class FrozenEntry:
     """One role: ``wanted(config, objective)`` says whether a run has it; ``load(config, data, student, device,
-    loaded)`` makes it, checked against the data (and the student, for a role that ``needs_student``: loaded after the
-    student is built; the others before, so that a teacher can start the student), with the roles loaded before it
-    (``loaded``: a teacher's trajectories need the teacher)."""
+    loaded, recorded)`` makes it, checked against the data (and the student, for a role that ``needs_student``: loaded
+    after the student is built; the others before, so that a teacher can start the student), with the roles loaded
+    before it (``loaded``: a teacher's trajectories need the teacher) and what a resumed run recorded of it
+    (``recorded``: its identity and provenance, or None)."""
 
     wanted: Callable[[Config, Objective], bool]
-    load: Callable[[Config, TrainingData, MoHDiT | None, torch.device, dict[str, FrozenModel]], FrozenModel]
+    load: Callable[
+        [Config, TrainingData, MoHDiT | None, torch.device, dict[str, FrozenModel], dict | None], FrozenModel
+    ]
     what: str  # in words, for errors
     needs_student: bool = False
 
@@ -38,7 +41,9 @@ def _wants_repa(config: Config, objective: Objective) -> bool:
     return bool(config.repa.encoder)
 
 
-def _load_repa(config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device, loaded) -> FrozenModel:
+def _load_repa(
+    config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device, loaded, recorded
+) -> FrozenModel:
     from moh_dit.training.repa import Alignment
 
     repa = config.repa
@@ -57,14 +62,16 @@ def _load_repa(config: Config, data: TrainingData, model: MoHDiT | None, device:
 
 
 def _load_teacher(
-    config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device, loaded
+    config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device, loaded, recorded
 ) -> FrozenModel:
     from moh_dit.training.teacher import Teacher
 
-    return Teacher.load(config.distill, data, device)
+    return Teacher.load(config.distill, data, device, recorded)
 
 
-def _load_trajectories(config: Config, data: TrainingData, model, device: torch.device, loaded) -> FrozenModel:
+def _load_trajectories(
+    config: Config, data: TrainingData, model, device: torch.device, loaded, recorded
+) -> FrozenModel:
     from moh_dit.training.trajectory_sources import trajectory_source
 
     if "teacher" not in loaded:
@@ -91,13 +98,18 @@ def load_frozen_models(
     data: TrainingData,
     device: torch.device,
     student: MoHDiT | None = None,
+    recorded: dict[str, dict] | None = None,
 ) -> FrozenModels:
     """The frozen models of a run: every role the config wants and every role ``objective`` declares, loaded, frozen
-    and placed on ``device``: without ``student`` those loaded before it is built, with it those that need it. A role
-    the objective declares that no entry loads is a :class:`ConfigError`."""
+    and placed on ``device``: without ``student`` those loaded before it is built, with it those that need it;
+    ``recorded``: what the checkpoint a run resumes from recorded of each role. A role the objective declares that no
+    entry loads is a :class:`ConfigError`."""
     import dataclasses
 
-    needed = objective.frozen_models_for(dataclasses.asdict(config.distill))
+    options = dataclasses.asdict(config.distill) if config is not None else {}
+    needed = (
+        objective.frozen_models_for(options) if hasattr(objective, "frozen_models_for") else objective.frozen_models
+    )
     unknown = [role for role in needed if role not in FROZEN_MODELS]
     if unknown:
         raise ConfigError(f"the {objective.name} objective needs {unknown}: no loader for them in FROZEN_MODELS")
@@ -106,7 +118,7 @@ def load_frozen_models(
         if entry.needs_student != (student is not None):
             continue
         if role in needed or entry.wanted(config, objective):
-            frozen = entry.load(config, data, student, device, models)
+            frozen = entry.load(config, data, student, device, models, (recorded or {}).get(role))
             frozen.freeze(device)
             models[role] = frozen
     return FrozenModels(models)

@@ -95,6 +95,7 @@ class RunOutputs:
         ``losses`` (a non-finite loss at the next step) the rescue save never prunes, and the run stops."""
         info = dict(self.data.record(), samples_seen=self.samples_seen, **self.process_layout)
         info["frozen"] = self.frozen.identity()  # the models beside the student: a resume must have the same
+        info["frozen_provenance"] = self.frozen.provenance()  # where they were loaded from (said, never compared)
         info["teacher_evaluations"] = self.count_evaluations()
         info["batches_per_epoch"] = self.batches_per_epoch
         if self.guard.enabled:

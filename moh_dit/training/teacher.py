@@ -54,14 +54,18 @@ class TeacherGuidance:
     guide: Guide | None = None
 
     def record(self) -> dict[str, Any]:
-        guide = None if self.guide is None else dict(self.guide.spec.record(), sha256=self.guide.fingerprint)
+        """The guidance by what it computes: the scale, the flow times, and the guide's weights (not its path)."""
+        guide = None
+        if self.guide is not None:
+            spec = self.guide.spec.record()
+            guide = {"sha256": self.guide.fingerprint} | {k: spec[k] for k in ("step", "sigma_rel")}
         return {"scale": self.scale, "times": list(self.times), "guide": guide}
 
 
 @dataclass
 class _Loaded:
     model: MoHDiT
-    source: str
+    source: str  # the model's folder as it resolved (a run's pipeline or checkpoint), or the file
     id2label: dict[int, str] | None
     vae: dict | None  # the latent space it was trained in (None: pixels), or "unknown"
     data: dict | None  # its training data's record, where it has one
@@ -92,10 +96,20 @@ class Teacher(FrozenModel):
     # Loading, checked against the run's data
     # ------------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, section: DistillSection, data: TrainingData | None, device: torch.device) -> Teacher:
+    def load(
+        cls,
+        section: DistillSection,
+        data: TrainingData | None,
+        device: torch.device,
+        recorded: dict[str, Any] | None = None,
+    ) -> Teacher:
         """The teacher ``section`` names, checked against ``data`` (one :class:`ConfigError` naming every difference;
-        ``None``: no data to check against, as for ``moh-dit trajectories``), with its guide."""
+        ``None``: no data to check against, as for ``moh-dit trajectories``), with its guide. ``recorded``: the
+        teacher a resumed run was trained beside (its identity and provenance): a run folder that has trained on since
+        gives the checkpoint of those weights, or the error says which weights are needed."""
         loaded = _load(section)
+        if recorded is not None:
+            loaded = _the_recorded_weights(section, loaded, recorded)
         if data is not None:
             _check_fits(loaded, data)
         guide = None
@@ -116,11 +130,16 @@ class Teacher(FrozenModel):
         return [self.model] + ([self.guidance.guide.model] if self.guidance.guide is not None else [])
 
     def record(self) -> dict[str, Any]:
-        """What the student's config keeps of its teacher: where it came from, its weights, its objective."""
-        return {"source": self.source, "sha256": self.fingerprint, "objective": self.objective.record()}
+        """What the student's config keeps of its teacher: its weights and objective (what it computes; not the path it
+        was given by, which may change while the weights do not)."""
+        return {"sha256": self.fingerprint, "objective": self.objective.record()}
 
     def identity(self) -> dict[str, Any]:
         return dict(self.record(), guidance=self.guidance.record())
+
+    def provenance(self) -> dict[str, Any]:
+        """Where the weights came from: the folder they resolved to (a run's pipeline or checkpoint) or the file."""
+        return {"weights": self.source}
 
     def computes(self) -> dict[str, Any]:
         """What the teacher computes, wherever it was loaded from: its weights' fingerprint, objective and guidance
@@ -388,3 +407,34 @@ def _student_from_student(teacher: Teacher, section: DistillSection, objective) 
         "of": len(student.state_dict()),
         "new": [],
     }
+
+
+def _the_recorded_weights(section: DistillSection, loaded: _Loaded, recorded: dict[str, Any]) -> _Loaded:
+    """The teacher's weights a resumed run was trained beside: those loaded when they are; else, for a run folder that
+    trained on since, its checkpoint (or pipeline) that holds them; else one :class:`ConfigError` saying which."""
+    wanted = (recorded.get("identity") or {}).get("sha256")
+    if not wanted or fingerprint_module(loaded.model) == wanted:
+        return loaded
+    from moh_dit.run_folder import RunLayout
+    from moh_dit.sampling.sources import load_transformer, resolve_model_source
+
+    source = resolve_model_source(section.teacher)
+    if source.run is not None:
+        layout = RunLayout(source.run)
+        for candidate in [layout.pipeline, *(path for _, path in reversed(layout.list_checkpoints()))]:
+            if candidate.is_dir():
+                model, found = load_transformer(candidate)
+                if fingerprint_module(model) == wanted:
+                    logger.warning(
+                        "the teacher %s has trained on since this run started: using %s, the weights it was trained "
+                        "beside (%s)", section.teacher, found.path, wanted[:12],
+                    )  # fmt: skip
+                    return _Loaded(model.eval(), str(found.path), loaded.id2label, loaded.vae, loaded.data)
+    was = (recorded.get("provenance") or {}).get("weights")
+    searched = " (nor does any checkpoint of its run)" if source.run is not None else ""
+    raise ConfigError(
+        f"the teacher {section.teacher} does not hold the weights this run was trained beside{searched}: its weights "
+        f"are {fingerprint_module(loaded.model)[:12]}, the run's were {wanted[:12]}"
+        + (f", loaded from {was}" if was else "")
+        + ": give distill.teacher= a run, checkpoint or pipeline that holds those weights, or start a new run"
+    )

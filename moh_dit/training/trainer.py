@@ -47,7 +47,7 @@ from moh_dit.seeding import step_generator
 from moh_dit.training.checkpoints import TrainingState, restore_checkpoint, set_aside_the_future
 from moh_dit.training.companions import build_companions
 from moh_dit.training.config import Config, config_to_dict
-from moh_dit.training.frozen import check_resume_beside
+from moh_dit.training.frozen import check_resume_beside, recorded_frozen
 from moh_dit.training.frozen_roles import load_frozen_models
 from moh_dit.training.objective import run_objective, run_objective_class
 from moh_dit.training.optimizer_steps import OptimizerSteps
@@ -99,8 +99,12 @@ class Trainer(RunOutputs, OptimizerSteps):
         accelerator.wait_for_everyone()
         self.data = load_training_data(config.data, accelerator.device)
 
-        # the models beside the student it may start from (a teacher), loaded before it is built
-        self.frozen = load_frozen_models(config, run_objective_class(config), self.data, accelerator.device)
+        # the models beside the student it may start from (a teacher), loaded before it is built; a resumed run's own
+        # (the teacher's weights it was trained beside, though its run folder has trained on)
+        recorded = recorded_frozen(self.resume_from)
+        self.frozen = load_frozen_models(
+            config, run_objective_class(config), self.data, accelerator.device, recorded=recorded
+        )
         set_seed(train_cfg.seed)  # identical initialisation on every rank
         model, self.init_report = build_model(config, self.data, self.frozen)
         if (

@@ -128,7 +128,8 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
     identity = json.loads((out / "manifest.json").read_text())["identity"]["frozen"]["teacher"]
     state = json.loads((out / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())
     assert state["frozen"]["teacher"] == identity and identity["guidance"]["scale"] == 2.0
-    assert identity["guidance"]["times"] == [0.2, 0.9] and identity["source"].endswith("pipeline")
+    assert identity["guidance"]["times"] == [0.2, 0.9] and "source" not in identity  # what it computes, not a path
+    assert state["frozen_provenance"]["teacher"]["weights"].endswith("pipeline")
     pipe = load_pipeline(summary["pipeline"], device="cpu")
     record = pipe.transformer.config.objective
     assert record["teacher"]["sha256"] == identity["sha256"] and record["guidance"]["scale"] == 2.0
@@ -136,8 +137,10 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
     assert "MeanFlow distilled from" in card and identity["sha256"][:12] in card
     assert pipe.preview_sampling.sampler.num_steps == 1 and objective_of(pipe.transformer).name == "distill"
     more = ("train.max_steps=4", "train.resume=latest")
-    with pytest.raises(ArtifactError, match=r"another set-up \(frozen\.teacher"):  # another teacher
-        Trainer(distill_config(out, image_dir, teachers / "ddpm", *guided, *more))
+    with pytest.raises(
+        ConfigError, match=r"does not hold the weights this run was trained beside \(nor does any checkp"
+    ):
+        Trainer(distill_config(out, image_dir, teachers / "ddpm", *guided, *more))  # another teacher
     with pytest.raises(ArtifactError, match=r"another set-up \(frozen\.teacher\.guidance\.scale"):  # other guidance
         Trainer(distill_config(out, image_dir, teachers / "flow", *more))
     # the student samples in one step with the command line, guidance folded in (the CLI's default scale 1)
@@ -184,7 +187,8 @@ def test_a_checkpoint_of_another_codebase_teaches_in_its_own_convention(image_di
     trainer = Trainer(config)
     student, teacher = trainer.unwrapped.eval(), trainer.frozen["teacher"]
     assert student.config.objective["time"] == "repa" and teacher.guidance.scale == 1.0
-    assert student.config.objective["teacher"]["source"] == str(tmp_path / "repa.pt")
+    assert student.config.objective["teacher"]["sha256"] == teacher.fingerprint
+    assert teacher.provenance()["weights"] == str(tmp_path / "repa.pt")
     z, t, labels = torch.randn(2, 3, 8, 8), torch.tensor([0.3, 0.8]), torch.tensor([0, 1])
     with torch.no_grad():
         ours = trainer.objective.linear_velocity(student, z, t, labels)
@@ -260,3 +264,27 @@ def test_a_noise_students_sampler_is_its_teachers_ddim_after_noise_until(teacher
         eps = teachers_noise(z, 0.5)
         z = (z - 0.5 * eps) / 0.5  # DDIM to 0: the clean image as predicted
     torch.testing.assert_close(sampled, z.float(), rtol=1e-4, atol=1e-4 * float(z.abs().max()))
+
+
+def test_a_distillation_resumes_with_its_teacher_given_any_way_and_after_the_teacher_trained_on(image_dir, tmp_path):
+    """The teacher is what it computes: the same weights given by another path (absolute, a copied folder, its
+    pipeline) resume the student; a teacher run that trained on since gives back the checkpoint of the weights the
+    student was trained beside (the log says which); a run cannot teach itself."""
+    import shutil
+
+    teacher = tmp_path / "teacher"
+    teacher_args = ("objective.name=flow", "preview.per_class=0", "train.checkpoint_every=2", "train.keep_last=5")
+    train_tiny(teacher, image_dir, *teacher_args, "train.max_steps=4")
+    shutil.copytree(teacher, tmp_path / "copy")
+    out = tmp_path / "student"
+    train(distill_config(out, image_dir, teacher, "train.checkpoint_every=1"))
+    for given, steps in ((teacher.resolve(), 3), (tmp_path / "copy", 4), (teacher / "pipeline", 5)):
+        summary = train(distill_config(out, image_dir, given, f"train.max_steps={steps}", "train.resume=latest"))
+        assert summary["step"] == steps
+    train_tiny(teacher, image_dir, *teacher_args, "train.max_steps=8", "train.resume=latest")  # the teacher trains on
+    summary = train(distill_config(out, image_dir, teacher, "train.max_steps=6", "train.resume=latest"))
+    assert summary["step"] == 6
+    state = json.loads((out / "checkpoints" / "step-00000006" / "trainer_state.json").read_text())
+    assert state["frozen_provenance"]["teacher"]["weights"].endswith("step-00000004"), state["frozen_provenance"]
+    with pytest.raises(ConfigError, match="a run cannot teach itself"):
+        distill_config(out, image_dir, out)
