@@ -73,6 +73,16 @@ def _class_weights_row(weights: dict | None, id2label: dict) -> list[str]:
     return [f"| class weights | {named} per epoch; every other class x1 (`data.class_weights`) |"]
 
 
+def _folded_row(folded: dict | None, step: int | None) -> list[str]:
+    """Whether the guidance the model records was folded into its training, and from which step."""
+    if not folded:
+        return []
+    if folded.get("from_step") is None:
+        return [f"| guidance folded in | **no**: training stopped at step {step}, before its warm-up of "
+                f"{folded.get('warmup')} steps ended; sample it with CFG (`--cfg-scale`) |"]  # fmt: skip
+    return [f"| guidance folded in | from step {folded['from_step']} |"]
+
+
 def _quality_section(training: dict, curve_image: str | None) -> list[str]:
     """The card's quality curve: the evaluations during training (``log.eval_every``), as a picture and a table."""
     points, protocol = training.get("quality_curve") or [], training.get("quality_protocol") or {}
@@ -191,6 +201,7 @@ def render_card(
             f"| EMA | decay {ema.get('decay')}{' with warm-up' if ema.get('warmup') else ''}; these are the EMA weights |",
             f"| loss | {pipe.objective.describe_loss()} + {training.get('moh_loss_coeff')} x MoH load balance |",
             f"| precision | {training.get('mixed_precision', 'no')} mixed precision |",
+            *_folded_row(training.get("folded_guidance"), source.get("step")),
             "",
             *_quality_section(training, curve_image),
         ]

@@ -185,6 +185,10 @@ class RunOutputs:
         train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
         preset = None if self.config.model.preset == "custom" else self.config.model.preset
         summary = dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"])
+        folded = self.objective.folded
+        if folded.active:  # whether and from which step the guidance was folded into the target
+            summary["folded_guidance"] = {"from_step": folded.warmup if self.step > folded.warmup else None,
+                                          "warmup": folded.warmup}  # fmt: skip
         evaluations = read_records(self.layout.metrics, EVALUATION)
         if evaluations:  # the card's quality curve, and how its points were scored
             last = evaluations[-1]

@@ -317,3 +317,29 @@ def test_the_efficiency_twins_train_and_record_what_they_turn_on(name, tmp_path,
     assert (trainer.route_span is not None) is routed
     recorded = trainer.unwrapped.config.objective or {}
     assert (recorded.get("guidance_scale") == 4.0) is ("mg" in name)
+
+
+def test_a_folded_guidance_run_shorter_than_its_warmup_is_refused_and_a_run_records_from_which_step_it_folded(
+    tmp_path, image_dir
+):
+    """configs/fashion_mnist_moh_mg.yaml for 20 steps would never fold its guidance in (warm-up 1000) yet record it
+    and sample unguided: refused in one line; a run that folds records from which step, on its card."""
+    from moh_dit.training.trainer import train
+
+    from ..helpers.factories import as_overrides, tiny_train_config
+
+    with pytest.raises(ConfigError, match="guidance_warmup=1000 is not shorter than train.max_steps=20"):
+        load_config(ROOT / "configs" / "fashion_mnist_moh_mg.yaml", ["train.max_steps=20"])
+    tiny = tiny_train_config(tmp_path / "run", image_dir)
+    overrides = [*as_overrides({k: tiny[k] for k in ("data", "train", "model")}), "train.max_steps=3",
+                 "preview.per_class=0", "log.trackers=[]", "objective.guidance_warmup=1"]  # fmt: skip
+    summary = train(load_config(ROOT / "configs" / "fashion_mnist_moh_mg.yaml", overrides))
+    card = (summary["pipeline"] / "README.md").read_text()
+    assert "| guidance folded in | from step 1 |" in card
+
+
+def test_a_card_says_when_a_run_stopped_before_its_guidance_was_folded_in():
+    from moh_dit.sampling.card import _folded_row
+
+    assert _folded_row({"from_step": None, "warmup": 1000}, 40)[0].startswith("| guidance folded in | **no**: ")
+    assert _folded_row(None, 40) == []
