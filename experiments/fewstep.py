@@ -178,6 +178,16 @@ def main(argv: list[str] | None = None) -> dict:
         # said before any training: the score part compares MeanFlow with the flow twin of the backbone study
         p.error("--part score (and all) needs the flow twin's runs: pass --flow-runs DIR (the backbone study's runs)")
     result, seeds, lock = open_study(args, sc, "fewstep", sections)  # lock: held to the end
+    if not args.report_only and args.part != "train" and not sc["own_flow"]:
+        # checked before any sampling: a missing or wrong runs folder is said at once, not after the first sample sets
+        given = {"flow": args.flow_runs, "ddpm": args.ddpm_runs if args.part in ("caches", "all") else None}
+        missing = [str(Path(folder) / run_name(kind, seed) / "pipeline") for kind, folder in given.items() if folder
+                   for seed in (seeds if kind == "flow" and args.part in ("score", "all") else (0,))
+                   if not (Path(folder) / run_name(kind, seed) / "pipeline").is_dir()]  # fmt: skip
+        if missing:
+            p.error(f"no trained model at {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}: pass the "
+                    f"runs folder of the study that trained them (--flow-runs: the backbone study's, --ddpm-runs: the "
+                    f"guidance study's)")  # fmt: skip
     if args.flow_runs:  # this run's seeds read again; the curves of other seeds (other runs folders) kept
         read = flow_curves(args.flow_runs, seeds)
         seeds_read = {c["seed"] for c in read}

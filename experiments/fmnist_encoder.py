@@ -7,7 +7,8 @@ Its encoder maps a 28 x 28 image to a 7 x 7 grid of 64-d tokens: the token grid 
 aligns token to token. :func:`register` registers it with torch-fidelity as ``fmnist-ae-tokens`` (feature
 ``patch_tokens``), what ``repa.encoder`` names:
 
-    python -m experiments.fmnist_encoder                     # trains it (7 minutes measured on 2 CPU cores), from its seed
+    python -m experiments.fmnist_encoder                     # trains it (7 minutes measured on 2 CPU cores), from its seed,
+                                                             # into runs/encoder/ (--out the shipped file replaces it)
     train.py ... repa.encoder=fmnist-ae-tokens repa.encoder_module=experiments.fmnist_encoder \
         repa.encoder_weights=experiments/weights/fmnist_ae.safetensors
 """
@@ -147,7 +148,9 @@ register()  # `repa.encoder_module=experiments.fmnist_encoder` makes the name kn
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS)
+    # by default beside the shipped weights' folder, not over them: a user's run leaves the checkout clean
+    p.add_argument("--out", type=Path, default=Path("runs/encoder/fmnist_ae.safetensors"),
+                   help="where the weights go (the shipped ones: experiments/weights/fmnist_ae.safetensors)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args(argv)

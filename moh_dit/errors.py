@@ -126,3 +126,12 @@ def one_line(err: BaseException) -> str:
         message = re.sub(r"^[\w.]+(Error|Exception): ", "", last.strip())
     lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
     return lines[0] if lines else type(err).__name__
+
+
+def unreadable_array(path: object, err: BaseException) -> str:
+    """What went wrong reading an array file (``.npz``, ``.npy``): that it does not exist, or that it is not one."""
+    import os
+
+    if isinstance(err, FileNotFoundError) or not os.path.exists(path):
+        return f"{path} does not exist"
+    return f"{path} is not a readable array file ({str(err).splitlines()[0] if str(err) else type(err).__name__}); truncated?"

@@ -116,3 +116,15 @@ def _defined_anywhere(name: str) -> bool:
     """Whether ``name`` is defined (a def, a class or an assignment) in the package or the tests."""
     pattern = re.compile(rf"^\s*(def|class)\s+{name}\b|^\s*{name}\s*[:=]", re.M)
     return any(pattern.search(p.read_text()) for d in ("moh_dit", "tests") for p in (ROOT / d).rglob("*.py"))
+
+
+def test_the_python_examples_sample_their_model_with_a_sampler_of_its_objective():
+    """A Python block that loads `runs/fmnist` (these docs' name for the embedded default, DDPM) names one of DDPM's
+    samplers (it showed "euler", a flow sampler: a ConfigError traceback for a reader who ran it)."""
+    from moh_dit.objectives.registry import OBJECTIVES
+
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S):
+            if 'load_pipeline("runs/fmnist")' in block:
+                for sampler in re.findall(r'SamplingSpec\.create\("([\w-]+)"', block):
+                    assert sampler in OBJECTIVES["ddpm"].samplers, (page.name, sampler)

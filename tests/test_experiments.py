@@ -1032,3 +1032,34 @@ def test_the_efficiency_study_scores_a_plain_arm_also_at_its_recorded_cfg(tmp_pa
     scored.clear()
     efficiency.part_score({"out": tmp_path, "guided_only": True}, (1,), result, ["flow-short", "mg-flow-short"])
     assert scored == [("flow-short-seed1", 4.0), ("mg-flow-short-seed1", 1.0)]  # a folded arm's own row is guided
+
+
+def test_the_fewstep_score_part_names_a_missing_runs_folder_before_it_samples(tmp_path, monkeypatch):
+    """--flow-runs pointing where no flow twin was trained is said at once (it was said after 30 s of sampling)."""
+    from experiments import fewstep
+
+    monkeypatch.setattr(fewstep, "scoring_context", lambda *a, **k: pytest.fail("sampled before checking its inputs"))
+    with pytest.raises(SystemExit):
+        fewstep.main(["--part", "score", "--flow-runs", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
+
+
+def test_the_experiments_weights_scripts_leave_the_shipped_weights_alone_by_default():
+    """`python -m experiments.fmnist_encoder` wrote over the committed experiments/weights/fmnist_ae.safetensors; now
+    both scripts write under runs/ unless told the shipped path."""
+    import argparse
+
+    from experiments import fmnist_encoder
+
+    seen = {}
+    real_parse = argparse.ArgumentParser.parse_args
+
+    def spy(self, args=None, namespace=None):
+        parsed = real_parse(self, args, namespace)
+        seen["out"] = parsed.out
+        raise SystemExit(0)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(argparse.ArgumentParser, "parse_args", spy)
+        with pytest.raises(SystemExit):
+            fmnist_encoder.main([])
+    assert "experiments/weights" not in str(seen["out"]) and str(seen["out"]).startswith("runs")

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from moh_dit.data.image_folder import list_images, load_image
-from moh_dit.errors import EvaluationError
+from moh_dit.errors import EvaluationError, unreadable_array
 from moh_dit.manifests import fingerprint_file
 from moh_dit.progress import progress
 
@@ -102,9 +102,7 @@ def load_images(path: str | os.PathLike, limit: int | None = None, image_size: i
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         if isinstance(err, EvaluationError):
             raise
-        raise EvaluationError(
-            f"{path} is not a readable array file ({str(err).splitlines()[0]}); truncated?"
-        ) from None
+        raise EvaluationError(unreadable_array(path, err)) from None
     return validate_images(arr[:limit] if limit else arr, str(path))
 
 

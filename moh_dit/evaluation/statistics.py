@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from moh_dit.data.image_folder import list_images
-from moh_dit.errors import EvaluationError
+from moh_dit.errors import EvaluationError, unreadable_array
 from moh_dit.evaluation.features import FeatureExtractor, extract_features, load_images
 from moh_dit.evaluation.metrics import (
     feature_statistics,
@@ -101,9 +101,7 @@ def reference_statistics(
             with np.load(ref) as data:
                 stored = {k: data[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in data}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-            raise EvaluationError(
-                f"reference {ref} is not a readable array file ({str(err).splitlines()[0]}); truncated?"
-            ) from None
+            raise EvaluationError(f"reference {unreadable_array(ref, err)}") from None
     images = load_images(ref, image_size=crop)
     if len(images) < 2:
         raise EvaluationError(f"reference {ref} has {len(images)} images; need at least 2")

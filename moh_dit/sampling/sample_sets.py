@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from moh_dit.errors import ArtifactError
+from moh_dit.errors import ArtifactError, unreadable_array
 from moh_dit.files import TMP_MARK, ensure_writable_dir, ensure_writable_file, sibling
 from moh_dit.manifests import MANIFEST_NAME, differences, format_differences, read_manifest, write_manifest
 
@@ -42,7 +42,7 @@ def read_npz_manifest(npz: str | os.PathLike) -> dict[str, Any] | None:
                 return None
             return json.loads(str(data["moh_dit_manifest"]))
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise ArtifactError(f"{npz} is not a readable array file ({err}); truncated?") from None
+        raise ArtifactError(unreadable_array(npz, err)) from None
 
 
 def _png_files(sample_dir: Path) -> list[Path]:

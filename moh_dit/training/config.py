@@ -71,9 +71,15 @@ def _from_dict(cls, data: dict[str, Any], where: str):
     if renamed:
         raise ConfigError("; ".join(renamed))
     if unknown:
-        raise ConfigError(
-            f"unknown config keys {[f'{where}{k}' for k in unknown]}; valid: {[f'{where}{k}' for k in fields]}"
+        import difflib
+
+        close = {k: difflib.get_close_matches(k, list(fields), n=1, cutoff=0.6) for k in unknown}
+        said = ", ".join(
+            f"{where}{k}" + (f" (did you mean {where}{close[k][0]}?)" if close[k] else "") for k in unknown
         )
+        # the section's keys only where some key has no near match (a typo's nearest key says enough)
+        listing = "" if all(close.values()) else f"; {where.rstrip('.') or 'the config'}'s keys: {', '.join(fields)}"
+        raise ConfigError(f"unknown config keys {said}{listing}")
     kwargs = {}
     for name, value in data.items():
         default = getattr(cls(), name)

@@ -91,7 +91,7 @@ def build_model(
         if wrong:
             raise ConfigError(
                 f"model.overrides contradict {section.init_from}: {', '.join(wrong)}; the architecture comes from "
-                f"init_from, so drop these overrides"
+                f"init_from, so drop these overrides ({HOW_TO_DROP_OVERRIDES})"
             )
         record = objective_record(config, model.config.objective, section.init_from)
         if run_objective(config, record, model.config.learn_sigma).record() != model.config.objective:
@@ -161,6 +161,12 @@ def _check_init_latent_space(init_from: str, source: dict | None, data: dict | N
             short(source["sha256"]),
             short(data.get("sha256")),
         )
+
+
+# how to drop overrides a base config sets (a `base:` YAML's model.overrides reach every config built on it)
+HOW_TO_DROP_OVERRIDES = (
+    "those a base config sets: 'model.overrides={}' on the command line, or model.overrides: {} in yours"
+)
 
 
 def make_ema(model: torch.nn.Module, section: EMASection) -> EMAModel:

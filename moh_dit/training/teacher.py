@@ -319,6 +319,7 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
     from moh_dit.model.presets import preset_config
     from moh_dit.objectives.distill_heads import HEADS, native_head
     from moh_dit.training.objective import objective_record, run_objective
+    from moh_dit.training.setup import HOW_TO_DROP_OVERRIDES
 
     time = teacher.objective.time_convention
     section = config.distill
@@ -342,8 +343,8 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
         if wrong:
             raise ConfigError(
                 f"model.overrides {', '.join(f'{k}={config.model.overrides[k]!r}' for k in wrong)} contradict the "
-                f"teacher's architecture, which the student takes (distill.student=teacher): drop them, or choose "
-                f"distill.student=preset for model.preset with overrides"
+                f"teacher's architecture, which the student takes (distill.student=teacher): drop them "
+                f"({HOW_TO_DROP_OVERRIDES}), or choose distill.student=preset for model.preset with overrides"
             )
     else:
         derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)

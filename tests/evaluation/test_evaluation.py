@@ -649,3 +649,15 @@ def test_evaluate_can_return_the_features_it_scored(tmp_path):
     assert "features" not in plain and with_features == plain  # the same scores; only the features are added
     assert features.keys() == expected.keys()
     assert all(np.array_equal(features[k], expected[k]) for k in expected)
+
+
+def test_a_missing_array_file_is_said_to_not_exist_and_a_damaged_one_to_be_unreadable(tmp_path):
+    """A missing .npz read "is not a readable array file ([Errno 2] ...); truncated?": it does not exist."""
+    from moh_dit.errors import EvaluationError
+    from moh_dit.evaluation.features import load_images
+
+    with pytest.raises(EvaluationError, match=r"nowhere\.npz does not exist$"):
+        load_images(tmp_path / "nowhere.npz")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(EvaluationError, match="bad.npz is not a readable array file .*truncated"):
+        load_images(tmp_path / "bad.npz")

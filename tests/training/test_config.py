@@ -343,3 +343,14 @@ def test_a_card_says_when_a_run_stopped_before_its_guidance_was_folded_in():
 
     assert _folded_row({"from_step": None, "warmup": 1000}, 40)[0].startswith("| guidance folded in | **no**: ")
     assert _folded_row(None, 40) == []
+
+
+def test_an_unknown_key_is_answered_with_its_nearest_and_only_then_with_the_sections_keys():
+    """An unknown key listed every valid key on one line; a typo now gets its nearest key, and a key with none the
+    keys of its own section."""
+    with pytest.raises(
+        ConfigError, match=r"^unknown config keys train\.max_stpes \(did you mean train\.max_steps\?\)$"
+    ):
+        load_config(None, ["train.max_stpes=3"])
+    with pytest.raises(ConfigError, match=r"unknown config keys train\.zzz; train's keys: output_dir, "):
+        load_config(None, ["train.zzz=3"])
