@@ -25,6 +25,14 @@ def test_the_readme_is_a_front_door():
     assert "bash scripts/setup.sh && .venv/bin/ruff check ." in first, "the test command, in the first 40"
 
 
+def test_the_readme_says_once_where_a_newcomer_starts_that_the_commands_run_in_the_set_ups_environment():
+    """With the system's python, `python sample.py ...` failed with "No module named 'PIL'" and `moh-dit` was not
+    found: the set-up section says to activate .venv (or call its programs by path) before any other command."""
+    text = (ROOT / "README.md").read_text()
+    setup = text[text.index("## Set-up") : text.index("**Main job**")]
+    assert "source .venv/bin/activate" in setup and ".venv/bin/moh-dit" in setup
+
+
 def test_the_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     command = next(ln for ln in readme.splitlines() if ln.startswith("bash scripts/setup.sh && .venv/bin/ruff"))
