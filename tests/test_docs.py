@@ -29,7 +29,7 @@ def test_the_readme_says_once_where_a_newcomer_starts_that_the_commands_run_in_t
     """With the system's python, `python sample.py ...` failed with "No module named 'PIL'" and `moh-dit` was not
     found: the set-up section says to activate .venv (or call its programs by path) before any other command."""
     text = (ROOT / "README.md").read_text()
-    setup = text[text.index("## Set-up") : text.index("**Main job**")]
+    setup = text[text.index("## Set-up") : text.index("## ImageNet 256")]
     assert "source .venv/bin/activate" in setup and ".venv/bin/moh-dit" in setup
 
 
