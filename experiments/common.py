@@ -33,6 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 fashion_test_images = NAMED_REFERENCES["fashion-mnist-test"]
 
 
+# where the studies keep the Fashion-MNIST test reference they score against (23 MB, ignored by git): one copy for
+# every study and every --out, never beside a folder the user named
+REFERENCE_DIR = ROOT / "experiments" / "results"
+
+
 def fashion_reference(out: Path, count: int = 10000) -> Path:
     """The first ``count`` Fashion-MNIST test images as an ADM-style uint8 npz (gray repeated to RGB). An
     existing file is checked against the test set (a second, cheap to read) before it is reused."""
@@ -122,7 +127,7 @@ def start_scoring(args) -> tuple[Path, Path, object]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return out, fashion_reference(out.parent, args.reference_count), classifier_features()
+    return out, fashion_reference(REFERENCE_DIR, args.reference_count), classifier_features()
 
 
 def scoring_context(args, sc: dict, **extra) -> dict:

@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from experiments.common import ROOT, fashion_reference
+from experiments.common import REFERENCE_DIR, ROOT, fashion_reference
 from experiments.fmnist_classifier import EXTRACTOR_NAME
 from experiments.report import save_results
 from moh_dit.images import plot_curves
@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out, run = ROOT / args.out, Path(args.run)
     out.mkdir(parents=True, exist_ok=True)
-    reference = Path(os.path.relpath(fashion_reference(out.parent)))  # the 10,000 test images; records stay portable
+    reference = Path(
+        os.path.relpath(fashion_reference(REFERENCE_DIR))
+    )  # the 10,000 test images; records stay portable
     overrides = [
         f"train.output_dir={run}",
         f"log.eval_every={args.every}",

@@ -1063,3 +1063,17 @@ def test_the_experiments_weights_scripts_leave_the_shipped_weights_alone_by_defa
         with pytest.raises(SystemExit):
             fmnist_encoder.main([])
     assert "experiments/weights" not in str(seen["out"]) and str(seen["out"]).startswith("runs")
+
+
+def test_a_study_keeps_its_reference_in_the_shared_folder_not_beside_the_out_it_was_given(tmp_path, monkeypatch):
+    """A study with --out DIR wrote its 23 MB Fashion-MNIST reference into DIR's parent; now every study keeps one copy
+    in experiments/results (ignored by git)."""
+    from argparse import Namespace
+
+    from experiments import common
+
+    monkeypatch.setattr(common, "classifier_features", lambda: None)
+    monkeypatch.setattr(common, "fashion_reference", lambda folder, count: Path(folder) / f"ref_{count}.npz")
+    out, reference, _ = common.start_scoring(Namespace(out=str(tmp_path / "mine" / "study"), reference_count=50))
+    assert reference.parent == common.REFERENCE_DIR and not (tmp_path / "mine" / "ref_50.npz").exists()
+    assert out == tmp_path / "mine" / "study"

@@ -15,6 +15,10 @@ from pathlib import Path
 from moh_dit.cli.common import add_sampling_arguments, positive_int
 from moh_dit.logs import setup_logging
 
+# where a command writes when told nowhere: under runs/ (which git ignores), so that a checkout stays clean
+DEFAULT_GRID = "runs/samples/grid.png"
+DEFAULT_SAMPLE_DIR = "runs/samples/images"
+
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,10 +37,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="decode with this VAE (hub id or folder) instead of the model's own; it must share the model's latent space",
     )
-    p.add_argument("--out", default=None, help="grid image (default samples.png)")
+    p.add_argument(
+        "--out", default=None, help=f"grid image (default {DEFAULT_GRID}: under runs/, outside the checkout)"
+    )
     p.add_argument("--save-images", default=None, help="also write each grid image into this folder")
     p.add_argument(
-        "--sample-dir", default=None, help="folder for --num-samples PNGs (default samples; the .npz goes beside it)"
+        "--sample-dir",
+        default=None,
+        help=f"folder for --num-samples PNGs (default {DEFAULT_SAMPLE_DIR}; the .npz goes beside it)",
     )
     # the grid is for looking at: the fast protocol, and the guidance the model's run drew its previews with
     add_sampling_arguments(p, guidance=None, protocol="fast", num_samples=None)
@@ -61,12 +69,12 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                 f"{', '.join(given)} draw a grid; --num-samples draws N images over every class (--label-mode): "
                 f"use one or the other"
             )
-        args.sample_dir = args.sample_dir or "samples"
+        args.sample_dir = args.sample_dir or DEFAULT_SAMPLE_DIR
         return
     if args.sample_dir is not None:
         parser.error("--sample-dir holds --num-samples images: give --num-samples too, or --out for a grid")
     args.per_class = args.per_class or 8
-    args.out = args.out or "samples.png"
+    args.out = args.out or DEFAULT_GRID
     from PIL import Image
 
     if Path(args.out).suffix.lower() not in Image.registered_extensions():

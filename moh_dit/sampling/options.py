@@ -244,6 +244,12 @@ def spec_from_args(
     )
     if log:
         logger.info("%s (%s)", spec.describe(), why)
+        if own is not None and args.cfg_scale is not None and args.cfg_scale != 1.0:  # said once, where it is chosen
+            logger.warning(
+                "this model has guidance folded into its training (it samples at scale 1): --cfg-scale %g guides it "
+                "again on top, at two network evaluations per step where it applies",
+                args.cfg_scale,
+            )
     return spec
 
 

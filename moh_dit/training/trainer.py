@@ -25,6 +25,7 @@ import signal
 import time
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -377,6 +378,15 @@ class Trainer(RunOutputs, OptimizerSteps):
 
 
 def train(config: Config) -> dict[str, Any]:
-    """Train according to ``config``; returns a summary (final step, stop reason, exported pipeline)."""
+    """Train according to ``config``; returns a summary (final step, stop reason, exported pipeline). A start that
+    fails before writing anything leaves no output folder behind (the run folder it made, still empty)."""
     setup_logging()
-    return Trainer(config).run()
+    out = Path(config.train.output_dir)
+    made = not out.exists()
+    try:
+        trainer = Trainer(config)
+    except BaseException:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    return trainer.run()

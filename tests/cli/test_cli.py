@@ -389,3 +389,33 @@ def test_flags_and_overrides_mix_in_any_order(tmp_path, capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["train"]["max_steps"] == 2 and printed["train"]["output_dir"] == str(tmp_path / "d")
     assert printed["model"]["init_from"] == str(tmp_path / "p")
+
+
+def test_sample_writes_under_runs_when_told_no_place_so_that_a_checkout_stays_clean(
+    world, tmp_path, monkeypatch, caplog
+):
+    """Without --out a grid went to samples.png in the working directory (a checkout's, not ignored); it goes to
+    runs/samples/, which the repository ignores, and the command says where."""
+    from ..helpers.factories import run_in_process
+
+    monkeypatch.chdir(tmp_path)
+    run_in_process("sample", [world / "run", "--per-class", "1", "--num-steps", "2"], caplog)
+    assert (tmp_path / "runs" / "samples" / "grid.png").is_file() and not (tmp_path / "samples.png").exists()
+    ignored = (Path(__file__).resolve().parents[2] / ".gitignore").read_text().splitlines()
+    assert "runs/" in ignored
+
+
+def test_cfg_on_top_of_folded_guidance_is_said_once_and_not_for_a_model_without_it(caplog):
+    """--cfg-scale on a student or a model trained with folded guidance stacked on it without a word."""
+    import logging
+
+    from moh_dit.cli import sample as sample_command
+    from moh_dit.sampling.options import spec_from_args
+
+    args = sample_command.build_parser().parse_args(["run", "--cfg-scale", "2"])
+    with caplog.at_level(logging.INFO):
+        spec_from_args(args, objective={"name": "meanflow"})
+        spec_from_args(args, objective={"name": "flow", "guidance_scale": 4.0})
+        spec_from_args(args, objective={"name": "ddpm"})
+    said = [r for r in caplog.records if "guidance folded into its training" in r.getMessage()]
+    assert len(said) == 2 and "--cfg-scale 2 guides it again" in said[0].getMessage()

@@ -20,7 +20,7 @@ from moh_dit.run_folder import find_checkpoint
 from moh_dit.sampling.pipeline import MoHDiTPipeline
 from moh_dit.training.config import EMASection, load_config
 from moh_dit.training.setup import make_ema
-from moh_dit.training.trainer import Trainer
+from moh_dit.training.trainer import Trainer, train
 
 from ..helpers.factories import (
     as_overrides,
@@ -854,3 +854,16 @@ def test_init_from_a_run_with_the_config_that_trained_it_compares_resolved_value
             tmp_path / "other-theta", image_dir, block.replace("rope: true", "rope: true, rope_theta: 100"),
             f"model.init_from={source / 'pipeline'}", "train.max_steps=1", "preview.per_class=0",
         )  # fmt: skip
+
+
+def test_a_start_that_fails_leaves_no_empty_output_folder(tmp_path, image_dir):
+    """A run refused at its start (here: a teacher that does not exist) left an empty run folder behind."""
+    from moh_dit.errors import ArtifactError
+
+    out = tmp_path / "new" / "run"
+    config = load_config(
+        None, tiny_train_overrides(out, image_dir, "objective.name=distill", f"distill.teacher={tmp_path}/x")
+    )
+    with pytest.raises(ArtifactError, match="does not exist"):
+        train(config)
+    assert not out.exists()
