@@ -536,6 +536,7 @@ STABILISED = ["distill.loss=opt-grad", "distill.spatial_invariance=true", "disti
               "distill.tangent_clamp=1", "distill.anchor=0.5", "distill.grid_share=0.5"]  # fmt: skip
 TRAJECTORY = ["distill.method=trajectory", "distill.trajectory_count=6", "distill.trajectory_shard_size=2",
               "distill.trajectory_steps=3", "distill.grid_share=0.5"]  # fmt: skip
+DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.dmd_steps=[1,2]"]
 
 
 @pytest.mark.parametrize(
@@ -545,15 +546,24 @@ TRAJECTORY = ["distill.method=trajectory", "distill.trajectory_count=6", "distil
         ("finite-difference", ["optim.new_lr_scale=3"]),
         ("finite-difference", STABILISED),
         (None, TRAJECTORY),
+        (None, DMD2),
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
-    ids=["finite-difference-split", "finite-difference-interval-own-lr", "stabilised", "trajectory", "jvp-split"],
+    ids=[
+        "finite-difference-split",
+        "finite-difference-interval-own-lr",
+        "stabilised",
+        "trajectory",
+        "dmd2",
+        "jvp-split",
+    ],
 )
 def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, flow_teacher, images, tmp_path):
     """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's split
     or MeanFlow's new interval embedding in its own optimizer group at 3x the rate; the stabilisers and a grid share;
     trajectory distillation recording its set of trajectories on both processes) stopped at step 4 and resumed on two
-    processes ends as the uninterrupted one, bit for bit, the teacher's evaluations counted alike; every checkpoint
+    processes ends as the uninterrupted one, bit for bit, the teacher's evaluations counted alike (DMD2: its fake score
+    and discriminator too, their gradients averaged over the processes); every checkpoint
     names its teacher and a resume beside another is refused (tests/training/test_teacher.py)."""
     base = (
         distill(flow_teacher, derivative)
@@ -571,7 +581,11 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
     counted = [[json.loads(line).get("teacher_evaluations") for line in (r / "metrics.jsonl").read_text().splitlines()]
                for r in (whole, cut)]  # fmt: skip
     assert counted[0] == counted[1] and counted[0][-1] > 0
-    if derivative is None:  # the same set of trajectories, recorded on two processes in either run
+    if student is DMD2:  # the fake score and its optimizer, as the whole run's
+        for name in ("fake_score.safetensors", "fake_score.optimizer.pt"):
+            a, b = (RunLayout(r).latest_checkpoint() / "companions" / name for r in (whole, cut))
+            assert a.read_bytes() == b.read_bytes() or name.endswith(".pt"), name
+    if student is TRAJECTORY:  # the same set of trajectories, recorded on two processes in either run
         sets = [json.loads((r / "trajectories" / "trajectories.json").read_text())["shards"] for r in (whole, cut)]
         assert sets[0] == sets[1] and len(sets[0]) == 3
 

@@ -20,12 +20,13 @@ __all__ = ["MethodEntry", "METHODS", "DEFAULT_METHOD", "method_entry", "keys_of_
 @dataclass(frozen=True)
 class MethodEntry:
     """One method: ``module``/``cls`` hold its class; ``keys`` are the ``distill`` keys only this method reads;
-    ``summary`` says what it learns, in words."""
+    ``summary`` says what it learns, in words; ``fp16``: whether float16 mixed precision is allowed."""
 
     module: str
     cls: str
     summary: str
     keys: tuple[str, ...] = ()
+    fp16: bool = True  # DMD2 diverges in float16 (its authors', FastGen's finding)
 
 
 TRAJECTORY_KEYS = (
@@ -77,7 +78,8 @@ METHODS: dict[str, MethodEntry] = {
             "dmd_input",
             "dmd_time",
             *TRAJECTORY_KEYS,
-        ),  # fmt: skip
+        ),
+        fp16=False,
     ),
 }
 DEFAULT_METHOD = "meanflow"  # every student of moh-dit 0.5 and earlier

@@ -237,6 +237,13 @@ def check_distill(config: Config) -> None:
         except ConfigError as err:
             raise ConfigError(f"distill.{err}") from None
     check_distill_method(section, defaults)
+    from moh_dit.objectives.distill_methods import method_entry
+
+    if config.train.mixed_precision == "fp16" and not method_entry(section.method).fp16:
+        raise ConfigError(
+            f"distill.method={section.method} diverges in float16 (its authors' and FastGen's finding): "
+            f"train.mixed_precision=bf16 or no"
+        )
 
 
 def check_distill_method(section: DistillSection, defaults: DistillSection) -> None:

@@ -95,3 +95,22 @@ def test_a_checkpoint_without_the_fake_score_or_with_another_is_refused_in_one_l
     fake.unlink()
     with pytest.raises(ArtifactError, match="holds no fake_score"):
         train(dmd2(run, image_dir, flow_teacher, "train.max_steps=6", "train.resume=latest"))
+
+
+def test_dmd2_refuses_float16_and_trains_in_bfloat16(flow_teacher, image_dir, tmp_path):
+    """DMD2 diverges in float16 (its authors', FastGen's finding): refused in one line; bf16 autocast trains (on the
+    CPU here) with finite losses."""
+    from moh_dit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="diverges in float16"):
+        dmd2(tmp_path / "a", image_dir, flow_teacher, "train.mixed_precision=fp16")
+    import sys
+    from pathlib import Path
+
+    from ..helpers.factories import run_command, tiny_train_overrides
+
+    root = Path(__file__).resolve().parents[2]
+    overrides = tiny_train_overrides(tmp_path / "b", image_dir, f"distill.teacher={flow_teacher}", *DMD2)
+    run_command([sys.executable, root / "train.py", *overrides, "train.max_steps=3", "train.mixed_precision=bf16"])
+    records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert all(torch.isfinite(torch.tensor(r["distill_loss"])) for r in records if "distill_loss" in r)
