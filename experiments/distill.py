@@ -12,6 +12,9 @@ scratch on the same data and budget (the few-step study's records):
                  second stage), from the same seed's trajectory student
     v05          seed 0: moh-dit 0.5's recipe (experiments/configs/distill_v05.yaml, distill_ddpm_v05.yaml) over the
                  same four-times-longer run: the failure the others repair
+    dmd2         DMD2 from the teacher (configs/fashion_mnist_moh_dmd2.yaml, its DDPM twin), 3320 steps
+    dmd2t        DMD2 from the same seed's trajectory student (fashion_mnist_moh_dmd2_trajectory.yaml), 830 steps
+    gan          seed 0 of the flow twin's two DMD2 students with the GAN term
     ablations    seed 0 of the flow twin's meanflow student with one stabiliser changed at a time: each key's default
 
 Every student trains 3320 steps (four times 0.5's 830) and evaluates itself every 415 (500 samples, one and two
@@ -55,10 +58,17 @@ CONFIGS = {
     },
     "cmt": {"flow": "configs/fashion_mnist_moh_distill_cmt.yaml", "ddpm": "configs/fashion_mnist_moh_distill_cmt_ddpm.yaml"},
     "v05": {"flow": "experiments/configs/distill_v05.yaml", "ddpm": "experiments/configs/distill_ddpm_v05.yaml"},
+    "dmd2": {"flow": "configs/fashion_mnist_moh_dmd2.yaml", "ddpm": "configs/fashion_mnist_moh_dmd2_ddpm.yaml"},
+    "dmd2t": {
+        "flow": "configs/fashion_mnist_moh_dmd2_trajectory.yaml",
+        "ddpm": "configs/fashion_mnist_moh_dmd2_trajectory_ddpm.yaml",
+    },
 }  # fmt: skip
-EXTRA = {"cmt": ["distill.student_from={runs}/trajectory-{kind}-seed{seed}"]}
+EXTRA = {f"{m}": ["distill.student_from={runs}/trajectory-{kind}-seed{seed}"] for m in ("cmt", "dmd2t")}
 SEED_0_ONLY = ("v05",)
-OWN_LENGTH = ("cmt",)  # a post-training: its config's steps, not the study's
+OWN_LENGTH = ("cmt", "dmd2t")  # started from a trajectory student: their configs' steps, not the study's
+# seed 0 of the flow twin's DMD2 students with DMD2's GAN term (FastGen's weight), against the same without
+GAN = {"dmd2-flow-gan": "dmd2-flow", "dmd2t-flow-gan": "dmd2t-flow"}
 STUDENT_STEPS_RUN = 3320  # four times 0.5's 830
 # seed 0 of the flow twin's meanflow student with one stabiliser changed from its config: each key's default measured
 ABLATIONS = {
@@ -105,6 +115,7 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
     if seed == 0:
         config, student = arms["meanflow-flow"]
         arms |= {f"meanflow-flow-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS.items()}
+        arms |= {arm: (arms[base][0], [*arms[base][1], "distill.gan_weight=0.001"]) for arm, base in GAN.items()}
     return arms
 
 

@@ -43,13 +43,13 @@ __all__ = [
 ]
 
 KINDS = ("flow", "ddpm")  # the teachers: the flow twin, the embedded default
-METHODS = ("meanflow", "trajectory", "cmt", "v05")  # the students' arms, {method}-{kind}
+METHODS = ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t", "v05")  # the students' arms, {method}-{kind}
 STUDENT_STEPS, TEACHER_STEPS = (1, 2, 4), 25
 # the issue's goal: 2 steps within 1.25x the teacher's 25-step KID with recall within 0.05, 1 step within 2x, the whole
 # distillation within the teacher's own training cost
 GOAL = {"kid_ratio": {2: 1.25, 1: 2.0}, "recall_gap": 0.05, "cost_ratio": 1.0}
 NAMES = {"flow": "the flow twin", "ddpm": "the embedded default (DDPM)"}
-STARTS_FROM = {"cmt": "trajectory"}  # a method whose students start from another method's (their cost adds up)
+STARTS_FROM = {"cmt": "trajectory", "dmd2t": "trajectory"}  # students started from another method's: costs add up
 
 
 # ----------------------------------------------------------------------------------------------------
