@@ -34,13 +34,13 @@ import torch
 
 from experiments.arms import run_config
 from experiments.common import ROOT
+from experiments.distill_diagnosis_report import INTERVALS, report
 from experiments.report import pyplot
 from moh_dit.files import atomic_write_text, json_text
 from moh_dit.training.config import load_config
 
 OUT = ROOT / "experiments" / "results" / "distill_diagnosis"
 WINDOW = 0.1  # "near" an interval: t and r each within this of its ends
-INTERVALS = {"1 -> 0": (1.0, 0.0), "1 -> 0.5": (1.0, 0.5), "0.5 -> 0": (0.5, 0.0)}
 # the recipes whose draws are measured: (config, overrides)
 RECIPES = {
     "flow twin's student (0.5)": ("experiments/configs/distill_v05.yaml", []),
@@ -352,53 +352,6 @@ def part_ema(result: dict, run: Path) -> None:
             if step in (config.train.max_steps // 4, config.train.max_steps // 2, config.train.max_steps):
                 shares[step] = float(ema.shadow_params[0])
     result["ema"] = {"run": str(run), "decay": config.ema.decay, "teacher_share": shares}
-
-
-# ----------------------------------------------------------------------------------------------------
-# report
-# ----------------------------------------------------------------------------------------------------
-def report(result: dict) -> str:
-    lines = ["# Distillation: the diagnosis", "", "`python -m experiments.distill_diagnosis` (see its docstring).", ""]
-    if "times" in result:
-        lines += ["## The drawn intervals", "", "![times](times.png)", ""]
-        keys = [*INTERVALS, *(f"{k} of intervals" for k in INTERVALS)]
-        lines += ["| recipe | draws | r < t | " + " | ".join(keys) + " |", "|---" * (3 + len(keys)) + "|"]
-        for name, row in result["times"].items():
-            closed = row.get("closed form 1 -> 0 of intervals")
-            cells = [f"{row[k]:.3%}" for k in keys]
-            if closed is not None:
-                cells[3] += f" (closed form {closed:.3%})"
-            lines.append(f"| {name} | {row['recipe']} | {row['interval_share']:.0%} | " + " | ".join(cells) + " |")
-        lines.append("")
-    if "fit" in result:
-        f = result["fit"]
-        lines += ["## A trajectory student against its targets", "", f"Run: `{f['run']}` ({f['trajectories']} "
-                  "trajectories); RMS per pixel to the teacher's trajectory end, same noise:", "",
-                  "| weights, noise | 1 step | 2 steps |", "|---|---|---|"]  # fmt: skip
-        lines += [f"| {k} | {v['1 step']:.4f} | {v['2 steps']:.4f} |" for k, v in f["rows"].items()]
-        lines.append("")
-    for step, c in result.get("collapse", {}).items():
-        lines += [f"## The collapse at one step (step {step})", "", f"Run: `{c['run']}`", "",
-                  "| samples | per-class pixel spread | per-class feature spread / between classes | roughness |",
-                  "|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {k} | {v:.4f} | {c['feature spread'][k]:.3f} | {c['roughness'][k]:.4f} |"
-                  for k, v in c["spread"].items()]  # fmt: skip
-        lines += ["", "| distance (RMS per pixel, same noise) | |", "|---|---|"]
-        lines += [f"| {k} | {v:.4f} |" for k, v in c["distance"].items()]
-        lines.append("")
-    for part, title in (("derivative", "The derivative along the run"), ("updates", "Where each update comes from")):
-        if part in result:
-            rows = result[part]["rows"]
-            keys = [k for k in rows[0] if k != "step"]
-            lines += [f"## {title}", "", f"Run: `{result[part]['run']}`", ""]
-            lines += ["| step | " + " | ".join(keys) + " |", "|---" * (1 + len(keys)) + "|"]
-            lines += [f"| {r['step']} | " + " | ".join(f"{r[k]:.4g}" for k in keys) + " |" for r in rows]
-            lines.append("")
-    if "ema" in result:
-        e = result["ema"]
-        shares = ", ".join(f"step {s}: {v:.3g}" for s, v in e["teacher_share"].items())
-        lines += ["## The EMA", "", f"Decay {e['decay']}: the teacher's share of the EMA weights at {shares}.", ""]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -1077,3 +1077,21 @@ def test_a_study_keeps_its_reference_in_the_shared_folder_not_beside_the_out_it_
     out, reference, _ = common.start_scoring(Namespace(out=str(tmp_path / "mine" / "study"), reference_count=50))
     assert reference.parent == common.REFERENCE_DIR and not (tmp_path / "mine" / "ref_50.npz").exists()
     assert out == tmp_path / "mine" / "study"
+
+
+def test_the_distillation_diagnosis_measures_what_it_says():
+    """The diagnosis's pieces on known inputs: the one-step share of two logit-normal draws against its closed form,
+    a class's spread, the grain of an image, and its report's tables."""
+    import torch
+
+    from experiments import distill_diagnosis as diagnosis
+
+    t, r = torch.tensor([0.95, 0.95, 0.5, 0.9]), torch.tensor([0.05, 0.5, 0.0, 0.2])
+    assert diagnosis.near(t, r, (1.0, 0.0)).tolist() == [True, False, False, False]
+    assert diagnosis.logit_normal_closed_form(-0.4, 1.0) == pytest.approx(3.4e-4, rel=0.02)
+    flat, striped = torch.zeros(2, 1, 4, 4), torch.tensor([[1.0, -1.0] * 2] * 4).expand(2, 1, 4, 4)
+    assert diagnosis.roughness(flat) == 0 and diagnosis.roughness(striped) == pytest.approx(1.0)
+    images, labels = torch.stack([flat[0], -flat[0] + 1, flat[0], flat[0]]), torch.tensor([0, 0, 1, 1])
+    assert diagnosis.spread(images, labels) == pytest.approx((0.7071 + 0) / 2, rel=1e-3)
+    text = diagnosis.report({"ema": {"run": "r", "decay": 0.99, "teacher_share": {830: 0.99**830}}})
+    assert "Decay 0.99: the teacher's share of the EMA weights at step 830: 0.000238" in text

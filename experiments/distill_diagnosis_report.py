@@ -1,0 +1,51 @@
+"""The distillation diagnosis's report (``experiments/distill_diagnosis.py`` measures): RESULTS.md."""
+
+from __future__ import annotations
+
+__all__ = ["report", "INTERVALS"]
+
+INTERVALS = {"1 -> 0": (1.0, 0.0), "1 -> 0.5": (1.0, 0.5), "0.5 -> 0": (0.5, 0.0)}  # the sampler's own intervals
+
+
+def report(result: dict) -> str:
+    lines = ["# Distillation: the diagnosis", "", "`python -m experiments.distill_diagnosis` (see its docstring).", ""]
+    if "times" in result:
+        lines += ["## The drawn intervals", "", "![times](times.png)", ""]
+        keys = [*INTERVALS, *(f"{k} of intervals" for k in INTERVALS)]
+        lines += ["| recipe | draws | r < t | " + " | ".join(keys) + " |", "|---" * (3 + len(keys)) + "|"]
+        for name, row in result["times"].items():
+            closed = row.get("closed form 1 -> 0 of intervals")
+            cells = [f"{row[k]:.3%}" for k in keys]
+            if closed is not None:
+                cells[3] += f" (closed form {closed:.3%})"
+            lines.append(f"| {name} | {row['recipe']} | {row['interval_share']:.0%} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if "fit" in result:
+        f = result["fit"]
+        lines += ["## A trajectory student against its targets", "", f"Run: `{f['run']}` ({f['trajectories']} "
+                  "trajectories); RMS per pixel to the teacher's trajectory end, same noise:", "",
+                  "| weights, noise | 1 step | 2 steps |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| {k} | {v['1 step']:.4f} | {v['2 steps']:.4f} |" for k, v in f["rows"].items()]
+        lines.append("")
+    for step, c in result.get("collapse", {}).items():
+        lines += [f"## The collapse at one step (step {step})", "", f"Run: `{c['run']}`", "",
+                  "| samples | per-class pixel spread | per-class feature spread / between classes | roughness |",
+                  "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {k} | {v:.4f} | {c['feature spread'][k]:.3f} | {c['roughness'][k]:.4f} |"
+                  for k, v in c["spread"].items()]  # fmt: skip
+        lines += ["", "| distance (RMS per pixel, same noise) | |", "|---|---|"]
+        lines += [f"| {k} | {v:.4f} |" for k, v in c["distance"].items()]
+        lines.append("")
+    for part, title in (("derivative", "The derivative along the run"), ("updates", "Where each update comes from")):
+        if part in result:
+            rows = result[part]["rows"]
+            keys = [k for k in rows[0] if k != "step"]
+            lines += [f"## {title}", "", f"Run: `{result[part]['run']}`", ""]
+            lines += ["| step | " + " | ".join(keys) + " |", "|---" * (1 + len(keys)) + "|"]
+            lines += [f"| {r['step']} | " + " | ".join(f"{r[k]:.4g}" for k in keys) + " |" for r in rows]
+            lines.append("")
+    if "ema" in result:
+        e = result["ema"]
+        shares = ", ".join(f"step {s}: {v:.3g}" for s, v in e["teacher_share"].items())
+        lines += ["## The EMA", "", f"Decay {e['decay']}: the teacher's share of the EMA weights at {shares}.", ""]
+    return "\n".join(lines) + "\n"
