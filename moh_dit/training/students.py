@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,14 +22,13 @@ from moh_dit.model.surgery import first_output_channels
 if TYPE_CHECKING:
     from moh_dit.data.training_data import TrainingData
     from moh_dit.training.config_sections import Config, DistillSection
-    from moh_dit.training.teacher import Teacher
 
-__all__ = ["student_from_teacher"]
+__all__ = ["student_from_teacher"]  # ``teacher``: a moh_dit.training.teacher.Teacher (not imported: it imports this)
 
 logger = logging.getLogger("moh_dit.train")
 
 
-def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -> tuple[MoHDiT, dict]:
+def student_from_teacher(teacher: Any, config: Config, data: TrainingData) -> tuple[MoHDiT, dict]:
     """The student: the teacher's architecture (``distill.student: teacher``) or the config's preset, with the distill
     objective (the teacher's time convention, recorded teacher and guidance) and every tensor of the teacher with its
     name and shape; MeanFlow's second time embedding starts at zero, so that it adds nothing yet. Returns the model and
@@ -99,7 +98,7 @@ def student_from_teacher(teacher: Teacher, config: Config, data: TrainingData) -
     return student, report
 
 
-def _student_from_student(teacher: Teacher, section: DistillSection, objective) -> tuple[MoHDiT, dict]:
+def _student_from_student(teacher: Any, section: DistillSection, objective) -> tuple[MoHDiT, dict]:
     """The student of ``distill.student_from``: every weight of another student of the same teacher (a trajectory
     student post-trained by MeanFlow, CMT's second stage), with this run's objective record."""
     from moh_dit.sampling.sources import load_transformer
