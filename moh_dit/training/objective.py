@@ -175,13 +175,7 @@ def check_objective(config: Config, defaults: Config) -> None:
                 )
     record = objective_record(config) if not model.init_from else {"name": chosen}
     objective = run_objective(config, record, learn_sigma=False)  # checks the values
-    folded = objective.folded
-    if folded.active and folded.warmup >= config.train.max_steps:
-        raise ConfigError(
-            f"objective.guidance_warmup={folded.warmup} is not shorter than train.max_steps={config.train.max_steps}: "
-            f"the guidance would never be folded in, and the model would sample unguided as if it had been; shorten "
-            f"the warm-up or train longer"
-        )
+
     wants = objective.model_config().get("learn_sigma")
     if wants is not None and model.overrides.get("learn_sigma", wants) != wants:
         raise ConfigError(
