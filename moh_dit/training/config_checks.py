@@ -238,7 +238,13 @@ def check_distill(config: Config) -> None:
             raise ConfigError(f"distill.{err}") from None
     check_distill_method(section, defaults)
     from moh_dit.objectives.distill_methods import method_entry
+    from moh_dit.training.objective import run_objective_class
 
+    if config.repa.encoder and run_objective_class(config).trained_models:
+        raise ConfigError(
+            f"repa.encoder aligns the student's tokens; distill.method={section.method} trains another network on "
+            f"alternate steps: drop repa.encoder"
+        )
     if config.train.mixed_precision == "fp16" and not method_entry(section.method).fp16:
         raise ConfigError(
             f"distill.method={section.method} diverges in float16 (its authors' and FastGen's finding): "

@@ -373,3 +373,17 @@ def non_finite_error(
     return NonFiniteLossError(
         f"{what}; {where}. Try a lower optim.lr, optim.grad_clip > 0, or train.mixed_precision=bf16/no"
     )
+
+
+def warn_if_never_folded(folded, max_steps: int) -> None:
+    """Say, before training, that a run ends before its folded guidance's warm-up does (``folded``: the objective's
+    :class:`~moh_dit.objectives.folded_guidance.FoldedGuidance`): the model records the guidance without learning it."""
+    if folded.active and folded.warmup >= max_steps:
+        logger.warning(
+            "objective.guidance_warmup=%d is not shorter than train.max_steps=%d: this run will not fold its guidance "
+            "in (the model records it, but learns it only once a resume trains past step %d); until then sample it "
+            "with CFG (--cfg-scale)",
+            folded.warmup,
+            max_steps,
+            folded.warmup,
+        )

@@ -68,6 +68,7 @@ from moh_dit.training.setup import (
     run_settings,
     stop_signals,
     token_routing,
+    warn_if_never_folded,
 )
 from moh_dit.training.spike_guard import SpikeGuard
 from moh_dit.training.throughput import training_cost
@@ -149,16 +150,7 @@ class Trainer(RunOutputs, OptimizerSteps):
         elif train_cfg.compile:
             self.model = torch.compile(self.model)
         self.quality.use_objective(self.objective)
-        folded = self.objective.folded
-        if folded.active and folded.warmup >= train_cfg.max_steps:  # said before training; the card says it too
-            logger.warning(
-                "objective.guidance_warmup=%d is not shorter than train.max_steps=%d: this run will not fold its "
-                "guidance in (the model records it, but learns it only once a resume trains past step %d); until then "
-                "sample it with CFG (--cfg-scale)",
-                folded.warmup,
-                train_cfg.max_steps,
-                folded.warmup,
-            )
+        warn_if_never_folded(self.objective.folded, train_cfg.max_steps)  # before training; the card says it too
         # each objective names its loss in the logs (diffusion_loss, flow_loss, ...)
         self.loss_names = (
             self.objective.loss_name,

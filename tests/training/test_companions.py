@@ -114,3 +114,11 @@ def test_dmd2_refuses_float16_and_trains_in_bfloat16(flow_teacher, image_dir, tm
     run_command([sys.executable, root / "train.py", *overrides, "train.max_steps=3", "train.mixed_precision=bf16"])
     records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert all(torch.isfinite(torch.tensor(r["distill_loss"])) for r in records if "distill_loss" in r)
+
+
+def test_repa_beside_dmd2_is_refused_in_one_line(flow_teacher, image_dir, tmp_path):
+    """REPA aligns the student's tokens; DMD2's steps alternate between the generator and the fake score."""
+    from moh_dit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="repa.encoder aligns the student's tokens; distill.method=dmd2 trains"):
+        dmd2(tmp_path / "a", image_dir, flow_teacher, "repa.encoder=[dinov2-vit-b]")
