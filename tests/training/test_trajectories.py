@@ -220,3 +220,29 @@ def test_a_trajectory_distillation_stopped_in_its_recording_and_in_training_resu
     assert [[r.get(k) for k in keys] for r in records[0]] == [[r.get(k) for k in keys] for r in records[1]]
     final = [weights(r / "pipeline" / "transformer" / "diffusion_pytorch_model.safetensors") for r in (whole, cut)]
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+
+def test_trajectories_drawn_online_train_and_resume_as_an_uninterrupted_run(flow_teacher, image_dir, tmp_path):
+    """distill.trajectories=online: each step runs the teacher's sampler on the step's own noise and labels (nothing
+    stored, the teacher's evaluations counted), and a stopped run resumes to the same losses."""
+
+    def run(out, *more):
+        config = tiny_train_config(out, image_dir)
+        extra = [
+            f"distill.teacher={flow_teacher}",
+            *TRAJECTORY,
+            "distill.trajectories=online",
+            "train.checkpoint_every=2",
+        ]
+        return train(load_config(config, [*extra, *more]))
+
+    run(tmp_path / "whole", "train.max_steps=4")
+    run(tmp_path / "cut", "train.max_steps=2")
+    run(tmp_path / "cut", "train.max_steps=4", "train.resume=latest")
+    assert not (tmp_path / "whole" / "trajectories").exists()
+    records = [
+        [json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()] for r in ("whole", "cut")
+    ]
+    keys = ("step", "distill_loss", "teacher_evaluations")
+    assert [[r.get(k) for k in keys] for r in records[0]] == [[r.get(k) for k in keys] for r in records[1]]
+    assert records[0][-1]["teacher_evaluations"] >= 4 * 4 * 3  # four steps of four samples, three sampler steps each
