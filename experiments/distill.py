@@ -158,13 +158,15 @@ def part_score(ctx: dict, seeds, result: dict, only: list[str] | None = None) ->
     """Every trained student at 1, 2 and 4 steps without guidance (it is folded in), every teacher at 25 steps with
     the guidance folded into its students; then grids of seed 0's students at 1 and 2 steps."""
     for seed in seeds:
-        for arm in student_arms(seed, ctx["out"], ctx["sc"]):
+        for arm in student_arms(seed, ctx["out"], ctx["scale"]):
             if (only and arm not in only) or not model_of(arm, seed, ctx["out"]).is_dir():
                 continue
             for steps in STUDENT_STEPS:
                 _score_once(result, ctx, arm, seed, "meanflow", steps, 1.0)
         for kind in KINDS:
             teacher = model_of(kind, seed, ctx["out"])
+            if not teacher.is_dir():
+                continue  # not trained (yet): the report lists the seeds each row has
             scale = TEACHER_SCALES[kind] or _recorded_scale(teacher)
             _score_once(result, ctx, kind, seed, TEACHER_SAMPLERS[kind], TEACHER_STEPS, scale)
     for method in METHODS:
@@ -217,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     result, seeds, lock = open_study(args, sc, "distill", {"training": {}, "scores": []})  # lock: held to the end
     result["meanflow"] = meanflow_from_scratch(out)
     if not args.report_only:
-        ctx = scoring_context(args, sc, sc=sc)
+        ctx = scoring_context(args, sc, scale=sc)
         out = ctx["out"]
         if args.part in ("train", "all"):
             part_train(sc, out, ctx["reference"], seeds, result, args.arms)

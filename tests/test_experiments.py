@@ -820,6 +820,19 @@ def test_distill_report_judges_the_goal_by_seed_from_the_records():
     assert "- cost: 0.25 [" in text
 
 
+def test_distill_score_part_alone_skips_what_is_not_trained_yet(tmp_path, monkeypatch):
+    """`--part score` on a folder whose runs are still training (none finished, no teacher of a seed yet) scores
+    nothing, draws no grid and still writes the report: the scoring context reaches the parts under the names they
+    read."""
+    import experiments.common as common
+    from experiments import distill
+
+    monkeypatch.setattr(common, "start_scoring", lambda args: (Path(args.out), tmp_path / "reference.npz", None))
+    result = distill.main(["--scale", "tiny", "--out", str(tmp_path), "--part", "score", "--seeds", "0", "2"])
+    assert result["scores"] == [] and not list(tmp_path.glob("grid_*.png"))
+    assert (tmp_path / "RESULTS.md").is_file()
+
+
 @pytest.mark.slow
 @needs_data
 def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_path):
@@ -830,11 +843,12 @@ def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_
 
     result = distill.main(["--scale", "tiny", "--out", str(tmp_path)])
     arms = {(r["arm"], r["seed"]) for r in result["training"].values()}
-    methods = ("meanflow", "trajectory", "cmt")
+    methods = ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t")
     expected = {
         (a, s) for a in ("flow", "ddpm", *(f"{m}-{k}" for m in methods for k in ("flow", "ddpm"))) for s in (0, 1)
     }
     expected |= {("v05-flow", 0), ("v05-ddpm", 0)} | {(f"meanflow-flow-{a}", 0) for a in distill.ABLATIONS}
+    expected |= {(arm, 0) for arm in distill.GAN}
     assert arms == expected
     students = [r for r in result["training"].values() if "-" in r["arm"]]
     assert all("kid@2" in p for r in students for p in r["curve"])
