@@ -40,7 +40,7 @@ from pathlib import Path
 
 from experiments.arms import STUDY_SCALES, curve_point, run_name, score_model, train_arm
 from experiments.common import ROOT, render_grid, scoring_context
-from experiments.distill_report import KINDS, METHODS, STUDENT_STEPS, TEACHER_STEPS, plot, report, run_cost
+from experiments.distill_report import GAN, KINDS, METHODS, STUDENT_STEPS, TEACHER_STEPS, plot, report, run_cost
 from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
 from moh_dit.errors import NonFiniteLossError
 from moh_dit.training.quality import read_records
@@ -67,8 +67,6 @@ CONFIGS = {
 EXTRA = {f"{m}": ["distill.student_from={runs}/trajectory-{kind}-seed{seed}"] for m in ("cmt", "dmd2t")}
 SEED_0_ONLY = ("v05",)
 OWN_LENGTH = ("cmt", "dmd2t")  # started from a trajectory student: their configs' steps, not the study's
-# seed 0 of the flow twin's DMD2 students with DMD2's GAN term (FastGen's weight), against the same without
-GAN = {"dmd2-flow-gan": "dmd2-flow", "dmd2t-flow-gan": "dmd2t-flow"}
 STUDENT_STEPS_RUN = 3320  # four times 0.5's 830
 # seed 0 of the flow twin's meanflow student with one stabiliser changed from its config: each key's default measured
 ABLATIONS = {

@@ -818,6 +818,28 @@ def test_distill_report_judges_the_goal_by_seed_from_the_records():
     assert "- 1 step: KID 2.00 [" in text
     assert "- 2 steps: recall -0.055 [" in text  # -0.03 and -0.08: within 0.05 at one seed
     assert "- cost: 0.25 [" in text
+    assert "(goal <= 1; met at 2 of 2 seeds)" in text
+
+
+def test_distill_report_judges_dmd2_by_the_one_step_goal_and_sets_its_gan_term_beside_it():
+    """DMD2's students are judged at one step (1.5x the teacher's KID, recall within 0.1), with their cost reported but
+    not judged; the GAN arm sits beside the same student without it."""
+    from experiments.distill_report import report
+
+    def row(arm, steps, kid, recall):
+        return dict(arm=arm, seed=0, steps=steps, kid=kid, recall=recall, fid=10.0, precision=0.8, nfe=steps,
+                    seconds_per_image=0.01)  # fmt: skip
+
+    scores = [row("flow", 25, 2.0, 0.58), row("dmd2-flow", 1, 2.8, 0.50), row("dmd2-flow", 2, 2.2, 0.55)]
+    scores += [row("dmd2-flow-gan", 1, 3.5, 0.40), row("dmd2-flow-gan", 2, 2.4, 0.52)]
+    result = {"protocol": {"scale": "cpu", "samples": 1000}, "training": {}, "scores": scores}
+    text = report(result)
+    assert "**dmd2** (the one step goal):" in text
+    assert "- 1 step: KID 1.40 x the teacher's (goal <= 1.5x; met at 1 of 1 seeds)." in text
+    assert "- 1 step: recall -0.080 from the teacher's (goal: within 0.1; met at 1 of 1 seeds)." in text
+    assert "- 2 steps: KID" not in text  # the few-step goal is not DMD2's
+    assert "| dmd2-flow | without | 2.8 | 2.2 | 0.5 | 0.55 |" in text
+    assert "| dmd2-flow | with | 3.5 | 2.4 | 0.4 | 0.52 |" in text
 
 
 def test_distill_score_part_alone_skips_what_is_not_trained_yet(tmp_path, monkeypatch):
