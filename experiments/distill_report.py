@@ -111,7 +111,8 @@ def run_cost(run: Path) -> dict:
     cost = {
         "student_images": images,
         "student_forwards": images * per_image if per_image is not None else None,
-        "teacher_evaluations": last.get("teacher_evaluations", 0),
+        # the training records count them; an evaluation record after the last of them has samples_seen but not this
+        "teacher_evaluations": _last_record(run, "teacher_evaluations").get("teacher_evaluations", 0),
     }
     manifest = _trajectory_manifest(run)
     if manifest is not None:

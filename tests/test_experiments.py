@@ -821,6 +821,17 @@ def test_distill_report_judges_the_goal_by_seed_from_the_records():
     assert "(goal <= 1; met at 2 of 2 seeds)" in text
 
 
+def test_distill_cost_reads_the_teachers_evaluations_from_the_training_records(tmp_path):
+    """The run's last record is its final evaluation, which has the images seen but not the teacher's count."""
+    from experiments.distill_report import run_cost
+
+    records = [{"step": 10, "samples_seen": 160, "teacher_evaluations": 300},
+               {"step": 10, "kind": "evaluation", "kid": 3.0, "samples_seen": 160}]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cost = run_cost(tmp_path)
+    assert cost["student_images"] == 160 and cost["teacher_evaluations"] == 300
+
+
 def test_distill_report_judges_dmd2_by_the_one_step_goal_and_sets_its_gan_term_beside_it():
     """DMD2's students are judged at one step (1.5x the teacher's KID, recall within 0.1), with their cost reported but
     not judged; the GAN arm sits beside the same student without it."""
