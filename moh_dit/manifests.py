@@ -189,6 +189,23 @@ def differences(
     return out
 
 
+# identity keys an earlier moh-dit recorded and a later one no longer compares: a frozen model's ``source``, the path it
+# was given by (moh-dit 0.5 to 0.6.x), is now provenance (a teacher is what it computes: its weights' fingerprint)
+RETIRED_IDENTITY_KEYS = ("source",)
+
+
+def without_retired_keys(recorded: Any, current: Any) -> Any:
+    """``recorded`` without the :data:`RETIRED_IDENTITY_KEYS` that ``current`` lacks at the same place, so that a run
+    recorded by an earlier moh-dit resumes where only such a key differs."""
+    if not isinstance(recorded, Mapping) or not isinstance(current, Mapping):
+        return recorded
+    return {
+        key: without_retired_keys(value, current.get(key))
+        for key, value in recorded.items()
+        if not (key in RETIRED_IDENTITY_KEYS and key not in current)
+    }
+
+
 def _lookup(tree: Mapping[str, Any] | None, dotted: str) -> Any:
     """The value at ``a.b.c`` in nested mappings, or ``_MISSING``."""
     for key in dotted.split("."):

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from moh_dit.errors import ConfigError
+from moh_dit.manifests import without_retired_keys
 
 __all__ = ["FrozenModel", "FrozenModels", "check_resume_beside", "recorded_frozen"]
 
@@ -110,7 +111,10 @@ class FrozenModels(Mapping[str, FrozenModel]):
 def check_resume_beside(checkpoint: Any, recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> None:
     """A resume beside other frozen models than the checkpoint was trained beside stops in one line. A checkpoint that
     predates the record (``recorded`` is ``None``) is not checked."""
-    if recorded is None or dict(recorded) == dict(current):
+    if recorded is None:
+        return
+    recorded = without_retired_keys(recorded, current)  # a checkpoint of an earlier moh-dit: its teacher's path too
+    if dict(recorded) == dict(current):
         return
     roles = sorted(set(recorded) | set(current))
     wrong = [r for r in roles if recorded.get(r) != current.get(r)]

@@ -19,6 +19,7 @@ from moh_dit.manifests import (
     format_differences,
     read_manifest,
     utc_now,
+    without_retired_keys,
 )
 from moh_dit.objectives.registry import DEFAULT_OBJECTIVE
 from moh_dit.run_folder import RunLayout, checkpoint_step, find_checkpoint, read_trainer_state
@@ -121,12 +122,12 @@ class RunRecord:
     def __init__(self, layout: RunLayout, identity: dict, settings: dict, defaults: dict | None = None) -> None:
         self.layout, self.identity, self.settings = layout, identity, settings
         self.recorded = read_manifest(layout.root, "run")
-        recorded_identity = (self.recorded or {}).get("identity", {})
+        recorded_identity = without_retired_keys((self.recorded or {}).get("identity", {}), identity)
         # a run of moh-dit 0.5 or earlier recorded no frozen models (REPA's encoders were its only ones): not compared
         compared = identity if "frozen" in recorded_identity else {k: v for k, v in identity.items() if k != "frozen"}
         diffs = differences(recorded_identity, compared) if self.recorded else []
         if diffs:
-            diffs = objective_first(self.recorded.get("identity", {}), identity, diffs)
+            diffs = objective_first(recorded_identity, identity, diffs)
         if diffs:
             raise ArtifactError(
                 f"{layout.root} holds a run with another set-up ({format_differences(diffs)}); resuming would mix two "

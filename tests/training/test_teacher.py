@@ -145,6 +145,19 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
         Trainer(distill_config(out, image_dir, teachers / "ddpm", *guided, *more))  # another teacher
     with pytest.raises(ArtifactError, match=r"another set-up \(frozen\.teacher\.guidance\.scale"):  # other guidance
         Trainer(distill_config(out, image_dir, teachers / "flow", *more))
+    # a run of an earlier moh-dit recorded the teacher's path in its identity: it still resumes with the same teacher
+    manifest, state_file = out / "manifest.json", out / "checkpoints" / "step-00000002" / "trainer_state.json"
+    recorded = json.loads(manifest.read_text())
+    recorded["identity"]["frozen"]["teacher"]["source"] = "/elsewhere/flow/pipeline"
+    manifest.write_text(json.dumps(recorded))
+    state["frozen"]["teacher"]["source"] = "/elsewhere/flow/pipeline"
+    state_file.write_text(json.dumps(state))
+    assert train(distill_config(out, image_dir, teachers / "flow", *guided, *more))["step"] == 4
+    recorded = json.loads(manifest.read_text())
+    recorded["identity"]["frozen"]["teacher"]["sha256"] = "0" * 64  # other weights are still another run
+    manifest.write_text(json.dumps(recorded))
+    with pytest.raises(ArtifactError, match=r"another set-up \(frozen\.teacher\.sha256"):
+        Trainer(distill_config(out, image_dir, teachers / "flow", *guided, *more))
     # the student samples in one step with the command line, guidance folded in (the CLI's default scale 1)
     logged = run_in_process(
         "sample", [summary["pipeline"], "--per-class", "1", "--out", tmp_path / "grid.png"], caplog
