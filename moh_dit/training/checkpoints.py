@@ -35,6 +35,7 @@ from moh_dit.manifests import (
     fingerprint_tensors,
     format_differences,
     weight_health,
+    without_retired_keys,
     write_manifest,
 )
 from moh_dit.model.presets import model_config_defaults
@@ -202,10 +203,14 @@ def restore_weights(path: Path, state: TrainingState, accelerator, run_id: str |
         raise ArtifactError(f"{path} belongs to another run ({owner[:12]}) than this run folder ({run_id[:12]})")
     saved = json.loads((path / "model" / "config.json").read_text())
     defaults = model_config_defaults()  # a key a checkpoint of an older moh-dit lacks had its default then
+    # a key an older moh-dit recorded and no longer compares (a teacher's path in the objective's record) is not one
+    was = {
+        k: without_retired_keys(saved.get(k, defaults.get(k)), _normalise(v)) for k, v in state.model.config.items()
+    }
     diffs = [
-        (k, saved.get(k, defaults.get(k)), _normalise(v))
+        (k, was[k], _normalise(v))
         for k, v in state.model.config.items()
-        if not k.startswith("_") and saved.get(k, defaults.get(k)) != _normalise(v)
+        if not k.startswith("_") and was[k] != _normalise(v)
     ]
     if diffs:
         raise ArtifactError(f"checkpoint {path} is for another architecture ({format_differences(diffs)})")

@@ -152,6 +152,10 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
     manifest.write_text(json.dumps(recorded))
     state["frozen"]["teacher"]["source"] = "/elsewhere/flow/pipeline"
     state_file.write_text(json.dumps(state))
+    model_file = out / "checkpoints" / "step-00000002" / "model" / "config.json"
+    model_config = json.loads(model_file.read_text())
+    model_config["objective"]["teacher"]["source"] = "/elsewhere/flow/pipeline"
+    model_file.write_text(json.dumps(model_config))
     assert train(distill_config(out, image_dir, teachers / "flow", *guided, *more))["step"] == 4
     recorded = json.loads(manifest.read_text())
     recorded["identity"]["frozen"]["teacher"]["sha256"] = "0" * 64  # other weights are still another run
