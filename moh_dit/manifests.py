@@ -195,14 +195,16 @@ RETIRED_IDENTITY_KEYS = ("source",)
 
 
 def without_retired_keys(recorded: Any, current: Any) -> Any:
-    """``recorded`` without the :data:`RETIRED_IDENTITY_KEYS` that ``current`` lacks at the same place, so that a run
-    recorded by an earlier moh-dit resumes where only such a key differs."""
+    """``recorded`` without the :data:`RETIRED_IDENTITY_KEYS` that ``current`` lacks at the same place in a model's
+    identity (a mapping that names its weights by ``sha256``), so that a run recorded by an earlier moh-dit resumes
+    where only such a key differs."""
     if not isinstance(recorded, Mapping) or not isinstance(current, Mapping):
         return recorded
+    retired = RETIRED_IDENTITY_KEYS if "sha256" in recorded else ()
     return {
         key: without_retired_keys(value, current.get(key))
         for key, value in recorded.items()
-        if not (key in RETIRED_IDENTITY_KEYS and key not in current)
+        if not (key in retired and key not in current)
     }
 
 

@@ -103,3 +103,17 @@ def test_frozen_models_check_what_they_are_given():
     with pytest.raises(ConfigError, match="no loader"):
         objective = type("Needy", (), {"frozen_models": ("reward",), "name": "needy"})()
         frozen_roles.load_frozen_models(None, objective, None, None, "cpu")
+
+
+def test_an_earlier_record_of_a_models_path_is_no_difference_but_other_keys_are():
+    """A frozen model's ``source`` (the path it was given by, recorded by earlier versions) is dropped where a model's
+    identity (named by its weights) no longer has it; elsewhere, and where both have it, it stays compared."""
+    from moh_dit.manifests import differences, without_retired_keys
+
+    now = {"frozen": {"teacher": {"sha256": "ab", "guidance": {"scale": 2.0}}}, "data": {"name": "x"}}
+    old = {"frozen": {"teacher": {"sha256": "ab", "guidance": {"scale": 2.0}, "source": "/a"}}, "data": {"name": "x"}}
+    assert differences(without_retired_keys(old, now), now) == []
+    other = {**old, "data": {"name": "x", "source": "/a"}}  # not a model's identity: still a difference
+    assert differences(without_retired_keys(other, now), now) == [("data.source", "/a", "<absent>")]
+    both = {"frozen": {"teacher": {**now["frozen"]["teacher"], "source": "/b"}}, "data": {"name": "x"}}
+    assert differences(without_retired_keys(old, both), both) == [("frozen.teacher.source", "/a", "/b")]
