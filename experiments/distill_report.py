@@ -65,14 +65,14 @@ STARTS_FROM = {"cmt": "trajectory", "dmd2t": "trajectory"}  # students started f
 FORWARDS_PER_TRAINING_IMAGE = 3.0  # a forward and its backward
 
 
-def _last_record(run: Path, key: str) -> dict:
+def _last_values(run: Path, *keys: str) -> dict:
+    """Each of ``keys`` as the last record of the run's log that has it (one read of the log; absent keys left out)."""
     path = run / "metrics.jsonl"
     found = {}
     if path.is_file():
         for line in path.read_text().splitlines():
             record = json.loads(line) if line.strip() else {}
-            if key in record:
-                found = record
+            found |= {key: record[key] for key in keys if key in record}
     return found
 
 
@@ -103,16 +103,16 @@ def _student_forwards(run: Path) -> float | None:
 
 def run_cost(run: Path) -> dict:
     """A student's cost from its run folder (``{}`` when it has none yet)."""
-    last = _last_record(run, "samples_seen")
-    if not last:
+    # the training records count the teacher's evaluations; the final evaluation record has samples_seen but not them
+    last = _last_values(run, "samples_seen", "teacher_evaluations")
+    if "samples_seen" not in last:
         return {}
     images = last["samples_seen"]
     per_image = _student_forwards(run)
     cost = {
         "student_images": images,
         "student_forwards": images * per_image if per_image is not None else None,
-        # the training records count them; an evaluation record after the last of them has samples_seen but not this
-        "teacher_evaluations": _last_record(run, "teacher_evaluations").get("teacher_evaluations", 0),
+        "teacher_evaluations": last.get("teacher_evaluations", 0),
     }
     manifest = _trajectory_manifest(run)
     if manifest is not None:
