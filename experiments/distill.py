@@ -10,12 +10,15 @@ scratch on the same data and budget (the few-step study's records):
                  teacher's trajectories recorded by the run, then secants
     cmt          the trajectory student post-trained by MeanFlow (configs/fashion_mnist_moh_distill_cmt.yaml: CMT's
                  second stage), from the same seed's trajectory student
-    v05          seed 0: moh-dit 0.5's recipe (experiments/configs/distill_v05.yaml, distill_ddpm_v05.yaml) over the
+    v05          moh-dit 0.5's recipe (experiments/configs/distill_v05.yaml, distill_ddpm_v05.yaml) over the
                  same four-times-longer run: the failure the others repair
     dmd2         DMD2 from the teacher (configs/fashion_mnist_moh_dmd2.yaml, its DDPM twin), 3320 steps
     dmd2t        DMD2 from the same seed's trajectory student (fashion_mnist_moh_dmd2_trajectory.yaml), 830 steps
-    gan          seed 0 of the flow twin's two DMD2 students with the GAN term
-    ablations    seed 0 of the flow twin's meanflow student with one stabiliser changed at a time: each key's default
+    gan          the flow twin's two DMD2 students with the GAN term
+    ablations    the flow twin's meanflow student with one stabiliser changed at a time: each key's default
+
+v05, gan and the ablations run at seed 0; named with --arms they run at every seed given (--seeds 1 2 --arms
+meanflow-flow-no-anchor confirms an ablation on two more seeds).
 
 Every student trains 3320 steps (four times 0.5's 830) and evaluates itself every 415 (500 samples, one and two
 steps). At the end every model is scored with 1000 class-balanced samples: KID, FID, precision and recall on the
@@ -65,7 +68,7 @@ CONFIGS = {
     },
 }  # fmt: skip
 EXTRA = {f"{m}": ["distill.student_from={runs}/trajectory-{kind}-seed{seed}"] for m in ("cmt", "dmd2t")}
-SEED_0_ONLY = ("v05",)
+SEED_0_ONLY = ("v05",)  # by default (at other seeds when named with --arms: `selected`)
 OWN_LENGTH = ("cmt", "dmd2t")  # started from a trajectory student: their configs' steps, not the study's
 STUDENT_STEPS_RUN = 3320  # four times 0.5's 830
 # seed 0 of the flow twin's meanflow student with one stabiliser changed from its config: each key's default measured
@@ -94,14 +97,12 @@ MATCH = ("arm", "seed", "steps", "scale")  # a scored row's identity
 
 
 def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[str]]]:
-    """Every student of ``seed``: each method from that seed's teacher of each kind (v05 at seed 0), and at seed 0 the
-    flow twin's ablations. Arm names: ``{method}-{kind}``, ``meanflow-flow-{ablation}``; ``sc``: the scale (its
-    students' length)."""
+    """Every student of ``seed``: each method from that seed's teacher of each kind, the flow twin's ablations and
+    the GAN term (which of them the study runs by default: `selected`). Arm names: ``{method}-{kind}``,
+    ``meanflow-flow-{ablation}``; ``sc``: the scale (its students' length)."""
     arms, runs = {}, out / "runs"
     length = sc["student_length"]
     for method, configs in CONFIGS.items():
-        if method in SEED_0_ONLY and seed != 0:
-            continue
         for kind, config in configs.items():
             teacher = runs / run_name(kind, seed)
             scale = TEACHER_SCALES[kind]
@@ -110,11 +111,19 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
             steps = [] if method in OWN_LENGTH else length
             extra += sc.get(method, [])  # the scale's own settings of the method (a smoke run's small set)
             arms[f"{method}-{kind}"] = (config, [f"distill.teacher={teacher}", *guidance, *steps, *extra])
-    if seed == 0:
-        config, student = arms["meanflow-flow"]
-        arms |= {f"meanflow-flow-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS.items()}
-        arms |= {arm: (arms[base][0], [*arms[base][1], "distill.gan_weight=0.001"]) for arm, base in GAN.items()}
+    config, student = arms["meanflow-flow"]
+    arms |= {f"meanflow-flow-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS.items()}
+    arms |= {arm: (arms[base][0], [*arms[base][1], "distill.gan_weight=0.001"]) for arm, base in GAN.items()}
     return arms
+
+
+def selected(arm: str, seed: int, only: list[str] | None) -> bool:
+    """Whether the study trains and scores ``arm`` at ``seed``: the arms named (``--arms``) at every seed; without
+    names every method at every seed, and 0.5's recipe, the GAN term and the ablations at seed 0 only."""
+    if only:
+        return arm in only
+    one_seed = arm.split("-")[0] in SEED_0_ONLY or arm in GAN or arm.removeprefix("meanflow-flow-") in ABLATIONS
+    return seed == 0 or not one_seed
 
 
 def model_of(arm: str, seed: int, out: Path) -> Path:
@@ -134,7 +143,7 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, only: 
         arms = student_arms(seed, out, sc)
         student_sc = sc | {"eval": sc["student_eval"]}
         for arm in arms:  # in order: a cmt student after its trajectory student
-            if only and arm not in only:
+            if not selected(arm, seed, only):
                 continue
             record = _train_student(arm, seed, student_sc, out, reference, arms)
             result["training"][run_name(arm, seed)] = record | run_cost(out / "runs" / run_name(arm, seed))
@@ -157,7 +166,7 @@ def part_score(ctx: dict, seeds, result: dict, only: list[str] | None = None) ->
     the guidance folded into its students; then grids of seed 0's students at 1 and 2 steps."""
     for seed in seeds:
         for arm in student_arms(seed, ctx["out"], ctx["scale"]):
-            if (only and arm not in only) or not model_of(arm, seed, ctx["out"]).is_dir():
+            if not selected(arm, seed, only) or not model_of(arm, seed, ctx["out"]).is_dir():
                 continue
             for steps in STUDENT_STEPS:
                 _score_once(result, ctx, arm, seed, "meanflow", steps, 1.0)

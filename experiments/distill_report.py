@@ -265,39 +265,54 @@ def _kind_lines(result: dict, kind: str) -> list[str]:
     return [*lines, "", *paired_readings(comparisons)]
 
 
+def _per_seed(values: dict[int, float], seeds: list[int], spec: str) -> str:
+    """``values`` seed by seed in the order of ``seeds`` ("a / b"; "-" for a seed without one)."""
+    return " / ".join("-" if values.get(s) is None else format(values[s], spec) for s in seeds) or "-"
+
+
 def _ablation_lines(result: dict) -> list[str]:
     rows, training, student = result["scores"], result["training"], "meanflow-flow"
     ablations = sorted({r["arm"] for r in training.values() if r.get("arm", "").startswith(student + "-")})
     if not ablations:
         return []
-    lines = ["", "## Ablations: the flow twin's meanflow student with one stabiliser changed, seed 0", "",
-             "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | KID at 1 step during training |",
+    seeds = sorted({r["seed"] for r in rows if r["arm"] in ablations})
+    lines = ["", f"## Ablations: the flow twin's meanflow student with one stabiliser changed, seed by seed "
+             f"({', '.join(map(str, seeds))})", "",
+             "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | KID at 1 step during training, "
+             f"seed {seeds[0] if seeds else 0} |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for arm in [student, *ablations]:
-        run = training.get(f"{arm}-seed0", {})
-        if "diverged" in run:
-            lines.append(f"| {arm} | diverged: {run['diverged']} |||||")
+        diverged = [f"seed {s}: {training[f'{arm}-seed{s}']['diverged']}" for s in seeds
+                    if "diverged" in training.get(f"{arm}-seed{s}", {})]  # fmt: skip
+        if diverged:
+            lines.append(f"| {arm} | diverged ({'; '.join(diverged)}) |||||")
             continue
-        kids = [by_seed(rows, arm, s).get(0) for s in STUDENT_STEPS]
-        recall = by_seed(rows, arm, 2, "recall").get(0)
-        curve = " / ".join(f"{p['kid']:.1f}" for p in run.get("curve", []) if "kid" in p)
-        cells = [*(f"{k:.2f}" if k is not None else "-" for k in kids), f"{recall:.3f}" if recall is not None else "-"]
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {curve} |")
+        cells = [_per_seed(by_seed(rows, arm, s), seeds, ".2f") for s in STUDENT_STEPS]
+        cells.append(_per_seed(by_seed(rows, arm, 2, "recall"), seeds, ".3f"))
+        curve = training.get(f"{arm}-seed{seeds[0] if seeds else 0}", {}).get("curve", [])
+        lines.append(
+            f"| {arm} | "
+            + " | ".join(cells)
+            + " | "
+            + " / ".join(f"{p['kid']:.1f}" for p in curve if "kid" in p)
+            + " |"
+        )
     return lines
 
 
 def _gan_lines(result: dict) -> list[str]:
     rows = result["scores"]
-    pairs = [(arm, base) for arm, base in GAN.items() if by_seed(rows, arm, 1).get(0) is not None]
+    pairs = [(arm, base) for arm, base in GAN.items() if by_seed(rows, arm, 1)]
     if not pairs:
         return []
-    lines = ["", "## DMD2 with and without its GAN term, the flow twin, seed 0", "",
-             "| student | GAN term | 1 step KID | 2 steps KID | 1 step recall | 2 steps recall |",
+    seeds = sorted({r["seed"] for r in rows if r["arm"] in GAN})
+    lines = ["", f"## DMD2 with and without its GAN term, the flow twin, seed by seed ({', '.join(map(str, seeds))})",
+             "", "| student | GAN term | 1 step KID | 2 steps KID | 1 step recall | 2 steps recall |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for arm, base in pairs:
         for name, gan in ((base, "without"), (arm, "with")):
-            cells = [by_seed(rows, name, s, k).get(0) for k in ("kid", "recall") for s in (1, 2)]
-            lines.append(f"| {base} | {gan} | " + " | ".join("-" if c is None else f"{c:.3g}" for c in cells) + " |")
+            cells = [_per_seed(by_seed(rows, name, s, k), seeds, ".3g") for k in ("kid", "recall") for s in (1, 2)]
+            lines.append(f"| {base} | {gan} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -853,6 +853,37 @@ def test_distill_report_judges_dmd2_by_the_one_step_goal_and_sets_its_gan_term_b
     assert "| dmd2-flow | with | 3.5 | 2.4 | 0.4 | 0.52 |" in text
 
 
+def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_seed(tmp_path):
+    """By default 0.5's recipe, the GAN term and the ablations run at seed 0 and every method at every seed; named
+    with --arms, an ablation runs at the seeds given (to confirm it), and the report sets its seeds side by side with
+    the student it changes."""
+    from experiments import distill
+    from experiments.distill_report import report
+
+    arms = distill.student_arms(1, tmp_path, distill.SCALES["tiny"])
+    assert {"meanflow-flow-no-anchor", "v05-ddpm", "dmd2t-flow-gan", "cmt-ddpm"} <= set(arms)
+    assert "distill.anchor=0.0" in arms["meanflow-flow-no-anchor"][1]
+    assert "distill.teacher=" + str(tmp_path / "runs" / "flow-seed1") in arms["meanflow-flow-no-anchor"][1]
+    defaults = {arm for arm in arms if distill.selected(arm, 1, None)}
+    assert defaults == {f"{m}-{k}" for m in ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t") for k in distill.KINDS}
+    assert all(distill.selected(arm, 0, None) for arm in arms)
+    assert distill.selected("meanflow-flow-no-anchor", 2, ["meanflow-flow-no-anchor"])
+    assert not distill.selected("meanflow-flow", 2, ["meanflow-flow-no-anchor"])
+
+    def row(arm, seed, steps, kid):
+        return dict(
+            arm=arm, seed=seed, steps=steps, kid=kid, recall=0.1 * (seed + 1), fid=1.0, precision=0.5, nfe=steps
+        )
+
+    scores = [row(a, s, n, k + s + n / 10) for a, k in (("meanflow-flow", 30), ("meanflow-flow-no-anchor", 20))
+              for s in (0, 1) for n in (1, 2, 4)]  # fmt: skip
+    training = {f"meanflow-flow-no-anchor-seed{s}": {"arm": "meanflow-flow-no-anchor", "seed": s} for s in (0, 1)}
+    text = report({"protocol": {"scale": "cpu", "samples": 1000}, "training": training, "scores": scores})
+    assert "## Ablations: the flow twin's meanflow student with one stabiliser changed, seed by seed (0, 1)" in text
+    assert "| meanflow-flow | 30.10 / 31.10 | 30.20 / 31.20 | 30.40 / 31.40 | 0.100 / 0.200 |" in text
+    assert "| meanflow-flow-no-anchor | 20.10 / 21.10 | 20.20 / 21.20 | 20.40 / 21.40 | 0.100 / 0.200 |" in text
+
+
 def test_distill_score_part_alone_skips_what_is_not_trained_yet(tmp_path, monkeypatch):
     """`--part score` on a folder whose runs are still training (none finished, no teacher of a seed yet) scores
     nothing, draws no grid and still writes the report: the scoring context reaches the parts under the names they
