@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
     out = Path(args.out)
+    unknown = sorted(set(args.arms or ()) - set(student_arms(0, out, sc)))
+    if unknown:  # a misspelt arm would otherwise train and score nothing, silently
+        p.error(f"--arms: no student {', '.join(unknown)}; the study's: {', '.join(student_arms(0, out, sc))}")
     result, seeds, lock = open_study(args, sc, "distill", {"training": {}, "scores": []})  # lock: held to the end
     result["meanflow"] = meanflow_from_scratch(out)
     if not args.report_only:

@@ -869,6 +869,9 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert all(distill.selected(arm, 0, None) for arm in arms)
     assert distill.selected("meanflow-flow-no-anchor", 2, ["meanflow-flow-no-anchor"])
     assert not distill.selected("meanflow-flow", 2, ["meanflow-flow-no-anchor"])
+    with pytest.raises(SystemExit):
+        distill.main(["--scale", "tiny", "--out", str(tmp_path), "--arms", "meanflow-flow-no-ancor"])
+    assert not (tmp_path / "results.json").exists()  # refused before anything is written
 
     def row(arm, seed, steps, kid):
         return dict(
