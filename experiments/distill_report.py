@@ -275,11 +275,11 @@ def _ablation_lines(result: dict) -> list[str]:
     ablations = sorted({r["arm"] for r in training.values() if r.get("arm", "").startswith(student + "-")})
     if not ablations:
         return []
-    seeds = sorted({r["seed"] for r in rows if r["arm"] in ablations})
+    seeds = sorted({r["seed"] for r in [*rows, *training.values()] if r.get("arm") in ablations})  # diverged too
     lines = ["", f"## Ablations: the flow twin's meanflow student with one stabiliser changed, seed by seed "
              f"({', '.join(map(str, seeds))})", "",
              "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | KID at 1 step during training, "
-             f"seed {seeds[0] if seeds else 0} |",
+             f"seed {seeds[0]} |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for arm in [student, *ablations]:
         diverged = [f"seed {s}: {training[f'{arm}-seed{s}']['diverged']}" for s in seeds
@@ -289,7 +289,7 @@ def _ablation_lines(result: dict) -> list[str]:
             continue
         cells = [_per_seed(by_seed(rows, arm, s), seeds, ".2f") for s in STUDENT_STEPS]
         cells.append(_per_seed(by_seed(rows, arm, 2, "recall"), seeds, ".3f"))
-        curve = training.get(f"{arm}-seed{seeds[0] if seeds else 0}", {}).get("curve", [])
+        curve = training.get(f"{arm}-seed{seeds[0]}", {}).get("curve", [])
         lines.append(
             f"| {arm} | "
             + " | ".join(cells)

@@ -885,6 +885,9 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert "## Ablations: the flow twin's meanflow student with one stabiliser changed, seed by seed (0, 1)" in text
     assert "| meanflow-flow | 30.10 / 31.10 | 30.20 / 31.20 | 30.40 / 31.40 | 0.100 / 0.200 |" in text
     assert "| meanflow-flow-no-anchor | 20.10 / 21.10 | 20.20 / 21.20 | 20.40 / 21.40 | 0.100 / 0.200 |" in text
+    training["meanflow-flow-no-clamp-seed2"] = {"arm": "meanflow-flow-no-clamp", "seed": 2, "diverged": "loss nan"}
+    text = report({"protocol": {"scale": "cpu", "samples": 1000}, "training": training, "scores": scores})
+    assert "| meanflow-flow-no-clamp | diverged (seed 2: loss nan) |||||" in text  # a run without scores is shown
 
 
 def test_distill_score_part_alone_skips_what_is_not_trained_yet(tmp_path, monkeypatch):
