@@ -15,10 +15,11 @@ scratch on the same data and budget (the few-step study's records):
     dmd2         DMD2 from the teacher (configs/fashion_mnist_moh_dmd2.yaml, its DDPM twin), 3320 steps
     dmd2t        DMD2 from the same seed's trajectory student (fashion_mnist_moh_dmd2_trajectory.yaml), 830 steps
     gan          the flow twin's two DMD2 students with the GAN term
-    ablations    the flow twin's meanflow student with one stabiliser changed at a time: each key's default
+    ablations    each teacher's meanflow student with one stabiliser changed at a time: each key's default (the
+                 flow twin's every key, the default's loss and anchor)
 
 v05, gan and the ablations run at seed 0; named with --arms they run at every seed given (--seeds 1 2 --arms
-meanflow-flow-no-anchor confirms an ablation on two more seeds).
+meanflow-flow-no-clamp confirms an ablation on two more seeds).
 
 Every student trains 3320 steps (four times 0.5's 830) and evaluates itself every 415 (500 samples, one and two
 steps). At the end every model is scored with 1000 class-balanced samples: KID, FID, precision and recall on the
@@ -71,15 +72,23 @@ EXTRA = {f"{m}": ["distill.student_from={runs}/trajectory-{kind}-seed{seed}"] fo
 SEED_0_ONLY = ("v05",)  # by default (at other seeds when named with --arms: `selected`)
 OWN_LENGTH = ("cmt", "dmd2t")  # started from a trajectory student: their configs' steps, not the study's
 STUDENT_STEPS_RUN = 3320  # four times 0.5's 830
-# seed 0 of the flow twin's meanflow student with one stabiliser changed from its config: each key's default measured
-ABLATIONS = {
+# each teacher's meanflow student with its config changed, each key's default measured. The flow twin's loss is
+# FastGen's opt-grad (better than MeanFlow's l2 on three seeds); its anchor, grid, r's law and warm-up were measured on
+# the l2 recipe before that (``l2-*``: the l2 recipe with one more key changed), the clamp on both. The default's
+# student keeps l2 (opt-grad measured no better there: ``opt-grad``)
+L2 = ["distill.loss=l2", "distill.spatial_invariance=false", "objective.adaptive_eps=0.01"]
+OPT_GRAD = ["distill.loss=opt-grad", "distill.spatial_invariance=true", "objective.adaptive_eps=10"]
+FLOW_ABLATIONS = {
     "no-clamp": ["distill.tangent_clamp=null"],
-    "no-anchor": ["distill.anchor=0.0"],
-    "grid": ["distill.grid_share=0.5", "distill.grid_steps=[1,2,4]"],
-    "r-law": ["objective.time_mean=0.4", "distill.r_time_sampling=logit-normal", "distill.r_time_mean=-1.2"],
-    "warmup": ["distill.tangent_warmup=1000"],
-    "opt-grad": ["distill.loss=opt-grad", "distill.spatial_invariance=true", "objective.adaptive_eps=10"],
+    "l2": L2,
+    "l2-anchor": [*L2, "distill.anchor=1.0"],
+    "l2-no-clamp": [*L2, "distill.tangent_clamp=null"],
+    "l2-grid": [*L2, "distill.grid_share=0.5", "distill.grid_steps=[1,2,4]"],
+    "l2-r-law": [*L2, "objective.time_mean=0.4", "distill.r_time_sampling=logit-normal", "distill.r_time_mean=-1.2"],
+    "l2-warmup": [*L2, "distill.tangent_warmup=1000"],
+    "l2-plain": [*L2, "objective.adaptive_power=0"],  # MeanFlow's loss without its adaptive weight
 }
+ABLATIONS = {"flow": FLOW_ABLATIONS, "ddpm": {"opt-grad": OPT_GRAD, "anchor": ["distill.anchor=1.0"]}}
 SCALES = {
     "cpu": STUDY_SCALES["cpu"]
     | {
@@ -99,7 +108,7 @@ MATCH = ("arm", "seed", "steps", "scale")  # a scored row's identity
 def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[str]]]:
     """Every student of ``seed``: each method from that seed's teacher of each kind, the flow twin's ablations and
     the GAN term (which of them the study runs by default: `selected`). Arm names: ``{method}-{kind}``,
-    ``meanflow-flow-{ablation}``; ``sc``: the scale (its students' length)."""
+    ``meanflow-{kind}-{ablation}``; ``sc``: the scale (its students' length)."""
     arms, runs = {}, out / "runs"
     length = sc["student_length"]
     for method, configs in CONFIGS.items():
@@ -111,8 +120,9 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
             steps = [] if method in OWN_LENGTH else length
             extra += sc.get(method, [])  # the scale's own settings of the method (a smoke run's small set)
             arms[f"{method}-{kind}"] = (config, [f"distill.teacher={teacher}", *guidance, *steps, *extra])
-    config, student = arms["meanflow-flow"]
-    arms |= {f"meanflow-flow-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS.items()}
+    for kind in KINDS:
+        config, student = arms[f"meanflow-{kind}"]
+        arms |= {f"meanflow-{kind}-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS[kind].items()}
     arms |= {arm: (arms[base][0], [*arms[base][1], "distill.gan_weight=0.001"]) for arm, base in GAN.items()}
     return arms
 
@@ -122,8 +132,14 @@ def selected(arm: str, seed: int, only: list[str] | None) -> bool:
     names every method at every seed, and 0.5's recipe, the GAN term and the ablations at seed 0 only."""
     if only:
         return arm in only
-    one_seed = arm.split("-")[0] in SEED_0_ONLY or arm in GAN or arm.removeprefix("meanflow-flow-") in ABLATIONS
-    return seed == 0 or not one_seed
+    return seed == 0 or not (arm.split("-")[0] in SEED_0_ONLY or arm in GAN or is_ablation(arm))
+
+
+def is_ablation(arm: str) -> bool:
+    """``meanflow-{kind}-{ablation}``: a meanflow student with one stabiliser changed."""
+    method, _, rest = arm.partition("-")
+    kind, _, name = rest.partition("-")
+    return method == "meanflow" and name in ABLATIONS.get(kind, {})
 
 
 def model_of(arm: str, seed: int, out: Path) -> Path:

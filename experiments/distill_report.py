@@ -271,13 +271,18 @@ def _per_seed(values: dict[int, float], seeds: list[int], spec: str) -> str:
 
 
 def _ablation_lines(result: dict) -> list[str]:
-    rows, training, student = result["scores"], result["training"], "meanflow-flow"
+    return [line for kind in KINDS for line in _teacher_ablation_lines(result, kind)]
+
+
+def _teacher_ablation_lines(result: dict, kind: str) -> list[str]:
+    """The meanflow student of the ``kind`` teacher beside each of its ablations, seed by seed."""
+    rows, training, student = result["scores"], result["training"], f"meanflow-{kind}"
     ablations = sorted({r["arm"] for r in training.values() if r.get("arm", "").startswith(student + "-")})
     if not ablations:
         return []
     seeds = sorted({r["seed"] for r in [*rows, *training.values()] if r.get("arm") in ablations})  # diverged too
-    lines = ["", f"## Ablations: the flow twin's meanflow student with one stabiliser changed, seed by seed "
-             f"({', '.join(map(str, seeds))})", "",
+    lines = ["", f"## Ablations: the meanflow student of {NAMES[kind]} with one stabiliser changed, seed by "
+             f"seed ({', '.join(map(str, seeds))})", "",
              "| student | 1 step KID | 2 steps KID | 4 steps KID | 2 steps recall | KID at 1 step during training, "
              f"seed {seeds[0]} |",
              "|---|---|---|---|---|---|"]  # fmt: skip

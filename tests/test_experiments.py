@@ -861,16 +861,19 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     from experiments.distill_report import report
 
     arms = distill.student_arms(1, tmp_path, distill.SCALES["tiny"])
-    assert {"meanflow-flow-no-anchor", "v05-ddpm", "dmd2t-flow-gan", "cmt-ddpm"} <= set(arms)
-    assert "distill.anchor=0.0" in arms["meanflow-flow-no-anchor"][1]
-    assert "distill.teacher=" + str(tmp_path / "runs" / "flow-seed1") in arms["meanflow-flow-no-anchor"][1]
+    assert {"meanflow-flow-l2-anchor", "meanflow-ddpm-anchor", "v05-ddpm", "dmd2t-flow-gan", "cmt-ddpm"} <= set(arms)
+    assert "meanflow-ddpm-l2-grid" not in arms  # the other ablations change the flow twin's student only
+    assert {"distill.anchor=1.0", "distill.loss=l2"} <= set(arms["meanflow-flow-l2-anchor"][1])
+    assert "distill.teacher=" + str(tmp_path / "runs" / "flow-seed1") in arms["meanflow-flow-l2-anchor"][1]
+    assert arms["meanflow-ddpm-anchor"][0] == "configs/fashion_mnist_moh_distill_ddpm.yaml"
+    assert "distill.teacher=" + str(tmp_path / "runs" / "ddpm-seed1") in arms["meanflow-ddpm-anchor"][1]
     defaults = {arm for arm in arms if distill.selected(arm, 1, None)}
     assert defaults == {f"{m}-{k}" for m in ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t") for k in distill.KINDS}
     assert all(distill.selected(arm, 0, None) for arm in arms)
-    assert distill.selected("meanflow-flow-no-anchor", 2, ["meanflow-flow-no-anchor"])
-    assert not distill.selected("meanflow-flow", 2, ["meanflow-flow-no-anchor"])
+    assert distill.selected("meanflow-flow-l2-anchor", 2, ["meanflow-flow-l2-anchor"])
+    assert not distill.selected("meanflow-flow", 2, ["meanflow-flow-l2-anchor"])
     with pytest.raises(SystemExit):
-        distill.main(["--scale", "tiny", "--out", str(tmp_path), "--arms", "meanflow-flow-no-ancor"])
+        distill.main(["--scale", "tiny", "--out", str(tmp_path), "--arms", "meanflow-flow-anchr"])
     assert not (tmp_path / "results.json").exists()  # refused before anything is written
 
     def row(arm, seed, steps, kid):
@@ -878,13 +881,21 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
             arm=arm, seed=seed, steps=steps, kid=kid, recall=0.1 * (seed + 1), fid=1.0, precision=0.5, nfe=steps
         )
 
-    scores = [row(a, s, n, k + s + n / 10) for a, k in (("meanflow-flow", 30), ("meanflow-flow-no-anchor", 20))
+    scores = [row(a, s, n, k + s + n / 10) for a, k in (("meanflow-flow", 30), ("meanflow-flow-l2-anchor", 20))
               for s in (0, 1) for n in (1, 2, 4)]  # fmt: skip
-    training = {f"meanflow-flow-no-anchor-seed{s}": {"arm": "meanflow-flow-no-anchor", "seed": s} for s in (0, 1)}
+    scores += [
+        row(a, 2, n, k + n / 10) for a, k in (("meanflow-ddpm", 40), ("meanflow-ddpm-anchor", 50)) for n in (1, 2, 4)
+    ]
+    training = {f"meanflow-flow-l2-anchor-seed{s}": {"arm": "meanflow-flow-l2-anchor", "seed": s} for s in (0, 1)}
+    training["meanflow-ddpm-anchor-seed2"] = {"arm": "meanflow-ddpm-anchor", "seed": 2}
     text = report({"protocol": {"scale": "cpu", "samples": 1000}, "training": training, "scores": scores})
-    assert "## Ablations: the flow twin's meanflow student with one stabiliser changed, seed by seed (0, 1)" in text
+    assert (
+        "## Ablations: the meanflow student of the flow twin with one stabiliser changed, seed by seed (0, 1)" in text
+    )
     assert "| meanflow-flow | 30.10 / 31.10 | 30.20 / 31.20 | 30.40 / 31.40 | 0.100 / 0.200 |" in text
-    assert "| meanflow-flow-no-anchor | 20.10 / 21.10 | 20.20 / 21.20 | 20.40 / 21.40 | 0.100 / 0.200 |" in text
+    assert "| meanflow-flow-l2-anchor | 20.10 / 21.10 | 20.20 / 21.20 | 20.40 / 21.40 | 0.100 / 0.200 |" in text
+    assert "the embedded default (DDPM) with one stabiliser changed, seed by seed (2)" in text  # each teacher its own
+    assert "| meanflow-ddpm-anchor | 50.10 | 50.20 | 50.40 | 0.300 |" in text
     training["meanflow-flow-no-clamp-seed2"] = {"arm": "meanflow-flow-no-clamp", "seed": 2, "diverged": "loss nan"}
     text = report({"protocol": {"scale": "cpu", "samples": 1000}, "training": training, "scores": scores})
     assert "| meanflow-flow-no-clamp | diverged (seed 2: loss nan) |||||" in text  # a run without scores is shown
@@ -917,7 +928,8 @@ def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_
     expected = {
         (a, s) for a in ("flow", "ddpm", *(f"{m}-{k}" for m in methods for k in ("flow", "ddpm"))) for s in (0, 1)
     }
-    expected |= {("v05-flow", 0), ("v05-ddpm", 0)} | {(f"meanflow-flow-{a}", 0) for a in distill.ABLATIONS}
+    expected |= {("v05-flow", 0), ("v05-ddpm", 0)} | {(f"meanflow-flow-{a}", 0) for a in distill.ABLATIONS["flow"]}
+    expected |= {(f"meanflow-ddpm-{a}", 0) for a in distill.ABLATIONS["ddpm"]}
     expected |= {(arm, 0) for arm in distill.GAN}
     assert arms == expected
     students = [r for r in result["training"].values() if "-" in r["arm"]]
