@@ -106,7 +106,7 @@ MATCH = ("arm", "seed", "steps", "scale")  # a scored row's identity
 
 
 def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[str]]]:
-    """Every student of ``seed``: each method from that seed's teacher of each kind, the flow twin's ablations and
+    """Every student of ``seed``: each method from that seed's teacher of each kind, each teacher's ablations and
     the GAN term (which of them the study runs by default: `selected`). Arm names: ``{method}-{kind}``,
     ``meanflow-{kind}-{ablation}``; ``sc``: the scale (its students' length)."""
     arms, runs = {}, out / "runs"
