@@ -536,7 +536,8 @@ STABILISED = ["distill.loss=opt-grad", "distill.spatial_invariance=true", "disti
               "distill.tangent_clamp=1", "distill.anchor=0.5", "distill.grid_share=0.5"]  # fmt: skip
 TRAJECTORY = ["distill.method=trajectory", "distill.trajectory_count=6", "distill.trajectory_shard_size=2",
               "distill.trajectory_steps=3", "distill.grid_share=0.5"]  # fmt: skip
-DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.dmd_steps=[1,2]"]
+DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.gan_start=2",
+        "distill.dmd_steps=[1,2]", "distill.dmd_input=generator", "distill.real_guidance=1.5"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -562,8 +563,9 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
     """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's split
     or MeanFlow's new interval embedding in its own optimizer group at 3x the rate; the stabilisers and a grid share;
     trajectory distillation recording its set of trajectories on both processes) stopped at step 4 and resumed on two
-    processes ends as the uninterrupted one, bit for bit, the teacher's evaluations counted alike (DMD2: its fake score
-    and discriminator too, their gradients averaged over the processes); every checkpoint
+    processes ends as the uninterrupted one, bit for bit, the teacher's evaluations and the networks' passes and
+    updates counted alike (DMD2: its fake score and discriminator too, their gradients averaged over the processes,
+    the GAN term switched on at step 2, two-step backward simulation, the real score at its own guidance); every checkpoint
     names its teacher and a resume beside another is refused (tests/training/test_teacher.py)."""
     base = (
         distill(flow_teacher, derivative)
@@ -578,9 +580,10 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
         assert state["frozen_provenance"]["teacher"]["weights"] == str(
             flow_teacher / "pipeline"
         )  # a run: its pipeline
-    counted = [[json.loads(line).get("teacher_evaluations") for line in (r / "metrics.jsonl").read_text().splitlines()]
+    spent = ("teacher_evaluations", "network_evaluations", "generator_updates", "fake_score_updates")
+    counted = [[[json.loads(line).get(k) for k in spent] for line in (r / "metrics.jsonl").read_text().splitlines()]
                for r in (whole, cut)]  # fmt: skip
-    assert counted[0] == counted[1] and counted[0][-1] > 0
+    assert counted[0] == counted[1] and counted[0][-1][0] > 0 and counted[0][-1][1] > 0
     if student is DMD2:  # the fake score and its optimizer, as the whole run's
         for name in ("fake_score.safetensors", "fake_score.optimizer.pt"):
             a, b = (RunLayout(r).latest_checkpoint() / "companions" / name for r in (whole, cut))

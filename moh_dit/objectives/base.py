@@ -170,6 +170,16 @@ class Objective(ABC):
         backward, and the passes of guidance folded into the target."""
         return 3.0 + self.folded.forwards
 
+    def step_forwards(self, step: int, companions: Mapping[str, Any] | None = None) -> float:
+        """The passes of the networks a run trains (the student and ``companions``) at training ``step``, per image,
+        in forwards at the student's size (a backward counts two): what the logs' ``network_evaluations`` add up.
+        A frozen model's (a teacher's) are counted as they happen, apart."""
+        return self.training_forwards()
+
+    # what the logs call the updates of each network trained (role -> key: DMD2's generator_updates); empty where
+    # every step updates the student alone (its updates are the steps)
+    update_names: ClassVar[dict[str, str]] = {}
+
     # guidance folded into the training target (moh_dit.objectives.folded_guidance); inactive unless the objective
     # was made with it. DDPM and flow fold it here (their target term and prediction below); MeanFlow folds it into its
     # instantaneous velocity itself

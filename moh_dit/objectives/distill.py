@@ -289,6 +289,10 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
         """The student's passes and the teacher's, counted at the student's size (the logs' FLOPs and MFU)."""
         return self.student_forwards() + self.teacher_forwards()
 
+    def step_forwards(self, step: int, companions: Mapping[str, Any] | None = None) -> float:
+        """The student's passes (:meth:`student_forwards`); the teacher's are counted as they happen."""
+        return self.student_forwards()
+
     def student_forwards(self) -> float:
         """The student's passes per image, in forwards: its forward and backward (three), the derivative's (a JVP:
         about one more; finite differences: two, on the interval samples only) and the anchor's forward and backward

@@ -15,17 +15,27 @@ moh_dit/training/companions.py). Each training step updates one of the two train
     fake score  the teacher's objective on the generator's samples (no gradient to the generator)
                 + the discriminator head's softplus(D(fake)) + softplus(-D(real data noised)) (with the GAN term)
 
-``x0_real`` is the teacher's clean prediction from its guided velocity, ``x0 = x_t - t v``; ``x0_fake`` the fake
-score's. Multi-step generators (``distill.dmd_steps``) train at every start time of their grids, their input there
-the data noised to it (FastGen's) or the generator's own sample from the step before (``distill.dmd_input:
-generator``, DMD2's backward simulation); they sample by predicting the data at each grid time and noising it
-afresh to the next (:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler` with ``renoise``).
+``x0_real`` is the teacher's clean prediction from its velocity, ``x0 = x_t - t v``, guided at the real score's own
+scale (``distill.real_guidance``; DMD2's ImageNet-64 recipe and SiDA use none: guidance there seeks modes); ``x0_fake``
+the fake score's. The GAN term (``distill.gan_weight``) reads the fake score's tokens at one block (the passes stop
+there) and trains on real images of the run's training split; it can start late (``distill.gan_start``: SiDA's order,
+the fake score alone first), and alone (``distill.vsd_weight: 0``: a GAN fine-tune of the teacher's weights, GDD's).
+
+Multi-step generators (``distill.dmd_steps``) train at every start time of their grids, their input there the data
+noised to it (FastGen's) or the generator's own sample from the grid's step before (``distill.dmd_input: generator``,
+DMD2's backward simulation, along the coarsest grid that holds the start time); they sample by predicting the data at
+each grid time and noising it afresh to the next (:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler`
+with ``renoise``). The two-step grid is ``[1, distill.dmd_midpoint, 0]``: every grid is shifted so (SD3's time
+shift), in training and, recorded with the model, in sampling.
+
+Each training step updates one network; the logs count the updates of each (``generator_updates``,
+``fake_score_updates``) and every pass of the networks trained (:meth:`DMD2Distill.step_forwards`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -38,9 +48,20 @@ from moh_dit.objectives.dmd_losses import gan_discriminator_loss, gan_generator_
 from moh_dit.objectives.flow_schedulers import MeanFlowScheduler
 from moh_dit.objectives.noise import flow_sigma
 
-__all__ = ["DMD2Distill", "DMD_INPUTS"]
+__all__ = ["DMD2Distill", "DMD_INPUTS", "generator_grids"]
 
 DMD_INPUTS = ("data", "generator")  # a multi-step generator's input at a grid time
+MIDPOINT = 0.5  # the unshifted two-step grid's middle time (FastGen's [0.999, 0.5, 0])
+
+
+def generator_grids(steps: tuple[int, ...], midpoint: float = MIDPOINT) -> dict[int, list[float]]:
+    """Each step count's grid of start times (1 first, 0 left out), shifted so that the two-step grid's middle time is
+    ``midpoint`` (SD3's shift ``s t / (1 + (s - 1) t)`` with ``s = midpoint / (1 - midpoint)``)."""
+    shift = midpoint / (1 - midpoint)
+    grids = {}
+    for n, intervals in ((n, sampler_intervals((n,))) for n in steps):
+        grids[n] = [round(shift * a / (1 + (shift - 1) * a), 12) for a, _ in intervals]
+    return grids
 
 
 class DMD2Distill(MeanFlowDistill):
@@ -55,12 +76,19 @@ class DMD2Distill(MeanFlowDistill):
         dmd_steps: the step counts of the grids the generator trains at (``[1]``: one step).
         dmd_input: a multi-step generator's input at a grid time: ``data`` noised, or its own ``generator`` sample.
         dmd_time: ``[first, last]`` flow times the VSD loss noises the generator's samples at (uniform).
+        real_guidance: the guidance scale of the real score (1: none); ``None``: the teacher's (``distill.guidance_scale``
+            or what it records). Recorded with the model: it is part of what the generator learns.
+        vsd_weight: the VSD loss's weight (0: the GAN term alone, a GAN fine-tune of the teacher's weights).
+        gan_start: the training step from which the GAN term and its discriminator train (0: from the start).
+        dmd_midpoint: the two-step grid's middle flow time (every grid shifted alike; recorded with the model).
         trajectories, trajectory_*: the regression's trajectories (as the trajectory method's).
     """
 
     method = "dmd2"
     title = "A DMD2 generator"
     trained_models = ("fake_score",)  # trained beside the student (moh_dit.training.companions)
+    # what the logs call each network's updates: the student is DMD2's generator
+    update_names = {"student": "generator_updates", "fake_score": "fake_score_updates"}
 
     def __init__(
         self,
@@ -72,6 +100,10 @@ class DMD2Distill(MeanFlowDistill):
         dmd_steps: tuple[int, ...] | list[int] = (1,),
         dmd_input: str = "data",
         dmd_time: tuple[float, float] | list[float] = (0.02, 0.98),
+        real_guidance: float | None = None,
+        vsd_weight: float = 1.0,
+        gan_start: int = 0,
+        dmd_midpoint: float = MIDPOINT,
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -82,9 +114,29 @@ class DMD2Distill(MeanFlowDistill):
         super().__init__(**options)
         if isinstance(fake_updates, bool) or not isinstance(fake_updates, int) or fake_updates < 1:
             raise ConfigError(f"distill.fake_updates must be a count >= 1 (FastGen's 4), got {fake_updates!r}")
-        for key, value in (("gan_weight", gan_weight), ("regression", regression)):
+        for key, value in (("gan_weight", gan_weight), ("regression", regression), ("vsd_weight", vsd_weight)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise ConfigError(f"distill.{key} must be a weight >= 0, got {value!r}")
+        if not vsd_weight and not gan_weight:
+            raise ConfigError(
+                "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
+            )
+        if real_guidance is not None and (
+            isinstance(real_guidance, bool)
+            or not isinstance(real_guidance, (int, float))
+            or not 1 <= real_guidance < float("inf")
+        ):
+            raise ConfigError(
+                f"distill.real_guidance must be a guidance scale >= 1 (1: the teacher unguided) or null (the "
+                f"teacher's), got {real_guidance!r}"
+            )
+        if isinstance(gan_start, bool) or not isinstance(gan_start, int) or gan_start < 0:
+            raise ConfigError(f"distill.gan_start must be a training step >= 0, got {gan_start!r}")
+        if isinstance(dmd_midpoint, bool) or not isinstance(dmd_midpoint, (int, float)) or not 0 < dmd_midpoint < 1:
+            raise ConfigError(
+                f"distill.dmd_midpoint must be a flow time between 0 and 1 (the two-step grid's middle, 0.5), got "
+                f"{dmd_midpoint!r}"
+            )
         if fake_lr is not None and not (isinstance(fake_lr, (int, float)) and fake_lr > 0):
             raise ConfigError(f"distill.fake_lr must be a learning rate > 0 or null, got {fake_lr!r}")
         steps = tuple(dmd_steps)
@@ -98,25 +150,80 @@ class DMD2Distill(MeanFlowDistill):
         self.fake_updates, self.fake_lr, self.gan_block = fake_updates, fake_lr, gan_block
         self.gan_weight, self.regression = float(gan_weight), float(regression)
         self.dmd_steps, self.dmd_input, self.dmd_time = steps, dmd_input, (low, high)
-        # every start time of the grids the generator samples with (1 first)
-        self.start_times = sorted({start for start, _ in sampler_intervals(steps)}, reverse=True)
+        self.real_guidance = None if real_guidance is None else float(real_guidance)
+        self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
+        grids = generator_grids(steps, self.dmd_midpoint)
+        # every start time of the grids the generator samples with (1 first), and the grid times before each on the
+        # coarsest grid that holds it (the path of its backward simulation)
+        self.start_times = sorted({start for grid in grids.values() for start in grid}, reverse=True)
+        self.paths = {}
+        for n in sorted(grids):
+            for index, start in enumerate(grids[n]):
+                self.paths.setdefault(start, grids[n][:index])
 
     @classmethod
     def frozen_models_for(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
         """The teacher, and its trajectories when the regression term is on."""
         return cls.frozen_models + (("trajectories",) if options.get("regression") else ())
 
+    RECORDED = ("real_guidance", "dmd_midpoint")  # what the generator is (recorded), beside its teacher's record
+
+    def record(self) -> dict[str, Any]:
+        """The distillation's record, with the real score's guidance where it is its own and the two-step grid's
+        middle where it is not 0.5 (a generator of moh-dit 0.6 and earlier records neither)."""
+        extra = {"real_guidance": self.real_guidance} if self.real_guidance is not None else {}
+        if self.dmd_midpoint != MIDPOINT:
+            extra["dmd_midpoint"] = self.dmd_midpoint
+        return super().record() | extra
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any] | None, learn_sigma: bool = False, **training: Any) -> DMD2Distill:
+        """As the distillation's, with what only a generator records; a record and the training options that disagree
+        on it are another generator: a :class:`ConfigError` naming the key and both values."""
+        record = dict(record or {})
+        for key in cls.RECORDED:
+            if key in record:
+                recorded = record.pop(key)
+                given = training.get(key, recorded)
+                if given != recorded:
+                    raise ConfigError(
+                        f"distill.{key}={given}: this generator was trained with {recorded} (recorded with its weights)"
+                    )
+                training[key] = recorded
+        return super().from_record(record, learn_sigma, **training)
+
     # ------------------------------------------------------------------------------------------------
     # What it is
     # ------------------------------------------------------------------------------------------------
+    def describe(self) -> str:
+        real = ""
+        if self.real_guidance is not None:
+            real = (
+                ", its real score unguided"
+                if self.real_guidance == 1
+                else f", its real score guided at {self.real_guidance:g}"
+            )
+        return super().describe() + real
+
     def describe_loss(self) -> str:
-        parts = [f"VSD of the teacher's and a fake score's clean predictions at flow times {self.dmd_time}"]
+        parts = []
+        if self.vsd_weight:
+            weight = "" if self.vsd_weight == 1 else f"{self.vsd_weight:g} x "
+            parts.append(
+                f"{weight}VSD of the teacher's and a fake score's clean predictions at flow times {self.dmd_time}"
+            )
         if self.gan_weight:
-            parts.append(f"a GAN term of weight {self.gan_weight:g} on the fake score's features")
+            start = f" from step {self.gan_start}" if self.gan_start else ""
+            parts.append(f"a GAN term of weight {self.gan_weight:g} on the fake score's features, real data{start}")
         if self.regression:
             parts.append(f"DMD's regression on the teacher's trajectories, weight {self.regression:g}")
         steps = "/".join(map(str, self.dmd_steps))
-        return f"{' + '.join(parts)}; {self.fake_updates} fake-score updates per generator update; {steps}-step grids"
+        grid = f" (two-step middle {self.dmd_midpoint:g})" if self.dmd_midpoint != MIDPOINT else ""
+        input_ = "; backward simulation" if self.dmd_input == "generator" and len(self.start_times) > 1 else ""
+        return (
+            f"{' + '.join(parts)}; {self.fake_updates} fake-score updates per generator update; {steps}-step "
+            f"grids{grid}{input_}"
+        )
 
     @property
     def logged_terms(self) -> tuple[str, ...]:
@@ -129,16 +236,44 @@ class DMD2Distill(MeanFlowDistill):
         """Which network training ``step`` updates: the student first, then the fake score ``fake_updates`` times."""
         return "student" if step % (self.fake_updates + 1) == 0 else "fake_score"
 
+    def gan_on(self, step: int | None) -> bool:
+        """Whether the GAN term and its discriminator train at ``step``."""
+        return bool(self.gan_weight) and (step or 0) >= self.gan_start
+
+    def simulated_forwards(self) -> float:
+        """The generator's forwards (without gradient) of the backward simulation, per image on average: each start
+        time's path, the start times drawn alike (none with the data as the input)."""
+        if self.dmd_input != "generator":
+            return 0.0
+        return sum(len(self.paths[s]) for s in self.start_times) / len(self.start_times)
+
+    def step_forwards(self, step: int, companions: Mapping[str, Any] | None = None) -> float:
+        """Every pass of the networks trained at training ``step``, per image, in forwards at the student's size (a
+        backward counts two; the teacher's evaluations are counted as they happen). The generator's step: its
+        backward simulation, its forward and backward, the fake score's forward, the GAN term's pass to the
+        discriminator's block (``gan_share``: the share of the depth it runs) with its backward, the regression's
+        forward and backward. The fake score's: the generator's forward, its own loss's forward and backward, and the
+        discriminator's passes on real and generated images with their backwards. The discriminator's block over the
+        fake score's depth from ``companions`` (its middle where none is given)."""
+        fake = (companions or {}).get("fake_score")
+        share = fake.block_share if fake is not None else 0.5
+        gan = 3.0 * share if self.gan_on(step) else 0.0
+        if self.updates(step) == "student":
+            fake = 1.0 if self.vsd_weight else 0.0
+            return self.simulated_forwards() + 3.0 + fake + gan + (3.0 if self.regression else 0.0)
+        return self.simulated_forwards() + 1.0 + 3.0 + 2.0 * gan
+
     def student_forwards(self) -> float:
-        """Per image, averaged over the steps: the generator's forward (and backward on its steps), the fake score's
-        forward (its backward on its steps) and, with the GAN term, the features of the real images."""
-        share = 1 / (self.fake_updates + 1)
-        gan = (1.0 - share) * 3.0 if self.gan_weight else 0.0
-        return 1.0 + 2.0 * share + 1.0 + 2.0 * (1 - share) + gan
+        """Per image, averaged over a cycle of generator and fake-score steps with the GAN term on (:meth:`step_forwards`)."""
+        cycle = range(self.gan_start, self.gan_start + self.fake_updates + 1)
+        return sum(self.step_forwards(s) for s in cycle) / (self.fake_updates + 1)
 
     def teacher_forwards(self) -> float:
-        """The teacher's (guided) forwards on the generator's steps."""
-        return super().teacher_forwards() / (self.fake_updates + 1)
+        """The teacher's forwards on the generator's steps: two where the real score is guided, else one."""
+        if not self.vsd_weight:
+            return 0.0
+        guided = self.real_guidance != 1.0 if self.real_guidance is not None else super().teacher_forwards() == 2.0
+        return (2.0 if guided else 1.0) / (self.fake_updates + 1)
 
     # ------------------------------------------------------------------------------------------------
     # Sampling: the data predicted at each grid time, noised afresh to the next
@@ -146,6 +281,13 @@ class DMD2Distill(MeanFlowDistill):
     def make_scheduler(self, name: str) -> MeanFlowScheduler:
         self.check_sampler(name)
         return MeanFlowScheduler(num_train_timesteps=1000, renoise=True)
+
+    def set_timesteps(
+        self, scheduler: MeanFlowScheduler, steps: int, time_shift: float, device: torch.device | str | None
+    ) -> None:
+        """The grids it trained at (the two-step grid's middle at ``dmd_midpoint``), shifted further by ``time_shift``
+        (shifts compose by multiplying)."""
+        super().set_timesteps(scheduler, steps, time_shift * self.dmd_midpoint / (1 - self.dmd_midpoint), device)
 
     def step_time(self, scheduler: MeanFlowScheduler, index: int, t: torch.Tensor):
         now = scheduler.sigmas[index].float().to(t.device)
@@ -191,17 +333,25 @@ class DMD2Distill(MeanFlowDistill):
 
     @torch.no_grad()
     def backward_simulation(self, net, noise, start, labels, drop, autocast) -> torch.Tensor:
-        """For each sample, the generator's own prediction of the data at the grid time before its start (from pure
-        noise down the grid, renoising with ``noise`` on the way)."""
-        shape = (-1, *([1] * (noise.ndim - 1)))
-        z, x = noise, torch.zeros_like(noise)
-        for previous in self.start_times:  # 1, then lower: a sample stops where the next time is its start
-            now = torch.full_like(start, previous)
-            with autocast():
-                u = self.average_velocity(net, z, now, torch.zeros_like(now), labels, drop).sample.float()
-                x_now = z - previous * u
-            x = torch.where((start < previous).reshape(shape), x_now, x)
-            z = (1 - start).reshape(shape) * x_now + start.reshape(shape) * noise
+        """For each sample that starts below 1, the generator's own prediction of the data at the grid time before
+        its start: from pure noise down its path (the coarsest grid that holds its start), renoised with its
+        ``noise`` to each next time; only those rows are run."""
+        x = torch.zeros_like(noise)
+        for target in self.start_times:
+            path = self.paths[target]
+            rows = (start == target).nonzero().flatten()
+            if not path or rows.numel() == 0:
+                continue
+            z, y = noise[rows], labels[rows] if labels is not None else None
+            dropped = drop[rows] if drop is not None else None
+            for index, now in enumerate(path):
+                t = torch.full((rows.numel(),), now, device=noise.device)
+                with autocast(), net.routed_rows(rows) if hasattr(net, "routed_rows") else nullcontext():
+                    u = self.average_velocity(net, z, t, torch.zeros_like(t), y, dropped).sample.float()
+                predicted = z - now * u
+                after = path[index + 1] if index + 1 < len(path) else target
+                z = (1 - after) * predicted + after * noise[rows]
+            x[rows] = predicted
         return x
 
     def forward_losses(
@@ -225,29 +375,36 @@ class DMD2Distill(MeanFlowDistill):
             raise ConfigError("DMD2 learns from a teacher beside a fake score (distill.teacher, distill.method=dmd2)")
         net = extract_model_from_parallel(model, keep_torch_compile=False)  # several passes: the trainer averages
         if self.updates(step or 0) == "student":
-            return self._generator_losses(net, noised, labels, drop, want_heads, autocast, frozen, companions)
-        return self._fake_score_losses(net, noised, labels, drop, autocast, companions["fake_score"])
+            return self._generator_losses(net, noised, labels, drop, want_heads, autocast, frozen, companions, step)
+        return self._fake_score_losses(net, noised, labels, drop, autocast, companions["fake_score"], step)
 
     def _noised_sample(self, x: torch.Tensor, noised: Noised, prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
         t, noise = noised.terms[f"{prefix}t"], noised.terms[f"{prefix}noise"]
         shape = (-1, *([1] * (x.ndim - 1)))
         return (1 - t).reshape(shape) * x + t.reshape(shape) * noise, t
 
-    def _generator_losses(self, model, noised, labels, drop, want_heads, autocast, frozen, companions):
+    def _generator_losses(self, model, noised, labels, drop, want_heads, autocast, frozen, companions, step):
         fake = companions["fake_score"]
         x, out = self.generate(model, noised, labels, drop, autocast, return_head_masks=want_heads)
         x_t, t = self._noised_sample(x, noised)
         shape = (-1, *([1] * (x.ndim - 1)))
-        with torch.no_grad():
-            real_x0 = x_t - t.reshape(shape) * frozen["teacher"].velocity(x_t, t, labels, drop, autocast).float()
-            fake_x0 = x_t - t.reshape(shape) * fake.velocity(x_t, t, labels, drop, autocast).float()
-        vsd = vsd_loss(x, real_x0, fake_x0)
-        loss, zero = vsd, torch.zeros_like(vsd)
+        zero = torch.zeros(x.shape[0], device=x.device)
+        vsd, loss = zero, zero
+        if self.vsd_weight:
+            with torch.no_grad():
+                v_real = frozen["teacher"].velocity(x_t, t, labels, drop, autocast, scale=self.real_guidance)
+                real_x0 = x_t - t.reshape(shape) * v_real.float()
+                fake_x0 = x_t - t.reshape(shape) * fake.velocity(x_t, t, labels, drop, autocast).float()
+            vsd = vsd_loss(x, real_x0, fake_x0)
+            loss = self.vsd_weight * vsd
         extras = {"vsd_loss": vsd.detach(), "fake_score_loss": zero}
         if self.gan_weight:
-            logits = fake.discriminate(x_t, t, labels, drop, autocast)  # gradient to x through the frozen score
-            extras |= {"gan_generator": gan_generator_loss(logits).detach(), "gan_discriminator": zero}
-            loss = loss + self.gan_weight * gan_generator_loss(logits)
+            gan = zero
+            if self.gan_on(step):
+                logits = fake.discriminate(x_t, t, labels, drop, autocast)  # gradient to x through the frozen score
+                gan = gan_generator_loss(logits)
+                loss = loss + self.gan_weight * gan
+            extras |= {"gan_generator": gan.detach(), "gan_discriminator": zero}
         if self.regression:
             regressed = self._regression(model, noised, autocast, frozen["trajectories"])
             extras["regression"] = regressed.detach()
@@ -265,22 +422,23 @@ class DMD2Distill(MeanFlowDistill):
             u = self.average_velocity(model, noise, one, torch.zeros_like(one), y, torch.zeros_like(y)).sample.float()
         return ((noise - u - end) ** 2).flatten(1).mean(dim=1)
 
-    def _fake_score_losses(self, model, noised, labels, drop, autocast, fake):
+    def _fake_score_losses(self, model, noised, labels, drop, autocast, fake, step):
         with torch.no_grad():
             x, _ = self.generate(model, noised, labels, drop, autocast)
         generator = torch.Generator().manual_seed(int(noised.terms["fake_seed"]))
-        real = None
-        if self.gan_weight:
-            real, _ = self._noised_sample(noised.terms["real"], noised, "real_")
+        gan = self.gan_on(step)
+        real = self._noised_sample(noised.terms["real"], noised, "real_")[0] if gan else None
         losses, out, logits = fake.train_on(x.detach(), labels, drop, generator, autocast, real, noised)
         zero = torch.zeros_like(losses.loss)
         extras = {"vsd_loss": zero, "fake_score_loss": losses.loss.detach()}
         loss = losses.loss
         if self.gan_weight:
-            real_logits, fake_logits = logits
-            disc = gan_discriminator_loss(real_logits, fake_logits)
+            disc = zero
+            if gan:
+                real_logits, fake_logits = logits
+                disc = gan_discriminator_loss(real_logits, fake_logits)
+                loss = loss + disc
             extras |= {"gan_generator": zero, "gan_discriminator": disc.detach()}
-            loss = loss + disc
         if self.regression:
             extras["regression"] = zero
         return Losses(loss=loss, mse=losses.mse.detach(), logged=losses.loss.detach(), extras=extras), out

@@ -83,6 +83,19 @@ def _folded_row(folded: dict | None, step: int | None) -> list[str]:
     return [f"| guidance folded in | from step {folded['from_step']} |"]
 
 
+def _spent_row(spent: dict | None) -> list[str]:
+    """What training spent: each network's updates where several trained (DMD2's generator and fake score), and the
+    network evaluations (a forward 1, its backward 2), the teacher's apart."""
+    if not spent:
+        return []
+    updates = [f"{n:,} {key.removesuffix('_updates').replace('_', '-')} updates" for key, n in spent.items()
+               if key.endswith("_updates")]  # fmt: skip
+    evaluations = f"{spent.get('network_evaluations', 0):,.0f} network evaluations of the networks trained"
+    if spent.get("teacher_evaluations"):
+        evaluations += f", {spent['teacher_evaluations']:,} of the teacher"
+    return [f"| spent | {'; '.join([*updates, evaluations])} |"]
+
+
 def _quality_section(training: dict, curve_image: str | None) -> list[str]:
     """The card's quality curve: the evaluations during training (``log.eval_every``), as a picture and a table."""
     points, protocol = training.get("quality_curve") or [], training.get("quality_protocol") or {}
@@ -202,6 +215,7 @@ def render_card(
             f"| loss | {pipe.objective.describe_loss()} + {training.get('moh_loss_coeff')} x MoH load balance |",
             f"| precision | {training.get('mixed_precision', 'no')} mixed precision |",
             *_folded_row(training.get("folded_guidance"), source.get("step")),
+            *_spent_row(training.get("spent")),
             "",
             *_quality_section(training, curve_image),
         ]

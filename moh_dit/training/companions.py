@@ -31,6 +31,10 @@ __all__ = ["Companion", "FakeScore", "COMPANIONS", "build_companions"]
 logger = logging.getLogger("moh_dit.train")
 
 
+class _ReachedBlock(Exception):
+    """Raised by a forward hook to end a pass at the block the discriminator reads (nothing after it is needed)."""
+
+
 class DiscriminatorHead(nn.Module):
     """DMD2's small classifier on a network's tokens (N, T, D): normed, a hidden layer, pooled over the tokens, one
     logit per image."""
@@ -80,31 +84,42 @@ class FakeScore(nn.Module):
         with autocast():
             return self.objective.linear_velocity(self.score, z, t, y, self._kept(y)).float()
 
+    @property
+    def block_share(self) -> float:
+        """The share of the network's depth a discriminator pass runs (its passes stop at the head's block)."""
+        return self.block / len(self.score.blocks)
+
     def discriminate(self, z, t, labels, drop, autocast) -> torch.Tensor:
-        """The head's logit (N, 1) on the tokens of block ``block`` at ``(z, t)`` of the linear path."""
+        """The head's logit (N, 1) on the tokens of block ``block`` at ``(z, t)`` of the linear path; the pass stops
+        there (the later blocks cannot change the logit)."""
         found: list[torch.Tensor] = []
-        hook = self.score.blocks[self.block - 1].register_forward_hook(
-            lambda m, i, out: found.append(out[0] if isinstance(out, tuple) else out)  # (h, aux) in training
-        )
+
+        def stop_here(module, inputs, out):
+            found.append(out[0] if isinstance(out, tuple) else out)  # (h, aux) in training
+            raise _ReachedBlock
+
+        hook = self.score.blocks[self.block - 1].register_forward_hook(stop_here)
         try:
             y = self._labels(labels, drop)
             with autocast():
                 self.objective.linear_velocity(self.score, z, t, y, self._kept(y))
+        except _ReachedBlock:
+            pass
         finally:
             hook.remove()
         return self.head(found[0].float())
 
     def train_on(self, x, labels, drop, generator, autocast, real_t=None, noised=None):
         """Its own objective's losses on the generator's samples ``x`` (drawn from ``generator``), its output (MoH's
-        loss), and with the GAN term the head's logits on real images noised (``real_t``: those images at the drawn
-        times) and on ``x`` noised as the generator's loss sees it."""
+        loss), and where real images are given (the GAN term on) the head's logits on them noised (``real_t``: those
+        images at the drawn times) and on ``x`` noised as the generator's loss sees it."""
         own = self.objective.noised(x, generator, x.device)
         y = self._labels(labels, drop)
         with autocast():
             out = self.score(own.x_t, own.time, y, force_drop_ids=self._kept(y))
         losses = self.objective.loss(out.sample.float(), own)
         logits = None
-        if self.head is not None:
+        if self.head is not None and real_t is not None:
             shape = (-1, *([1] * (x.ndim - 1)))
             t, noise = noised.terms["t"], noised.terms["noise"]
             fake_t = (1 - t).reshape(shape) * x + t.reshape(shape) * noise

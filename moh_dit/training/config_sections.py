@@ -232,6 +232,14 @@ class DistillSection:
     dmd_steps: tuple[int, ...] = (1,)  # the generator's grids: [1] one step; [1, 2] also two
     dmd_input: str = "data"  # a multi-step generator's input at a grid time: data (noised) | generator (its own)
     dmd_time: tuple[float, ...] = (0.02, 0.98)  # the flow times the VSD loss noises the samples at (uniform)
+    # the real score's guidance scale (1: the teacher unguided, DMD2's ImageNet-64 and SiDA's); null: the teacher's
+    # (distill.guidance_scale, or what it records). Recorded with the generator
+    real_guidance: float | None = None
+    vsd_weight: float = 1.0  # the VSD loss's weight; 0: the GAN term alone (a GAN fine-tune of the teacher, GDD's)
+    gan_start: int = (
+        0  # the step from which the GAN term and its discriminator train (SiDA: the fake score alone first)
+    )
+    dmd_midpoint: float = 0.5  # the two-step grid's middle flow time (every grid shifted alike; recorded)
 
 
 @dataclass

@@ -56,6 +56,37 @@ class RunOutputs:
         self.teacher_evaluations += new
         return self.teacher_evaluations
 
+    def count_step(self, updated: str | None) -> None:
+        """What the optimizer step just made spent: one update of the network ``updated`` (``None``: a skipped one),
+        and its networks' passes (the same count on every process: the global batch)."""
+        if updated is not None:
+            self.updates[updated] += 1
+        beside = {role: c.module for role, c in self.companions.items()}
+        per_image = self.objective.step_forwards(self.step, beside)
+        self.network_evaluations += per_image * self.config.train.global_batch_size
+
+    def updates_before(self, step: int) -> dict[str, int]:
+        """The updates of each network in the first ``step`` steps by the objective's order (a checkpoint of moh-dit
+        0.6 and earlier did not count them; skipped updates are not known there)."""
+        counted = {role: 0 for role in self.updates}
+        for s in range(step):
+            counted[self.objective.updates(s)] += 1
+        return counted
+
+    def spent(self) -> dict[str, float]:
+        """What training has spent so far, as the logs and the manifest record it: each network's updates by the
+        objective's names (DMD2's ``generator_updates``, ``fake_score_updates``), the trained networks' passes
+        (``network_evaluations``) and the teacher's (``teacher_evaluations``, counted apart)."""
+        named = {
+            self.objective.update_names[role]: n
+            for role, n in self.updates.items()
+            if role in self.objective.update_names
+        }
+        found = dict(named, network_evaluations=round(self.network_evaluations, 3))
+        if self.teacher_evaluations:
+            found["teacher_evaluations"] = self.teacher_evaluations
+        return found
+
     def write_record(self, on_boundary: bool, heads, progress: Progress, made: int) -> None:
         """The log record of the steps since the last one (a last record between boundaries leaves the window open for
         a later resume). With the first record of this call of ``run`` (``made``: the steps it has made so far), the
@@ -63,8 +94,8 @@ class RunOutputs:
         lr = learning_rate(self.config, self.step - 1)
         record = self.window.record(self.accelerator, self.step, lr, self.samples_seen, heads, on_boundary)
         record.update(self.hardware_record(record["images_per_s"]))
-        if self.count_evaluations():  # a distillation's cost: its teacher's network evaluations, all processes
-            record["teacher_evaluations"] = self.teacher_evaluations
+        self.count_evaluations()  # a distillation's cost: its teacher's network evaluations, all processes
+        record.update(self.spent())
         if self.guard.enabled:
             record.update(skipped_updates=self.guard.skipped, rollbacks=self.guard.rollbacks)
         self.metrics.write(record, progress)
@@ -97,6 +128,7 @@ class RunOutputs:
         info["frozen"] = self.frozen.identity()  # the models beside the student: a resume must have the same
         info["frozen_provenance"] = self.frozen.provenance()  # where they were loaded from (said, never compared)
         info["teacher_evaluations"] = self.count_evaluations()
+        info["updates"], info["network_evaluations"] = dict(self.updates), self.network_evaluations
         info["batches_per_epoch"] = self.batches_per_epoch
         if self.guard.enabled:
             info["spike_guard"] = self.guard.state()
@@ -184,7 +216,7 @@ class RunOutputs:
         data = {k: v for k, v in self.data.description.items() if k in keys}
         train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
         preset = None if self.config.model.preset == "custom" else self.config.model.preset
-        summary = dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"])
+        summary = dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"], spent=self.spent())
         folded = self.objective.folded
         if folded.active:  # whether and from which step the guidance was folded into the target
             summary["folded_guidance"] = {"from_step": folded.warmup if self.step > folded.warmup else None,

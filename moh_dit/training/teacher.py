@@ -17,6 +17,7 @@ student keeps its backbone and learns a new output layer (a velocity where the t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -165,11 +166,24 @@ class Teacher(FrozenModel):
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def velocity(
-        self, z: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None, drop: torch.Tensor | None, autocast
+        self,
+        z: torch.Tensor,
+        t: torch.Tensor,
+        labels: torch.Tensor | None,
+        drop: torch.Tensor | None,
+        autocast,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """The velocity of the linear path at ``(z, t)`` the student learns (:func:`guided_velocity` of this teacher's
-        predictions, in the run's precision); float32."""
-        guide = self.guidance.guide
+        predictions, in the run's precision); float32. ``scale``: another guidance scale than the teacher's (DMD2's real
+        score), over the same flow times and with the same guide."""
+        guidance = self.guidance if scale is None else dataclasses.replace(self.guidance, scale=float(scale))
+        if guidance.scale != 1.0 and guidance.guide is None and self.model.null_class_id is None:
+            raise ConfigError(
+                f"{self.source} was trained without label dropout: it has no unconditional prediction to guide with at "
+                f"scale {guidance.scale:g}"
+            )
+        guide = guidance.guide
 
         def teacher(z, t, y):
             self.evaluations += z.shape[0]
@@ -181,7 +195,7 @@ class Teacher(FrozenModel):
 
         with autocast():
             return guided_velocity(
-                teacher, z, t, labels, drop, self.model.null_class_id, self.guidance, weaker if guide else None
+                teacher, z, t, labels, drop, self.model.null_class_id, guidance, weaker if guide else None
             )
 
 

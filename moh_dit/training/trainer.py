@@ -176,6 +176,10 @@ class Trainer(RunOutputs, OptimizerSteps):
         self.step = self.samples_seen = 0
         # a distillation's teacher evaluations while training (a set of trajectories recorded above counts its own)
         self.teacher_evaluations, self.evaluations_seen = 0, self.frozen.evaluations()
+        # what training spends: the updates of each network trained (DMD2's generator and fake score), and the passes
+        # of those networks in forwards at the student's size (Objective.step_forwards), over all processes
+        self.updates = {role: 0 for role in ("student", *self.companions)}
+        self.network_evaluations = 0.0
         self.projected = False  # the projected time is logged once, with the first log record
         self.sampler = partial(
             ShardedEpochBatchSampler,
@@ -260,6 +264,8 @@ class Trainer(RunOutputs, OptimizerSteps):
             check_resume_beside(self.resume_from, state.get("frozen"), self.frozen.identity())
             self.step, self.samples_seen = state["step"], state["samples_seen"]
             self.teacher_evaluations = state.get("teacher_evaluations", 0)
+            self.updates |= state.get("updates") or self.updates_before(state["step"])
+            self.network_evaluations = state.get("network_evaluations", 0.0)
             self.guard.load(state.get("spike_guard"))
             logger.info("resumed from %s at step %d", self.resume_from, self.step)
         if self.record.changes:
@@ -344,6 +350,7 @@ class Trainer(RunOutputs, OptimizerSteps):
                     self.roll_back(verdict.why)
                 elif verdict is not None and verdict.action == "skip":
                     logger.warning("step %d: update skipped, %s", self.step + 1, verdict.why)
+                self.count_step(None if skip else self.objective.updates(self.step))
                 self.finish_step(updated=not skip and updated_student)  # the EMAs follow the student's updates
                 self.window.steps += 1
                 on_boundary = self.step % log_cfg.log_every == 0
@@ -366,7 +373,7 @@ class Trainer(RunOutputs, OptimizerSteps):
             self.evaluate_quality()
         pipeline = self.export_pipeline(untouched) if finished else None
         if accelerator.is_main_process:
-            self.record.write("stopped", step=self.step, reason=stop or "max_steps")
+            self.record.write("stopped", step=self.step, reason=stop or "max_steps", **self.spent())
         accelerator.end_training()
         minutes = (time.time() - start_time) / 60
         summary = dict(

@@ -5,8 +5,11 @@ denoising loss as the flow objective computes it (FastGen's ``flow`` prediction)
 
 from __future__ import annotations
 
+import contextlib
+import re
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -83,3 +86,144 @@ def test_of_every_fake_updates_plus_one_steps_the_first_updates_the_generator():
     assert [objective.updates(s) for s in range(6)] == ["student", *["fake_score"] * 4, "student"]
     assert objective.frozen_models_for({"regression": 0.0}) == ("teacher",)
     assert objective.frozen_models_for({"regression": 0.5}) == ("teacher", "trajectories")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Grids, backward simulation, the real score's guidance, the keys
+# ----------------------------------------------------------------------------------------------------
+def test_the_grids_put_the_two_step_middle_at_the_midpoint_and_each_start_follows_its_coarsest_grid():
+    from moh_dit.objectives.dmd2 import DMD2Distill, generator_grids
+
+    assert generator_grids((1, 2)) == {1: [1.0], 2: [1.0, 0.5]}
+    assert generator_grids((2,), 0.3)[2] == pytest.approx([1.0, 0.3])
+    shift = 0.3 / 0.7  # SD3's shift that moves 0.5 to 0.3, applied to every point of the four-step grid
+    assert generator_grids((4,), 0.3)[4] == pytest.approx(
+        [1.0] + [shift * a / (1 + (shift - 1) * a) for a in (0.75, 0.5, 0.25)]
+    )
+    objective = DMD2Distill(dmd_steps=[1, 2, 4], dmd_input="generator")
+    assert objective.start_times == [1.0, 0.75, 0.5, 0.25]
+    # 0.5 is on the two-step grid: one step from noise reaches it; 0.25 only on the four-step one
+    assert objective.paths == {1.0: [], 0.5: [1.0], 0.75: [1.0], 0.25: [1.0, 0.75, 0.5]}
+    assert objective.simulated_forwards() == pytest.approx((0 + 1 + 1 + 3) / 4)
+    assert DMD2Distill(dmd_steps=[1, 2]).simulated_forwards() == 0  # the data noised: no simulation
+
+
+def test_the_sampler_steps_on_the_grid_the_generator_trained_at():
+    from moh_dit.objectives.dmd2 import DMD2Distill
+
+    objective = DMD2Distill(dmd_steps=[1, 2], dmd_midpoint=0.3)
+    scheduler = objective.make_scheduler("meanflow")
+    objective.set_timesteps(scheduler, 2, 1.0, "cpu")
+    assert scheduler.sigmas.tolist() == pytest.approx([1.0, 0.3, 0.0])
+    objective.set_timesteps(scheduler, 2, 2.0, "cpu")  # a sampler's own shift on top: shifts multiply
+    assert scheduler.sigmas[1].item() == pytest.approx(2 * 0.3 / 0.7 * 0.5 / (1 + (2 * 0.3 / 0.7 - 1) * 0.5))
+    plain = DMD2Distill(dmd_steps=[1, 2])
+    plain.set_timesteps(scheduler, 2, 1.0, "cpu")
+    assert scheduler.sigmas.tolist() == [1.0, 0.5, 0.0]
+
+
+class _CountingGenerator(torch.nn.Module):
+    """A generator called as a MoHDiT: ``u = z + t`` (so its data prediction from z at t is ``z - t (z + t)``),
+    counting the rows of every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def forward(self, z, times, y=None, force_drop_ids=None, **_):
+        from moh_dit.model.network import MoHDiTOutput
+
+        self.rows.append(z.shape[0])
+        t = torch.as_tensor(times[0], dtype=z.dtype).expand(z.shape[0]).reshape(-1, 1, 1, 1)
+        return MoHDiTOutput(sample=z + t / 1000, aux_loss=z.new_zeros(()))
+
+
+def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_only_those_rows():
+    from moh_dit.objectives.dmd2 import DMD2Distill
+
+    objective = DMD2Distill(dmd_steps=[1, 2, 4], dmd_input="generator")
+    net = _CountingGenerator()
+    start = torch.tensor([1.0, 0.25, 0.5, 0.75, 0.25, 1.0])
+    noise = torch.randn(6, 1, 2, 2, generator=torch.Generator().manual_seed(0))
+    x = objective.backward_simulation(net, noise, start, None, None, contextlib.nullcontext)
+    for i, s in enumerate(start.tolist()):  # brute force, one sample at a time down its path
+        path = objective.paths[s]
+        if not path:
+            assert torch.all(x[i] == 0)
+            continue
+        z = noise[i]
+        for k, now in enumerate(path):
+            predicted = z - now * (z + now)  # the toy's u at network time 1000 t
+            after = path[k + 1] if k + 1 < len(path) else s
+            z = (1 - after) * predicted + after * noise[i]
+        torch.testing.assert_close(x[i], predicted)
+    assert sum(net.rows) == sum(len(objective.paths[s]) for s in start.tolist()) == 1 + 3 + 1 + 3
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("distill.real_guidance=0.5", "distill.real_guidance must be a guidance scale >= 1"),
+        ("distill.gan_weight=-0.001", "distill.gan_weight must be a weight >= 0"),
+        ("distill.dmd_midpoint=1.0", "distill.dmd_midpoint must be a flow time between 0 and 1"),
+        ("distill.dmd_midpoint=0", "distill.dmd_midpoint must be a flow time between 0 and 1"),
+        ("distill.vsd_weight=0", "distill.vsd_weight=0 leaves the generator nothing to learn"),
+        ("distill.gan_start=-5", "distill.gan_start must be a training step >= 0"),
+    ],
+)
+def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, tmp_path):
+    from moh_dit.errors import ConfigError
+    from moh_dit.training.config import load_config
+
+    config = {"objective": {"name": "distill"}, "distill": {"method": "dmd2"}, "train": {"output_dir": str(tmp_path)}}
+    with pytest.raises(ConfigError, match=re.escape(says)) as caught:
+        load_config(config, [override])
+    assert "\n" not in str(caught.value)
+
+
+def test_the_real_guidance_and_the_midpoint_are_recorded_and_a_generator_keeps_its_own():
+    from moh_dit.errors import ConfigError
+    from moh_dit.objectives.dmd2 import DMD2Distill
+
+    plain = DMD2Distill()
+    assert "real_guidance" not in plain.record() and "dmd_midpoint" not in plain.record()  # as moh-dit 0.6 wrote it
+    own = DMD2Distill(real_guidance=1.0, dmd_midpoint=0.4)
+    assert own.record()["real_guidance"] == 1.0 and own.record()["dmd_midpoint"] == 0.4
+    again = DMD2Distill.from_record(own.record())
+    assert (again.real_guidance, again.dmd_midpoint) == (1.0, 0.4) and again.record() == own.record()
+    assert "real score unguided" in again.describe() and "two-step middle 0.4" in again.describe_loss()
+    with pytest.raises(ConfigError, match=r"distill.real_guidance=2.0: this generator was trained with 1.0"):
+        DMD2Distill.from_record(own.record(), real_guidance=2.0)
+
+
+def test_the_real_score_is_the_teacher_at_its_own_guidance_scale():
+    """``scale`` replaces the teacher's guidance scale, over its flow times: 1 is its conditional velocity alone."""
+    from moh_dit.training.teacher import Teacher, TeacherGuidance, guided_velocity
+
+    from ..helpers.toy_velocity import ToyTeacher
+
+    toy = ToyTeacher()
+
+    class Model(torch.nn.Module):  # a teacher network with a null class, as Teacher reads it
+        null_class_id = 3
+
+        def __init__(self):
+            super().__init__()
+            self.toy = toy
+
+    teacher = Teacher.__new__(Teacher)
+    teacher.model, teacher.source, teacher.evaluations = Model(), "toy", 0
+    teacher.guidance = TeacherGuidance(3.0, (0.2, 0.9))
+    teacher.objective = type("O", (), {"linear_velocity": staticmethod(lambda net, z, t, y: toy(z, t, y))})()
+    z, t = torch.randn(4, 2, 4, 4), torch.tensor([0.1, 0.5, 0.7, 0.95])
+    labels = torch.tensor([0, 1, 2, 0])
+    own = teacher.velocity(z, t, labels, None, contextlib.nullcontext)
+    assert teacher.evaluations == 4 + 2  # the two guided rows' unconditional halves
+    unguided = teacher.velocity(z, t, labels, None, contextlib.nullcontext, scale=1.0)
+    torch.testing.assert_close(unguided, toy(z, t, labels))
+    assert teacher.evaluations == 6 + 4
+    at_two = teacher.velocity(z, t, labels, None, contextlib.nullcontext, scale=2.0)
+    expected = guided_velocity(toy, z, t, labels, None, 3, TeacherGuidance(2.0, (0.2, 0.9)))
+    torch.testing.assert_close(at_two, expected)
+    torch.testing.assert_close(own, guided_velocity(toy, z, t, labels, None, 3, teacher.guidance))
+    assert not torch.allclose(at_two, own)

@@ -7,6 +7,7 @@ of another architecture, is refused in one line."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -122,3 +123,55 @@ def test_repa_beside_dmd2_is_refused_in_one_line(flow_teacher, image_dir, tmp_pa
 
     with pytest.raises(ConfigError, match="repa.encoder aligns the student's tokens; distill.method=dmd2 trains"):
         dmd2(tmp_path / "a", image_dir, flow_teacher, "repa.encoder=[dinov2-vit-b]")
+
+
+class _PassCounter:
+    """Every block pass of the networks trained, by forward hooks: rows x (1 + 2 when a backward follows) / depth, so
+    a pass that stops at the discriminator's block counts its share of the depth. A brute-force count of what
+    ``network_evaluations`` computes from the objective."""
+
+    def __init__(self, *networks):
+        self.total, self.handles = 0.0, []
+        for net in networks:
+            depth = len(net.blocks)
+            for block in net.blocks:
+                self.handles.append(block.register_forward_hook(partial(self._count, depth=depth)))
+
+    def _count(self, module, inputs, out, depth):
+        h = out[0] if isinstance(out, tuple) else out
+        self.total += h.shape[0] * (3 if h.requires_grad else 1) / depth
+
+
+def test_each_networks_updates_and_every_pass_are_counted_logged_recorded_and_carried_over_a_resume(
+    flow_teacher, image_dir, tmp_path
+):
+    """Of 7 steps at 2 fake-score updates per generator update: generator at 0, 3, 6. The GAN term from step 2 (the
+    fake score alone before). The passes the logs add up equal a count by hooks on every block of the generator and
+    the fake score (the discriminator's passes stop at its block); the teacher's are apart."""
+    more = ["train.max_steps=7", "distill.gan_start=2", "distill.gan_block=1", "distill.dmd_steps=[1]"]
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, flow_teacher, *more))
+    counter = _PassCounter(trainer.unwrapped, trainer.companions["fake_score"].module.score)
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "generator_updates" in r]
+    assert [(r["step"], r["generator_updates"], r["fake_score_updates"]) for r in steps] == [
+        (1, 1, 0), (2, 1, 1), (3, 1, 2), (4, 2, 2), (5, 2, 3), (6, 2, 4), (7, 3, 4)
+    ]  # fmt: skip
+    assert steps[-1]["network_evaluations"] == pytest.approx(counter.total)
+    # 3 generator steps x 4 images, guided at CFG 4 (two rows) but where the label was dropped (one)
+    assert 3 * 4 < steps[-1]["teacher_evaluations"] <= 3 * 4 * 2
+    gan = [r["gan_discriminator"] > 0 for r in records if "gan_discriminator" in r]
+    assert gan == [False, False, True, False, True, True, False]  # the fake score's steps from step 2 on
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    stopped = manifest["events"][-1]
+    assert (stopped["generator_updates"], stopped["fake_score_updates"]) == (3, 4)
+    card = (tmp_path / "s" / "pipeline" / "README.md").read_text()
+    assert "| spent | 3 generator updates; 4 fake-score updates; " in card and f"{steps[-1]['teacher_evaluations']} of the teacher" in card
+    # stopped at 4 and resumed: the counts go on from the checkpoint's
+    train(dmd2(tmp_path / "cut", image_dir, flow_teacher, *more[1:], "train.max_steps=4"))
+    train(dmd2(tmp_path / "cut", image_dir, flow_teacher, *more, "train.resume=latest"))
+    cut = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    keys = ("step", "generator_updates", "fake_score_updates", "network_evaluations", "teacher_evaluations")
+    assert [[r.get(k) for k in keys] for r in cut if "step" in r] == [
+        [r.get(k) for k in keys] for r in records if "step" in r
+    ]
