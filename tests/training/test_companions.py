@@ -166,7 +166,10 @@ def test_each_networks_updates_and_every_pass_are_counted_logged_recorded_and_ca
     stopped = manifest["events"][-1]
     assert (stopped["generator_updates"], stopped["fake_score_updates"]) == (3, 4)
     card = (tmp_path / "s" / "pipeline" / "README.md").read_text()
-    assert "| spent | 3 generator updates; 4 fake-score updates; " in card and f"{steps[-1]['teacher_evaluations']} of the teacher" in card
+    assert (
+        "| spent | 3 generator updates; 4 fake-score updates; " in card
+        and f"{steps[-1]['teacher_evaluations']} of the teacher" in card
+    )
     # stopped at 4 and resumed: the counts go on from the checkpoint's
     train(dmd2(tmp_path / "cut", image_dir, flow_teacher, *more[1:], "train.max_steps=4"))
     train(dmd2(tmp_path / "cut", image_dir, flow_teacher, *more, "train.resume=latest"))
