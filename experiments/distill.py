@@ -17,19 +17,26 @@ scratch on the same data and budget (the few-step study's records):
     gan          the flow twin's two DMD2 students with the GAN term
     ablations    each teacher's meanflow student with one stabiliser changed at a time: each key's default (the
                  flow twin's every key, the default's loss and anchor)
+    dmd2 study   DMD2 as its references train it, within the teacher's cost (experiments/distill_dmd2.py): a short
+                 trajectory stage, then DMD2 with the GAN term on real data, the real score at its own guidance and
+                 two steps by backward simulation; the real score's scale, the GAN term, the two-step input, the
+                 grid's middle and the fake score's rate measured at seed 0; DMD2 from the teacher; a GAN fine-tune
 
-v05, gan and the ablations run at seed 0; named with --arms they run at every seed given (--seeds 1 2 --arms
-meanflow-flow-no-clamp confirms an ablation on two more seeds).
+v05, gan, the ablations and the dmd2 study's seed-0 measurements run at seed 0; named with --arms they run at every
+seed given (--seeds 1 2 --arms meanflow-flow-no-clamp confirms an ablation on two more seeds). ``--arms dmd2-study``
+names every arm of the dmd2 study (the seeds as said).
 
 Every student trains 3320 steps (four times 0.5's 830) and evaluates itself every 415 (500 samples, one and two
-steps). At the end every model is scored with 1000 class-balanced samples: KID, FID, precision and recall on the
-project's classifier features against the 10,000 Fashion-MNIST test images, with the network evaluations per image
-counted; students paired with their teachers by seed. The cost of each distillation is counted beside it
+steps); the dmd2 study's stages as many steps as the teacher's budget leaves, evaluated eight times. At the end every
+model is scored with 5000 class-balanced samples (the rows of the arms before the dmd2 study: 1000): KID, FID,
+precision and recall on the project's classifier features against the 10,000 Fashion-MNIST test images, with the
+network evaluations per image counted; students paired with their teachers by seed. The cost of each distillation is counted beside it
 (experiments/distill_report.py): the teacher's network evaluations for targets and trajectories, the student's own,
 the images and the wall-clock, against the teacher's training.
 
     python -m experiments.distill --part train    # teachers, then students, baselines and ablations (resumable)
     python -m experiments.distill --part score    # students at 1, 2, 4 steps; teachers at 25
+    python -m experiments.distill --arms dmd2-study    # the dmd2 study alone (the teachers first)
     python -m experiments.distill --report-only
 
 Points already in the records are kept, not redone (--rescore redoes them).
@@ -44,7 +51,19 @@ from pathlib import Path
 
 from experiments.arms import STUDY_SCALES, curve_point, run_name, score_model, train_arm
 from experiments.common import ROOT, render_grid, scoring_context
-from experiments.distill_report import GAN, KINDS, METHODS, STUDENT_STEPS, TEACHER_STEPS, plot, report, run_cost
+from experiments.distill_dmd2 import budget_arm, dmd2_arms, fill_budget, start_of, three_seed_arms
+from experiments.distill_dmd2_report import plot_costs
+from experiments.distill_report import (
+    GAN,
+    KINDS,
+    METHODS,
+    STUDENT_STEPS,
+    TEACHER_STEPS,
+    plot,
+    report,
+    run_cost,
+    total_cost,
+)
 from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
 from moh_dit.errors import NonFiniteLossError
 from moh_dit.training.quality import read_records
@@ -92,6 +111,7 @@ ABLATIONS = {"flow": FLOW_ABLATIONS, "ddpm": {"opt-grad": OPT_GRAD, "anchor": ["
 SCALES = {
     "cpu": STUDY_SCALES["cpu"]
     | {
+        "samples": 5000,  # the final table's (the arms before the dmd2 study were scored with 1000: their rows say so)
         "student_eval": ["log.eval_every=415", "log.eval_samples=500"],
         "student_length": [f"train.max_steps={STUDENT_STEPS_RUN}", "train.checkpoint_every=415"],
     },
@@ -100,9 +120,10 @@ SCALES = {
         "student_eval": ["log.eval_every=2", "log.eval_samples=20"],
         "student_length": [],
         "trajectory": ["distill.trajectory_count=8", "distill.trajectory_shard_size=4", "distill.trajectory_steps=3"],
+        "smoke": True,  # the dmd2 study's stages at the smoke run's length, not the budget's
     },
 }
-MATCH = ("arm", "seed", "steps", "scale")  # a scored row's identity
+MATCH = ("arm", "seed", "steps", "scale", "samples")  # a scored row's identity (and how many samples scored it)
 
 
 def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[str]]]:
@@ -124,15 +145,23 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
         config, student = arms[f"meanflow-{kind}"]
         arms |= {f"meanflow-{kind}-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS[kind].items()}
     arms |= {arm: (arms[base][0], [*arms[base][1], "distill.gan_weight=0.001"]) for arm, base in GAN.items()}
-    return arms
+    return arms | dmd2_arms(KINDS, runs, seed, sc)
+
+
+GROUPS = {"dmd2-study": lambda out, sc: list(dmd2_arms(KINDS, out / "runs", 0, sc))}  # --arms names for several
 
 
 def selected(arm: str, seed: int, only: list[str] | None) -> bool:
     """Whether the study trains and scores ``arm`` at ``seed``: the arms named (``--arms``) at every seed; without
     names every method at every seed, and 0.5's recipe, the GAN term and the ablations at seed 0 only."""
     if only:
-        return arm in only
+        return arm in only and (not arm.startswith(DMD2_STUDY) or seed == 0 or arm in three_seed_arms(KINDS))
+    if arm.startswith(DMD2_STUDY):
+        return seed == 0 or arm in three_seed_arms(KINDS)
     return seed == 0 or not (arm.split("-")[0] in SEED_0_ONLY or arm in GAN or is_ablation(arm))
+
+
+DMD2_STUDY = ("short-", "dmd2s-", "dmd2g-", "ganonly-")  # the dmd2 study's arms (experiments/distill_dmd2.py)
 
 
 def is_ablation(arm: str) -> bool:
@@ -161,9 +190,26 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, only: 
         for arm in arms:  # in order: a cmt student after its trajectory student
             if not selected(arm, seed, only):
                 continue
-            record = _train_student(arm, seed, student_sc, out, reference, arms)
+            arm_sc = student_sc
+            if budget_arm(arm):  # as long as the teacher's budget allows after the student it starts from
+                config, extra = arms[arm]
+                length, evals = fill_budget(config, extra, _spent_before(arm, seed, result), sc)
+                arms, arm_sc = arms | {arm: (config, [*extra, *length])}, sc | {"eval": evals}
+            record = _train_student(arm, seed, arm_sc, out, reference, arms)
             result["training"][run_name(arm, seed)] = record | run_cost(out / "runs" / run_name(arm, seed))
             save(out, result)
+
+
+def _spent_before(arm: str, seed: int, result: dict) -> float:
+    """The counted network evaluations of the student ``arm`` starts from (0 from the teacher)."""
+    start = start_of(arm)
+    if start is None:
+        return 0.0
+    record = result["training"].get(run_name(start, seed), {})
+    whole = total_cost(record)
+    if whole is None:
+        raise SystemExit(f"{arm} starts from {start} at seed {seed}, which has no counted cost yet: train it first")
+    return whole["forwards"]
 
 
 def _train_student(arm: str, seed: int, sc: dict, out: Path, reference: Path, arms: dict) -> dict:
@@ -207,7 +253,7 @@ def _recorded_scale(model: Path) -> float:
 
 
 def _score_once(result: dict, ctx: dict, arm: str, seed: int, scheduler: str, steps: int, scale: float) -> None:
-    identity = dict(arm=arm, seed=seed, steps=steps, scale=scale)
+    identity = dict(arm=arm, seed=seed, steps=steps, scale=scale, samples=ctx["samples"])
     if "diverged" in result["training"].get(run_name(arm, seed), {}):
         return  # no model to score: the report says where it diverged
     if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
@@ -239,6 +285,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
     out = Path(args.out)
+    if args.arms:  # a group's name stands for its arms
+        args.arms = [a for name in args.arms for a in (GROUPS[name](out, sc) if name in GROUPS else [name])]
     unknown = sorted(set(args.arms or ()) - set(student_arms(0, out, sc)))
     if unknown:  # a misspelt arm would otherwise train and score nothing, silently
         p.error(f"--arms: no student {', '.join(unknown)}; the study's: {', '.join(student_arms(0, out, sc))}")
@@ -254,6 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     save(out, result)
     plot(result, out)
+    plot_costs(result, out)
     return result
 
 

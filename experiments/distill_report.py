@@ -104,16 +104,19 @@ def _student_forwards(run: Path) -> float | None:
 def run_cost(run: Path) -> dict:
     """A student's cost from its run folder (``{}`` when it has none yet)."""
     # the training records count the teacher's evaluations; the final evaluation record has samples_seen but not them
-    last = _last_values(run, "samples_seen", "teacher_evaluations")
+    spent = ("teacher_evaluations", "network_evaluations", "generator_updates", "fake_score_updates")
+    last = _last_values(run, "samples_seen", *spent)
     if "samples_seen" not in last:
         return {}
     images = last["samples_seen"]
-    per_image = _student_forwards(run)
+    # the networks' passes as the run counted them (moh-dit 0.7); a run before counts its objective's per image
+    per_image = _student_forwards(run) if "network_evaluations" not in last else None
+    counted = last.get("network_evaluations", images * per_image if per_image is not None else None)
     cost = {
         "student_images": images,
-        "student_forwards": images * per_image if per_image is not None else None,
+        "student_forwards": counted,
         "teacher_evaluations": last.get("teacher_evaluations", 0),
-    }
+    } | {key: last[key] for key in ("generator_updates", "fake_score_updates") if key in last}
     manifest = _trajectory_manifest(run)
     if manifest is not None:
         cost |= {
@@ -216,7 +219,7 @@ def _goal_lines(result: dict, method: str, kind: str) -> list[str]:
 
 
 def _curve_lines(result: dict) -> list[str]:
-    curves = [r for r in result["training"].values() if r.get("curve") and r["arm"] not in KINDS]
+    curves = [r for r in result["training"].values() if r.get("curve") and r["arm"].split("-")[0] in METHODS]
     if not curves:
         return []
     lines = ["", "## During training", "", "500 samples of the students' EMA weights at each evaluation, unguided (the "
@@ -322,6 +325,9 @@ def _gan_lines(result: dict) -> list[str]:
 
 
 def report(result: dict) -> str:
+    from experiments.distill_dmd2_report import dmd2_lines, earlier_rows
+
+    whole, result = result, result | {"scores": earlier_rows(result)}  # the earlier arms' tables
     protocol = result["protocol"]
     lines = [
         "# Distillation: 1, 2 and 4 steps from a trained model",
@@ -332,7 +338,8 @@ def report(result: dict) -> str:
         "dmd2t: DMD2 from the trajectory student; v05: moh-dit 0.5's recipe) from each teacher at the same seed, "
         "3320 steps each (cmt and dmd2t: their configs' 415 and 830 on top of their trajectory student's). "
         f"KID x 1000 on the project's classifier features against the {describe_reference(protocol)}; "
-        f"{protocol['samples']} class-balanced samples per setting; across seeds, means with 95% t-intervals and "
+        f"{result['scores'][0].get('samples', 1000) if result['scores'] else protocol['samples']} class-balanced samples "
+        f"per setting (the DMD2 study below: {protocol['samples']}); across seeds, means with 95% t-intervals and "
         "differences paired by seed. NFE: network evaluations per image (a CFG step counts its two halves). Cost: "
         "the whole distillation (the teacher's evaluations for targets and trajectories, the student's passes, "
         "images, wall-clock) over the teacher's training (experiments/distill_report.py).",
@@ -342,6 +349,7 @@ def report(result: dict) -> str:
         lines += _kind_lines(result, kind)
     lines += _gan_lines(result)
     lines += _ablation_lines(result)
+    lines += dmd2_lines(whole)
     lines += note_lines(result)
     return "\n".join(lines) + "\n"
 
@@ -349,10 +357,12 @@ def report(result: dict) -> str:
 def plot(result: dict, out: Path) -> None:
     """distill_kid.png: KID by steps for each teacher's students, the teacher and MeanFlow from scratch; and the
     students' one-step curves during training."""
+    from experiments.distill_dmd2_report import earlier_rows
+
     plt = pyplot()
-    if plt is None or not result["scores"]:
+    rows = earlier_rows(result)  # the earlier arms' scores (the DMD2 study's: distill_cost.png)
+    if plt is None or not rows:
         return
-    rows = result["scores"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     for ax, kind in zip(axes[:2], KINDS):
         groups = [_steps(s) for s in STUDENT_STEPS] + [f"{TEACHER_STEPS} (teacher)"]

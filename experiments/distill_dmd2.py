@@ -1,0 +1,141 @@
+"""The distillation study's DMD2 arms as its references train them (experiments/distill.py trains and scores them):
+the GAN term on real data, enough generator updates, the real score at its own guidance, two steps by backward
+simulation, and the whole distillation within the teacher's training in network evaluations.
+
+    short-{kind}              the trajectory stage DMD2 starts from, at a quarter of the earlier set (1024 trajectories)
+                              and 830 steps (the DDPM teacher's new output layer: 1245), its configs'
+    dmd2s-{kind}-g{r}         DMD2 from that student: the real score guided at r (1: none), the GAN term on real
+                              data (FastGen's weight 1e-3, from the start, at the fake score's rate), two steps by
+                              backward simulation on [1, 0.5, 0], four fake-score updates per generator update; as
+                              many steps as the budget leaves after the trajectory stage
+        -nogan                the same without the GAN term
+        -data                 two steps from the data noised to 0.5 (FastGen's) instead of the generator's own
+        -mid{m}               the two-step grid's middle at m
+        -f1                   one fake-score update per generator update (SiD's, SiDA's)
+    dmd2g-{kind}-g{r}         DMD2 from the teacher itself, the whole budget
+    ganonly-{kind}            a GAN fine-tune of the teacher's weights (GDD, D2O): no distillation loss, one
+                              discriminator update per generator update, the whole budget
+
+Each DMD2 arm sets every key it is measured with, so that a later change of a config's defaults leaves its meaning.
+The lengths are counted, not guessed: a stage's steps are what the teacher's budget (8,300 steps x 16 images x 3 =
+398,400 network evaluations) leaves after the student it starts from (its run's counted cost), at the stage's own
+count per image (:meth:`moh_dit.objectives.dmd2.DMD2Distill.step_forwards`, the teacher's guided evaluations
+included as if every one were guided), rounded down to whole cycles of generator and fake-score updates.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+__all__ = [
+    "BUDGET",
+    "CHOSEN_SCALE",
+    "REAL_SCALES",
+    "dmd2_arms",
+    "budget_arm",
+    "three_seed_arms",
+    "fill_budget",
+]
+
+BUDGET = 8300 * 16 * 3  # the teachers' training in network evaluations (experiments/distill.py's teachers)
+BATCH = 16
+# the real score's scales measured at seed 0: none, 1.5, 2 and each teacher's sampler's (the flow twin's CFG 3, the
+# default's recorded CFG 4 at DiT's timesteps 100-500)
+REAL_SCALES = {"flow": (1.0, 1.5, 2.0, 3.0), "ddpm": (1.0, 1.5, 2.0, 4.0)}
+# the scale each teacher's recipe takes (its three seeds and its twin without the GAN term): the seed-0 sweep's best
+CHOSEN_SCALE = {"flow": 2.0, "ddpm": 2.0}
+SHORT = {
+    "flow": "configs/fashion_mnist_moh_distill_trajectory_short.yaml",
+    "ddpm": "configs/fashion_mnist_moh_distill_trajectory_short_ddpm.yaml",
+}
+FROM_SHORT = {
+    "flow": "configs/fashion_mnist_moh_dmd2_trajectory.yaml",
+    "ddpm": "configs/fashion_mnist_moh_dmd2_trajectory_ddpm.yaml",
+}
+FROM_TEACHER = {"flow": "configs/fashion_mnist_moh_dmd2.yaml", "ddpm": "configs/fashion_mnist_moh_dmd2_ddpm.yaml"}
+VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes
+    "nogan": {"gan_weight": 0.0},
+    "data": {"dmd_input": "data"},
+    "mid0.35": {"dmd_midpoint": 0.35},
+    "f1": {"fake_updates": 1},
+}
+RECIPE = {  # every DMD2 arm's settings unless it changes one
+    "gan_weight": 0.001,
+    "gan_start": 0,
+    "vsd_weight": 1.0,
+    "dmd_input": "generator",
+    "dmd_steps": [1, 2],
+    "dmd_midpoint": 0.5,
+    "fake_updates": 4,
+}
+GAN_ONLY = {"vsd_weight": 0.0, "gan_weight": 1.0, "fake_updates": 1}
+
+
+def _overrides(settings: dict) -> list[str]:
+    return [f"distill.{key}={str(value).replace(' ', '')}" for key, value in settings.items()]
+
+
+def _label(scale: float) -> str:
+    return f"g{scale:g}"
+
+
+def dmd2_arms(kinds: tuple[str, ...], runs: Path, seed: int, sc: dict) -> dict[str, tuple[str, list[str]]]:
+    """Every arm of these DMD2 measurements (``(config, overrides)`` each, the teacher and the student it starts from
+    named for ``seed``), in an order that trains a start before its students; ``sc``: the scale (its smoke run's set
+    of trajectories)."""
+    arms: dict[str, tuple[str, list[str]]] = {}
+    for kind in kinds:
+        teacher = f"distill.teacher={runs / f'{kind}-seed{seed}'}"
+        arms[f"short-{kind}"] = (SHORT[kind], [teacher, *sc.get("trajectory", [])])
+        start = f"distill.student_from={runs / f'short-{kind}-seed{seed}'}"
+        for scale in REAL_SCALES[kind]:
+            base = RECIPE | {"real_guidance": scale}
+            name = f"dmd2s-{kind}-{_label(scale)}"
+            arms[name] = (FROM_SHORT[kind], [teacher, start, *_overrides(base)])
+            if scale == CHOSEN_SCALE[kind]:
+                for suffix, change in VARIANTS.items():
+                    arms[f"{name}-{suffix}"] = (FROM_SHORT[kind], [teacher, start, *_overrides(base | change)])
+        chosen = RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
+        arms[f"dmd2g-{kind}-{_label(CHOSEN_SCALE[kind])}"] = (FROM_TEACHER[kind], [teacher, *_overrides(chosen)])
+        arms[f"ganonly-{kind}"] = (FROM_TEACHER[kind], [teacher, *_overrides(RECIPE | GAN_ONLY)])
+    return arms
+
+
+def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
+    """The arms trained at every seed: each teacher's recipe, its twin without the GAN term, and their start."""
+    chosen = {f"dmd2s-{k}-{_label(CHOSEN_SCALE[k])}" for k in kinds}
+    return chosen | {f"{a}-nogan" for a in chosen} | {f"short-{k}" for k in kinds}
+
+
+def budget_arm(arm: str) -> bool:
+    """Whether ``arm`` is a DMD2 stage whose length the teacher's budget sets."""
+    return arm.startswith(("dmd2s-", "dmd2g-", "ganonly-"))
+
+
+def start_of(arm: str) -> str | None:
+    """The arm a stage starts from (its cost counts towards the budget), or ``None`` (the teacher)."""
+    return f"short-{arm.split('-')[1]}" if arm.startswith("dmd2s-") else None
+
+
+def fill_budget(config: str, overrides: list[str], spent: float, sc: dict) -> tuple[list[str], list[str]]:
+    """The length and evaluations of a DMD2 stage that spends what is left of :data:`BUDGET` after ``spent`` (the
+    start's counted cost), at its objective's count per image (the teacher's evaluations as if all guided): ``(train
+    overrides, evaluation overrides)``. At the smoke scale the smoke run's length and evaluations."""
+    if sc.get("smoke"):
+        return [], sc["student_eval"]
+    from experiments.common import ROOT
+    from moh_dit.objectives.dmd2 import DMD2Distill
+    from moh_dit.training.config import load_config
+
+    section = load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")]).distill
+    keys = ("fake_updates", "gan_weight", "vsd_weight", "dmd_steps", "dmd_input", "real_guidance", "gan_start")
+    objective = DMD2Distill(**{k: getattr(section, k) for k in keys}, guidance={"scale": 2.0})
+    per_image = objective.student_forwards() + objective.teacher_forwards()
+    cycle = objective.fake_updates + 1
+    steps = int((BUDGET - spent) / (BATCH * per_image) // cycle) * cycle
+    if steps < 8 * cycle:
+        raise SystemExit(f"the budget leaves {steps} steps after {spent:,.0f} evaluations: too few to train")
+    every = max(cycle, math.floor(steps / 8 / cycle) * cycle)  # eight points on the curve, the last at the end
+    length = [f"train.max_steps={steps}", f"train.checkpoint_every={every}"]
+    return length, [f"log.eval_every={every}", "log.eval_samples=500"]

@@ -1,0 +1,257 @@
+"""The report of the distillation study's DMD2 arms (experiments/distill_dmd2.py): the three-seed record against
+the goal on 5000 samples with the teachers' own spread, the seed-0 measurements, and KID against what the whole
+distillation cost, as a table and a plot (``distill_cost.png``).
+
+What a run cost at a point of its curve: what its start cost (the student it started from, whole), its set of
+trajectories (spent before its first step), and its own counted total (the networks' passes and the teacher's
+evaluations) in proportion to the steps made, since a run spends alike at every step (DMD2 in whole cycles of its
+updates). All of it over the teacher's training (8,300 steps x 16 images x 3 network evaluations).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.distill_dmd2 import BUDGET, CHOSEN_SCALE, REAL_SCALES, VARIANTS, start_of, three_seed_arms
+from experiments.report import by_seed_table, fmt_values, paired, pyplot
+
+__all__ = ["EARLIER_SAMPLES", "rows_at", "earlier_rows", "final_rows", "dmd2_lines", "plot_costs", "cost_curve"]
+
+EARLIER_SAMPLES = 1000  # the arms' before the dmd2 study (their rows name no count); the dmd2 study's: the protocol's
+TEACHER_STEPS = 25
+FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # the budgets the cost table reads each curve at
+GOAL = {2: (1.25, 0.05), 1: (1.5, 0.1)}  # steps: (KID ratio to the teacher's, recall within)
+NAMES = {"flow": "the flow twin", "ddpm": "the embedded default (DDPM)"}
+START_OF_EARLIER = {"cmt": "trajectory", "dmd2t": "trajectory"}  # the earlier arms' starts (by method)
+
+
+def rows_at(result: dict, samples: int) -> list[dict]:
+    """The score rows made with ``samples`` samples (a row without the count: the earlier protocol's 1000)."""
+    return [r for r in result["scores"] if r.get("samples", EARLIER_SAMPLES) == samples]
+
+
+def final_rows(result: dict) -> list[dict]:
+    """The rows scored with the study's protocol (5000 samples at the cpu scale)."""
+    return rows_at(result, result["protocol"]["samples"])
+
+
+def earlier_rows(result: dict) -> list[dict]:
+    """The rows of the earlier tables: those scored with 1000 samples before the protocol took 5000, or where there
+    are none (a study run afresh, or at another scale) the protocol's."""
+    return rows_at(result, EARLIER_SAMPLES) or final_rows(result)
+
+
+def _by_seed(rows: list[dict], arm: str, steps: int, key: str = "kid") -> dict[int, float]:
+    return {r["seed"]: r[key] for r in rows if (r["arm"], r["steps"]) == (arm, steps) and r.get(key) is not None}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Costs
+# ----------------------------------------------------------------------------------------------------
+def _own(record: dict) -> tuple[float, float] | None:
+    """A run's spending: (before its first step: its trajectories, during its steps: passes and teacher)."""
+    if record.get("student_forwards") is None:
+        return None
+    return record.get("trajectory_evaluations", 0.0), record["student_forwards"] + record["teacher_evaluations"]
+
+
+def _start(arm: str) -> str | None:
+    found = start_of(arm)
+    if found is None and arm.split("-")[0] in START_OF_EARLIER:
+        method, _, rest = arm.partition("-")
+        found = f"{START_OF_EARLIER[method]}-{rest.split('-')[0]}"
+    return found
+
+
+def whole_cost(training: dict, arm: str, seed: int) -> float | None:
+    """The network evaluations of ``arm``'s whole distillation at ``seed`` (with the students it started from)."""
+    record = training.get(f"{arm}-seed{seed}", {})
+    own = _own(record)
+    if own is None:
+        return None
+    start = _start(arm)
+    before = whole_cost(training, start, seed) if start else 0.0
+    return None if before is None else before + sum(own)
+
+
+def cost_curve(training: dict, arm: str, seed: int, key: str = "kid") -> list[tuple[float, float]]:
+    """``(cost over the teacher's training, KID)`` at each evaluation of ``arm``'s run at ``seed`` (``key``:
+    ``kid@2`` for two steps)."""
+    record = training.get(f"{arm}-seed{seed}", {})
+    own, start = _own(record), _start(arm)
+    before = whole_cost(training, start, seed) if start else 0.0
+    if own is None or before is None or not record.get("steps"):
+        return []
+    upfront, during = own
+    return [((before + upfront + during * p["step"] / record["steps"]) / BUDGET, p[key])
+            for p in record.get("curve", []) if p.get(key) is not None]  # fmt: skip
+
+
+def _at_budget(curve: list[tuple[float, float]], fraction: float) -> float | None:
+    """The curve's last KID within ``fraction`` of the budget (a run that had not evaluated yet there: None)."""
+    within = [kid for cost, kid in curve if cost <= fraction + 1e-9]
+    return within[-1] if within else None
+
+
+def _curved_arms(result: dict, kind: str) -> list[str]:
+    arms = {r["arm"] for r in result["training"].values() if r.get("curve") and r.get("arm", "").count("-")}
+    return sorted(a for a in arms if a.split("-")[1] == kind and (a.split("-")[0] != "meanflow" or a.count("-") == 1))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The report
+# ----------------------------------------------------------------------------------------------------
+def _steps(n: int) -> str:
+    return f"{n} step" + ("s" if n != 1 else "")
+
+
+def _final_lines(result: dict, kind: str) -> list[str]:
+    rows, training = final_rows(result), result["training"]
+    teacher = _by_seed(rows, kind, TEACHER_STEPS)
+    arms = [a for a in sorted(three_seed_arms((kind,))) if _by_seed(rows, a, 1)]
+    if not teacher and not arms:
+        return []
+    table = [((a, str(s)), _by_seed(rows, a, s), teacher) for a in arms for s in (1, 2, 4)]
+    table.append(((f"teacher ({kind})", str(TEACHER_STEPS)), teacher, None))
+    samples = result["protocol"]["samples"]
+    lines = ["", f"### {NAMES[kind]}: {samples} samples, three seeds", "", "KID x 1000:", ""]
+    lines += by_seed_table(("model", "steps"), [r for r in table if r[1]], f"the teacher at {TEACHER_STEPS}")
+    lines += ["", "| model | steps | KID / teacher's | recall | recall - teacher's | generator updates | cost / "
+              "teacher's training |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    seeds = sorted(teacher)
+    for arm in arms:
+        updates = [training.get(f"{arm}-seed{s}", {}).get("generator_updates") for s in seeds]
+        spent = [c / BUDGET for s in seeds if (c := whole_cost(training, arm, s)) is not None]
+        for steps in (1, 2):
+            mine, recall = _by_seed(rows, arm, steps), _by_seed(rows, arm, steps, "recall")
+            ratios = [mine[s] / teacher[s] for s in seeds if s in mine]
+            gaps = paired(recall, _by_seed(rows, kind, TEACHER_STEPS, "recall"))
+            shown = " / ".join("-" if u is None else f"{u:,}" for u in updates)
+            lines.append(f"| {arm} | {steps} | {fmt_values(ratios)} | {fmt_values(recall.values(), 3)} | "
+                         f"{fmt_values(gaps, 3)} | {shown} | {fmt_values(spent)} |")  # fmt: skip
+    return [*lines, "", *_goal_lines(result, kind, arms)]
+
+
+def _goal_lines(result: dict, kind: str, arms: list[str]) -> list[str]:
+    """The goal read off the record: per step count the best student (lowest mean KID ratio over the seeds), how
+    many seeds meet it, and the teachers' own spread beside it."""
+    rows, training = final_rows(result), result["training"]
+    teacher = _by_seed(rows, kind, TEACHER_STEPS)
+    if not teacher:
+        return []
+    low, high = min(teacher.values()), max(teacher.values())
+    lines = [f"The teacher's own KID over its seeds: {' / '.join(f'{v:.2f}' for v in teacher.values())} (the "
+             f"highest {high / low:.2f}x the lowest: the goal's margins sit inside the teachers' spread between "
+             "seeds, which is why students are paired with their own seed's teacher).", ""]  # fmt: skip
+    recall_t = _by_seed(rows, kind, TEACHER_STEPS, "recall")
+    for steps, (limit, gap) in sorted(GOAL.items(), reverse=True):
+        scored = {a: [(_by_seed(rows, a, steps)[s] / teacher[s], _by_seed(rows, a, steps, "recall")[s] - recall_t[s])
+                      for s in sorted(teacher) if s in _by_seed(rows, a, steps)] for a in arms}  # fmt: skip
+        scored = {a: v for a, v in scored.items() if v}
+        if not scored:
+            continue
+        best = min(scored, key=lambda a: sum(r for r, _ in scored[a]) / len(scored[a]))
+        pairs = scored[best]
+        met = sum(r <= limit and g >= -gap for r, g in pairs)
+        spent = [c / BUDGET for s in sorted(teacher) if (c := whole_cost(training, best, s)) is not None]
+        lines.append(f"- **{_steps(steps)}**: the best, {best}, is at {fmt_values([r for r, _ in pairs])} x the "
+                     f"teacher's KID, recall {fmt_values([g for _, g in pairs], 3)} from the teacher's (goal <= "
+                     f"{limit:g}x, within {gap:g}); met at {met} of {len(pairs)} seeds; cost "
+                     f"{fmt_values(spent)} x the teacher's training (goal <= 1).")  # fmt: skip
+    return lines
+
+
+def _seed0_lines(result: dict, kind: str) -> list[str]:
+    """Every DMD2 arm of this teacher at seed 0: its settings' reading at 1 and 2 steps, with recall."""
+    rows, training = final_rows(result), result["training"]
+    arms = sorted(a for a in {r["arm"] for r in rows} if a.startswith(("dmd2s-", "dmd2g-", "ganonly-", "short-"))
+                  and a.split("-")[1] == kind and _by_seed(rows, a, 1).get(0) is not None)  # fmt: skip
+    if not arms:
+        return []
+    lines = ["", f"### {NAMES[kind]}: each setting at seed 0 ({result['protocol']['samples']} samples)", "",
+             "| arm | 1 step KID | 2 steps KID | 1 step recall | 2 steps recall | generator updates | cost | KID at 1 "
+             "step during training (500 samples) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for arm in arms:
+        cells = [f"{_by_seed(rows, arm, s, k).get(0, float('nan')):.{d}f}" for k, d in (("kid", 2), ("recall", 3))
+                 for s in (1, 2)]  # fmt: skip
+        record = training.get(f"{arm}-seed0", {})
+        spent = whole_cost(training, arm, 0)
+        curve = " / ".join(f"{p['kid']:.1f}" for p in record.get("curve", []) if "kid" in p)
+        lines.append(f"| {arm} | {' | '.join(cells)} | {record.get('generator_updates', '-')} | "
+                     f"{'-' if spent is None else f'{spent / BUDGET:.2f}'} | {curve} |")  # fmt: skip
+    return lines
+
+
+def _cost_lines(result: dict, kind: str) -> list[str]:
+    """Each method's KID (mean over its seeds) at a quarter, half, three quarters and the whole of the budget."""
+    training = result["training"]
+    arms = _curved_arms(result, kind)
+    if not arms:
+        return []
+    lines = ["", f"### {NAMES[kind]}: KID against what the distillation cost", "",
+             "During training (500 samples, mean over the seeds run), at the last evaluation within each share of the "
+             "teacher's training cost; `-`: not evaluated yet there (the start alone cost more).", "",
+             "| arm | steps | " + " | ".join(f"<= {f:g}x" for f in FRACTIONS) + " |",
+             "|---|---|" + "---|" * len(FRACTIONS)]  # fmt: skip
+    for arm in arms:
+        seeds = sorted(r["seed"] for r in training.values() if r.get("arm") == arm)
+        for steps, key in ((1, "kid"), (2, "kid@2")):
+            cells = []
+            for fraction in FRACTIONS:
+                found = [
+                    v for s in seeds if (v := _at_budget(cost_curve(training, arm, s, key), fraction)) is not None
+                ]
+                cells.append(fmt_values(found) if found else "-")
+            lines.append(f"| {arm} | {steps} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def dmd2_lines(result: dict) -> list[str]:
+    """The DMD2 study's sections of RESULTS.md (nothing before its first record)."""
+    if not any(
+        r.get("arm", "").startswith(("short-", "dmd2s-", "dmd2g-", "ganonly-")) for r in result["training"].values()
+    ):
+        return []
+    scales = "; ".join(f"{k}: {', '.join(f'{s:g}' for s in REAL_SCALES[k])} (recipe: {CHOSEN_SCALE[k]:g})"
+                       for k in CHOSEN_SCALE)  # fmt: skip
+    lines = ["", "## DMD2 as its references train it, within the teacher's cost", "",
+             "experiments/distill_dmd2.py's arms: a short trajectory stage (`short-*`), then DMD2 from it (`dmd2s-*`: "
+             "the GAN term on real data, backward simulation, the real score at guidance g), DMD2 from the teacher "
+             "(`dmd2g-*`), a GAN fine-tune (`ganonly-*`). Each stage as long as the teacher's training leaves in "
+             f"network evaluations. The real score's scales measured: {scales}. Variants of the recipe at seed 0: "
+             f"{', '.join(VARIANTS)}. Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
+             "the whole distillation over the teacher's training."]  # fmt: skip
+    for kind in NAMES:
+        lines += _final_lines(result, kind) + _seed0_lines(result, kind) + _cost_lines(result, kind)
+    return lines
+
+
+def plot_costs(result: dict, out: Path) -> None:
+    """distill_cost.png: KID (500 samples during training, mean over seeds) against the whole distillation's cost
+    over the teacher's training, one line per arm, at one step and at two, for each teacher."""
+    plt = pyplot()
+    training = result["training"]
+    if plt is None or not any(_curved_arms(result, k) for k in NAMES):
+        return
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+    for row, kind in enumerate(NAMES):
+        for col, (steps, key) in enumerate(((1, "kid"), (2, "kid@2"))):
+            ax = axes[row][col]
+            for arm in _curved_arms(result, kind):
+                seeds = sorted(r["seed"] for r in training.values() if r.get("arm") == arm)
+                curves = [c for s in seeds if (c := cost_curve(training, arm, s, key))]
+                if not curves:
+                    continue
+                n = min(len(c) for c in curves)
+                xs = [sum(c[i][0] for c in curves) / len(curves) for i in range(n)]
+                ys = [sum(c[i][1] for c in curves) / len(curves) for i in range(n)]
+                ax.plot(xs, ys, marker="o", markersize=3, label=f"{arm} (n={len(curves)})")
+            ax.axvline(1.0, color="gray", linestyle=":")
+            ax.set_yscale("log")
+            ax.set_xlabel("cost / the teacher's training (network evaluations)")
+            ax.set_ylabel(f"KID x 1000, {_steps(steps)} (500 samples)")
+            ax.set_title(f"{NAMES[kind]}, {_steps(steps)}")
+            ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "distill_cost.png", dpi=110)
+    plt.close(fig)
