@@ -14,19 +14,34 @@ from dataclasses import dataclass
 
 from moh_dit.errors import ConfigError
 
-__all__ = ["MethodEntry", "METHODS", "DEFAULT_METHOD", "method_entry", "keys_of_other_methods"]
+__all__ = [
+    "MethodEntry",
+    "METHODS",
+    "DEFAULT_METHOD",
+    "STUDENT_KEYS",
+    "PROVENANCE_KEYS",
+    "method_entry",
+    "keys_of_other_methods",
+    "identity_keys",
+    "user_key",
+]
 
 
 @dataclass(frozen=True)
 class MethodEntry:
     """One method: ``module``/``cls`` hold its class; ``keys`` are the ``distill`` keys only this method reads;
-    ``summary`` says what it learns, in words; ``fp16``: whether float16 mixed precision is allowed."""
+    ``summary`` says what it learns, in words; ``fp16``: whether float16 mixed precision is allowed. Of its keys,
+    ``identity`` are what its student *is* (its target, its sampling grid: a resume that changes one is refused);
+    ``provenance`` where something was loaded from (neither compared nor logged); the others say how it *trains* (a
+    resume may change them: the change is logged and recorded in the run's manifest)."""
 
     module: str
     cls: str
     summary: str
     keys: tuple[str, ...] = ()
     fp16: bool = True  # DMD2 diverges in float16 (its authors', FastGen's finding)
+    identity: tuple[str, ...] = ()
+    provenance: tuple[str, ...] = ()
 
 
 TRAJECTORY_KEYS = (
@@ -36,6 +51,10 @@ TRAJECTORY_KEYS = (
     "trajectory_steps",
     "trajectory_shard_size",
 )
+# the set of trajectories a student learns from is what it learns (its count, sampler and steps); where it is stored
+# and in how many files is not
+TRAJECTORY_IDENTITY = ("trajectory_count", "trajectory_sampler", "trajectory_steps")
+TRAJECTORY_PROVENANCE = ("trajectories", "trajectory_shard_size")
 # the interval coverage (distill.r_time_*, grid_share, grid_steps) is every method's: it chooses the (t, r) trained
 METHODS: dict[str, MethodEntry] = {
     # MeanFlow's identity with the teacher's velocity as the target (NVlabs/FastGen's MeanFlow with use_cd) and the
@@ -61,6 +80,8 @@ METHODS: dict[str, MethodEntry] = {
         "TrajectoryDistill",
         "the secant between two states of the teacher's own sampling trajectories (no derivative of the student)",
         TRAJECTORY_KEYS,
+        identity=TRAJECTORY_IDENTITY,
+        provenance=TRAJECTORY_PROVENANCE,
     ),
     # distribution matching (DMD2, arXiv:2405.14867; FastGen's dmd2.py): a generator against the teacher's score and a
     # fake score trained on its samples, a GAN term and a regression on the teacher's trajectories optional
@@ -84,7 +105,43 @@ METHODS: dict[str, MethodEntry] = {
             *TRAJECTORY_KEYS,
         ),
         fp16=False,
+        # the real score's guidance is folded into what the generator learns; the grid's middle is how it samples
+        identity=("real_guidance", "dmd_midpoint", *TRAJECTORY_IDENTITY),
+        provenance=TRAJECTORY_PROVENANCE,
     ),
+}
+# every method's: what the student is (its method, architecture, time split, head, and the teacher's guidance folded
+# into its target; the teacher itself by its weights, in the run's frozen models) and where things came from (the
+# teacher's and the guide's paths and formats, the student it started from: read at step 0 only)
+STUDENT_KEYS = ("method", "student", "end_time_blocks", "head", "noise_until", "guidance_scale", "guidance_times")
+PROVENANCE_KEYS = (
+    "teacher",
+    "teacher_format",
+    "teacher_path",
+    "teacher_num_heads",
+    "guide",
+    "guide_step",
+    "guide_sigma_rel",
+    "student_from",
+)
+# where the run's identity holds what a distill key sets (the model's objective record, the teacher beside it), for
+# messages in the user's words
+_IDENTITY_PATHS = {
+    "model.objective.method": "distill.method",
+    "model.objective.head": "distill.head",
+    "model.objective.noise_until": "distill.noise_until",
+    "model.objective.end_time_blocks": "distill.end_time_blocks",
+    "model.end_time_blocks": "distill.end_time_blocks",
+    "model.objective.real_guidance": "distill.real_guidance",
+    "model.objective.dmd_midpoint": "distill.dmd_midpoint",
+    "model.objective.guidance.scale": "distill.guidance_scale",
+    "model.objective.guidance.times": "distill.guidance_times",
+    "model.objective.guidance.guide": "distill.guide (its weights)",
+    "model.objective.teacher.sha256": "distill.teacher (its weights)",
+    "frozen.teacher.sha256": "distill.teacher (its weights)",
+    "frozen.teacher.guidance.scale": "distill.guidance_scale",
+    "frozen.teacher.guidance.times": "distill.guidance_times",
+    "frozen.teacher.guidance.guide": "distill.guide (its weights)",
 }
 DEFAULT_METHOD = "meanflow"  # every student of moh-dit 0.5 and earlier
 
@@ -96,6 +153,19 @@ def method_entry(name: str | None) -> MethodEntry:
     if name not in METHODS:
         raise ConfigError(f"unknown distill.method {name!r}; choose one of {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def identity_keys(name: str | None) -> tuple[str, ...]:
+    """The ``distill`` keys that are what a student of method ``name`` is, and those that say where things came
+    from: neither is a setting a resume may change (the first is refused through the run's identity)."""
+    entry = method_entry(name)
+    return (*STUDENT_KEYS, *PROVENANCE_KEYS, *entry.identity, *entry.provenance)
+
+
+def user_key(path: str) -> str:
+    """The config key a path of the run's identity holds (``model.objective.guidance.scale`` ->
+    ``distill.guidance_scale``), or the path itself."""
+    return _IDENTITY_PATHS.get(path, path)
 
 
 def keys_of_other_methods(name: str | None) -> set[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from moh_dit.logs import plural
+from moh_dit.manifests import short
 from moh_dit.sampling.spec import SamplingSpec
 from moh_dit.vae import LatentNormalization, space_of
 
@@ -94,6 +95,17 @@ def _spent_row(spent: dict | None) -> list[str]:
     if spent.get("teacher_evaluations"):
         evaluations += f", {spent['teacher_evaluations']:,} of the teacher"
     return [f"| spent | {'; '.join([*updates, evaluations])} |"]
+
+
+def _changes_row(changes: list[dict] | None) -> list[str]:
+    """The settings a resume changed (from the run's manifest), step by step; train.max_steps alone is no change of
+    recipe and is left out."""
+    said = []
+    for change in changes or []:
+        keys = [f"`{k}` {short(a)} -> {short(b)}" for k, (a, b) in change["changed"].items() if k != "train.max_steps"]
+        if keys:
+            said.append(f"at step {change['step']}: {', '.join(keys)}")
+    return [f"| resumed with other settings | {'; '.join(said)} |"] if said else []
 
 
 def _quality_section(training: dict, curve_image: str | None) -> list[str]:
@@ -212,10 +224,12 @@ def render_card(
             f"| optimizer | AdamW, lr {optim.get('lr')}, betas {tuple(optim.get('betas') or (0.9, 0.999))}, warm-up {optim.get('warmup_steps')} steps, weight decay "
             f"{optim.get('weight_decay')}, gradient clipping {optim.get('grad_clip') or 'off'} |",
             f"| EMA | decay {ema.get('decay')}{' with warm-up' if ema.get('warmup') else ''}; these are the EMA weights |",
-            f"| loss | {pipe.objective.describe_loss()} + {training.get('moh_loss_coeff')} x MoH load balance |",
+            f"| loss | {training.get('loss') or pipe.objective.describe_loss()} + {training.get('moh_loss_coeff')} x MoH load "
+            "balance |",
             f"| precision | {training.get('mixed_precision', 'no')} mixed precision |",
             *_folded_row(training.get("folded_guidance"), source.get("step")),
             *_spent_row(training.get("spent")),
+            *_changes_row(training.get("changed_on_resume")),
             "",
             *_quality_section(training, curve_image),
         ]

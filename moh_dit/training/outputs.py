@@ -217,6 +217,12 @@ class RunOutputs:
         train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
         preset = None if self.config.model.preset == "custom" else self.config.model.preset
         summary = dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"], spent=self.spent())
+        summary["loss"] = self.objective.describe_loss()  # with the training options (a distillation's loss, ...)
+        # settings a resume changed (the manifest's record of each resume): the card then says the run is not one recipe
+        resumed = [(e["step"], e["changed"]) for e in (self.record.recorded or {}).get("events", [])
+                   if e.get("event") == "resume" and e.get("changed")]  # fmt: skip
+        if resumed:
+            summary["changed_on_resume"] = [{"step": step, "changed": changed} for step, changed in resumed]
         folded = self.objective.folded
         if folded.active:  # whether and from which step the guidance was folded into the target
             summary["folded_guidance"] = {"from_step": folded.warmup if self.step > folded.warmup else None,

@@ -109,6 +109,21 @@ def objective_first(recorded: dict, identity: dict, diffs: list[tuple[str, Any, 
     return [("objective", was, now), *(d for d in diffs if not d[0].startswith("model.objective"))]
 
 
+def in_config_words(diffs: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """Differences of two run identities named by the config keys that set them (``distill.guidance_scale``, not
+    ``model.objective.guidance.scale`` and ``frozen.teacher.guidance.scale``), each key once; another distillation
+    method alone, as what the others follow from."""
+    from moh_dit.objectives.distill_methods import user_key
+
+    named: dict[str, tuple[str, Any, Any]] = {}
+    # the objective's record first: its values are the config's (the model's copy may be absent in older runs)
+    for key, was, now in sorted(diffs, key=lambda d: not d[0].startswith("model.objective.")):
+        named.setdefault(user_key(key), (user_key(key), was, now))
+    if "distill.method" in named:  # another method is another student: the rest (its frozen models) follows from it
+        return [named["distill.method"]]
+    return list(named.values())
+
+
 class RunRecord:
     """The run manifest of a run folder: the run's identity, its settings and its events.
 
@@ -127,7 +142,7 @@ class RunRecord:
         compared = identity if "frozen" in recorded_identity else {k: v for k, v in identity.items() if k != "frozen"}
         diffs = differences(recorded_identity, compared) if self.recorded else []
         if diffs:
-            diffs = objective_first(recorded_identity, identity, diffs)
+            diffs = in_config_words(objective_first(recorded_identity, identity, diffs))
         if diffs:
             raise ArtifactError(
                 f"{layout.root} holds a run with another set-up ({format_differences(diffs)}); resuming would mix two "

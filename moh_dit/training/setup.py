@@ -272,6 +272,14 @@ def run_settings(full: dict) -> dict:
     settings["objective"] = {k: v for k, v in full.get("objective", {}).items() if k not in recorded}
     settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile + _IDENTITY_TRAIN_KEYS}
     settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
+    if (full.get("objective") or {}).get("name") == "distill":
+        # how the student trains (its loss, stabilisers, weights, rates); what it is, and where its teacher was loaded
+        # from, are not settings (moh_dit/objectives/distill_methods.py says which key is which)
+        from moh_dit.objectives.distill_methods import identity_keys, keys_of_other_methods
+
+        section = full.get("distill") or {}
+        skipped = {*identity_keys(section.get("method")), *keys_of_other_methods(section.get("method"))}
+        settings["distill"] = {k: v for k, v in section.items() if k not in skipped}
     return settings
 
 

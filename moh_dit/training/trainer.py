@@ -169,7 +169,15 @@ class Trainer(RunOutputs, OptimizerSteps):
         self.state = TrainingState(
             model, self.ema, self.optimizer, accelerator.scaler, self.window, self.posthoc, self.companions
         )
-        defaults = run_settings(config_to_dict(Config()))
+        # a setting a run's manifest lacks (added by a later moh-dit) is no change where it has its default: the
+        # defaults of this objective and distillation method, so that an earlier run's keys compare as they were
+        defaults = Config()
+        defaults = dataclasses.replace(
+            defaults,
+            objective=dataclasses.replace(defaults.objective, name=config.objective.name),
+            distill=dataclasses.replace(defaults.distill, method=config.distill.method),
+        )
+        defaults = run_settings(config_to_dict(defaults))
         self.frozen.check_apart(model)  # never the student's, never trained
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model, self.frozen.identity()), defaults)
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))

@@ -5,6 +5,7 @@ checkpoints and the student's config and card; a resume beside another teacher o
 sampled in one step by the command line."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -143,7 +144,7 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
         ConfigError, match=r"does not hold the weights this run was trained beside \(nor does any checkp"
     ):
         Trainer(distill_config(out, image_dir, teachers / "ddpm", *guided, *more))  # another teacher
-    with pytest.raises(ArtifactError, match=r"another set-up \(frozen\.teacher\.guidance\.scale"):  # other guidance
+    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.guidance_scale: 2.0 -> 4.0"):  # other guidance
         Trainer(distill_config(out, image_dir, teachers / "flow", *more))
     # a run of an earlier moh-dit recorded the teacher's path in its identity: it still resumes with the same teacher
     manifest, state_file = out / "manifest.json", out / "checkpoints" / "step-00000002" / "trainer_state.json"
@@ -160,7 +161,7 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
     recorded = json.loads(manifest.read_text())
     recorded["identity"]["frozen"]["teacher"]["sha256"] = "0" * 64  # other weights are still another run
     manifest.write_text(json.dumps(recorded))
-    with pytest.raises(ArtifactError, match=r"another set-up \(frozen\.teacher\.sha256"):
+    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.teacher \(its weights\)"):
         Trainer(distill_config(out, image_dir, teachers / "flow", *guided, *more))
     # the student samples in one step with the command line, guidance folded in (the CLI's default scale 1)
     logged = run_in_process(
@@ -307,3 +308,68 @@ def test_a_distillation_resumes_with_its_teacher_given_any_way_and_after_the_tea
     assert state["frozen_provenance"]["teacher"]["weights"].endswith("step-00000004"), state["frozen_provenance"]
     with pytest.raises(ConfigError, match="a run cannot teach itself"):
         distill_config(out, image_dir, out)
+
+
+def test_a_resume_that_changes_how_the_student_trains_is_logged_recorded_and_carded(
+    teachers, image_dir, tmp_path, caplog
+):
+    """distill.loss (how it trains) may change on resume: said in the log, recorded in the manifest's resume event,
+    and the card's loss and its line of changed settings describe the run as it was trained."""
+    out = tmp_path / "s"
+    train(distill_config(out, image_dir, teachers / "flow", "distill.derivative=finite-difference"))
+    with caplog.at_level("WARNING"):
+        train(distill_config(out, image_dir, teachers / "flow", "distill.derivative=finite-difference",
+                             "distill.loss=opt-grad", "train.max_steps=3", "train.resume=latest", "preview.per_class=1"))  # fmt: skip
+    assert "resuming with changed settings: distill.loss: 'l2' -> 'opt-grad'" in caplog.text
+    resumed = [e for e in json.loads((out / "manifest.json").read_text())["events"] if e["event"] == "resume"]
+    assert resumed[-1]["changed"]["distill.loss"] == ["l2", "opt-grad"]
+    card = (out / "pipeline" / "README.md").read_text()
+    assert "| resumed with other settings | at step 2: `distill.loss` 'l2' -> 'opt-grad', " in card
+    assert "FastGen's opt-grad" in card.split("| loss |")[1].split("\n")[0]
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "said"),
+    [
+        (["distill.method=trajectory", "distill.trajectory_count=4", "distill.trajectory_steps=2"],
+         ["distill.method=meanflow", "distill.derivative=finite-difference"], "distill.method: 'trajectory' -> 'meanflow'"),
+        ([], ["distill.guidance_scale=2.5"], "distill.guidance_scale: 4.0 -> 2.5"),
+        ([], ["distill.end_time_blocks=1"], "distill.end_time_blocks: 0 -> 1"),
+    ],
+)  # fmt: skip
+def test_a_resume_that_changes_what_the_student_is_is_refused_in_one_line_naming_the_key(
+    teachers, image_dir, tmp_path, first, then, said
+):
+    """Its method, its teacher's guidance folded into its target, its time split: another student, refused before
+    anything is written, in one line that names the config key and both values."""
+    out = tmp_path / "s"
+    base = [] if first else ["distill.derivative=finite-difference"]
+    train(distill_config(out, image_dir, teachers / "flow", *base, *first))
+    before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    overrides = [o for o in (*base, *first) if not any(o.split("=")[0] == t.split("=")[0] for t in then)]
+    overrides = [o for o in overrides if not (o.startswith("distill.trajectory") and "meanflow" in str(then))]
+    with pytest.raises(ArtifactError, match=re.escape(f"another set-up ({said})")) as caught:
+        train(distill_config(out, image_dir, teachers / "flow", *overrides, *then, "train.max_steps=3",
+                             "train.resume=latest"))  # fmt: skip
+    assert "\n" not in str(caught.value)
+    assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_every_distill_key_is_what_the_student_is_where_it_came_from_or_how_it_trains():
+    """Each method's table entry decides its keys' sides; a key of the section that no side names would be neither
+    refused nor logged on resume."""
+    import dataclasses
+
+    from moh_dit.objectives.distill_methods import METHODS, identity_keys, keys_of_other_methods
+    from moh_dit.training.config_sections import DistillSection
+    from moh_dit.training.setup import run_settings
+
+    for name, found in METHODS.items():
+        assert set(found.identity) | set(found.provenance) <= set(found.keys), name
+        section = {f.name: f.default for f in dataclasses.fields(DistillSection)} | {"method": name}
+        settings = run_settings({"optim": {}, "ema": {}, "log": {}, "preview": {}, "train": {}, "data": {},
+                                 "objective": {"name": "distill"}, "distill": section})["distill"]  # fmt: skip
+        assert not set(settings) & set(identity_keys(name)) and not set(settings) & keys_of_other_methods(name)
+        assert set(settings) | set(identity_keys(name)) | keys_of_other_methods(name) == set(section), name
+    assert "loss" in run_settings({"optim": {}, "ema": {}, "log": {}, "preview": {}, "train": {}, "data": {},
+                                   "objective": {"name": "distill"}, "distill": {"loss": "l2", "method": None}})["distill"]  # fmt: skip
