@@ -257,15 +257,23 @@ class StoredTrajectories(FrozenModel):
         for name, digest in manifest["shards"].items():
             path = self.folder / name
             if not path.is_file():
-                raise ArtifactError(f"{path} is missing: the set of trajectories is incomplete; record it again")
+                raise ArtifactError(f"{path} is missing: the set of trajectories is incomplete; {self._again()}")
             if fingerprint_file(path) != digest:
-                raise ArtifactError(f"{path} is damaged (its SHA-256 is not the recorded one): record it again")
+                raise ArtifactError(f"{path} is damaged (its SHA-256 is not the recorded one): {self._again()}")
             try:
                 self.files.append(safe_open(path, "pt"))
             except SafetensorError as err:
-                raise ArtifactError(f"{path} is damaged ({err})") from None
+                raise ArtifactError(f"{path} is damaged ({err}): {self._again()}") from None
         self.grid = torch.tensor(self.plan.grid, dtype=torch.float64)
         self.count = self.plan.count
+
+    def _again(self) -> str:
+        """How to record the set again: the folder deleted first (a finished set is never overwritten), then the run
+        that recorded it (its own set) or moh-dit trajectories."""
+        return (
+            f"delete {self.folder} and record it again (the run records its own set when it finds none there; "
+            f"moh-dit trajectories --config <the run's config> --out {self.folder} records one for several runs)"
+        )
 
     def modules(self) -> list[torch.nn.Module]:
         return []
@@ -275,8 +283,8 @@ class StoredTrajectories(FrozenModel):
 
     def describe(self) -> str:
         return (
-            f"{self.count} trajectories of the teacher ({self.plan.sampler}, {len(self.plan.grid) - 1} steps) in "
-            f"{self.folder}"
+            f"{self.count} trajectories of the teacher ({self.plan.sampler}, {self.plan.steps} steps, states at "
+            f"{len(self.plan.grid)} times) in {self.folder}"
         )
 
     def pairs(self, terms: dict[str, torch.Tensor], start: torch.Tensor, end: torch.Tensor, device: torch.device):

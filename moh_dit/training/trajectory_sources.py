@@ -88,7 +88,8 @@ def record_set(folder: Path, plan: TrajectoryPlan, teacher: Teacher, precision: 
 
     state = PartialState()
     logger.info(
-        "recording %d trajectories of the teacher into %s (%s, %d steps on a grid of %d times; %d process(es))",
+        "recording %d trajectories of the teacher into %s (%s, %d steps, their states kept at %d times: the steps' "
+        "and the student's sampling times; %d process(es))",
         plan.count, folder, plan.sampler, plan.steps, len(plan.grid), state.num_processes,
     )  # fmt: skip
     return record_trajectories(
@@ -120,9 +121,16 @@ def trajectory_source(config: Config, data: TrainingData, teacher: Teacher, devi
         if not (folder / MANIFEST).is_file():
             raise ConfigError(
                 f"distill.trajectories={folder}: no set of trajectories there; record one with moh-dit trajectories "
-                f"--teacher {section.teacher} --out {folder}, or leave distill.trajectories unset (the run records its own)"
+                f"--config <this run's config> distill.teacher={section.teacher} --out {folder}, or leave "
+                f"distill.trajectories unset (the run records its own)"
             )
     stored = StoredTrajectories(folder, plan.teacher)
+    if stored.plan.seed != plan.seed:
+        logger.warning(
+            "%s was recorded at seed %d, this run's train.seed is %d: it trains on that set's trajectories (runs of "
+            "several seeds on one set share the teacher's samples, so they are not independent seeds)",
+            folder, stored.plan.seed, plan.seed,
+        )  # fmt: skip
     wanted = sorted({t for interval in sampler_intervals(tuple(section.grid_steps)) for t in interval}, reverse=True)
     missing = [t for t in wanted if not any(abs(t - s) < 1e-9 for s in stored.plan.grid)]
     if missing:

@@ -149,11 +149,13 @@ TRAJECTORY = ["objective.name=distill", "distill.method=trajectory", "distill.tr
 
 
 def test_the_command_records_on_two_processes_what_one_process_records(flow_teacher, tmp_path):
-    """moh-dit trajectories on two processes, stopped after its first shards and run again, equals one process."""
-    args = ["--teacher", flow_teacher, "--count", "6", "--shard-size", "2", "--steps", "3", "--device", "cpu"]
+    """moh-dit trajectories on two processes (torchrun on CPU: two processes that see each other, not two recorders of
+    one process each), stopped after its first shards and run again, equals one process."""
+    args = ["--teacher", flow_teacher, "--count", "6", "--shard-size", "2", "--steps", "3"]
     run_command([sys.executable, "-m", "moh_dit", "trajectories", *args, "--out", tmp_path / "one"])
     two = tmp_path / "two"
-    run_command(torchrun("-m", "moh_dit", "trajectories", *args, "--out", two))
+    first = run_command(torchrun("-m", "moh_dit", "trajectories", *args, "--out", two))
+    assert first.stdout.count("trajectories, ") == 1 and "(2 process(es))" in first.stdout
     (two / "shard-00002.safetensors").unlink()
     manifest = json.loads((two / MANIFEST).read_text())
     (two / MANIFEST).write_text(json.dumps({"plan": manifest["plan"], "complete": False}))
@@ -180,6 +182,75 @@ def test_a_trajectory_distillation_records_its_set_trains_and_refuses_another_te
     with pytest.raises(ConfigError, match="another teacher"):
         train(load_config(tiny_train_config(tmp_path / "s2", image_dir), again))
     assert not (tmp_path / "s2" / "checkpoints").exists()
+
+
+def test_the_documented_pair_records_a_set_that_the_documented_config_trains_on(flow_teacher, image_dir, tmp_path):
+    """As docs/objective.md writes them, in fresh processes: moh-dit trajectories --config CONFIG (overrides) records
+    the set the same config's run asks for (its guidance 3, grid [1, 2, 4], Euler), and train.py trains on it; only
+    the sizes are made small, on both sides alike."""
+    from pathlib import Path
+
+    from ..helpers.factories import tiny_train_overrides
+
+    root = Path(__file__).resolve().parents[2]
+    config = root / "configs" / "fashion_mnist_moh_distill_trajectory.yaml"
+    small = [*tiny_train_overrides(tmp_path / "student", image_dir), f"distill.teacher={flow_teacher}",
+             "distill.trajectory_count=6", "distill.trajectory_shard_size=2", "distill.trajectory_steps=3",
+             "train.max_steps=2", "optim.warmup_steps=1", "preview.per_class=0", "log.eval_every=0"]  # fmt: skip
+    recorded = run_command(
+        [sys.executable, "-m", "moh_dit", "trajectories", "--config", config, *small, "--out", tmp_path / "set"]
+    )
+    assert "6 trajectories" in recorded.stdout
+    plan_ = json.loads((tmp_path / "set" / MANIFEST).read_text())["plan"]
+    assert plan_["sampler"] == "euler" and plan_["teacher"]["guidance"]["scale"] == 3.0 and 0.25 in plan_["grid"]
+    run_command(
+        [sys.executable, root / "train.py", "--config", config, *small, f"distill.trajectories={tmp_path / 'set'}"]
+    )
+    assert (
+        json.loads((tmp_path / "student" / "pipeline" / "transformer" / "config.json").read_text())["objective"][
+            "method"
+        ]
+        == "trajectory"
+    )
+    assert not (tmp_path / "student" / "trajectories").exists()  # it trained on the set given, recording none
+
+
+def test_a_set_of_another_seed_trains_the_run_and_the_run_says_so(flow_teacher, image_dir, tmp_path, caplog):
+    """The command's help and the run agree: a set recorded at seed 0 trains a run of train.seed=1, with a warning that
+    the two seeds share the teacher's samples."""
+    from moh_dit.cli.trajectories import build_parser
+
+    assert "a set recorded at another seed than the run's train.seed trains it, and the run says so" in " ".join(
+        build_parser().description.split()
+    )
+    args = [
+        "--teacher",
+        str(flow_teacher),
+        "--count",
+        "6",
+        "--shard-size",
+        "2",
+        "--steps",
+        "3",
+        "--grid-steps",
+        "1",
+        "2",
+    ]
+    run_command([sys.executable, "-m", "moh_dit", "trajectories", *args, "--out", tmp_path / "set"])
+    config = tiny_train_config(tmp_path / "s", image_dir)
+    with caplog.at_level("WARNING"):
+        train(load_config(config, [f"distill.teacher={flow_teacher}", *TRAJECTORY, "train.max_steps=1", "train.seed=1",
+                                   f"distill.trajectories={tmp_path / 'set'}"]))  # fmt: skip
+    assert "was recorded at seed 0, this run's train.seed is 1" in caplog.text
+
+
+def test_the_command_without_a_teacher_or_with_overrides_but_no_config_says_so(tmp_path):
+    from moh_dit.cli.trajectories import build_parser, resolve
+
+    with pytest.raises(ConfigError, match="name the teacher: --teacher RUN, or --config CONFIG"):
+        resolve(build_parser().parse_args(["--out", str(tmp_path)]))
+    with pytest.raises(ConfigError, match="distill.teacher=x: a config override needs --config"):
+        resolve(build_parser().parse_args(["distill.teacher=x", "--out", str(tmp_path)]))
 
 
 def test_a_key_of_another_method_is_refused_in_one_line(flow_teacher, image_dir, tmp_path):
