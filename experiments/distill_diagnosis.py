@@ -18,7 +18,11 @@ measurements on the distillation's own code (docs/objective.md#the-diagnosis).
     python -m experiments.distill_diagnosis --part times
     python -m experiments.distill_diagnosis --part collapse derivative updates ema --run RUN   # a distillation run
 
-Writes experiments/results/distill_diagnosis/{RESULTS.md, results.json, times.png}.
+Writes {RESULTS.md, results.json, times.png} into --out: by default experiments/results/distill_diagnosis (the
+committed study's, which `--part times` and the study's own runs wrote) without --run, and runs/distill_diagnosis/RUN
+with one (a diagnosis of another run never writes over the study's). A part that does not apply to the run's method
+(derivative and updates read MeanFlow's interval loss: meanflow and trajectory students; fit a trajectory student's
+set) is refused in one line before anything is computed.
 """
 
 from __future__ import annotations
@@ -34,12 +38,15 @@ import torch
 
 from experiments.arms import run_config
 from experiments.common import ROOT
-from experiments.distill_diagnosis_report import INTERVALS, report
+from experiments.distill_diagnosis_report import INTERVALS, feature_spread, report, rms, roughness, spread
 from experiments.report import pyplot
 from moh_dit.files import atomic_write_text, json_text
 from moh_dit.training.config import load_config
 
 OUT = ROOT / "experiments" / "results" / "distill_diagnosis"
+# the methods each part reads (None: every distillation)
+APPLIES = {"collapse": None, "derivative": ("meanflow", "trajectory"), "updates": ("meanflow", "trajectory"),
+           "fit": ("trajectory",), "ema": None}  # fmt: skip
 WINDOW = 0.1  # "near" an interval: t and r each within this of its ends
 # the recipes whose draws are measured: (config, overrides)
 RECIPES = {
@@ -74,7 +81,7 @@ def logit_normal_closed_form(mean: float, std: float) -> float:
     return 2 * (1 - phi(z)) * phi(-z)
 
 
-def part_times(result: dict) -> None:
+def part_times(result: dict, out: Path = OUT) -> None:
     rows, plotted = {}, {}
     for name, (path, overrides) in RECIPES.items():
         objective = objective_of_config(path, overrides)
@@ -105,7 +112,7 @@ def part_times(result: dict) -> None:
             ax.set(title=name, xlabel="t (start)", ylabel="r (end)")
             ax.title.set_fontsize(8)
         fig.tight_layout()
-        fig.savefig(OUT / "times.png", dpi=110)
+        fig.savefig(out / "times.png", dpi=110)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -148,6 +155,7 @@ def the_objective(config, model):
 def a_batch(config, data, objective, n: int, seed: int = 0):
     """``n`` training images with the objective's draws of noise and times, from a fixed generator."""
     g = torch.Generator().manual_seed(seed)
+    n = min(n, len(data.dataset))  # a run on a subset of the data (data.subset_per_class) may hold fewer
     index = torch.randperm(len(data.dataset), generator=g)[:n]
     x, y = zip(*(data.dataset[int(i)] for i in index))
     x, y = torch.stack([torch.as_tensor(v) for v in x]), torch.as_tensor(y)
@@ -158,39 +166,6 @@ def a_batch(config, data, objective, n: int, seed: int = 0):
 # ----------------------------------------------------------------------------------------------------
 # collapse
 # ----------------------------------------------------------------------------------------------------
-def spread(images: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean over classes of each class's pixel std over its samples, averaged over pixels."""
-    return statistics.mean(float(images[labels == c].std(dim=0).mean()) for c in labels.unique().tolist())
-
-
-def roughness(images: torch.Tensor) -> float:
-    """The mean absolute difference of neighbouring pixels (total variation per pixel): the grain a sampler leaves."""
-    down = (images[..., 1:, :] - images[..., :-1, :]).abs().mean()
-    across = (images[..., :, 1:] - images[..., :, :-1]).abs().mean()
-    return float((down + across) / 2)
-
-
-def feature_spread(images: torch.Tensor, labels: torch.Tensor, extractor) -> float:
-    """Mean over classes of the samples' mean distance to their class centroid in the classifier's features (what
-    precision and recall compare), relative to the mean distance between class centroids."""
-    import numpy as np
-
-    from moh_dit.evaluation.features import extract_features
-
-    pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).repeat(1, 3, 1, 1)
-    feats = torch.as_tensor(extract_features(extractor, pixels.permute(0, 2, 3, 1).numpy(), desc="features")["pool"])
-    centroids = torch.stack([feats[labels == c].mean(0) for c in labels.unique()])
-    inner = statistics.mean(
-        float((feats[labels == c] - centroids[i]).norm(dim=1).mean()) for i, c in enumerate(labels.unique())
-    )
-    between = float(torch.pdist(centroids).mean())
-    return inner / between if np.isfinite(between) and between > 0 else float("nan")
-
-
-def rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(((a - b) ** 2).mean().sqrt())
-
-
 @torch.no_grad()
 def part_collapse(result: dict, run: Path, step: int | None = None, per_class: int = 50) -> None:
     from moh_dit.training.trajectories import run_teacher_sampler
@@ -210,8 +185,9 @@ def part_collapse(result: dict, run: Path, step: int | None = None, per_class: i
     euler_1 = z - velocity(z, one, y)
     grid = torch.linspace(1, 0, 26).tolist()
     teacher_25 = run_teacher_sampler(velocity, z, y, grid, "euler")[:, -1]
-    real_x, real_y = zip(*(data.dataset[i] for i in range(2000)))
-    real = data.clean_latents(torch.stack([torch.as_tensor(v) for v in real_x]), torch.zeros(2000, dtype=torch.bool),
+    count = min(2000, len(data.dataset))  # a run on a subset of the data (data.subset_per_class) has fewer
+    real_x, real_y = zip(*(data.dataset[i] for i in range(count)))
+    real = data.clean_latents(torch.stack([torch.as_tensor(v) for v in real_x]), torch.zeros(count, dtype=torch.bool),
                               torch.Generator(), torch.device("cpu"))  # fmt: skip
     from experiments.common import classifier_features
 
@@ -285,7 +261,7 @@ def part_updates(result: dict, run: Path, n: int = 64) -> None:
         grads = []
         for part in (equal, ~equal):
             student.zero_grad()
-            (losses.loss * part).sum().div(n).backward(retain_graph=True)
+            (losses.loss * part).sum().div(len(y)).backward(retain_graph=True)
             grads.append(torch.cat([p.grad.flatten() for p in student.parameters() if p.grad is not None]).clone())
         g_eq, g_int = grads
         total = g_eq + g_int
@@ -311,7 +287,8 @@ def part_fit(result: dict, run: Path, n: int = 256) -> None:
     from moh_dit.training.trajectory_sources import teacher_velocity
 
     config, data, teacher = run_parts(run)
-    stored = StoredTrajectories(run / "trajectories", teacher.computes())
+    given = config.distill.trajectories
+    stored = StoredTrajectories(Path(given) if given else run / "trajectories", teacher.computes())
     pick = torch.arange(n) / stored.count
     last = torch.full((n,), len(stored.plan.grid) - 1)
     seen_noise, seen_end, seen_y = stored.pairs({"pick": pick.double()}, torch.zeros(n, dtype=torch.long), last, "cpu")
@@ -354,6 +331,24 @@ def part_ema(result: dict, run: Path) -> None:
     result["ema"] = {"run": str(run), "decay": config.ema.decay, "teacher_share": shares}
 
 
+def check_parts(parts: list[str], run: Path | None) -> None:
+    """Refuse, in one line, a part that needs a run without one, and a part the run's method does not have."""
+    if not set(parts) - {"times"}:
+        return
+    if run is None or not (run / "config.yaml").is_file():
+        raise SystemExit(f"--part {' '.join(parts)} needs --run: a distillation run folder (got {run})")
+    config = run_config(run)
+    if config.objective.name != "distill":
+        raise SystemExit(f"{run} is not a distillation (objective {config.objective.name}): nothing to diagnose")
+    method = config.distill.method
+    wrong = [p for p in parts if APPLIES.get(p) is not None and method not in APPLIES[p]]
+    if wrong:
+        fits = [p for p, methods in APPLIES.items() if methods is None or method in methods]
+        raise SystemExit(
+            f"--part {' '.join(wrong)} does not apply to {run}, a {method} student (for it: {', '.join(fits)})"
+        )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import json
 
@@ -363,19 +358,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--run", type=Path, default=None, help="a distillation run folder (every part but times)")
     p.add_argument("--step", type=int, default=None, help="collapse: the checkpoint at this step (default: the last)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"where to write (default: {OUT.relative_to(ROOT)} without --run, runs/distill_diagnosis/RUN with it)")  # fmt: skip
     args = p.parse_args(argv)
-    if set(args.part) - {"times"} and (args.run is None or not (args.run / "config.yaml").is_file()):
-        raise SystemExit(f"--part {' '.join(args.part)} needs --run: a distillation run folder (got {args.run})")
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / "results.json"
+    check_parts(args.part, args.run)
+    out = args.out or (OUT if args.run is None else Path("runs") / "distill_diagnosis" / args.run.resolve().name)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
     result = json.loads(path.read_text()) if path.is_file() else {}
-    parts = {"times": lambda: part_times(result), "collapse": lambda: part_collapse(result, args.run, args.step),
+    parts = {"times": lambda: part_times(result, out), "collapse": lambda: part_collapse(result, args.run, args.step),
              "derivative": lambda: part_derivative(result, args.run), "updates": lambda: part_updates(result, args.run),
              "fit": lambda: part_fit(result, args.run), "ema": lambda: part_ema(result, args.run)}  # fmt: skip
     for part in args.part:
         parts[part]()
         atomic_write_text(path, json_text(result))
-        atomic_write_text(OUT / "RESULTS.md", report(result))
+        atomic_write_text(out / "RESULTS.md", report(result))
+    print(f"wrote {out / 'RESULTS.md'}")
     return result
 
 

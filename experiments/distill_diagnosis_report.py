@@ -1,10 +1,48 @@
-"""The distillation diagnosis's report (``experiments/distill_diagnosis.py`` measures): RESULTS.md."""
+"""The distillation diagnosis's measures of a set of images (``experiments/distill_diagnosis.py`` takes them) and its
+report: RESULTS.md."""
 
 from __future__ import annotations
 
-__all__ = ["report", "INTERVALS"]
+import statistics
+
+import torch
+
+__all__ = ["report", "INTERVALS", "spread", "roughness", "feature_spread", "rms"]
 
 INTERVALS = {"1 -> 0": (1.0, 0.0), "1 -> 0.5": (1.0, 0.5), "0.5 -> 0": (0.5, 0.0)}  # the sampler's own intervals
+
+
+def spread(images: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean over classes of each class's pixel std over its samples, averaged over pixels."""
+    return statistics.mean(float(images[labels == c].std(dim=0).mean()) for c in labels.unique().tolist())
+
+
+def roughness(images: torch.Tensor) -> float:
+    """The mean absolute difference of neighbouring pixels (total variation per pixel): the grain a sampler leaves."""
+    down = (images[..., 1:, :] - images[..., :-1, :]).abs().mean()
+    across = (images[..., :, 1:] - images[..., :, :-1]).abs().mean()
+    return float((down + across) / 2)
+
+
+def feature_spread(images: torch.Tensor, labels: torch.Tensor, extractor) -> float:
+    """Mean over classes of the samples' mean distance to their class centroid in the classifier's features (what
+    precision and recall compare), relative to the mean distance between class centroids."""
+    import numpy as np
+
+    from moh_dit.evaluation.features import extract_features
+
+    pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).repeat(1, 3, 1, 1)
+    feats = torch.as_tensor(extract_features(extractor, pixels.permute(0, 2, 3, 1).numpy(), desc="features")["pool"])
+    centroids = torch.stack([feats[labels == c].mean(0) for c in labels.unique()])
+    inner = statistics.mean(
+        float((feats[labels == c] - centroids[i]).norm(dim=1).mean()) for i, c in enumerate(labels.unique())
+    )
+    between = float(torch.pdist(centroids).mean())
+    return inner / between if np.isfinite(between) and between > 0 else float("nan")
+
+
+def rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a - b) ** 2).mean().sqrt())
 
 
 def report(result: dict) -> str:

@@ -1191,3 +1191,38 @@ def test_the_distillation_diagnosis_measures_what_it_says():
     assert diagnosis.spread(images, labels) == pytest.approx((0.7071 + 0) / 2, rel=1e-3)
     text = diagnosis.report({"ema": {"run": "r", "decay": 0.99, "teacher_share": {830: 0.99**830}}})
     assert "Decay 0.99: the teacher's share of the EMA weights at step 830: 0.000238" in text
+
+
+@needs_data
+def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refuses_a_part_of_another_method(
+    tmp_path, monkeypatch
+):
+    """A run trained on data.subset_per_class (40 images: fewer than the 2000 real images the collapse part reads) is
+    diagnosed without an IndexError; the diagnosis goes to --out (or runs/distill_diagnosis/RUN), never over the
+    committed study's; a part the run's method has not (a dmd2 student's interval derivative) is one line."""
+    from experiments import distill_diagnosis as diagnosis
+    from experiments.common import ROOT, smoke_run
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
+
+    committed = (diagnosis.OUT / "results.json").read_bytes()
+    teacher, student = tmp_path / "teacher", tmp_path / "student"
+    small = [*smoke_run(2), "preview.per_class=0", "log.trackers=[]"]
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_flow.yaml", [*small, f"train.output_dir={teacher}"]))
+    distill = ["distill.derivative=finite-difference", f"distill.teacher={teacher}", f"train.output_dir={student}"]
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_distill.yaml", [*small, *distill]))
+    result = diagnosis.main(
+        ["--part", "collapse", "derivative", "ema", "--run", str(student), "--out", str(tmp_path / "d")]
+    )
+    assert {"collapse", "derivative", "ema"} <= set(result) and (tmp_path / "d" / "RESULTS.md").is_file()
+    assert (diagnosis.OUT / "results.json").read_bytes() == committed
+    monkeypatch.chdir(tmp_path)
+    diagnosis.main(["--part", "ema", "--run", str(student)])
+    assert (tmp_path / "runs" / "distill_diagnosis" / "student" / "results.json").is_file()
+    dmd2 = tmp_path / "dmd2"
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_dmd2.yaml", [*small, f"distill.teacher={teacher}",
+                                                                        f"train.output_dir={dmd2}"]))  # fmt: skip
+    with pytest.raises(
+        SystemExit, match="--part derivative does not apply to .* a dmd2 student \\(for it: collapse, ema\\)"
+    ):
+        diagnosis.main(["--part", "derivative", "--run", str(dmd2)])
