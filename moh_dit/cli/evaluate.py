@@ -112,18 +112,21 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
         spec_from_args(args, log=False, objective=None)  # a bad option fails before the model is looked at
         spec = spec_from_args(args, objective=recorded_objective(args.model))
     from moh_dit.evaluation.features import import_extractor_module, resolve_extractor
+    from moh_dit.evaluation.reference import resolve_reference
     from moh_dit.evaluation.scoring import ScoringOptions, format_table, score_sample_set, write_metrics
     from moh_dit.files import ensure_writable_file
     from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
 
-    import_extractor_module(args.extractor_module)
-    # everything that can fail fast does so before sampling or feature extraction
-    extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
-    from moh_dit.evaluation.reference import resolve_reference
-
+    # everything that can fail fast does so before sampling or feature extraction: the reference first (a missing one
+    # is the user's to fix whatever the extractor), then the extractor's weights
     args.reference = str(resolve_reference(args.reference))  # a named one (fashion-mnist-test) is made once
     if not Path(args.reference).exists():
-        raise FileNotFoundError(f"reference {args.reference} does not exist")
+        raise FileNotFoundError(
+            f"--reference {args.reference} does not exist: give an ADM reference .npz, a folder or .npz of real "
+            f"images, or a named one (fashion-mnist-test)"
+        )
+    import_extractor_module(args.extractor_module)
+    extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
     options = ScoringOptions(
         args.batch_size, args.fp16_distances, not args.no_cache, args.reference_size, args.bootstrap
     )

@@ -130,8 +130,11 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
         anchor: float = 0.0,
     ) -> None:
         if method is not None and method != self.method:
-            found = method_entry(method)
-            raise ConfigError(f"distill.method={method} is {found.cls}, not {type(self).__name__}")
+            method_entry(method)  # an unknown one names the known
+            raise ConfigError(
+                f"distill.method={method}: this is a {self.method} student (its weights record it); a {method} student "
+                f"is another model: train one with distill.method={method}"
+            )
         super().__init__(
             time_sampling=time_sampling,
             time_mean=time_mean,

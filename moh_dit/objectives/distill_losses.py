@@ -49,7 +49,10 @@ class TangentLoss:
         if not isinstance(self.spatial_invariance, bool):
             raise ConfigError(f"distill.spatial_invariance must be true or false, got {self.spatial_invariance!r}")
         if self.spatial_invariance and self.kind != "opt-grad":
-            raise ConfigError("distill.spatial_invariance scales the opt-grad loss's step: set distill.loss=opt-grad")
+            raise ConfigError(
+                f"distill.spatial_invariance=true scales the opt-grad loss's step, not {self.kind}'s: with "
+                f"distill.loss={self.kind} set distill.spatial_invariance=false"
+            )
         clamp = self.clamp
         if clamp is not None and (
             isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not 0 < clamp < math.inf

@@ -87,6 +87,7 @@ class DMD2Distill(MeanFlowDistill):
     method = "dmd2"
     title = "A DMD2 generator"
     trained_models = ("fake_score",)  # trained beside the student (moh_dit.training.companions)
+    draws_config_times = False  # its start times are its grids', the VSD loss's its own (objective.time_* unread)
     # what the logs call each network's updates: the student is DMD2's generator
     update_names = {"student": "generator_updates", "fake_score": "fake_score_updates"}
 

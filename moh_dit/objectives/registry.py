@@ -180,7 +180,8 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
             "fast": ("meanflow", 1),
         },
         paper="one-step",
-        summary="MeanFlow distilled from a trained model (its velocity, its guidance folded in): one or a few steps",
+        summary="a student distilled from a trained model (by its velocity, trajectories or distribution, its guidance "
+        "folded in): one or a few steps",
         record_keys=("distill.end_time_blocks", "distill.method"),
         training_keys=(
             "objective.time_sampling",

@@ -18,7 +18,7 @@ import yaml
 from moh_dit.errors import ConfigError
 from moh_dit.sampling.spec import LEGACY_CONFIG_KEYS
 from moh_dit.training import config_sections
-from moh_dit.training.config_checks import validate
+from moh_dit.training.config_checks import OtherMethodKeys, validate
 from moh_dit.training.config_sections import *  # noqa: F403 (the sections, read from here as before the split)
 from moh_dit.training.config_sections import Config
 from moh_dit.training.objective import with_objective_defaults
@@ -196,7 +196,11 @@ def load_config(source: str | Path | dict | None = None, overrides: list[str] | 
         raw = _merge(_read_yaml(Path(base)), raw) if base is not None else raw
     else:
         raw = _read_yaml(Path(source)) if source is not None else {}
+    file_method = ((raw.get("distill") or {}).get("method")) if isinstance(raw, dict) else None
     raw = _move_old_keys(apply_overrides(raw, overrides or []))
     config = _from_dict(Config, raw, "")
-    validate(config)
+    try:
+        validate(config)
+    except OtherMethodKeys as err:  # keys of the file's method, with another method chosen by an override
+        raise ConfigError(err.explained(source, overrides or [], file_method)) from None
     return with_objective_defaults(config)  # after validation: the objective is known

@@ -213,9 +213,13 @@ def check_distill(config: Config) -> None:
     _one_of("distill.head", section.head, ("teacher", *HEADS))
     scale = section.guidance_scale
     if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 0
     ):
-        raise ConfigError(f"distill.guidance_scale must be a finite number (1: no guidance) or null, got {scale!r}")
+        raise ConfigError(
+            f"distill.guidance_scale must be a finite number >= 0 (1: no guidance; below 1 towards the unconditional "
+            f"velocity, 0 that velocity alone; a negative scale would push each class away from itself) or null (the "
+            f"teacher's), got {scale!r}"
+        )
     times = section.guidance_times
     if times is not None and (
         not (isinstance(times, list) and len(times) == 2 and all(isinstance(v, (int, float)) for v in times))
@@ -252,6 +256,48 @@ def check_distill(config: Config) -> None:
         )
 
 
+class OtherMethodKeys(ConfigError):
+    """``distill`` keys of another method than the one chosen: :meth:`explained` says where they came from."""
+
+    def __init__(self, keys: list[str], method: str) -> None:
+        self.keys, self.method = keys, method
+        super().__init__(f"{', '.join(f'distill.{k}' for k in keys)}: not an option of distill.method={method}")
+
+    def explained(self, source: Any, overrides: list[str], file_method: str | None) -> str:
+        """The message, with the keys the config file set named as its, those the overrides gave as theirs, and a
+        config of the chosen method to start from instead (one line)."""
+        from moh_dit.objectives.distill_methods import DEFAULT_METHOD
+
+        given = {o.split("=", 1)[0].strip() for o in overrides}
+        from_file = [f"distill.{k}" for k in self.keys if f"distill.{k}" not in given]
+        if not from_file or not isinstance(source, (str, Path)):
+            return str(self)
+        written_for = file_method or DEFAULT_METHOD
+        theirs = f" (written for distill.method={written_for})" if written_for != self.method else ""
+        overridden = [f"distill.{k}" for k in self.keys if f"distill.{k}" in given]
+        also = f"; the overrides give {', '.join(overridden)}" if overridden else ""
+        own = configs_of_method(self.method)
+        instead = f"; start from a config of {self.method} instead ({', '.join(own)})" if own else ""
+        return (
+            f"{', '.join(f'distill.{k}' for k in self.keys)}: not an option of distill.method={self.method}: "
+            f"{Path(source).name} sets {', '.join(from_file)}{theirs}{also}{instead}, or set them back to their "
+            f"defaults"
+        )
+
+
+def configs_of_method(method: str) -> list[str]:
+    """The shipped configs (``configs/*.yaml`` of a checkout) that train distillation ``method``."""
+    import yaml
+
+    folder = Path(__file__).resolve().parents[2] / "configs"
+    found = []
+    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+        raw = yaml.safe_load(path.read_text()) or {}
+        if (raw.get("distill") or {}).get("method") == method:
+            found.append(f"configs/{path.name}")
+    return found[:2]
+
+
 def check_distill_method(section: DistillSection, defaults: DistillSection) -> None:
     """The method is known and no key of another method is set (it would be ignored); the trajectory keys hold."""
     from moh_dit.objectives.distill_methods import keys_of_other_methods, method_entry
@@ -259,8 +305,7 @@ def check_distill_method(section: DistillSection, defaults: DistillSection) -> N
     method_entry(section.method)
     ignored = sorted(k for k in keys_of_other_methods(section.method) if getattr(section, k) != getattr(defaults, k))
     if ignored:
-        said = ", ".join(f"distill.{k}" for k in ignored)
-        raise ConfigError(f"{said}: not an option of distill.method={section.method}")
+        raise OtherMethodKeys(ignored, section.method)
     for key in ("trajectory_count", "trajectory_shard_size"):
         _at_least(f"distill.{key}", getattr(section, key), 1)
     if section.trajectory_steps is not None:

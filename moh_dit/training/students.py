@@ -80,7 +80,8 @@ def student_from_teacher(teacher: Any, config: Config, data: TrainingData) -> tu
     if not config.distill.train_time_embedding:  # the teacher's embedding of t, kept as it is
         student.t_embedder.requires_grad_(False)
     new = sorted(set(mine) - set(copied))
-    if any(name.startswith("final_layer.") for name in new) and config.objective.time_sampling != "uniform":
+    draws = getattr(objective, "draws_config_times", True)  # DMD2 draws its times from its grids, not objective.*
+    if any(name.startswith("final_layer.") for name in new) and draws and config.objective.time_sampling != "uniform":
         logger.warning(
             "the student's output layer is new (the teacher predicts %s): MeanFlow's %s times rarely reach pure noise, "
             "where one step starts; objective.time_sampling=uniform and optim.lr=1e-3 made such a student converge "
@@ -89,6 +90,12 @@ def student_from_teacher(teacher: Any, config: Config, data: TrainingData) -> tu
             config.objective.time_sampling,
         )
     report = {"distilled_from": teacher.source, "copied": len(copied), "of": len(mine), "new": new}
+    if len(copied) < len(mine) / 2:  # another width or depth (distill.student=preset): almost nothing fits
+        logger.warning(
+            "the student (%s) takes only %d of its %d tensors from the teacher (the others differ in shape): it starts "
+            "nearly from scratch; distill.student=teacher takes the teacher's architecture and all its weights",
+            config.model.preset, len(copied), len(mine),
+        )  # fmt: skip
     logger.info(
         "the student: %d of %d tensors from the teacher%s",
         len(copied),

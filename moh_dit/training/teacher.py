@@ -122,6 +122,7 @@ class Teacher(FrozenModel):
                 GuideSpec(section.guide, section.guide_step, section.guide_sigma_rel), loaded.model, space
             )
         scale, times, sampling = _guidance_of(section)
+        _warn_if_guided_twice(loaded, scale)
         teacher = cls(loaded.model.to(device), loaded.source, TeacherGuidance(scale, times, guide), sampling)
         logger.info("the teacher: %s", teacher.describe())
         return teacher
@@ -243,10 +244,19 @@ def _load(section: DistillSection) -> _Loaded:
     """The teacher's weights and what they were trained on, as far as their files say."""
     path = Path(section.teacher)
     if path.is_file():  # a checkpoint of another codebase, read as moh-dit convert reads it
+        from moh_dit.errors import ConversionError
         from moh_dit.interop.load import load_any
 
         heads = {} if section.teacher_num_heads is None else {"num_heads": section.teacher_num_heads}
-        model, _, id2label, report = load_any(path, section.teacher_format, section.teacher_path, **heads)
+        try:
+            model, _, id2label, report = load_any(path, section.teacher_format, section.teacher_path, **heads)
+        except ConversionError as err:
+            if "number of heads" not in str(err):
+                raise
+            raise ConfigError(
+                f"distill.teacher={path}: {str(err).split('; pass')[0]}: give distill.teacher_num_heads=N, or the run, "
+                f"checkpoint or pipeline folder of a moh-dit model (it says its heads itself)"
+            ) from None
         return _Loaded(model.eval(), str(path), id2label or None, "unknown", None)
     from moh_dit.sampling.sources import load_transformer, source_vae_record
 
@@ -284,6 +294,19 @@ def _guidance_of(section: DistillSection) -> tuple[float, tuple[float, float], t
     if recorded is not None and recorded.sampler.scheduler is not None:
         sampling = (recorded.sampler.scheduler, recorded.sampler.num_steps)
     return float(scale), (float(times[0]), float(times[1])), sampling
+
+
+def _warn_if_guided_twice(teacher: _Loaded, scale: float) -> None:
+    """A teacher that has guidance folded into its own training (a distilled student, MeanFlow) samples at scale 1;
+    guiding its target again stacks CFG on top, as sampling it with --cfg-scale would: said once, here."""
+    from moh_dit.objectives.registry import objective_name, sampling_guidance
+
+    record = teacher.model.config.get("objective")
+    if scale != 1.0 and sampling_guidance(objective_name(record), record) == 1.0:
+        logger.warning(
+            "the teacher %s has guidance folded into its training already (it samples at scale 1): guidance %g in the "
+            "target guides it again on top (distill.guidance_scale=1 takes it as it samples)", teacher.source, scale,
+        )  # fmt: skip
 
 
 def _check_fits(teacher: _Loaded, data: TrainingData) -> None:

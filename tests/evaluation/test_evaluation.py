@@ -661,3 +661,22 @@ def test_a_missing_array_file_is_said_to_not_exist_and_a_damaged_one_to_be_unrea
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(EvaluationError, match="bad.npz is not a readable array file .*truncated"):
         load_images(tmp_path / "bad.npz")
+
+
+def test_a_missing_reference_is_said_before_the_default_extractors_weights(tmp_path, monkeypatch):
+    """With the default extractor (Inception, whose weights this machine lacks) a missing --reference is the user's
+    first mistake to hear about, not the weights."""
+    from moh_dit.cli.evaluate import main
+
+    monkeypatch.delenv("MOH_DIT_INCEPTION_WEIGHTS", raising=False)
+    np.savez(tmp_path / "s.npz", arr_0=random_images(2, size=8))
+    with pytest.raises(FileNotFoundError, match=r"--reference .*missing.npz does not exist: give an ADM reference"):
+        main(["--samples", str(tmp_path / "s.npz"), "--reference", str(tmp_path / "missing.npz")])
+
+
+def test_a_distilled_students_objective_is_not_called_meanflow_whatever_its_method():
+    from moh_dit.objectives.dmd2 import DMD2Distill
+    from moh_dit.objectives.registry import entry
+
+    assert "MeanFlow" not in entry("distill").summary
+    assert DMD2Distill(teacher={"sha256": "ab" * 32}).describe().startswith("A DMD2 generator distilled from")

@@ -85,3 +85,17 @@ def test_without_its_stabilisers_the_l2_loss_is_meanflows_adaptively_weighted_er
 def test_a_bad_setting_is_one_clear_line(kwargs, said):
     with pytest.raises(ConfigError, match=said):
         TangentLoss(**kwargs)
+
+
+def test_l2_on_a_config_with_spatial_invariance_names_the_key_to_change():
+    """The flow twin's meanflow config takes opt-grad with spatial invariance: distill.loss=l2 there is refused with
+    the key that must change with it (spatial_invariance), not with the one being changed."""
+    from pathlib import Path
+
+    from moh_dit.errors import ConfigError
+    from moh_dit.training.config import load_config
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "fashion_mnist_moh_distill.yaml"
+    with pytest.raises(ConfigError, match="with distill.loss=l2 set distill.spatial_invariance=false"):
+        load_config(config, ["distill.loss=l2"])
+    load_config(config, ["distill.loss=l2", "distill.spatial_invariance=false"])

@@ -381,3 +381,25 @@ def test_an_unknown_key_is_answered_with_its_nearest_and_only_then_with_the_sect
         load_config(None, ["train.max_stpes=3"])
     with pytest.raises(ConfigError, match=r"unknown config keys train\.zzz; train's keys: output_dir, "):
         load_config(None, ["train.zzz=3"])
+
+
+def test_another_method_by_override_on_a_config_of_one_says_where_its_keys_came_from_and_which_config_to_use():
+    """configs/fashion_mnist_moh_distill.yaml distill.method=trajectory: the config wrote the MeanFlow keys, not the
+    user; the message says so and names the shipped config of that method."""
+    from pathlib import Path
+
+    from moh_dit.errors import ConfigError
+    from moh_dit.training.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    with pytest.raises(ConfigError) as caught:
+        load_config(root / "configs" / "fashion_mnist_moh_distill.yaml", ["distill.method=trajectory"])
+    said = str(caught.value)
+    assert "fashion_mnist_moh_distill.yaml sets distill.derivative, distill.loss" in said
+    assert "(written for distill.method=meanflow)" in said and "\n" not in said
+    assert "start from a config of trajectory instead (configs/fashion_mnist_moh_distill_trajectory.yaml" in said
+    with pytest.raises(ConfigError, match=r"the overrides give distill.fake_updates"):
+        load_config(
+            root / "configs" / "fashion_mnist_moh_distill.yaml",
+            ["distill.method=trajectory", "distill.fake_updates=2"],
+        )

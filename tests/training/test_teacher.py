@@ -216,6 +216,10 @@ def test_a_checkpoint_of_another_codebase_teaches_in_its_own_convention(image_di
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
     with pytest.raises(ConfigError, match="distill.teacher_format must be one of"):
         distill_config(tmp_path / "x", image_dir, tmp_path / "repa.pt", "distill.teacher_format=edm")
+    without = distill_config(tmp_path / "y", image_dir, tmp_path / "repa.pt", "distill.teacher_format=repa")
+    with pytest.raises(ConfigError, match=r"cannot infer the number of heads .*: give distill.teacher_num_heads=N, or "
+                       r"the run, checkpoint or pipeline folder"):  # fmt: skip
+        Trainer(without)
 
 
 def test_the_student_can_keep_its_teachers_time_embedding(teachers, image_dir, tmp_path):
@@ -373,3 +377,36 @@ def test_every_distill_key_is_what_the_student_is_where_it_came_from_or_how_it_t
         assert set(settings) | set(identity_keys(name)) | keys_of_other_methods(name) == set(section), name
     assert "loss" in run_settings({"optim": {}, "ema": {}, "log": {}, "preview": {}, "train": {}, "data": {},
                                    "objective": {"name": "distill"}, "distill": {"loss": "l2", "method": None}})["distill"]  # fmt: skip
+
+
+def test_the_silent_cases_say_a_word(teachers, image_dir, tmp_path, caplog):
+    """A student used as a teacher with guidance stacks guidance on its folded one; a student of another width takes
+    almost nothing from its teacher; a negative guidance scale is refused (it would push each class from itself)."""
+    student = tmp_path / "student"
+    train(distill_config(student, image_dir, teachers / "flow", "distill.derivative=finite-difference"))
+    with caplog.at_level("WARNING"):
+        Trainer(distill_config(tmp_path / "a", image_dir, student, "distill.guidance_scale=3",
+                               "distill.derivative=finite-difference"))  # fmt: skip
+    assert "has guidance folded into its training already" in caplog.text and "distill.guidance_scale=1" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        wide = ["distill.student=preset", "model.overrides.hidden_size=64", "model.overrides.head_dim=16"]
+        Trainer(
+            distill_config(tmp_path / "b", image_dir, teachers / "flow", *wide, "distill.derivative=finite-difference")
+        )
+    assert "takes only" in caplog.text and "starts nearly from scratch" in caplog.text
+    with pytest.raises(ConfigError, match="distill.guidance_scale must be a finite number >= 0"):
+        distill_config(tmp_path / "c", image_dir, teachers / "flow", "distill.guidance_scale=-1")
+
+
+def test_a_dmd2_student_of_a_ddpm_teacher_hears_no_warning_about_meanflows_times(
+    teachers, image_dir, tmp_path, caplog
+):
+    """Its output layer is new (a velocity where the teacher predicts noise), but DMD2 draws its times from its own
+    grids: MeanFlow's warning about logit-normal times is not its (it was, for configs/fashion_mnist_moh_dmd2_ddpm.yaml)."""
+    with caplog.at_level("WARNING"):
+        Trainer(distill_config(tmp_path / "d", image_dir, teachers / "ddpm", "distill.method=dmd2"))
+    assert "rarely reach pure noise" not in caplog.text
+    with caplog.at_level("WARNING"):
+        Trainer(distill_config(tmp_path / "m", image_dir, teachers / "ddpm", "distill.derivative=finite-difference"))
+    assert "rarely reach pure noise" in caplog.text  # MeanFlow's own student still hears it
