@@ -136,3 +136,34 @@ def test_the_python_examples_sample_their_model_with_a_sampler_of_its_objective(
             if 'load_pipeline("runs/fmnist")' in block:
                 for sampler in re.findall(r'SamplingSpec\.create\("([\w-]+)"', block):
                     assert sampler in OBJECTIVES["ddpm"].samplers, (page.name, sampler)
+
+
+def test_the_commands_page_lists_every_command():
+    from moh_dit.cli import COMMANDS
+
+    lines = (ROOT / "docs" / "commands.md").read_text().splitlines()
+    listed = {line.split("`")[1].removeprefix("moh-dit ") for line in lines if line.startswith("| `moh-dit ")}
+    assert listed == set(COMMANDS)
+
+
+def test_the_distill_keys_documented_with_their_defaults_have_the_codes_defaults():
+    """docs/objective.md's tables of distill keys give a key's default as the config section has it (the rows of one
+    key and one value; ``distill.head`` said ``teacher`` where the code says ``velocity``)."""
+    import dataclasses
+    import re
+
+    from moh_dit.training.config_sections import DistillSection
+
+    defaults = {f.name: f.default for f in dataclasses.fields(DistillSection)}
+    words = {None: "null", True: "true", False: "false"}
+    text = (ROOT / "docs" / "objective.md").read_text()
+    rows = re.findall(r"^\| `distill\.(\w+)` \| `?([^|`,]+?)`? \|", text, flags=re.M)
+    checked = 0
+    for key, shown in rows:
+        value = defaults[key]
+        if shown.startswith("(") or isinstance(value, tuple):
+            continue
+        expected = words[value] if value is None or isinstance(value, bool) else value
+        assert shown == str(expected) or (isinstance(value, float) and float(shown) == value), (key, shown, value)
+        checked += 1
+    assert checked >= 10 and ("head", "velocity") in rows
