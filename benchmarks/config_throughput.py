@@ -8,10 +8,13 @@ This is how the embedded default's recipes are compared for the "same 10 minutes
 trains at 0.8x the images/s gets 0.8x the steps.
 
     python benchmarks/config_throughput.py experiments/configs/fashion_mnist_moh_v4.yaml configs/fashion_mnist_moh.yaml
-    python benchmarks/config_throughput.py configs/fashion_mnist_moh.yaml --set "depth8=model.overrides.depth=8"
+    python benchmarks/config_throughput.py configs/fashion_mnist_moh.yaml --set "depth8=model.overrides.depth=8;model.overrides.num_shared_heads=[2,2,2,2,2,3,3,6];model.overrides.top_k=[2,2,2,2,2,2,2,0]"
 
 ``--set NAME=KEY=VALUE[;KEY=VALUE]`` adds the first config with overrides as one more row, ``--set
-NAME@CONFIG=KEY=VALUE[;...]`` another config with overrides (for example DiT's with MoH's block options). Writes
+NAME@CONFIG=KEY=VALUE[;...]`` another config with overrides (for example DiT's with MoH's block options). A preset of
+per-layer head tables (the embedded default's) takes another depth with a list of that many values per key (the
+error of a depth alone shows the preset's pattern stretched). ``--dry-run`` reads every config and its overrides,
+says the rows it would time, and stops. Writes
 ``runs/benchmarks/config_throughput_<cpu|cuda>.{json,md}`` (``--out benchmarks/results`` publishes) (``--tag`` names other files).
 """
 
@@ -102,10 +105,16 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup", type=int, default=20, help="untimed steps per config first")
     p.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     p.add_argument("--tag", default="", help="file name suffix, e.g. the recipes compared")
+    p.add_argument("--dry-run", action="store_true", help="read every config and its overrides, list the rows, stop")
     args = p.parse_args(argv)
     torch.set_flush_denormal(True)  # near-zero gates make denormals that slow CPU matmuls many times over
     entries = [(Path(c).stem, c, []) for c in args.configs]
     entries += [(name, config or args.configs[0], overrides) for name, config, overrides in map(parse_set, args.set)]
+    if args.dry_run:  # every config and override read (a wrong one fails here, in one line), nothing trained
+        for name, path, overrides in entries:
+            config = load_config(path, [*overrides, "train.output_dir=runs/unused", "log.trackers=[]"])
+            print(f"{name}: {path} {' '.join(overrides)} ({config.model.preset}, batch {config.train.global_batch_size})")
+        return {"rows": [], "dry_run": True}
     package_logger = logging.getLogger("moh_dit")
     level = package_logger.level
     package_logger.setLevel(logging.WARNING)  # every trainer's start-up lines would bury the table

@@ -178,17 +178,23 @@ def preset_config(name: str, **overrides: Any) -> dict[str, Any]:
     config = {k: (list(v) if isinstance(v, list) else v) for k, v in PRESETS[name].items()}
     config.update(overrides)
     depth = config.get("depth", 1)
-    wrong = [
-        f"{k} ({len(config[k])} entries)"
-        for k in PER_LAYER_KEYS
-        if isinstance(config.get(k), (list, tuple)) and len(config[k]) != depth
-    ]
+    wrong = [k for k in PER_LAYER_KEYS if isinstance(config.get(k), (list, tuple)) and len(config[k]) != depth]
     if wrong:
+        # the preset's pattern stretched over the new depth (each layer takes the value at its share of the depth)
+        stretched = [f"model.overrides.{k}=[{','.join(map(str, stretch(config[k], depth)))}]" for k in wrong]
+        entries = ", ".join(f"{k} ({len(config[k])} entries)" for k in wrong)
         raise ConfigError(
-            f"{name} with depth={depth}: {', '.join(wrong)} give one value per layer of another depth; "
-            f"override them too (one int applies to every layer)"
+            f"{name} with depth={depth}: {entries} give one value per layer of another depth; give one list per key of "
+            f"{depth} values, for example the preset's pattern stretched: {' '.join(stretched)} (or one int for every "
+            f"layer)"
         )
     return config
+
+
+def stretch(values: list, depth: int) -> list:
+    """A per-layer list over ``depth`` layers: layer ``i`` takes the value at the same share of the list's depth."""
+    n = len(values)
+    return [values[min(n - 1, round(i * (n - 1) / max(depth - 1, 1)))] for i in range(depth)]
 
 
 # The keys a data set fills in: a preset trained on other data is still that preset.

@@ -205,3 +205,29 @@ def test_a_script_run_from_its_path_sees_no_more_than_a_fresh_process_does(tmp_p
     done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # fmt: skip
     assert done.returncode != 0 and "No module named 'benchmarks'" in done.stderr
+
+
+DRY_RUNS = [
+    (where, command)
+    for where, command, whole in CASES
+    if whole and target(command)[0] in ("module", "script") and not PLACEHOLDER.search(command)
+]
+
+
+@pytest.mark.parametrize("where, command", DRY_RUNS, ids=[f"{w}: {c[:60]}" for w, c in DRY_RUNS])
+def test_a_documented_usage_example_runs_as_written_where_its_script_has_a_dry_run(where, command):
+    """``--help`` shows a usage line exists; a script that offers ``--dry-run`` also reads the example's own
+    arguments (its configs, its overrides) as written, in a fresh process: benchmarks/config_throughput.py's depth
+    example was refused while its --help answered."""
+    kind, name, _ = target(command)
+    code, shown = answers_help()[(kind, name)]
+    if "--dry-run" not in shown:
+        pytest.skip(f"{name} has no --dry-run: its --help is the check")
+    words = shlex.split(command)
+    start = next(i for i, w in enumerate(words) if Path(w).name.startswith("python"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *words[start + 1 :], "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, (
+        f"{where} shows `{command}`, which as written fails:\n{(done.stdout + done.stderr)[-1500:]}"
+    )
