@@ -121,6 +121,17 @@ SCALES = {
         "student_length": [],
         "trajectory": ["distill.trajectory_count=8", "distill.trajectory_shard_size=4", "distill.trajectory_steps=3"],
         "smoke": True,  # the dmd2 study's stages at the smoke run's length, not the budget's
+        "seeds": (0,),  # a smoke run: every kind of run once (the arms below), a few minutes on 2 cores
+        "arms": (
+            "meanflow-flow",
+            "trajectory-ddpm",
+            "cmt-ddpm",
+            "dmd2-flow",
+            "dmd2t-ddpm",
+            "short-flow",
+            "dmd2s-flow-g2",
+            "meanflow-flow-l2",
+        ),  # fmt: skip
     },
 }
 MATCH = ("arm", "seed", "steps", "scale", "samples")  # a scored row's identity (and how many samples scored it)
@@ -151,14 +162,29 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
 GROUPS = {"dmd2-study": lambda out, sc: list(dmd2_arms(KINDS, out / "runs", 0, sc))}  # --arms names for several
 
 
-def selected(arm: str, seed: int, only: list[str] | None) -> bool:
-    """Whether the study trains and scores ``arm`` at ``seed``: the arms named (``--arms``) at every seed; without
-    names every method at every seed, and 0.5's recipe, the GAN term and the ablations at seed 0 only."""
+def selected(arm: str, seed: int, only: list[str] | None, sc: dict | None = None) -> bool:
+    """Whether the study trains and scores ``arm`` at ``seed``: the arms named (``--arms``) at every seed, those a
+    group names (``--arms dmd2-study``) at the seeds the study gives them; without names every method at every seed,
+    and 0.5's recipe, the GAN term, the ablations and the dmd2 study's seed-0 measurements at seed 0 only; at the smoke
+    scale (``sc["arms"]``) only its arms, one of each kind of run."""
     if only:
-        return arm in only and (not arm.startswith(DMD2_STUDY) or seed == 0 or arm in three_seed_arms(KINDS))
+        return arm in only and (arm not in getattr(only, "grouped", ()) or by_policy(arm, seed))
+    if sc is not None and sc.get("arms") is not None:
+        return arm in sc["arms"]
+    return by_policy(arm, seed)
+
+
+def by_policy(arm: str, seed: int) -> bool:
+    """The study's own choice of seeds for ``arm``: seed 0 for its one-seed measurements, every seed otherwise."""
     if arm.startswith(DMD2_STUDY):
         return seed == 0 or arm in three_seed_arms(KINDS)
     return seed == 0 or not (arm.split("-")[0] in SEED_0_ONLY or arm in GAN or is_ablation(arm))
+
+
+class Named(list):
+    """The arms ``--arms`` names, and of them those a group named (``grouped``: at the study's seeds for them)."""
+
+    grouped: frozenset = frozenset()
 
 
 DMD2_STUDY = ("short-", "dmd2s-", "dmd2g-", "ganonly-")  # the dmd2 study's arms (experiments/distill_dmd2.py)
@@ -188,7 +214,7 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, only: 
         arms = student_arms(seed, out, sc)
         student_sc = sc | {"eval": sc["student_eval"]}
         for arm in arms:  # in order: a cmt student after its trajectory student
-            if not selected(arm, seed, only):
+            if not selected(arm, seed, only, sc):
                 continue
             arm_sc = student_sc
             if budget_arm(arm):  # as long as the teacher's budget allows after the student it starts from
@@ -228,7 +254,7 @@ def part_score(ctx: dict, seeds, result: dict, only: list[str] | None = None) ->
     the guidance folded into its students; then grids of seed 0's students at 1 and 2 steps."""
     for seed in seeds:
         for arm in student_arms(seed, ctx["out"], ctx["scale"]):
-            if not selected(arm, seed, only) or not model_of(arm, seed, ctx["out"]).is_dir():
+            if not selected(arm, seed, only, ctx["scale"]) or not model_of(arm, seed, ctx["out"]).is_dir():
                 continue
             for steps in STUDENT_STEPS:
                 _score_once(result, ctx, arm, seed, "meanflow", steps, 1.0)
@@ -285,8 +311,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     sc = SCALES[args.scale]
     out = Path(args.out)
-    if args.arms:  # a group's name stands for its arms
-        args.arms = [a for name in args.arms for a in (GROUPS[name](out, sc) if name in GROUPS else [name])]
+    if args.arms:  # a group's name stands for its arms (at the seeds the study gives them)
+        grouped = {a for name in args.arms if name in GROUPS for a in GROUPS[name](out, sc)}
+        explicit = {name for name in args.arms if name not in GROUPS}
+        args.arms = Named(a for name in args.arms for a in (GROUPS[name](out, sc) if name in GROUPS else [name]))
+        args.arms.grouped = frozenset(grouped - explicit)
     unknown = sorted(set(args.arms or ()) - set(student_arms(0, out, sc)))
     if unknown:  # a misspelt arm would otherwise train and score nothing, silently
         p.error(f"--arms: no student {', '.join(unknown)}; the study's: {', '.join(student_arms(0, out, sc))}")

@@ -857,7 +857,7 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     """By default 0.5's recipe, the GAN term and the ablations run at seed 0 and every method at every seed; named
     with --arms, an ablation runs at the seeds given (to confirm it), and the report sets its seeds side by side with
     the student it changes."""
-    from experiments import distill
+    from experiments import distill, distill_dmd2
     from experiments.distill_report import report
 
     arms = distill.student_arms(1, tmp_path, distill.SCALES["tiny"])
@@ -868,8 +868,18 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert arms["meanflow-ddpm-anchor"][0] == "configs/fashion_mnist_moh_distill_ddpm.yaml"
     assert "distill.teacher=" + str(tmp_path / "runs" / "ddpm-seed1") in arms["meanflow-ddpm-anchor"][1]
     defaults = {arm for arm in arms if distill.selected(arm, 1, None)}
-    assert defaults == {f"{m}-{k}" for m in ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t") for k in distill.KINDS}
+    methods = {f"{m}-{k}" for m in ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t") for k in distill.KINDS}
+    recipes = {f"dmd2s-{k}-g{distill_dmd2.CHOSEN_SCALE[k]:g}" for k in distill.KINDS}
+    assert defaults == methods | recipes | {f"{r}-nogan" for r in recipes} | {f"short-{k}" for k in distill.KINDS}
     assert all(distill.selected(arm, 0, None) for arm in arms)
+    # a group at the study's seeds for it, an arm named alone at every seed given
+    named = distill.Named(["dmd2s-flow-g1", "dmd2s-flow-g2"])
+    named.grouped = frozenset(named)
+    assert distill.selected("dmd2s-flow-g2", 1, named) and not distill.selected("dmd2s-flow-g1", 1, named)
+    assert distill.selected("dmd2s-flow-g1", 1, ["dmd2s-flow-g1"])
+    # the smoke scale: its own few arms, one of each kind of run
+    smoke = distill.SCALES["tiny"]
+    assert {a for a in arms if distill.selected(a, 0, None, smoke)} == set(smoke["arms"]) and smoke["seeds"] == (0,)
     assert distill.selected("meanflow-flow-l2-anchor", 2, ["meanflow-flow-l2-anchor"])
     assert not distill.selected("meanflow-flow", 2, ["meanflow-flow-l2-anchor"])
     with pytest.raises(SystemExit):
@@ -917,32 +927,28 @@ def test_distill_score_part_alone_skips_what_is_not_trained_yet(tmp_path, monkey
 @pytest.mark.slow
 @needs_data
 def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_path):
-    """The whole study at the tiny scale: each seed's teachers, their students by each method (seed 0's baselines and
-    ablations too), every student at 1, 2, 4 steps and every teacher at 25; the students' curves hold their 2-step
-    scores, each student its cost; grids drawn."""
+    """The whole study at the tiny scale, its smoke run: the teachers, one student of each kind of run (each method, a
+    stage started from another, a DMD2 stage as long as its budget, an ablation), every student at 1, 2, 4 steps and
+    every teacher at 25; the students' curves hold their 2-step scores, each student its cost; grids drawn."""
     from experiments import distill
 
     result = distill.main(["--scale", "tiny", "--out", str(tmp_path)])
     arms = {(r["arm"], r["seed"]) for r in result["training"].values()}
-    methods = ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t")
-    expected = {
-        (a, s) for a in ("flow", "ddpm", *(f"{m}-{k}" for m in methods for k in ("flow", "ddpm"))) for s in (0, 1)
-    }
-    expected |= {("v05-flow", 0), ("v05-ddpm", 0)} | {(f"meanflow-flow-{a}", 0) for a in distill.ABLATIONS["flow"]}
-    expected |= {(f"meanflow-ddpm-{a}", 0) for a in distill.ABLATIONS["ddpm"]}
-    expected |= {(arm, 0) for arm in distill.GAN}
-    assert arms == expected
+    assert arms == {(a, 0) for a in ("flow", "ddpm", *distill.SCALES["tiny"]["arms"])}
     students = [r for r in result["training"].values() if "-" in r["arm"]]
     assert all("kid@2" in p for r in students for p in r["curve"])
     assert all(r["student_images"] > 0 and r["teacher_evaluations"] > 0 for r in students if "diverged" not in r)
-    assert all(r["trajectory_evaluations"] > 0 for r in students if r["arm"].startswith("trajectory"))
+    assert all(r["trajectory_evaluations"] > 0 for r in students if r["arm"].startswith(("trajectory", "short")))
+    assert result["training"]["dmd2s-flow-g2-seed0"]["generator_updates"] > 0  # counted and kept
     scored = {(r["arm"], r["seed"], r["steps"]) for r in result["scores"]}
-    assert {("trajectory-ddpm", 1, n) for n in (1, 2, 4)} | {("flow", 1, 25), ("cmt-flow", 0, 4)} <= scored
-    manifest = json.loads((tmp_path / "runs" / "trajectory-flow-seed1" / "manifest.json").read_text())
+    assert {("trajectory-ddpm", 0, n) for n in (1, 2, 4)} | {("flow", 0, 25), ("cmt-ddpm", 0, 4)} <= scored
+    manifest = json.loads((tmp_path / "runs" / "trajectory-ddpm-seed0" / "manifest.json").read_text())
     assert manifest["identity"]["frozen"]["teacher"]["sha256"]
     text = (tmp_path / "RESULTS.md").read_text()
     assert "## the flow twin: students at 1, 2 and 4 steps" in text and "Against the goal" in text
-    assert (tmp_path / "grid_trajectory-flow_1step.png").is_file() and (tmp_path / "distill_kid.png").is_file()
+    assert "## DMD2 as its references train it" in text and "KID against what the distillation cost" in text
+    assert (tmp_path / "grid_meanflow-flow_1step.png").is_file() and (tmp_path / "distill_kid.png").is_file()
+    assert (tmp_path / "distill_cost.png").is_file()
 
 
 def test_each_studys_tiny_scale_needs_no_flag_the_docs_do_not_show(tmp_path, monkeypatch):
