@@ -113,7 +113,9 @@ def main(argv=None) -> dict:
     if args.dry_run:  # every config and override read (a wrong one fails here, in one line), nothing trained
         for name, path, overrides in entries:
             config = load_config(path, [*overrides, "train.output_dir=runs/unused", "log.trackers=[]"])
-            print(f"{name}: {path} {' '.join(overrides)} ({config.model.preset}, batch {config.train.global_batch_size})")
+            print(
+                f"{name}: {path} {' '.join(overrides)} ({config.model.preset}, batch {config.train.global_batch_size})"
+            )
         return {"rows": [], "dry_run": True}
     package_logger = logging.getLogger("moh_dit")
     level = package_logger.level

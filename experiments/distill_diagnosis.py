@@ -121,7 +121,7 @@ def part_times(result: dict, out: Path = OUT) -> None:
 def run_parts(run: Path):
     """The run's config, data, teacher and objective (the objective of its student's record)."""
     from moh_dit.data.training_data import load_training_data
-    from moh_dit.training.teacher import Teacher
+    from moh_dit.training.distill import Teacher
 
     config = run_config(run)
     data = load_training_data(config.data, torch.device("cpu"))
@@ -168,8 +168,7 @@ def a_batch(config, data, objective, n: int, seed: int = 0):
 # ----------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def part_collapse(result: dict, run: Path, step: int | None = None, per_class: int = 50) -> None:
-    from moh_dit.training.trajectories import run_teacher_sampler
-    from moh_dit.training.trajectory_sources import teacher_velocity
+    from moh_dit.training.distill import run_teacher_sampler, teacher_velocity
 
     config, data, teacher = run_parts(run)
     student = student_at(run, step, ema=True)
@@ -283,8 +282,7 @@ def part_fit(result: dict, run: Path, n: int = 256) -> None:
     """A trajectory student against its targets: its 1- and 2-step samples' distance (RMS per pixel) to the teacher's
     trajectory end, on trajectories it trained on and on new noise (the teacher's sampler run now), with its EMA and
     its raw weights: a gap between the two sets is too few trajectories; none, too little training."""
-    from moh_dit.training.trajectories import StoredTrajectories, run_teacher_sampler
-    from moh_dit.training.trajectory_sources import teacher_velocity
+    from moh_dit.training.distill import StoredTrajectories, run_teacher_sampler, teacher_velocity
 
     config, data, teacher = run_parts(run)
     given = config.distill.trajectories

@@ -19,7 +19,7 @@ simulation, and the whole distillation within the teacher's training in network 
 Each DMD2 arm sets every key it is measured with, so that a later change of a config's defaults leaves its meaning.
 The lengths are counted, not guessed: a stage's steps are what the teacher's budget (8,300 steps x 16 images x 3 =
 398,400 network evaluations) leaves after the student it starts from (its run's counted cost), at the stage's own
-count per image (:meth:`moh_dit.objectives.dmd2.DMD2Distill.step_forwards`, the teacher's guided evaluations
+count per image (:meth:`moh_dit.objectives.distill.dmd2.DMD2Distill.step_forwards`, the teacher's guided evaluations
 included as if every one were guided), rounded down to whole cycles of generator and fake-score updates.
 """
 
@@ -125,7 +125,7 @@ def fill_budget(config: str, overrides: list[str], spent: float, sc: dict) -> tu
     if sc.get("smoke"):
         return [], sc["student_eval"]
     from experiments.common import ROOT
-    from moh_dit.objectives.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill import DMD2Distill
     from moh_dit.training.config import load_config
 
     section = load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")]).distill

@@ -566,7 +566,7 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
     processes ends as the uninterrupted one, bit for bit, the teacher's evaluations and the networks' passes and
     updates counted alike (DMD2: its fake score and discriminator too, their gradients averaged over the processes,
     the GAN term switched on at step 2, two-step backward simulation, the real score at its own guidance); every checkpoint
-    names its teacher and a resume beside another is refused (tests/training/test_teacher.py)."""
+    names its teacher and a resume beside another is refused (tests/training/distill/test_teacher.py)."""
     base = (
         distill(flow_teacher, derivative)
         if derivative

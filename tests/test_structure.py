@@ -222,15 +222,26 @@ def experiments_imports(type_hints: bool = False) -> dict[str, set[str]]:
 SHARED_EXPERIMENTS = {f"experiments.{n}" for n in ("common", "arms", "report", "fmnist_classifier", "fmnist_encoder")}
 
 
+def study_of(name: str) -> str | None:
+    """The study a module of experiments/ belongs to: a study is a module with a ``main``; its parts (its report, its
+    arms) are the modules named after it (``distill_report``, ``distill_dmd2``) that are no study themselves."""
+    studies = {n for n, p in EXPERIMENTS.items() if re.search(r"^def main\(", p.read_text(), re.M)}
+    if name in studies:
+        return name
+    owners = [s for s in studies if name.startswith(f"{s}_")]
+    return max(owners, key=len) if owners else None
+
+
 def test_no_study_imports_another_and_the_shared_modules_import_no_study():
-    """experiments/: studies import the shared modules (and a study its own report), never another study; the shared
-    modules import no study; no circle."""
+    """experiments/: studies import the shared modules (and a study its own parts: its report, its arms), never
+    another study; the shared modules import no study; no circle."""
     graph = experiments_imports()
     wrong = {}
     for name, deps in graph.items():
         allowed = SHARED_EXPERIMENTS | {"experiments"}  # the package itself: ``from experiments import x``
-        if name not in SHARED_EXPERIMENTS and f"{name}_report" in EXPERIMENTS:
-            allowed = allowed | {f"{name}_report"}  # a study's own report
+        study = study_of(name) if name not in SHARED_EXPERIMENTS else None
+        if study is not None:  # its own parts
+            allowed = allowed | {n for n in EXPERIMENTS if study_of(n) == study and n != study}
         bad = deps - allowed
         if bad:
             wrong[name] = sorted(bad)
@@ -252,7 +263,9 @@ def test_the_guide_model_flag_reaches_its_use_through_five_modules():
     assert readers <= {"moh_dit.sampling.options", "moh_dit.cli.demo"}, readers
     loaders = {n for n, p in MODULES.items() if re.search(r"\bload_guide\(", p.read_text())}
     # the definition, sampling's one call, and a distillation teacher's own guide
-    assert loaders == {"moh_dit.sampling.pipeline", "moh_dit.sampling.guides", "moh_dit.training.teacher"}, loaders
+    assert loaders == {"moh_dit.sampling.pipeline", "moh_dit.sampling.guides", "moh_dit.training.distill.teacher"}, (
+        loaders
+    )
     path = ["options", "spec_parts", "pipeline", "guides", "guidance"]
     assert len(path) <= 5 and all(f"moh_dit.sampling.{m}" in MODULES for m in path)
     assert "moh_dit.sampling.guides" in GRAPH["moh_dit.sampling.pipeline"]
@@ -260,3 +273,39 @@ def test_the_guide_model_flag_reaches_its_use_through_five_modules():
     others = ("cli.sample", "cli.evaluate", "sampling.loading", "sampling.generation", "training.outputs")
     handling = [m for m in others if re.search(r"\bguide\w*\(|attach", MODULES[f"moh_dit.{m}"].read_text())]
     assert not handling, handling
+
+
+FOLDERS = ("moh_dit.objectives.distill", "moh_dit.training.distill")  # a concept's folder: its public names
+# the registry stands below every objective: it reads the method table module itself (the package's classes import it)
+THROUGH_THEIR_MODULE = {("moh_dit.objectives.registry", "moh_dit.objectives.distill.methods")}
+
+
+def test_imports_from_outside_a_concepts_folder_go_through_its_public_names():
+    """Outside moh_dit/objectives/distill and moh_dit/training/distill, code imports the folder's names from the
+    package (``from moh_dit.objectives.distill import MeanFlowDistill``), not from its modules."""
+    found = {}
+    for name, deps in GRAPH.items():
+        for folder in FOLDERS:
+            if name == folder or name.startswith(folder + "."):
+                continue
+            inner = {d for d in deps if d.startswith(folder + ".") and (name, d) not in THROUGH_THEIR_MODULE}
+            if inner:
+                found[name] = sorted(inner)
+    experiments = {n: p for n, p in EXPERIMENTS.items()}
+    for name, path in experiments.items():
+        inner = [
+            ln.strip()
+            for ln in path.read_text().splitlines()
+            if re.search(r"moh_dit\.(objectives|training)\.distill\.\w+ import", ln)
+        ]
+        if inner:
+            found[name] = inner
+    assert not found, found
+
+
+def test_each_concept_folder_says_what_it_holds_and_the_order_to_read_it():
+    for folder in FOLDERS:
+        path = MODULES[folder]
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        holds = {p.name for p in path.parent.glob("*.py") if p.name != "__init__.py"}
+        assert "Read it in this order" in doc and all(name in doc for name in holds), (folder, holds)

@@ -37,9 +37,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="decode with this VAE (hub id or folder) instead of the model's own; it must share the model's latent space",
     )
-    p.add_argument(
-        "--out", default=None, help=f"grid image (default {DEFAULT_GRID}: under runs/, which git ignores)"
-    )
+    p.add_argument("--out", default=None, help=f"grid image (default {DEFAULT_GRID}: under runs/, which git ignores)")
     p.add_argument("--save-images", default=None, help="also write each grid image into this folder")
     p.add_argument(
         "--sample-dir",

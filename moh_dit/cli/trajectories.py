@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     import torch
     from accelerate import PartialState
 
-    from moh_dit.training.teacher import Teacher
-    from moh_dit.training.trajectory_sources import plan_of, record_set
+    from moh_dit.training.distill import Teacher, plan_of, record_set
 
     section, seed, precision = resolve(args)
     # the processes a launcher started see each other on CPU too (torchrun sets the world; as train.py does)

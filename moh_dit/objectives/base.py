@@ -79,7 +79,7 @@ class Objective(ABC):
     # the frozen models beside the student this objective needs, by role (moh_dit.training.frozen.FROZEN_MODELS: a
     # distillation's teacher): training loads and places them and hands them to forward_losses
     frozen_models: ClassVar[tuple[str, ...]] = ()
-    # the networks this objective trains beside the student, by role (moh_dit.training.companions.COMPANIONS: DMD2's
+    # the networks this objective trains beside the student, by role (moh_dit.training.distill.companions.COMPANIONS: DMD2's
     # fake score), each with its own optimizer; ``updates(step)`` says which one a training step updates
     trained_models: ClassVar[tuple[str, ...]] = ()
 

@@ -1,7 +1,7 @@
 """DiT's DDPM seen on the linear path ``z = (1 - t) x + t eps`` (flow time ``t``, 1: noise): the fractional DiT
 timestep of a noise level and back, the input a DDPM model sees at the same signal-to-noise ratio, and the linear
 path's velocity from its noise prediction. What a DDPM teacher gives its students (``DDPM.linear_velocity``) and what a
-student in its teacher's parameterization sees (``moh_dit.objectives.distill_heads``); docs/objective.md#the-target."""
+student in its teacher's parameterization sees (``moh_dit.objectives.distill.heads``); docs/objective.md#the-target."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moh_dit.errors import ConfigError
-from moh_dit.objectives.distill_methods import DEFAULT_METHOD, METHODS
+from moh_dit.objectives.distill.methods import DEFAULT_METHOD, METHODS, PROVENANCE_KEYS, STUDENT_KEYS
 
 __all__ = [
     "ObjectiveEntry",
@@ -55,10 +55,26 @@ class ObjectiveEntry:
     # CFG 4 for grids, 1.5 for evaluations); MeanFlow's guidance is folded into training: 1
     sampling_guidance: float | None = None
     # an objective of several classes (a distillation's methods): the record key that names the class, the table of
-    # its classes (each with ``module`` and ``cls``: moh_dit.objectives.distill_methods.METHODS) and its default
+    # its classes (each with ``module`` and ``cls``: moh_dit.objectives.distill.methods.METHODS) and its default
     variant_key: str | None = None
     variants: dict[str, Any] = field(default_factory=dict)
     default_variant: str | None = None
+    # config sections beyond ``objective`` that configure it (a distillation's ``distill``), and of their keys those
+    # that are what a model *is* or where something came from (its variants add their own ``identity`` and
+    # ``provenance``): the others are how it trains, which a resume may change (logged and recorded)
+    sections: tuple[str, ...] = ()
+    fixed_keys: tuple[str, ...] = ()
+
+    def not_settings(self, record: dict[str, Any] | None) -> set[str]:
+        """The keys of :attr:`sections` that are no setting of a model of ``record``: what it is, where things came
+        from, and the keys only other variants read."""
+        keys = set(self.fixed_keys)
+        if self.variant_key is not None:
+            chosen = self._variant_name(record)
+            mine = self.variants[chosen]
+            keys |= {*mine.identity, *mine.provenance}
+            keys |= {k for name, v in self.variants.items() if name != chosen for k in v.keys} - set(mine.keys)
+        return keys
 
     def variant(self, record: dict[str, Any] | None) -> tuple[str, str]:
         """``(module, class)`` of a model of this objective with ``record`` (the variant it names, else the
@@ -198,6 +214,8 @@ OBJECTIVES: dict[str, ObjectiveEntry] = {
         variant_key="method",
         variants=METHODS,
         default_variant=DEFAULT_METHOD,
+        sections=("distill",),
+        fixed_keys=(*STUDENT_KEYS, *PROVENANCE_KEYS),
     ),
 }
 DEFAULT_OBJECTIVE = "ddpm"  # a model or run that records none: every model of moh-dit 0.3 and earlier

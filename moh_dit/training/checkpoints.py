@@ -56,7 +56,9 @@ class TrainingState:
     scaler: Any  # accelerate's grad scaler, or None
     window: Any  # moh_dit.training.tracking.LossWindow
     posthoc: Any = None  # moh_dit.posthoc_ema.PowerFunctionEMAs, or None
-    companions: dict = field(default_factory=dict)  # role -> moh_dit.training.companions.Companion (DMD2's fake score)
+    companions: dict = field(
+        default_factory=dict
+    )  # role -> moh_dit.training.distill.companions.Companion (DMD2's fake score)
 
     def param_names(self) -> list[str]:
         return [n for n, _ in self.model.named_parameters()]

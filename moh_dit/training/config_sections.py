@@ -157,7 +157,7 @@ class EMASection:
 
 @dataclass
 class DistillSection:
-    """A distillation's teacher and student (``objective.name: distill``; moh_dit/objectives/distill.py,
+    """A distillation's teacher and student (``objective.name: distill``; moh_dit/objectives/distill/meanflow.py,
     docs/objective.md#distillation): the trained model whose velocity the student learns, the guidance folded in, and
     how the student's derivative is taken."""
 
@@ -192,7 +192,7 @@ class DistillSection:
     # the finite difference's step in time; null: 5e-3 for a teacher that sees times x1000 (moh-dit's flow, DDPM), 1e-4
     # (FastGen's) for raw times (SiT, REPA, LightningDiT)
     fd_eps: float | None = None
-    # how the student learns (moh_dit/objectives/distill_methods.py): meanflow (MeanFlow's identity on the teacher's
+    # how the student learns (moh_dit/objectives/distill/methods.py): meanflow (MeanFlow's identity on the teacher's
     # velocity) | trajectory (secants of the teacher's own sampling trajectories)
     method: str = "meanflow"
     # the student's weights to start from instead of its teacher's: a run, checkpoint or pipeline of another student of

@@ -64,7 +64,7 @@ def _load_repa(
 def _load_teacher(
     config: Config, data: TrainingData, model: MoHDiT | None, device: torch.device, loaded, recorded
 ) -> FrozenModel:
-    from moh_dit.training.teacher import Teacher
+    from moh_dit.training.distill import Teacher
 
     return Teacher.load(config.distill, data, device, recorded)
 
@@ -72,7 +72,7 @@ def _load_teacher(
 def _load_trajectories(
     config: Config, data: TrainingData, model, device: torch.device, loaded, recorded
 ) -> FrozenModel:
-    from moh_dit.training.trajectory_sources import trajectory_source
+    from moh_dit.training.distill import trajectory_source
 
     if "teacher" not in loaded:
         raise ConfigError("trajectories are the teacher's: the run needs a teacher (distill.teacher)")

@@ -113,7 +113,7 @@ def in_config_words(diffs: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, A
     """Differences of two run identities named by the config keys that set them (``distill.guidance_scale``, not
     ``model.objective.guidance.scale`` and ``frozen.teacher.guidance.scale``), each key once; another distillation
     method alone, as what the others follow from."""
-    from moh_dit.objectives.distill_methods import user_key
+    from moh_dit.objectives.distill import user_key
 
     named: dict[str, tuple[str, Any, Any]] = {}
     # the objective's record first: its values are the config's (the model's copy may be absent in older runs)

@@ -25,8 +25,7 @@ from moh_dit.manifests import fingerprint_module, format_differences, short
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import architecture, preset_config
 from moh_dit.model.surgery import with_num_classes
-from moh_dit.objectives.registry import OBJECTIVES
-from moh_dit.training.config import Config, EMASection, config_to_dict
+from moh_dit.training.config import Config, EMASection
 from moh_dit.training.objective import objective_record, run_objective
 from moh_dit.training.tracking import tracker_available
 from moh_dit.vae import latent_space_differences, space_of
@@ -219,68 +218,6 @@ class EMANetwork:
             self.ema.copy_to(self.network.parameters())
             self._step = self.ema.optimization_step
         return self.network
-
-
-# model config keys moh-dit 0.3 did not have, with the value that means "not used"
-_KEYS_AFTER_0_3 = {
-    "objective": None,
-    "repa_depth": None,
-    "repa_dims": None,
-    "repa_projector_dim": 2048,
-    "block": None,
-    "time_inputs": 1,
-    "end_time_blocks": 0,
-}
-# the config keys that make a run this run (with the model's architecture and the data's fingerprint)
-_IDENTITY_DATA_KEYS = ("name", "split", "image_size", "channels", "random_flip", "subset_per_class")
-_IDENTITY_TRAIN_KEYS = ("seed", "global_batch_size")
-
-
-def run_identity(config: Config, data: TrainingData, model: MoHDiT, frozen: dict | None = None) -> tuple[dict, dict]:
-    """``(identity, settings)`` of a run. The identity (architecture, data, seed, global batch, the frozen models
-    beside the student) makes a run this run: a resume with another identity is refused. Settings may change on
-    resume; changes are logged and recorded in the run's manifest."""
-    full = config_to_dict(config)
-    identity = {
-        # the objective's record and REPA's heads belong to the model; keys added after moh-dit 0.3 are recorded only
-        # when set, so that its runs still resume
-        "model": {
-            k: v
-            for k, v in dict(model.config).items()
-            if not k.startswith("_") and not (k in _KEYS_AFTER_0_3 and v == _KEYS_AFTER_0_3[k])
-        },
-        "data": {k: full["data"][k] for k in _IDENTITY_DATA_KEYS}
-        | {"fingerprint": data.description.get("fingerprint"), "vae_sha256": (data.vae_record or {}).get("sha256")}
-        # what an epoch draws (recorded only when weighted, so that runs from before the key still resume)
-        | ({"class_weights": data.description["class_weights"]} if "class_weights" in data.description else {}),
-        "train": {k: full["train"][k] for k in _IDENTITY_TRAIN_KEYS},
-    }
-    if config.ema.posthoc_every:  # the EMAs the snapshots hold (recorded only when on: runs before it still resume)
-        identity["ema"] = {"posthoc_sigma_rels": list(config.ema.posthoc_sigma_rels)}
-    if frozen:  # the models beside the student, by identity (only when there are: runs without any still resume)
-        identity["frozen"] = frozen
-    return identity, run_settings(full)
-
-
-def run_settings(full: dict) -> dict:
-    """The settings part of a config (as ``config_to_dict`` gives it): what may change on resume."""
-    volatile = ("resume", "overwrite", "output_dir", "elastic_resume")
-    settings = {name: full[name] for name in ("optim", "ema", "log", "preview")}
-    # the objective's training options (time sampling); what it is (name and record: path, conventions, MeanFlow's
-    # guidance) is the model's identity
-    recorded = {"name", *(dotted.split(".")[1] for found in OBJECTIVES.values() for dotted in found.record_keys)}
-    settings["objective"] = {k: v for k, v in full.get("objective", {}).items() if k not in recorded}
-    settings["train"] = {k: v for k, v in full["train"].items() if k not in volatile + _IDENTITY_TRAIN_KEYS}
-    settings["data"] = {k: v for k, v in full["data"].items() if k not in _IDENTITY_DATA_KEYS and k != "vae"}
-    if (full.get("objective") or {}).get("name") == "distill":
-        # how the student trains (its loss, stabilisers, weights, rates); what it is, and where its teacher was loaded
-        # from, are not settings (moh_dit/objectives/distill_methods.py says which key is which)
-        from moh_dit.objectives.distill_methods import identity_keys, keys_of_other_methods
-
-        section = full.get("distill") or {}
-        skipped = {*identity_keys(section.get("method")), *keys_of_other_methods(section.get("method"))}
-        settings["distill"] = {k: v for k, v in section.items() if k not in skipped}
-    return settings
 
 
 @contextlib.contextmanager

@@ -46,8 +46,8 @@ from moh_dit.progress import Progress
 from moh_dit.run_folder import RunLayout, checkpoint_step
 from moh_dit.seeding import step_generator
 from moh_dit.training.checkpoints import TrainingState, restore_checkpoint, set_aside_the_future
-from moh_dit.training.companions import build_companions
 from moh_dit.training.config import Config, config_to_dict
+from moh_dit.training.distill import build_companions
 from moh_dit.training.frozen import check_resume_beside, recorded_frozen
 from moh_dit.training.frozen_roles import load_frozen_models
 from moh_dit.training.objective import run_objective, run_objective_class
@@ -55,6 +55,7 @@ from moh_dit.training.optimizer_steps import OptimizerSteps
 from moh_dit.training.outputs import RunOutputs
 from moh_dit.training.quality import QualityCurve
 from moh_dit.training.repa import alignment_loss
+from moh_dit.training.run_identity import default_config_like, run_identity, run_settings
 from moh_dit.training.runs import RunRecord, check_process_layout, check_resume_step, open_run_folder
 from moh_dit.training.setup import (
     EMANetwork,
@@ -64,8 +65,6 @@ from moh_dit.training.setup import (
     make_ema,
     make_optimizer,
     micro_batch_size,
-    run_identity,
-    run_settings,
     stop_signals,
     token_routing,
     warn_if_never_folded,
@@ -169,25 +168,15 @@ class Trainer(RunOutputs, OptimizerSteps):
         self.state = TrainingState(
             model, self.ema, self.optimizer, accelerator.scaler, self.window, self.posthoc, self.companions
         )
-        # a setting a run's manifest lacks (added by a later moh-dit) is no change where it has its default: the
-        # defaults of this objective and distillation method, so that an earlier run's keys compare as they were
-        defaults = Config()
-        defaults = dataclasses.replace(
-            defaults,
-            objective=dataclasses.replace(defaults.objective, name=config.objective.name),
-            distill=dataclasses.replace(defaults.distill, method=config.distill.method),
-        )
-        defaults = run_settings(config_to_dict(defaults))
+        defaults = run_settings(config_to_dict(default_config_like(config)))
         self.frozen.check_apart(model)  # never the student's, never trained
         self.record = RunRecord(self.layout, *run_identity(config, self.data, model, self.frozen.identity()), defaults)
         self.metrics = MetricsLog(self.layout.metrics, accelerator, bool(config.log.trackers))
         self.step = self.samples_seen = 0
         # a distillation's teacher evaluations while training (a set of trajectories recorded above counts its own)
         self.teacher_evaluations, self.evaluations_seen = 0, self.frozen.evaluations()
-        # what training spends: the updates of each network trained (DMD2's generator and fake score), and the passes
-        # of those networks in forwards at the student's size (Objective.step_forwards), over all processes
-        self.updates = {role: 0 for role in ("student", *self.companions)}
-        self.network_evaluations = 0.0
+        # what training spends: each trained network's updates, their passes (Objective.step_forwards)
+        self.updates, self.network_evaluations = {role: 0 for role in ("student", *self.companions)}, 0.0
         self.projected = False  # the projected time is logged once, with the first log record
         self.sampler = partial(
             ShardedEpochBatchSampler,
@@ -273,7 +262,7 @@ class Trainer(RunOutputs, OptimizerSteps):
             self.step, self.samples_seen = state["step"], state["samples_seen"]
             self.teacher_evaluations = state.get("teacher_evaluations", 0)
             self.updates |= state.get("updates") or self.updates_before(state["step"])
-            self.network_evaluations = state.get("network_evaluations", 0.0)
+            self.network_evaluations = state.get("network_evaluations", 0.0)  # 0.6 and earlier did not count them
             self.guard.load(state.get("spike_guard"))
             logger.info("resumed from %s at step %d", self.resume_from, self.step)
         if self.record.changes:

@@ -675,7 +675,7 @@ def test_a_missing_reference_is_said_before_the_default_extractors_weights(tmp_p
 
 
 def test_a_distilled_students_objective_is_not_called_meanflow_whatever_its_method():
-    from moh_dit.objectives.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill import DMD2Distill
     from moh_dit.objectives.registry import entry
 
     assert "MeanFlow" not in entry("distill").summary

@@ -1,5 +1,5 @@
 """Record what NVlabs/FastGen's MeanFlow distillation computes on tiny fixed inputs, for the parity tests of moh-dit's
-distill objective (tests/objectives/test_distill.py). FastGen's code is read from a checkout given on the command line
+distill objective (tests/objectives/distill/test_meanflow.py). FastGen's code is read from a checkout given on the command line
 and never copied here; only its outputs are kept (``fastgen_official.safetensors``, settings in
 ``fastgen_official.json``).
 

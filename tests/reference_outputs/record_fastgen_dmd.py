@@ -1,5 +1,5 @@
 """Record what NVlabs/FastGen's DMD2 loss functions compute on fixed inputs, for the parity tests of moh-dit's DMD2
-(tests/objectives/test_dmd2.py). FastGen's code is read from a checkout given on the command line and never copied
+(tests/objectives/distill/test_dmd2.py). FastGen's code is read from a checkout given on the command line and never copied
 here; only its outputs are kept (``fastgen_dmd.safetensors``, settings in ``fastgen_dmd.json``).
 
     git clone https://github.com/NVlabs/FastGen /tmp/FastGen        # (commit 34f30e8 was recorded)

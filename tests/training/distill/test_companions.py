@@ -1,5 +1,5 @@
-"""Networks trained beside the student (moh_dit/training/companions.py) as DMD2 trains them
-(moh_dit/objectives/dmd2.py): the fake score starts as the teacher and trains on its own steps only, the generator on
+"""Networks trained beside the student (moh_dit/training/distill/companions.py) as DMD2 trains them
+(moh_dit/objectives/distill/dmd2.py): the fake score starts as the teacher and trains on its own steps only, the generator on
 its; both in every checkpoint with their optimizers and restored exactly on resume; the exported pipeline holds the
 generator alone and samples in one step through the command line; a checkpoint without the fake score, or with one
 of another architecture, is refused in one line."""
@@ -18,7 +18,7 @@ from moh_dit.run_folder import RunLayout
 from moh_dit.training.config import load_config
 from moh_dit.training.trainer import Trainer, train
 
-from ..helpers.factories import run_in_process, tiny_train_config, train_tiny
+from ...helpers.factories import run_in_process, tiny_train_config, train_tiny
 
 DMD2 = ["objective.name=distill", "distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01",
         "distill.dmd_steps=[1,2]", "preview.per_class=0", "train.checkpoint_every=3"]  # fmt: skip
@@ -108,9 +108,9 @@ def test_dmd2_refuses_float16_and_trains_in_bfloat16(flow_teacher, image_dir, tm
     import sys
     from pathlib import Path
 
-    from ..helpers.factories import run_command, tiny_train_overrides
+    from ...helpers.factories import run_command, tiny_train_overrides
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     overrides = tiny_train_overrides(tmp_path / "b", image_dir, f"distill.teacher={flow_teacher}", *DMD2)
     run_command([sys.executable, root / "train.py", *overrides, "train.max_steps=3", "train.mixed_precision=bf16"])
     records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]

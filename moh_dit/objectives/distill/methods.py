@@ -76,7 +76,7 @@ METHODS: dict[str, MethodEntry] = {
     # the teacher's own sampler run from noise, its states kept: the student regresses the secant between two states
     # of one trajectory (CMT, arXiv:2509.24526; flow-map distillation, arXiv:2505.18825): no derivative of the student
     "trajectory": MethodEntry(
-        "moh_dit.objectives.trajectory",
+        "moh_dit.objectives.distill",
         "TrajectoryDistill",
         "the secant between two states of the teacher's own sampling trajectories (no derivative of the student)",
         TRAJECTORY_KEYS,
@@ -86,7 +86,7 @@ METHODS: dict[str, MethodEntry] = {
     # distribution matching (DMD2, arXiv:2405.14867; FastGen's dmd2.py): a generator against the teacher's score and a
     # fake score trained on its samples, a GAN term and a regression on the teacher's trajectories optional
     "dmd2": MethodEntry(
-        "moh_dit.objectives.dmd2",
+        "moh_dit.objectives.distill",
         "DMD2Distill",
         "a generator matching the teacher's distribution through a fake score (DMD2), one step or a few",
         (

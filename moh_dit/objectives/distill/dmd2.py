@@ -5,11 +5,11 @@ not its trajectories (``distill.method: dmd2``; docs/objective.md#dmd2).
 Three networks: the generator (the student, from the teacher's weights: ``x = z_t - t u(z_t, t, 0)``, the data it
 predicts from ``z_t`` at a grid time ``t``, 1 for one step), the real score (the frozen teacher, its guidance folded
 in) and the fake score (a copy of the teacher trained, with the teacher's own objective, on the generator's samples:
-moh_dit/training/companions.py). Each training step updates one of the two trained networks; of every
+moh_dit/training/distill/companions.py). Each training step updates one of the two trained networks; of every
 ``fake_updates + 1`` steps the first updates the generator, the others the fake score (two time-scales):
 
     generator   x_t = (1 - t) x + t eps at a flow time t drawn per sample (no gradient through t or eps);
-                loss = VSD(x; x0_real(x_t, t), x0_fake(x_t, t))  [moh_dit/objectives/dmd_losses.py]
+                loss = VSD(x; x0_real(x_t, t), x0_fake(x_t, t))  [moh_dit/objectives/distill/dmd_losses.py]
                        + gan_weight * softplus(-D(features of the fake score at x_t))
                        + regression * |x(noise of a teacher trajectory) - its end|^2     (DMD's regression, optional)
     fake score  the teacher's objective on the generator's samples (no gradient to the generator)
@@ -35,36 +35,22 @@ Each training step updates one network; the logs count the updates of each (``ge
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
 from moh_dit.errors import ConfigError
-from moh_dit.objectives.base import Losses, Noised, NoiseLevel
-from moh_dit.objectives.distill import MeanFlowDistill
-from moh_dit.objectives.distill_times import sampler_intervals
-from moh_dit.objectives.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
-from moh_dit.objectives.flow_schedulers import MeanFlowScheduler
-from moh_dit.objectives.noise import flow_sigma
+from moh_dit.objectives.base import Losses, Noised
+from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
+from moh_dit.objectives.distill.generator import GridGenerator
+from moh_dit.objectives.distill.grids import MIDPOINT
+from moh_dit.objectives.distill.meanflow import MeanFlowDistill
 
-__all__ = ["DMD2Distill", "DMD_INPUTS", "generator_grids"]
-
-DMD_INPUTS = ("data", "generator")  # a multi-step generator's input at a grid time
-MIDPOINT = 0.5  # the unshifted two-step grid's middle time (FastGen's [0.999, 0.5, 0])
+__all__ = ["DMD2Distill"]
 
 
-def generator_grids(steps: tuple[int, ...], midpoint: float = MIDPOINT) -> dict[int, list[float]]:
-    """Each step count's grid of start times (1 first, 0 left out), shifted so that the two-step grid's middle time is
-    ``midpoint`` (SD3's shift ``s t / (1 + (s - 1) t)`` with ``s = midpoint / (1 - midpoint)``)."""
-    shift = midpoint / (1 - midpoint)
-    grids = {}
-    for n, intervals in ((n, sampler_intervals((n,))) for n in steps):
-        grids[n] = [round(shift * a / (1 + (shift - 1) * a), 12) for a, _ in intervals]
-    return grids
-
-
-class DMD2Distill(MeanFlowDistill):
+class DMD2Distill(GridGenerator, MeanFlowDistill):
     """DMD2 (see the module docstring).
 
     Args:
@@ -86,7 +72,7 @@ class DMD2Distill(MeanFlowDistill):
 
     method = "dmd2"
     title = "A DMD2 generator"
-    trained_models = ("fake_score",)  # trained beside the student (moh_dit.training.companions)
+    trained_models = ("fake_score",)  # trained beside the student (moh_dit.training.distill.companions)
     draws_config_times = False  # its start times are its grids', the VSD loss's its own (objective.time_* unread)
     # what the logs call each network's updates: the student is DMD2's generator
     update_names = {"student": "generator_updates", "fake_score": "fake_score_updates"}
@@ -143,8 +129,6 @@ class DMD2Distill(MeanFlowDistill):
         steps = tuple(dmd_steps)
         if not steps or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in steps):
             raise ConfigError(f"distill.dmd_steps must be step counts >= 1, e.g. [1], got {list(steps)!r}")
-        if dmd_input not in DMD_INPUTS:
-            raise ConfigError(f"distill.dmd_input must be {' or '.join(DMD_INPUTS)}, got {dmd_input!r}")
         low, high = (float(v) for v in dmd_time)
         if not 0 < low < high <= 1:
             raise ConfigError(f"distill.dmd_time must be [first, last] flow times in (0, 1], got {list(dmd_time)!r}")
@@ -153,14 +137,7 @@ class DMD2Distill(MeanFlowDistill):
         self.dmd_steps, self.dmd_input, self.dmd_time = steps, dmd_input, (low, high)
         self.real_guidance = None if real_guidance is None else float(real_guidance)
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
-        grids = generator_grids(steps, self.dmd_midpoint)
-        # every start time of the grids the generator samples with (1 first), and the grid times before each on the
-        # coarsest grid that holds it (the path of its backward simulation)
-        self.start_times = sorted({start for grid in grids.values() for start in grid}, reverse=True)
-        self.paths = {}
-        for n in sorted(grids):
-            for index, start in enumerate(grids[n]):
-                self.paths.setdefault(start, grids[n][:index])
+        self.place_grids(steps, dmd_input, self.dmd_midpoint)
 
     @classmethod
     def frozen_models_for(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
@@ -241,13 +218,6 @@ class DMD2Distill(MeanFlowDistill):
         """Whether the GAN term and its discriminator train at ``step``."""
         return bool(self.gan_weight) and (step or 0) >= self.gan_start
 
-    def simulated_forwards(self) -> float:
-        """The generator's forwards (without gradient) of the backward simulation, per image on average: each start
-        time's path, the start times drawn alike (none with the data as the input)."""
-        if self.dmd_input != "generator":
-            return 0.0
-        return sum(len(self.paths[s]) for s in self.start_times) / len(self.start_times)
-
     def step_forwards(self, step: int, companions: Mapping[str, Any] | None = None) -> float:
         """Every pass of the networks trained at training ``step``, per image, in forwards at the student's size (a
         backward counts two; the teacher's evaluations are counted as they happen). The generator's step: its
@@ -277,24 +247,6 @@ class DMD2Distill(MeanFlowDistill):
         return (2.0 if guided else 1.0) / (self.fake_updates + 1)
 
     # ------------------------------------------------------------------------------------------------
-    # Sampling: the data predicted at each grid time, noised afresh to the next
-    # ------------------------------------------------------------------------------------------------
-    def make_scheduler(self, name: str) -> MeanFlowScheduler:
-        self.check_sampler(name)
-        return MeanFlowScheduler(num_train_timesteps=1000, renoise=True)
-
-    def set_timesteps(
-        self, scheduler: MeanFlowScheduler, steps: int, time_shift: float, device: torch.device | str | None
-    ) -> None:
-        """The grids it trained at (the two-step grid's middle at ``dmd_midpoint``), shifted further by ``time_shift``
-        (shifts compose by multiplying)."""
-        super().set_timesteps(scheduler, steps, time_shift * self.dmd_midpoint / (1 - self.dmd_midpoint), device)
-
-    def step_time(self, scheduler: MeanFlowScheduler, index: int, t: torch.Tensor):
-        now = scheduler.sigmas[index].float().to(t.device)
-        return self.network_time(now, torch.zeros_like(now)), NoiseLevel(flow_sigma(float(now)))
-
-    # ------------------------------------------------------------------------------------------------
     # Training
     # ------------------------------------------------------------------------------------------------
     def noised(self, x0: torch.Tensor, generator: torch.Generator, device: torch.device) -> Noised:
@@ -316,44 +268,6 @@ class DMD2Distill(MeanFlowDistill):
         }
         terms = {k: v.to(device) for k, v in terms.items()} | {"real": x0}
         return Noised(x0, self.network_time(terms["start"], torch.zeros_like(terms["start"])), terms)
-
-    def generate(self, net, noised: Noised, labels: torch.Tensor | None, drop, autocast, **kwargs: Any):
-        """The generator's samples ``x`` from its inputs at the drawn start times (pure noise at 1), and its output
-        (MoH's loss, head masks). A start time below 1 sees the data noised to it, or the generator's own sample from
-        the grid time before (without gradient), noised to it."""
-        terms = noised.terms
-        start, noise = terms["start"], terms["start_noise"]
-        source = terms["real"]
-        if self.dmd_input == "generator" and bool((start < 1).any()):
-            source = self.backward_simulation(net, noise, start, labels, drop, autocast)
-        shape = (-1, *([1] * (noise.ndim - 1)))
-        z = (1 - start).reshape(shape) * source + start.reshape(shape) * noise
-        with autocast():
-            out = self.average_velocity(net, z, start, torch.zeros_like(start), labels, drop, **kwargs)
-        return z - start.reshape(shape) * out.sample.float(), out
-
-    @torch.no_grad()
-    def backward_simulation(self, net, noise, start, labels, drop, autocast) -> torch.Tensor:
-        """For each sample that starts below 1, the generator's own prediction of the data at the grid time before
-        its start: from pure noise down its path (the coarsest grid that holds its start), renoised with its
-        ``noise`` to each next time; only those rows are run."""
-        x = torch.zeros_like(noise)
-        for target in self.start_times:
-            path = self.paths[target]
-            rows = (start == target).nonzero().flatten()
-            if not path or rows.numel() == 0:
-                continue
-            z, y = noise[rows], labels[rows] if labels is not None else None
-            dropped = drop[rows] if drop is not None else None
-            for index, now in enumerate(path):
-                t = torch.full((rows.numel(),), now, device=noise.device)
-                with autocast(), net.routed_rows(rows) if hasattr(net, "routed_rows") else nullcontext():
-                    u = self.average_velocity(net, z, t, torch.zeros_like(t), y, dropped).sample.float()
-                predicted = z - now * u
-                after = path[index + 1] if index + 1 < len(path) else target
-                z = (1 - after) * predicted + after * noise[rows]
-            x[rows] = predicted
-        return x
 
     def forward_losses(
         self,

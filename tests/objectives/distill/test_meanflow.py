@@ -1,4 +1,4 @@
-"""MeanFlow distilled from a teacher (moh_dit/objectives/distill.py, moh_dit/training/teacher.py): the teacher's guided
+"""MeanFlow distilled from a teacher (moh_dit/objectives/distill/meanflow.py, moh_dit/training/distill/teacher.py): the teacher's guided
 velocity, the finite-difference derivative in its central, forward and backward cases, and the loss against NVlabs/
 FastGen's code on fixed inputs (recorded by tests/reference_outputs/record_fastgen.py); the finite difference against
 the exact JVP, through MoH's routing held too; every objective's velocity of the linear path against a closed form; the
@@ -22,12 +22,12 @@ from moh_dit.objectives.distill import TIME_CONVENTIONS, MeanFlowDistill, finite
 from moh_dit.objectives.flow import Flow
 from moh_dit.objectives.meanflow import MeanFlow
 from moh_dit.objectives.noise import ddpm_timestep
-from moh_dit.training.teacher import TeacherGuidance, guided_velocity
+from moh_dit.training.distill.teacher import TeacherGuidance, guided_velocity
 
-from ..helpers.toy_velocity import CLASSES, ToyAverageVelocity, ToyTeacher
-from .test_meanflow import SCALE, GaussianAverageVelocity, true_average_velocity, true_velocity
+from ...helpers.toy_velocity import CLASSES, ToyAverageVelocity, ToyTeacher
+from ..test_meanflow import SCALE, GaussianAverageVelocity, true_average_velocity, true_velocity
 
-HERE = Path(__file__).resolve().parents[1] / "reference_outputs"
+HERE = Path(__file__).resolve().parents[2] / "reference_outputs"
 REC = load_file(HERE / "fastgen_official.safetensors")
 SETTINGS = json.loads((HERE / "fastgen_official.json").read_text())
 NO_AUTOCAST = contextlib.nullcontext

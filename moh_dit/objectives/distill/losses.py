@@ -11,7 +11,7 @@ r"""The meanflow method's loss and the references' stabilisers, per sample (docs
 itself, grows in over the first steps; sCM's 10k, FastGen's distillation recipe 2000). Without clamp and warm-up,
 ``l2`` is MeanFlow's loss exactly. ``opt-grad`` regresses the student on a step of bounded length towards its target
 (its gradient is ``2 g / (norm(g) + eps)^p``): one far-off sample cannot dominate an update. The arithmetic is in
-float64, as FastGen's ``_mf_pred_to_loss``; ``tests/objectives/test_distill_losses.py`` checks every case against
+float64, as FastGen's ``_mf_pred_to_loss``; ``tests/objectives/distill/test_losses.py`` checks every case against
 outputs recorded from it.
 """
 

@@ -39,11 +39,11 @@ import torch
 from moh_dit.errors import ConfigError
 from moh_dit.model.token_routing import rows_of_route
 from moh_dit.objectives.base import Losses, Noised
-from moh_dit.objectives.distill_derivative import X1000, FiniteDifference, default_fd_eps, finite_difference_times
-from moh_dit.objectives.distill_heads import HEADS
-from moh_dit.objectives.distill_losses import TangentLoss
-from moh_dit.objectives.distill_methods import DEFAULT_METHOD, method_entry
-from moh_dit.objectives.distill_times import IntervalCoverage, TimeDistribution
+from moh_dit.objectives.distill.derivative import X1000, FiniteDifference, default_fd_eps, finite_difference_times
+from moh_dit.objectives.distill.heads import HEADS
+from moh_dit.objectives.distill.losses import TangentLoss
+from moh_dit.objectives.distill.methods import DEFAULT_METHOD, method_entry
+from moh_dit.objectives.distill.times import IntervalCoverage, TimeDistribution
 from moh_dit.objectives.linear_path import timestep_of_flow_time
 from moh_dit.objectives.meanflow import MeanFlow
 
@@ -87,16 +87,16 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
             ``noise_until``: the latter's last flow time of DDIM's exact parameterization.
         time_sampling, time_mean, time_std, equal_times, adaptive_power, adaptive_eps, jvp_autocast: MeanFlow's
             (:class:`~moh_dit.objectives.meanflow.MeanFlow`).
-        method: the distillation method (:data:`moh_dit.objectives.distill_methods.METHODS`; recorded).
+        method: the distillation method (:data:`moh_dit.objectives.distill.methods.METHODS`; recorded).
         r_time_sampling, r_time_mean, r_time_std, grid_share, grid_steps: the interval coverage
-            (:class:`~moh_dit.objectives.distill_times.IntervalCoverage`).
+            (:class:`~moh_dit.objectives.distill.times.IntervalCoverage`).
         loss, spatial_invariance, tangent_clamp, tangent_warmup: the loss and its stabilisers
-            (:class:`~moh_dit.objectives.distill_losses.TangentLoss`); ``anchor``: the weight of the flow-matching
+            (:class:`~moh_dit.objectives.distill.losses.TangentLoss`); ``anchor``: the weight of the flow-matching
             anchor on the interval samples.
     """
 
     name = "distill"
-    frozen_models = ("teacher",)  # the teacher beside the student (moh_dit.training.teacher)
+    frozen_models = ("teacher",)  # the teacher beside the student (moh_dit.training.distill.teacher)
     method = DEFAULT_METHOD
     title = "MeanFlow"  # what the student is, in its description
 
@@ -313,7 +313,7 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
     # Training
     # ------------------------------------------------------------------------------------------------
     def draw_times(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(t, r)`` by the interval coverage (:class:`~moh_dit.objectives.distill_times.IntervalCoverage`)."""
+        """``(t, r)`` by the interval coverage (:class:`~moh_dit.objectives.distill.times.IntervalCoverage`)."""
         return self.coverage.draw(n, generator)
 
     def forward_losses(
@@ -329,7 +329,7 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
         ema: torch.nn.Module | None = None,
     ) -> tuple[Losses, Any]:
         """The teacher's guided velocity, the student's ``u`` and ``du/dt`` (a JVP or finite differences, on the bare
-        module), then the loss with its stabilisers (:class:`~moh_dit.objectives.distill_losses.TangentLoss` at
+        module), then the loss with its stabilisers (:class:`~moh_dit.objectives.distill.losses.TangentLoss` at
         training ``step``: the warm-up) and the anchor. The logs follow the unweighted error against the unclamped
         target."""
         from accelerate.utils import extract_model_from_parallel

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from moh_dit.data.training_data import TrainingData
     from moh_dit.training.config_sections import Config, DistillSection
 
-__all__ = ["student_from_teacher"]  # ``teacher``: a moh_dit.training.teacher.Teacher (not imported: it imports this)
+__all__ = [
+    "student_from_teacher"
+]  # ``teacher``: a moh_dit.training.distill.teacher.Teacher (not imported: it imports this)
 
 logger = logging.getLogger("moh_dit.train")
 
@@ -34,7 +36,7 @@ def student_from_teacher(teacher: Any, config: Config, data: TrainingData) -> tu
     name and shape; MeanFlow's second time embedding starts at zero, so that it adds nothing yet. Returns the model and
     a report of what was copied."""
     from moh_dit.model.presets import preset_config
-    from moh_dit.objectives.distill_heads import HEADS, native_head
+    from moh_dit.objectives.distill import HEADS, native_head
     from moh_dit.training.objective import objective_record, run_objective
     from moh_dit.training.setup import HOW_TO_DROP_OVERRIDES
 

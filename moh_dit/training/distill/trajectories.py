@@ -1,11 +1,11 @@
 r"""The teacher's own sampling trajectories, for trajectory distillation (``distill.method: trajectory``;
-moh_dit/objectives/trajectory.py, docs/objective.md#trajectory-distillation).
+moh_dit/objectives/distill/trajectory.py, docs/objective.md#trajectory-distillation).
 
 A trajectory is the teacher's sampler run from noise on the linear path (flow time 1 is noise), its states kept at
 every time of its grid: the teacher's own steps (its recorded sampler and step count, or ``distill.trajectory_*``)
 with the times the student samples at added (0.5 for two steps, ...), so that the student's own intervals are secants
 of the trajectory. The velocity the sampler follows is the teacher's, guided as the distillation folds it in
-(:meth:`moh_dit.training.teacher.Teacher.velocity`: its recorded CFG or autoguidance in its interval); a share of the
+(:meth:`moh_dit.training.distill.teacher.Teacher.velocity`: its recorded CFG or autoguidance in its interval); a share of the
 trajectories (the teacher's label dropout) is unconditional and unguided, so that the student keeps its unconditional
 branch.
 
@@ -35,7 +35,7 @@ import torch
 from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.files import atomic_path, atomic_write_json
 from moh_dit.manifests import differences, fingerprint_file, format_differences
-from moh_dit.objectives.distill_times import sampler_intervals
+from moh_dit.objectives.distill import sampler_intervals
 from moh_dit.seeding import index_generator, label_for_index, mix
 from moh_dit.training.frozen import FrozenModel
 

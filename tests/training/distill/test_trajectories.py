@@ -1,4 +1,4 @@
-"""The teacher's trajectories for trajectory distillation (moh_dit/training/trajectories.py, trajectory_sources.py,
+"""The teacher's trajectories for trajectory distillation (moh_dit/training/distill/trajectories.py, trajectory_sources.py,
 moh_dit/cli/trajectories.py): the sampler's states against a hand-written Euler, the grid with the student's times,
 a set recorded in pieces (a stopped recording finished later, on two processes) equal to one recorded at once, a
 folder of another plan refused before anything is written, a set of another teacher refused, a missing or damaged
@@ -15,8 +15,7 @@ from safetensors.torch import load_file
 
 from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.training.config import load_config
-from moh_dit.training.trainer import train
-from moh_dit.training.trajectories import (
+from moh_dit.training.distill.trajectories import (
     MANIFEST,
     StoredTrajectories,
     TrajectoryPlan,
@@ -24,8 +23,9 @@ from moh_dit.training.trajectories import (
     run_teacher_sampler,
     trajectory_grid,
 )
+from moh_dit.training.trainer import train
 
-from ..helpers.factories import run_command, tiny_train_config, torchrun, train_tiny
+from ...helpers.factories import run_command, tiny_train_config, torchrun, train_tiny
 
 TEACHER = {"sha256": "ab" * 32, "objective": {"name": "flow"}, "guidance": {"scale": 2.0}}
 
@@ -190,9 +190,9 @@ def test_the_documented_pair_records_a_set_that_the_documented_config_trains_on(
     the sizes are made small, on both sides alike."""
     from pathlib import Path
 
-    from ..helpers.factories import tiny_train_overrides
+    from ...helpers.factories import tiny_train_overrides
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     config = root / "configs" / "fashion_mnist_moh_distill_trajectory.yaml"
     small = [*tiny_train_overrides(tmp_path / "student", image_dir), f"distill.teacher={flow_teacher}",
              "distill.trajectory_count=6", "distill.trajectory_shard_size=2", "distill.trajectory_steps=3",

@@ -1,4 +1,4 @@
-"""The meanflow method's loss and stabilisers (moh_dit/objectives/distill_losses.py) against NVlabs/FastGen's
+"""The meanflow method's loss and stabilisers (moh_dit/objectives/distill/losses.py) against NVlabs/FastGen's
 ``_mf_pred_to_loss`` on fixed inputs (recorded by tests/reference_outputs/record_fastgen.py): ``opt_grad`` with and
 without its spatial invariance, other norm constants and powers, the tangent warm-up part-way, ``l2`` warmed up; and
 what FastGen does not have: the tangent clamp (FACM's), checked against its closed form."""
@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from moh_dit.errors import ConfigError
-from moh_dit.objectives.distill_losses import TangentLoss
+from moh_dit.objectives.distill.losses import TangentLoss
 
-HERE = Path(__file__).resolve().parents[1] / "reference_outputs"
+HERE = Path(__file__).resolve().parents[2] / "reference_outputs"
 REC = load_file(HERE / "fastgen_official.safetensors")
 CASES = json.loads((HERE / "fastgen_official.json").read_text())["loss_cases"]
 
@@ -95,7 +95,7 @@ def test_l2_on_a_config_with_spatial_invariance_names_the_key_to_change():
     from moh_dit.errors import ConfigError
     from moh_dit.training.config import load_config
 
-    config = Path(__file__).resolve().parents[2] / "configs" / "fashion_mnist_moh_distill.yaml"
+    config = Path(__file__).resolve().parents[3] / "configs" / "fashion_mnist_moh_distill.yaml"
     with pytest.raises(ConfigError, match="with distill.loss=l2 set distill.spatial_invariance=false"):
         load_config(config, ["distill.loss=l2"])
     load_config(config, ["distill.loss=l2", "distill.spatial_invariance=false"])

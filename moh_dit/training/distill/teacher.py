@@ -157,8 +157,8 @@ class Teacher(FrozenModel):
         return f"{self.source} ({self.objective.describe()}; weights {self.fingerprint[:12]}){how}"
 
     def initial_student(self, config: Config, data: TrainingData) -> tuple[MoHDiT, dict]:
-        """The student this teacher starts (:func:`moh_dit.training.students.student_from_teacher`)."""
-        from moh_dit.training.students import student_from_teacher
+        """The student this teacher starts (:func:`moh_dit.training.distill.students.student_from_teacher`)."""
+        from moh_dit.training.distill.students import student_from_teacher
 
         return student_from_teacher(self, config, data)
 

@@ -1,5 +1,5 @@
 r"""The losses of distribution matching distillation (DMD2, Yin et al. 2024, arXiv:2405.14867), per sample, as
-NVlabs/FastGen's ``fastgen/methods/common_loss.py`` computes them (``tests/objectives/test_dmd2.py`` checks each, with
+NVlabs/FastGen's ``fastgen/methods/common_loss.py`` computes them (``tests/objectives/distill/test_dmd2.py`` checks each, with
 its gradient, against outputs recorded from it):
 
     variational score distillation, the generator's loss (x: its sample, x0_real / x0_fake: the two scores' clean

@@ -1,4 +1,4 @@
-"""DMD2's losses (moh_dit/objectives/dmd_losses.py) against NVlabs/FastGen's ``common_loss.py`` on fixed inputs
+"""DMD2's losses (moh_dit/objectives/distill/dmd_losses.py) against NVlabs/FastGen's ``common_loss.py`` on fixed inputs
 (recorded by tests/reference_outputs/record_fastgen_dmd.py): the variational score distillation loss and its gradient
 (with and without a per-sample scale), the non-saturating GAN losses and their gradients, and the fake score's
 denoising loss as the flow objective computes it (FastGen's ``flow`` prediction), with its gradient."""
@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from moh_dit.objectives.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
+from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
 from moh_dit.objectives.flow import Flow
 
-REC = load_file(Path(__file__).resolve().parents[1] / "reference_outputs" / "fastgen_dmd.safetensors")
+REC = load_file(Path(__file__).resolve().parents[2] / "reference_outputs" / "fastgen_dmd.safetensors")
 
 
 def mean_and_grad(fn, *inputs):
@@ -80,7 +80,7 @@ def test_the_renoising_sampler_predicts_the_data_and_noises_it_afresh_at_each_gr
 
 
 def test_of_every_fake_updates_plus_one_steps_the_first_updates_the_generator():
-    from moh_dit.objectives.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
 
     objective = DMD2Distill(fake_updates=4)
     assert [objective.updates(s) for s in range(6)] == ["student", *["fake_score"] * 4, "student"]
@@ -92,7 +92,8 @@ def test_of_every_fake_updates_plus_one_steps_the_first_updates_the_generator():
 # Grids, backward simulation, the real score's guidance, the keys
 # ----------------------------------------------------------------------------------------------------
 def test_the_grids_put_the_two_step_middle_at_the_midpoint_and_each_start_follows_its_coarsest_grid():
-    from moh_dit.objectives.dmd2 import DMD2Distill, generator_grids
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill.grids import generator_grids
 
     assert generator_grids((1, 2)) == {1: [1.0], 2: [1.0, 0.5]}
     assert generator_grids((2,), 0.3)[2] == pytest.approx([1.0, 0.3])
@@ -109,7 +110,7 @@ def test_the_grids_put_the_two_step_middle_at_the_midpoint_and_each_start_follow
 
 
 def test_the_sampler_steps_on_the_grid_the_generator_trained_at():
-    from moh_dit.objectives.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
 
     objective = DMD2Distill(dmd_steps=[1, 2], dmd_midpoint=0.3)
     scheduler = objective.make_scheduler("meanflow")
@@ -139,7 +140,7 @@ class _CountingGenerator(torch.nn.Module):
 
 
 def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_only_those_rows():
-    from moh_dit.objectives.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
 
     objective = DMD2Distill(dmd_steps=[1, 2, 4], dmd_input="generator")
     net = _CountingGenerator()
@@ -183,7 +184,7 @@ def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, t
 
 def test_the_real_guidance_and_the_midpoint_are_recorded_and_a_generator_keeps_its_own():
     from moh_dit.errors import ConfigError
-    from moh_dit.objectives.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
 
     plain = DMD2Distill()
     assert "real_guidance" not in plain.record() and "dmd_midpoint" not in plain.record()  # as moh-dit 0.6 wrote it
@@ -198,9 +199,9 @@ def test_the_real_guidance_and_the_midpoint_are_recorded_and_a_generator_keeps_i
 
 def test_the_real_score_is_the_teacher_at_its_own_guidance_scale():
     """``scale`` replaces the teacher's guidance scale, over its flow times: 1 is its conditional velocity alone."""
-    from moh_dit.training.teacher import Teacher, TeacherGuidance, guided_velocity
+    from moh_dit.training.distill.teacher import Teacher, TeacherGuidance, guided_velocity
 
-    from ..helpers.toy_velocity import ToyTeacher
+    from ...helpers.toy_velocity import ToyTeacher
 
     toy = ToyTeacher()
 

@@ -1,5 +1,5 @@
-"""Which intervals a distillation trains (moh_dit/objectives/distill_times.py) and how trajectory distillation snaps
-them to its trajectories' grid (moh_dit/objectives/trajectory.py): MeanFlow's own draws by default, r from its own
+"""Which intervals a distillation trains (moh_dit/objectives/distill/times.py) and how trajectory distillation snaps
+them to its trajectories' grid (moh_dit/objectives/distill/trajectory.py): MeanFlow's own draws by default, r from its own
 distribution, a share exactly on the sampler's intervals, the share near the one-step interval against its closed
 form, and the snapped pairs."""
 
@@ -13,9 +13,9 @@ import torch
 
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.distill import MeanFlowDistill
-from moh_dit.objectives.distill_times import IntervalCoverage, TimeDistribution, sampler_intervals
+from moh_dit.objectives.distill.times import IntervalCoverage, TimeDistribution, sampler_intervals
+from moh_dit.objectives.distill.trajectory import snap_to_grid
 from moh_dit.objectives.meanflow import MeanFlow
-from moh_dit.objectives.trajectory import snap_to_grid
 
 
 def test_by_default_a_student_draws_meanflows_own_times():

@@ -1,4 +1,4 @@
-"""A distillation's teacher (moh_dit/training/teacher.py) and the run around it: a student that starts as its flow
+"""A distillation's teacher (moh_dit/training/distill/teacher.py) and the run around it: a student that starts as its flow
 teacher (any interval, MeanFlow's embedding at zero or Decoupled MeanFlow's split) or with its DDPM teacher's backbone;
 a teacher that does not fit the data refused in one line before training; the teacher recorded in the run, its
 checkpoints and the student's config and card; a resume beside another teacher or without one refused; the student
@@ -16,7 +16,7 @@ from moh_dit.sampling.loading import load_pipeline
 from moh_dit.training.config import load_config
 from moh_dit.training.trainer import Trainer, train
 
-from ..helpers.factories import make_image_folder, run_in_process, tiny_train_config, train_tiny
+from ...helpers.factories import make_image_folder, run_in_process, tiny_train_config, train_tiny
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
     # evaluate --model samples it in one step, unguided; so does the demo's page with its defaults
     import evaluate_fid
 
-    from ..helpers.tiny_extractor import TINY
+    from ...helpers.tiny_extractor import TINY
 
     evaluate_fid.main(
         ["--model", str(summary["pipeline"]), "--reference", str(image_dir), "--extractor", TINY, "--num-samples", "4",
@@ -364,9 +364,9 @@ def test_every_distill_key_is_what_the_student_is_where_it_came_from_or_how_it_t
     refused nor logged on resume."""
     import dataclasses
 
-    from moh_dit.objectives.distill_methods import METHODS, identity_keys, keys_of_other_methods
+    from moh_dit.objectives.distill.methods import METHODS, identity_keys, keys_of_other_methods
     from moh_dit.training.config_sections import DistillSection
-    from moh_dit.training.setup import run_settings
+    from moh_dit.training.run_identity import run_settings
 
     for name, found in METHODS.items():
         assert set(found.identity) | set(found.provenance) <= set(found.keys), name

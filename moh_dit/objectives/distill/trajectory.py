@@ -6,10 +6,10 @@ Lagrangian flow-map distillation, Boffi et al. 2025, arXiv:2505.18825):
     u_tgt(x_ti, ti, ti) = v_T(x_ti, ti)                     r = t: the teacher's guided velocity at the state
     L = sum over pixels (u - u_tgt)^2,   loss = L / sg(L + c)^p      (MeanFlow's adaptive weight)
 
-The trajectories are the teacher's sampler run from noise with its guidance (moh_dit/training/trajectories.py): a
+The trajectories are the teacher's sampler run from noise with its guidance (moh_dit/training/distill/trajectories.py): a
 regression on fixed targets, with no derivative of the student and nothing of the student's own in its target, so
 none of MeanFlow's self-reference. ``(t, r)`` are drawn as every method draws them (the interval coverage,
-:class:`~moh_dit.objectives.distill_times.IntervalCoverage`: a share on the student's own sampling intervals) and
+:class:`~moh_dit.objectives.distill.times.IntervalCoverage`: a share on the student's own sampling intervals) and
 snapped to the trajectory's grid, which holds the student's sampling times. The student and its sampling are the
 meanflow method's (:class:`~moh_dit.objectives.distill.MeanFlowDistill`): a trajectory student can be post-trained
 by MeanFlow (``distill.student_from``), CMT's second stage.
@@ -25,7 +25,7 @@ import torch
 
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
-from moh_dit.objectives.distill import MeanFlowDistill
+from moh_dit.objectives.distill.meanflow import MeanFlowDistill
 
 __all__ = ["TrajectoryDistill", "snap_to_grid"]
 
@@ -45,7 +45,7 @@ def snap_to_grid(t: torch.Tensor, r: torch.Tensor, grid: torch.Tensor) -> tuple[
 
 class TrajectoryDistill(MeanFlowDistill):
     """Trajectory distillation (see the module docstring). The trajectory keys (``distill.trajectories``, ...) shape
-    the set beside the student (``moh_dit.training.trajectory_sources``), recorded here for its card."""
+    the set beside the student (``moh_dit.training.distill.sources``), recorded here for its card."""
 
     method = "trajectory"
     title = "A flow map"

@@ -1,6 +1,6 @@
 """Where a trajectory distillation's trajectories come from (``distill.trajectories``): drawn online, a set the run
 records into its own folder, or a set recorded before; and the plan of a set from a config and a teacher
-(moh_dit/training/trajectories.py has the sets themselves)."""
+(moh_dit/training/distill/trajectories.py has the sets themselves)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from moh_dit.errors import ConfigError
-from moh_dit.objectives.distill_times import sampler_intervals
-from moh_dit.training.trajectories import (
+from moh_dit.objectives.distill import sampler_intervals
+from moh_dit.training.distill.trajectories import (
     FALLBACK_SAMPLER,
     MANIFEST,
     TRAJECTORY_SAMPLERS,
@@ -27,8 +27,8 @@ from moh_dit.training.trajectories import (
 if TYPE_CHECKING:
     from moh_dit.data.training_data import TrainingData
     from moh_dit.training.config_sections import Config, DistillSection
+    from moh_dit.training.distill.teacher import Teacher
     from moh_dit.training.frozen import FrozenModel
-    from moh_dit.training.teacher import Teacher
 
 __all__ = ["ONLINE", "RUN_FOLDER", "plan_of", "trajectory_source", "teacher_velocity", "record_set"]
 

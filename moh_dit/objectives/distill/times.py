@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from moh_dit.errors import ConfigError
+from moh_dit.objectives.distill.grids import sampler_intervals
 from moh_dit.objectives.meanflow import TIME_SAMPLING
 
-__all__ = ["TimeDistribution", "IntervalCoverage", "sampler_intervals"]
+__all__ = ["TimeDistribution", "IntervalCoverage"]
 
 
 @dataclass(frozen=True)
@@ -47,16 +48,6 @@ class TimeDistribution:
         if self.sampling == "uniform":
             return torch.rand(n, generator=generator)
         return torch.sigmoid(self.mean + self.std * torch.randn(n, generator=generator))
-
-
-def sampler_intervals(steps: tuple[int, ...]) -> list[tuple[float, float]]:
-    """The intervals ``(start, end)`` the few-step sampler evaluates with each count of ``steps`` (the unshifted grid
-    ``1, 1 - 1/n, ..., 0`` of :meth:`moh_dit.objectives.meanflow.MeanFlow.set_timesteps`), each once."""
-    found: dict[tuple[float, float], None] = {}
-    for n in steps:
-        grid = torch.linspace(1.0, 0.0, n + 1, dtype=torch.float64).tolist()
-        found.update({(grid[i], grid[i + 1]): None for i in range(n)})
-    return list(found)
 
 
 @dataclass(frozen=True)
