@@ -290,3 +290,22 @@ def test_patch_seam_ratio_rejects_what_it_cannot_measure():
         patch_seam_ratio(np.ones((2, 8, 8)), 4)
     with pytest.raises(ValueError, match="offset must be between 0 and 3"):
         patch_seam_ratio(np.zeros((2, 8, 8)), 4, offset=4)
+
+
+def test_the_references_knn_radii_are_computed_once_per_reference_and_change_nothing(monkeypatch):
+    """Scoring against the same reference again reuses its k-NN radii (most of a small evaluation's time); another
+    reference, or the same one changed, gets its own; the numbers equal a fresh computation."""
+    from moh_dit.evaluation import metrics
+
+    g = np.random.default_rng(0)
+    ref, gen = g.normal(size=(300, 8)).astype(np.float32), g.normal(size=(40, 8)).astype(np.float32)
+    metrics._RADII.clear()
+    fresh = metrics.precision_recall(ref, gen, device="cpu")
+    calls = []
+    real = metrics.knn_radii
+    monkeypatch.setattr(metrics, "knn_radii", lambda f, *a: calls.append(len(f)) or real(f, *a))
+    assert metrics.precision_recall(ref, gen, device="cpu") == fresh and calls == [40]  # the samples' only
+    changed = ref.copy()
+    changed[0, 0] += 1
+    metrics.precision_recall(changed, gen, device="cpu")
+    assert calls == [40, 300, 40]
