@@ -37,6 +37,7 @@ the images and the wall-clock, against the teacher's training.
     python -m experiments.distill --part train    # teachers, then students, baselines and ablations (resumable)
     python -m experiments.distill --part score    # students at 1, 2, 4 steps; teachers at 25
     python -m experiments.distill --arms dmd2-study    # the dmd2 study alone (the teachers first)
+    python -m experiments.distill --scale tiny --out /tmp/distill    # the smoke run: one run of each kind (3 to 6 minutes on 2 cores: 5.6 measured beside two trainings)
     python -m experiments.distill --report-only
 
 Points already in the records are kept, not redone (--rescore redoes them).

@@ -4,7 +4,7 @@ r"""MoH-DiT against DiT at the embedded default's budget, and a DiT continue-tun
     python -m experiments.quality --part study          # MoH-DiT-Ti/4-{90,75,50} against DiT-Ti/4, 3 seeds
     python -m experiments.quality --part continue       # DiT -> MoH-DiT continue-tuning (uses the study's DiT runs)
     python -m experiments.quality --scale gpu           # 20k steps, 10k samples, DDPM-250, on a GPU
-    python -m experiments.quality --scale tiny          # a smoke run (seconds)
+    python -m experiments.quality --scale tiny          # a smoke run (about 2 minutes on 2 cores: 116 s measured)
     python -m experiments.quality --report-only         # rewrite RESULTS.md from results.json
 
 **The study** trains DiT-Ti/4 and its MoH-DiT twins at 90%, 75% and 50% active heads with the embedded
