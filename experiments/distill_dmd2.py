@@ -15,6 +15,10 @@ simulation, and the whole distillation within the teacher's training in network 
     dmd2g-{kind}-g{r}         DMD2 from the teacher itself, the whole budget
     ganonly-{kind}            a GAN fine-tune of the teacher's weights (GDD, D2O): no distillation loss, one
                               discriminator update per generator update, the whole budget
+    rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
+                              1024 trajectories, and from the short stage's length on a VSD term at the recipe's
+                              real-score scale, the fake score on 1 of 5 steps at a fifth of the rate; the budget
+                              fills with its own set counted
 
 Each DMD2 arm sets every key it is measured with, so that a later change of a config's defaults leaves its meaning.
 The lengths are counted, not guessed: a stage's steps are what the teacher's budget (8,300 steps x 16 images x 3 =
@@ -54,6 +58,9 @@ FROM_SHORT = {
     "ddpm": "configs/fashion_mnist_moh_dmd2_trajectory_ddpm.yaml",
 }
 FROM_TEACHER = {"flow": "configs/fashion_mnist_moh_dmd2.yaml", "ddpm": "configs/fashion_mnist_moh_dmd2_ddpm.yaml"}
+RCM = {"flow": "configs/fashion_mnist_moh_rcm.yaml", "ddpm": "configs/fashion_mnist_moh_rcm_ddpm.yaml"}
+RCM_RECIPE = {"student_updates": 4, "vsd_weight": 1.0, "fake_lr": 2e-4, "gan_weight": 0.001, "dmd_input": "generator",
+              "dmd_steps": [1, 2], "trajectory_count": 1024}  # fmt: skip
 VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes
     "nogan": {"gan_weight": 0.0},
     "data": {"dmd_input": "data"},
@@ -99,6 +106,8 @@ def dmd2_arms(kinds: tuple[str, ...], runs: Path, seed: int, sc: dict) -> dict[s
         chosen = RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"dmd2g-{kind}-{_label(CHOSEN_SCALE[kind])}"] = (FROM_TEACHER[kind], [teacher, *_overrides(chosen)])
         arms[f"ganonly-{kind}"] = (FROM_TEACHER[kind], [teacher, *_overrides(RECIPE | GAN_ONLY)])
+        rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
+        arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
 
 
@@ -110,7 +119,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 def budget_arm(arm: str) -> bool:
     """Whether ``arm`` is a DMD2 stage whose length the teacher's budget sets."""
-    return arm.startswith(("dmd2s-", "dmd2g-", "ganonly-"))
+    return arm.startswith(("dmd2s-", "dmd2g-", "ganonly-", "rcm-"))
 
 
 def start_of(arm: str) -> str | None:
@@ -119,21 +128,32 @@ def start_of(arm: str) -> str | None:
 
 
 def fill_budget(config: str, overrides: list[str], spent: float, sc: dict) -> tuple[list[str], list[str]]:
-    """The length and evaluations of a DMD2 stage that spends what is left of :data:`BUDGET` after ``spent`` (the
-    start's counted cost), at its objective's count per image (the teacher's evaluations as if all guided): ``(train
-    overrides, evaluation overrides)``. At the smoke scale the smoke run's length and evaluations."""
+    """The length and evaluations of a stage that spends what is left of :data:`BUDGET` after ``spent`` (the start's
+    counted cost) and, for a run that records its own set of trajectories, that set (as if every evaluation were
+    guided), at its objective's count per image (the teacher's evaluations as if all guided): ``(train overrides,
+    evaluation overrides)``. At the smoke scale the smoke run's length and evaluations."""
     if sc.get("smoke"):
         return [], sc["student_eval"]
     from experiments.common import ROOT
-    from moh_dit.objectives.distill import DMD2Distill
     from moh_dit.training.config import load_config
+    from moh_dit.training.objective import objective_record, run_objective
 
-    section = load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")]).distill
-    keys = ("fake_updates", "gan_weight", "vsd_weight", "dmd_steps", "dmd_input", "real_guidance", "gan_start")
-    objective = DMD2Distill(**{k: getattr(section, k) for k in keys}, guidance={"scale": 2.0})
-    per_image = objective.student_forwards() + objective.teacher_forwards()
-    cycle = objective.fake_updates + 1
-    steps = int((BUDGET - spent) / (BATCH * per_image) // cycle) * cycle
+    loaded = load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")])
+    section = loaded.distill
+    guided = {
+        "scale": 1.0 if section.guidance_scale == 1 else 2.0
+    }  # as if guided wherever the teacher is not unguided
+    objective = run_objective(loaded, objective_record(loaded) | {"time": "moh-dit", "guidance": guided}, False)
+    if "trajectories" in objective.frozen_models_for(vars(section)) and section.trajectories is None:
+        spent += section.trajectory_count * (section.trajectory_steps or 25) * 2.0  # its own set, before it trains
+    cycle = getattr(objective, "student_updates", getattr(objective, "fake_updates", 0)) + 1
+    steps = 0  # step by step, as each step spends (a stage whose terms start late spends less before)
+    while True:
+        cost = BATCH * (objective.step_forwards(steps) + objective.teacher_forwards_at(steps))
+        if spent + cost > BUDGET:
+            break
+        spent, steps = spent + cost, steps + 1
+    steps = steps // cycle * cycle
     if steps < 8 * cycle:
         raise SystemExit(f"the budget leaves {steps} steps after {spent:,.0f} evaluations: too few to train")
     every = max(cycle, math.floor(steps / 8 / cycle) * cycle)  # eight points on the curve, the last at the end

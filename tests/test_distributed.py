@@ -536,6 +536,8 @@ STABILISED = ["distill.loss=opt-grad", "distill.spatial_invariance=true", "disti
               "distill.tangent_clamp=1", "distill.anchor=0.5", "distill.grid_share=0.5"]  # fmt: skip
 TRAJECTORY = ["distill.method=trajectory", "distill.trajectory_count=6", "distill.trajectory_shard_size=2",
               "distill.trajectory_steps=3", "distill.grid_share=0.5"]  # fmt: skip
+RCM = ["distill.method=rcm", "distill.trajectory_count=6", "distill.trajectory_shard_size=2", "distill.trajectory_steps=3",
+       "distill.student_updates=2", "distill.vsd_start=2", "distill.dmd_steps=[1,2]", "distill.dmd_input=generator"]  # fmt: skip
 DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.gan_start=2",
         "distill.dmd_steps=[1,2]", "distill.dmd_input=generator", "distill.real_guidance=1.5"]  # fmt: skip
 
@@ -548,6 +550,7 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
         ("finite-difference", STABILISED),
         (None, TRAJECTORY),
         (None, DMD2),
+        (None, RCM),
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
     ids=[
@@ -556,6 +559,7 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
         "stabilised",
         "trajectory",
         "dmd2",
+        "rcm",
         "jvp-split",
     ],
 )
@@ -580,11 +584,17 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
         assert state["frozen_provenance"]["teacher"]["weights"] == str(
             flow_teacher / "pipeline"
         )  # a run: its pipeline
-    spent = ("teacher_evaluations", "network_evaluations", "generator_updates", "fake_score_updates")
+    spent = (
+        "teacher_evaluations",
+        "network_evaluations",
+        "generator_updates",
+        "student_updates",
+        "fake_score_updates",
+    )
     counted = [[[json.loads(line).get(k) for k in spent] for line in (r / "metrics.jsonl").read_text().splitlines()]
                for r in (whole, cut)]  # fmt: skip
     assert counted[0] == counted[1] and counted[0][-1][0] > 0 and counted[0][-1][1] > 0
-    if student is DMD2:  # the fake score and its optimizer, as the whole run's
+    if student in (DMD2, RCM):  # the fake score and its optimizer, as the whole run's
         for name in ("fake_score.safetensors", "fake_score.optimizer.pt"):
             a, b = (RunLayout(r).latest_checkpoint() / "companions" / name for r in (whole, cut))
             assert a.read_bytes() == b.read_bytes() or name.endswith(".pt"), name

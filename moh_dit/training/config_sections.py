@@ -193,7 +193,7 @@ class DistillSection:
     # (FastGen's) for raw times (SiT, REPA, LightningDiT)
     fd_eps: float | None = None
     # how the student learns (moh_dit/objectives/distill/methods.py): meanflow (MeanFlow's identity on the teacher's
-    # velocity) | trajectory (secants of the teacher's own sampling trajectories)
+    # velocity) | trajectory (secants of the teacher's own sampling trajectories) | dmd2 (distribution matching) | rcm
     method: str = "meanflow"
     # the student's weights to start from instead of its teacher's: a run, checkpoint or pipeline of another student of
     # the same teacher (CMT's second stage: a trajectory student post-trained by MeanFlow)
@@ -240,6 +240,9 @@ class DistillSection:
         0  # the step from which the GAN term and its discriminator train (SiDA: the fake score alone first)
     )
     dmd_midpoint: float = 0.5  # the two-step grid's middle flow time (every grid shifted alike; recorded)
+    # --- the rcm method (docs/objective.md#rcm): trajectory distillation regularised by DMD2 in one run ---
+    student_updates: int = 4  # student updates per fake-score update (rCM's 4: the fake score in 1 of 5 steps)
+    vsd_start: int = 0  # the step from which the VSD term trains the student (the fake score trains from the start)
 
 
 @dataclass

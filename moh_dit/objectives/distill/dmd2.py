@@ -239,12 +239,17 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         cycle = range(self.gan_start, self.gan_start + self.fake_updates + 1)
         return sum(self.step_forwards(s) for s in cycle) / (self.fake_updates + 1)
 
-    def teacher_forwards(self) -> float:
-        """The teacher's forwards on the generator's steps: two where the real score is guided, else one."""
-        if not self.vsd_weight:
+    def teacher_forwards_at(self, step: int) -> float:
+        """The teacher's forwards per image at training ``step``: the real score's on the generator's steps, two where
+        it is guided (counted as guided at every time; the logs count them exactly)."""
+        if self.updates(step) != "student" or not self.vsd_weight:
             return 0.0
         guided = self.real_guidance != 1.0 if self.real_guidance is not None else super().teacher_forwards() == 2.0
-        return (2.0 if guided else 1.0) / (self.fake_updates + 1)
+        return 2.0 if guided else 1.0
+
+    def teacher_forwards(self) -> float:
+        """The teacher's forwards per image, averaged over a cycle of updates (:meth:`teacher_forwards_at`)."""
+        return sum(self.teacher_forwards_at(s) for s in range(self.fake_updates + 1)) / (self.fake_updates + 1)
 
     # ------------------------------------------------------------------------------------------------
     # Training

@@ -109,6 +109,31 @@ METHODS: dict[str, MethodEntry] = {
         identity=("real_guidance", "dmd_midpoint", *TRAJECTORY_IDENTITY),
         provenance=TRAJECTORY_PROVENANCE,
     ),
+    # trajectory distillation regularised by DMD2 in one run (rCM, arXiv:2510.08431): the secants' loss plus a weighted
+    # VSD of the student's samples, the fake score on 1 of every student_updates + 1 steps
+    "rcm": MethodEntry(
+        "moh_dit.objectives.distill",
+        "RCMDistill",
+        "a flow map on the teacher's trajectories, regularised by DMD2's distribution matching in the same run (rCM)",
+        (
+            "student_updates",
+            "vsd_start",
+            "fake_lr",
+            "gan_weight",
+            "gan_block",
+            "gan_start",
+            "dmd_steps",
+            "dmd_input",
+            "dmd_time",
+            "real_guidance",
+            "vsd_weight",
+            "dmd_midpoint",
+            *TRAJECTORY_KEYS,
+        ),
+        fp16=False,
+        identity=("real_guidance", "dmd_midpoint", *TRAJECTORY_IDENTITY),
+        provenance=TRAJECTORY_PROVENANCE,
+    ),
 }
 # every method's: what the student is (its method, architecture, time split, head, and the teacher's guidance folded
 # into its target; the teacher itself by its weights, in the run's frozen models) and where things came from (the

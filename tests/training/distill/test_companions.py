@@ -178,3 +178,42 @@ def test_each_networks_updates_and_every_pass_are_counted_logged_recorded_and_ca
     assert [[r.get(k) for k in keys] for r in cut if "step" in r] == [
         [r.get(k) for k in keys] for r in records if "step" in r
     ]
+
+
+RCM = ["objective.name=distill", "distill.method=rcm", "distill.trajectory_count=6", "distill.trajectory_shard_size=2",
+       "distill.trajectory_steps=3", "distill.student_updates=2", "distill.vsd_start=1", "distill.vsd_weight=0.5",
+       "distill.dmd_steps=[1]", "preview.per_class=0", "train.checkpoint_every=3"]  # fmt: skip
+
+
+def test_rcm_trains_the_secants_and_from_its_start_the_vsd_term_its_fake_score_on_one_step_in_three(
+    flow_teacher, image_dir, tmp_path
+):
+    """rCM's schedule (student, student, fake score, ...), the VSD term from step 1, every pass counted as the hooks
+    count them (the student's secant pass, its VSD sample and backward, the fake score's), the teacher's apart; stopped
+    and resumed, the same run."""
+    config = load_config(
+        tiny_train_config(tmp_path / "s", image_dir), [f"distill.teacher={flow_teacher}", *RCM, "train.max_steps=6"]
+    )
+    trainer = Trainer(config)
+    counter = _PassCounter(trainer.unwrapped, trainer.companions["fake_score"].module.score)
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "student_updates" in r]
+    assert [(r["student_updates"], r["fake_score_updates"]) for r in steps] == [
+        (1, 0),
+        (2, 0),
+        (2, 1),
+        (3, 1),
+        (4, 1),
+        (4, 2),
+    ]
+    assert [r["vsd_loss"] > 0 for r in steps] == [False, True, False, True, True, False]  # from step 1, student steps
+    assert [r["secant_loss"] > 0 for r in steps] == [True, True, False, True, True, False]
+    assert steps[-1]["network_evaluations"] == pytest.approx(counter.total)
+    cut = tmp_path / "cut"
+    base = [f"distill.teacher={flow_teacher}", *RCM]
+    train(load_config(tiny_train_config(cut, image_dir), [*base, "train.max_steps=3"]))
+    train(load_config(tiny_train_config(cut, image_dir), [*base, "train.max_steps=6", "train.resume=latest"]))
+    for name in ("companions/fake_score.safetensors", "model/diffusion_pytorch_model.safetensors"):
+        a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (tmp_path / "s", cut))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
