@@ -10,8 +10,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               many steps as the budget leaves after the trajectory stage
         -nogan                the same without the GAN term
         -data                 two steps from the data noised to 0.5 (FastGen's) instead of the generator's own
-        -mid{m}               the two-step grid's middle at m
-        -f1                   one fake-score update per generator update (SiD's, SiDA's)
+        -f1                   one fake-score update per generator update (SiD's, SiDA's): 2.5x the generator updates
+        -lr3e-5               a third of the rate (the first curves were flat from a fifth of their length)
     dmd2g-{kind}-g{r}         DMD2 from the teacher itself, the whole budget
     ganonly-{kind}            a GAN fine-tune of the teacher's weights (GDD, D2O): no distillation loss, one
                               discriminator update per generator update, the whole budget
@@ -61,11 +61,11 @@ FROM_TEACHER = {"flow": "configs/fashion_mnist_moh_dmd2.yaml", "ddpm": "configs/
 RCM = {"flow": "configs/fashion_mnist_moh_rcm.yaml", "ddpm": "configs/fashion_mnist_moh_rcm_ddpm.yaml"}
 RCM_RECIPE = {"student_updates": 4, "vsd_weight": 1.0, "fake_lr": 2e-4, "gan_weight": 0.001, "dmd_input": "generator",
               "dmd_steps": [1, 2], "trajectory_count": 1024}  # fmt: skip
-VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes
-    "nogan": {"gan_weight": 0.0},
-    "data": {"dmd_input": "data"},
-    "mid0.35": {"dmd_midpoint": 0.35},
-    "f1": {"fake_updates": 1},
+VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes (the two-step middle is a key, not measured here)
+    "nogan": {"distill.gan_weight": 0.0},
+    "data": {"distill.dmd_input": "data"},
+    "f1": {"distill.fake_updates": 1},
+    "lr3e-5": {"optim.lr": 3e-5},
 }
 RECIPE = {  # every DMD2 arm's settings unless it changes one
     "gan_weight": 0.001,
@@ -80,7 +80,10 @@ GAN_ONLY = {"vsd_weight": 0.0, "gan_weight": 1.0, "fake_updates": 1}
 
 
 def _overrides(settings: dict) -> list[str]:
-    return [f"distill.{key}={str(value).replace(' ', '')}" for key, value in settings.items()]
+    """``section.key=value`` overrides of ``settings`` (a bare key is the ``distill`` section's)."""
+    return [
+        f"{key if '.' in key else 'distill.' + key}={str(value).replace(' ', '')}" for key, value in settings.items()
+    ]
 
 
 def _label(scale: float) -> str:
