@@ -188,7 +188,7 @@ class Named(list):
     grouped: frozenset = frozenset()
 
 
-DMD2_STUDY = ("short-", "dmd2s-", "dmd2g-", "ganonly-")  # the dmd2 study's arms (experiments/distill_dmd2.py)
+DMD2_STUDY = ("short-", "dmd2s-", "dmd2g-", "ganonly-", "rcm-")  # the dmd2 study's arms (experiments/distill_dmd2.py)
 
 
 def is_ablation(arm: str) -> bool:

@@ -546,8 +546,8 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
     "derivative, student",
     [
         ("finite-difference", ["distill.end_time_blocks=1"]),
-        ("finite-difference", ["optim.new_lr_scale=3"]),
-        ("finite-difference", STABILISED),
+        pytest.param("finite-difference", ["optim.new_lr_scale=3"], marks=SLOW),  # a variant of the split's route
+        pytest.param("finite-difference", STABILISED, marks=SLOW),
         (None, TRAJECTORY),
         (None, DMD2),
         (None, RCM),
