@@ -28,7 +28,8 @@ names every arm of the dmd2 study (the seeds as said).
 
 Every student trains 3320 steps (four times 0.5's 830) and evaluates itself every 415 (500 samples, one and two
 steps); the dmd2 study's stages as many steps as the teacher's budget leaves, evaluated eight times. At the end every
-model is scored with 5000 class-balanced samples (the rows of the arms before the dmd2 study: 1000): KID, FID,
+model is scored with 5000 class-balanced samples at 1, 2 and 4 steps (the dmd2 study's at its 1 and 2; the rows of
+the arms before the dmd2 study: 1000 samples): KID, FID,
 precision and recall on the project's classifier features against the 10,000 Fashion-MNIST test images, with the
 network evaluations per image counted; students paired with their teachers by seed. The cost of each distillation is counted beside it
 (experiments/distill_report.py): the teacher's network evaluations for targets and trajectories, the student's own,
@@ -191,6 +192,13 @@ class Named(list):
 DMD2_STUDY = ("short-", "dmd2s-", "dmd2g-", "ganonly-", "rcm-")  # the dmd2 study's arms (experiments/distill_dmd2.py)
 
 
+def scored_steps(arm: str) -> tuple[int, ...]:
+    """The step counts ``arm`` is scored at: the dmd2 study's at the goal's 1 and 2 (a DMD2 generator trains those
+    grids only, ``distill.dmd_steps``, and 4 steps would more than double each of its 5000-sample scorings), every
+    other student at 1, 2 and 4."""
+    return (1, 2) if arm.startswith(DMD2_STUDY) else STUDENT_STEPS
+
+
 def is_ablation(arm: str) -> bool:
     """``meanflow-{kind}-{ablation}``: a meanflow student with one stabiliser changed."""
     method, _, rest = arm.partition("-")
@@ -251,13 +259,13 @@ def _train_student(arm: str, seed: int, sc: dict, out: Path, reference: Path, ar
 
 
 def part_score(ctx: dict, seeds, result: dict, only: list[str] | None = None) -> None:
-    """Every trained student at 1, 2 and 4 steps without guidance (it is folded in), every teacher at 25 steps with
+    """Every trained student at its step counts (:func:`scored_steps`) without guidance (it is folded in), every teacher at 25 steps with
     the guidance folded into its students; then grids of seed 0's students at 1 and 2 steps."""
     for seed in seeds:
         for arm in student_arms(seed, ctx["out"], ctx["scale"]):
             if not selected(arm, seed, only, ctx["scale"]) or not model_of(arm, seed, ctx["out"]).is_dir():
                 continue
-            for steps in STUDENT_STEPS:
+            for steps in scored_steps(arm):
                 _score_once(result, ctx, arm, seed, "meanflow", steps, 1.0)
         for kind in KINDS:
             teacher = model_of(kind, seed, ctx["out"])

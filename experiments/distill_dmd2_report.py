@@ -164,7 +164,7 @@ def _goal_lines(result: dict, kind: str, arms: list[str]) -> list[str]:
 def _seed0_lines(result: dict, kind: str) -> list[str]:
     """Every DMD2 arm of this teacher at seed 0: its settings' reading at 1 and 2 steps, with recall."""
     rows, training = final_rows(result), result["training"]
-    arms = sorted(a for a in {r["arm"] for r in rows} if a.startswith(("dmd2s-", "dmd2g-", "ganonly-", "short-"))
+    arms = sorted(a for a in {r["arm"] for r in rows} if a.startswith(("dmd2s-", "dmd2g-", "ganonly-", "short-", "rcm-"))
                   and a.split("-")[1] == kind and _by_seed(rows, a, 1).get(0) is not None)  # fmt: skip
     if not arms:
         return []
@@ -209,7 +209,8 @@ def _cost_lines(result: dict, kind: str) -> list[str]:
 def dmd2_lines(result: dict) -> list[str]:
     """The DMD2 study's sections of RESULTS.md (nothing before its first record)."""
     if not any(
-        r.get("arm", "").startswith(("short-", "dmd2s-", "dmd2g-", "ganonly-")) for r in result["training"].values()
+        r.get("arm", "").startswith(("short-", "dmd2s-", "dmd2g-", "ganonly-", "rcm-"))
+        for r in result["training"].values()
     ):
         return []
     scales = "; ".join(f"{k}: {', '.join(f'{s:g}' for s in REAL_SCALES[k])} (recipe: {CHOSEN_SCALE[k]:g})"

@@ -877,6 +877,10 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     named.grouped = frozenset(named)
     assert distill.selected("dmd2s-flow-g2", 1, named) and not distill.selected("dmd2s-flow-g1", 1, named)
     assert distill.selected("dmd2s-flow-g1", 1, ["dmd2s-flow-g1"])
+    assert not distill.selected("rcm-flow", 1, None) and distill.selected("rcm-flow", 0, None)  # the study's, at 0
+    # the dmd2 study's students scored at the goal's step counts, every other at 1, 2 and 4
+    assert distill.scored_steps("dmd2s-flow-g2") == distill.scored_steps("short-ddpm") == (1, 2)
+    assert distill.scored_steps("rcm-flow") == (1, 2) and distill.scored_steps("dmd2t-flow") == (1, 2, 4)
     # the smoke scale: its own few arms, one of each kind of run
     smoke = distill.SCALES["tiny"]
     assert {a for a in arms if distill.selected(a, 0, None, smoke)} == set(smoke["arms"]) and smoke["seeds"] == (0,)
