@@ -545,12 +545,12 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
 @pytest.mark.parametrize(
     "derivative, student",
     [
-        ("finite-difference", ["distill.end_time_blocks=1"]),
+        pytest.param("finite-difference", ["distill.end_time_blocks=1"], marks=SLOW),
         pytest.param("finite-difference", ["optim.new_lr_scale=3"], marks=SLOW),  # a variant of the split's route
         pytest.param("finite-difference", STABILISED, marks=SLOW),
-        (None, TRAJECTORY),
-        (None, DMD2),
-        (None, RCM),
+        pytest.param(None, TRAJECTORY, marks=SLOW),  # rcm records and trains on a set too; the command on two
+        (None, DMD2),  # processes: tests/training/distill/test_trajectories.py
+        pytest.param(None, RCM, marks=SLOW),
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
     ids=[
@@ -603,6 +603,7 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
         assert sets[0] == sets[1] and len(sets[0]) == 3
 
 
+@SLOW  # single-process resume with routing: tests/training; two processes: the other runs here
 def test_a_run_with_token_routing_resumes_exactly_on_two_processes(images, tmp_path):
     """TREAD on two processes with the modern block (RoPE at the kept tokens' positions) and REPA aligned inside the
     routed span: a run stopped at step 4 and resumed ends as the uninterrupted one, bit for bit (the routes come from
@@ -616,6 +617,7 @@ def test_a_run_with_token_routing_resumes_exactly_on_two_processes(images, tmp_p
     assert "token routing (TREAD): 8 of 16 tokens per image skip blocks 1-4" in log  # of 6
 
 
+@SLOW  # any way of naming the teacher, on one process: tests/training/distill/test_teacher.py
 def test_a_distillation_resumes_on_two_processes_with_its_teacher_given_by_another_path(
     flow_teacher, images, tmp_path
 ):

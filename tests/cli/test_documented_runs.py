@@ -105,6 +105,7 @@ def test_a_module_that_does_not_import_names_the_key_the_user_set():
         Alignment(["x"], [], "experiments.no_such_module", 0, 49, 28, "cpu")
 
 
+@pytest.mark.slow  # the sweep itself: tests/test_posthoc_ema.py; the command parses: test_documented_commands.py
 def test_the_post_hoc_ema_sweep_with_the_classifier_of_the_experiments(default_run, tmp_path, cache):
     """docs/results.md: `moh-dit ema runs/fashion_mnist_moh --sweep 0.05 0.10 0.16 --sweep-cfg 1 4 --reference
     fashion-mnist-test --num-samples 1000 --extractor fmnist-classifier --extractor-module
@@ -139,6 +140,7 @@ def test_reference_and_evaluation_with_the_classifier_of_the_experiments(tmp_pat
     )
 
 
+@pytest.mark.slow  # trains the classifier for a few steps in a fresh process; its --help: test_documented_commands.py
 def test_the_classifier_training_script_runs_as_a_module():
     """docs/results.md: `python -m experiments.train_classifier` starts from the repository root, as every study does
     (it trains for 12.7 minutes: the slow set runs it whole, tests/test_experiments.py)."""

@@ -329,6 +329,7 @@ def corrupt_folder(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # two processes also in the default suite: an extraction resumed on another process count
 def test_two_processes_write_the_same_file_as_one(corrupt_folder, tmp_path, caplog):
     from ..helpers.factories import run_command, run_in_process, torchrun
 
