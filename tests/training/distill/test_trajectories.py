@@ -215,6 +215,7 @@ def test_the_documented_pair_records_a_set_that_the_documented_config_trains_on(
     assert not (tmp_path / "student" / "trajectories").exists()  # it trained on the set given, recording none
 
 
+@pytest.mark.slow  # a recording and a training in fresh processes; the set's checks alone: the tests above
 def test_a_set_of_another_seed_trains_the_run_and_the_run_says_so(flow_teacher, image_dir, tmp_path, caplog):
     """The command's help and the run agree: a set recorded at seed 0 trains a run of train.seed=1, with a warning that
     the two seeds share the teacher's samples."""
