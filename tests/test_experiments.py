@@ -873,9 +873,10 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert defaults == methods | recipes | {f"{r}-nogan" for r in recipes} | {f"short-{k}" for k in distill.KINDS}
     assert all(distill.selected(arm, 0, None) for arm in arms)
     # a group at the study's seeds for it, an arm named alone at every seed given
-    named = distill.Named(["dmd2s-flow-g1", "dmd2s-flow-g2"])
+    chosen = f"dmd2s-flow-g{distill_dmd2.CHOSEN_SCALE['flow']:g}"  # the recipe's scale: at every seed
+    named = distill.Named(["dmd2s-flow-g1", chosen])
     named.grouped = frozenset(named)
-    assert distill.selected("dmd2s-flow-g2", 1, named) and not distill.selected("dmd2s-flow-g1", 1, named)
+    assert distill.selected(chosen, 1, named) and not distill.selected("dmd2s-flow-g1", 1, named)
     assert distill.selected("dmd2s-flow-g1", 1, ["dmd2s-flow-g1"])
     assert not distill.selected("rcm-flow", 1, None) and distill.selected("rcm-flow", 0, None)  # the study's, at 0
     # the dmd2 study's students scored at the goal's step counts, every other at 1, 2 and 4
