@@ -53,7 +53,7 @@ from pathlib import Path
 
 from experiments.arms import STUDY_SCALES, curve_point, run_name, score_model, train_arm
 from experiments.common import ROOT, render_grid, scoring_context
-from experiments.distill_dmd2 import budget_arm, dmd2_arms, fill_budget, start_of, three_seed_arms
+from experiments.distill_dmd2 import ARMS, budget_arm, dmd2_arms, fill_budget, start_of, three_seed_arms
 from experiments.distill_dmd2_report import plot_costs
 from experiments.distill_report import (
     GAN,
@@ -178,7 +178,7 @@ def selected(arm: str, seed: int, only: list[str] | None, sc: dict | None = None
 
 def by_policy(arm: str, seed: int) -> bool:
     """The study's own choice of seeds for ``arm``: seed 0 for its one-seed measurements, every seed otherwise."""
-    if arm.startswith(DMD2_STUDY):
+    if arm.startswith(ARMS):
         return seed == 0 or arm in three_seed_arms(KINDS)
     return seed == 0 or not (arm.split("-")[0] in SEED_0_ONLY or arm in GAN or is_ablation(arm))
 
@@ -189,14 +189,11 @@ class Named(list):
     grouped: frozenset = frozenset()
 
 
-DMD2_STUDY = ("short-", "dmd2s-", "dmd2g-", "ganonly-", "rcm-")  # the dmd2 study's arms (experiments/distill_dmd2.py)
-
-
 def scored_steps(arm: str) -> tuple[int, ...]:
     """The step counts ``arm`` is scored at: the dmd2 study's at the goal's 1 and 2 (a DMD2 generator trains those
     grids only, ``distill.dmd_steps``, and 4 steps would more than double each of its 5000-sample scorings), every
     other student at 1, 2 and 4."""
-    return (1, 2) if arm.startswith(DMD2_STUDY) else STUDENT_STEPS
+    return (1, 2) if arm.startswith(ARMS) else STUDENT_STEPS
 
 
 def is_ablation(arm: str) -> bool:

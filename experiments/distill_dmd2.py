@@ -33,6 +33,7 @@ import math
 from pathlib import Path
 
 __all__ = [
+    "ARMS",
     "BUDGET",
     "CHOSEN_SCALE",
     "REAL_SCALES",
@@ -122,9 +123,13 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
     return chosen | {f"{a}-nogan" for a in chosen} | {f"short-{k}" for k in kinds}
 
 
+STAGES = ("dmd2s-", "dmd2g-", "ganonly-", "rcm-")  # the arms whose length the budget sets
+ARMS = ("short-", *STAGES)  # every arm of these measurements, by its name's start
+
+
 def budget_arm(arm: str) -> bool:
     """Whether ``arm`` is a DMD2 stage whose length the teacher's budget sets."""
-    return arm.startswith(("dmd2s-", "dmd2g-", "ganonly-", "rcm-"))
+    return arm.startswith(STAGES)
 
 
 def start_of(arm: str) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.distill_dmd2 import BUDGET, CHOSEN_SCALE, REAL_SCALES, VARIANTS, start_of, three_seed_arms
+from experiments.distill_dmd2 import ARMS, BUDGET, CHOSEN_SCALE, REAL_SCALES, VARIANTS, start_of, three_seed_arms
 from experiments.report import by_seed_table, fmt_values, paired, pyplot
 
 __all__ = ["EARLIER_SAMPLES", "rows_at", "earlier_rows", "final_rows", "dmd2_lines", "plot_costs", "cost_curve"]
@@ -164,7 +164,7 @@ def _goal_lines(result: dict, kind: str, arms: list[str]) -> list[str]:
 def _seed0_lines(result: dict, kind: str) -> list[str]:
     """Every DMD2 arm of this teacher at seed 0: its settings' reading at 1 and 2 steps, with recall."""
     rows, training = final_rows(result), result["training"]
-    arms = sorted(a for a in {r["arm"] for r in rows} if a.startswith(("dmd2s-", "dmd2g-", "ganonly-", "short-", "rcm-"))
+    arms = sorted(a for a in {r["arm"] for r in rows} if a.startswith(ARMS)
                   and a.split("-")[1] == kind and _by_seed(rows, a, 1).get(0) is not None)  # fmt: skip
     if not arms:
         return []
@@ -208,10 +208,7 @@ def _cost_lines(result: dict, kind: str) -> list[str]:
 
 def dmd2_lines(result: dict) -> list[str]:
     """The DMD2 study's sections of RESULTS.md (nothing before its first record)."""
-    if not any(
-        r.get("arm", "").startswith(("short-", "dmd2s-", "dmd2g-", "ganonly-", "rcm-"))
-        for r in result["training"].values()
-    ):
+    if not any(r.get("arm", "").startswith(ARMS) for r in result["training"].values()):
         return []
     scales = "; ".join(f"{k}: {', '.join(f'{s:g}' for s in REAL_SCALES[k])} (recipe: {CHOSEN_SCALE[k]:g})"
                        for k in CHOSEN_SCALE)  # fmt: skip
