@@ -54,6 +54,11 @@ TRAJECTORY_KEYS = (
 # the set of trajectories a student learns from is what it learns (its count, sampler and steps); where it is stored
 # and in how many files is not
 TRAJECTORY_IDENTITY = ("trajectory_count", "trajectory_sampler", "trajectory_steps")
+# distribution matching's keys, DMD2's and rCM's alike: the fake score's rate, the GAN term, the grids and the VSD term
+DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd_input", "dmd_time", "real_guidance",
+            "vsd_weight", "dmd_midpoint")  # fmt: skip
+# the real score's guidance is folded into what the generator learns; the grid's middle is how it samples
+DMD_IDENTITY = ("real_guidance", "dmd_midpoint")
 TRAJECTORY_PROVENANCE = ("trajectories", "trajectory_shard_size")
 # the interval coverage (distill.r_time_*, grid_share, grid_steps) is every method's: it chooses the (t, r) trained
 METHODS: dict[str, MethodEntry] = {
@@ -89,24 +94,9 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.distill",
         "DMD2Distill",
         "a generator matching the teacher's distribution through a fake score (DMD2), one step or a few",
-        (
-            "fake_updates",
-            "fake_lr",
-            "gan_weight",
-            "gan_block",
-            "regression",
-            "dmd_steps",
-            "dmd_input",
-            "dmd_time",
-            "real_guidance",
-            "vsd_weight",
-            "gan_start",
-            "dmd_midpoint",
-            *TRAJECTORY_KEYS,
-        ),
+        ("fake_updates", "regression", *DMD_KEYS, *TRAJECTORY_KEYS),
         fp16=False,
-        # the real score's guidance is folded into what the generator learns; the grid's middle is how it samples
-        identity=("real_guidance", "dmd_midpoint", *TRAJECTORY_IDENTITY),
+        identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=TRAJECTORY_PROVENANCE,
     ),
     # trajectory distillation regularised by DMD2 in one run (rCM, arXiv:2510.08431): the secants' loss plus a weighted
@@ -115,23 +105,9 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.distill",
         "RCMDistill",
         "a flow map on the teacher's trajectories, regularised by DMD2's distribution matching in the same run (rCM)",
-        (
-            "student_updates",
-            "vsd_start",
-            "fake_lr",
-            "gan_weight",
-            "gan_block",
-            "gan_start",
-            "dmd_steps",
-            "dmd_input",
-            "dmd_time",
-            "real_guidance",
-            "vsd_weight",
-            "dmd_midpoint",
-            *TRAJECTORY_KEYS,
-        ),
+        ("student_updates", "vsd_start", *DMD_KEYS, *TRAJECTORY_KEYS),
         fp16=False,
-        identity=("real_guidance", "dmd_midpoint", *TRAJECTORY_IDENTITY),
+        identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=TRAJECTORY_PROVENANCE,
     ),
 }
