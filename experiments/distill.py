@@ -20,11 +20,12 @@ scratch on the same data and budget (the few-step study's records):
     dmd2 study   DMD2 as its references train it, within the teacher's cost (experiments/distill_dmd2.py): a short
                  trajectory stage, then DMD2 with the GAN term on real data, the real score at its own guidance and
                  two steps by backward simulation; the real score's scale, the GAN term, the two-step input, the
-                 grid's middle and the fake score's rate measured at seed 0; DMD2 from the teacher; a GAN fine-tune
+                 grid's middle and the fake score's rate measured at seed 0; the recipe from the full trajectory
+                 student (dmd2f); DMD2 from the teacher; a GAN fine-tune
 
 v05, gan, the ablations and the dmd2 study's seed-0 measurements run at seed 0; named with --arms they run at every
 seed given (--seeds 1 2 --arms meanflow-flow-no-clamp confirms an ablation on two more seeds). ``--arms dmd2-study``
-names every arm of the dmd2 study (the seeds as said).
+names every arm of the dmd2 study (the seeds as said) and the trajectory students its dmd2f stages start from.
 
 Every student trains 3320 steps (four times 0.5's 830) and evaluates itself every 415 (500 samples, one and two
 steps); the dmd2 study's stages as many steps as the teacher's budget leaves, evaluated eight times. At the end every
@@ -161,7 +162,14 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
     return arms | dmd2_arms(KINDS, runs, seed, sc)
 
 
-GROUPS = {"dmd2-study": lambda out, sc: list(dmd2_arms(KINDS, out / "runs", 0, sc))}  # --arms names for several
+def dmd2_study(out: Path, sc: dict) -> list[str]:
+    """The dmd2 study's arms, and the other methods' students some of them start from (the full trajectory student)."""
+    arms = list(dmd2_arms(KINDS, out / "runs", 0, sc))
+    starts = {start_of(arm) for arm in arms} - {None, *arms}
+    return [*sorted(starts), *arms]
+
+
+GROUPS = {"dmd2-study": dmd2_study}  # --arms names for several
 
 
 def selected(arm: str, seed: int, only: list[str] | None, sc: dict | None = None) -> bool:
@@ -170,7 +178,7 @@ def selected(arm: str, seed: int, only: list[str] | None, sc: dict | None = None
     and 0.5's recipe, the GAN term, the ablations and the dmd2 study's seed-0 measurements at seed 0 only; at the smoke
     scale (``sc["arms"]``) only its arms, one of each kind of run."""
     if only:
-        return arm in only and (arm not in getattr(only, "grouped", ()) or by_policy(arm, seed))
+        return arm in only and (arm not in getattr(only, "grouped", ()) or in_group(arm, seed))
     if sc is not None and sc.get("arms") is not None:
         return arm in sc["arms"]
     return by_policy(arm, seed)
@@ -181,6 +189,14 @@ def by_policy(arm: str, seed: int) -> bool:
     if arm.startswith(ARMS):
         return seed == 0 or arm in three_seed_arms(KINDS)
     return seed == 0 or not (arm.split("-")[0] in SEED_0_ONLY or arm in GAN or is_ablation(arm))
+
+
+def in_group(arm: str, seed: int) -> bool:
+    """Whether a group's ``arm`` trains at ``seed``: a study's own arm at the seeds it gives it, another method's
+    student a stage starts from at seed 0, or at the seeds where a stage trained at every seed starts from it."""
+    if arm.startswith(ARMS):
+        return by_policy(arm, seed)
+    return seed == 0 or arm in {start_of(a) for a in three_seed_arms(KINDS)}
 
 
 class Named(list):

@@ -15,6 +15,10 @@ simulation, and the whole distillation within the teacher's training in network 
     dmd2g-{kind}-g{r}         DMD2 from the teacher itself, the whole budget
     ganonly-{kind}            a GAN fine-tune of the teacher's weights (GDD, D2O): no distillation loss, one
                               discriminator update per generator update, the whole budget
+    dmd2f-{kind}-g{r}         the recipe at the chosen scale from the full-length trajectory student (`trajectory-{kind}`:
+                              4096 trajectories and 3320 steps, 0.84 of the budget), as `dmd2t` starts (the seed-0
+                              sweep's start sets where one step ends); what the budget leaves is about 830 steps
+        -nogan                the same without the GAN term (`dmd2t`'s recipe with two steps by backward simulation)
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
                               1024 trajectories, and from the short stage's length on a VSD term at the recipe's
                               real-score scale, the fake score on 1 of 5 steps at a fifth of the rate; the budget
@@ -112,6 +116,10 @@ def dmd2_arms(kinds: tuple[str, ...], runs: Path, seed: int, sc: dict) -> dict[s
         chosen = RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"dmd2g-{kind}-{_label(CHOSEN_SCALE[kind])}"] = (FROM_TEACHER[kind], [teacher, *_overrides(chosen)])
         arms[f"ganonly-{kind}"] = (FROM_TEACHER[kind], [teacher, *_overrides(RECIPE | GAN_ONLY)])
+        full = f"distill.student_from={runs / f'trajectory-{kind}-seed{seed}'}"
+        name = f"dmd2f-{kind}-{_label(CHOSEN_SCALE[kind])}"
+        arms[name] = (FROM_SHORT[kind], [teacher, full, *_overrides(chosen)])
+        arms[f"{name}-nogan"] = (FROM_SHORT[kind], [teacher, full, *_overrides(chosen | VARIANTS["nogan"])])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
@@ -123,7 +131,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
     return chosen | {f"{a}-nogan" for a in chosen} | {f"short-{k}" for k in kinds}
 
 
-STAGES = ("dmd2s-", "dmd2g-", "ganonly-", "rcm-")  # the arms whose length the budget sets
+STAGES = ("dmd2s-", "dmd2f-", "dmd2g-", "ganonly-", "rcm-")  # the arms whose length the budget sets
 ARMS = ("short-", *STAGES)  # every arm of these measurements, by its name's start
 
 
@@ -132,9 +140,13 @@ def budget_arm(arm: str) -> bool:
     return arm.startswith(STAGES)
 
 
+STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory"}  # a stage's prefix: the arm it starts from, by its name's start
+
+
 def start_of(arm: str) -> str | None:
     """The arm a stage starts from (its cost counts towards the budget), or ``None`` (the teacher)."""
-    return f"short-{arm.split('-')[1]}" if arm.startswith("dmd2s-") else None
+    prefix = next((p for p in STARTS if arm.startswith(p)), None)
+    return None if prefix is None else f"{STARTS[prefix]}-{arm.split('-')[1]}"
 
 
 def fill_budget(config: str, overrides: list[str], spent: float, sc: dict) -> tuple[list[str], list[str]]:

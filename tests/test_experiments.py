@@ -879,6 +879,17 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert distill.selected(chosen, 1, named) and not distill.selected("dmd2s-flow-g1", 1, named)
     assert distill.selected("dmd2s-flow-g1", 1, ["dmd2s-flow-g1"])
     assert not distill.selected("rcm-flow", 1, None) and distill.selected("rcm-flow", 0, None)  # the study's, at 0
+    # DMD2 from the full trajectory student: the group trains that student first, at seed 0 only (no stage at every
+    # seed starts from it), and its stage counts the student's cost
+    full = f"dmd2f-flow-g{distill_dmd2.CHOSEN_SCALE['flow']:g}"
+    assert distill_dmd2.start_of(full) == "trajectory-flow" and distill_dmd2.start_of("dmd2s-ddpm-g2") == "short-ddpm"
+    assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-flow-seed1") in arms[full][1]
+    assert "distill.gan_weight=0.0" in arms[f"{full}-nogan"][1] and distill_dmd2.budget_arm(full)
+    group = distill.Named(distill.GROUPS["dmd2-study"](tmp_path, distill.SCALES["tiny"]))
+    group.grouped = frozenset(group)
+    assert {"trajectory-flow", "trajectory-ddpm", full, "short-flow"} <= set(group) and "meanflow-flow" not in group
+    assert distill.selected("trajectory-flow", 0, group) and not distill.selected("trajectory-flow", 1, group)
+    assert distill.selected("short-flow", 1, group) and not distill.selected(full, 1, group)
     # the dmd2 study's students scored at the goal's step counts, every other at 1, 2 and 4
     assert distill.scored_steps("dmd2s-flow-g2") == distill.scored_steps("short-ddpm") == (1, 2)
     assert distill.scored_steps("rcm-flow") == (1, 2) and distill.scored_steps("dmd2t-flow") == (1, 2, 4)
