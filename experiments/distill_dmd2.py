@@ -12,6 +12,8 @@ simulation, and the whole distillation within the teacher's training in network 
         -data                 two steps from the data noised to 0.5 (FastGen's) instead of the generator's own
         -f1                   one fake-score update per generator update (SiD's, SiDA's): 2.5x the generator updates
         -lr3e-5               a third of the rate (the first curves were flat from a fifth of their length)
+        -nogan-cos            without the GAN term, the rate's cosine decay to 0 at the end (the generator's and the
+                              fake score's: both runs above got worse in their second half)
     dmd2g-{kind}-g{r}         DMD2 from the teacher itself, the whole budget
     ganonly-{kind}            a GAN fine-tune of the teacher's weights (GDD, D2O): no distillation loss, one
                               discriminator update per generator update, the whole budget
@@ -73,6 +75,8 @@ VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes (the two-step mid
     "data": {"distill.dmd_input": "data"},
     "f1": {"distill.fake_updates": 1},
     "lr3e-5": {"optim.lr": 3e-5},
+    # without the GAN term a run still got worse in its second half: the rate decayed to 0 by the end (both networks)
+    "nogan-cos": {"distill.gan_weight": 0.0, "optim.schedule": "cosine"},
 }
 RECIPE = {  # every DMD2 arm's settings unless it changes one
     "gan_weight": 0.001,

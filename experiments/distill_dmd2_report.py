@@ -214,7 +214,8 @@ def dmd2_lines(result: dict) -> list[str]:
                        for k in CHOSEN_SCALE)  # fmt: skip
     lines = ["", "## DMD2 as its references train it, within the teacher's cost", "",
              "experiments/distill_dmd2.py's arms: a short trajectory stage (`short-*`), then DMD2 from it (`dmd2s-*`: "
-             "the GAN term on real data, backward simulation, the real score at guidance g), DMD2 from the teacher "
+             "the GAN term on real data, backward simulation, the real score at guidance g), the same from the full "
+             "trajectory student (`dmd2f-*`), DMD2 from the teacher "
              "(`dmd2g-*`), a GAN fine-tune (`ganonly-*`). Each stage as long as the teacher's training leaves in "
              f"network evaluations. The real score's scales measured: {scales}. Variants of the recipe at seed 0: "
              f"{', '.join(VARIANTS)}. Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
