@@ -159,12 +159,12 @@ def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[st
         config, student = arms[f"meanflow-{kind}"]
         arms |= {f"meanflow-{kind}-{name}": (config, [*student, *extra]) for name, extra in ABLATIONS[kind].items()}
     arms |= {arm: (arms[base][0], [*arms[base][1], "distill.gan_weight=0.001"]) for arm, base in GAN.items()}
-    return arms | dmd2_arms(KINDS, runs, seed, sc)
+    return arms | dmd2_arms(KINDS, runs, seed, sc, {kind: arms[f"trajectory-{kind}"] for kind in KINDS})
 
 
 def dmd2_study(out: Path, sc: dict) -> list[str]:
     """The dmd2 study's arms, and the other methods' students some of them start from (the full trajectory student)."""
-    arms = list(dmd2_arms(KINDS, out / "runs", 0, sc))
+    arms = [arm for arm in student_arms(0, out, sc) if arm.startswith(ARMS)]
     starts = {start_of(arm) for arm in arms} - {None, *arms}
     return [*sorted(starts), *arms]
 
