@@ -161,10 +161,14 @@ def _goal_lines(result: dict, kind: str, arms: list[str]) -> list[str]:
     return lines
 
 
+BASELINE = ("dmd2t-",)  # the configs' recipe before the study (DMD2 from the full trajectory student), where scored
+
+
 def _seed0_lines(result: dict, kind: str) -> list[str]:
-    """Every DMD2 arm of this teacher at seed 0: its settings' reading at 1 and 2 steps, with recall."""
+    """Every DMD2 arm of this teacher at seed 0, and the baseline's where it is scored with the protocol: its
+    settings' reading at 1 and 2 steps, with recall."""
     rows, training = final_rows(result), result["training"]
-    arms = sorted(a for a in {r["arm"] for r in rows} if a.startswith(ARMS)
+    arms = sorted(a for a in {r["arm"] for r in rows} if a.startswith((*ARMS, *BASELINE))
                   and a.split("-")[1] == kind and _by_seed(rows, a, 1).get(0) is not None)  # fmt: skip
     if not arms:
         return []

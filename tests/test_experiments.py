@@ -1248,3 +1248,45 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
         SystemExit, match="--part derivative does not apply to .* a dmd2 student \\(for it: collapse, ema\\)"
     ):
         diagnosis.main(["--part", "derivative", "--run", str(dmd2)])
+
+
+def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recipe_beside_the_arms():
+    """The dmd2 study's seed-0 table: a stage's cost is its own spending plus the whole of the student it started from
+    (the full trajectory student for dmd2f, the short one for dmd2s), the configs' earlier recipe (dmd2t) sits beside
+    the arms where the protocol scored it, and the cost curve starts where the start's spending ends."""
+    from experiments.distill_dmd2 import BUDGET
+    from experiments.distill_dmd2_report import cost_curve, dmd2_lines, whole_cost
+
+    def record(arm, steps, own, trajectories=0.0, curve=(), updates=None):
+        found = {"arm": arm, "seed": 0, "steps": steps, "student_forwards": own, "teacher_evaluations": 0.0}
+        found |= {"trajectory_evaluations": trajectories} if trajectories else {}
+        found |= {"generator_updates": updates} if updates else {}
+        return found | {"curve": [dict(step=s, kid=k, **{"kid@2": k / 2}) for s, k in curve]}
+
+    training = {
+        "trajectory-flow-seed0": record("trajectory-flow", 100, 0.4 * BUDGET, 0.4 * BUDGET, [(100, 16.0)]),
+        "dmd2f-flow-g3-nogan-seed0": record(
+            "dmd2f-flow-g3-nogan", 10, 0.2 * BUDGET, curve=[(5, 12.0), (10, 10.0)], updates=2
+        ),  # fmt: skip
+        "dmd2t-flow-seed0": record("dmd2t-flow", 10, 0.1 * BUDGET, curve=[(10, 11.0)], updates=2),
+        "short-flow-seed0": record("short-flow", 10, 0.1 * BUDGET, 0.1 * BUDGET),
+        "dmd2s-flow-g3-seed0": record("dmd2s-flow-g3", 10, 0.7 * BUDGET, curve=[(10, 15.0)], updates=5),
+    }
+    assert whole_cost(training, "dmd2f-flow-g3-nogan", 0) == pytest.approx(BUDGET)
+    assert whole_cost(training, "dmd2t-flow", 0) == pytest.approx(0.9 * BUDGET)  # the earlier arm's start, by method
+    assert [c for c, _ in cost_curve(training, "dmd2f-flow-g3-nogan", 0)] == pytest.approx([0.9, 1.0])
+    assert cost_curve(training, "dmd2s-flow-g3", 0, "kid@2") == [(pytest.approx(0.9), 7.5)]
+
+    def row(arm, steps, kid, samples=5000):
+        return dict(arm=arm, seed=0, steps=steps, kid=kid, recall=0.3, samples=samples)
+
+    scores = [row("flow", 25, 2.0), row("dmd2t-flow", 1, 9.9, samples=1000)]  # before the protocol: not in its table
+    scores += [row(a, s, k * s) for a, k in (("dmd2f-flow-g3-nogan", 5.0), ("dmd2s-flow-g3", 7.0)) for s in (1, 2)]
+    result = {"protocol": {"scale": "cpu", "samples": 5000}, "training": training, "scores": scores}
+    text = "\n".join(dmd2_lines(result))
+    assert "| dmd2f-flow-g3-nogan | 5.00 | 10.00 | 0.300 | 0.300 | 2 | 1.00 | 12.0 / 10.0 |" in text
+    assert "| dmd2s-flow-g3 | 7.00 | 14.00 | 0.300 | 0.300 | 5 | 0.90 | 15.0 |" in text
+    assert "| dmd2t-flow |" not in text.split("each setting at seed 0")[1].split("###")[0]
+    scores += [row("dmd2t-flow", 1, 10.2), row("dmd2t-flow", 2, 4.5)]
+    text = "\n".join(dmd2_lines(result | {"scores": scores}))
+    assert "| dmd2t-flow | 10.20 | 4.50 | 0.300 | 0.300 | 2 | 0.90 | 11.0 |" in text
