@@ -91,6 +91,7 @@ CONFIGS = {
     },
 }  # fmt: skip
 EXTRA = {f"{m}": ["distill.student_from={runs}/trajectory-{kind}-seed{seed}"] for m in ("cmt", "dmd2t")}
+EXTRA["dmd2t"].append("distill.dmd_input=data")  # as it was measured, before its config took backward simulation
 SEED_0_ONLY = ("v05",)  # by default (at other seeds when named with --arms: `selected`)
 OWN_LENGTH = ("cmt", "dmd2t")  # started from a trajectory student: their configs' steps, not the study's
 STUDENT_STEPS_RUN = 3320  # four times 0.5's 830

@@ -869,27 +869,28 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert "distill.teacher=" + str(tmp_path / "runs" / "ddpm-seed1") in arms["meanflow-ddpm-anchor"][1]
     defaults = {arm for arm in arms if distill.selected(arm, 1, None)}
     methods = {f"{m}-{k}" for m in ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t") for k in distill.KINDS}
-    recipes = {f"dmd2s-{k}-g{distill_dmd2.CHOSEN_SCALE[k]:g}" for k in distill.KINDS}
-    assert defaults == methods | recipes | {f"{r}-nogan" for r in recipes} | {f"short-{k}" for k in distill.KINDS}
+    recipes = {f"dmd2f-{k}-g{distill_dmd2.CHOSEN_SCALE[k]:g}" for k in distill.KINDS}
+    assert defaults == methods | recipes | {f"{r}-nogan" for r in recipes}
     assert all(distill.selected(arm, 0, None) for arm in arms)
     # a group at the study's seeds for it, an arm named alone at every seed given
-    chosen = f"dmd2s-flow-g{distill_dmd2.CHOSEN_SCALE['flow']:g}"  # the recipe's scale: at every seed
+    chosen = f"dmd2f-flow-g{distill_dmd2.CHOSEN_SCALE['flow']:g}"  # the recipe's start and scale: at every seed
     named = distill.Named(["dmd2s-flow-g1", chosen])
     named.grouped = frozenset(named)
     assert distill.selected(chosen, 1, named) and not distill.selected("dmd2s-flow-g1", 1, named)
     assert distill.selected("dmd2s-flow-g1", 1, ["dmd2s-flow-g1"])
     assert not distill.selected("rcm-flow", 1, None) and distill.selected("rcm-flow", 0, None)  # the study's, at 0
-    # DMD2 from the full trajectory student: the group trains that student first, at seed 0 only (no stage at every
-    # seed starts from it), and its stage counts the student's cost
-    full = f"dmd2f-flow-g{distill_dmd2.CHOSEN_SCALE['flow']:g}"
+    # DMD2 from the full trajectory student: the group trains that student first, at every seed (the recipe's stages
+    # start from it), and its stage counts the student's cost; the short start at seed 0 only
+    full = chosen
     assert distill_dmd2.start_of(full) == "trajectory-flow" and distill_dmd2.start_of("dmd2s-ddpm-g2") == "short-ddpm"
     assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-flow-seed1") in arms[full][1]
     assert "distill.gan_weight=0.0" in arms[f"{full}-nogan"][1] and distill_dmd2.budget_arm(full)
     group = distill.Named(distill.GROUPS["dmd2-study"](tmp_path, distill.SCALES["tiny"]))
     group.grouped = frozenset(group)
     assert {"trajectory-flow", "trajectory-ddpm", full, "short-flow"} <= set(group) and "meanflow-flow" not in group
-    assert distill.selected("trajectory-flow", 0, group) and not distill.selected("trajectory-flow", 1, group)
-    assert distill.selected("short-flow", 1, group) and not distill.selected(full, 1, group)
+    assert distill.selected("trajectory-flow", 1, group) and distill.selected(full, 1, group)
+    assert not distill.selected("short-flow", 1, group) and not distill.selected("dmd2s-flow-g3", 1, group)
+    assert not distill.selected("half-flow", 1, group) and distill.selected("half-flow", 0, group)
     # the dmd2 study's students scored at the goal's step counts, every other at 1, 2 and 4
     assert distill.scored_steps("dmd2s-flow-g2") == distill.scored_steps("short-ddpm") == (1, 2)
     assert distill.scored_steps("rcm-flow") == (1, 2) and distill.scored_steps("dmd2t-flow") == (1, 2, 4)
@@ -1290,3 +1291,8 @@ def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recip
     scores += [row("dmd2t-flow", 1, 10.2), row("dmd2t-flow", 2, 4.5)]
     text = "\n".join(dmd2_lines(result | {"scores": scores}))
     assert "| dmd2t-flow | 10.20 | 4.50 | 0.300 | 0.300 | 2 | 0.90 | 11.0 |" in text
+    # the three-seed table: the recipe from the full start and the configs' earlier recipe beside it, against the goal
+    final = text.split("5000 samples, three seeds")[1].split("each setting at seed 0")[0]
+    assert "| dmd2f-flow-g3-nogan | 1 | 2.50 |" in final and "| dmd2t-flow | 2 | 2.25 |" in final
+    assert "| dmd2s-flow-g3 |" not in final  # the short start's recipe: seed 0's measurement only
+    assert "- **2 steps**: the best, dmd2t-flow, is at 2.25 x the teacher's KID" in final
