@@ -17,7 +17,7 @@ simulation, and the whole distillation within the teacher's training in network 
     dmd2g-{kind}-g{r}         DMD2 from the teacher itself, the whole budget
     ganonly-{kind}            a GAN fine-tune of the teacher's weights (GDD, D2O): no distillation loss, one
                               discriminator update per generator update, the whole budget
-    dmd2f-{kind}-g{r}         the recipe at the chosen scale from the full-length trajectory student (`trajectory-{kind}`:
+    dmd2f-{kind}-g{r}         the recipe at the chosen scale (and the sampler's, where it differs) from the full-length trajectory student (`trajectory-{kind}`:
                               4096 trajectories and 3320 steps, 0.84 of the budget), as `dmd2t` starts (the seed-0
                               sweep's start sets where one step ends); what the budget leaves is about 830 steps
         -nogan                the same without the GAN term (`dmd2t`'s recipe with two steps by backward simulation)
@@ -130,9 +130,12 @@ def dmd2_arms(
         arms[f"half-{kind}"] = (config, [*overrides, f"train.max_steps={steps // 2}"])
         for prefix, start in (("dmd2f", "trajectory"), ("dmd2h", "half")):
             origin = f"distill.student_from={runs / f'{start}-{kind}-seed{seed}'}"
-            name = f"{prefix}-{kind}-{_label(CHOSEN_SCALE[kind])}"
-            arms[name] = (FROM_SHORT[kind], [teacher, origin, *_overrides(chosen)])
-            arms[f"{name}-nogan"] = (FROM_SHORT[kind], [teacher, origin, *_overrides(chosen | VARIANTS["nogan"])])
+            # the recipe's scale, and the sampler's (dmd2t's real score) where they differ
+            for scale in dict.fromkeys((CHOSEN_SCALE[kind], REAL_SCALES[kind][-1])):
+                name, settings = f"{prefix}-{kind}-{_label(scale)}", RECIPE | {"real_guidance": scale}
+                arms[name] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)])
+                nogan = settings | VARIANTS["nogan"]
+                arms[f"{name}-nogan"] = (FROM_SHORT[kind], [teacher, origin, *_overrides(nogan)])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
