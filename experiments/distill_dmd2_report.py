@@ -142,9 +142,12 @@ def _goal_lines(result: dict, kind: str, arms: list[str]) -> list[str]:
     if not teacher:
         return []
     low, high = min(teacher.values()), max(teacher.values())
-    lines = [f"The teacher's own KID over its seeds: {' / '.join(f'{v:.2f}' for v in teacher.values())} (the "
-             f"highest {high / low:.2f}x the lowest: the goal's margins sit inside the teachers' spread between "
-             "seeds, which is why students are paired with their own seed's teacher).", ""]  # fmt: skip
+    if len(teacher) < 2:
+        lines = [f"The teacher's own KID: {low:.2f} (one seed: its spread between seeds is not measured yet).", ""]
+    else:
+        lines = [f"The teacher's own KID over its seeds: {' / '.join(f'{v:.2f}' for v in teacher.values())} (the "
+                 f"highest {high / low:.2f}x the lowest: the goal's margins sit inside the teachers' spread between "
+                 "seeds, which is why students are paired with their own seed's teacher).", ""]  # fmt: skip
     recall_t = _by_seed(rows, kind, TEACHER_STEPS, "recall")
     for steps, (limit, gap) in sorted(GOAL.items(), reverse=True):
         scored = {a: [(_by_seed(rows, a, steps)[s] / teacher[s], _by_seed(rows, a, steps, "recall")[s] - recall_t[s])

@@ -1296,3 +1296,4 @@ def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recip
     assert "| dmd2f-flow-g3-nogan | 1 | 2.50 |" in final and "| dmd2t-flow | 2 | 2.25 |" in final
     assert "| dmd2s-flow-g3 |" not in final  # the short start's recipe: seed 0's measurement only
     assert "- **2 steps**: the best, dmd2t-flow, is at 2.25 x the teacher's KID" in final
+    assert "The teacher's own KID: 2.00 (one seed: its spread between seeds is not measured yet)." in final
