@@ -869,11 +869,12 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert "distill.teacher=" + str(tmp_path / "runs" / "ddpm-seed1") in arms["meanflow-ddpm-anchor"][1]
     defaults = {arm for arm in arms if distill.selected(arm, 1, None)}
     methods = {f"{m}-{k}" for m in ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t") for k in distill.KINDS}
-    recipes = {f"dmd2f-{k}-g{distill_dmd2.CHOSEN_SCALE[k]:g}" for k in distill.KINDS}
+    recipes = {f"dmd2f-{k}-g{distill_dmd2.RECIPE_SCALE[k]:g}" for k in distill.KINDS}
+    assert "dmd2f-ddpm-g4" in recipes and "dmd2f-ddpm-g2" in arms  # the sampler's scale, and the short sweep's choice
     assert defaults == methods | recipes | {f"{r}-nogan" for r in recipes}
     assert all(distill.selected(arm, 0, None) for arm in arms)
     # a group at the study's seeds for it, an arm named alone at every seed given
-    chosen = f"dmd2f-flow-g{distill_dmd2.CHOSEN_SCALE['flow']:g}"  # the recipe's start and scale: at every seed
+    chosen = f"dmd2f-flow-g{distill_dmd2.RECIPE_SCALE['flow']:g}"  # the recipe's start and scale: at every seed
     named = distill.Named(["dmd2s-flow-g1", chosen])
     named.grouped = frozenset(named)
     assert distill.selected(chosen, 1, named) and not distill.selected("dmd2s-flow-g1", 1, named)
