@@ -17,9 +17,10 @@ simulation, and the whole distillation within the teacher's training in network 
     dmd2g-{kind}-g{r}         DMD2 from the teacher itself, the whole budget
     ganonly-{kind}            a GAN fine-tune of the teacher's weights (GDD, D2O): no distillation loss, one
                               discriminator update per generator update, the whole budget
-    dmd2f-{kind}-g{r}         the recipe at the chosen scale (and the sampler's, where it differs) from the full-length trajectory student (`trajectory-{kind}`:
-                              4096 trajectories and 3320 steps, 0.84 of the budget), as `dmd2t` starts (the seed-0
-                              sweep's start sets where one step ends); what the budget leaves is about 830 steps
+    dmd2f-{kind}-g{r}         the recipe at the chosen scale (and the sampler's, where it differs) from the
+                              full-length trajectory student (`trajectory-{kind}`: 4096 trajectories and 3320 steps,
+                              0.84 of the budget), as `dmd2t` starts (the seed-0 sweep's start sets where one step
+                              ends); what the budget leaves is about 830 steps
         -nogan                the same without the GAN term (`dmd2t`'s recipe with two steps by backward simulation)
     half-{kind}               the full trajectory stage at half its steps (the same 4096 trajectories): its curve's
                               second half gained 0.9 KID at one step for 0.2 of the budget
@@ -127,7 +128,7 @@ def dmd2_arms(
         arms[f"dmd2g-{kind}-{_label(CHOSEN_SCALE[kind])}"] = (FROM_TEACHER[kind], [teacher, *_overrides(chosen)])
         arms[f"ganonly-{kind}"] = (FROM_TEACHER[kind], [teacher, *_overrides(RECIPE | GAN_ONLY)])
         config, overrides = full[kind]
-        steps = load_steps(config, overrides)
+        steps = load_arm(config, overrides).train.max_steps
         arms[f"half-{kind}"] = (config, [*overrides, f"train.max_steps={steps // 2}"])
         for prefix, start in (("dmd2f", "trajectory"), ("dmd2h", "half")):
             origin = f"distill.student_from={runs / f'{start}-{kind}-seed{seed}'}"
@@ -142,12 +143,12 @@ def dmd2_arms(
     return arms
 
 
-def load_steps(config: str, overrides: list[str]) -> int:
-    """``train.max_steps`` of ``config`` with ``overrides``."""
+def load_arm(config: str, overrides: list[str]):
+    """An arm's config with its overrides, without its teacher (a run folder that may not exist yet)."""
     from experiments.common import ROOT
     from moh_dit.training.config import load_config
 
-    return load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")]).train.max_steps
+    return load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")])
 
 
 THREE_SEED_START = "dmd2f"  # the start seed 0 chose (the full trajectory student: every shorter one ended worse)
@@ -172,11 +173,8 @@ def budget_arm(arm: str) -> bool:
     return arm.startswith(STAGES)
 
 
-STARTS = {
-    "dmd2s-": "short",
-    "dmd2f-": "trajectory",
-    "dmd2h-": "half",
-}  # a stage's prefix: the arm it starts from, by its name's start
+# a stage's prefix: the arm it starts from, by its name's start
+STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half"}
 
 
 def start_of(arm: str) -> str | None:
@@ -192,11 +190,9 @@ def fill_budget(config: str, overrides: list[str], spent: float, sc: dict) -> tu
     evaluation overrides)``. At the smoke scale the smoke run's length and evaluations."""
     if sc.get("smoke"):
         return [], sc["student_eval"]
-    from experiments.common import ROOT
-    from moh_dit.training.config import load_config
     from moh_dit.training.objective import objective_record, run_objective
 
-    loaded = load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")])
+    loaded = load_arm(config, overrides)
     section = loaded.distill
     guided = {
         "scale": 1.0 if section.guidance_scale == 1 else 2.0
