@@ -54,7 +54,15 @@ from pathlib import Path
 
 from experiments.arms import STUDY_SCALES, curve_point, run_name, score_model, train_arm
 from experiments.common import ROOT, render_grid, scoring_context
-from experiments.distill_dmd2 import ARMS, budget_arm, dmd2_arms, fill_budget, start_of, three_seed_arms
+from experiments.distill_dmd2 import (
+    ARMS,
+    budget_arm,
+    dmd2_arms,
+    fill_budget,
+    over_budget,
+    start_of,
+    three_seed_arms,
+)
 from experiments.distill_dmd2_report import plot_costs
 from experiments.distill_report import (
     GAN,
@@ -242,7 +250,8 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, only: 
             arm_sc = student_sc
             if budget_arm(arm):  # as long as the teacher's budget allows after the student it starts from
                 config, extra = arms[arm]
-                length, evals = fill_budget(config, extra, _spent_before(arm, seed, result), sc)
+                spent = _spent_before(arm, seed, result)
+                length, evals = fill_budget(config, extra, spent, sc, over_budget(arm))
                 arms, arm_sc = arms | {arm: (config, [*extra, *length])}, sc | {"eval": evals}
             record = _train_student(arm, seed, arm_sc, out, reference, arms)
             result["training"][run_name(arm, seed)] = record | run_cost(out / "runs" / run_name(arm, seed))

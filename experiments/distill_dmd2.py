@@ -22,6 +22,9 @@ simulation, and the whole distillation within the teacher's training in network 
                               0.84 of the budget), as `dmd2t` starts (the seed-0 sweep's start sets where one step
                               ends); what the budget leaves is about 830 steps
         -nogan                the same without the GAN term (`dmd2t`'s recipe with two steps by backward simulation)
+        -nogan-f1             and one fake-score update per generator update: 2.5x the generator updates
+        -nogan-x4             four times the steps the budget leaves (a measurement over the budget, reported as
+                              such: where the curve that was still falling at the budget's end turns)
     half-{kind}               the full trajectory stage at half its steps (the same 4096 trajectories): its curve's
                               second half gained 0.9 KID at one step for 0.2 of the budget
     dmd2h-{kind}-g{r}         the recipe from it (and -nogan): about twice dmd2f's DMD2 steps
@@ -52,6 +55,7 @@ __all__ = [
     "budget_arm",
     "three_seed_arms",
     "fill_budget",
+    "over_budget",
 ]
 
 BUDGET = 8300 * 16 * 3  # the teachers' training in network evaluations (experiments/distill.py's teachers)
@@ -93,6 +97,15 @@ RECIPE = {  # every DMD2 arm's settings unless it changes one
     "fake_updates": 4,
 }
 GAN_ONLY = {"vsd_weight": 0.0, "gan_weight": 1.0, "fake_updates": 1}
+# the full start's variants (its stage ended still falling, with 163 generator updates): more generator updates in the
+# same budget, and the same run past the budget
+FULL_VARIANTS = {
+    "nogan": VARIANTS["nogan"],
+    "nogan-f1": VARIANTS["nogan"] | VARIANTS["f1"],
+    "nogan-x4": VARIANTS["nogan"],
+}
+# a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
+OVER_BUDGET = {"x4": 4}
 
 
 def _overrides(settings: dict) -> list[str]:
@@ -136,8 +149,9 @@ def dmd2_arms(
             for scale in dict.fromkeys((CHOSEN_SCALE[kind], REAL_SCALES[kind][-1])):
                 name, settings = f"{prefix}-{kind}-{_label(scale)}", RECIPE | {"real_guidance": scale}
                 arms[name] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)])
-                nogan = settings | VARIANTS["nogan"]
-                arms[f"{name}-nogan"] = (FROM_SHORT[kind], [teacher, origin, *_overrides(nogan)])
+                variants = FULL_VARIANTS if prefix == "dmd2f" else {"nogan": VARIANTS["nogan"]}
+                for suffix, change in variants.items():
+                    arms[f"{name}-{suffix}"] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings | change)])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
@@ -183,11 +197,19 @@ def start_of(arm: str) -> str | None:
     return None if prefix is None else f"{STARTS[prefix]}-{arm.split('-')[1]}"
 
 
-def fill_budget(config: str, overrides: list[str], spent: float, sc: dict) -> tuple[list[str], list[str]]:
+def over_budget(arm: str) -> int:
+    """How many times the steps the budget leaves ``arm`` trains (1: within the budget; :data:`OVER_BUDGET`)."""
+    return OVER_BUDGET.get(arm.rsplit("-", 1)[-1], 1)
+
+
+def fill_budget(
+    config: str, overrides: list[str], spent: float, sc: dict, stretch: int = 1
+) -> tuple[list[str], list[str]]:
     """The length and evaluations of a stage that spends what is left of :data:`BUDGET` after ``spent`` (the start's
     counted cost) and, for a run that records its own set of trajectories, that set (as if every evaluation were
     guided), at its objective's count per image (the teacher's evaluations as if all guided): ``(train overrides,
-    evaluation overrides)``. At the smoke scale the smoke run's length and evaluations."""
+    evaluation overrides)``; ``stretch`` times that length past the budget, evaluated at the same steps as the run
+    within it and on. At the smoke scale the smoke run's length and evaluations."""
     if sc.get("smoke"):
         return [], sc["student_eval"]
     from moh_dit.training.objective import objective_record, run_objective
@@ -211,5 +233,5 @@ def fill_budget(config: str, overrides: list[str], spent: float, sc: dict) -> tu
     if steps < 8 * cycle:
         raise SystemExit(f"the budget leaves {steps} steps after {spent:,.0f} evaluations: too few to train")
     every = max(cycle, math.floor(steps / 8 / cycle) * cycle)  # eight points on the curve, the last at the end
-    length = [f"train.max_steps={steps}", f"train.checkpoint_every={every}"]
+    length = [f"train.max_steps={steps * stretch}", f"train.checkpoint_every={every}"]
     return length, [f"log.eval_every={every}", "log.eval_samples=500"]

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.distill_dmd2 import ARMS, BUDGET, CHOSEN_SCALE, REAL_SCALES, VARIANTS, start_of, three_seed_arms
+from experiments.distill_dmd2 import (
+    ARMS,
+    BUDGET,
+    CHOSEN_SCALE,
+    FULL_VARIANTS,
+    REAL_SCALES,
+    VARIANTS,
+    start_of,
+    three_seed_arms,
+)
 from experiments.report import by_seed_table, fmt_values, paired, pyplot
 
 __all__ = ["EARLIER_SAMPLES", "rows_at", "earlier_rows", "final_rows", "dmd2_lines", "plot_costs", "cost_curve"]
@@ -166,26 +175,37 @@ def _goal_lines(result: dict, kind: str, arms: list[str]) -> list[str]:
     return lines
 
 
-def _seed0_lines(result: dict, kind: str) -> list[str]:
-    """Every DMD2 arm of this teacher at seed 0, and the baseline's where it is scored with the protocol: its
-    settings' reading at 1 and 2 steps, with recall."""
+def _one_seed_lines(result: dict, kind: str, seed: int) -> list[str]:
+    """Every DMD2 arm of this teacher scored at ``seed`` where that seed holds a setting measured at it alone (not a
+    three-seed arm's or the baseline's), the three-seed arms and the baseline beside it where scored: its settings'
+    reading at 1 and 2 steps, with recall, against the same seed's teacher."""
     rows, training = final_rows(result), result["training"]
     arms = sorted(a for a in {r["arm"] for r in rows} if a.startswith((*ARMS, *BASELINE))
-                  and a.split("-")[1] == kind and _by_seed(rows, a, 1).get(0) is not None)  # fmt: skip
-    if not arms:
+                  and a.split("-")[1] == kind and _by_seed(rows, a, 1).get(seed) is not None)  # fmt: skip
+    paired_arms = three_seed_arms((kind,)) | {f"{prefix}{kind}" for prefix in BASELINE}
+    if not set(arms) - paired_arms:
         return []
-    lines = ["", f"### {NAMES[kind]}: each setting at seed 0 ({result['protocol']['samples']} samples)", "",
-             "| arm | 1 step KID | 2 steps KID | 1 step recall | 2 steps recall | generator updates | cost | KID at 1 "
+    teacher = _by_seed(rows, kind, TEACHER_STEPS).get(seed)
+    against = "" if teacher is None else f"; the teacher at {TEACHER_STEPS} steps: {teacher:.2f}"
+    lines = ["", f"### {NAMES[kind]}: each setting at seed {seed} ({result['protocol']['samples']} samples{against})",
+             "", "| arm | 1 step KID | 2 steps KID | 1 step recall | 2 steps recall | generator updates | cost | KID at 1 "
              "step during training (500 samples) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm in arms:
-        cells = [f"{_by_seed(rows, arm, s, k).get(0, float('nan')):.{d}f}" for k, d in (("kid", 2), ("recall", 3))
+        cells = [f"{_by_seed(rows, arm, s, k).get(seed, float('nan')):.{d}f}" for k, d in (("kid", 2), ("recall", 3))
                  for s in (1, 2)]  # fmt: skip
-        record = training.get(f"{arm}-seed0", {})
-        spent = whole_cost(training, arm, 0)
+        record = training.get(f"{arm}-seed{seed}", {})
+        spent = whole_cost(training, arm, seed)
         curve = " / ".join(f"{p['kid']:.1f}" for p in record.get("curve", []) if "kid" in p)
         lines.append(f"| {arm} | {' | '.join(cells)} | {record.get('generator_updates', '-')} | "
                      f"{'-' if spent is None else f'{spent / BUDGET:.2f}'} | {curve} |")  # fmt: skip
     return lines
+
+
+def _one_seed_tables(result: dict, kind: str) -> list[str]:
+    """:func:`_one_seed_lines` at every seed scored (seed 0 holds the sweep; a later seed a setting measured where its
+    start was trained, e.g. a run past the budget)."""
+    seeds = sorted({r["seed"] for r in final_rows(result)})
+    return [line for seed in seeds for line in _one_seed_lines(result, kind, seed)]
 
 
 def _cost_lines(result: dict, kind: str) -> list[str]:
@@ -224,10 +244,11 @@ def dmd2_lines(result: dict) -> list[str]:
              "trajectory student (`dmd2f-*`), DMD2 from the teacher "
              "(`dmd2g-*`), a GAN fine-tune (`ganonly-*`). Each stage as long as the teacher's training leaves in "
              f"network evaluations. The real score's scales measured: {scales}. Variants of the recipe at seed 0: "
-             f"{', '.join(VARIANTS)}. Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
+             f"{', '.join(VARIANTS)}; from the full start: {', '.join(FULL_VARIANTS)} (`x4`: four times the steps the budget "
+             "leaves, a measurement past it). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
-        lines += _final_lines(result, kind) + _seed0_lines(result, kind) + _cost_lines(result, kind)
+        lines += _final_lines(result, kind) + _one_seed_tables(result, kind) + _cost_lines(result, kind)
     return lines
 
 

@@ -1298,3 +1298,50 @@ def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recip
     assert "| dmd2s-flow-g3 |" not in final  # the short start's recipe: seed 0's measurement only
     assert "- **2 steps**: the best, dmd2t-flow, is at 2.25 x the teacher's KID" in final
     assert "The teacher's own KID: 2.00 (one seed: its spread between seeds is not measured yet)." in final
+    # a setting measured at another seed (where its start was trained): its own table at that seed, beside the recipe
+    # there and against that seed's teacher; a seed with the three-seed arms alone has none
+    for seed, arm in ((1, "dmd2f-flow-g3-nogan"), (1, "dmd2f-flow-g3-nogan-x4"), (2, "dmd2f-flow-g3-nogan")):
+        training[f"{arm}-seed{seed}"] = record(arm, 40 if arm.endswith("x4") else 10, 0.2 * BUDGET, updates=2)
+        training[f"trajectory-flow-seed{seed}"] = training["trajectory-flow-seed0"] | {"seed": seed}
+        scores += [row(arm, s, 4.0 * s) | {"seed": seed} for s in (1, 2)]
+    scores += [row("flow", 25, 2.5) | {"seed": seed} for seed in (1, 2)]
+    text = "\n".join(dmd2_lines(result | {"scores": scores}))
+    assert "each setting at seed 1 (5000 samples; the teacher at 25 steps: 2.50)" in text
+    assert "each setting at seed 2" not in text
+    at_one = text.split("each setting at seed 1")[1].split("###")[0]
+    assert "| dmd2f-flow-g3-nogan | 4.00 | 8.00 |" in at_one and "| dmd2f-flow-g3-nogan-x4 | 4.00 | 8.00 |" in at_one
+    assert "| dmd2s-flow-g3 |" not in at_one  # seed 0's measurement
+
+
+def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_budget_arm_runs_on_past_it():
+    """fill_budget: the stage's steps, counted step by step at its objective's own count per image and rounded down
+    to whole cycles of generator and fake-score updates, spend no more than what its start left of the teacher's
+    training, and one more cycle would spend more; ``-x4`` trains four times those steps, evaluated at the same
+    steps; a start that leaves too little is refused."""
+    from experiments import distill
+    from experiments.distill_dmd2 import BATCH, BUDGET, fill_budget, load_arm, over_budget
+    from moh_dit.training.objective import objective_record, run_objective
+
+    arms = distill.student_arms(1, Path("/nonexistent"), distill.SCALES["cpu"])
+    config, overrides = arms["dmd2f-flow-g3-nogan"]
+    spent = 0.84 * BUDGET
+    (length, checkpoints), evals = fill_budget(config, overrides, spent, distill.SCALES["cpu"])
+    steps = int(length.split("=")[1])
+    loaded = load_arm(config, overrides)
+    objective = run_objective(
+        loaded, objective_record(loaded) | {"time": "moh-dit", "guidance": {"scale": 2.0}}, False
+    )
+    cycle = loaded.distill.fake_updates + 1
+
+    def cost(n: int) -> float:
+        return sum(BATCH * (objective.step_forwards(i) + objective.teacher_forwards_at(i)) for i in range(n))
+
+    assert steps % cycle == 0 and spent + cost(steps) <= BUDGET < spent + cost(steps + cycle)
+    assert evals == [checkpoints.replace("train.checkpoint_every", "log.eval_every"), "log.eval_samples=500"]
+    assert over_budget("dmd2f-flow-g3-nogan-x4") == 4 and over_budget("dmd2f-flow-g3-nogan") == 1
+    config4, overrides4 = arms["dmd2f-flow-g3-nogan-x4"]
+    assert overrides4 == overrides and arms["dmd2f-flow-g3-nogan-f1"][1][-1] == "distill.fake_updates=1"
+    (length4, checkpoints4), evals4 = fill_budget(config4, overrides4, spent, distill.SCALES["cpu"], 4)
+    assert length4 == f"train.max_steps={4 * steps}" and (checkpoints4, evals4) == (checkpoints, evals)
+    with pytest.raises(SystemExit, match="too few to train"):
+        fill_budget(config, overrides, BUDGET - 10 * BATCH, distill.SCALES["cpu"])
