@@ -125,7 +125,13 @@ def _final_lines(result: dict, kind: str) -> list[str]:
     table = [((a, str(s)), _by_seed(rows, a, s), teacher) for a in arms for s in (1, 2, 4)]
     table.append(((f"teacher ({kind})", str(TEACHER_STEPS)), teacher, None))
     samples = result["protocol"]["samples"]
-    lines = ["", f"### {NAMES[kind]}: {samples} samples, three seeds", "", "KID x 1000:", ""]
+    scored = sorted({s for _, values, _ in table for s in values})
+    seeds = (
+        "three seeds"
+        if len(scored) >= 3
+        else f"seed{'s' * (len(scored) > 1)} {' and '.join(map(str, scored))} of three"
+    )
+    lines = ["", f"### {NAMES[kind]}: {samples} samples, {seeds}", "", "KID x 1000:", ""]
     lines += by_seed_table(("model", "steps"), [r for r in table if r[1]], f"the teacher at {TEACHER_STEPS}")
     lines += ["", "| model | steps | KID / teacher's | recall | recall - teacher's | generator updates | cost / "
               "teacher's training |", "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -164,7 +170,8 @@ def _goal_lines(result: dict, kind: str, arms: list[str]) -> list[str]:
         scored = {a: v for a, v in scored.items() if v}
         if not scored:
             continue
-        best = min(scored, key=lambda a: sum(r for r, _ in scored[a]) / len(scored[a]))
+        most = max(len(v) for v in scored.values())  # means over the same seeds: an arm with fewer is not compared
+        best = min((a for a in scored if len(scored[a]) == most), key=lambda a: sum(r for r, _ in scored[a]) / most)
         pairs = scored[best]
         met = sum(r <= limit and g >= -gap for r, g in pairs)
         spent = [c / BUDGET for s in sorted(teacher) if (c := whole_cost(training, best, s)) is not None]

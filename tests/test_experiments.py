@@ -1293,7 +1293,7 @@ def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recip
     text = "\n".join(dmd2_lines(result | {"scores": scores}))
     assert "| dmd2t-flow | 10.20 | 4.50 | 0.300 | 0.300 | 2 | 0.90 | 11.0 |" in text
     # the three-seed table: the recipe from the full start and the configs' earlier recipe beside it, against the goal
-    final = text.split("5000 samples, three seeds")[1].split("each setting at seed 0")[0]
+    final = text.split("5000 samples, seed 0 of three")[1].split("each setting at seed 0")[0]
     assert "| dmd2f-flow-g3-nogan | 1 | 2.50 |" in final and "| dmd2t-flow | 2 | 2.25 |" in final
     assert "| dmd2s-flow-g3 |" not in final  # the short start's recipe: seed 0's measurement only
     assert "- **2 steps**: the best, dmd2t-flow, is at 2.25 x the teacher's KID" in final
@@ -1308,6 +1308,9 @@ def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recip
     text = "\n".join(dmd2_lines(result | {"scores": scores}))
     assert "each setting at seed 1 (5000 samples; the teacher at 25 steps: 2.50)" in text
     assert "each setting at seed 2" not in text
+    # the goal's best among the arms scored at the most seeds (a one-seed mean is not set against a two-seed one)
+    final = text.split("5000 samples, three seeds")[1].split("each setting at seed 0")[0]
+    assert "- **2 steps**: the best, dmd2f-flow-g3-nogan, is at" in final and "met at 0 of 3 seeds" in final
     at_one = text.split("each setting at seed 1")[1].split("###")[0]
     assert "| dmd2f-flow-g3-nogan | 4.00 | 8.00 |" in at_one and "| dmd2f-flow-g3-nogan-x4 | 4.00 | 8.00 |" in at_one
     assert "| dmd2s-flow-g3 |" not in at_one  # seed 0's measurement
