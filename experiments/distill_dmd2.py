@@ -22,7 +22,7 @@ simulation, and the whole distillation within the teacher's training in network 
                               0.84 of the budget), as `dmd2t` starts (the seed-0 sweep's start sets where one step
                               ends); what the budget leaves is about 830 steps
         -nogan                the same without the GAN term (`dmd2t`'s recipe with two steps by backward simulation)
-        -nogan-f1             and one fake-score update per generator update: 2.5x the generator updates
+        -nogan-f1             and one fake-score update per generator update: 2.2x the generator updates
         -nogan-x4             four times the steps the budget leaves (a measurement over the budget, reported as
                               such: where the curve that was still falling at the budget's end turns)
     half-{kind}               the full trajectory stage at half its steps (the same 4096 trajectories): its curve's
@@ -202,6 +202,15 @@ def over_budget(arm: str) -> int:
     return OVER_BUDGET.get(arm.rsplit("-", 1)[-1], 1)
 
 
+def counted_objective(loaded):
+    """The objective of an arm's loaded config as the budget counts it: the teacher's evaluations as if guided
+    wherever the teacher is not unguided (two per evaluation)."""
+    from moh_dit.training.objective import objective_record, run_objective
+
+    guided = {"scale": 1.0 if loaded.distill.guidance_scale == 1 else 2.0}
+    return run_objective(loaded, objective_record(loaded) | {"time": "moh-dit", "guidance": guided}, False)
+
+
 def fill_budget(
     config: str, overrides: list[str], spent: float, sc: dict, stretch: int = 1
 ) -> tuple[list[str], list[str]]:
@@ -212,14 +221,9 @@ def fill_budget(
     within it and on. At the smoke scale the smoke run's length and evaluations."""
     if sc.get("smoke"):
         return [], sc["student_eval"]
-    from moh_dit.training.objective import objective_record, run_objective
-
     loaded = load_arm(config, overrides)
     section = loaded.distill
-    guided = {
-        "scale": 1.0 if section.guidance_scale == 1 else 2.0
-    }  # as if guided wherever the teacher is not unguided
-    objective = run_objective(loaded, objective_record(loaded) | {"time": "moh-dit", "guidance": guided}, False)
+    objective = counted_objective(loaded)
     if "trajectories" in objective.frozen_models_for(vars(section)) and section.trajectories is None:
         spent += section.trajectory_count * (section.trajectory_steps or 25) * 2.0  # its own set, before it trains
     cycle = getattr(objective, "student_updates", getattr(objective, "fake_updates", 0)) + 1
