@@ -19,6 +19,7 @@ from moh_dit.model.block import BlockOptions
 from moh_dit.model.network import MoHDiT
 
 __all__ = [
+    "CUSTOM",
     "PRESETS",
     "config_keys",
     "create_model",
@@ -228,6 +229,11 @@ def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
         value = full[key]
         full[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,) * full["depth"]
     return full
+
+
+# model.preset of a run whose architecture came from weights (init_from, a teacher) that match no preset: its saved
+# config names no preset, and the weights it names again build the model
+CUSTOM = "custom"
 
 
 def match_preset(config: Mapping[str, Any]) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from moh_dit.errors import ConfigError
 from moh_dit.model.block import BlockOptions
-from moh_dit.model.presets import check_config_keys, preset_config
+from moh_dit.model.presets import CUSTOM, PRESETS, check_config_keys, preset_config
 from moh_dit.training.config_sections import Config, EMASection, LogSection, ModelSection, RepaSection
 from moh_dit.training.config_values import at_least, one_of
 from moh_dit.training.distill import OtherMethodKeys, check_distill
@@ -24,6 +24,7 @@ __all__ = [
     "check_posthoc",
     "check_evaluation",
     "check_class_weights",
+    "architecture_from_weights",
     "TRACKERS",
 ]
 
@@ -37,7 +38,7 @@ def validate(config: Config) -> None:
     model, data, optim, train, ema, log = config.model, config.data, config.optim, config.train, config.ema, config.log
     if not isinstance(model.overrides, dict):
         raise ConfigError(f"model.overrides must be a mapping such as {{hidden_size: 256}}, got {model.overrides!r}")
-    check_model_overrides(model)
+    check_model_overrides(model, architecture_from_weights(config))
     one_of("data.name", data.name, ("fashion-mnist", "folder", "latents"))
     one_of("data.split", data.split, ("train", "test"))
     if data.name != "fashion-mnist" and (data.split != "train" or data.download):
@@ -127,11 +128,28 @@ def validate(config: Config) -> None:
         )
 
 
-def check_model_overrides(model: ModelSection) -> None:
-    """The ``model.overrides``: known keys (with ``init_from`` the weights carry their architecture; the trainer checks
-    the overrides against it), and without it the preset's name and per-layer lengths; the block's options and their
-    values (a typo such as ``mlp: swigl``) either way."""
-    if model.init_from:
+def architecture_from_weights(config: Config) -> bool:
+    """Whether weights name the model's architecture rather than ``model.preset``: ``model.init_from``, or a
+    distillation's student built from its teacher (``distill.student: teacher``) or from another student
+    (``distill.student_from``)."""
+    distill = config.distill
+    from_teacher = distill.teacher is not None and distill.student == "teacher"
+    distilled = config.objective.name == "distill" and (from_teacher or distill.student_from is not None)
+    return bool(config.model.init_from) or distilled
+
+
+def check_model_overrides(model: ModelSection, from_weights: bool = False) -> None:
+    """The ``model.overrides``: known keys (where weights carry the architecture, ``from_weights``: the trainer checks
+    the overrides against them), and otherwise the preset's name and per-layer lengths; the block's options and their
+    values (a typo such as ``mlp: swigl``) either way. ``model.preset: custom`` (a saved config whose weights matched no
+    preset) needs the weights that name its architecture."""
+    if model.preset == CUSTOM and not from_weights:
+        raise ConfigError(
+            f"model.preset {CUSTOM} says the architecture came from weights that match no preset (a run's saved "
+            f"config): name them (model.init_from, or distill.teacher with distill.student teacher, or "
+            f"distill.student_from), or choose a preset: {', '.join(PRESETS)}"
+        )
+    if from_weights:
         check_config_keys(model.overrides)
     else:
         preset_config(model.preset, **model.overrides)
@@ -146,7 +164,7 @@ def check_model_overrides(model: ModelSection) -> None:
 
 def check_token_routing(config: Config) -> None:
     """TREAD's settings: a share in [0, 1) and, when on, a span of blocks inside the model (its depth from the preset
-    and overrides; with ``model.init_from`` the trainer checks it against the weights)."""
+    and overrides; where weights name the architecture the trainer checks it against them)."""
     routing = config.token_routing
     share = routing.share
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
@@ -155,7 +173,7 @@ def check_token_routing(config: Config) -> None:
         value = getattr(routing, key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"token_routing.{key} must be a block index (negative: from the end), got {value!r}")
-    if share and not config.model.init_from:
+    if share and not architecture_from_weights(config):
         from moh_dit.model.token_routing import resolve_span
 
         depth = preset_config(config.model.preset, **config.model.overrides)["depth"]

@@ -13,6 +13,7 @@ import torch
 
 from moh_dit.manifests import read_manifest
 from moh_dit.model.network import MoHDiT
+from moh_dit.model.presets import CUSTOM
 from moh_dit.model.surgery import without_alignment
 from moh_dit.progress import Progress
 from moh_dit.sampling.card import push_folder
@@ -215,7 +216,7 @@ class RunOutputs:
         keys = ("name", "count", "fingerprint", "split", "class_weights")
         data = {k: v for k, v in self.data.description.items() if k in keys}
         train = {k: full["train"][k] for k in ("global_batch_size", "moh_loss_coeff", "mixed_precision", "seed")}
-        preset = None if self.config.model.preset == "custom" else self.config.model.preset
+        preset = None if self.config.model.preset == CUSTOM else self.config.model.preset
         summary = dict(train, preset=preset, data=data, optim=full["optim"], ema=full["ema"], spent=self.spent())
         summary["loss"] = self.objective.describe_loss()  # with the training options (a distillation's loss, ...)
         # settings a resume changed (the manifest's record of each resume): the card then says the run is not one recipe

@@ -38,7 +38,7 @@ from moh_dit.files import atomic_write_text
 from moh_dit.logs import setup_logging
 from moh_dit.manifests import format_differences
 from moh_dit.model.network import MoHDiT
-from moh_dit.model.presets import match_preset
+from moh_dit.model.presets import CUSTOM, match_preset
 from moh_dit.model.surgery import with_alignment
 from moh_dit.model.token_routing import draw_route
 from moh_dit.posthoc_ema import PowerFunctionEMAs
@@ -111,7 +111,7 @@ class Trainer(RunOutputs, OptimizerSteps):
         if (
             self.init_report
         ):  # weights from elsewhere (init_from, a teacher) name the architecture; config and card say so
-            preset = match_preset(model.config) or "custom"
+            preset = match_preset(model.config) or CUSTOM
             if preset != config.model.preset:
                 logger.info(
                     "architecture from the weights: %s (model.preset %s is not used)", preset, config.model.preset

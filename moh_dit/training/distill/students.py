@@ -65,7 +65,7 @@ def student_from_teacher(teacher: Any, config: Config, data: TrainingData) -> tu
                 f"teacher's architecture, which the student takes (distill.student=teacher): drop them "
                 f"({HOW_TO_DROP_OVERRIDES}), or choose distill.student=preset for model.preset with overrides"
             )
-    else:
+    elif section.student_from is None:  # (a student of another student has that student's architecture)
         derived = dict(in_channels=data.in_channels, sample_size=data.sample_size, num_classes=data.num_classes)
         base = preset_config(config.model.preset, **(derived | dict(config.model.overrides)))
     if section.student_from is not None:

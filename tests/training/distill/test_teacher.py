@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+import yaml
 
 from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.objectives import objective_of
@@ -187,6 +188,21 @@ def test_the_teacher_is_recorded_and_a_resume_needs_the_same_one(teachers, image
 
     grid, _, info = api_endpoint(pipe)("dark", images=2)
     assert "meanflow, 1 step" in info and grid.size[0] > 8
+
+
+def test_a_students_saved_config_trains_again_and_custom_without_weights_is_one_line(teachers, image_dir, tmp_path):
+    """The tiny teacher matches no preset, so its student's saved config says ``model.preset: custom``: that config is
+    what ``train.py --config`` reads back, and it trains again (the teacher's weights name the architecture); the same
+    preset where no weights name one is refused in one line."""
+    out = tmp_path / "student"
+    train(distill_config(out, image_dir, teachers / "flow"))
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["model"]["preset"] == "custom" and saved["distill"]["teacher"] == str(teachers / "flow")
+    saved["train"]["output_dir"] = str(tmp_path / "again")
+    assert train(load_config(saved))["step"] == 2
+    for broken in (["objective.name=flow"], ["distill.student=preset"]):  # no teacher's weights build the model
+        with pytest.raises(ConfigError, match=r"^model.preset custom says the architecture came from weights[^\n]*$"):
+            load_config(saved, broken)
 
 
 def test_a_checkpoint_of_another_codebase_teaches_in_its_own_convention(image_dir, tmp_path):
