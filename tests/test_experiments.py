@@ -871,6 +871,12 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     methods = {f"{m}-{k}" for m in ("meanflow", "trajectory", "cmt", "dmd2", "dmd2t") for k in distill.KINDS}
     recipes = {f"dmd2f-{k}-g{distill_dmd2.RECIPE_SCALE[k]:g}" for k in distill.KINDS}
     assert "dmd2f-ddpm-g4" in recipes and "dmd2f-ddpm-g2" in arms  # the sampler's scale, and the short sweep's choice
+    # the variety lever: the flow twin's full start with its real score below the sampler's scale, without the GAN term
+    # (a one-seed arm: the default's r = 2 from the full start is its short sweep's choice, an arm already)
+    variety = arms["dmd2f-flow-g2-nogan"][1]
+    assert "distill.real_guidance=2.0" in variety and variety[-1] == "distill.gan_weight=0.0"
+    assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-flow-seed1") in variety
+    assert not distill.selected("dmd2f-flow-g2-nogan", 1, None) and "dmd2h-flow-g2-nogan" not in arms
     assert defaults == methods | recipes | {f"{r}-nogan" for r in recipes}
     assert all(distill.selected(arm, 0, None) for arm in arms)
     # a group at the study's seeds for it, an arm named alone at every seed given
