@@ -132,10 +132,14 @@ def architecture_from_weights(config: Config) -> bool:
     """Whether weights name the model's architecture rather than ``model.preset``: ``model.init_from``, or a
     distillation's student built from its teacher (``distill.student: teacher``) or from another student
     (``distill.student_from``)."""
+    if config.model.init_from:
+        return True
+    from moh_dit.training.objective import run_objective_class
+
     distill = config.distill
-    from_teacher = distill.teacher is not None and distill.student == "teacher"
-    distilled = config.objective.name == "distill" and (from_teacher or distill.student_from is not None)
-    return bool(config.model.init_from) or distilled
+    if "teacher" not in run_objective_class(config).frozen_models:  # the objective learns from no teacher
+        return False
+    return (distill.teacher is not None and distill.student == "teacher") or distill.student_from is not None
 
 
 def check_model_overrides(model: ModelSection, from_weights: bool = False) -> None:
