@@ -155,11 +155,10 @@ def dmd2_arms(
                 variants = FULL_VARIANTS if prefix == "dmd2f" else {"nogan": VARIANTS["nogan"]}
                 for suffix, change in variants.items():
                     arms[f"{name}-{suffix}"] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings | change)])
-        variety = f"dmd2f-{kind}-{_label(VARIETY_SCALE[kind])}-nogan"  # the full start, without the GAN term
-        if variety not in arms:
-            origin = f"distill.student_from={runs / f'trajectory-{kind}-seed{seed}'}"
-            settings = RECIPE | {"real_guidance": VARIETY_SCALE[kind]} | VARIANTS["nogan"]
-            arms[variety] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)])
+            variety = f"{prefix}-{kind}-{_label(VARIETY_SCALE[kind])}-nogan"  # the full start's, without the GAN term
+            if prefix == "dmd2f" and variety not in arms:
+                settings = RECIPE | {"real_guidance": VARIETY_SCALE[kind]} | VARIANTS["nogan"]
+                arms[variety] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
