@@ -32,6 +32,9 @@ simulation, and the whole distillation within the teacher's training in network 
                               1024 trajectories, and from the short stage's length on a VSD term at the recipe's
                               real-score scale, the fake score on 1 of 5 steps at a fifth of the rate; the budget
                               fills with its own set counted
+    ect-{kind}                CMT's own second stage in place of DMD2 (configs/fashion_mnist_moh_ect.yaml): the full
+                              trajectory student post-trained by consistency with a small fixed step (ECT's, 0.01),
+                              the teacher's guided velocity for the step; as many steps as the budget leaves after it
 
 Each DMD2 arm sets every key it is measured with, so that a later change of a config's defaults leaves its meaning.
 The lengths are counted, not guessed: a stage's steps are what the teacher's budget (8,300 steps x 16 images x 3 =
@@ -80,6 +83,7 @@ FROM_SHORT = {
 }
 FROM_TEACHER = {"flow": "configs/fashion_mnist_moh_dmd2.yaml", "ddpm": "configs/fashion_mnist_moh_dmd2_ddpm.yaml"}
 RCM = {"flow": "configs/fashion_mnist_moh_rcm.yaml", "ddpm": "configs/fashion_mnist_moh_rcm_ddpm.yaml"}
+ECT = {"flow": "configs/fashion_mnist_moh_ect.yaml", "ddpm": "configs/fashion_mnist_moh_ect_ddpm.yaml"}
 RCM_RECIPE = {"student_updates": 4, "vsd_weight": 1.0, "fake_lr": 2e-4, "gan_weight": 0.001, "dmd_input": "generator",
               "dmd_steps": [1, 2], "trajectory_count": 1024}  # fmt: skip
 VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes (the two-step middle is a key, not measured here)
@@ -159,6 +163,8 @@ def dmd2_arms(
             if prefix == "dmd2f" and variety not in arms:
                 settings = RECIPE | {"real_guidance": VARIETY_SCALE[kind]} | VARIANTS["nogan"]
                 arms[variety] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)])
+        full_start = f"distill.student_from={runs / f'trajectory-{kind}-seed{seed}'}"
+        arms[f"ect-{kind}"] = (ECT[kind], [teacher, full_start])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
@@ -185,7 +191,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
     return chosen | {f"{a}-nogan" for a in chosen}
 
 
-STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2g-", "ganonly-", "rcm-")  # the arms whose length the budget sets
+STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2g-", "ganonly-", "rcm-", "ect-")  # the arms whose length the budget sets
 ARMS = ("short-", "half-", *STAGES)  # every arm of these measurements, by its name's start
 
 
@@ -195,7 +201,7 @@ def budget_arm(arm: str) -> bool:
 
 
 # a stage's prefix: the arm it starts from, by its name's start
-STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half"}
+STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "ect-": "trajectory"}
 
 
 def start_of(arm: str) -> str | None:

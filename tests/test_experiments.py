@@ -901,6 +901,10 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     # the dmd2 study's students scored at the goal's step counts, every other at 1, 2 and 4
     assert distill.scored_steps("dmd2s-flow-g2") == distill.scored_steps("short-ddpm") == (1, 2)
     assert distill.scored_steps("rcm-flow") == (1, 2) and distill.scored_steps("dmd2t-flow") == (1, 2, 4)
+    # CMT's own second stage: the full trajectory student post-trained by ECT, for what the budget leaves after it
+    assert arms["ect-ddpm"][0] == "configs/fashion_mnist_moh_ect_ddpm.yaml" and distill_dmd2.budget_arm("ect-ddpm")
+    assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-ddpm-seed1") in arms["ect-ddpm"][1]
+    assert distill_dmd2.start_of("ect-ddpm") == "trajectory-ddpm" and not distill.selected("ect-flow", 1, None)
     # the smoke scale: its own few arms, one of each kind of run
     smoke = distill.SCALES["tiny"]
     assert {a for a in arms if distill.selected(a, 0, None, smoke)} == set(smoke["arms"]) and smoke["seeds"] == (0,)
@@ -1353,3 +1357,6 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     assert length4 == f"train.max_steps={4 * steps}" and (checkpoints4, evals4) == (checkpoints, evals)
     with pytest.raises(SystemExit, match="too few to train"):
         fill_budget(config, overrides, BUDGET - 10 * BATCH, distill.SCALES["cpu"])
+    # ECT's stage: four student passes and the teacher's guided step per image, at every step alike
+    (ect_length, _), _ = fill_budget(*arms["ect-flow"], spent, distill.SCALES["cpu"])
+    assert ect_length == f"train.max_steps={int((BUDGET - spent) // (BATCH * (4 + 2)))}"

@@ -194,6 +194,7 @@ class DistillSection:
     fd_eps: float | None = None
     # how the student learns (moh_dit/objectives/distill/methods.py): meanflow (MeanFlow's identity on the teacher's
     # velocity) | trajectory (secants of the teacher's own sampling trajectories) | dmd2 (distribution matching) | rcm
+    # (trajectories regularised by DMD2) | ect (consistency post-training with a small fixed step)
     method: str = "meanflow"
     # the student's weights to start from instead of its teacher's: a run, checkpoint or pipeline of another student of
     # the same teacher (CMT's second stage: a trajectory student post-trained by MeanFlow)
@@ -243,6 +244,9 @@ class DistillSection:
     # --- the rcm method (docs/objective.md#rcm): trajectory distillation regularised by DMD2 in one run ---
     student_updates: int = 4  # student updates per fake-score update (rCM's 4: the fake score in 1 of 5 steps)
     vsd_start: int = 0  # the step from which the VSD term trains the student (the fake score trains from the start)
+    # --- the ect method (docs/objective.md#ect): consistency post-training with a small fixed step ---
+    ect_dt: float = 0.01  # the fixed step down the trajectory, in flow time, before the student's own jump
+    ect_step: str = "teacher"  # the step's velocity: teacher (guided, folded in) | data (eps - x: unguided students)
 
 
 @dataclass

@@ -12,6 +12,7 @@ Read it in this order:
     trajectory.py   the ``trajectory`` method: secants of the teacher's own sampling trajectories
     dmd2.py         the ``dmd2`` method: a generator matching the teacher's distribution through a fake score
     rcm.py          the ``rcm`` method: trajectory distillation regularised by DMD2 in the same run (rCM)
+    ect.py          the ``ect`` method: consistency post-training with a small fixed step (CMT's second stage)
     generator.py    DMD2's generator on its grids: its start times, backward simulation, its renoising sampler
     grids.py        the sampler's intervals and the generator's grids (pure Python: read by the table's users)
     times.py        the draws of (t, r): which intervals are trained
@@ -53,6 +54,8 @@ _LAZY = {
     "TrajectoryDistill": "trajectory",
     "DMD2Distill": "dmd2",
     "RCMDistill": "rcm",
+    "ECTDistill": "ect",
+    "ECT_STEPS": "ect",
     "DMD_INPUTS": "generator",
     "HEADS": "heads",
     "native_head": "heads",

@@ -309,6 +309,10 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
         logs' ``teacher_evaluations`` count them exactly)."""
         return 2.0 if self.teacher_guidance.get("scale", 1.0) != 1.0 else 1.0
 
+    def teacher_forwards_at(self, step: int) -> float:
+        """The teacher's forwards per image at training ``step``: the same at every step (DMD2's differ)."""
+        return self.teacher_forwards()
+
     # ------------------------------------------------------------------------------------------------
     # Training
     # ------------------------------------------------------------------------------------------------

@@ -110,6 +110,14 @@ METHODS: dict[str, MethodEntry] = {
         identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=TRAJECTORY_PROVENANCE,
     ),
+    # consistency post-training with a small fixed step (CMT's second stage, arXiv:2509.24526; ECT, arXiv:2406.14548):
+    # the student's jump from z_t against its own jump from one step further down the trajectory (no derivative)
+    "ect": MethodEntry(
+        "moh_dit.objectives.distill",
+        "ECTDistill",
+        "a flow map post-trained by consistency: its jump against its own from a small fixed step down the trajectory",
+        ("ect_dt", "ect_step"),
+    ),
 }
 # every method's: what the student is (its method, architecture, time split, head, and the teacher's guidance folded
 # into its target; the teacher itself by its weights, in the run's frozen models) and where things came from (the
