@@ -28,6 +28,10 @@ simulation, and the whole distillation within the teacher's training in network 
     half-{kind}               the full trajectory stage at half its steps (the same 4096 trajectories): its curve's
                               second half gained 0.9 KID at one step for 0.2 of the budget
     dmd2h-{kind}-g{r}         the recipe from it (and -nogan): about twice dmd2f's DMD2 steps
+    low-{kind}                the full trajectory stage recorded at a lower guidance (:data:`LOW_SCALE`: 1.5 and 2
+                              against the samplers' 3 and 4), so that the start DMD2 refines keeps more variety
+    dmd2l-{kind}-g{r}-nogan   the recipe without the GAN term from it, the real score at the sampler's scale putting
+                              the guidance back (the variety lever the three-seed record points to)
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
                               1024 trajectories, and from the short stage's length on a VSD term at the recipe's
                               real-score scale, the fake score on 1 of 5 steps at a fifth of the rate; the budget
@@ -73,6 +77,8 @@ CHOSEN_SCALE = {"flow": 3.0, "ddpm": 2.0}
 # the real score below the sampler's scale from the full start: the variety lever the full start's variants point to (its
 # recall falls with every longer run at the sampler's scale; the default's r = 2 there is its CHOSEN_SCALE already)
 VARIETY_SCALE = {"flow": 2.0, "ddpm": 2.0}
+# the guidance the lower-guidance trajectory start records its trajectories at (the samplers' are 3 and 4): about half
+LOW_SCALE = {"flow": 1.5, "ddpm": 2.0}
 SHORT = {
     "flow": "configs/fashion_mnist_moh_distill_trajectory_short.yaml",
     "ddpm": "configs/fashion_mnist_moh_distill_trajectory_short_ddpm.yaml",
@@ -163,6 +169,13 @@ def dmd2_arms(
             if prefix == "dmd2f" and variety not in arms:
                 settings = RECIPE | {"real_guidance": VARIETY_SCALE[kind]} | VARIANTS["nogan"]
                 arms[variety] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)])
+        arms[f"low-{kind}"] = (config, [*overrides, f"distill.guidance_scale={LOW_SCALE[kind]}"])
+        low = f"distill.student_from={runs / f'low-{kind}-seed{seed}'}"
+        settings = RECIPE | {"real_guidance": RECIPE_SCALE[kind]} | VARIANTS["nogan"]
+        arms[f"dmd2l-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
+            FROM_SHORT[kind],
+            [teacher, low, *_overrides(settings)],
+        )
         full_start = f"distill.student_from={runs / f'trajectory-{kind}-seed{seed}'}"
         arms[f"ect-{kind}"] = (ECT[kind], [teacher, full_start])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
@@ -191,8 +204,17 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
     return chosen | {f"{a}-nogan" for a in chosen}
 
 
-STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2g-", "ganonly-", "rcm-", "ect-")  # the arms whose length the budget sets
-ARMS = ("short-", "half-", *STAGES)  # every arm of these measurements, by its name's start
+STAGES = (
+    "dmd2s-",
+    "dmd2f-",
+    "dmd2h-",
+    "dmd2l-",
+    "dmd2g-",
+    "ganonly-",
+    "rcm-",
+    "ect-",
+)  # the arms whose length the budget sets
+ARMS = ("short-", "half-", "low-", *STAGES)  # every arm of these measurements, by its name's start
 
 
 def budget_arm(arm: str) -> bool:
@@ -201,7 +223,7 @@ def budget_arm(arm: str) -> bool:
 
 
 # a stage's prefix: the arm it starts from, by its name's start
-STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "ect-": "trajectory"}
+STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "ect-": "trajectory"}
 
 
 def start_of(arm: str) -> str | None:

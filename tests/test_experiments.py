@@ -901,6 +901,15 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     # the dmd2 study's students scored at the goal's step counts, every other at 1, 2 and 4
     assert distill.scored_steps("dmd2s-flow-g2") == distill.scored_steps("short-ddpm") == (1, 2)
     assert distill.scored_steps("rcm-flow") == (1, 2) and distill.scored_steps("dmd2t-flow") == (1, 2, 4)
+    # the variety lever's start: the full trajectory stage recorded at a lower guidance, and the recipe from it with the
+    # sampler's scale put back by the real score (one seed)
+    low = arms["low-flow"][1]
+    assert low[:-1] == arms["trajectory-flow"][1] and low[-1] == "distill.guidance_scale=1.5"
+    from_low = arms["dmd2l-ddpm-g4-nogan"][1]
+    assert "distill.student_from=" + str(tmp_path / "runs" / "low-ddpm-seed1") in from_low
+    assert {"distill.real_guidance=4.0", "distill.gan_weight=0.0"} <= set(from_low)
+    assert distill_dmd2.start_of("dmd2l-ddpm-g4-nogan") == "low-ddpm" and distill.scored_steps("low-ddpm") == (1, 2)
+    assert not distill.selected("dmd2l-flow-g3-nogan", 1, None) and distill.selected("low-flow", 0, None)
     # CMT's own second stage: the full trajectory student post-trained by ECT, for what the budget leaves after it
     assert arms["ect-ddpm"][0] == "configs/fashion_mnist_moh_ect_ddpm.yaml" and distill_dmd2.budget_arm("ect-ddpm")
     assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-ddpm-seed1") in arms["ect-ddpm"][1]
