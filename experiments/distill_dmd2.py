@@ -32,6 +32,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               against the samplers' 3 and 4), so that the start DMD2 refines keeps more variety
     dmd2l-{kind}-g{r}-nogan   the recipe without the GAN term from it, the real score at the sampler's scale putting
                               the guidance back (the variety lever the three-seed record points to)
+    dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
+                              level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
                               1024 trajectories, and from the short stage's length on a VSD term at the recipe's
                               real-score scale, the fake score on 1 of 5 steps at a fifth of the rate; the budget
@@ -176,6 +178,11 @@ def dmd2_arms(
             FROM_SHORT[kind],
             [teacher, low, *_overrides(settings)],
         )
+        meanflow = f"distill.student_from={runs / f'meanflow-{kind}-seed{seed}'}"
+        arms[f"dmd2m-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
+            FROM_SHORT[kind],
+            [teacher, meanflow, *_overrides(settings)],
+        )
         full_start = f"distill.student_from={runs / f'trajectory-{kind}-seed{seed}'}"
         arms[f"ect-{kind}"] = (ECT[kind], [teacher, full_start])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
@@ -204,16 +211,8 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
     return chosen | {f"{a}-nogan" for a in chosen}
 
 
-STAGES = (
-    "dmd2s-",
-    "dmd2f-",
-    "dmd2h-",
-    "dmd2l-",
-    "dmd2g-",
-    "ganonly-",
-    "rcm-",
-    "ect-",
-)  # the arms whose length the budget sets
+# the arms whose length the budget sets
+STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-")  # fmt: skip
 ARMS = ("short-", "half-", "low-", *STAGES)  # every arm of these measurements, by its name's start
 
 
@@ -223,7 +222,8 @@ def budget_arm(arm: str) -> bool:
 
 
 # a stage's prefix: the arm it starts from, by its name's start
-STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "ect-": "trajectory"}
+STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2m-": "meanflow",
+          "ect-": "trajectory"}  # fmt: skip
 
 
 def start_of(arm: str) -> str | None:

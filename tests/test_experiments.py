@@ -894,7 +894,8 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert "distill.gan_weight=0.0" in arms[f"{full}-nogan"][1] and distill_dmd2.budget_arm(full)
     group = distill.Named(distill.GROUPS["dmd2-study"](tmp_path, distill.SCALES["tiny"]))
     group.grouped = frozenset(group)
-    assert {"trajectory-flow", "trajectory-ddpm", full, "short-flow"} <= set(group) and "meanflow-flow" not in group
+    assert {"trajectory-flow", "trajectory-ddpm", full, "short-flow"} <= set(group) and "cmt-flow" not in group
+    assert "meanflow-flow" in group and not distill.selected("meanflow-flow", 1, group)  # dmd2m's start, at seed 0
     assert distill.selected("trajectory-flow", 1, group) and distill.selected(full, 1, group)
     assert not distill.selected("short-flow", 1, group) and not distill.selected("dmd2s-flow-g3", 1, group)
     assert not distill.selected("half-flow", 1, group) and distill.selected("half-flow", 0, group)
@@ -910,6 +911,9 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert {"distill.real_guidance=4.0", "distill.gan_weight=0.0"} <= set(from_low)
     assert distill_dmd2.start_of("dmd2l-ddpm-g4-nogan") == "low-ddpm" and distill.scored_steps("low-ddpm") == (1, 2)
     assert not distill.selected("dmd2l-flow-g3-nogan", 1, None) and distill.selected("low-flow", 0, None)
+    # the recipe from the MeanFlow-distilled student (the start level with its teacher at four steps)
+    assert "distill.student_from=" + str(tmp_path / "runs" / "meanflow-flow-seed1") in arms["dmd2m-flow-g3-nogan"][1]
+    assert distill_dmd2.start_of("dmd2m-flow-g3-nogan") == "meanflow-flow"
     # CMT's own second stage: the full trajectory student post-trained by ECT, for what the budget leaves after it
     assert arms["ect-ddpm"][0] == "configs/fashion_mnist_moh_ect_ddpm.yaml" and distill_dmd2.budget_arm("ect-ddpm")
     assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-ddpm-seed1") in arms["ect-ddpm"][1]
