@@ -538,6 +538,7 @@ TRAJECTORY = ["distill.method=trajectory", "distill.trajectory_count=6", "distil
               "distill.trajectory_steps=3", "distill.grid_share=0.5"]  # fmt: skip
 RCM = ["distill.method=rcm", "distill.trajectory_count=6", "distill.trajectory_shard_size=2", "distill.trajectory_steps=3",
        "distill.student_updates=2", "distill.vsd_start=2", "distill.dmd_steps=[1,2]", "distill.dmd_input=generator"]  # fmt: skip
+ECT = ["distill.method=ect", "distill.ect_dt=0.05", "distill.guidance_scale=2.0", "distill.grid_share=0.5"]  # fmt: skip
 DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.gan_start=2",
         "distill.dmd_steps=[1,2]", "distill.dmd_input=generator", "distill.real_guidance=1.5"]  # fmt: skip
 
@@ -551,6 +552,7 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
         pytest.param(None, TRAJECTORY, marks=SLOW),  # rcm records and trains on a set too; the command on two
         (None, DMD2),  # processes: tests/training/distill/test_trajectories.py
         pytest.param(None, RCM, marks=SLOW),
+        pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
     ids=[
@@ -560,6 +562,7 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
         "trajectory",
         "dmd2",
         "rcm",
+        "ect",
         "jvp-split",
     ],
 )
