@@ -77,8 +77,11 @@ def _last_values(run: Path, *keys: str) -> dict:
 
 
 def _trajectory_manifest(run: Path) -> dict | None:
+    from moh_dit.training.objective import run_objective_class
+
     config = run_config(run) if (run / "config.yaml").is_file() else None
-    if config is None or config.distill.method != "trajectory":
+    # any method that learns from a set of trajectories (trajectory, rcm, dmd2's regression): its table says so
+    if config is None or "trajectories" not in run_objective_class(config).frozen_models_for(vars(config.distill)):
         return None
     folder = (
         Path(config.distill.trajectories)

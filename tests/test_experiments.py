@@ -832,6 +832,24 @@ def test_distill_cost_reads_the_teachers_evaluations_from_the_training_records(t
     assert cost["student_images"] == 160 and cost["teacher_evaluations"] == 300
 
 
+@pytest.mark.parametrize(("method", "counted"), [("rcm", True), ("trajectory", True), ("dmd2", False)])
+def test_a_runs_own_set_of_trajectories_is_counted_for_every_method_that_records_one(method, counted, tmp_path):
+    """rCM records its own set as the trajectory method does: its cost goes into the run's (DMD2 without its
+    regression records none)."""
+    import yaml
+
+    from experiments.distill_report import run_cost
+
+    config = {"objective": {"name": "distill"}, "distill": {"method": method, "teacher": "runs/x"},
+              "train": {"output_dir": str(tmp_path)}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "samples_seen": 16, "teacher_evaluations": 2}))
+    (tmp_path / "trajectories").mkdir()
+    manifest = {"cost": {"images": 1024, "evaluations": 51200, "seconds": 60.0}}
+    (tmp_path / "trajectories" / "trajectories.json").write_text(json.dumps(manifest))
+    assert run_cost(tmp_path).get("trajectory_evaluations") == (51200 if counted else None)
+
+
 def test_distill_report_judges_dmd2_by_the_one_step_goal_and_sets_its_gan_term_beside_it():
     """DMD2's students are judged at one step (1.5x the teacher's KID, recall within 0.1), with their cost reported but
     not judged; the GAN arm sits beside the same student without it."""
