@@ -144,7 +144,7 @@ def dmd2_arms(
     for kind in kinds:
         teacher = f"distill.teacher={runs / f'{kind}-seed{seed}'}"
         arms[f"short-{kind}"] = (SHORT[kind], [teacher, *sc.get("trajectory", [])])
-        start = f"distill.student_from={runs / f'short-{kind}-seed{seed}'}"
+        start = _started(runs, f"dmd2s-{kind}", seed)
         for scale in REAL_SCALES[kind]:
             base = RECIPE | {"real_guidance": scale}
             name = f"dmd2s-{kind}-{_label(scale)}"
@@ -158,8 +158,8 @@ def dmd2_arms(
         config, overrides = full[kind]
         steps = load_arm(config, overrides).train.max_steps
         arms[f"half-{kind}"] = (config, [*overrides, f"train.max_steps={steps // 2}"])
-        for prefix, start in (("dmd2f", "trajectory"), ("dmd2h", "half")):
-            origin = f"distill.student_from={runs / f'{start}-{kind}-seed{seed}'}"
+        for prefix in ("dmd2f", "dmd2h"):
+            origin = _started(runs, f"{prefix}-{kind}", seed)
             # the recipe's scale, and the sampler's (dmd2t's real score) where they differ
             for scale in dict.fromkeys((CHOSEN_SCALE[kind], REAL_SCALES[kind][-1])):
                 name, settings = f"{prefix}-{kind}-{_label(scale)}", RECIPE | {"real_guidance": scale}
@@ -172,22 +172,22 @@ def dmd2_arms(
                 settings = RECIPE | {"real_guidance": VARIETY_SCALE[kind]} | VARIANTS["nogan"]
                 arms[variety] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)])
         arms[f"low-{kind}"] = (config, [*overrides, f"distill.guidance_scale={LOW_SCALE[kind]}"])
-        low = f"distill.student_from={runs / f'low-{kind}-seed{seed}'}"
         settings = RECIPE | {"real_guidance": RECIPE_SCALE[kind]} | VARIANTS["nogan"]
-        arms[f"dmd2l-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
-            FROM_SHORT[kind],
-            [teacher, low, *_overrides(settings)],
-        )
-        meanflow = f"distill.student_from={runs / f'meanflow-{kind}-seed{seed}'}"
-        arms[f"dmd2m-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
-            FROM_SHORT[kind],
-            [teacher, meanflow, *_overrides(settings)],
-        )
-        full_start = f"distill.student_from={runs / f'trajectory-{kind}-seed{seed}'}"
-        arms[f"ect-{kind}"] = (ECT[kind], [teacher, full_start])
+        for prefix in ("dmd2l", "dmd2m"):  # the recipe from the lower-guidance start, and from the MeanFlow student
+            origin = _started(runs, f"{prefix}-{kind}", seed)
+            arms[f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
+                FROM_SHORT[kind],
+                [teacher, origin, *_overrides(settings)],
+            )
+        arms[f"ect-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ect-{kind}", seed)])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
+
+
+def _started(runs: Path, stage: str, seed: int) -> str:
+    """The override that starts ``stage`` (``{prefix}-{kind}``) from its start's run at ``seed`` (:data:`STARTS`)."""
+    return f"distill.student_from={runs / f'{start_of(stage)}-seed{seed}'}"
 
 
 def load_arm(config: str, overrides: list[str]):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from moh_dit.errors import ConfigError
+from moh_dit.objectives.base import Losses
 
 __all__ = ["TangentLoss", "TANGENT_LOSSES"]
 
@@ -87,6 +88,13 @@ class TangentLoss:
         weight = 1 / (torch.linalg.vector_norm(g.flatten(1), dim=1) + self.eps) ** self.power
         moved = (u64 + g * weight.reshape(-1, *([1] * (g.ndim - 1)))).detach()
         return ((u64 - moved) ** 2).flatten(1).sum(dim=1).to(u.dtype), g, weight
+
+    def regress(self, u: torch.Tensor, target: torch.Tensor, step: int | None = None) -> Losses:
+        """The loss of ``u`` (float32, with gradient) on a ``target`` held fixed (no derivative term) and the unweighted
+        error the logs follow: the methods whose target holds nothing of the student's derivative."""
+        loss, _, _ = self(u, target, torch.zeros_like(target), step)
+        mse = ((u.detach() - target) ** 2).flatten(1).mean(dim=1)
+        return Losses(loss=loss, mse=mse, logged=mse)
 
     def describe(self) -> str:
         weight = f"p {self.power:g}, c {self.eps:g}"
