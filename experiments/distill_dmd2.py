@@ -41,6 +41,12 @@ simulation, and the whole distillation within the teacher's training in network 
     ect-{kind}                CMT's own second stage in place of DMD2 (configs/fashion_mnist_moh_ect.yaml): the full
                               trajectory student post-trained by consistency with a small fixed step (ECT's, 0.01),
                               the teacher's guided velocity for the step; as many steps as the budget leaves after it
+    uni-{kind}                the full trajectory stage with its intervals drawn uniformly over the recorded grid's
+                              times (`distill.grid_share=0`) instead of nine in ten on the samplers' own: a start
+                              whose jumps cover every interval, as CMT's mid-training's do (on the full stage's
+                              own recorded set: only the intervals drawn differ)
+    ectu-{kind}               ECT (as `ect-{kind}`) from it: whether a start covering every interval is what the
+                              small fixed step needs (from the grid-trained start it diverges)
 
 Each DMD2 arm sets every key it is measured with, so that a later change of a config's defaults leaves its meaning.
 The lengths are counted, not guessed: a stage's steps are what the teacher's budget (8,300 steps x 16 images x 3 =
@@ -179,7 +185,11 @@ def dmd2_arms(
                 FROM_SHORT[kind],
                 [teacher, origin, *_overrides(settings)],
             )
-        arms[f"ect-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ect-{kind}", seed)])
+        # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)
+        recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
+        arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])
+        for prefix in ("ect", "ectu"):  # CMT's second stage from the grid-trained start and from the uniform one
+            arms[f"{prefix}-{kind}"] = (ECT[kind], [teacher, _started(runs, f"{prefix}-{kind}", seed)])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
@@ -212,8 +222,8 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 
 # the arms whose length the budget sets
-STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-")  # fmt: skip
-ARMS = ("short-", "half-", "low-", *STAGES)  # every arm of these measurements, by its name's start
+STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-")  # fmt: skip
+ARMS = ("short-", "half-", "low-", "uni-", *STAGES)  # every arm of these measurements, by its name's start
 
 
 def budget_arm(arm: str) -> bool:
@@ -223,7 +233,7 @@ def budget_arm(arm: str) -> bool:
 
 # a stage's prefix: the arm it starts from, by its name's start
 STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2m-": "meanflow",
-          "ect-": "trajectory"}  # fmt: skip
+          "ect-": "trajectory", "ectu-": "uni"}  # fmt: skip
 
 
 def start_of(arm: str) -> str | None:

@@ -928,6 +928,13 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert "distill.student_from=" + str(tmp_path / "runs" / "low-ddpm-seed1") in from_low
     assert {"distill.real_guidance=4.0", "distill.gan_weight=0.0"} <= set(from_low)
     assert distill_dmd2.start_of("dmd2l-ddpm-g4-nogan") == "low-ddpm" and distill.scored_steps("low-ddpm") == (1, 2)
+    # ECT from a start whose jumps cover every interval: the full stage on its own set, intervals drawn uniformly
+    uni = arms["uni-ddpm"][1]
+    assert uni[:-2] == arms["trajectory-ddpm"][1] and uni[-1] == "distill.grid_share=0.0"
+    assert uni[-2] == "distill.trajectories=" + str(tmp_path / "runs" / "trajectory-ddpm-seed1" / "trajectories")
+    assert "distill.student_from=" + str(tmp_path / "runs" / "uni-ddpm-seed1") in arms["ectu-ddpm"][1]
+    assert arms["ectu-ddpm"][0] == arms["ect-ddpm"][0] and distill_dmd2.start_of("ectu-flow") == "uni-flow"
+    assert distill_dmd2.budget_arm("ectu-flow") and not distill_dmd2.budget_arm("uni-flow")
     assert not distill.selected("dmd2l-flow-g3-nogan", 1, None) and distill.selected("low-flow", 0, None)
     # the recipe from the MeanFlow-distilled student (the start level with its teacher at four steps)
     assert "distill.student_from=" + str(tmp_path / "runs" / "meanflow-flow-seed1") in arms["dmd2m-flow-g3-nogan"][1]
