@@ -25,6 +25,8 @@ simulation, and the whole distillation within the teacher's training in network 
         -nogan-f1             and one fake-score update per generator update: 2.2x the generator updates
         -nogan-x4             four times the steps the budget leaves (a measurement over the budget, reported as
                               such: where the curve that was still falling at the budget's end turns)
+    dmd2f-{kind}-g{1,1.5,2}-nogan  the real score below the sampler's scale from the same start, without the GAN term
+                              (:data:`VARIETY_SCALES`: the issue's sweep beside the recipe's sampler scale)
     half-{kind}               the full trajectory stage at half its steps (the same 4096 trajectories): its curve's
                               second half gained 0.9 KID at one step for 0.2 of the budget
     dmd2h-{kind}-g{r}         the recipe from it (and -nogan): about twice dmd2f's DMD2 steps
@@ -82,9 +84,10 @@ REAL_SCALES = {"flow": (1.0, 1.5, 2.0, 3.0), "ddpm": (1.0, 1.5, 2.0, 4.0)}
 # training at matched steps: the flow twin's 18.3 / 15.3 / 13.7 at r = 1 / 2 / 3, step 640-660; the default's 18.2 at
 # r = 1 against 14.8 at r = 2, step 600-620; its r = 1.5 and 4 not run there)
 CHOSEN_SCALE = {"flow": 3.0, "ddpm": 2.0}
-# the real score below the sampler's scale from the full start: the variety lever the full start's variants point to (its
-# recall falls with every longer run at the sampler's scale; the default's r = 2 there is its CHOSEN_SCALE already)
-VARIETY_SCALE = {"flow": 2.0, "ddpm": 2.0}
+# the real score below the sampler's scale from the full start, without the GAN term: the issue's sweep (none, 1.5, 2)
+# beside the recipe's sampler scale, and the variety lever the full start's variants point to (its recall falls with
+# every longer run at the sampler's scale; the default's r = 2 there is its CHOSEN_SCALE already)
+VARIETY_SCALES = {"flow": (1.0, 1.5, 2.0), "ddpm": (1.0, 1.5, 2.0)}
 # the guidance the lower-guidance trajectory start records its trajectories at (the samplers' are 3 and 4): about half
 LOW_SCALE = {"flow": 1.5, "ddpm": 2.0}
 SHORT = {
@@ -173,10 +176,10 @@ def dmd2_arms(
                 variants = FULL_VARIANTS if prefix == "dmd2f" else {"nogan": VARIANTS["nogan"]}
                 for suffix, change in variants.items():
                     arms[f"{name}-{suffix}"] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings | change)])
-            variety = f"{prefix}-{kind}-{_label(VARIETY_SCALE[kind])}-nogan"  # the full start's, without the GAN term
-            if prefix == "dmd2f" and variety not in arms:
-                settings = RECIPE | {"real_guidance": VARIETY_SCALE[kind]} | VARIANTS["nogan"]
-                arms[variety] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)])
+            for scale in VARIETY_SCALES[kind] if prefix == "dmd2f" else ():  # the full start's, without the GAN term
+                variety = f"{prefix}-{kind}-{_label(scale)}-nogan"
+                settings = RECIPE | {"real_guidance": scale} | VARIANTS["nogan"]
+                arms.setdefault(variety, (FROM_SHORT[kind], [teacher, origin, *_overrides(settings)]))
         arms[f"low-{kind}"] = (config, [*overrides, f"distill.guidance_scale={LOW_SCALE[kind]}"])
         settings = RECIPE | {"real_guidance": RECIPE_SCALE[kind]} | VARIANTS["nogan"]
         for prefix in ("dmd2l", "dmd2m"):  # the recipe from the lower-guidance start, and from the MeanFlow student

@@ -19,7 +19,7 @@ from experiments.distill_dmd2 import (
     FULL_VARIANTS,
     REAL_SCALES,
     VARIANTS,
-    VARIETY_SCALE,
+    VARIETY_SCALES,
     start_of,
     three_seed_arms,
 )
@@ -254,7 +254,7 @@ def dmd2_lines(result: dict) -> list[str]:
              f"network evaluations. The real score's scales measured: {scales}. Variants of the recipe at seed 0: "
              f"{', '.join(VARIANTS)}; from the full start: {', '.join(FULL_VARIANTS)} (`x4`: four times the steps the budget "
              f"leaves, a measurement past it), and the real score below the sampler's scale from it without the GAN term "
-             f"(the variety lever: {', '.join(f'`dmd2f-{k}-g{v:g}-nogan`' for k, v in VARIETY_SCALE.items())}). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
+             f"(the variety lever: {', '.join(f'`dmd2f-{k}-g{v:g}-nogan`' for k, vs in VARIETY_SCALES.items() for v in vs)}). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
         lines += _final_lines(result, kind) + _one_seed_tables(result, kind) + _cost_lines(result, kind)

@@ -895,6 +895,11 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert "distill.real_guidance=2.0" in variety and variety[-1] == "distill.gan_weight=0.0"
     assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-flow-seed1") in variety
     assert not distill.selected("dmd2f-flow-g2-nogan", 1, None) and "dmd2h-flow-g2-nogan" not in arms
+    # the rest of the real score's sweep from the same start: none and 1.5 (one seed each)
+    for scale in ("1", "1.5"):
+        swept = arms[f"dmd2f-ddpm-g{scale}-nogan"][1]
+        assert f"distill.real_guidance={float(scale)}" in swept and "distill.gan_weight=0.0" in swept
+        assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-ddpm-seed1") in swept
     assert defaults == methods | recipes | {f"{r}-nogan" for r in recipes}
     assert all(distill.selected(arm, 0, None) for arm in arms)
     # a group at the study's seeds for it, an arm named alone at every seed given
