@@ -49,6 +49,9 @@ simulation, and the whole distillation within the teacher's training in network 
                               own recorded set: only the intervals drawn differ)
     ectu-{kind}               ECT (as `ect-{kind}`) from it: whether a start covering every interval is what the
                               small fixed step needs (from the grid-trained start it diverges)
+    ectc-{kind}               ECT from the grid-trained start with ECT's own curriculum (:data:`ECT_CURRICULUM`): the
+                              step starts at the 4-step grid's spacing, so that the first jumps asked for start on
+                              the grid times that start learned, and halves every 100 steps down to 0.01
 
 Each DMD2 arm sets every key it is measured with, so that a later change of a config's defaults leaves its meaning.
 The lengths are counted, not guessed: a stage's steps are what the teacher's budget (8,300 steps x 16 images x 3 =
@@ -101,6 +104,9 @@ FROM_SHORT = {
 FROM_TEACHER = {"flow": "configs/fashion_mnist_moh_dmd2.yaml", "ddpm": "configs/fashion_mnist_moh_dmd2_ddpm.yaml"}
 RCM = {"flow": "configs/fashion_mnist_moh_rcm.yaml", "ddpm": "configs/fashion_mnist_moh_rcm_ddpm.yaml"}
 ECT = {"flow": "configs/fashion_mnist_moh_ect.yaml", "ddpm": "configs/fashion_mnist_moh_ect_ddpm.yaml"}
+# ECT's curriculum from the grid-trained start: from the 4-step grid's spacing (a step from t = 1 lands on 0.75, a time
+# that start learned its jumps from), halved every 100 of the ~670 steps the budget leaves, to the fixed step's 0.01
+ECT_CURRICULUM = {"ect_dt_start": 0.25, "ect_dt_every": 100}
 RCM_RECIPE = {"student_updates": 4, "vsd_weight": 1.0, "fake_lr": 2e-4, "gan_weight": 0.001, "dmd_input": "generator",
               "dmd_steps": [1, 2], "trajectory_count": 1024}  # fmt: skip
 VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes (the two-step middle is a key, not measured here)
@@ -193,6 +199,8 @@ def dmd2_arms(
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])
         for prefix in ("ect", "ectu"):  # CMT's second stage from the grid-trained start and from the uniform one
             arms[f"{prefix}-{kind}"] = (ECT[kind], [teacher, _started(runs, f"{prefix}-{kind}", seed)])
+        curriculum = [f"distill.{key}={value}" for key, value in ECT_CURRICULUM.items()]
+        arms[f"ectc-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ectc-{kind}", seed), *curriculum])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
@@ -225,7 +233,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 
 # the arms whose length the budget sets
-STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-")  # fmt: skip
+STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
 ARMS = ("short-", "half-", "low-", "uni-", *STAGES)  # every arm of these measurements, by its name's start
 
 
@@ -236,7 +244,7 @@ def budget_arm(arm: str) -> bool:
 
 # a stage's prefix: the arm it starts from, by its name's start
 STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2m-": "meanflow",
-          "ect-": "trajectory", "ectu-": "uni"}  # fmt: skip
+          "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
 
 
 def start_of(arm: str) -> str | None:

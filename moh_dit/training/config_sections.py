@@ -247,6 +247,8 @@ class DistillSection:
     # --- the ect method (docs/objective.md#ect): consistency post-training with a small fixed step ---
     ect_dt: float = 0.01  # the fixed step down the trajectory, in flow time, before the student's own jump
     ect_step: str = "teacher"  # the step's velocity: teacher (guided, folded in) | data (eps - x: unguided students)
+    ect_dt_start: float | None = None  # ECT's curriculum: the step at the start, halved down to ect_dt (null: fixed)
+    ect_dt_every: int = 1000  # the curriculum's training steps between two halvings
 
 
 @dataclass

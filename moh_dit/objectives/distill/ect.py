@@ -17,6 +17,11 @@ The student's jump from ``t`` to ``r`` is ``X(z_t; t -> r) = z_t - (t - r) u(z_t
 - ``data``: the data's own conditional velocity ``eps - x`` of the noised sample (ECT's consistency *training*: no
   teacher evaluation at all). It learns the unguided flow, so it is refused for a student that folds guidance.
 
+ECT's own curriculum (``distill.ect_dt_start``): the step starts large and halves every ``distill.ect_dt_every``
+training steps down to ``distill.ect_dt`` (``Δt_k = max(Δt, Δt_0 / 2^floor(k / every))``, ECT's stage-wise shrinking
+of ``t - r`` with its ratio 2), so that the early targets lean on the step's velocity over a long stretch and the
+student's own jump is asked for from farther off only as it is learned; without it the step is fixed (CMT's).
+
 As ``Δt -> 0`` the target is MeanFlow's ``v - (t - r) du/dt`` (the meanflow method) without a derivative of the student:
 one forward without gradient stands in for the JVP. The student starts from another (``distill.student_from``: CMT's
 trajectory student) and samples as every flow map does.
@@ -37,6 +42,10 @@ from moh_dit.objectives.distill.meanflow import MeanFlowDistill
 __all__ = ["ECTDistill", "ECT_STEPS", "consistency_target"]
 
 ECT_STEPS = ("teacher", "data")  # where the step down the trajectory takes its velocity
+
+
+def _a_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
 
 
 def consistency_target(
@@ -67,11 +76,27 @@ class ECTDistill(MeanFlowDistill):
     title = "A flow map post-trained by consistency"
     runs_bare_module = False  # one forward with gradient (the target's is without): DDP and a compiled network apply
 
-    def __init__(self, ect_dt: float = 0.01, ect_step: str = "teacher", **options: Any) -> None:
+    def __init__(
+        self,
+        ect_dt: float = 0.01,
+        ect_step: str = "teacher",
+        ect_dt_start: float | None = None,
+        ect_dt_every: int = 1000,
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
-        if isinstance(ect_dt, bool) or not isinstance(ect_dt, (int, float)) or not 0 < ect_dt < 1:
+        if not _a_number(ect_dt) or not 0 < ect_dt < 1:
             raise ConfigError(
                 f"distill.ect_dt must be a step in flow time between 0 and 1 (e.g. 0.01), got {ect_dt!r}"
+            )
+        if ect_dt_start is not None and (not _a_number(ect_dt_start) or not ect_dt < ect_dt_start <= 1):
+            raise ConfigError(
+                f"distill.ect_dt_start must be null (a fixed step) or a step above distill.ect_dt={ect_dt:g} and at "
+                f"most 1 (ECT's curriculum halves it down to distill.ect_dt), got {ect_dt_start!r}"
+            )
+        if isinstance(ect_dt_every, bool) or not isinstance(ect_dt_every, int) or ect_dt_every < 1:
+            raise ConfigError(
+                f"distill.ect_dt_every must be a whole number of training steps of at least 1, got {ect_dt_every!r}"
             )
         if ect_step not in ECT_STEPS:
             raise ConfigError(f"distill.ect_step must be {' or '.join(ECT_STEPS)}, got {ect_step!r}")
@@ -82,12 +107,27 @@ class ECTDistill(MeanFlowDistill):
                 f"guidance {scale:g}: distill.ect_step=teacher, or distill.guidance_scale=1"
             )
         self.ect_dt, self.ect_step = float(ect_dt), ect_step
+        self.ect_dt_start = None if ect_dt_start is None else float(ect_dt_start)
+        self.ect_dt_every = ect_dt_every
+
+    def step_size(self, step: int | None) -> float:
+        """The step down the trajectory at training step ``step``: fixed, or ECT's curriculum halving
+        ``distill.ect_dt_start`` every ``distill.ect_dt_every`` steps down to ``distill.ect_dt`` (its end where the
+        step is not known)."""
+        if self.ect_dt_start is None or step is None:
+            return self.ect_dt
+        return max(self.ect_dt, self.ect_dt_start / 2 ** (step // self.ect_dt_every))
 
     def describe_loss(self) -> str:
         velocity = "the teacher's velocity" if self.ect_step == "teacher" else "the data's velocity eps - x"
+        size = (
+            f"{self.ect_dt:g} (fixed step)"
+            if self.ect_dt_start is None
+            else f"{self.ect_dt_start:g} halved every {self.ect_dt_every} steps down to {self.ect_dt:g} (ECT's curriculum)"
+        )
         return (
             f"{self.tangent_loss.describe()} against the student's own jump from one step of {velocity} "
-            f"{self.ect_dt:g} down the trajectory (consistency, fixed step); times: {self.coverage.describe()}"
+            f"{size} down the trajectory (consistency); times: {self.coverage.describe()}"
         )
 
     @property
@@ -123,7 +163,7 @@ class ECTDistill(MeanFlowDistill):
             v = self.target_velocity(model, noised, labels, drop, autocast, frozen, step, ema)
         else:
             v = noised.terms["velocity"].float()
-        s = torch.maximum(t - self.ect_dt, r)
+        s = torch.maximum(t - self.step_size(step), r)
         z_s = z - (t - s).reshape(-1, *([1] * (z.ndim - 1))) * v
         net = extract_model_from_parallel(model, keep_torch_compile=False)
         with torch.no_grad(), autocast():

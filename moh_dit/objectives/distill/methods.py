@@ -116,7 +116,7 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.distill",
         "ECTDistill",
         "a flow map post-trained by consistency: its jump against its own from a small fixed step down the trajectory",
-        ("ect_dt", "ect_step"),
+        ("ect_dt", "ect_step", "ect_dt_start", "ect_dt_every"),
     ),
 }
 # every method's: what the student is (its method, architecture, time split, head, and the teacher's guidance folded

@@ -90,12 +90,39 @@ def test_the_datas_step_takes_the_noised_samples_own_velocity_and_no_teacher():
     assert guided.teacher_forwards() == 2.0 and guided.teacher_forwards_at(7) == 2.0
 
 
+def test_ects_curriculum_halves_the_step_down_to_the_fixed_one_and_the_target_takes_the_steps_own():
+    """``Δt_k = max(Δt, Δt_0 / 2^floor(k / every))``; the target at step ``k`` is the fixed-step target with that
+    step; without ``ect_dt_start`` (or without a step) the step is fixed."""
+    objective = ECTDistill(time="repa", ect_dt=0.01, ect_dt_start=0.4, ect_dt_every=10)
+    sizes = [objective.step_size(k) for k in (0, 9, 10, 25, 39, 50, 60, 10_000)]
+    assert sizes == [0.4, 0.4, 0.2, 0.1, 0.05, 0.0125, 0.01, 0.01] and objective.step_size(None) == 0.01
+    assert ECTDistill(time="repa", ect_dt=0.02).step_size(10_000) == 0.02
+    assert "0.4 halved every 10 steps down to 0.01" in objective.describe_loss()
+    g = torch.Generator().manual_seed(3)
+    x, noise = (SCALE * torch.randn(4, 1, 4, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    t, r = torch.tensor([0.9, 0.8, 0.5, 0.3]), torch.tensor([0.0, 0.6, 0.1, 0.3])
+    targets = {}
+    for name, ect, step in [("curriculum", objective, 25), ("fixed", ECTDistill(time="repa", ect_dt=0.1), None)]:
+        noised = ect.interpolate(x, t.double(), r.double(), noise)
+        frozen = {"teacher": ExactTeacher()}
+        ect.forward_losses(GaussianAverageVelocity(), noised, None, None, False, NO_AUTOCAST, frozen, step=step)
+        targets[name] = noised.terms["target"]
+    torch.testing.assert_close(targets["curriculum"], targets["fixed"])
+    early = ECTDistill(time="repa", ect_dt=0.01, ect_dt_start=0.4, ect_dt_every=10)
+    noised = early.interpolate(x, t.double(), r.double(), noise)
+    early.forward_losses(GaussianAverageVelocity(), noised, None, None, False, NO_AUTOCAST, frozen, step=0)
+    assert not torch.allclose(noised.terms["target"], targets["fixed"])  # the step is the schedule's, not the end's
+
+
 @pytest.mark.parametrize(
     ("override", "says"),
     [
         ("distill.ect_dt=0", "distill.ect_dt must be a step in flow time between 0 and 1"),
         ("distill.ect_dt=1.5", "distill.ect_dt must be a step in flow time between 0 and 1"),
         ("distill.ect_step=heun", "distill.ect_step must be teacher or data"),
+        ("distill.ect_dt_start=0.005", "distill.ect_dt_start must be null (a fixed step) or a step above"),
+        ("distill.ect_dt_start=1.5", "distill.ect_dt_start must be null (a fixed step) or a step above"),
+        ("distill.ect_dt_every=0", "distill.ect_dt_every must be a whole number of training steps of at least 1"),
         ("distill.fake_updates=3", "distill.fake_updates: not an option of distill.method=ect"),
     ],
 )

@@ -1,6 +1,6 @@
 """A run of consistency post-training (distill.method: ect, moh_dit/objectives/distill/ect.py) from another student:
 it trains, records its method in the exported student and its card, and a run stopped and resumed is the uninterrupted
-one, loss for loss."""
+one, loss for loss (ECT's curriculum halving its step at the resumed step)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def test_a_run_from_another_student_trains_records_its_method_and_resumes_as_an_
     train_tiny(teacher, image_dir, "objective.name=flow", "train.max_steps=4", "preview.per_class=0")
     start = tmp_path / "start"
     train(load_config(tiny_train_config(start, image_dir), [f"distill.teacher={teacher}", *ECT, "train.max_steps=2"]))
-    origin = [f"distill.teacher={teacher}", f"distill.student_from={start}", *ECT]
+    curriculum = ["distill.ect_dt_start=0.4", "distill.ect_dt_every=2"]  # 0.4 for steps 0-1, 0.2 from the resumed 2
+    origin = [f"distill.teacher={teacher}", f"distill.student_from={start}", *ECT, *curriculum]
 
     def run(out, *more):
         return train(load_config(tiny_train_config(out, image_dir), [*origin, *more]))
