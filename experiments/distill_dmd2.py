@@ -52,6 +52,9 @@ simulation, and the whole distillation within the teacher's training in network 
     ectc-{kind}               ECT from the grid-trained start with ECT's own curriculum (:data:`ECT_CURRICULUM`): the
                               step starts at the 4-step grid's spacing, so that the first jumps asked for start on
                               the grid times that start learned, and halves every 100 steps down to 0.01
+    ect-{kind}-uniform        ECT from the grid-trained start with its own intervals drawn uniformly
+                              (`distill.grid_share=0`), so that the jumps its targets ask for (from `t - 0.01`) are
+                              trained as often as the ones asked of
 
 Each DMD2 arm sets every key it is measured with, so that a later change of a config's defaults leaves its meaning.
 The lengths are counted, not guessed: a stage's steps are what the teacher's budget (8,300 steps x 16 images x 3 =
@@ -197,10 +200,15 @@ def dmd2_arms(
         # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)
         recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])
+        on_grid = (
+            "distill.grid_share=0.9"  # the trajectory stage's times (nine in ten intervals on the samplers' grids)
+        )
         for prefix in ("ect", "ectu"):  # CMT's second stage from the grid-trained start and from the uniform one
-            arms[f"{prefix}-{kind}"] = (ECT[kind], [teacher, _started(runs, f"{prefix}-{kind}", seed)])
+            arms[f"{prefix}-{kind}"] = (ECT[kind], [teacher, _started(runs, f"{prefix}-{kind}", seed), on_grid])
         curriculum = [f"distill.{key}={value}" for key, value in ECT_CURRICULUM.items()]
-        arms[f"ectc-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ectc-{kind}", seed), *curriculum])
+        arms[f"ectc-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ectc-{kind}", seed), on_grid, *curriculum])
+        uniform = [teacher, _started(runs, f"ect-{kind}", seed), "distill.grid_share=0.0"]
+        arms[f"ect-{kind}-uniform"] = (ECT[kind], uniform)  # its own intervals drawn uniformly
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms

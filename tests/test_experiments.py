@@ -941,8 +941,12 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert arms["ectu-ddpm"][0] == arms["ect-ddpm"][0] and distill_dmd2.start_of("ectu-flow") == "uni-flow"
     assert distill_dmd2.budget_arm("ectu-flow") and not distill_dmd2.budget_arm("uni-flow")
     # and from the grid-trained start with ECT's curriculum on its step
-    assert arms["ectc-flow"][1][:2] == arms["ect-flow"][1] and distill_dmd2.start_of("ectc-flow") == "trajectory-flow"
-    assert arms["ectc-flow"][1][2:] == ["distill.ect_dt_start=0.25", "distill.ect_dt_every=100"]
+    assert arms["ectc-flow"][1][:3] == arms["ect-flow"][1] and distill_dmd2.start_of("ectc-flow") == "trajectory-flow"
+    assert arms["ectc-flow"][1][3:] == ["distill.ect_dt_start=0.25", "distill.ect_dt_every=100"]
+    # and with its own intervals drawn uniformly (the measured arms name the grid share they were measured with)
+    assert arms["ect-flow"][1][-1] == "distill.grid_share=0.9" and distill_dmd2.budget_arm("ect-flow-uniform")
+    assert arms["ect-flow-uniform"][1] == [*arms["ect-flow"][1][:2], "distill.grid_share=0.0"]
+    assert distill_dmd2.start_of("ect-flow-uniform") == "trajectory-flow"
     assert not distill.selected("dmd2l-flow-g3-nogan", 1, None) and distill.selected("low-flow", 0, None)
     # the recipe from the MeanFlow-distilled student (the start level with its teacher at four steps)
     assert "distill.student_from=" + str(tmp_path / "runs" / "meanflow-flow-seed1") in arms["dmd2m-flow-g3-nogan"][1]
