@@ -207,8 +207,8 @@ def dmd2_arms(
             arms[f"{prefix}-{kind}"] = (ECT[kind], [teacher, _started(runs, f"{prefix}-{kind}", seed), on_grid])
         curriculum = [f"distill.{key}={value}" for key, value in ECT_CURRICULUM.items()]
         arms[f"ectc-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ectc-{kind}", seed), on_grid, *curriculum])
-        uniform = [teacher, _started(runs, f"ect-{kind}", seed), "distill.grid_share=0.0"]
-        arms[f"ect-{kind}-uniform"] = (ECT[kind], uniform)  # its own intervals drawn uniformly
+        uniform = f"ect-{kind}-uniform"  # its own intervals drawn uniformly
+        arms[uniform] = (ECT[kind], [teacher, _started(runs, uniform, seed), "distill.grid_share=0.0"])
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms

@@ -1,6 +1,6 @@
 """Argument types for command lines: a bad value is a usage error before any work starts. Light (no torch), so
 that ``--help`` answers at once; the command line (``moh_dit.cli``) and :class:`~moh_dit.sampling.spec.SamplingSpec`
-use them."""
+use them. And the two predicates a value read from a config or a spec is checked with (``True`` is no number there)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["int_at_least", "positive_int", "non_negative_int", "finite_float"]
+__all__ = ["int_at_least", "positive_int", "non_negative_int", "finite_float", "is_number", "is_whole"]
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is an int or a float, a bool not counted (YAML's ``true`` is no step size)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_whole(value: object) -> bool:
+    """Whether ``value`` is an int, a bool not counted."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

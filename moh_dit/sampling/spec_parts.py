@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.logs import plural
 from moh_dit.objectives.noise import ddpm_sigma
@@ -44,14 +45,6 @@ GRID_GUIDANCE = 4.0
 MAX_SIGMA_REL = math.sqrt(1 / 12)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _pairs(options: Any, what: str) -> dict | None:
     """A mapping (or the sorted pairs a spec keeps) as a dict; ``None`` stays ``None``."""
     if isinstance(options, (Mapping, tuple, list)):
@@ -82,14 +75,14 @@ class SamplerSpec:
         T = TRAIN_TIMESTEPS
         if self.scheduler is not None and self.scheduler not in SCHEDULERS:
             raise ConfigError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
-        if not _is_int(self.num_steps) or not 1 <= self.num_steps <= T:
+        if not is_whole(self.num_steps) or not 1 <= self.num_steps <= T:
             raise ConfigError(f"num_inference_steps must be an integer between 1 and {T}, got {self.num_steps!r}")
         shift = self.time_shift
-        if not _number(shift) or not (math.isfinite(shift) and shift > 0):
+        if not is_number(shift) or not (math.isfinite(shift) and shift > 0):
             raise ConfigError(f"time_shift must be a finite number > 0 (1: none; SD3 uses 3), got {shift!r}")
         object.__setattr__(self, "time_shift", float(shift))
         last = self.grid_averaging
-        if last is not None and (not _is_int(last) or not 0 <= last < T):
+        if last is not None and (not is_whole(last) or not 0 <= last < T):
             raise ConfigError(
                 f"grid_averaging must be a timestep between 0 and {T - 1} (the steps at or below it average the "
                 f"prediction over shifted patch grids; e.g. 100), or null for none; got {last!r}"
@@ -135,7 +128,7 @@ class GuidanceSpec:
 
     def __post_init__(self) -> None:
         T = TRAIN_TIMESTEPS
-        if not _number(self.scale) or not math.isfinite(self.scale):
+        if not is_number(self.scale) or not math.isfinite(self.scale):
             raise ConfigError(f"guidance_scale must be a finite number, got {self.scale!r}")
         object.__setattr__(self, "scale", float(self.scale))
         interval = self.interval
@@ -144,7 +137,7 @@ class GuidanceSpec:
             if (
                 values is None
                 or len(values) != 2
-                or not all(map(_is_int, values))
+                or not all(map(is_whole, values))
                 or not 0 <= values[0] <= values[1] < T
             ):
                 raise ConfigError(
@@ -158,7 +151,7 @@ class GuidanceSpec:
             raise ConfigError(
                 "guidance_interval (DDPM timesteps) and guidance_noise (noise levels) say the same thing: give one"
             )
-        if self.channels is not None and (not _is_int(self.channels) or self.channels < 1):
+        if self.channels is not None and (not is_whole(self.channels) or self.channels < 1):
             raise ConfigError(f"guidance_channels must be an integer >= 1, or null for all, got {self.channels!r}")
         options = rule_class(self.rule).check(_pairs(self.rule_options, "rule_options"))
         object.__setattr__(self, "rule_options", tuple(sorted(options.items())))
@@ -219,11 +212,11 @@ class GuideSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError(f"guide must be the path of a run, checkpoint or model folder, got {self.model!r}")
-        if self.step is not None and (not _is_int(self.step) or self.step < 1):
+        if self.step is not None and (not is_whole(self.step) or self.step < 1):
             raise ConfigError(f"guide_step must be a training step >= 1, got {self.step!r}")
         width = self.sigma_rel
         if width is not None:
-            if not _number(width) or not 0 < width < MAX_SIGMA_REL:
+            if not is_number(width) or not 0 < width < MAX_SIGMA_REL:
                 raise ConfigError(
                     f"guide_sigma_rel must be a relative EMA width in (0, {MAX_SIGMA_REL:.4f}), got {width!r}"
                 )
@@ -268,7 +261,7 @@ def _noise_range(value: Any) -> tuple[float, float] | None:
     values = list(value) if isinstance(value, (list, tuple)) else None
     if values is not None and len(values) == 2 and values[1] is None:
         values[1] = math.inf
-    numbers = values is not None and len(values) == 2 and all(map(_number, values))
+    numbers = values is not None and len(values) == 2 and all(map(is_number, values))
     if not numbers or not (math.isfinite(values[0]) and 0 <= values[0] <= values[1]) or math.isnan(values[1]):
         raise ConfigError(
             f"guidance_noise must be two noise levels [low, high] with 0 <= low <= high (noise std over signal std; "

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
@@ -42,10 +43,6 @@ from moh_dit.objectives.distill.meanflow import MeanFlowDistill
 __all__ = ["ECTDistill", "ECT_STEPS", "consistency_target"]
 
 ECT_STEPS = ("teacher", "data")  # where the step down the trajectory takes its velocity
-
-
-def _a_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
 
 
 def consistency_target(
@@ -85,16 +82,16 @@ class ECTDistill(MeanFlowDistill):
         **options: Any,
     ) -> None:
         super().__init__(**options)
-        if not _a_number(ect_dt) or not 0 < ect_dt < 1:
+        if not is_number(ect_dt) or not 0 < ect_dt < 1:
             raise ConfigError(
                 f"distill.ect_dt must be a step in flow time between 0 and 1 (e.g. 0.01), got {ect_dt!r}"
             )
-        if ect_dt_start is not None and (not _a_number(ect_dt_start) or not ect_dt < ect_dt_start <= 1):
+        if ect_dt_start is not None and (not is_number(ect_dt_start) or not ect_dt < ect_dt_start <= 1):
             raise ConfigError(
                 f"distill.ect_dt_start must be null (a fixed step) or a step above distill.ect_dt={ect_dt:g} and at "
                 f"most 1 (ECT's curriculum halves it down to distill.ect_dt), got {ect_dt_start!r}"
             )
-        if isinstance(ect_dt_every, bool) or not isinstance(ect_dt_every, int) or ect_dt_every < 1:
+        if not is_whole(ect_dt_every) or ect_dt_every < 1:
             raise ConfigError(
                 f"distill.ect_dt_every must be a whole number of training steps of at least 1, got {ect_dt_every!r}"
             )
