@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moh_dit.argtypes import is_number
 from moh_dit.model.attention import AttentionAux, MoHAttention
 from moh_dit.model.rope import RotaryEmbedding2D
 
@@ -125,7 +126,7 @@ class BlockOptions:
         if not isinstance(self.rope, bool):
             raise ValueError(f"block rope must be true or false, got {self.rope!r}")
         theta = self.rope_theta
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (math.isfinite(theta) and theta > 1):
+        if not is_number(theta) or not (math.isfinite(theta) and theta > 1):
             raise ValueError(f"block rope_theta must be a finite number > 1 (RoPE's 10000), got {theta!r}")
         object.__setattr__(self, "rope_theta", float(theta))
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 
 __all__ = ["FoldedGuidance", "GUIDANCE_SOURCES", "FOLDED_KEYS"]
@@ -35,7 +36,7 @@ FOLDED_KEYS = ("guidance_scale", "guidance_mix", "guidance_times")  # what a mod
 
 
 def _number(value: Any, what: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    if not is_number(value) or not low <= value <= high:
         raise ConfigError(f"{what} must be a number in [{low}, {high}], got {value!r}")
     return float(value)
 
@@ -68,16 +69,12 @@ class FoldedGuidance:
         omega = 1.0 if scale is None else _number(scale, "objective.guidance_scale (omega)", -math.inf, math.inf)
         kappa = 0.0 if mix is None else _number(mix, "objective.guidance_mix (kappa)", 0.0, 0.999)
         times = [0.0, 1.0] if times is None else times
-        if (
-            not isinstance(times, (list, tuple))
-            or len(times) != 2
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in times)
-        ):
+        if not isinstance(times, (list, tuple)) or len(times) != 2 or not all(is_number(v) for v in times):
             raise ConfigError(f"objective.guidance_times must be [first, last] flow times, got {times!r}")
         if not 0 <= times[0] <= times[1] <= 1:
             raise ConfigError(f"objective.guidance_times must satisfy 0 <= first <= last <= 1, got {list(times)}")
         warmup = 0 if warmup is None else warmup
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        if not is_whole(warmup) or warmup < 0:
             raise ConfigError(f"objective.guidance_warmup must be a number of steps >= 0, got {warmup!r}")
         source = source or "model"
         if source not in GUIDANCE_SOURCES:

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from moh_dit.argtypes import is_number
 from moh_dit.errors import ConfigError
 from moh_dit.model.token_routing import rows_of_route
 from moh_dit.objectives.base import Losses, Noised, NoiseLevel, Objective
@@ -63,7 +64,7 @@ TIME_SAMPLING = ("logit-normal", "uniform")
 
 
 def _weight(value: Any, what: str, low: float = 0.0, high: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    if not is_number(value) or not low <= value <= high:
         raise ConfigError(f"{what} must be a number in [{low}, {high}], got {value!r}")
     return float(value)
 

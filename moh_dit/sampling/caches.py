@@ -34,6 +34,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from moh_dit.argtypes import is_number
 from moh_dit.errors import ConfigError
 
 __all__ = [
@@ -73,7 +74,7 @@ class SamplingCache:
         if unknown:
             raise ConfigError(f"the {cls.name} cache takes {', '.join(cls.defaults)}; got {unknown}")
         for key, value in given.items():
-            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            number = is_number(value) and math.isfinite(value)
             counting, share = key in cls.counts, key in cls.at_most_one
             if not number or value < 0 or (counting and int(value) != value) or (share and value > 1):
                 kind = "a whole number >= 0" if counting else "a number >= 0" + (" and <= 1" * share)

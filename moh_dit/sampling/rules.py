@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from moh_dit.argtypes import is_number
 from moh_dit.errors import ConfigError
 
 __all__ = ["GuidanceRule", "CFG", "APG", "CFGZeroStar", "RULES", "rule_class", "make_rule", "check_rule_options"]
@@ -60,7 +61,7 @@ class GuidanceRule:
         for key, value in given.items():
             if value is None and key in cls.may_be_off:
                 continue
-            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            number = is_number(value) and math.isfinite(value)
             if not number or (key in cls.non_negative and value < 0) or (key in cls.whole and int(value) != value):
                 raise ConfigError(
                     f"guidance rule {cls.name}: {key} must be a finite number{' >= 0' * (key in cls.non_negative)}, "

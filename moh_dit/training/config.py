@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from moh_dit.argtypes import is_number
 from moh_dit.errors import ConfigError
 from moh_dit.sampling.spec import LEGACY_CONFIG_KEYS
 from moh_dit.training import config_sections
@@ -112,9 +113,7 @@ def _coerce(value: Any, default: Any, key: str) -> Any:
         if isinstance(default, str) and not isinstance(value, str):
             raise TypeError
         if isinstance(default, list) and all(isinstance(v, (int, float)) for v in default) and default:
-            if not isinstance(value, list) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-            ):
+            if not isinstance(value, list) or not all(is_number(v) for v in value):
                 raise TypeError
             return [float(v) for v in value]  # a list of numbers (distill.guidance_times)
         if isinstance(default, list):

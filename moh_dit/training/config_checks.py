@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.model.block import BlockOptions
 from moh_dit.model.presets import CUSTOM, PRESETS, check_config_keys, preset_config
@@ -171,11 +172,11 @@ def check_token_routing(config: Config) -> None:
     and overrides; where weights name the architecture the trainer checks it against them)."""
     routing = config.token_routing
     share = routing.share
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+    if not is_number(share) or not 0 <= share < 1:
         raise ConfigError(f"token_routing.share must be a share of the tokens in [0, 1) (TREAD's 0.5), got {share!r}")
     for key in ("first_block", "last_block"):
         value = getattr(routing, key)
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_whole(value):
             raise ConfigError(f"token_routing.{key} must be a block index (negative: from the end), got {value!r}")
     if share and not architecture_from_weights(config):
         from moh_dit.model.token_routing import resolve_span
@@ -232,9 +233,7 @@ def check_evaluation(log: LogSection) -> None:
     at_least("log.eval_samples", log.eval_samples, 1)
     at_least("log.eval_batch_size", log.eval_batch_size, 1)
     also = log.eval_also_steps
-    if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1000 for n in also) or len(
-        set(also)
-    ) < len(also):
+    if not all(is_whole(n) and 1 <= n <= 1000 for n in also) or len(set(also)) < len(also):
         raise ConfigError(f"log.eval_also_steps must be distinct step counts between 1 and 1000, got {list(also)}")
     for key in ("eval_reference", "eval_extractor_weights", "eval_extractor_module"):
         value = getattr(log, key)
@@ -259,7 +258,7 @@ def check_class_weights(weights: Any) -> None:
             f"data.class_weights must be a mapping such as {{Sandal: 2, Bag: 2}} or 'balanced', got {weights!r}"
         )
     for name, weight in weights.items():
-        number = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        number = is_number(weight)
         if not (number and math.isfinite(weight) and weight > 0):
             hint = " (YAML needs a space after the colon: {Sandal: 2})" if weight is None and ":" in str(name) else ""
             raise ConfigError(f"data.class_weights[{name!r}] must be a finite number > 0, got {weight!r}{hint}")

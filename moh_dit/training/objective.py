@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from moh_dit.argtypes import is_number
 from moh_dit.errors import ConfigError
 from moh_dit.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, entry, objective_class, objective_name
 
@@ -151,9 +152,7 @@ def check_objective(config: Config, defaults: Config) -> None:
     if section.name is not None:
         entry(section.name)  # names the known objectives
     snr = config.train.snr_gamma
-    if snr is not None and not (
-        isinstance(snr, (int, float)) and not isinstance(snr, bool) and snr == snr and 0 < snr < float("inf")
-    ):
+    if snr is not None and not (is_number(snr) and snr == snr and 0 < snr < float("inf")):
         raise ConfigError(f"train.snr_gamma must be a number > 0 (e.g. 5) or null, got {snr!r}")
     if "objective" in model.overrides:
         raise ConfigError(

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
 from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
@@ -99,35 +100,31 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         **options: Any,
     ) -> None:
         super().__init__(**options)
-        if isinstance(fake_updates, bool) or not isinstance(fake_updates, int) or fake_updates < 1:
+        if not is_whole(fake_updates) or fake_updates < 1:
             raise ConfigError(f"distill.fake_updates must be a count >= 1 (FastGen's 4), got {fake_updates!r}")
         for key, value in (("gan_weight", gan_weight), ("regression", regression), ("vsd_weight", vsd_weight)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            if not is_number(value) or not 0 <= value < float("inf"):
                 raise ConfigError(f"distill.{key} must be a weight >= 0, got {value!r}")
         if not vsd_weight and not gan_weight:
             raise ConfigError(
                 "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
             )
-        if real_guidance is not None and (
-            isinstance(real_guidance, bool)
-            or not isinstance(real_guidance, (int, float))
-            or not 1 <= real_guidance < float("inf")
-        ):
+        if real_guidance is not None and (not is_number(real_guidance) or not 1 <= real_guidance < float("inf")):
             raise ConfigError(
                 f"distill.real_guidance must be a guidance scale >= 1 (1: the teacher unguided) or null (the "
                 f"teacher's), got {real_guidance!r}"
             )
-        if isinstance(gan_start, bool) or not isinstance(gan_start, int) or gan_start < 0:
+        if not is_whole(gan_start) or gan_start < 0:
             raise ConfigError(f"distill.gan_start must be a training step >= 0, got {gan_start!r}")
-        if isinstance(dmd_midpoint, bool) or not isinstance(dmd_midpoint, (int, float)) or not 0 < dmd_midpoint < 1:
+        if not is_number(dmd_midpoint) or not 0 < dmd_midpoint < 1:
             raise ConfigError(
                 f"distill.dmd_midpoint must be a flow time between 0 and 1 (the two-step grid's middle, 0.5), got "
                 f"{dmd_midpoint!r}"
             )
-        if fake_lr is not None and not (isinstance(fake_lr, (int, float)) and fake_lr > 0):
+        if fake_lr is not None and not (is_number(fake_lr) and fake_lr > 0):
             raise ConfigError(f"distill.fake_lr must be a learning rate > 0 or null, got {fake_lr!r}")
         steps = tuple(dmd_steps)
-        if not steps or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in steps):
+        if not steps or not all(is_whole(n) and n >= 1 for n in steps):
             raise ConfigError(f"distill.dmd_steps must be step counts >= 1, e.g. [1], got {list(steps)!r}")
         low, high = (float(v) for v in dmd_time)
         if not 0 < low < high <= 1:

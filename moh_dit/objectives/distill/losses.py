@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses
 
@@ -55,12 +56,10 @@ class TangentLoss:
                 f"distill.loss={self.kind} set distill.spatial_invariance=false"
             )
         clamp = self.clamp
-        if clamp is not None and (
-            isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not 0 < clamp < math.inf
-        ):
+        if clamp is not None and (not is_number(clamp) or not 0 < clamp < math.inf):
             raise ConfigError(f"distill.tangent_clamp must be a number > 0 (FACM's 1) or null, got {clamp!r}")
         warm = self.warmup
-        if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
+        if not is_whole(warm) or warm < 0:
             raise ConfigError(f"distill.tangent_warmup must be a number of steps >= 0, got {warm!r}")
 
     def warm(self, step: int | None) -> float:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.model.token_routing import rows_of_route
 from moh_dit.objectives.base import Losses, Noised
@@ -148,13 +149,13 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
             raise ConfigError(
                 f"a distilled model's time convention must be one of {', '.join(TIME_CONVENTIONS)}, got {time!r}"
             )
-        if isinstance(end_time_blocks, bool) or not isinstance(end_time_blocks, int) or end_time_blocks < 0:
+        if not is_whole(end_time_blocks) or end_time_blocks < 0:
             raise ConfigError(f"distill.end_time_blocks must be a number of blocks >= 0, got {end_time_blocks!r}")
         if derivative not in DERIVATIVES:
             raise ConfigError(f"distill.derivative must be {' or '.join(DERIVATIVES)}, got {derivative!r}")
         if fd_eps is None and time in TIME_CONVENTIONS:
             fd_eps = default_fd_eps(TIME_CONVENTIONS[time][1])
-        if isinstance(fd_eps, bool) or not isinstance(fd_eps, (int, float)) or not (0 < fd_eps < 0.5):
+        if not is_number(fd_eps) or not (0 < fd_eps < 0.5):
             raise ConfigError(
                 f"distill.fd_eps must be a step in time between 0 and 0.5 (FastGen's 1e-4), got {fd_eps!r}"
             )
@@ -165,7 +166,7 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
                 f"distill.head={head} is the parameterization of a {' or '.join(HEADS[head].conventions)} teacher; "
                 f"this student's times are {time!r}: distill.head=velocity"
             )
-        if isinstance(noise_until, bool) or not isinstance(noise_until, (int, float)) or not 0 < noise_until < 1:
+        if not is_number(noise_until) or not 0 < noise_until < 1:
             raise ConfigError(f"distill.noise_until must be a flow time between 0 and 1 (0.5), got {noise_until!r}")
         options = {"noise_until": float(noise_until)}
         self.head = HEADS[head](**{key: options[key] for key in HEADS[head].options})
@@ -184,7 +185,7 @@ class MeanFlowDistill(FiniteDifference, MeanFlow):
         self.tangent_loss = TangentLoss(
             loss, self.adaptive_power, self.adaptive_eps, spatial_invariance, tangent_clamp, tangent_warmup
         )
-        if isinstance(anchor, bool) or not isinstance(anchor, (int, float)) or not 0 <= anchor < float("inf"):
+        if not is_number(anchor) or not 0 <= anchor < float("inf"):
             raise ConfigError(f"distill.anchor must be a weight >= 0 (0: no anchor), got {anchor!r}")
         self.anchor = float(anchor)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from moh_dit.argtypes import is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
 from moh_dit.objectives.distill.dmd2 import DMD2Distill
@@ -67,7 +68,7 @@ class RCMDistill(DMD2Distill):
         flow_map = {k: v for k, v in options.items() if k not in dmd_only and k != "method"}
         super().__init__(**options)
         for key, value in (("student_updates", student_updates), ("vsd_start", vsd_start)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "student_updates" else 0):
+            if not is_whole(value) or value < (1 if key == "student_updates" else 0):
                 raise ConfigError(
                     f"distill.{key} must be a whole number >= {1 if key == 'student_updates' else 0}, got {value!r}"
                 )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.distill.grids import sampler_intervals
 from moh_dit.objectives.meanflow import TIME_SAMPLING
@@ -70,10 +71,10 @@ class IntervalCoverage:
 
     def __post_init__(self) -> None:
         for key, value in (("objective.equal_times", self.equal_times), ("distill.grid_share", self.grid_share)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            if not is_number(value) or not 0 <= value <= 1:
                 raise ConfigError(f"{key} must be a share in [0, 1], got {value!r}")
         steps = self.grid_steps
-        if not steps or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in steps):
+        if not steps or not all(is_whole(n) and n >= 1 for n in steps):
             raise ConfigError(f"distill.grid_steps must be sampler step counts >= 1, e.g. [1, 2], got {list(steps)!r}")
 
     @property

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moh_dit.argtypes import is_number
 from moh_dit.errors import ConfigError
 from moh_dit.training.config_sections import DistillSection
 from moh_dit.training.config_values import at_least, one_of
@@ -61,9 +62,7 @@ def check_distill(config: Config) -> None:
 
     one_of("distill.head", section.head, ("teacher", *HEADS))
     scale = section.guidance_scale
-    if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 0
-    ):
+    if scale is not None and (not is_number(scale) or not math.isfinite(scale) or scale < 0):
         raise ConfigError(
             f"distill.guidance_scale must be a finite number >= 0 (1: no guidance; below 1 towards the unconditional "
             f"velocity, 0 that velocity alone; a negative scale would push each class away from itself) or null (the "
@@ -71,7 +70,7 @@ def check_distill(config: Config) -> None:
         )
     times = section.guidance_times
     if times is not None and (
-        not (isinstance(times, list) and len(times) == 2 and all(isinstance(v, (int, float)) for v in times))
+        not (isinstance(times, list) and len(times) == 2 and all(is_number(v) for v in times))
         or not 0 <= times[0] <= times[1] <= 1
     ):
         raise ConfigError(

@@ -182,6 +182,25 @@ def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, t
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("fake_updates", "distill.fake_updates must be a count"),
+        ("fake_lr", "distill.fake_lr must be a learning rate"),
+        ("real_guidance", "distill.real_guidance must be a guidance scale"),
+        ("gan_start", "distill.gan_start must be a training step"),
+        ("dmd_midpoint", "distill.dmd_midpoint must be a flow time"),
+    ],
+)
+def test_a_yaml_true_is_no_number_for_a_dmd2_key(key, says):
+    # True == 1 passes every range check; YAML's `true` where a count or a scale belongs is a typo, not 1
+    from moh_dit.errors import ConfigError
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        DMD2Distill(**{key: True})
+
+
 def test_the_real_guidance_and_the_midpoint_are_recorded_and_a_generator_keeps_its_own():
     from moh_dit.errors import ConfigError
     from moh_dit.objectives.distill.dmd2 import DMD2Distill
