@@ -538,7 +538,9 @@ TRAJECTORY = ["distill.method=trajectory", "distill.trajectory_count=6", "distil
               "distill.trajectory_steps=3", "distill.grid_share=0.5"]  # fmt: skip
 RCM = ["distill.method=rcm", "distill.trajectory_count=6", "distill.trajectory_shard_size=2", "distill.trajectory_steps=3",
        "distill.student_updates=2", "distill.vsd_start=2", "distill.dmd_steps=[1,2]", "distill.dmd_input=generator"]  # fmt: skip
-ECT = ["distill.method=ect", "distill.ect_dt=0.05", "distill.guidance_scale=2.0", "distill.grid_share=0.5"]  # fmt: skip
+# ECT with its curriculum: the step 0.2 for steps 0-2, 0.1 from 3 (the resume at 4 falls inside), 0.05 from 6
+ECT = ["distill.method=ect", "distill.ect_dt=0.05", "distill.guidance_scale=2.0", "distill.grid_share=0.5",
+       "distill.ect_dt_start=0.2", "distill.ect_dt_every=3"]  # fmt: skip
 DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.gan_start=2",
         "distill.dmd_steps=[1,2]", "distill.dmd_input=generator", "distill.real_guidance=1.5"]  # fmt: skip
 
@@ -601,6 +603,11 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
         for name in ("fake_score.safetensors", "fake_score.optimizer.pt"):
             a, b = (RunLayout(r).latest_checkpoint() / "companions" / name for r in (whole, cut))
             assert a.read_bytes() == b.read_bytes() or name.endswith(".pt"), name
+    if student is ECT:  # the curriculum's step as logged, across the resume: 0.2, 0.1 from step 3, 0.05 from 6
+        steps = [[json.loads(line).get("ect_dt") for line in (r / "metrics.jsonl").read_text().splitlines()]
+                 for r in (whole, cut)]  # fmt: skip
+        sizes = [round(v, 6) for v in steps[1] if v is not None]
+        assert steps[0] == steps[1] and sizes == [0.2] * 3 + [0.1] * 3 + [0.05] * 2, sizes
     if student is TRAJECTORY:  # the same set of trajectories, recorded on two processes in either run
         sets = [json.loads((r / "trajectories" / "trajectories.json").read_text())["shards"] for r in (whole, cut)]
         assert sets[0] == sets[1] and len(sets[0]) == 3

@@ -129,7 +129,8 @@ class ECTDistill(MeanFlowDistill):
 
     @property
     def logged_terms(self) -> tuple[str, ...]:
-        return ()
+        # the curriculum's step, so that a log shows where it stands (a fixed step is in the run's description)
+        return () if self.ect_dt_start is None else ("ect_dt",)
 
     def student_forwards(self) -> float:
         """The student's forward and backward, and its forward without gradient at the stepped point."""
@@ -160,7 +161,8 @@ class ECTDistill(MeanFlowDistill):
             v = self.target_velocity(model, noised, labels, drop, autocast, frozen, step, ema)
         else:
             v = noised.terms["velocity"].float()
-        s = torch.maximum(t - self.step_size(step), r)
+        size = self.step_size(step)
+        s = torch.maximum(t - size, r)
         z_s = z - (t - s).reshape(-1, *([1] * (z.ndim - 1))) * v
         net = extract_model_from_parallel(model, keep_torch_compile=False)
         with torch.no_grad(), autocast():
@@ -169,4 +171,7 @@ class ECTDistill(MeanFlowDistill):
         noised.terms["target"] = target
         with autocast():
             out = self.average_velocity(model, z, t, r, labels, drop, return_head_masks=want_heads)
-        return self.tangent_loss.regress(out.sample.float(), target, step), out
+        losses = self.tangent_loss.regress(out.sample.float(), target, step)
+        if self.ect_dt_start is not None:
+            losses.extras["ect_dt"] = torch.full_like(losses.loss, size)
+        return losses, out

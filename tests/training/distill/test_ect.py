@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from moh_dit.training.config import load_config
 from moh_dit.training.trainer import train
 
@@ -33,9 +35,12 @@ def test_a_run_from_another_student_trains_records_its_method_and_resumes_as_an_
 
     def losses(out):
         lines = (out / "metrics.jsonl").read_text().splitlines()
-        return [(r["step"], r["distill_loss"]) for r in map(json.loads, lines) if "distill_loss" in r]
+        return [(r["step"], r["distill_loss"], r["ect_dt"]) for r in map(json.loads, lines) if "distill_loss" in r]
 
     assert losses(tmp_path / "whole") == losses(tmp_path / "cut") and len(losses(tmp_path / "whole")) == 4
+    assert [size for *_, size in losses(tmp_path / "cut")] == pytest.approx(
+        [0.4, 0.4, 0.2, 0.2]
+    )  # the curriculum's step, logged
     transformer = tmp_path / "whole" / "pipeline" / "transformer" / "config.json"
     assert json.loads(transformer.read_text())["objective"]["method"] == "ect"
     card = (tmp_path / "whole" / "pipeline" / "README.md").read_text()
