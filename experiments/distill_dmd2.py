@@ -34,6 +34,7 @@ simulation, and the whole distillation within the teacher's training in network 
                               against the samplers' 3 and 4), so that the start DMD2 refines keeps more variety
     dmd2l-{kind}-g{r}-nogan   the recipe without the GAN term from it, the real score at the sampler's scale putting
                               the guidance back (the variety lever the three-seed record points to)
+        -x4                   four times the steps the budget leaves (over the budget, reported as such)
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -55,6 +56,8 @@ simulation, and the whole distillation within the teacher's training in network 
     ect-{kind}-uniform        ECT from the grid-trained start with its own intervals drawn uniformly
                               (`distill.grid_share=0`), so that the jumps its targets ask for (from `t - 0.01`) are
                               trained as often as the ones asked of
+        -x4                   four times the steps the budget leaves (over the budget, reported as such: its two
+                              steps were still falling at the budget's end)
 
 Each DMD2 arm sets every key it is measured with, so that a later change of a config's defaults leaves its meaning.
 The lengths are counted, not guessed: a stage's steps are what the teacher's budget (8,300 steps x 16 images x 3 =
@@ -197,6 +200,8 @@ def dmd2_arms(
                 FROM_SHORT[kind],
                 [teacher, origin, *_overrides(settings)],
             )
+        dmd2l = f"dmd2l-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
+        arms[f"{dmd2l}-x4"] = arms[dmd2l]  # the variety lever's curve still fell at the budget's end
         # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)
         recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])
@@ -209,6 +214,7 @@ def dmd2_arms(
         arms[f"ectc-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ectc-{kind}", seed), on_grid, *curriculum])
         uniform = f"ect-{kind}-uniform"  # its own intervals drawn uniformly
         arms[uniform] = (ECT[kind], [teacher, _started(runs, uniform, seed), "distill.grid_share=0.0"])
+        arms[f"{uniform}-x4"] = arms[uniform]  # its two steps still fell at the budget's end: where the curve turns
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms

@@ -1405,6 +1405,8 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     assert overrides4 == overrides and arms["dmd2f-flow-g3-nogan-f1"][1][-1] == "distill.fake_updates=1"
     (length4, checkpoints4), evals4 = fill_budget(config4, overrides4, spent, distill.SCALES["cpu"], 4)
     assert length4 == f"train.max_steps={4 * steps}" and (checkpoints4, evals4) == (checkpoints, evals)
+    for longer in ("ect-flow-uniform-x4", "dmd2l-ddpm-g4-nogan-x4"):  # the two still falling at the budget's end
+        assert over_budget(longer) == 4 and arms[longer] == arms[longer.removesuffix("-x4")]
     with pytest.raises(SystemExit, match="too few to train"):
         fill_budget(config, overrides, BUDGET - 10 * BATCH, distill.SCALES["cpu"])
     # ECT's stage: four student passes and the teacher's guided step per image, at every step alike
