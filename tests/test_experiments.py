@@ -933,6 +933,15 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert "distill.student_from=" + str(tmp_path / "runs" / "low-ddpm-seed1") in from_low
     assert {"distill.real_guidance=4.0", "distill.gan_weight=0.0"} <= set(from_low)
     assert distill_dmd2.start_of("dmd2l-ddpm-g4-nogan") == "low-ddpm" and distill.scored_steps("low-ddpm") == (1, 2)
+    # and the start between (the flow twin's half lost KID): recorded at MID_SCALE, the same recipe from it
+    assert arms["mid-flow"][1] == [*low[:-1], "distill.guidance_scale=2.0"] and arms["mid-ddpm"][1][-1].endswith("3.0")
+    assert distill_dmd2.start_of("dmd2mid-flow-g3-nogan") == "mid-flow" and distill_dmd2.budget_arm(
+        "dmd2mid-flow-g3-nogan"
+    )
+    assert arms["dmd2mid-flow-g3-nogan"][1] == [
+        o.replace("low-flow-seed1", "mid-flow-seed1") for o in arms["dmd2l-flow-g3-nogan"][1]
+    ]
+    assert distill.scored_steps("mid-flow") == (1, 2) and distill.selected("mid-flow", 0, None)
     # ECT from a start whose jumps cover every interval: the full stage on its own set, intervals drawn uniformly
     uni = arms["uni-ddpm"][1]
     assert uni[:-2] == arms["trajectory-ddpm"][1] and uni[-1] == "distill.grid_share=0.0"
