@@ -18,6 +18,7 @@ from experiments.distill_dmd2 import (
     CHOSEN_SCALE,
     FULL_VARIANTS,
     REAL_SCALES,
+    RECIPE_SCALE,
     VARIANTS,
     VARIETY_SCALES,
     start_of,
@@ -244,7 +245,8 @@ def dmd2_lines(result: dict) -> list[str]:
     """The DMD2 study's sections of RESULTS.md (nothing before its first record)."""
     if not any(r.get("arm", "").startswith(ARMS) for r in result["training"].values()):
         return []
-    scales = "; ".join(f"{k}: {', '.join(f'{s:g}' for s in REAL_SCALES[k])} (recipe: {CHOSEN_SCALE[k]:g})"
+    scales = "; ".join(f"{k}: {', '.join(f'{s:g}' for s in REAL_SCALES[k])} (the short start's variants at "
+                       f"{CHOSEN_SCALE[k]:g}, the three-seed recipe at {RECIPE_SCALE[k]:g})"
                        for k in CHOSEN_SCALE)  # fmt: skip
     lines = ["", "## DMD2 as its references train it, within the teacher's cost", "",
              "experiments/distill_dmd2.py's arms: a short trajectory stage (`short-*`), then DMD2 from it (`dmd2s-*`: "
@@ -254,7 +256,9 @@ def dmd2_lines(result: dict) -> list[str]:
              f"network evaluations. The real score's scales measured: {scales}. Variants of the recipe at seed 0: "
              f"{', '.join(VARIANTS)}; from the full start: {', '.join(FULL_VARIANTS)} (`x4`: four times the steps the budget "
              f"leaves, a measurement past it), and the real score below the sampler's scale from it without the GAN term "
-             f"(the variety lever: {', '.join(f'`dmd2f-{k}-g{v:g}-nogan`' for k, vs in VARIETY_SCALES.items() for v in vs)}). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
+             f"(the real score's sweep: {', '.join(f'`dmd2f-{k}-g{v:g}-nogan`' for k, vs in VARIETY_SCALES.items() for v in vs)}); "
+             "the variety lever: trajectory starts recorded at lower guidance (`low-*`, `mid-*`) and the recipe from them "
+             f"(`dmd2l-*`, `dmd2mid-*`). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
         lines += _final_lines(result, kind) + _one_seed_tables(result, kind) + _cost_lines(result, kind)
