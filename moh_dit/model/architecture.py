@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from moh_dit.argtypes import is_whole
 from moh_dit.model.attention import MoHAttention
 from moh_dit.model.block import BlockOptions
 
@@ -79,7 +78,8 @@ def check_architecture(config: dict) -> None:
     if config["time_inputs"] not in (1, 2):
         raise ValueError(f"time_inputs must be 1 or 2 (MeanFlow's time and interval), got {config['time_inputs']}")
     split = config.get("end_time_blocks", 0)
-    if not is_whole(split) or not 0 <= split <= depth:
+    # spelled out, not moh_dit.argtypes.is_whole: the model imports nothing of the package but its errors
+    if not isinstance(split, int) or isinstance(split, bool) or not 0 <= split <= depth:
         raise ValueError(f"end_time_blocks must be a number of blocks between 0 and {depth}, got {split!r}")
     if split and config["time_inputs"] != 2:
         raise ValueError("end_time_blocks splits the blocks between two times: it needs time_inputs=2")

@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moh_dit.argtypes import is_number
 from moh_dit.model.attention import AttentionAux, MoHAttention
 from moh_dit.model.rope import RotaryEmbedding2D
 
@@ -126,7 +125,8 @@ class BlockOptions:
         if not isinstance(self.rope, bool):
             raise ValueError(f"block rope must be true or false, got {self.rope!r}")
         theta = self.rope_theta
-        if not is_number(theta) or not (math.isfinite(theta) and theta > 1):
+        # spelled out, not moh_dit.argtypes.is_number: the model imports nothing of the package but its errors
+        if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 1):
             raise ValueError(f"block rope_theta must be a finite number > 1 (RoPE's 10000), got {theta!r}")
         object.__setattr__(self, "rope_theta", float(theta))
 
