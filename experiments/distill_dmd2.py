@@ -37,6 +37,10 @@ simulation, and the whole distillation within the teacher's training in network 
         -x4                   four times the steps the budget leaves (over the budget, reported as such)
     mid-{kind}                the same start recorded between (:data:`MID_SCALE`: 2 and 3)
     dmd2mid-{kind}-g{r}-nogan the recipe without the GAN term from it, as `dmd2l-*`
+    few-{kind}                the full trajectory stage (all its steps) on a quarter of its recorded set (1024
+                              trajectories): the recording is half the full stage's cost, so a start as good as the
+                              full one on a quarter of the set would leave DMD2 about three times the steps
+    dmd2few-{kind}-g{r}-nogan the recipe without the GAN term from it, as `dmd2l-*`, for what the budget leaves
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -104,6 +108,8 @@ LOW_SCALE = {"flow": 1.5, "ddpm": 2.0}
 # the start between: two thirds to three quarters of the samplers' scale (the flow twin's start at half its CFG 3 lost
 # two-step KID, 5.31 against 3.22, where the default's at half its CFG 4 kept it, 6.46 against 6.45)
 MID_SCALE = {"flow": 2.0, "ddpm": 3.0}
+# the share of the full trajectory stage's recorded set the cheaper start records (all the stage's steps on it)
+FEW_SHARE = 4
 SHORT = {
     "flow": "configs/fashion_mnist_moh_distill_trajectory_short.yaml",
     "ddpm": "configs/fashion_mnist_moh_distill_trajectory_short_ddpm.yaml",
@@ -182,7 +188,8 @@ def dmd2_arms(
         arms[f"dmd2g-{kind}-{_label(CHOSEN_SCALE[kind])}"] = (FROM_TEACHER[kind], [teacher, *_overrides(chosen)])
         arms[f"ganonly-{kind}"] = (FROM_TEACHER[kind], [teacher, *_overrides(RECIPE | GAN_ONLY)])
         config, overrides = full[kind]
-        steps = load_arm(config, overrides).train.max_steps
+        loaded = load_arm(config, overrides)
+        steps = loaded.train.max_steps
         arms[f"half-{kind}"] = (config, [*overrides, f"train.max_steps={steps // 2}"])
         for prefix in ("dmd2f", "dmd2h"):
             origin = _started(runs, f"{prefix}-{kind}", seed)
@@ -200,8 +207,10 @@ def dmd2_arms(
         arms[f"low-{kind}"] = (config, [*overrides, f"distill.guidance_scale={LOW_SCALE[kind]}"])
         settings = RECIPE | {"real_guidance": RECIPE_SCALE[kind]} | VARIANTS["nogan"]
         arms[f"mid-{kind}"] = (config, [*overrides, f"distill.guidance_scale={MID_SCALE[kind]}"])
-        # the recipe from the lower-guidance starts, and from the MeanFlow student
-        for prefix in ("dmd2l", "dmd2mid", "dmd2m"):
+        few = max(1, loaded.distill.trajectory_count // FEW_SHARE)
+        arms[f"few-{kind}"] = (config, [*overrides, f"distill.trajectory_count={few}"])
+        # the recipe from the lower-guidance starts, from the start on a quarter of the set, and from the MeanFlow student
+        for prefix in ("dmd2l", "dmd2mid", "dmd2few", "dmd2m"):
             origin = _started(runs, f"{prefix}-{kind}", seed)
             arms[f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
                 FROM_SHORT[kind],
@@ -254,8 +263,16 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 
 # the arms whose length the budget sets
-STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
-ARMS = ("short-", "half-", "low-", "mid-", "uni-", *STAGES)  # every arm of these measurements, by its name's start
+STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
+ARMS = (
+    "short-",
+    "half-",
+    "low-",
+    "mid-",
+    "few-",
+    "uni-",
+    *STAGES,
+)  # every arm of these measurements, by its name's start
 
 
 def budget_arm(arm: str) -> bool:
@@ -264,7 +281,7 @@ def budget_arm(arm: str) -> bool:
 
 
 # a stage's prefix: the arm it starts from, by its name's start
-STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2m-": "meanflow",
+STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2few-": "few", "dmd2m-": "meanflow",
           "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
 
 
