@@ -258,7 +258,8 @@ def dmd2_lines(result: dict) -> list[str]:
              f"leaves, a measurement past it), and the real score below the sampler's scale from it without the GAN term "
              f"(the real score's sweep: {', '.join(f'`dmd2f-{k}-g{v:g}-nogan`' for k, vs in VARIETY_SCALES.items() for v in vs)}); "
              "the variety lever: trajectory starts recorded at lower guidance (`low-*`, `mid-*`) and the recipe from them "
-             f"(`dmd2l-*`, `dmd2mid-*`). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
+             "(`dmd2l-*`, `dmd2mid-*`); the cheaper start: the full stage's steps on a quarter of its recorded set "
+             f"(`few-*`) and the recipe from it (`dmd2few-*`). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
         lines += _final_lines(result, kind) + _one_seed_tables(result, kind) + _cost_lines(result, kind)

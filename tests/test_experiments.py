@@ -942,6 +942,17 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         o.replace("low-flow-seed1", "mid-flow-seed1") for o in arms["dmd2l-flow-g3-nogan"][1]
     ]
     assert distill.scored_steps("mid-flow") == (1, 2) and distill.selected("mid-flow", 0, None)
+    # the cheaper start: the full stage's steps on a quarter of its recorded set (at this scale's set of 8, 2), and the
+    # recipe from it, whose length the budget sets after that start's smaller cost
+    full_count = distill_dmd2.load_arm(*arms["trajectory-ddpm"]).distill.trajectory_count
+    assert arms["few-ddpm"][1] == [*arms["trajectory-ddpm"][1], f"distill.trajectory_count={full_count // 4}"]
+    assert distill_dmd2.start_of("dmd2few-ddpm-g4-nogan") == "few-ddpm" and distill_dmd2.budget_arm(
+        "dmd2few-ddpm-g4-nogan"
+    )
+    assert arms["dmd2few-ddpm-g4-nogan"][1] == [
+        o.replace("low-ddpm-seed1", "few-ddpm-seed1") for o in arms["dmd2l-ddpm-g4-nogan"][1]
+    ]
+    assert not distill_dmd2.budget_arm("few-ddpm") and distill.scored_steps("few-ddpm") == (1, 2)
     # ECT from a start whose jumps cover every interval: the full stage on its own set, intervals drawn uniformly
     uni = arms["uni-ddpm"][1]
     assert uni[:-2] == arms["trajectory-ddpm"][1] and uni[-1] == "distill.grid_share=0.0"
