@@ -16,6 +16,7 @@ from moh_dit.objectives.distill import sampler_intervals
 from moh_dit.training.distill.trajectories import (
     FALLBACK_SAMPLER,
     MANIFEST,
+    NOISE_STREAM,
     TRAJECTORY_SAMPLERS,
     OnlineTrajectories,
     StoredTrajectories,
@@ -64,6 +65,7 @@ def plan_of(section: DistillSection, teacher: Teacher, seed: int) -> TrajectoryP
         null_id=null,
         num_classes=config.num_classes,
         shape=[config.in_channels, config.sample_size, config.sample_size],
+        noise_stream=NOISE_STREAM,  # apart from the evaluation images' noises at the run's seed
     )
 
 

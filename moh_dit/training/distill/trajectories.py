@@ -48,6 +48,7 @@ __all__ = [
     "StoredTrajectories",
     "OnlineTrajectories",
     "MANIFEST",
+    "NOISE_STREAM",
 ]
 
 logger = logging.getLogger("moh_dit.train")
@@ -56,6 +57,12 @@ TRAJECTORY_SAMPLERS = ("euler", "heun", "unipc")  # the flow samplers that take 
 FALLBACK_SAMPLER = "unipc"  # for a teacher recorded with another (DPM-Solver++ on DiT's timesteps): one NFE a step
 MANIFEST = "trajectories.json"
 _NULL_STREAM = 7_927  # the stream of a trajectory's draw of the null class (moh_dit.seeding.mix)
+# The stream of a trajectory's noise. A run evaluates itself during training on sampling's images 0, 1, ... at its
+# own seed (moh_dit.training.quality), the seed a run's set is recorded at: drawn as sampling's image noises, the
+# set's first trajectories were those evaluation images' noises and labels, so the curve of a student trained on
+# them scored inputs it had learned (the smaller the set, the more often: docs/results.md). A stream of its own keeps
+# the set apart from every evaluation.
+NOISE_STREAM = 6_131
 
 
 def trajectory_grid(steps: int, student_steps: tuple[int, ...]) -> list[float]:
@@ -112,16 +119,24 @@ class TrajectoryPlan:
         return range(shard * self.shard_size, min((shard + 1) * self.shard_size, self.count))
 
     def draw(self, indices: range, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The noise and label of each trajectory index: the noise of sampling's image ``index`` with this seed, a
-        class-balanced label, the null class with probability ``null_share`` from a stream of its own."""
-        shape = tuple(self.shape)
-        noise = torch.stack([torch.randn(shape, generator=index_generator(self.seed, i)) for i in indices])
+        """The noise and label of each trajectory index: noise from the plan's own stream (``noise_stream``; a set
+        recorded before it existed has none and drew sampling's image ``index`` at this seed), a class-balanced
+        label, the null class with probability ``null_share`` from a stream of its own."""
+        shape, stream = tuple(self.shape), self.fields.get("noise_stream")
+        noise = torch.stack([torch.randn(shape, generator=_noise_generator(self.seed, i, stream)) for i in indices])
         labels = [label_for_index(self.seed, i, self.num_classes, "balanced") for i in indices]
         for n, i in enumerate(indices):
             g = torch.Generator().manual_seed(mix(self.seed, i, _NULL_STREAM))
             if self.null_id is not None and float(torch.rand((), generator=g)) < self.null_share:
                 labels[n] = self.null_id
         return noise.to(device), torch.tensor(labels, device=device)
+
+
+def _noise_generator(seed: int, index: int, stream: int | None) -> torch.Generator:
+    """The generator of trajectory ``index``'s noise: its stream's, or sampling's image ``index`` (no stream)."""
+    if stream is None:
+        return index_generator(seed, index)
+    return torch.Generator().manual_seed(mix(seed, index, stream))
 
 
 def _shard_path(folder: Path, shard: int) -> Path:
@@ -154,7 +169,18 @@ def record_trajectories(
     folder = Path(folder)
     existing = _read_manifest(folder)
     if existing is not None:
-        changed = differences(existing["plan"], plan.record())
+        wanted = plan.record()
+        if existing.get("complete") and "noise_stream" not in existing["plan"]:
+            # a finished set recorded before the noise had its own stream: its states are still the teacher's
+            # trajectories, so it trains as it is; an unfinished one cannot be finished alike (refused below)
+            logger.warning(
+                "%s was recorded from sampling's own image noises at seed %s: the evaluations during training at "
+                "that seed score inputs it holds (record a set afresh to keep them apart)",
+                folder,
+                existing["plan"].get("seed"),
+            )
+            wanted = {k: v for k, v in wanted.items() if k != "noise_stream"}
+        changed = differences(existing["plan"], wanted)
         if changed:
             raise ConfigError(
                 f"{folder} holds trajectories of another teacher or other settings ({format_differences(changed)}): "

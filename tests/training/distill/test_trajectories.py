@@ -14,9 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from moh_dit.errors import ArtifactError, ConfigError
+from moh_dit.seeding import index_generator
 from moh_dit.training.config import load_config
 from moh_dit.training.distill.trajectories import (
     MANIFEST,
+    NOISE_STREAM,
     StoredTrajectories,
     TrajectoryPlan,
     record_trajectories,
@@ -123,6 +125,34 @@ def test_a_set_of_another_teacher_an_unfinished_set_and_a_damaged_or_missing_sha
     (tmp_path / "open" / MANIFEST).write_text(json.dumps({"plan": plan().record(), "complete": False}))
     with pytest.raises(ConfigError, match="unfinished"):
         StoredTrajectories(tmp_path / "open", TEACHER)
+
+
+def test_a_sets_noises_are_apart_from_the_evaluation_images_at_the_runs_seed():
+    """The in-training evaluation samples images 0, 1, ... at the run's seed (sampling's per-index noise); a set
+    recorded at that seed draws from a stream of its own, so no trajectory starts from an evaluation image's noise
+    (before the stream, trajectory i was evaluation image i, its label too)."""
+    evaluation = torch.stack([torch.randn(1, 2, 2, generator=index_generator(0, i)) for i in range(50)])
+    own, _ = plan(count=50, noise_stream=NOISE_STREAM).draw(range(50), torch.device("cpu"))
+    distance = (own[:, None] - evaluation[None]).flatten(2).norm(dim=2)
+    assert distance.min() > 1e-3  # not one noise shared with the first 50 evaluation images
+    before, _ = plan(count=50).draw(range(50), torch.device("cpu"))  # a plan recorded without the stream
+    assert torch.equal(before, evaluation)
+    again, _ = plan(count=50, noise_stream=NOISE_STREAM).draw(range(10, 20), torch.device("cpu"))
+    assert torch.equal(again, own[10:20])  # still drawn from the index alone: shards and processes agree
+
+
+def test_a_finished_set_recorded_before_the_noise_stream_trains_with_a_warning_an_unfinished_one_is_refused(
+    tmp_path, caplog
+):
+    old = record(tmp_path / "old")  # the plan without a stream, as sets were recorded before it
+    assert "noise_stream" not in old["plan"]
+    with caplog.at_level("WARNING", logger="moh_dit.train"):
+        assert record(tmp_path / "old", plan(noise_stream=NOISE_STREAM))["shards"] == old["shards"]
+    assert "recorded from sampling's own image noises at seed 0" in caplog.text
+    manifest = json.loads((tmp_path / "old" / MANIFEST).read_text())
+    (tmp_path / "old" / MANIFEST).write_text(json.dumps({"plan": manifest["plan"], "complete": False}))
+    with pytest.raises(ConfigError, match="other settings \\(noise_stream"):
+        record(tmp_path / "old", plan(noise_stream=NOISE_STREAM))
 
 
 def test_the_pairs_read_the_chosen_trajectorys_two_states_and_its_label(tmp_path):
