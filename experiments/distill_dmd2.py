@@ -264,15 +264,8 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 # the arms whose length the budget sets
 STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
-ARMS = (
-    "short-",
-    "half-",
-    "low-",
-    "mid-",
-    "few-",
-    "uni-",
-    *STAGES,
-)  # every arm of these measurements, by its name's start
+# every arm of these measurements, by its name's start
+ARMS = ("short-", "half-", "low-", "mid-", "few-", "uni-", *STAGES)
 
 
 def budget_arm(arm: str) -> bool:

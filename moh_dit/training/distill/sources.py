@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from moh_dit.training.distill.teacher import Teacher
     from moh_dit.training.frozen import FrozenModel
 
-__all__ = ["ONLINE", "RUN_FOLDER", "plan_of", "trajectory_source", "teacher_velocity", "record_set"]
+__all__ = ["ONLINE", "RUN_FOLDER", "plan_of", "trajectory_source", "teacher_velocity", "record_set", "warn_of_seed"]
 
 logger = logging.getLogger("moh_dit.train")
 
@@ -106,6 +106,25 @@ def record_set(folder: Path, plan: TrajectoryPlan, teacher: Teacher, precision: 
     )
 
 
+def warn_of_seed(stored: StoredTrajectories, seed: int) -> None:
+    """What a set's seed shares with a run at ``seed``: recorded at another seed, the teacher's samples (runs of
+    several seeds on one set are not independent); at this seed from sampling's own image noises (a set recorded
+    before the noise had a stream of its own), the inputs its evaluations during training score."""
+    folder, recorded = stored.folder, stored.plan.seed
+    if recorded != seed:
+        logger.warning(
+            "%s was recorded at seed %d, this run's train.seed is %d: it trains on that set's trajectories (runs of "
+            "several seeds on one set share the teacher's samples, so they are not independent seeds)",
+            folder, recorded, seed,
+        )  # fmt: skip
+    elif "noise_stream" not in stored.manifest["plan"]:
+        logger.warning(
+            "%s was recorded from sampling's own image noises at seed %s: the evaluations during training at that "
+            "seed score inputs it holds (record a set afresh to keep them apart)",
+            folder, recorded,
+        )  # fmt: skip
+
+
 def trajectory_source(config: Config, data: TrainingData, teacher: Teacher, device: torch.device) -> FrozenModel:
     """The run's trajectories (``distill.trajectories``): ``online``; unset, the set recorded into the run's folder
     (recorded now, or finished where a stopped run left it); else the folder's finished set, refused when it is
@@ -127,12 +146,7 @@ def trajectory_source(config: Config, data: TrainingData, teacher: Teacher, devi
                 f"distill.trajectories unset (the run records its own)"
             )
     stored = StoredTrajectories(folder, plan.teacher)
-    if stored.plan.seed != plan.seed:
-        logger.warning(
-            "%s was recorded at seed %d, this run's train.seed is %d: it trains on that set's trajectories (runs of "
-            "several seeds on one set share the teacher's samples, so they are not independent seeds)",
-            folder, stored.plan.seed, plan.seed,
-        )  # fmt: skip
+    warn_of_seed(stored, plan.seed)
     wanted = sorted({t for interval in sampler_intervals(tuple(section.grid_steps)) for t in interval}, reverse=True)
     missing = [t for t in wanted if not any(abs(t - s) < 1e-9 for s in stored.plan.grid)]
     if missing:

@@ -172,13 +172,8 @@ def record_trajectories(
         wanted = plan.record()
         if existing.get("complete") and "noise_stream" not in existing["plan"]:
             # a finished set recorded before the noise had its own stream: its states are still the teacher's
-            # trajectories, so it trains as it is; an unfinished one cannot be finished alike (refused below)
-            logger.warning(
-                "%s was recorded from sampling's own image noises at seed %s: the evaluations during training at "
-                "that seed score inputs it holds (record a set afresh to keep them apart)",
-                folder,
-                existing["plan"].get("seed"),
-            )
+            # trajectories, so it trains as it is (the run warns of it: sources.trajectory_source); an unfinished
+            # one cannot be finished alike (refused below)
             wanted = {k: v for k, v in wanted.items() if k != "noise_stream"}
         changed = differences(existing["plan"], wanted)
         if changed:

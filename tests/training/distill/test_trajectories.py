@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.seeding import index_generator
 from moh_dit.training.config import load_config
+from moh_dit.training.distill.sources import warn_of_seed
 from moh_dit.training.distill.trajectories import (
     MANIFEST,
     NOISE_STREAM,
@@ -146,9 +147,20 @@ def test_a_finished_set_recorded_before_the_noise_stream_trains_with_a_warning_a
 ):
     old = record(tmp_path / "old")  # the plan without a stream, as sets were recorded before it
     assert "noise_stream" not in old["plan"]
+    assert record(tmp_path / "old", plan(noise_stream=NOISE_STREAM))["shards"] == old["shards"]
+    stored = StoredTrajectories(tmp_path / "old", TEACHER)
     with caplog.at_level("WARNING", logger="moh_dit.train"):
-        assert record(tmp_path / "old", plan(noise_stream=NOISE_STREAM))["shards"] == old["shards"]
+        warn_of_seed(stored, 1)  # another seed: its own warning, no overlap with that seed's evaluation images
+    assert "recorded at seed 0, this run's train.seed is 1" in caplog.text and "image noises" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="moh_dit.train"):
+        warn_of_seed(stored, 0)  # the set's seed: the run's evaluation images are its first trajectories
     assert "recorded from sampling's own image noises at seed 0" in caplog.text
+    new = record(tmp_path / "new", plan(noise_stream=NOISE_STREAM))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="moh_dit.train"):
+        warn_of_seed(StoredTrajectories(tmp_path / "new", TEACHER), 0)
+    assert new["plan"]["noise_stream"] == NOISE_STREAM and caplog.text == ""
     manifest = json.loads((tmp_path / "old" / MANIFEST).read_text())
     (tmp_path / "old" / MANIFEST).write_text(json.dumps({"plan": manifest["plan"], "complete": False}))
     with pytest.raises(ConfigError, match="other settings \\(noise_stream"):
