@@ -151,6 +151,12 @@ FULL_VARIANTS = {
     "nogan-f1": VARIANTS["nogan"] | VARIANTS["f1"],
     "nogan-x4": VARIANTS["nogan"],
 }
+# the EMA's hold on the start: the generator's EMA steps once per generator update, so at the recipe's decay (0.995)
+# and 163 updates the scored weights keep 0.995^163 = 44% of the start (its raw weights score worse: the EMA is an
+# anchor, not a lag); a longer stage at that decay keeps less (9% at 489). ANCHORED's decay keeps about the recipe's
+# share over the cheaper start's 489 updates (38%) and 72% over the recipe's own 163: whether the anchor is the lever
+ANCHORED = {"ema.decay": 0.998}
+ANCHOR_SUFFIX = "ema998"
 # a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
 OVER_BUDGET = {"x4": 4}
 
@@ -218,6 +224,10 @@ def dmd2_arms(
             )
         dmd2l = f"dmd2l-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
         arms[f"{dmd2l}-x4"] = arms[dmd2l]  # the variety lever's curve still fell at the budget's end
+        for prefix in ("dmd2f", "dmd2few"):  # the recipe and the cheaper start's, the start held by a longer EMA
+            name = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
+            config, extra = arms[name]
+            arms[f"{name}-{ANCHOR_SUFFIX}"] = (config, [*extra, *_overrides(ANCHORED)])
         # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)
         recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])
