@@ -153,10 +153,9 @@ FULL_VARIANTS = {
 }
 # the EMA's hold on the start: the generator's EMA steps once per generator update, so at the recipe's decay (0.995)
 # and 163 updates the scored weights keep 0.995^163 = 44% of the start (its raw weights score worse: the EMA is an
-# anchor, not a lag); a longer stage at that decay keeps less (9% at 489). ANCHORED's decay keeps about the recipe's
-# share over the cheaper start's 489 updates (38%) and 72% over the recipe's own 163: whether the anchor is the lever
-ANCHORED = {"ema.decay": 0.998}
-ANCHOR_SUFFIX = "ema998"
+# anchor, not a lag); a longer stage at that decay keeps less (9% at the cheaper start's 489). A suffix -ema{digits}
+# sets a longer EMA: 0.998 keeps 38% over 489 updates (about the recipe's share) and 72% over 163; 0.999 keeps 61%
+ANCHORS = {"ema998": 0.998, "ema999": 0.999}
 # a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
 OVER_BUDGET = {"x4": 4}
 
@@ -227,7 +226,8 @@ def dmd2_arms(
         for prefix in ("dmd2f", "dmd2few"):  # the recipe and the cheaper start's, the start held by a longer EMA
             name = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
             config, extra = arms[name]
-            arms[f"{name}-{ANCHOR_SUFFIX}"] = (config, [*extra, *_overrides(ANCHORED)])
+            for suffix, decay in ANCHORS.items():
+                arms[f"{name}-{suffix}"] = (config, [*extra, f"ema.decay={decay}"])
         # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)
         recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])

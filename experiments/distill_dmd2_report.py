@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.distill_dmd2 import (
+    ANCHORS,
     ARMS,
     BUDGET,
     CHOSEN_SCALE,
@@ -259,7 +260,8 @@ def dmd2_lines(result: dict) -> list[str]:
              f"(the real score's sweep: {', '.join(f'`dmd2f-{k}-g{v:g}-nogan`' for k, vs in VARIETY_SCALES.items() for v in vs)}); "
              "the variety lever: trajectory starts recorded at lower guidance (`low-*`, `mid-*`) and the recipe from them "
              "(`dmd2l-*`, `dmd2mid-*`); the cheaper start: the full stage's steps on a quarter of its recorded set "
-             f"(`few-*`) and the recipe from it (`dmd2few-*`). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
+             f"(`few-*`) and the recipe from it (`dmd2few-*`); the EMA's hold on the start ({', '.join(f'`-{k}`: ema.decay {v:g}' for k, v in ANCHORS.items())} "
+             f"against the recipe's 0.995, stepped once per generator update). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
         lines += _final_lines(result, kind) + _one_seed_tables(result, kind) + _cost_lines(result, kind)

@@ -953,6 +953,18 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         o.replace("low-ddpm-seed1", "few-ddpm-seed1") for o in arms["dmd2l-ddpm-g4-nogan"][1]
     ]
     assert not distill_dmd2.budget_arm("few-ddpm") and distill.scored_steps("few-ddpm") == (1, 2)
+    # the EMA's hold on the start (it steps once per generator update): the recipe and the cheaper start's recipe with
+    # a longer EMA, every other setting theirs, the same length the budget sets (within it: not an -x4 arm)
+    for recipe, decay in (("dmd2f-flow-g3-nogan", "0.998"), ("dmd2few-ddpm-g4-nogan", "0.999")):
+        anchored = f"{recipe}-ema{decay[2:]}"
+        assert arms[anchored] == (arms[recipe][0], [*arms[recipe][1], f"ema.decay={decay}"])
+        assert distill_dmd2.load_arm(*arms[recipe]).ema.decay == 0.995  # the recipe's
+        assert distill_dmd2.load_arm(*arms[anchored]).ema.decay == float(decay)
+        assert (
+            distill_dmd2.start_of(anchored) == distill_dmd2.start_of(recipe)
+            and distill_dmd2.over_budget(anchored) == 1
+        )
+        assert distill_dmd2.budget_arm(anchored) and not distill.selected(anchored, 1, None)
     # ECT from a start whose jumps cover every interval: the full stage on its own set, intervals drawn uniformly
     uni = arms["uni-ddpm"][1]
     assert uni[:-2] == arms["trajectory-ddpm"][1] and uni[-1] == "distill.grid_share=0.0"
