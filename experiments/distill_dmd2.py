@@ -156,6 +156,9 @@ FULL_VARIANTS = {
 # anchor, not a lag); a longer stage at that decay keeps less (9% at the cheaper start's 489). A suffix -ema{digits}
 # sets a longer EMA: 0.998 keeps 38% over 489 updates (about the recipe's share) and 72% over 163; 0.999 keeps 61%
 ANCHORS = {"ema998": 0.998, "ema999": 0.999}
+# the recipe past the budget with its share held (-x4's 652 updates at 0.995 keep 4% of the start; 0.44^(1 / 652)):
+# whether length is a lever once the anchor is not loosened with it
+HELD_PAST_BUDGET = {"ema99874": 0.99874}
 # a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
 OVER_BUDGET = {"x4": 4}
 
@@ -228,6 +231,8 @@ def dmd2_arms(
             config, extra = arms[name]
             for suffix, decay in ANCHORS.items():
                 arms[f"{name}-{suffix}"] = (config, [*extra, f"ema.decay={decay}"])
+            for suffix, decay in HELD_PAST_BUDGET.items() if prefix == "dmd2f" else ():
+                arms[f"{name}-{suffix}-x4"] = (config, [*extra, f"ema.decay={decay}"])
         # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)
         recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])

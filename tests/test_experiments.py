@@ -965,6 +965,10 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
             and distill_dmd2.over_budget(anchored) == 1
         )
         assert distill_dmd2.budget_arm(anchored) and not distill.selected(anchored, 1, None)
+    held = arms["dmd2f-ddpm-g4-nogan-ema99874-x4"]  # past the budget with the recipe's share of the start held
+    assert held == (arms["dmd2f-ddpm-g4-nogan"][0], [*arms["dmd2f-ddpm-g4-nogan"][1], "ema.decay=0.99874"])
+    assert distill_dmd2.over_budget("dmd2f-ddpm-g4-nogan-ema99874-x4") == 4 and 0.43 < 0.99874**652 < 0.45
+    assert "dmd2few-ddpm-g4-nogan-ema99874-x4" not in arms
     # ECT from a start whose jumps cover every interval: the full stage on its own set, intervals drawn uniformly
     uni = arms["uni-ddpm"][1]
     assert uni[:-2] == arms["trajectory-ddpm"][1] and uni[-1] == "distill.grid_share=0.0"
