@@ -162,6 +162,9 @@ def test_each_networks_updates_and_every_pass_are_counted_logged_recorded_and_ca
         (1, 1, 0), (2, 1, 1), (3, 1, 2), (4, 2, 2), (5, 2, 3), (6, 2, 4), (7, 3, 4)
     ]  # fmt: skip
     assert steps[-1]["network_evaluations"] == pytest.approx(counter.total)
+    # the generator's EMA steps with its updates only (the fake score's steps leave it as it was): at decay d its start
+    # keeps d ** generator_updates of the scored weights (docs/objective.md#dmd2)
+    assert trainer.ema.optimization_step == 3
     # 3 generator steps x 4 images, guided at CFG 4 (two rows) but where the label was dropped (one)
     assert 3 * 4 < steps[-1]["teacher_evaluations"] <= 3 * 4 * 2
     gan = [r["gan_discriminator"] > 0 for r in records if "gan_discriminator" in r]
