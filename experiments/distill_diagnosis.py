@@ -13,7 +13,12 @@ measurements on the distillation's own code (docs/objective.md#the-diagnosis).
                 (norms, cosine, each one's share of the update's projection)
     fit         a trajectory student's samples against the teacher's trajectory ends, on trajectories it trained on and
                 on new noise, with its EMA and raw weights (too few trajectories, or too little training?)
-    ema         the share of the teacher's weights the EMA still holds at the end (its decay rule, exactly)
+    ema         the share of the start's weights (the teacher's, or the student it started from) the EMA still holds at
+                the end, over the EMA's own updates (a DMD2 generator's: one per generator update; its decay rule, exactly)
+
+    weights     the run's EMA (its exported pipeline) and its raw weights at the same step (its last checkpoint's),
+                each scored as the distillation study scores a student (class-balanced samples at 1 and 2 steps,
+                KID on the project's classifier features of the test split, recall): is the EMA a lag or an anchor?
 
     python -m experiments.distill_diagnosis --part times
     python -m experiments.distill_diagnosis --part collapse derivative updates ema --run RUN   # a distillation run
@@ -46,7 +51,7 @@ from moh_dit.training.config import load_config
 OUT = ROOT / "experiments" / "results" / "distill_diagnosis"
 # the methods each part reads (None: every distillation)
 APPLIES = {"collapse": None, "derivative": ("meanflow", "trajectory"), "updates": ("meanflow", "trajectory"),
-           "fit": ("trajectory",), "ema": None}  # fmt: skip
+           "fit": ("trajectory",), "ema": None, "weights": None}  # fmt: skip
 WINDOW = 0.1  # "near" an interval: t and r each within this of its ends
 # the recipes whose draws are measured: (config, overrides)
 RECIPES = {
@@ -312,21 +317,96 @@ def part_fit(result: dict, run: Path, n: int = 256) -> None:
 
 
 def part_ema(result: dict, run: Path) -> None:
-    """The EMA's weight on the weights it started from (the teacher's) after the run's steps: its own update rule
-    applied to one number that starts at 1 and is 0 ever after."""
+    """The EMA's weight on the weights the run started from (the teacher's, or ``distill.student_from``'s) after each
+    quarter of its updates: its own update rule applied to one number that starts at 1 and is 0 ever after. The
+    updates are the EMA's own count (a DMD2 generator's EMA steps with the generator's updates only, one step in
+    ``fake_updates + 1``), read from the run's last checkpoint."""
     from moh_dit.training.setup import make_ema
 
     config = run_config(run)
+    updates = ema_updates(run, config)
     param = torch.nn.Parameter(torch.ones(1))
     ema = make_ema(torch.nn.ParameterList([param]), config.ema)
     shares = {}
     with torch.no_grad():
         param.zero_()
-        for step in range(1, config.train.max_steps + 1):
+        for update in range(1, updates + 1):
             ema.step([param])
-            if step in (config.train.max_steps // 4, config.train.max_steps // 2, config.train.max_steps):
-                shares[step] = float(ema.shadow_params[0])
-    result["ema"] = {"run": str(run), "decay": config.ema.decay, "teacher_share": shares}
+            if update in (updates // 4, updates // 2, updates):
+                shares[update] = float(ema.shadow_params[0])
+    result["ema"] = {"run": str(run), "decay": config.ema.decay, "steps": config.train.max_steps,
+                     "updates": updates, "start_share": shares}  # fmt: skip
+
+
+def ema_updates(run: Path, config) -> int:
+    """How many times ``run``'s EMA stepped: its last checkpoint's record, else one per ``ema.update_every`` steps."""
+    import json
+
+    from moh_dit.run_folder import RunLayout
+
+    latest = RunLayout(run).latest_checkpoint()
+    state = Path(latest) / "trainer_state.json" if latest is not None else None
+    if state is not None and state.is_file():
+        recorded = json.loads(state.read_text()).get("ema_optimization_step")
+        if recorded is not None:
+            return int(recorded)
+    return config.train.max_steps // config.ema.update_every
+
+
+WEIGHTS_STEPS = (1, 2)  # the step counts the weights part scores at (the dmd2 study's)
+
+
+def part_weights(result: dict, run: Path, out: Path, samples: int = 5000) -> None:
+    """The run's EMA and raw weights at its last checkpoint, scored alike (:func:`experiments.arms.score_model`, the
+    study's scorer; the samples and a raw-weights pipeline are kept under ``out`` and reused)."""
+    from argparse import Namespace
+
+    from experiments.arms import score_model
+    from experiments.common import REFERENCE_COUNT, scoring_context
+    from experiments.distill import SCALES
+
+    raw = raw_pipeline(run, out / "raw-pipeline")
+    args = Namespace(out=str(out), reference_count=REFERENCE_COUNT, rescore=False)
+    ctx = scoring_context(args, SCALES["cpu"])  # the study's scoring: its reference, features and bootstrap
+    ctx["samples"] = samples
+    rows = []
+    for weights, model in (("ema", run / "pipeline"), ("raw", raw)):
+        for steps in WEIGHTS_STEPS:
+            name = run.name if weights == "ema" else f"{run.name}-raw"  # the study's own sample folders for the EMA
+            scores = score_model(model, name, "meanflow", steps, 1.0, ctx)
+            rows.append(
+                {"weights": weights, "steps": steps} | {k: scores[k] for k in ("kid", "kid_interval", "recall")}
+            )
+    result["weights"] = {"run": str(run), "step": _pipeline_step(run), "samples": samples, "rows": rows}
+
+
+def raw_pipeline(run: Path, folder: Path) -> Path:
+    """A pipeline folder of ``run``'s raw weights at its last checkpoint, beside its exported (EMA) pipeline of the
+    same step: that pipeline's scheduler, classes and recorded sampling, the manifest naming the weights ``model``.
+    A run whose exported pipeline is of another step is refused in one line."""
+    from moh_dit.run_folder import RunLayout, checkpoint_step
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.sampling.sources import checkpoint_model
+
+    latest = RunLayout(run).latest_checkpoint()
+    step, exported = (None if latest is None else checkpoint_step(Path(latest))), _pipeline_step(run)
+    if step is None or step != exported:
+        raise SystemExit(f"{run}: its pipeline (step {exported}) and its last checkpoint (step {step}) differ; "
+                         "the weights part compares the two at one step")  # fmt: skip
+    if (folder / "manifest.json").is_file():
+        return folder
+    pipe = load_pipeline(run / "pipeline", device="cpu", log=False)
+    model, _ = checkpoint_model(Path(latest), prefer_ema=False)
+    pipe.transformer.load_state_dict(model.state_dict())
+    pipe.save(folder, {"run": str(run.resolve()), "step": step, "weights": "model"}, sampling=pipe.preview_sampling)
+    return folder
+
+
+def _pipeline_step(run: Path) -> int | None:
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
+
+    manifest = MoHDiTPipeline.manifest_of(run / "pipeline") if (run / "pipeline").is_dir() else None
+    return ((manifest or {}).get("source") or {}).get("step")
 
 
 def check_parts(parts: list[str], run: Path | None) -> None:
@@ -352,10 +432,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--part", nargs="+", choices=["times", "collapse", "derivative", "updates", "fit", "ema"], default=["times"]
+        "--part",
+        nargs="+",
+        choices=["times", "collapse", "derivative", "updates", "fit", "ema", "weights"],
+        default=["times"],
     )
     p.add_argument("--run", type=Path, default=None, help="a distillation run folder (every part but times)")
     p.add_argument("--step", type=int, default=None, help="collapse: the checkpoint at this step (default: the last)")
+    p.add_argument("--samples", type=int, default=5000, help="weights: samples per score (the study's 5000)")
     p.add_argument("--out", type=Path, default=None,
                    help=f"where to write (default: {OUT.relative_to(ROOT)} without --run, runs/distill_diagnosis/RUN with it)")  # fmt: skip
     args = p.parse_args(argv)
@@ -366,7 +450,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = json.loads(path.read_text()) if path.is_file() else {}
     parts = {"times": lambda: part_times(result, out), "collapse": lambda: part_collapse(result, args.run, args.step),
              "derivative": lambda: part_derivative(result, args.run), "updates": lambda: part_updates(result, args.run),
-             "fit": lambda: part_fit(result, args.run), "ema": lambda: part_ema(result, args.run)}  # fmt: skip
+             "fit": lambda: part_fit(result, args.run), "ema": lambda: part_ema(result, args.run),
+             "weights": lambda: part_weights(result, args.run, out, args.samples)}  # fmt: skip
     for part in args.part:
         parts[part]()
         atomic_write_text(path, json_text(result))

@@ -82,8 +82,20 @@ def report(result: dict) -> str:
             lines += ["| step | " + " | ".join(keys) + " |", "|---" * (1 + len(keys)) + "|"]
             lines += [f"| {r['step']} | " + " | ".join(f"{r[k]:.4g}" for k in keys) + " |" for r in rows]
             lines.append("")
+    if "weights" in result:
+        w = result["weights"]
+        lines += ["## The EMA against the raw weights", "", f"Run: `{w['run']}`, step {w['step']}, {w['samples']} samples", "",
+                  "| weights | steps | KID x 1000 [90%] | recall |", "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {r['weights']} | {r['steps']} | {r['kid']:.2f} [{r['kid_interval'][0]:.2f}, {r['kid_interval'][1]:.2f}] "
+                  f"| {r['recall']:.3f} |" for r in w["rows"]]  # fmt: skip
+        lines.append("")
     if "ema" in result:
         e = result["ema"]
-        shares = ", ".join(f"step {s}: {v:.3g}" for s, v in e["teacher_share"].items())
-        lines += ["## The EMA", "", f"Decay {e['decay']}: the teacher's share of the EMA weights at {shares}.", ""]
+        if "teacher_share" in e:  # a record written before the EMA's own updates were counted (one per step)
+            shares = ", ".join(f"step {s}: {v:.3g}" for s, v in e["teacher_share"].items())
+            lines += ["## The EMA", "", f"Decay {e['decay']}: the teacher's share of the EMA weights at {shares}.", ""]
+        else:
+            shares = ", ".join(f"update {s}: {v:.3g}" for s, v in e["start_share"].items())
+            lines += ["## The EMA", "", f"Decay {e['decay']}, {e['updates']} EMA updates in {e['steps']} steps: the "
+                      f"start's share of the EMA weights at {shares}.", ""]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -1310,7 +1310,11 @@ def test_the_distillation_diagnosis_measures_what_it_says():
     images, labels = torch.stack([flat[0], -flat[0] + 1, flat[0], flat[0]]), torch.tensor([0, 0, 1, 1])
     assert diagnosis.spread(images, labels) == pytest.approx((0.7071 + 0) / 2, rel=1e-3)
     text = diagnosis.report({"ema": {"run": "r", "decay": 0.99, "teacher_share": {830: 0.99**830}}})
-    assert "Decay 0.99: the teacher's share of the EMA weights at step 830: 0.000238" in text
+    assert "Decay 0.99: the teacher's share of the EMA weights at step 830: 0.000238" in text  # an earlier record
+    counted = {"run": "r", "decay": 0.995, "steps": 815, "updates": 163, "start_share": {163: 0.995**163}}
+    assert "163 EMA updates in 815 steps: the start's share of the EMA weights at update 163: 0.442" in (
+        diagnosis.report({"ema": counted})
+    )
 
 
 @needs_data
@@ -1343,9 +1347,28 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
     train(load_config(ROOT / "configs" / "fashion_mnist_moh_dmd2.yaml", [*small, f"distill.teacher={teacher}",
                                                                         f"train.output_dir={dmd2}"]))  # fmt: skip
     with pytest.raises(
-        SystemExit, match="--part derivative does not apply to .* a dmd2 student \\(for it: collapse, ema\\)"
+        SystemExit, match="--part derivative does not apply to .* a dmd2 student \\(for it: collapse, ema, weights\\)"
     ):
         diagnosis.main(["--part", "derivative", "--run", str(dmd2)])
+    # its EMA stepped with the generator's updates only: 1 of the run's 2 steps (4 fake-score updates per generator's)
+    ema = diagnosis.main(["--part", "ema", "--run", str(dmd2), "--out", str(tmp_path / "e")])["ema"]
+    assert (ema["steps"], ema["updates"]) == (2, 1) and ema["start_share"] == {1: pytest.approx(0.995)}
+    # the weights part's raw pipeline: the last checkpoint's raw weights, sampled as the EMA's pipeline is, named so
+    import json
+
+    import torch
+
+    from moh_dit.run_folder import RunLayout
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.sampling.sources import checkpoint_model
+
+    raw = load_pipeline(diagnosis.raw_pipeline(dmd2, tmp_path / "raw"), device="cpu")
+    model, _ = checkpoint_model(RunLayout(dmd2).latest_checkpoint(), prefer_ema=False)
+    exported = load_pipeline(dmd2 / "pipeline", device="cpu").transformer.state_dict()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in raw.transformer.state_dict().items())
+    assert any(not torch.equal(v, exported[k]) for k, v in raw.transformer.state_dict().items())  # not the EMA's
+    assert json.loads((tmp_path / "raw" / "manifest.json").read_text())["source"]["weights"] == "model"
+    assert raw.preview_sampling == load_pipeline(dmd2 / "pipeline", device="cpu").preview_sampling
 
 
 def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recipe_beside_the_arms():
