@@ -1358,11 +1358,12 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
 
     import torch
 
+    from experiments.distill_diagnosis_ema import raw_pipeline
     from moh_dit.run_folder import RunLayout
     from moh_dit.sampling.loading import load_pipeline
     from moh_dit.sampling.sources import checkpoint_model
 
-    raw = load_pipeline(diagnosis.raw_pipeline(dmd2, tmp_path / "raw"), device="cpu")
+    raw = load_pipeline(raw_pipeline(dmd2, tmp_path / "raw"), device="cpu")
     model, _ = checkpoint_model(RunLayout(dmd2).latest_checkpoint(), prefer_ema=False)
     exported = load_pipeline(dmd2 / "pipeline", device="cpu").transformer.state_dict()
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in raw.transformer.state_dict().items())
