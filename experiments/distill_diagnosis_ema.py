@@ -83,6 +83,7 @@ def raw_pipeline(run: Path, folder: Path) -> Path:
     A run whose exported pipeline is of another step is refused in one line."""
     from moh_dit.run_folder import RunLayout, checkpoint_step
     from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.sampling.pipeline import MoHDiTPipeline
     from moh_dit.sampling.sources import checkpoint_model
 
     latest = RunLayout(run).latest_checkpoint()
@@ -90,7 +91,12 @@ def raw_pipeline(run: Path, folder: Path) -> Path:
     if step is None or step != exported:
         raise SystemExit(f"{run}: its pipeline (step {exported}) and its last checkpoint (step {step}) differ; "
                          "the weights part compares the two at one step")  # fmt: skip
-    if (folder / "manifest.json").is_file():
+    if (folder / "manifest.json").is_file():  # reused only where it is this run's raw weights at this step
+        source = (MoHDiTPipeline.manifest_of(folder) or {}).get("source") or {}
+        made = (source.get("run"), source.get("step"), source.get("weights"))
+        if made != (str(run.resolve()), step, "model"):
+            raise SystemExit(f"{folder} holds {made[2]} weights of {made[0]} at step {made[1]}, not {run}'s raw "
+                             f"weights at step {step}: pass another --out")  # fmt: skip
         return folder
     pipe = load_pipeline(run / "pipeline", device="cpu", log=False)
     model, _ = checkpoint_model(Path(latest), prefer_ema=False)

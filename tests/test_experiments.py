@@ -1370,6 +1370,9 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
     assert any(not torch.equal(v, exported[k]) for k, v in raw.transformer.state_dict().items())  # not the EMA's
     assert json.loads((tmp_path / "raw" / "manifest.json").read_text())["source"]["weights"] == "model"
     assert raw.preview_sampling == load_pipeline(dmd2 / "pipeline", device="cpu").preview_sampling
+    assert raw_pipeline(dmd2, tmp_path / "raw") == tmp_path / "raw"  # this run's, at its step: reused
+    with pytest.raises(SystemExit, match="holds model weights of .* not .*student's raw weights at step 2"):
+        raw_pipeline(student, tmp_path / "raw")  # another run's: refused, never scored as this one's
 
 
 def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recipe_beside_the_arms():
