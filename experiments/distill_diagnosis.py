@@ -15,7 +15,6 @@ measurements on the distillation's own code (docs/objective.md#the-diagnosis).
                 on new noise, with its EMA and raw weights (too few trajectories, or too little training?)
     ema         the share of the start's weights (the teacher's, or the student it started from) the EMA still holds at
                 the end, over the EMA's own updates (a DMD2 generator's: one per generator update; its decay rule, exactly)
-
     weights     the run's EMA (its exported pipeline) and its raw weights at the same step (its last checkpoint's),
                 each scored as the distillation study scores a student (class-balanced samples at 1 and 2 steps,
                 KID on the project's classifier features of the test split, recall): is the EMA a lag or an anchor?

@@ -42,12 +42,10 @@ def ema_updates(run: Path, config) -> int:
 
     from moh_dit.run_folder import RunLayout
 
-    latest = RunLayout(run).latest_checkpoint()
-    state = Path(latest) / "trainer_state.json" if latest is not None else None
-    if state is not None and state.is_file():
-        recorded = json.loads(state.read_text()).get("ema_optimization_step")
-        if recorded is not None:
-            return int(recorded)
+    latest = RunLayout(run).latest_checkpoint()  # a checkpoint counts only with its trainer_state.json
+    recorded = None if latest is None else json.loads((Path(latest) / "trainer_state.json").read_text())
+    if recorded is not None and recorded.get("ema_optimization_step") is not None:
+        return int(recorded["ema_optimization_step"])
     return config.train.max_steps // config.ema.update_every
 
 

@@ -1354,10 +1354,6 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
     ema = diagnosis.main(["--part", "ema", "--run", str(dmd2), "--out", str(tmp_path / "e")])["ema"]
     assert (ema["steps"], ema["updates"]) == (2, 1) and ema["start_share"] == {1: pytest.approx(0.995)}
     # the weights part's raw pipeline: the last checkpoint's raw weights, sampled as the EMA's pipeline is, named so
-    import json
-
-    import torch
-
     from experiments.distill_diagnosis_ema import raw_pipeline
     from moh_dit.run_folder import RunLayout
     from moh_dit.sampling.loading import load_pipeline
