@@ -969,6 +969,17 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert held == (arms["dmd2f-ddpm-g4-nogan"][0], [*arms["dmd2f-ddpm-g4-nogan"][1], "ema.decay=0.99874"])
     assert distill_dmd2.over_budget("dmd2f-ddpm-g4-nogan-ema99874-x4") == 4 and 0.43 < 0.99874**652 < 0.45
     assert "dmd2few-ddpm-g4-nogan-ema99874-x4" not in arms
+    # the references' pairing: the real score unguided, the GAN term at DMD2's ImageNet weight switched on late, from
+    # the recipe's start; the same run four times as long past the budget
+    late = distill_dmd2.load_arm(*arms["dmd2f-flow-g1-ganlate"]).distill
+    assert (late.real_guidance, late.gan_weight, late.gan_start) == (1.0, 0.003, 200)
+    assert (late.dmd_input, late.fake_updates, late.vsd_weight) == ("generator", 4, 1.0)
+    assert distill_dmd2.start_of("dmd2f-flow-g1-ganlate") == "trajectory-flow"
+    assert arms["dmd2f-flow-g1-ganlate"][1][:2] == arms["dmd2f-flow-g3-nogan"][1][:2]  # the same teacher and start
+    assert arms["dmd2f-ddpm-g1-ganlate-x4"] == arms["dmd2f-ddpm-g1-ganlate"]
+    assert distill_dmd2.over_budget("dmd2f-ddpm-g1-ganlate-x4") == 4 and distill_dmd2.budget_arm(
+        "dmd2f-ddpm-g1-ganlate"
+    )
     # ECT from a start whose jumps cover every interval: the full stage on its own set, intervals drawn uniformly
     uni = arms["uni-ddpm"][1]
     assert uni[:-2] == arms["trajectory-ddpm"][1] and uni[-1] == "distill.grid_share=0.0"
@@ -1471,3 +1482,12 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     # ECT's stage: four student passes and the teacher's guided step per image, at every step alike
     (ect_length, _), _ = fill_budget(*arms["ect-flow"], spent, distill.SCALES["cpu"])
     assert ect_length == f"train.max_steps={int((BUDGET - spent) // (BATCH * (4 + 2)))}"
+    # a GAN term switched on late: the steps before it cost what a stage without it costs, those after it more
+    late_config, late_overrides = arms["dmd2f-flow-g1-ganlate"]
+    late = counted_objective(load_arm(late_config, late_overrides))
+    start = late.gan_start
+    assert late.step_forwards(start - cycle) < late.step_forwards(start) and late.gan_on(start)
+    (late_length, _), _ = fill_budget(late_config, late_overrides, spent, distill.SCALES["cpu"])
+    late_steps = int(late_length.split("=")[1])
+    late_cost = sum(BATCH * (late.step_forwards(i) + late.teacher_forwards_at(i)) for i in range(late_steps))
+    assert late_steps > start and spent + late_cost <= BUDGET
