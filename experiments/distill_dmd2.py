@@ -29,6 +29,7 @@ simulation, and the whole distillation within the teacher's training in network 
                               real data at DMD2's ImageNet-64 weight (3e-3) switched on late (SiDA's order, DMD2's
                               resumed run), so that the sharpness comes from the data rather than from the guidance
         -x4                   four times the steps the budget leaves, so that the discriminator has time to act
+    dmd2f-{kind}-g{r}-ganlate the same GAN term at the recipe's scale: whether switched on late it pays for its passes
     dmd2f-{kind}-g{1,1.5,2}-nogan  the real score below the sampler's scale from the same start, without the GAN term
                               (:data:`VARIETY_SCALES`: the issue's sweep beside the recipe's sampler scale)
     half-{kind}               the full trajectory stage at half its steps (the same 4096 trajectories): its curve's
@@ -167,7 +168,7 @@ HELD_PAST_BUDGET = {"ema99874": 0.99874}
 # into it: the discriminator on real data supplies the sharpness): DMD2's ImageNet-64 generator weight, switched on
 # once the fake score has trained with the generator alone for a quarter of the stage (SiDA's order; DMD2's best
 # ImageNet-64 run resumed a run without it)
-GAN_LATE = {"real_guidance": 1.0, "gan_weight": 0.003, "gan_start": 200}
+GAN_LATE = {"gan_weight": 0.003, "gan_start": 200}
 # a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
 OVER_BUDGET = {"x4": 4}
 
@@ -242,12 +243,11 @@ def dmd2_arms(
                 arms[f"{name}-{suffix}"] = (config, [*extra, f"ema.decay={decay}"])
             for suffix, decay in HELD_PAST_BUDGET.items() if prefix == "dmd2f" else ():
                 arms[f"{name}-{suffix}-x4"] = (config, [*extra, f"ema.decay={decay}"])
-        late = f"dmd2f-{kind}-{_label(GAN_LATE['real_guidance'])}-ganlate"
-        arms[late] = (
-            FROM_SHORT[kind],
-            [teacher, _started(runs, "dmd2f-" + kind, seed), *_overrides(RECIPE | GAN_LATE)],
-        )
-        arms[f"{late}-x4"] = arms[late]  # long enough for the discriminator to act (past the budget, reported as such)
+        for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
+            late, settings = f"dmd2f-{kind}-{_label(scale)}-ganlate", RECIPE | GAN_LATE | {"real_guidance": scale}
+            arms[late] = (FROM_SHORT[kind], [teacher, _started(runs, "dmd2f-" + kind, seed), *_overrides(settings)])
+        unguided = f"dmd2f-{kind}-g1-ganlate"
+        arms[f"{unguided}-x4"] = arms[unguided]  # long enough for its discriminator to act (past the budget, reported)
         # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)
         recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])

@@ -977,6 +977,9 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert distill_dmd2.start_of("dmd2f-flow-g1-ganlate") == "trajectory-flow"
     assert arms["dmd2f-flow-g1-ganlate"][1][:2] == arms["dmd2f-flow-g3-nogan"][1][:2]  # the same teacher and start
     assert arms["dmd2f-ddpm-g1-ganlate-x4"] == arms["dmd2f-ddpm-g1-ganlate"]
+    guided = distill_dmd2.load_arm(*arms["dmd2f-ddpm-g4-ganlate"]).distill  # the same term at the recipe's scale
+    assert (guided.real_guidance, guided.gan_weight, guided.gan_start) == (4.0, 0.003, 200)
+    assert "dmd2f-ddpm-g4-ganlate-x4" not in arms
     assert distill_dmd2.over_budget("dmd2f-ddpm-g1-ganlate-x4") == 4 and distill_dmd2.budget_arm(
         "dmd2f-ddpm-g1-ganlate"
     )
