@@ -89,6 +89,19 @@ def report(result: dict) -> str:
         lines += [f"| {r['weights']} | {r['steps']} | {r['kid']:.2f} [{r['kid_interval'][0]:.2f}, {r['kid_interval'][1]:.2f}] "
                   f"| {r['recall']:.3f} |" for r in w["rows"]]  # fmt: skip
         lines.append("")
+    if "discriminator" in result:
+        d = result["discriminator"]
+        times = list(d["probes"]["checkpoint"]["area"])
+        lines += ["## The discriminator", "", f"Run: `{d['run']}`, step {d['step']}: ROC area of the head's logits, "
+                  f"{d['count']} training images against {d['count']} one-step samples at each noise time (0.5: "
+                  f"chance); each probe trains alone from the checkpoint for {d['steps']} steps (the run's rate "
+                  f"{d['rate']:g}); loss: its mean over the first and last fifth (chance 1.386)", "",
+                  "| head | " + " | ".join(f"t = {t}" for t in times) + " | loss |", "|---" * (2 + len(times)) + "|"]  # fmt: skip
+        for name, probe in d["probes"].items():
+            loss = probe.get("loss")
+            said = f"{loss['first fifth']:.3f} to {loss['last fifth']:.3f}" if loss else ""
+            lines.append(f"| {name} | " + " | ".join(f"{probe['area'][t]:.3f}" for t in times) + f" | {said} |")
+        lines.append("")
     if "ema" in result:
         e = result["ema"]
         if "teacher_share" in e:  # a record written before the EMA's own updates were counted (one per step)

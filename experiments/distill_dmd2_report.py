@@ -18,6 +18,7 @@ from experiments.distill_dmd2 import (
     BUDGET,
     CHOSEN_SCALE,
     FULL_VARIANTS,
+    GAN_LATE,
     HELD_PAST_BUDGET,
     REAL_SCALES,
     RECIPE_SCALE,
@@ -263,7 +264,9 @@ def dmd2_lines(result: dict) -> list[str]:
              "(`dmd2l-*`, `dmd2mid-*`); the cheaper start: the full stage's steps on a quarter of its recorded set "
              f"(`few-*`) and the recipe from it (`dmd2few-*`); the EMA's hold on the start ({', '.join(f'`-{k}`: ema.decay {v:g}' for k, v in ANCHORS.items())} "
              f"against the recipe's 0.995, stepped once per generator update; past the budget with the recipe's share "
-             f"held: {', '.join(f'`-{k}-x4`' for k in HELD_PAST_BUDGET)}). Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
+             f"held: {', '.join(f'`-{k}-x4`' for k in HELD_PAST_BUDGET)}); the GAN term switched on late (`-ganlate`: "
+             f"weight {GAN_LATE['gan_weight']:g} from step {GAN_LATE['gan_start']}) with the real score unguided, as "
+             "the references pair them (`-g1-ganlate`, and `-x4` past the budget), and at the recipe's scale. Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
         lines += _final_lines(result, kind) + _one_seed_tables(result, kind) + _cost_lines(result, kind)

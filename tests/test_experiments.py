@@ -1323,6 +1323,13 @@ def test_the_distillation_diagnosis_measures_what_it_says():
     assert diagnosis.roughness(flat) == 0 and diagnosis.roughness(striped) == pytest.approx(1.0)
     images, labels = torch.stack([flat[0], -flat[0] + 1, flat[0], flat[0]]), torch.tensor([0, 0, 1, 1])
     assert diagnosis.spread(images, labels) == pytest.approx((0.7071 + 0) / 2, rel=1e-3)
+    from experiments.distill_diagnosis_gan import roc_area
+
+    assert roc_area(torch.tensor([2.0, 3.0]), torch.tensor([0.0, 1.0])) == 1.0  # every real image ranked above
+    assert roc_area(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 0.0
+    assert roc_area(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 1.0])) == pytest.approx(
+        (0.5 + 1 + 0 + 1) / 4
+    )  # a tie: half
     text = diagnosis.report({"ema": {"run": "r", "decay": 0.99, "teacher_share": {830: 0.99**830}}})
     assert "Decay 0.99: the teacher's share of the EMA weights at step 830: 0.000238" in text  # an earlier record
     counted = {"run": "r", "decay": 0.995, "steps": 815, "updates": 163, "start_share": {163: 0.995**163}}
@@ -1361,7 +1368,8 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
     train(load_config(ROOT / "configs" / "fashion_mnist_moh_dmd2.yaml", [*small, f"distill.teacher={teacher}",
                                                                         f"train.output_dir={dmd2}"]))  # fmt: skip
     with pytest.raises(
-        SystemExit, match="--part derivative does not apply to .* a dmd2 student \\(for it: collapse, ema, weights\\)"
+        SystemExit,
+        match="--part derivative does not apply to .* a dmd2 student \\(for it: collapse, ema, weights, discriminator\\)",
     ):
         diagnosis.main(["--part", "derivative", "--run", str(dmd2)])
     # its EMA stepped with the generator's updates only: 1 of the run's 2 steps (4 fake-score updates per generator's)
@@ -1383,6 +1391,26 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
     assert raw_pipeline(dmd2, tmp_path / "raw") == tmp_path / "raw"  # this run's, at its step: reused
     with pytest.raises(SystemExit, match="holds model weights of .* not .*student's raw weights at step 2"):
         raw_pipeline(student, tmp_path / "raw")  # another run's: refused, never scored as this one's
+    # the discriminator part: a run without one is refused in one line; with one, its checkpoint's head is scored at
+    # each noise time and trained alone from it (a few steps here), each probe recorded
+    with pytest.raises(SystemExit, match="trained no discriminator"):
+        diagnosis.main(["--part", "discriminator", "--run", str(dmd2), "--out", str(tmp_path / "g")])
+    from experiments.distill_diagnosis_gan import PROBE_TIMES, PROBES, part_discriminator
+
+    gan = tmp_path / "gan"
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_dmd2.yaml", [*small, f"distill.teacher={teacher}",
+                                                                        "distill.gan_weight=0.01", f"train.output_dir={gan}"]))  # fmt: skip
+    found: dict = {}
+    part_discriminator(found, gan, count=6, steps=3)
+    probes = found["discriminator"]["probes"]
+    assert found["discriminator"]["step"] == 2 and list(probes) == [
+        "checkpoint",
+        *(f"{w}, {f:g}x the rate" for w, f in PROBES),
+    ]
+    assert all(list(p["area"]) == [f"{t:g}" for t in PROBE_TIMES] for p in probes.values())
+    assert all(0.0 <= a <= 1.0 for p in probes.values() for a in p["area"].values())
+    assert all(p["loss"]["first fifth"] > 0 for name, p in probes.items() if name != "checkpoint")
+    assert "## The discriminator" in diagnosis.report(found)
 
 
 def test_dmd2_report_counts_each_stage_with_its_start_and_sets_the_configs_recipe_beside_the_arms():
