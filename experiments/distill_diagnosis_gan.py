@@ -38,11 +38,10 @@ def part_discriminator(result: dict, run: Path, count: int = 500, steps: int = 4
     from safetensors.torch import load_file
 
     from moh_dit.data.training_data import load_data_space
-    from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss
+    from moh_dit.objectives.distill import gan_discriminator_loss
     from moh_dit.run_folder import RunLayout, checkpoint_step
     from moh_dit.sampling.loading import load_pipeline
-    from moh_dit.training.distill import Teacher
-    from moh_dit.training.distill.companions import FakeScore
+    from moh_dit.training.distill import FakeScore, Teacher
 
     config = run_config(run)
     section = config.distill

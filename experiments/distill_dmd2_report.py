@@ -266,7 +266,8 @@ def dmd2_lines(result: dict) -> list[str]:
              f"against the recipe's 0.995, stepped once per generator update; past the budget with the recipe's share "
              f"held: {', '.join(f'`-{k}-x4`' for k in HELD_PAST_BUDGET)}); the GAN term switched on late (`-ganlate`: "
              f"weight {GAN_LATE['gan_weight']:g} from step {GAN_LATE['gan_start']}) with the real score unguided, as "
-             "the references pair them (`-g1-ganlate`, and `-x4` past the budget), and at the recipe's scale. Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
+             "the references pair them (`-g1-ganlate`, and `-x4` past the budget), and at the recipe's scale. "
+             f"Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
         lines += _final_lines(result, kind) + _one_seed_tables(result, kind) + _cost_lines(result, kind)
