@@ -30,6 +30,9 @@ simulation, and the whole distillation within the teacher's training in network 
                               resumed run), so that the sharpness comes from the data rather than from the guidance
         -x4                   four times the steps the budget leaves, so that the discriminator has time to act
     dmd2f-{kind}-g{r}-ganlate the same GAN term at the recipe's scale: whether switched on late it pays for its passes
+    dmd2f-{kind}-g{r}-ganlow  the late GAN term with its discriminator at low noise (:data:`GAN_LOW`: its own times,
+                              where the late term's discriminator could tell real from generated), at the recipe's
+                              scale and unguided (`-g1-ganlow`)
     dmd2f-{kind}-g{1,1.5,2}-nogan  the real score below the sampler's scale from the same start, without the GAN term
                               (:data:`VARIETY_SCALES`: the issue's sweep beside the recipe's sampler scale)
     half-{kind}               the full trajectory stage at half its steps (the same 4096 trajectories): its curve's
@@ -169,6 +172,9 @@ HELD_PAST_BUDGET = {"ema99874": 0.99874}
 # once the fake score has trained with the generator alone for a quarter of the stage (SiDA's order; DMD2's best
 # ImageNet-64 run resumed a run without it)
 GAN_LATE = {"gan_weight": 0.003, "gan_start": 200}
+# the late term's discriminator told real from generated only at low noise (ROC area 0.83-0.88 at t = 0.1, 0.69-0.74
+# at 0.3, near chance from 0.7; experiments.distill_diagnosis --part discriminator): its own times from the low end
+GAN_LOW = GAN_LATE | {"gan_time": [0.02, 0.4]}
 # a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
 OVER_BUDGET = {"x4": 4}
 
@@ -244,8 +250,12 @@ def dmd2_arms(
             for suffix, decay in HELD_PAST_BUDGET.items() if prefix == "dmd2f" else ():
                 arms[f"{name}-{suffix}-x4"] = (config, [*extra, f"ema.decay={decay}"])
         for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
-            late, settings = f"dmd2f-{kind}-{_label(scale)}-ganlate", RECIPE | GAN_LATE | {"real_guidance": scale}
-            arms[late] = (FROM_SHORT[kind], [teacher, _started(runs, "dmd2f-" + kind, seed), *_overrides(settings)])
+            for suffix, gan in (("ganlate", GAN_LATE), ("ganlow", GAN_LOW)):
+                late, settings = f"dmd2f-{kind}-{_label(scale)}-{suffix}", RECIPE | gan | {"real_guidance": scale}
+                arms[late] = (
+                    FROM_SHORT[kind],
+                    [teacher, _started(runs, "dmd2f-" + kind, seed), *_overrides(settings)],
+                )
         unguided = f"dmd2f-{kind}-g1-ganlate"
         arms[f"{unguided}-x4"] = arms[unguided]  # long enough for its discriminator to act (past the budget, reported)
         # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)

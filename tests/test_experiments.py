@@ -980,6 +980,9 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     guided = distill_dmd2.load_arm(*arms["dmd2f-ddpm-g4-ganlate"]).distill  # the same term at the recipe's scale
     assert (guided.real_guidance, guided.gan_weight, guided.gan_start) == (4.0, 0.003, 200)
     assert "dmd2f-ddpm-g4-ganlate-x4" not in arms
+    low = distill_dmd2.load_arm(*arms["dmd2f-flow-g3-ganlow"]).distill  # its discriminator at low noise
+    assert (low.real_guidance, low.gan_weight, low.gan_start, tuple(low.gan_time)) == (3.0, 0.003, 200, (0.02, 0.4))
+    assert arms["dmd2f-flow-g1-ganlow"][1][:-2] == arms["dmd2f-flow-g1-ganlate"][1][:-1]  # only the times differ
     assert distill_dmd2.over_budget("dmd2f-ddpm-g1-ganlate-x4") == 4 and distill_dmd2.budget_arm(
         "dmd2f-ddpm-g1-ganlate"
     )

@@ -241,6 +241,9 @@ class DistillSection:
         0  # the step from which the GAN term and its discriminator train (SiDA: the fake score alone first)
     )
     dmd_midpoint: float = 0.5  # the two-step grid's middle flow time (every grid shifted alike; recorded)
+    # the flow times the discriminator and the GAN term noise their images at ([first, last], uniform, drawn apart
+    # from the VSD loss's); null: the VSD loss's own (its times and noised samples)
+    gan_time: tuple[float, ...] | None = None
     # --- the rcm method (docs/objective.md#rcm): trajectory distillation regularised by DMD2 in one run ---
     student_updates: int = 4  # student updates per fake-score update (rCM's 4: the fake score in 1 of 5 steps)
     vsd_start: int = 0  # the step from which the VSD term trains the student (the fake score trains from the start)

@@ -68,6 +68,8 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         vsd_weight: the VSD loss's weight (0: the GAN term alone, a GAN fine-tune of the teacher's weights).
         gan_start: the training step from which the GAN term and its discriminator train (0: from the start).
         dmd_midpoint: the two-step grid's middle flow time (every grid shifted alike; recorded with the model).
+        gan_time: ``[first, last]`` flow times the discriminator and the generator's GAN term noise their images at
+            (uniform, drawn apart from the VSD loss's); ``None``: the VSD loss's own times and noised samples.
         trajectories, trajectory_*: the regression's trajectories (as the trajectory method's).
     """
 
@@ -92,6 +94,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         vsd_weight: float = 1.0,
         gan_start: int = 0,
         dmd_midpoint: float = MIDPOINT,
+        gan_time: tuple[float, float] | list[float] | None = None,
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -129,6 +132,15 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         low, high = (float(v) for v in dmd_time)
         if not 0 < low < high <= 1:
             raise ConfigError(f"distill.dmd_time must be [first, last] flow times in (0, 1], got {list(dmd_time)!r}")
+        self.gan_time = None
+        if gan_time is not None:
+            bounds = list(gan_time) if isinstance(gan_time, (list, tuple)) else []
+            if len(bounds) != 2 or not all(is_number(v) for v in bounds) or not 0 < bounds[0] < bounds[1] <= 1:
+                raise ConfigError(
+                    f"distill.gan_time must be [first, last] flow times in (0, 1] or null (the VSD loss's), got "
+                    f"{gan_time!r}"
+                )
+            self.gan_time = (float(bounds[0]), float(bounds[1]))
         self.fake_updates, self.fake_lr, self.gan_block = fake_updates, fake_lr, gan_block
         self.gan_weight, self.regression = float(gan_weight), float(regression)
         self.dmd_steps, self.dmd_input, self.dmd_time = steps, dmd_input, (low, high)
@@ -189,7 +201,10 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
             )
         if self.gan_weight:
             start = f" from step {self.gan_start}" if self.gan_start else ""
-            parts.append(f"a GAN term of weight {self.gan_weight:g} on the fake score's features, real data{start}")
+            times = f" at flow times {self.gan_time}" if self.gan_time else ""
+            parts.append(
+                f"a GAN term of weight {self.gan_weight:g} on the fake score's features, real data{times}{start}"
+            )
         if self.regression:
             parts.append(f"DMD's regression on the teacher's trajectories, weight {self.regression:g}")
         steps = "/".join(map(str, self.dmd_steps))
@@ -258,16 +273,19 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         starts = torch.tensor(self.start_times)
         start = starts[torch.randint(len(starts), (n,), generator=generator)]
         low, high = self.dmd_time
+        gan_low, gan_high = self.gan_time or self.dmd_time  # the discriminator's times: the same draws, rescaled
         terms = {
             "start": start,
             "start_noise": torch.randn(x0.shape, generator=generator),
             "t": low + (high - low) * torch.rand(n, generator=generator),
             "noise": torch.randn(x0.shape, generator=generator),
-            "real_t": low + (high - low) * torch.rand(n, generator=generator),
+            "real_t": gan_low + (gan_high - gan_low) * torch.rand(n, generator=generator),
             "real_noise": torch.randn(x0.shape, generator=generator),
             "pick": torch.rand(n, generator=generator),
             "fake_seed": torch.randint(2**62, (1,), generator=generator),
         }
+        if self.gan_time:  # the generated images' own times (drawn last: a run without the key draws as before)
+            terms["gan_t"] = gan_low + (gan_high - gan_low) * torch.rand(n, generator=generator)
         terms = {k: v.to(device) for k, v in terms.items()} | {"real": x0}
         return Noised(x0, self.network_time(terms["start"], torch.zeros_like(terms["start"])), terms)
 
@@ -318,7 +336,10 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         if self.gan_weight:
             gan = zero
             if self.gan_on(step):
-                logits = fake.discriminate(x_t, t, labels, drop, autocast)  # gradient to x through the frozen score
+                gan_x, gan_t = self.gan_input(x, noised, x_t, t)
+                logits = fake.discriminate(
+                    gan_x, gan_t, labels, drop, autocast
+                )  # gradient to x through the frozen score
                 gan = gan_generator_loss(logits)
                 loss = loss + self.gan_weight * gan
             extras |= {"gan_generator": gan.detach(), "gan_discriminator": zero}
@@ -327,6 +348,17 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
             extras["regression"] = regressed.detach()
             loss = loss + self.regression * regressed
         return Losses(loss=loss, mse=vsd.detach(), logged=vsd.detach(), extras=extras), out
+
+    def gan_input(
+        self, x: torch.Tensor, noised: Noised, x_t: torch.Tensor, t: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample
+        ``(x_t, t)``, or with ``gan_time`` the same noise at the step's own draw of that range."""
+        if "gan_t" not in noised.terms:
+            return x_t, t
+        gan_t = noised.terms["gan_t"]
+        shape = (-1, *([1] * (x.ndim - 1)))
+        return (1 - gan_t).reshape(shape) * x + gan_t.reshape(shape) * noised.terms["noise"], gan_t
 
     def _regression(self, model, noised: Noised, autocast, trajectories) -> torch.Tensor:
         """DMD's regression: the one-step sample of a teacher trajectory's noise against the trajectory's end."""

@@ -120,9 +120,9 @@ class FakeScore(nn.Module):
         losses = self.objective.loss(out.sample.float(), own)
         logits = None
         if self.head is not None and real_t is not None:
+            t = noised.terms.get("gan_t", noised.terms["t"])  # distill.gan_time's draw, else the VSD loss's time
             shape = (-1, *([1] * (x.ndim - 1)))
-            t, noise = noised.terms["t"], noised.terms["noise"]
-            fake_t = (1 - t).reshape(shape) * x + t.reshape(shape) * noise
+            fake_t = (1 - t).reshape(shape) * x + t.reshape(shape) * noised.terms["noise"]
             real = self.discriminate(real_t, noised.terms["real_t"], labels, drop, autocast)
             logits = (real, self.discriminate(fake_t, t, labels, drop, autocast))
         return losses, out, logits

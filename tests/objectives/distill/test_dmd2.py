@@ -170,6 +170,9 @@ def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_on
         ("distill.dmd_midpoint=0", "distill.dmd_midpoint must be a flow time between 0 and 1"),
         ("distill.vsd_weight=0", "distill.vsd_weight=0 leaves the generator nothing to learn"),
         ("distill.gan_start=-5", "distill.gan_start must be a training step >= 0"),
+        ("distill.gan_time=[0.5,0.1]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
+        ("distill.gan_time=[0,0.5]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
+        ("distill.gan_time=[0.1,0.5,0.9]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
     ],
 )
 def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, tmp_path):
@@ -199,6 +202,36 @@ def test_a_yaml_true_is_no_number_for_a_dmd2_key(key, says):
 
     with pytest.raises(ConfigError, match=re.escape(says)):
         DMD2Distill(**{key: True})
+
+
+def test_the_discriminators_own_times_are_drawn_in_their_range_and_leave_every_other_draw_as_it_was():
+    """distill.gan_time: the real images' times are the same uniform draws mapped onto its range, the generated
+    images' own times are drawn after every other draw (so a run without the key draws exactly as before), and the
+    discriminator reads the generated images at those times with the VSD loss's noise; without the key it reads the
+    VSD loss's noised sample itself."""
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+
+    x0 = torch.randn(64, 1, 4, 4)
+    plain = DMD2Distill(dmd_steps=[1, 2], dmd_input="generator").noised(
+        x0, torch.Generator().manual_seed(3), x0.device
+    )
+    low = DMD2Distill(dmd_steps=[1, 2], dmd_input="generator", gan_time=[0.02, 0.4])
+    drawn = low.noised(x0, torch.Generator().manual_seed(3), x0.device)
+    assert set(drawn.terms) == {*plain.terms, "gan_t"}
+    for key in plain.terms:
+        if key != "real_t":
+            torch.testing.assert_close(drawn.terms[key], plain.terms[key])
+    unit = (plain.terms["real_t"] - 0.02) / 0.96  # the same uniform draws, onto [0.02, 0.4]
+    torch.testing.assert_close(drawn.terms["real_t"], 0.02 + 0.38 * unit)
+    assert float(drawn.terms["gan_t"].min()) >= 0.02 and float(drawn.terms["gan_t"].max()) <= 0.4
+    x = torch.randn_like(x0)
+    x_t, t = object(), object()
+    assert DMD2Distill().gan_input(x, plain, x_t, t) == (x_t, t)  # the VSD loss's noised sample
+    read, at = low.gan_input(x, drawn, x_t, t)
+    gan_t = drawn.terms["gan_t"].reshape(-1, 1, 1, 1)
+    torch.testing.assert_close(read, (1 - gan_t) * x + gan_t * drawn.terms["noise"])
+    assert at is drawn.terms["gan_t"]
+    assert "at flow times (0.02, 0.4)" in DMD2Distill(gan_weight=0.001, gan_time=[0.02, 0.4]).describe_loss()
 
 
 def test_the_real_guidance_and_the_midpoint_are_recorded_and_a_generator_keeps_its_own():
