@@ -19,6 +19,7 @@ from experiments.distill_dmd2 import (
     CHOSEN_SCALE,
     FULL_VARIANTS,
     GAN_LATE,
+    GAN_LOW,
     HELD_PAST_BUDGET,
     REAL_SCALES,
     RECIPE_SCALE,
@@ -266,7 +267,8 @@ def dmd2_lines(result: dict) -> list[str]:
              f"against the recipe's 0.995, stepped once per generator update; past the budget with the recipe's share "
              f"held: {', '.join(f'`-{k}-x4`' for k in HELD_PAST_BUDGET)}); the GAN term switched on late (`-ganlate`: "
              f"weight {GAN_LATE['gan_weight']:g} from step {GAN_LATE['gan_start']}) with the real score unguided, as "
-             "the references pair them (`-g1-ganlate`, and `-x4` past the budget), and at the recipe's scale. "
+             "the references pair them (`-g1-ganlate`, and `-x4` past the budget), and at the recipe's scale; the same "
+             f"with its discriminator at low noise (`-ganlow`: distill.gan_time {GAN_LOW['gan_time']}). "
              f"Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
