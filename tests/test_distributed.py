@@ -541,7 +541,7 @@ RCM = ["distill.method=rcm", "distill.trajectory_count=6", "distill.trajectory_s
 # ECT with its curriculum: the step 0.2 for steps 0-2, 0.1 from 3 (the resume at 4 falls inside), 0.05 from 6
 ECT = ["distill.method=ect", "distill.ect_dt=0.05", "distill.guidance_scale=2.0", "distill.grid_share=0.5",
        "distill.ect_dt_start=0.2", "distill.ect_dt_every=3"]  # fmt: skip
-DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.gan_start=2",
+DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.gan_start=2", "distill.gan_time=[0.02,0.4]",
         "distill.dmd_steps=[1,2]", "distill.dmd_input=generator", "distill.real_guidance=1.5"]  # fmt: skip
 
 
