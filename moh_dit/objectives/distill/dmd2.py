@@ -313,8 +313,11 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
             return self._generator_losses(net, noised, labels, drop, want_heads, autocast, frozen, companions, step)
         return self._fake_score_losses(net, noised, labels, drop, autocast, companions["fake_score"], step)
 
-    def _noised_sample(self, x: torch.Tensor, noised: Noised, prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-        t, noise = noised.terms[f"{prefix}t"], noised.terms[f"{prefix}noise"]
+    def _noised_sample(
+        self, x: torch.Tensor, noised: Noised, time: str = "t", noise: str = "noise"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` on the linear path at the step's draws named ``time`` and ``noise``, and those times."""
+        t, noise = noised.terms[time], noised.terms[noise]
         shape = (-1, *([1] * (x.ndim - 1)))
         return (1 - t).reshape(shape) * x + t.reshape(shape) * noise, t
 
@@ -336,10 +339,8 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         if self.gan_weight:
             gan = zero
             if self.gan_on(step):
-                gan_x, gan_t = self.gan_input(x, noised, x_t, t)
-                logits = fake.discriminate(
-                    gan_x, gan_t, labels, drop, autocast
-                )  # gradient to x through the frozen score
+                # gradient to x through the frozen score
+                logits = fake.discriminate(*self.gan_input(x, noised), labels, drop, autocast)
                 gan = gan_generator_loss(logits)
                 loss = loss + self.gan_weight * gan
             extras |= {"gan_generator": gan.detach(), "gan_discriminator": zero}
@@ -349,16 +350,10 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
             loss = loss + self.regression * regressed
         return Losses(loss=loss, mse=vsd.detach(), logged=vsd.detach(), extras=extras), out
 
-    def gan_input(
-        self, x: torch.Tensor, noised: Noised, x_t: torch.Tensor, t: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample
-        ``(x_t, t)``, or with ``gan_time`` the same noise at the step's own draw of that range."""
-        if "gan_t" not in noised.terms:
-            return x_t, t
-        gan_t = noised.terms["gan_t"]
-        shape = (-1, *([1] * (x.ndim - 1)))
-        return (1 - gan_t).reshape(shape) * x + gan_t.reshape(shape) * noised.terms["noise"], gan_t
+    def gan_input(self, x: torch.Tensor, noised: Noised) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample,
+        or with ``gan_time`` the same noise at the step's own draw of that range."""
+        return self._noised_sample(x, noised, "gan_t" if "gan_t" in noised.terms else "t")
 
     def _regression(self, model, noised: Noised, autocast, trajectories) -> torch.Tensor:
         """DMD's regression: the one-step sample of a teacher trajectory's noise against the trajectory's end."""
@@ -376,8 +371,9 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
             x, _ = self.generate(model, noised, labels, drop, autocast)
         generator = torch.Generator().manual_seed(int(noised.terms["fake_seed"]))
         gan = self.gan_on(step)
-        real = self._noised_sample(noised.terms["real"], noised, "real_")[0] if gan else None
-        losses, out, logits = fake.train_on(x.detach(), labels, drop, generator, autocast, real, noised)
+        real = self._noised_sample(noised.terms["real"], noised, "real_t", "real_noise") if gan else None
+        generated = self.gan_input(x.detach(), noised) if gan else None
+        losses, out, logits = fake.train_on(x.detach(), labels, drop, generator, autocast, real, generated)
         zero = torch.zeros_like(losses.loss)
         extras = {"vsd_loss": zero, "fake_score_loss": losses.loss.detach()}
         loss = losses.loss

@@ -109,22 +109,18 @@ class FakeScore(nn.Module):
             hook.remove()
         return self.head(found[0].float())
 
-    def train_on(self, x, labels, drop, generator, autocast, real_t=None, noised=None):
+    def train_on(self, x, labels, drop, generator, autocast, real=None, generated=None):
         """Its own objective's losses on the generator's samples ``x`` (drawn from ``generator``), its output (MoH's
-        loss), and where real images are given (the GAN term on) the head's logits on them noised (``real_t``: those
-        images at the drawn times) and on ``x`` noised as the generator's loss sees it."""
+        loss), and where real images are given (the GAN term on) the head's logits on them and on the generated ones,
+        each ``(noised images, their times)`` as the objective noised them for the discriminator."""
         own = self.objective.noised(x, generator, x.device)
         y = self._labels(labels, drop)
         with autocast():
             out = self.score(own.x_t, own.time, y, force_drop_ids=self._kept(y))
         losses = self.objective.loss(out.sample.float(), own)
         logits = None
-        if self.head is not None and real_t is not None:
-            t = noised.terms.get("gan_t", noised.terms["t"])  # distill.gan_time's draw, else the VSD loss's time
-            shape = (-1, *([1] * (x.ndim - 1)))
-            fake_t = (1 - t).reshape(shape) * x + t.reshape(shape) * noised.terms["noise"]
-            real = self.discriminate(real_t, noised.terms["real_t"], labels, drop, autocast)
-            logits = (real, self.discriminate(fake_t, t, labels, drop, autocast))
+        if self.head is not None and real is not None:
+            logits = tuple(self.discriminate(*images, labels, drop, autocast) for images in (real, generated))
         return losses, out, logits
 
 

@@ -225,9 +225,11 @@ def test_the_discriminators_own_times_are_drawn_in_their_range_and_leave_every_o
     torch.testing.assert_close(drawn.terms["real_t"], 0.02 + 0.38 * unit)
     assert float(drawn.terms["gan_t"].min()) >= 0.02 and float(drawn.terms["gan_t"].max()) <= 0.4
     x = torch.randn_like(x0)
-    x_t, t = object(), object()
-    assert DMD2Distill().gan_input(x, plain, x_t, t) == (x_t, t)  # the VSD loss's noised sample
-    read, at = low.gan_input(x, drawn, x_t, t)
+    read, at = DMD2Distill().gan_input(x, plain)  # the VSD loss's noised sample
+    t = plain.terms["t"].reshape(-1, 1, 1, 1)
+    torch.testing.assert_close(read, (1 - t) * x + t * plain.terms["noise"])
+    assert at is plain.terms["t"]
+    read, at = low.gan_input(x, drawn)
     gan_t = drawn.terms["gan_t"].reshape(-1, 1, 1, 1)
     torch.testing.assert_close(read, (1 - gan_t) * x + gan_t * drawn.terms["noise"])
     assert at is drawn.terms["gan_t"]
