@@ -32,9 +32,10 @@ def roc_area(real: torch.Tensor, fake: torch.Tensor) -> float:
 def part_discriminator(result: dict, run: Path, count: int = 500, steps: int = 400, seed: int = 0) -> None:
     """The head of ``run``'s last checkpoint scored on ``count`` real and ``count`` generated images (one step of the
     run's exported generator, class-balanced: its EMA weights, where the run's discriminator saw the raw generator's
-    samples at both of its steps) noised at each of :data:`PROBE_TIMES`, then trained alone for ``steps``
-    steps at the run's batch (each of :data:`PROBES`, from the checkpoint, on other images than those scored) and
-    scored again; the mean loss of each probe's first and last fifth beside chance (2 ln 2)."""
+    samples at both of its steps) noised at each of :data:`PROBE_TIMES`, then trained alone for ``steps`` steps at
+    the run's batch and times (``distill.gan_time``, else the VSD loss's; each of :data:`PROBES`, from the checkpoint,
+    on other images than those scored) and scored again; the mean loss of each probe's first and last fifth beside
+    chance (2 ln 2)."""
     from safetensors.torch import load_file
 
     from moh_dit.data.training_data import load_data_space
@@ -86,11 +87,12 @@ def part_discriminator(result: dict, run: Path, count: int = 500, steps: int = 4
                 areas[f"{time:g}"] = roc_area(*logits)
         return areas
 
-    low, high = (float(v) for v in section.dmd_time)
+    low, high = (float(v) for v in section.gan_time or section.dmd_time)  # the times the run's discriminator read
     batch, rate = config.train.global_batch_size, section.fake_lr or config.optim.lr
     probes = {"checkpoint": {"area": scored(checkpointed())}}
     for trained, factor in PROBES:
         fake = checkpointed().train()
+        fake.score.requires_grad_(trained != "head")  # a head alone: no gradient through the backbone's weights
         params = fake.head.parameters() if trained == "head" else fake.parameters()
         optimizer = torch.optim.AdamW(params, lr=rate * factor, betas=tuple(config.optim.betas), weight_decay=0.0)
         draws, losses = torch.Generator().manual_seed(seed + 3), []
