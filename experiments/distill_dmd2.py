@@ -49,6 +49,10 @@ simulation, and the whole distillation within the teacher's training in network 
                               trajectories): the recording is half the full stage's cost, so a start as good as the
                               full one on a quarter of the set would leave DMD2 about three times the steps
     dmd2few-{kind}-g{r}-nogan the recipe without the GAN term from it, as `dmd2l-*`, for what the budget leaves
+    fewlow-{kind}, fewmid-{kind}  the cheaper start recorded at the lower and the middle guidance: the variety lever
+                              (recall) with the three times as many generator updates its curves still wanted
+    dmd2fewl-*, dmd2fewmid-*  the recipe without the GAN term from them (`-{kind}-g{r}-nogan`, and `-ema998`: the
+                              start's share held over the longer stage, the cheaper start's best measured balance)
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -233,8 +237,10 @@ def dmd2_arms(
         arms[f"mid-{kind}"] = (config, [*overrides, f"distill.guidance_scale={MID_SCALE[kind]}"])
         few = max(1, loaded.distill.trajectory_count // FEW_SHARE)
         arms[f"few-{kind}"] = (config, [*overrides, f"distill.trajectory_count={few}"])
+        for name, scale in (("fewlow", LOW_SCALE[kind]), ("fewmid", MID_SCALE[kind])):  # the two levers together
+            arms[f"{name}-{kind}"] = (config, [*arms[f"few-{kind}"][1], f"distill.guidance_scale={scale}"])
         # the recipe from the lower-guidance starts, from the start on a quarter of the set, and from the MeanFlow student
-        for prefix in ("dmd2l", "dmd2mid", "dmd2few", "dmd2m"):
+        for prefix in ("dmd2l", "dmd2mid", "dmd2few", "dmd2fewl", "dmd2fewmid", "dmd2m"):
             origin = _started(runs, f"{prefix}-{kind}", seed)
             arms[f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
                 FROM_SHORT[kind],
@@ -242,7 +248,7 @@ def dmd2_arms(
             )
         dmd2l = f"dmd2l-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
         arms[f"{dmd2l}-x4"] = arms[dmd2l]  # the variety lever's curve still fell at the budget's end
-        for prefix in ("dmd2f", "dmd2few"):  # the recipe and the cheaper start's, the start held by a longer EMA
+        for prefix in ("dmd2f", "dmd2few", "dmd2fewl", "dmd2fewmid"):  # the start held by a longer EMA
             name = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
             config, extra = arms[name]
             for suffix, decay in ANCHORS.items():
@@ -303,9 +309,9 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 
 # the arms whose length the budget sets
-STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
+STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
 # every arm of these measurements, by its name's start
-ARMS = ("short-", "half-", "low-", "mid-", "few-", "uni-", *STAGES)
+ARMS = ("short-", "half-", "low-", "mid-", "few-", "fewlow-", "fewmid-", "uni-", *STAGES)
 
 
 def budget_arm(arm: str) -> bool:
@@ -314,7 +320,7 @@ def budget_arm(arm: str) -> bool:
 
 
 # a stage's prefix: the arm it starts from, by its name's start
-STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2few-": "few", "dmd2m-": "meanflow",
+STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2few-": "few", "dmd2fewl-": "fewlow", "dmd2fewmid-": "fewmid", "dmd2m-": "meanflow",
           "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
 
 
