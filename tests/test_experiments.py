@@ -965,6 +965,19 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
             and distill_dmd2.over_budget(anchored) == 1
         )
         assert distill_dmd2.budget_arm(anchored) and not distill.selected(anchored, 1, None)
+    # the two levers together: the cheaper start recorded at the lower (middle) guidance, the recipe from it held by the
+    # longer EMA; the recipe's own settings, only the start differs from the cheaper start's held recipe
+    for start, scale in (("fewlow", distill_dmd2.LOW_SCALE), ("fewmid", distill_dmd2.MID_SCALE)):
+        assert arms[f"{start}-ddpm"][1] == [*arms["few-ddpm"][1], f"distill.guidance_scale={scale['ddpm']}"]
+        stage = {"fewlow": "dmd2fewl", "fewmid": "dmd2fewmid"}[start] + "-ddpm-g4-nogan-ema998"
+        assert distill_dmd2.start_of(stage) == f"{start}-ddpm" and distill_dmd2.budget_arm(stage)
+        assert arms[stage] == (
+            arms["dmd2few-ddpm-g4-nogan-ema998"][0],
+            [o.replace("few-ddpm-seed1", f"{start}-ddpm-seed1") for o in arms["dmd2few-ddpm-g4-nogan-ema998"][1]],
+        )
+        assert not distill_dmd2.budget_arm(f"{start}-ddpm") and distill.scored_steps(f"{start}-ddpm") == (1, 2)
+        loaded = distill_dmd2.load_arm(*arms[f"{start}-ddpm"]).distill
+        assert (loaded.trajectory_count, loaded.guidance_scale) == (full_count // 4, scale["ddpm"])
     held = arms["dmd2f-ddpm-g4-nogan-ema99874-x4"]  # past the budget with the recipe's share of the start held
     assert held == (arms["dmd2f-ddpm-g4-nogan"][0], [*arms["dmd2f-ddpm-g4-nogan"][1], "ema.decay=0.99874"])
     assert distill_dmd2.over_budget("dmd2f-ddpm-g4-nogan-ema99874-x4") == 4 and 0.43 < 0.99874**652 < 0.45
