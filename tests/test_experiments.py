@@ -978,6 +978,14 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         assert not distill_dmd2.budget_arm(f"{start}-ddpm") and distill.scored_steps(f"{start}-ddpm") == (1, 2)
         loaded = distill_dmd2.load_arm(*arms[f"{start}-ddpm"]).distill
         assert (loaded.trajectory_count, loaded.guidance_scale) == (full_count // 4, scale["ddpm"])
+    # the two-step grid's middle: the recipe with only distill.dmd_midpoint changed, within the budget
+    recipe = distill_dmd2.load_arm(*arms["dmd2f-flow-g3-nogan"]).distill
+    for middle in distill_dmd2.MIDDLES:
+        moved = distill_dmd2.load_arm(*arms[f"dmd2f-flow-g3-nogan-middle{middle:g}"]).distill
+        assert recipe.dmd_midpoint == 0.5 and moved.dmd_midpoint == middle and moved != recipe
+        assert vars(moved) | {"dmd_midpoint": 0.5} == vars(recipe)
+        assert distill_dmd2.over_budget(f"dmd2f-flow-g3-nogan-middle{middle:g}") == 1
+    assert "dmd2few-flow-g3-nogan-middle0.3" not in arms
     held = arms["dmd2f-ddpm-g4-nogan-ema99874-x4"]  # past the budget with the recipe's share of the start held
     assert held == (arms["dmd2f-ddpm-g4-nogan"][0], [*arms["dmd2f-ddpm-g4-nogan"][1], "ema.decay=0.99874"])
     assert distill_dmd2.over_budget("dmd2f-ddpm-g4-nogan-ema99874-x4") == 4 and 0.43 < 0.99874**652 < 0.45
