@@ -1,10 +1,12 @@
 """The docs keep up with the code: docs/architecture.md names every module of the package and no other, the
 README stays a front door, and every relative link in the docs leads to a file that exists."""
 
+import functools
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DOC_PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the pages linked
 
 
 def test_the_architecture_table_names_every_module_and_no_other():
@@ -41,13 +43,14 @@ def test_the_ci_runs_the_readme_test_command():
 
 def test_relative_links_in_the_docs_lead_somewhere():
     broken = []
-    for page in [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")]:
+    for page in DOC_PAGES:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if not target.startswith(("http://", "https://", "mailto:")) and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, broken
 
 
+@functools.cache  # read once per page, not once per link to it
 def heading_anchors(page: Path) -> set[str]:
     """The anchors GitHub gives ``page``'s headings (lower case, punctuation dropped, spaces to hyphens, a repeated
     heading numbered from -1), code blocks left out."""
@@ -72,7 +75,7 @@ def test_heading_anchors_follow_githubs_rule():
 def test_links_to_a_section_name_a_heading_there():
     """A section renamed leaves links to its old anchor leading to the top of the page: each is named here."""
     broken = []
-    for page in [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")]:
+    for page in DOC_PAGES:
         for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
             dest = page if not target else page.parent / target
             if dest.suffix == ".md" and dest.exists() and anchor not in heading_anchors(dest):
