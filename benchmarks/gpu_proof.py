@@ -13,7 +13,8 @@ On a GPU, at 256 px latents (4 x 32 x 32), bf16 autocast, AdamW:
 
 Each figure is a ratio against its baseline measured in the same run; medians of several rounds. ``--dry-run`` runs
 every step at toy size on the CPU (a model of width 64, depth 2 and 16 heads of 4, batch 2, one round, compilation by torch's eager
-backend), in well under two minutes. A plan with each step's estimated seconds on an H100 is printed first.
+backend), in well under two minutes. A plan with each step's seconds on an H200 is printed first. ``--budget``
+starts no measurement past a number of seconds (the compiled arms run last).
 
     python benchmarks/gpu_proof.py --out runs/gpu-proof           # on the GPU machine (scripts/gpu_proof.sh)
     python benchmarks/gpu_proof.py --out /tmp/proof --dry-run     # anywhere: every step at toy size
@@ -30,7 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if not __package__:  # run as a file (python benchmarks/x.py): the repository root holds the benchmarks package
@@ -72,14 +73,14 @@ TRAIN_ARMS = [
     ("MoH-DiT-XL/2-90, auto", MOH, "auto", False, False),
     ("MoH-DiT-XL/2-90, auto, compiled", MOH, "auto", True, False),
 ]
-# estimated seconds on one H100 (bf16, XL/2, batch 32: about 0.15 s a step eager; inductor compiles in about two
-# minutes a model), the whole under 8 minutes with the tests
+# seconds on one H200 (2026-12-04, benchmarks/results/gpu/: the eager arms as measured there, each including its
+# build; the compilations not yet measured, estimated at about two minutes a model), the whole under 8 minutes
 PLAN = {
-    "install the carried wheels": 20,
-    "CUDA-marked tests and a short selection of the suite": 45,
+    "install the carried wheels": 12,
+    "CUDA-marked tests and a short selection of the suite": 56,
     **{f"train: {row}": (110 if compiled else 20) for row, _, _, compiled, _ in TRAIN_ARMS},
-    "sample: MoH-DiT-XL/2-90 Euler 25 + CFG, auto and dense": 45,
-    "memory: batch 32 and 64, with and without gradient checkpointing": 40,
+    "sample: MoH-DiT-XL/2-90 Euler 25 + CFG, auto and dense": 40,
+    "memory: batch 32 and 64, with and without gradient checkpointing": 50,
 }
 
 
@@ -87,7 +88,7 @@ def print_plan(dry_run: bool) -> None:
     total = sum(PLAN.values())
     print(f"GPU proof plan ({'dry run at toy size on this machine' if dry_run else 'on this GPU'}):", flush=True)
     for step, seconds in PLAN.items():
-        print(f"  {step:<68} ~{seconds:>4d} s on an H100", flush=True)
+        print(f"  {step:<68} ~{seconds:>4d} s on an H200", flush=True)
     print(f"  {'total':<68} ~{total:>4d} s ({total / 60:.1f} min)", flush=True)
 
 
@@ -161,12 +162,19 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def measure_training(scale: Scale, device: torch.device, dtype: torch.dtype, peak: float | None) -> list[dict]:
+def measure_training(
+    scale: Scale, device: torch.device, dtype: torch.dtype, peak: float | None, arms: list[tuple], deadline: float
+) -> list[dict]:
+    """The given training arms' rows; an arm that would start after ``deadline`` (perf_counter seconds) is recorded
+    as skipped rather than run, so that a lent machine's time limit cuts the proof short without losing it."""
     from moh_dit.interop.diffusers_dit import to_diffusers
     from moh_dit.model.flops import forward_flops
 
     rows = []
-    for row, preset, execution, compiled, diffusers_model in TRAIN_ARMS:
+    for row, preset, execution, compiled, diffusers_model in arms:
+        if time.perf_counter() > deadline:
+            rows.append(skipped(row, "images_per_s"))
+            continue
         started = time.perf_counter()
         model = build(preset, scale, device, execution)
         flops = forward_flops(model, active_heads=True).training_step(3)
@@ -185,13 +193,23 @@ def measure_training(scale: Scale, device: torch.device, dtype: torch.dtype, pea
         print(f"train: {row}: {rate:.1f} images/s ({rows[-1]['seconds']:.0f} s)", flush=True)
         del model, net
         release(device)
-    base = rows[0]["images_per_s"]
-    for r in rows:
-        r["vs_baseline"] = r["images_per_s"] / base
     return rows
 
 
-def measure_sampling(scale: Scale, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def skipped(arm: str, value: str) -> dict:
+    print(f"skipped (past the time budget): {arm}", flush=True)
+    return {"arm": arm, value: None, "skipped": "past the time budget"}
+
+
+def against_first(rows: list[dict], value: str) -> list[dict]:
+    """Each row's ``vs_baseline``: its value over the first row's (None where either was not measured)."""
+    base = rows[0][value] if rows else None
+    for r in rows:
+        r["vs_baseline"] = r[value] / base if base and r[value] is not None else None
+    return rows
+
+
+def measure_sampling(scale: Scale, device: torch.device, dtype: torch.dtype, deadline: float) -> list[dict]:
     from moh_dit.sampling.pipeline import MoHDiTPipeline
     from moh_dit.sampling.spec import SamplingSpec
 
@@ -202,20 +220,23 @@ def measure_sampling(scale: Scale, device: torch.device, dtype: torch.dtype) -> 
     labels = [i % 1000 for i in range(scale.sample_batch)]
     noise = torch.randn(scale.sample_batch, 4, scale.latent, scale.latent, generator=torch.Generator().manual_seed(0))
     noise = noise.to(device, dtype)
+    timing = replace(scale, warmup=1, per_round=1)  # a draw of 25 steps at batch 64 is seconds long: one a round
     rows = []
     for execution in ("dense", "auto"):
+        arm = f"{MOH}, Euler {scale.sample_steps} + CFG 4, {execution}"
+        if time.perf_counter() > deadline:
+            rows.append(skipped(arm, "images_per_s"))
+            continue
         model.set_attention_execution(execution)
 
         def draw() -> None:
             with torch.no_grad():
                 pipe(class_labels=labels, sampling=spec, latents=noise, output_type="latent", progress=False)
 
-        rate = median_rate(draw, scale.sample_batch, scale, device)
-        rows.append(dict(arm=f"{MOH}, Euler {scale.sample_steps} + CFG 4, {execution}", images_per_s=rate))
+        rate = median_rate(draw, scale.sample_batch, timing, device)
+        rows.append(dict(arm=arm, images_per_s=rate))
         print(f"sample: {execution}: {rate:.2f} images/s", flush=True)
-    for r in rows:
-        r["vs_baseline"] = r["images_per_s"] / rows[0]["images_per_s"]
-    return rows
+    return against_first(rows, "images_per_s")
 
 
 def peak_bytes(step: Callable[[], None], device: torch.device) -> float | None:
@@ -230,40 +251,70 @@ def peak_bytes(step: Callable[[], None], device: torch.device) -> float | None:
     return float(torch.cuda.max_memory_allocated(device))
 
 
-def measure_memory(scale: Scale, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def measure_memory(scale: Scale, device: torch.device, dtype: torch.dtype, deadline: float) -> list[dict]:
     rows = []
     for batch in scale.memory_batches:
         for checkpointing in (False, True):
+            arm = f"{MOH}, batch {batch}" + (", checkpointing" if checkpointing else "")
+            if time.perf_counter() > deadline:
+                rows.append(skipped(arm, "peak_gb"))
+                continue
             model = build(MOH, scale, device, "auto").train()
             if checkpointing:
                 model.enable_gradient_checkpointing()
             peak = peak_bytes(training_step(model, scale, device, dtype, batch, False), device)
-            rows.append(dict(arm=f"{MOH}, batch {batch}" + (", checkpointing" if checkpointing else ""),
-                             peak_gb=None if peak is None else peak / 1e9))  # fmt: skip
+            rows.append(dict(arm=arm, peak_gb=None if peak is None else peak / 1e9))
             print(f"memory: {rows[-1]['arm']}: {rows[-1]['peak_gb']}", flush=True)
             del model
             release(device)
-    base = rows[0]["peak_gb"]
-    for r in rows:
-        r["vs_baseline"] = r["peak_gb"] / base if base and r["peak_gb"] is not None else None
-    return rows
+    return against_first(rows, "peak_gb")
 
 
 def table(rows: list[dict], value: str, unit: str) -> list[str]:
     lines = [f"| arm | {unit} | vs the first row |", "|---|---|---|"]
     for r in rows:
-        shown = "n/a" if r[value] is None else f"{r[value]:.3g}"
+        shown = r.get("skipped", "n/a") if r[value] is None else f"{r[value]:.3g}"
         ratio = "n/a" if r.get("vs_baseline") is None else f"{r['vs_baseline']:.2f}x"
         extra = f" (MFU {r['mfu']:.1%})" if r.get("mfu") is not None else ""
         lines.append(f"| {r['arm']} | {shown}{extra} | {ratio} |")
     return lines
 
 
+def report(out: Path, scale: Scale, result: dict) -> None:
+    """Write what has been measured so far (each section rewrites it: a run cut short still leaves its numbers)."""
+    title = "dry run at toy size" if result["dry_run"] else f"{result['device']}, torch {result['torch']}"
+    lines = [
+        f"# GPU proof ({title})",
+        "",
+        f"Training step at batch {scale.batch}, {result['dtype']}, latents 4 x {scale.latent}^2; MFU against "
+        f"{result['peak_source']}:",
+        "",
+        *table(result.get("training", []), "images_per_s", "images/s"),
+        "",
+        f"Sampling, batch {scale.sample_batch}:",
+        "",
+        *table(result.get("sampling", []), "images_per_s", "images/s"),
+        "",
+        "Peak memory of a training step:",
+        "",
+        *table(result.get("memory", []), "peak_gb", "GB"),
+        "",
+        f"Measured in {result['seconds']:.0f} s" + ("." if result["complete"] else " so far (not finished)."),
+    ]
+    device_tag = "dry_run" if result["dry_run"] else result["device"].lower().replace(" ", "_")
+    write_report(out, f"gpu_proof_{device_tag}", result, lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="folder of gpu_proof_<device>.{json,md}")
     p.add_argument("--dry-run", action="store_true", help="every step at toy size on this machine's device")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="start no measurement after this many seconds (the rest is recorded as skipped); "
+                        "the compiled training arms run last, so a short budget drops them first")  # fmt: skip
     args = p.parse_args(argv)
+    if args.budget is not None and args.budget <= 0:
+        raise SystemExit(f"--budget must be a positive number of seconds, got {args.budget:g}")
     print_plan(args.dry_run)
     from moh_dit.training.throughput import peak_tflops
 
@@ -274,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     peak, peak_source = peak_tflops(device, "bf16" if dtype == torch.bfloat16 else "no")
     started = time.perf_counter()
+    deadline = started + (args.budget if args.budget is not None else float("inf"))
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
@@ -281,32 +333,26 @@ def main(argv: list[str] | None = None) -> dict:
         "dtype": str(dtype).removeprefix("torch."),
         "peak_tflops": peak,
         "peak_source": peak_source,
-        "training": measure_training(scale, device, dtype, peak),
-        "sampling": measure_sampling(scale, device, dtype),
-        "memory": measure_memory(scale, device, dtype),
+        "budget_s": args.budget,
+        "complete": False,
     }
-    result["seconds"] = time.perf_counter() - started
-    title = "dry run at toy size" if args.dry_run else f"{result['device']}, torch {result['torch']}"
-    lines = [
-        f"# GPU proof ({title})",
-        "",
-        f"Training step at batch {scale.batch}, {result['dtype']}, latents 4 x {scale.latent}^2; MFU against "
-        f"{peak_source}:",
-        "",
-        *table(result["training"], "images_per_s", "images/s"),
-        "",
-        f"Sampling, batch {scale.sample_batch}:",
-        "",
-        *table(result["sampling"], "images_per_s", "images/s"),
-        "",
-        "Peak memory of a training step:",
-        "",
-        *table(result["memory"], "peak_gb", "GB"),
-        "",
-        f"Measured in {result['seconds']:.0f} s.",
-    ]
-    device_tag = "dry_run" if args.dry_run else result["device"].lower().replace(" ", "_")
-    write_report(args.out, f"gpu_proof_{device_tag}", result, lines)
+    eager = [arm for arm in TRAIN_ARMS if not arm[3]]
+    sections = (  # the eager arms, sampling and memory first; the compilations (the slow part) last
+        ("training", lambda: measure_training(scale, device, dtype, peak, eager, deadline)),
+        ("sampling", lambda: measure_sampling(scale, device, dtype, deadline)),
+        ("memory", lambda: measure_memory(scale, device, dtype, deadline)),
+        ("training", lambda: measure_training(scale, device, dtype, peak, [a for a in TRAIN_ARMS if a[3]], deadline)),
+    )
+    for key, measure in sections:
+        rows = result.get(key, []) + measure()
+        if key == "training":  # the table's order, the baseline first
+            rows.sort(key=lambda r: [a[0] for a in TRAIN_ARMS].index(r["arm"]))
+            against_first(rows, "images_per_s")
+        result[key] = rows
+        result["seconds"] = time.perf_counter() - started
+        report(args.out, scale, result)
+    result["complete"] = True
+    report(args.out, scale, result)
     return result
 
 

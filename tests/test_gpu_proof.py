@@ -44,7 +44,7 @@ def test_the_dry_run_runs_every_step_and_reports(tmp_path):
     assert len(result["memory"]) == 4
     assert result["training"][0]["vs_baseline"] == 1.0 and all(r["images_per_s"] > 0 for r in result["training"])
     assert "| diffusers DiT-XL/2, plain loop |" in (out / "gpu_proof_dry_run.md").read_text()
-    assert "total" in run.stdout and "on an H100" in run.stdout
+    assert "total" in run.stdout and "on an H200" in run.stdout
 
 
 def test_the_plan_fits_the_gpus_time_and_the_real_run_needs_a_gpu(monkeypatch):
@@ -64,3 +64,23 @@ def test_the_script_says_what_it_needs(tmp_path):
     run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_proof.sh"), str(tmp_path / "o")], env=env,
                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert run.returncode != 0 and "run scripts/gpu_wheels.sh" in run.stderr
+
+
+def test_a_budget_records_what_it_did_not_start_as_skipped(tmp_path):
+    """A lent machine's time limit: past --budget no measurement starts; the rest is recorded, the report written."""
+    from benchmarks import gpu_proof
+
+    result = gpu_proof.main(["--out", str(tmp_path), "--dry-run", "--budget", "1e-9"])
+    rows = result["training"] + result["sampling"] + result["memory"]
+    assert result["complete"] and len(rows) == 12
+    assert all(r["skipped"] == "past the time budget" and r["vs_baseline"] is None for r in rows)
+    assert [r["arm"] for r in result["training"]] == [a[0] for a in gpu_proof.TRAIN_ARMS]  # the table's order
+    assert (
+        "| moh-dit DiT-XL/2, compiled | past the time budget | n/a |"
+        in (tmp_path / "gpu_proof_dry_run.md").read_text()
+    )
+    with pytest.raises(SystemExit, match="--budget must be a positive"):
+        gpu_proof.main(["--out", str(tmp_path), "--dry-run", "--budget", "0"])
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_proof.sh"), "--budget", "soon", str(tmp_path)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 2 and "--budget takes a whole number of seconds" in run.stderr
