@@ -23,6 +23,7 @@ simulation, and the whole distillation within the teacher's training in network 
                               ends); what the budget leaves is about 830 steps
         -nogan                the same without the GAN term (`dmd2t`'s recipe with two steps by backward simulation)
         -nogan-f1             and one fake-score update per generator update: 2.2x the generator updates
+        -nogan-f8             and eight: a fake score that tracks the generator more closely, at 0.55x the updates
         -nogan-x4             four times the steps the budget leaves (a measurement over the budget, reported as
                               such: where the curve that was still falling at the budget's end turns)
         -nogan-middle{m}      the two-step grid's middle at m (:data:`MIDDLES`) instead of 0.5, in training and
@@ -163,6 +164,7 @@ GAN_ONLY = {"vsd_weight": 0.0, "gan_weight": 1.0, "fake_updates": 1}
 FULL_VARIANTS = {
     "nogan": VARIANTS["nogan"],
     "nogan-f1": VARIANTS["nogan"] | VARIANTS["f1"],
+    "nogan-f8": VARIANTS["nogan"] | {"distill.fake_updates": 8},  # whether a lagging fake score makes VSD seek modes
     "nogan-x4": VARIANTS["nogan"],
 }
 # the EMA's hold on the start: the generator's EMA steps once per generator update, so at the recipe's decay (0.995)

@@ -1528,6 +1528,9 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     assert over_budget("dmd2f-flow-g3-nogan-x4") == 4 and over_budget("dmd2f-flow-g3-nogan") == 1
     config4, overrides4 = arms["dmd2f-flow-g3-nogan-x4"]
     assert overrides4 == overrides and arms["dmd2f-flow-g3-nogan-f1"][1][-1] == "distill.fake_updates=1"
+    assert arms["dmd2f-ddpm-g4-nogan-f8"][1][-1] == "distill.fake_updates=8"
+    (length8, _), _ = fill_budget(*arms["dmd2f-flow-g3-nogan-f8"], spent, distill.SCALES["cpu"])
+    assert int(length8.split("=")[1]) % 9 == 0  # whole cycles of one generator and eight fake-score updates
     (length4, checkpoints4), evals4 = fill_budget(config4, overrides4, spent, distill.SCALES["cpu"], 4)
     assert length4 == f"train.max_steps={4 * steps}" and (checkpoints4, evals4) == (checkpoints, evals)
     for longer in ("ect-flow-uniform-x4", "dmd2l-ddpm-g4-nogan-x4"):  # the two still falling at the budget's end
