@@ -8,7 +8,8 @@
 #   bash scripts/gpu_proof.sh --budget 330 OUT  # start no measurement after 330 s (a lent machine's time limit):
 #                                            # the rest is recorded as skipped, the compilations first
 #
-# With the device tool: run(command="bash scripts/gpu_proof.sh benchmarks/results/gpu", carry=["gpu_wheels"]).
+# With the device tool (15 minutes a session, the machine's start included):
+#   run(command="bash scripts/gpu_proof.sh --budget 250 $OUT", carry=["gpu_wheels"])
 # OUT gets gpu_proof_<device>.{json,md} (rewritten after each section), steps.log (each step's seconds) and tests.log.
 # A failing test does not stop the measurements; the proof then exits non-zero. Wheels: $MOH_DIT_WHEELS (gpu_wheels/).
 set -euo pipefail
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     --budget)
       [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "error: --budget takes a whole number of seconds" >&2; exit 2; }
       budget=(--budget "$2"); shift ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;  # the header, however long
     -*) echo "error: unknown option $1 (--dry-run, --budget SECONDS, or a folder)" >&2; exit 2 ;;
     *) out=$1 ;;
   esac

@@ -58,6 +58,8 @@ def test_the_plan_fits_the_gpus_time_and_the_real_run_needs_a_gpu(monkeypatch):
 
 
 def test_the_script_says_what_it_needs(tmp_path):
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_proof.sh"), "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "--budget" in run.stdout and run.stdout.splitlines()[-1].startswith("# A failing")
     run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_proof.sh")], capture_output=True, text=True)
     assert run.returncode == 2 and "give the folder" in run.stderr
     env = dict(os.environ, MOH_DIT_WHEELS=str(tmp_path / "none"), PYTHON=sys.executable)
