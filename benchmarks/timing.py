@@ -42,8 +42,11 @@ def interleaved_rounds(
 
 
 def write_report(out: Path, stem: str, result: dict, lines: list[str]) -> None:
-    """``<stem>.json`` (the result) and ``<stem>.md`` (the lines) under ``out``; the table is printed too."""
+    """``<stem>.json`` (the result) and ``<stem>.md`` (the lines) under ``out``, each written atomically (a report
+    rewritten as a run goes, as the GPU proof's, is never left half-written by a kill); the table is printed too."""
+    from moh_dit.files import atomic_write_text
+
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out / f"{stem}.json", json.dumps(result, indent=2, default=str))
+    atomic_write_text(out / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -439,3 +439,25 @@ def test_no_benchmark_or_script_writes_into_committed_files_by_default():
                     continue  # the user names the folder every time (the GPU proof)
                 text = options["default"]
                 assert "DEFAULT_OUT" in text or text.startswith("'runs/"), (script.name, text)
+
+
+def test_a_report_rewritten_as_a_run_goes_is_never_left_half_written(tmp_path, monkeypatch):
+    """write_report replaces each file whole: a write that dies leaves the previous report as it was, no stray file."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.timing import write_report
+
+    write_report(tmp_path, "r", {"rows": 1}, ["| a |"])
+    real = Path.write_text
+
+    def dies(self, text, *args, **kwargs):
+        real(self, text[: len(text) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", dies)
+    with pytest.raises(OSError, match="disk full"):
+        write_report(tmp_path, "r", {"rows": 2}, ["| b |"])
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "r.json").read_text()) == {"rows": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.md"]
