@@ -280,8 +280,9 @@ def table(rows: list[dict], value: str, unit: str) -> list[str]:
     return lines
 
 
-def report(out: Path, scale: Scale, result: dict) -> None:
-    """Write what has been measured so far (each section rewrites it: a run cut short still leaves its numbers)."""
+def report(out: Path, scale: Scale, result: dict, echo: bool = True) -> None:
+    """Write what has been measured so far (each section rewrites it: a run cut short still leaves its numbers);
+    ``echo``: print the tables too."""
     title = "dry run at toy size" if result["dry_run"] else f"{result['device']}, torch {result['torch']}"
     lines = [
         f"# GPU proof ({title})",
@@ -302,7 +303,7 @@ def report(out: Path, scale: Scale, result: dict) -> None:
         f"Measured in {result['seconds']:.0f} s" + ("." if result["complete"] else " so far (not finished)."),
     ]
     device_tag = "dry_run" if result["dry_run"] else result["device"].lower().replace(" ", "_")
-    write_report(out, f"gpu_proof_{device_tag}", result, lines)
+    write_report(out, f"gpu_proof_{device_tag}", result, lines, echo)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -336,21 +337,22 @@ def main(argv: list[str] | None = None) -> dict:
         "budget_s": args.budget,
         "complete": False,
     }
-    eager = [arm for arm in TRAIN_ARMS if not arm[3]]
+    eager, compiled = ([arm for arm in TRAIN_ARMS if arm[3] == c] for c in (False, True))
+    order = [arm[0] for arm in TRAIN_ARMS]  # the table's, the baseline first
     sections = (  # the eager arms, sampling and memory first; the compilations (the slow part) last
         ("training", lambda: measure_training(scale, device, dtype, peak, eager, deadline)),
         ("sampling", lambda: measure_sampling(scale, device, dtype, deadline)),
         ("memory", lambda: measure_memory(scale, device, dtype, deadline)),
-        ("training", lambda: measure_training(scale, device, dtype, peak, [a for a in TRAIN_ARMS if a[3]], deadline)),
+        ("training", lambda: measure_training(scale, device, dtype, peak, compiled, deadline)),
     )
     for key, measure in sections:
         rows = result.get(key, []) + measure()
-        if key == "training":  # the table's order, the baseline first
-            rows.sort(key=lambda r: [a[0] for a in TRAIN_ARMS].index(r["arm"]))
+        if key == "training":
+            rows.sort(key=lambda r: order.index(r["arm"]))
             against_first(rows, "images_per_s")
         result[key] = rows
         result["seconds"] = time.perf_counter() - started
-        report(args.out, scale, result)
+        report(args.out, scale, result, echo=False)  # the files only: the rows were printed as they came
     result["complete"] = True
     report(args.out, scale, result)
     return result

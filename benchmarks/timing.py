@@ -41,12 +41,14 @@ def interleaved_rounds(
     return seconds
 
 
-def write_report(out: Path, stem: str, result: dict, lines: list[str]) -> None:
+def write_report(out: Path, stem: str, result: dict, lines: list[str], echo: bool = True) -> None:
     """``<stem>.json`` (the result) and ``<stem>.md`` (the lines) under ``out``, each written atomically (a report
-    rewritten as a run goes, as the GPU proof's, is never left half-written by a kill); the table is printed too."""
+    rewritten as a run goes, as the GPU proof's, is never left half-written by a kill); the table is printed too
+    unless ``echo`` is false."""
     from moh_dit.files import atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"{stem}.json", json.dumps(result, indent=2, default=str))
     atomic_write_text(out / f"{stem}.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if echo:
+        print("\n".join(lines))
