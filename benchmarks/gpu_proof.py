@@ -81,13 +81,35 @@ PLAN = {
     **{f"train: {row}": (110 if compiled else 20) for row, _, _, compiled, _ in TRAIN_ARMS},
     "sample: MoH-DiT-XL/2-90 Euler 25 + CFG, auto and dense": 40,
     "memory: batch 32 and 64, with and without gradient checkpointing": 50,
+    # the sections a plain proof leaves out (--sections): benchmarks/gpu_diagnosis.py
+    "profile: diffusers' DiT-XL/2 and moh-dit's, one training step each": 40,
+    "calibrate: benchmarks/attention.py --calibrate, bf16": 150,
 }
+# --sections: the proof's own four by default; profile and calibrate on demand (benchmarks/gpu_diagnosis.py)
+SECTIONS = ("training", "sampling", "memory", "compiled", "profile", "calibrate")
+DEFAULT_SECTIONS = SECTIONS[:4]
 
 
-def print_plan(dry_run: bool) -> None:
-    total = sum(PLAN.values())
-    print(f"GPU proof plan ({'dry run at toy size on this machine' if dry_run else 'on this GPU'}):", flush=True)
+def plan_steps(sections: tuple[str, ...]) -> dict[str, int]:
+    """The plan's steps that the chosen sections run (install and tests always)."""
+    prefix = {"training": "train: ", "compiled": "train: ", "sampling": "sample: ", "memory": "memory: ",
+              "profile": "profile: ", "calibrate": "calibrate: "}  # fmt: skip
+    compiled_rows = {f"train: {row}" for row, _, _, compiled, _ in TRAIN_ARMS if compiled}
+    chosen = {}
     for step, seconds in PLAN.items():
+        owner = [s for s, pre in prefix.items() if step.startswith(pre)]
+        if owner and step.startswith("train: "):
+            owner = ["compiled" if step in compiled_rows else "training"]
+        if not owner or owner[0] in sections:
+            chosen[step] = seconds
+    return chosen
+
+
+def print_plan(dry_run: bool, sections: tuple[str, ...] = DEFAULT_SECTIONS) -> None:
+    steps = plan_steps(sections)
+    total = sum(steps.values())
+    print(f"GPU proof plan ({'dry run at toy size on this machine' if dry_run else 'on this GPU'}):", flush=True)
+    for step, seconds in steps.items():
         print(f"  {step:<68} ~{seconds:>4d} s on an H200", flush=True)
     print(f"  {'total':<68} ~{total:>4d} s ({total / 60:.1f} min)", flush=True)
 
@@ -300,6 +322,17 @@ def report(out: Path, scale: Scale, result: dict, echo: bool = True) -> None:
         "",
         *table(result.get("memory", []), "peak_gb", "GB"),
         "",
+    ]
+    if "profile" in result or "calibration" in result:
+        from benchmarks.gpu_diagnosis import calibration_lines, profile_table
+
+        if "profile" in result:
+            lines += ["Where a training step's time goes (device time per step, by kind):", ""]
+            lines += [*profile_table(result["profile"]), ""]
+        if "calibration" in result:
+            lines += ["Calibration of `auto` (benchmarks/attention.py --calibrate):", ""]
+            lines += [*calibration_lines(result["calibration"]), ""]
+    lines += [
         f"Measured in {result['seconds']:.0f} s" + ("." if result["complete"] else " so far (not finished)."),
     ]
     device_tag = "dry_run" if result["dry_run"] else result["device"].lower().replace(" ", "_")
@@ -313,10 +346,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="start no measurement after this many seconds (the rest is recorded as skipped); "
                         "the compiled training arms run last, so a short budget drops them first")  # fmt: skip
+    p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS), metavar="LIST",
+                   help=f"comma-separated, run in this order: {', '.join(SECTIONS)} (default: "
+                        f"{','.join(DEFAULT_SECTIONS)}; 'compiled' is the training table's compiled arms, measured "
+                        "beside its eager ones only with 'training')")  # fmt: skip
     args = p.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         raise SystemExit(f"--budget must be a positive number of seconds, got {args.budget:g}")
-    print_plan(args.dry_run)
+    sections = tuple(s for s in args.sections.split(",") if s)
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or not sections:
+        raise SystemExit(f"--sections: unknown section(s) {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(SECTIONS)}")  # fmt: skip
+    print_plan(args.dry_run, sections)
     from moh_dit.training.throughput import peak_tflops
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -339,18 +381,23 @@ def main(argv: list[str] | None = None) -> dict:
     }
     eager, compiled = ([arm for arm in TRAIN_ARMS if arm[3] == c] for c in (False, True))
     order = [arm[0] for arm in TRAIN_ARMS]  # the table's, the baseline first
-    sections = (  # the eager arms, sampling and memory first; the compilations (the slow part) last
-        ("training", lambda: measure_training(scale, device, dtype, peak, eager, deadline)),
-        ("sampling", lambda: measure_sampling(scale, device, dtype, deadline)),
-        ("memory", lambda: measure_memory(scale, device, dtype, deadline)),
-        ("training", lambda: measure_training(scale, device, dtype, peak, compiled, deadline)),
-    )
-    for key, measure in sections:
-        rows = result.get(key, []) + measure()
+    from benchmarks.gpu_diagnosis import measure_calibration, measure_profile  # it imports this module
+
+    measures = {  # section: (result key, measure); the default order puts the compilations (the slow part) last
+        "training": ("training", lambda: measure_training(scale, device, dtype, peak, eager, deadline)),
+        "sampling": ("sampling", lambda: measure_sampling(scale, device, dtype, deadline)),
+        "memory": ("memory", lambda: measure_memory(scale, device, dtype, deadline)),
+        "compiled": ("training", lambda: measure_training(scale, device, dtype, peak, compiled, deadline)),
+        "profile": ("profile", lambda: measure_profile(scale, device, dtype, deadline)),
+        "calibrate": ("calibration", lambda: measure_calibration(args.out, device, args.dry_run, deadline)),
+    }
+    result["sections"] = list(sections)
+    for key, measure in (measures[s] for s in sections):
+        measured = measure()
         if key == "training":
-            rows.sort(key=lambda r: order.index(r["arm"]))
-            against_first(rows, "images_per_s")
-        result[key] = rows
+            measured = sorted(result.get(key, []) + measured, key=lambda r: order.index(r["arm"]))
+            against_first(measured, "images_per_s")
+        result[key] = measured
         result["seconds"] = time.perf_counter() - started
         report(args.out, scale, result, echo=False)  # the files only: the rows were printed as they came
     result["complete"] = True

@@ -7,6 +7,9 @@
 #   bash scripts/gpu_proof.sh --dry-run OUT  # every step at toy size on this machine (CPU), in well under 2 minutes
 #   bash scripts/gpu_proof.sh --budget 330 OUT  # start no measurement after 330 s (a lent machine's time limit):
 #                                            # the rest is recorded as skipped, the compilations first
+#   bash scripts/gpu_proof.sh --sections training,compiled,profile,calibrate OUT
+#                                            # these sections, in this order (default training,sampling,memory,
+#                                            # compiled; profile and calibrate: benchmarks/gpu_diagnosis.py)
 #
 # With the device tool (15 minutes a session, the machine's start included):
 #   run(command="bash scripts/gpu_proof.sh --budget 250 $OUT", carry=["gpu_wheels"])
@@ -17,14 +20,18 @@ cd "$(dirname "$0")/.."
 dry_run=0
 out=""
 budget=()
+sections=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --budget)
       [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "error: --budget takes a whole number of seconds" >&2; exit 2; }
       budget=(--budget "$2"); shift ;;
+    --sections)
+      [[ "${2:-}" =~ ^[a-z,]+$ ]] || { echo "error: --sections takes a comma-separated list (see --help)" >&2; exit 2; }
+      sections=(--sections "$2"); shift ;;
     -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;  # the header, however long
-    -*) echo "error: unknown option $1 (--dry-run, --budget SECONDS, or a folder)" >&2; exit 2 ;;
+    -*) echo "error: unknown option $1 (--dry-run, --budget SECONDS, --sections LIST, or a folder)" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
   shift
@@ -80,7 +87,7 @@ tests() {  # every CUDA-marked test, then a short selection of the suite (on the
 step --go-on "CUDA-marked tests and a short selection of the suite" tests
 dry=()
 [ "$dry_run" = 1 ] && dry=(--dry-run)
-step "measurements" "$python" benchmarks/gpu_proof.py --out "$out" "${dry[@]}" "${budget[@]}"
+step "measurements" "$python" benchmarks/gpu_proof.py --out "$out" "${dry[@]}" "${budget[@]}" "${sections[@]}"
 if [ -n "$failed" ]; then
   echo "done with failures:$failed see $out/tests.log" | tee -a "$log"
   exit 1
