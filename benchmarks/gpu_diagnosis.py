@@ -50,8 +50,10 @@ def profile_rows(events, steps: int, on_device: bool, top: int = 12) -> dict:
 
     spent = []
     for e in events:
-        if on_device:  # the kernels only: an operator's device time is its kernels', which are listed too
-            us = e.self_device_time_total if e.device_type != DeviceType.CPU else 0
+        if on_device:  # the kernels only: an operator's device time is its kernels', which are listed too, and a
+            # user annotation (Optimizer.step) is mirrored on the device's timeline, spanning kernels listed too
+            kernel = e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+            us = e.self_device_time_total if kernel else 0
         else:
             us = e.self_cpu_time_total
         if us > 0:
