@@ -26,7 +26,7 @@ KINDS = (
     ("optimizer", r"adam|foreach|multi_tensor|fused_adam"),
     ("normalisation", r"norm"),
     ("convolution (patch embedding)", r"conv"),
-    ("copies and casts", r"copy|_to_copy|cast|contiguous|cat\b|memcpy|memset"),
+    ("copies and casts", r"copy|(?<!no)cast|contiguous|cat\b|memcpy|memset"),  # gpu_kernel_impl_nocast: any op
     (
         "element-wise",
         r"elementwise|vectorized|unrolled|reduce|silu|gelu|tanh|sigmoid|mul|add|sub|div|sqrt|lerp|neg|sum|mean|pow|exp|"
@@ -65,8 +65,9 @@ def profile_rows(events, steps: int, on_device: bool, top: int = 12) -> dict:
     spent.sort(key=lambda s: -s[1])
     return {
         "ms_per_step": total,
+        "calls_per_step": sum(calls for _, _, calls in spent),  # kernel launches on a GPU (each costs host time)
         "by_kind_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-        "top": [dict(name=n[:90], kind=kind_of(n), ms=ms, calls=calls) for n, ms, calls in spent[:top]],
+        "top": [dict(name=n[:160], kind=kind_of(n), ms=ms, calls=calls) for n, ms, calls in spent[:top]],
     }
 
 

@@ -121,6 +121,9 @@ def test_a_kernel_is_named_by_its_kind():
     assert kind_of("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>") == "normalisation"
     assert kind_of("void at::native::multi_tensor_apply_kernel<FusedAdam>") == "optimizer"
     assert kind_of("aten::copy_") == "copies and casts"
+    assert kind_of("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<x>>") != (
+        "copies and casts"
+    )  # "nocast" names the kernel template, which any operator uses
     assert kind_of("void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernel>") == "element-wise"
     assert kind_of("ncclDevKernel") == "other"
 
@@ -141,6 +144,7 @@ def test_a_profile_counts_each_kernel_once():
     ]  # fmt: skip
     on_device = profile_rows(events, steps=2, on_device=True)
     assert on_device["ms_per_step"] == pytest.approx(0.2)  # (300 + 100) us over 2 steps
+    assert on_device["calls_per_step"] == 2  # two kernels a step
     assert on_device["by_kind_ms"] == pytest.approx({"matrix products": 0.15, "attention": 0.05})
     assert on_device["top"][0] == dict(name="sm90_xmma_gemm_bf16", kind="matrix products", ms=0.15, calls=1)
     assert profile_rows(events, steps=2, on_device=False)["ms_per_step"] == pytest.approx(0.025)  # CPU: 50 us / 2

@@ -206,3 +206,32 @@ def test_every_execution_mode_is_a_processor_of_the_table():
 
     assert tuple(PROCESSORS) == EXECUTION_MODES
     assert all(make_processor(mode).name == mode for mode in EXECUTION_MODES)
+
+
+def test_the_shipped_cuda_calibration_is_its_measurement_refitted():
+    """moh_dit/model/calibrations/cuda.json is the fit of the committed H200 measurement (bf16): refitting the rows
+    gives its coefficients; the sparse path was slower than dense on every measured shape, and the calibration
+    keeps auto on dense for each of them (uncalibrated, auto ran dense on CUDA by default; now by measurement)."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.attention import fit_calibration
+    from moh_dit.model.cost_model import CALIBRATION_DIR
+
+    root = Path(__file__).resolve().parents[2]
+    measured = json.loads((root / "benchmarks/results/gpu/attention_cuda_h200_bf16_calibration_run.json").read_text())
+    shipped = json.loads((CALIBRATION_DIR / "cuda.json").read_text())
+    assert measured["device"] == "NVIDIA H200" and measured["dtype"] == "bf16"
+    refit = fit_calibration(measured["rows"], "cuda")
+    assert refit.keys() == shipped.keys() == {"cuda/infer", "cuda/train"}
+    for key in shipped:
+        assert refit[key]["coef"] == pytest.approx(shipped[key]["coef"], rel=1e-9)
+    routed = [r for r in measured["rows"] if r["rho"] < 1]
+    assert len(routed) == 46
+    for r in routed:
+        for pass_ in ("infer", "train"):
+            assert r[pass_]["sparse_over_dense"] > 1.0  # sparse never paid on the H200
+            choice = choose_execution("cuda", r["tokens"], r["dim"], r["heads"], r["head_dim"], r["rho"],
+                                      backward=pass_ == "train", routed_fraction=(r["heads"] - r["shared"]) / r["heads"],
+                                      calibration=shipped)  # fmt: skip
+            assert choice == "dense", (r["width"], r["tokens"], pass_)
