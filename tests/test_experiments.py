@@ -1549,3 +1549,45 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     late_steps = int(late_length.split("=")[1])
     late_cost = sum(BATCH * (late.step_forwards(i) + late.teacher_forwards_at(i)) for i in range(late_steps))
     assert late_steps > start and spent + late_cost <= BUDGET
+
+
+# the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
+TWINS = [
+    ("fashion_mnist_moh_distill_trajectory_few.yaml", "few-flow", None),
+    ("fashion_mnist_moh_distill_trajectory_few_ddpm.yaml", "few-ddpm", None),
+    ("fashion_mnist_moh_distill_trajectory_fewlow_ddpm.yaml", "fewlow-ddpm", None),
+    ("fashion_mnist_moh_dmd2_few.yaml", "dmd2few-flow-g3-nogan-ema998", "few-flow"),
+    ("fashion_mnist_moh_dmd2_few_ddpm.yaml", "dmd2few-ddpm-g4-nogan-ema998", "few-ddpm"),
+    ("fashion_mnist_moh_dmd2_fewlow_ddpm.yaml", "dmd2fewl-ddpm-g4-nogan-ema998", "fewlow-ddpm"),
+]
+
+
+@pytest.mark.parametrize("config, arm, start", TWINS)
+def test_the_twin_recipes_configs_are_the_study_arms_they_cite(config, arm, start, tmp_path):
+    """The cheaper start's and the variety start's configs train what the distillation study measured: every key of
+    the arm's config with its overrides (the paths aside), and the budget-filled length the study's records give."""
+    import dataclasses
+
+    from experiments import distill
+    from experiments.common import ROOT
+    from moh_dit.training.config import load_config
+
+    config_path = ROOT / "configs" / config
+    arms = distill.student_arms(0, tmp_path, distill.SCALES["cpu"])
+    base, overrides = arms[arm]
+    studied = load_config(ROOT / base, overrides)
+    twin = load_config(config_path)
+    paths = {"teacher", "student_from", "trajectories"}
+    ours = {k: v for k, v in dataclasses.asdict(twin.distill).items() if k not in paths}
+    theirs = {k: v for k, v in dataclasses.asdict(studied.distill).items() if k not in paths}
+    assert ours == theirs
+    for section in ("objective", "optim", "ema", "model"):
+        assert getattr(twin, section) == getattr(studied, section), section
+    assert str(twin.distill.teacher) == ("runs/fashion_mnist_moh_flow" if "flow" in arm else "runs/fashion_mnist_moh")
+    records = json.loads((ROOT / "experiments/results/distill/results.json").read_text())["training"]
+    steps = [r["steps"] for name, r in records.items() if name.startswith(f"{arm}-seed")]
+    assert steps and twin.train.max_steps <= min(steps) and max(steps) - twin.train.max_steps <= 5
+    if start is not None:  # the DMD2 stage starts from the twin start's config's output
+        start_config = next(c for c, a, _ in TWINS if a == start)
+        assert str(twin.distill.student_from) == str(load_config(ROOT / "configs" / start_config).train.output_dir)
+    assert f"--config configs/{config}" in config_path.read_text()  # its header says how to run it
