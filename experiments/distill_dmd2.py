@@ -56,6 +56,7 @@ simulation, and the whole distillation within the teacher's training in network 
                               (recall) with the three times as many generator updates its curves still wanted
     dmd2fewl-*, dmd2fewmid-*  the recipe without the GAN term from them (`-{kind}-g{r}-nogan`, and `-ema998`: the
                               start's share held over the longer stage, the cheaper start's best measured balance)
+    dmd2f-{kind}-g{r}-nogan-reg{w}  the recipe with DMD's regression (:data:`REGRESSION`) on its start's own set
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -186,6 +187,9 @@ GAN_LOW = GAN_LATE | {"gan_time": [0.02, 0.4]}
 # the two-step grid's middle flow time (the recipe's is FastGen's 0.5; the issue asked for it measured): one nearer the
 # data leaves the second step a refinement, one nearer the noise gives it more of the fresh noise to place
 MIDDLES = (0.3, 0.7)
+# DMD's regression (its mode-coverage term: the one-step sample of a trajectory's noise held to the teacher's end) on
+# the recipe's start's own set, which that start paid for: DMD's weight 0.25 (with LPIPS there), and 1
+REGRESSION = (0.25, 1.0)
 # a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
 OVER_BUDGET = {"x4": 4}
 
@@ -268,6 +272,8 @@ def dmd2_arms(
         # the full stage's own recorded set, so that only the intervals drawn differ (its cost counts the set again)
         recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])
+        recipe = f"dmd2f-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"  # with DMD's regression on its start's own set
+        arms |= {f"{recipe}-reg{w:g}": (FROM_SHORT[kind], [*arms[recipe][1], recorded, f"distill.regression={w}"]) for w in REGRESSION}  # fmt: skip
         on_grid = (
             "distill.grid_share=0.9"  # the trajectory stage's times (nine in ten intervals on the samplers' grids)
         )

@@ -88,6 +88,9 @@ def _trajectory_manifest(run: Path) -> dict | None:
         if config.distill.trajectories not in (None, "online")
         else run / "trajectories"
     )
+    start = config.distill.student_from
+    if start is not None and (Path(start) / "trajectories").resolve() == folder.resolve():
+        return None  # the set of the student this stage starts from: that student's cost counts it
     path = folder / "trajectories.json"
     return json.loads(path.read_text()) if path.is_file() else None
 

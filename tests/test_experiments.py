@@ -1591,3 +1591,33 @@ def test_the_twin_recipes_configs_are_the_study_arms_they_cite(config, arm, star
         start_config = next(c for c, a, _ in TWINS if a == start)
         assert str(twin.distill.student_from) == str(load_config(ROOT / "configs" / start_config).train.output_dir)
     assert f"--config configs/{config}" in config_path.read_text()  # its header says how to run it
+
+
+def test_dmd2_with_dmds_regression_trains_on_its_starts_own_set_and_does_not_pay_for_it_twice(tmp_path):
+    """The study's `-reg{w}` arms: DMD2 from a trajectory student with DMD's regression on that student's own recorded
+    set. It trains (the regression logged beside the VSD loss), and its counted cost leaves the set to the start, which
+    recorded it (the same set recorded by a run itself, or read from elsewhere, is that run's to count)."""
+    from experiments.common import ROOT, smoke_run
+    from experiments.distill_report import run_cost
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
+
+    teacher, start, dmd2 = tmp_path / "teacher", tmp_path / "start", tmp_path / "dmd2"
+    small = [*smoke_run(2), "preview.per_class=0", "log.trackers=[]"]
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_flow.yaml", [*small, f"train.output_dir={teacher}"]))
+    recorded = [f"distill.teacher={teacher}", "distill.trajectory_count=4", "distill.trajectory_shard_size=2"]
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_distill_trajectory.yaml",
+                      [*small, *recorded, f"train.output_dir={start}"]))  # fmt: skip
+    from experiments import distill
+
+    arms = distill.student_arms(0, tmp_path / "study", distill.SCALES["cpu"])  # the arm's overrides, on these folders
+    _, overrides = arms["dmd2f-flow-g3-nogan-reg0.25"]
+    moved = [o.replace(str(tmp_path / "study" / "runs" / "trajectory-flow-seed0"), str(start))
+             .replace(str(tmp_path / "study" / "runs" / "flow-seed0"), str(teacher)) for o in overrides]  # fmt: skip
+    assert f"distill.trajectories={start / 'trajectories'}" in moved and "distill.regression=0.25" in moved
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_dmd2_trajectory.yaml",
+                      [*small, *moved, f"train.output_dir={dmd2}"]))  # fmt: skip
+    logged = [json.loads(line) for line in (dmd2 / "metrics.jsonl").read_text().splitlines()]
+    assert any("regression" in str(record) for record in logged)
+    assert run_cost(start)["trajectory_evaluations"] > 0  # the start recorded the set and counts it
+    assert "trajectory_evaluations" not in run_cost(dmd2)  # read from the start's folder: not counted again
