@@ -175,7 +175,8 @@ FULL_VARIANTS = {
 ANCHORS = {"ema998": 0.998, "ema999": 0.999}
 # the recipe past the budget with its share held (-x4's 652 updates at 0.995 keep 4% of the start; 0.44^(1 / 652)):
 # whether length is a lever once the anchor is not loosened with it
-HELD_PAST_BUDGET = {"ema99874": 0.99874}
+# (per start; the cheaper starts' recipes: their 38% at 0.998 over 488 updates, 0.38^(1 / 1952) over -x4's)
+HELD_PAST_BUDGET = {"dmd2f": {"ema99874": 0.99874}, "dmd2few": {"ema9995": 0.9995}, "dmd2fewl": {"ema9995": 0.9995}}
 # the references' pairing of the GAN term with an unguided real score (DMD2 on ImageNet-64 and SiDA fold no guidance
 # into it: the discriminator on real data supplies the sharpness): DMD2's ImageNet-64 generator weight, switched on
 # once the fake score has trained with the generator alone for a quarter of the stage (SiDA's order; DMD2's best
@@ -301,7 +302,7 @@ def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[
             variants[f"{name}-middle{middle:g}"] = (config, [*moved, f"distill.dmd_midpoint={middle}"])
         for suffix, decay in ANCHORS.items():
             variants[f"{name}-{suffix}"] = (config, [*extra, f"ema.decay={decay}"])
-        for suffix, decay in HELD_PAST_BUDGET.items() if prefix == "dmd2f" else ():
+        for suffix, decay in HELD_PAST_BUDGET.get(prefix, {}).items():
             variants[f"{name}-{suffix}-x4"] = (config, [*extra, f"ema.decay={decay}"])
     return variants
 
