@@ -73,36 +73,25 @@ TRAIN_ARMS = [
     ("MoH-DiT-XL/2-90, auto", MOH, "auto", False, False),
     ("MoH-DiT-XL/2-90, auto, compiled", MOH, "auto", True, False),
 ]
-# seconds on one H200 (2026-12-04, benchmarks/results/gpu/: the eager arms as measured there, each including its
-# build; the compilations not yet measured, estimated at about two minutes a model), the whole under 8 minutes
-PLAN = {
-    "install the carried wheels": 12,
-    "CUDA-marked tests and a short selection of the suite": 56,
-    **{f"train: {row}": (110 if compiled else 20) for row, _, _, compiled, _ in TRAIN_ARMS},
-    "sample: MoH-DiT-XL/2-90 Euler 25 + CFG, auto and dense": 40,
-    "memory: batch 32 and 64, with and without gradient checkpointing": 50,
-    # the sections a plain proof leaves out (--sections): benchmarks/gpu_diagnosis.py
-    "profile: diffusers' DiT-XL/2 and moh-dit's, one training step each": 40,
-    "calibrate: benchmarks/attention.py --calibrate, bf16": 150,
-}
 # --sections: the proof's own four by default; profile and calibrate on demand (benchmarks/gpu_diagnosis.py)
 SECTIONS = ("training", "sampling", "memory", "compiled", "profile", "calibrate")
 DEFAULT_SECTIONS = SECTIONS[:4]
+# step: (the section that runs it, None for every run; seconds on one H200 as measured there on 2026-12-04, each
+# including its build: benchmarks/results/gpu/), the default sections' whole under 8 minutes
+PLAN = {
+    "install the carried wheels": (None, 12),
+    "CUDA-marked tests and a short selection of the suite": (None, 56),
+    **{f"train: {row}": ("compiled", 100) if compiled else ("training", 20) for row, _, _, compiled, _ in TRAIN_ARMS},
+    "sample: MoH-DiT-XL/2-90 Euler 25 + CFG, auto and dense": ("sampling", 40),
+    "memory: batch 32 and 64, with and without gradient checkpointing": ("memory", 50),
+    "profile: diffusers' DiT-XL/2 and moh-dit's, one training step each": ("profile", 75),
+    "calibrate: benchmarks/attention.py --calibrate, bf16": ("calibrate", 155),
+}
 
 
 def plan_steps(sections: tuple[str, ...]) -> dict[str, int]:
-    """The plan's steps that the chosen sections run (install and tests always)."""
-    prefix = {"training": "train: ", "compiled": "train: ", "sampling": "sample: ", "memory": "memory: ",
-              "profile": "profile: ", "calibrate": "calibrate: "}  # fmt: skip
-    compiled_rows = {f"train: {row}" for row, _, _, compiled, _ in TRAIN_ARMS if compiled}
-    chosen = {}
-    for step, seconds in PLAN.items():
-        owner = [s for s, pre in prefix.items() if step.startswith(pre)]
-        if owner and step.startswith("train: "):
-            owner = ["compiled" if step in compiled_rows else "training"]
-        if not owner or owner[0] in sections:
-            chosen[step] = seconds
-    return chosen
+    """The plan's steps that the chosen sections run (install and tests always), with their seconds."""
+    return {step: seconds for step, (section, seconds) in PLAN.items() if section in (None, *sections)}
 
 
 def print_plan(dry_run: bool, sections: tuple[str, ...] = DEFAULT_SECTIONS) -> None:
