@@ -57,17 +57,16 @@ def profile_rows(events, steps: int, on_device: bool, top: int = 12) -> dict:
         else:
             us = e.self_cpu_time_total
         if us > 0:
-            spent.append((e.key, us / 1e3 / steps, e.count / steps))
-    total = sum(ms for _, ms, _ in spent)
+            spent.append(dict(name=e.key[:160], kind=kind_of(e.key), ms=us / 1e3 / steps, calls=e.count / steps))
     by_kind: dict[str, float] = {}
-    for name, ms, _ in spent:
-        by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + ms
-    spent.sort(key=lambda s: -s[1])
+    for entry in spent:
+        by_kind[entry["kind"]] = by_kind.get(entry["kind"], 0.0) + entry["ms"]
+    spent.sort(key=lambda entry: -entry["ms"])
     return {
-        "ms_per_step": total,
-        "calls_per_step": sum(calls for _, _, calls in spent),  # kernel launches on a GPU (each costs host time)
+        "ms_per_step": sum(entry["ms"] for entry in spent),
+        "calls_per_step": sum(entry["calls"] for entry in spent),  # kernel launches on a GPU (each costs host time)
         "by_kind_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-        "top": [dict(name=n[:160], kind=kind_of(n), ms=ms, calls=calls) for n, ms, calls in spent[:top]],
+        "top": spent[:top],
     }
 
 
