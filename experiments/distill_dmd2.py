@@ -56,7 +56,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               (recall) with the three times as many generator updates its curves still wanted
     dmd2fewl-*, dmd2fewmid-*  the recipe without the GAN term from them (`-{kind}-g{r}-nogan`, and `-ema998`: the
                               start's share held over the longer stage, the cheaper start's best measured balance)
-    dmd2f-{kind}-g{r}-nogan-reg{w}  the recipe with DMD's regression (:data:`REGRESSION`) on its start's own set
+    dmd2f-{kind}-g{r}-nogan-reg{w}, -feat{w}[-t{t}]  the recipe with DMD's regression (:data:`REGRESSION`) on its
+                              start's own set, by the squared error or the teacher's features
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -150,15 +151,9 @@ VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes (the two-step mid
     # without the GAN term a run still got worse in its second half: the rate decayed to 0 by the end (both networks)
     "nogan-cos": {"distill.gan_weight": 0.0, "optim.schedule": "cosine"},
 }
-RECIPE = {  # every DMD2 arm's settings unless it changes one
-    "gan_weight": 0.001,
-    "gan_start": 0,
-    "vsd_weight": 1.0,
-    "dmd_input": "generator",
-    "dmd_steps": [1, 2],
-    "dmd_midpoint": 0.5,
-    "fake_updates": 4,
-}
+# every DMD2 arm's settings unless it changes one
+RECIPE = {"gan_weight": 0.001, "gan_start": 0, "vsd_weight": 1.0, "dmd_input": "generator", "dmd_steps": [1, 2],
+          "dmd_midpoint": 0.5, "fake_updates": 4}  # fmt: skip
 GAN_ONLY = {"vsd_weight": 0.0, "gan_weight": 1.0, "fake_updates": 1}
 # the full start's variants (its stage ended still falling, with 163 generator updates): more generator updates in the
 # same budget, and the same run past the budget
@@ -189,8 +184,12 @@ GAN_LOW = GAN_LATE | {"gan_time": [0.02, 0.4]}
 # data leaves the second step a refinement, one nearer the noise gives it more of the fresh noise to place
 MIDDLES = (0.3, 0.7)
 # DMD's regression (its mode-coverage term: the one-step sample of a trajectory's noise held to the teacher's end) on
-# the recipe's start's own set, which that start paid for: DMD's weight 0.25 (with LPIPS there), and 1
-REGRESSION = (0.25, 1.0)
+# the recipe's start's own set, which that start paid for: DMD's weight 0.25 (with LPIPS there) and 1, by the squared
+# error (`reg`), and by LPIPS's form in the teacher's block tokens (`feat`; moh_dit/objectives/distill/distances.py)
+# read at the data and at flow time 0.3
+FEATURES = {"regression_distance": "teacher_features"}
+REGRESSION = {"reg0.25": {"regression": 0.25}, "reg1": {"regression": 1.0}, "feat0.25": {"regression": 0.25} | FEATURES,
+              "feat1": {"regression": 1.0} | FEATURES, "feat1-t0.3": {"regression": 1.0, "regression_feature_time": 0.3} | FEATURES}  # fmt: skip
 # a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
 OVER_BUDGET = {"x4": 4}
 
@@ -274,7 +273,7 @@ def dmd2_arms(
         recorded = f"distill.trajectories={runs / f'trajectory-{kind}-seed{seed}' / 'trajectories'}"
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])
         recipe = f"dmd2f-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"  # with DMD's regression on its start's own set
-        arms |= {f"{recipe}-reg{w:g}": (FROM_SHORT[kind], [*arms[recipe][1], recorded, f"distill.regression={w}"]) for w in REGRESSION}  # fmt: skip
+        arms |= {f"{recipe}-{suffix}": (FROM_SHORT[kind], [*arms[recipe][1], recorded, *_overrides(change)]) for suffix, change in REGRESSION.items()}  # fmt: skip
         on_grid = (
             "distill.grid_share=0.9"  # the trajectory stage's times (nine in ten intervals on the samplers' grids)
         )

@@ -230,6 +230,8 @@ class DistillSection:
     gan_weight: float = 0.0  # the GAN term's weight in the generator's loss (FastGen's 1e-3); 0: no discriminator
     gan_block: int | None = None  # the fake score's block (from 1) the discriminator reads; null: the middle one
     regression: float = 0.0  # DMD's regression on the teacher's trajectories (distill.trajectory_*), its weight
+    regression_distance: str = "mse"  # its distance: mse | teacher_features (LPIPS's form in the teacher's tokens)
+    regression_feature_time: float | None = None  # teacher_features: the flow time the teacher reads both at; null: 0
     dmd_steps: tuple[int, ...] = (1,)  # the generator's grids: [1] one step; [1, 2] also two
     dmd_input: str = "data"  # a multi-step generator's input at a grid time: data (noised) | generator (its own)
     dmd_time: tuple[float, ...] = (0.02, 0.98)  # the flow times the VSD loss noises the samples at (uniform)

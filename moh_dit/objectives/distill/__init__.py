@@ -20,6 +20,7 @@ Read it in this order:
     heads.py        what the student's network outputs (a velocity, or a DDPM teacher's noise)
     losses.py       the tangent loss and its stabilisers (l2, FastGen's opt-grad, the clamp, the warm-up)
     dmd_losses.py   DMD2's losses (VSD, the GAN's)
+    distances.py    the distances of DMD's regression (squared error, LPIPS's form in the teacher's tokens)
 
 Outside this folder import these names from the package, not its modules (``from moh_dit.objectives.distill import
 MeanFlowDistill``); the classes load on first use, so that the table is read without torch. The objective registry

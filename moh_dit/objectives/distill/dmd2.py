@@ -11,7 +11,7 @@ moh_dit/training/distill/companions.py). Each training step updates one of the t
     generator   x_t = (1 - t) x + t eps at a flow time t drawn per sample (no gradient through t or eps);
                 loss = VSD(x; x0_real(x_t, t), x0_fake(x_t, t))  [moh_dit/objectives/distill/dmd_losses.py]
                        + gan_weight * softplus(-D(features of the fake score at x_t))
-                       + regression * |x(noise of a teacher trajectory) - its end|^2     (DMD's regression, optional)
+                       + regression * d(x(noise of a teacher trajectory), its end)    (DMD's regression, optional)
     fake score  the teacher's objective on the generator's samples (no gradient to the generator)
                 + the discriminator head's softplus(D(fake)) + softplus(-D(real data noised)) (with the GAN term)
 
@@ -43,6 +43,7 @@ import torch
 from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
+from moh_dit.objectives.distill.distances import regression_distance as distance_of
 from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
 from moh_dit.objectives.distill.generator import GridGenerator
 from moh_dit.objectives.distill.grids import MIDPOINT
@@ -60,6 +61,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         gan_weight: the GAN term's weight in the generator's loss (FastGen's 1e-3; 0: no discriminator).
         gan_block: the fake score's block (from 1) whose tokens the discriminator head reads; ``None``: the middle.
         regression: the weight of DMD's regression on the teacher's trajectories (0: none).
+        regression_distance, regression_feature_time: its distance ``d`` (moh_dit/objectives/distill/distances.py).
         dmd_steps: the step counts of the grids the generator trains at (``[1]``: one step).
         dmd_input: a multi-step generator's input at a grid time: ``data`` noised, or its own ``generator`` sample.
         dmd_time: ``[first, last]`` flow times the VSD loss noises the generator's samples at (uniform).
@@ -87,6 +89,8 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         gan_weight: float = 0.0,
         gan_block: int | None = None,
         regression: float = 0.0,
+        regression_distance: str = "mse",
+        regression_feature_time: float | None = None,
         dmd_steps: tuple[int, ...] | list[int] = (1,),
         dmd_input: str = "data",
         dmd_time: tuple[float, float] | list[float] = (0.02, 0.98),
@@ -108,6 +112,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         for key, value in (("gan_weight", gan_weight), ("regression", regression), ("vsd_weight", vsd_weight)):
             if not is_number(value) or not 0 <= value < float("inf"):
                 raise ConfigError(f"distill.{key} must be a weight >= 0, got {value!r}")
+        self.distance = distance_of(regression_distance, regression_feature_time, on=bool(regression))
         if not vsd_weight and not gan_weight:
             raise ConfigError(
                 "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
@@ -206,7 +211,10 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
                 f"a GAN term of weight {self.gan_weight:g} on the fake score's features, real data{times}{start}"
             )
         if self.regression:
-            parts.append(f"DMD's regression on the teacher's trajectories, weight {self.regression:g}")
+            parts.append(
+                f"DMD's regression on the teacher's trajectories, weight {self.regression:g}, by "
+                f"{self.distance.describe()}"
+            )
         steps = "/".join(map(str, self.dmd_steps))
         grid = f" (two-step middle {self.dmd_midpoint:g})" if self.dmd_midpoint != MIDPOINT else ""
         input_ = "; backward simulation" if self.dmd_input == "generator" and len(self.start_times) > 1 else ""
@@ -232,18 +240,19 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
 
     def step_forwards(self, step: int, companions: Mapping[str, Any] | None = None) -> float:
         """Every pass of the networks trained at training ``step``, per image, in forwards at the student's size (a
-        backward counts two; the teacher's evaluations are counted as they happen). The generator's step: its
+        backward counts two; the real score's evaluations are counted as they happen). The generator's step: its
         backward simulation, its forward and backward, the fake score's forward, the GAN term's pass to the
         discriminator's block (``gan_share``: the share of the depth it runs) with its backward, the regression's
-        forward and backward. The fake score's: the generator's forward, its own loss's forward and backward, and the
-        discriminator's passes on real and generated images with their backwards. The discriminator's block over the
-        fake score's depth from ``companions`` (its middle where none is given)."""
+        forward and backward and its distance's passes of the teacher. The fake score's: the generator's forward, its
+        own loss's forward and backward, and the discriminator's passes on real and generated images with their
+        backwards. The discriminator's block over the fake score's depth from ``companions`` (its middle by default)."""
         fake = (companions or {}).get("fake_score")
         share = fake.block_share if fake is not None else 0.5
         gan = 3.0 * share if self.gan_on(step) else 0.0
         if self.updates(step) == "student":
             fake = 1.0 if self.vsd_weight else 0.0
-            return self.simulated_forwards() + 3.0 + fake + gan + (3.0 if self.regression else 0.0)
+            regressed = 3.0 + self.distance.teacher_passes if self.regression else 0.0
+            return self.simulated_forwards() + 3.0 + fake + gan + regressed
         return self.simulated_forwards() + 1.0 + 3.0 + 2.0 * gan
 
     def student_forwards(self) -> float:
@@ -345,7 +354,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
                 loss = loss + self.gan_weight * gan
             extras |= {"gan_generator": gan.detach(), "gan_discriminator": zero}
         if self.regression:
-            regressed = self._regression(model, noised, autocast, frozen["trajectories"])
+            regressed = self._regression(model, noised, autocast, frozen)
             extras["regression"] = regressed.detach()
             loss = loss + self.regression * regressed
         return Losses(loss=loss, mse=vsd.detach(), logged=vsd.detach(), extras=extras), out
@@ -355,8 +364,10 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         or with ``gan_time`` the same noise at the step's own draw of that range."""
         return self._noised_sample(x, noised, "gan_t" if "gan_t" in noised.terms else "t")
 
-    def _regression(self, model, noised: Noised, autocast, trajectories) -> torch.Tensor:
-        """DMD's regression: the one-step sample of a teacher trajectory's noise against the trajectory's end."""
+    def _regression(self, model, noised: Noised, autocast, frozen) -> torch.Tensor:
+        """DMD's regression: the one-step sample of a teacher trajectory's noise against the trajectory's end, by the
+        run's distance."""
+        trajectories = frozen["trajectories"]
         n = noised.terms["pick"].shape[0]
         last = torch.full((n,), len(trajectories.grid) - 1, device=noised.x_t.device)
         first = torch.zeros_like(last)
@@ -364,7 +375,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         one = torch.ones(n, device=noise.device)
         with autocast():
             u = self.average_velocity(model, noise, one, torch.zeros_like(one), y, torch.zeros_like(y)).sample.float()
-        return ((noise - u - end) ** 2).flatten(1).mean(dim=1)
+        return self.distance(noise - u, end, noise, y, frozen["teacher"], autocast)
 
     def _fake_score_losses(self, model, noised, labels, drop, autocast, fake, step):
         with torch.no_grad():

@@ -94,7 +94,7 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.distill",
         "DMD2Distill",
         "a generator matching the teacher's distribution through a fake score (DMD2), one step or a few",
-        ("fake_updates", "regression", *DMD_KEYS, *TRAJECTORY_KEYS),
+        ("fake_updates", "regression", "regression_distance", "regression_feature_time", *DMD_KEYS, *TRAJECTORY_KEYS),
         fp16=False,
         identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=TRAJECTORY_PROVENANCE,

@@ -63,8 +63,9 @@ class RCMDistill(DMD2Distill):
         trajectory_shard_size: int = 256,
         **options: Any,
     ) -> None:
-        dmd_only = ("fake_updates", "fake_lr", "gan_weight", "gan_block", "regression", "dmd_steps", "dmd_input",
-                    "dmd_time", "real_guidance", "vsd_weight", "gan_start", "dmd_midpoint", "gan_time")  # fmt: skip
+        dmd_only = ("fake_updates", "fake_lr", "gan_weight", "gan_block", "regression", "regression_distance",
+                    "regression_feature_time", "dmd_steps", "dmd_input", "dmd_time", "real_guidance", "vsd_weight",
+                    "gan_start", "dmd_midpoint", "gan_time")  # fmt: skip
         flow_map = {k: v for k, v in options.items() if k not in dmd_only and k != "method"}
         super().__init__(**options)
         for key, value in (("student_updates", student_updates), ("vsd_start", vsd_start)):

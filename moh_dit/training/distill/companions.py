@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from moh_dit.errors import ConfigError
+from moh_dit.model.block_tokens import tokens_after_blocks
 from moh_dit.objectives import objective_of
 
 if TYPE_CHECKING:
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["Companion", "FakeScore", "COMPANIONS", "build_companions"]
 
 logger = logging.getLogger("moh_dit.train")
-
-
-class _ReachedBlock(Exception):
-    """Raised by a forward hook to end a pass at the block the discriminator reads (nothing after it is needed)."""
 
 
 class DiscriminatorHead(nn.Module):
@@ -92,22 +89,14 @@ class FakeScore(nn.Module):
     def discriminate(self, z, t, labels, drop, autocast) -> torch.Tensor:
         """The head's logit (N, 1) on the tokens of block ``block`` at ``(z, t)`` of the linear path; the pass stops
         there (the later blocks cannot change the logit)."""
-        found: list[torch.Tensor] = []
+        y = self._labels(labels, drop)
 
-        def stop_here(module, inputs, out):
-            found.append(out[0] if isinstance(out, tuple) else out)  # (h, aux) in training
-            raise _ReachedBlock
-
-        hook = self.score.blocks[self.block - 1].register_forward_hook(stop_here)
-        try:
-            y = self._labels(labels, drop)
+        def run():
             with autocast():
                 self.objective.linear_velocity(self.score, z, t, y, self._kept(y))
-        except _ReachedBlock:
-            pass
-        finally:
-            hook.remove()
-        return self.head(found[0].float())
+
+        (tokens,) = tokens_after_blocks(self.score, [self.block], run)
+        return self.head(tokens.float())
 
     def train_on(self, x, labels, drop, generator, autocast, real=None, generated=None):
         """Its own objective's losses on the generator's samples ``x`` (drawn from ``generator``), its output (MoH's

@@ -173,6 +173,12 @@ def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_on
         ("distill.gan_time=[0.5,0.1]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
         ("distill.gan_time=[0,0.5]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
         ("distill.gan_time=[0.1,0.5,0.9]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
+        ("distill.regression_distance=lpips", "unknown distill.regression_distance 'lpips'; choose one of mse,"),
+        (
+            "distill.regression_distance=teacher_features",
+            "its settings need DMD's regression on (distill.regression > 0)",
+        ),
+        ("distill.regression_feature_time=0.1", "its settings need DMD's regression on (distill.regression > 0)"),
     ],
 )
 def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, tmp_path):

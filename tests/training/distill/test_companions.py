@@ -189,6 +189,26 @@ def test_each_networks_updates_and_every_pass_are_counted_logged_recorded_and_ca
     ]
 
 
+def test_the_regression_by_the_teachers_features_trains_the_generator_and_its_teacher_passes_are_counted(
+    flow_teacher, image_dir, tmp_path
+):
+    """DMD's regression by the teacher-feature distance: logged on the generator's steps, and the passes the logs add
+    up, with the real score's evaluations, equal a count by hooks on every block of the generator, the fake score and
+    the teacher (the distance's pass on the trajectory's end without a gradient, on the sample with one)."""
+    more = ["train.max_steps=4", "distill.dmd_steps=[1]", "distill.gan_weight=0", "distill.regression=0.5",
+            "distill.regression_distance=teacher_features", "distill.regression_feature_time=0.1",
+            "distill.trajectory_count=6", "distill.trajectory_shard_size=2", "distill.trajectory_steps=3"]  # fmt: skip
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, flow_teacher, *more))
+    assert "by the teacher's block features at flow time 0.1" in trainer.objective.describe_loss()
+    teacher = trainer.frozen["teacher"].model
+    counter = _PassCounter(trainer.unwrapped, trainer.companions["fake_score"].module.score, teacher)
+    trainer.run()  # the trajectories were drawn before the counter's hooks: their cost is the set's, counted apart
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "generator_updates" in r]
+    assert [r["regression"] > 0 for r in steps] == [True, False, False, True]  # the generator's steps
+    assert steps[-1]["network_evaluations"] + steps[-1]["teacher_evaluations"] == pytest.approx(counter.total)
+
+
 RCM = ["objective.name=distill", "distill.method=rcm", "distill.trajectory_count=6", "distill.trajectory_shard_size=2",
        "distill.trajectory_steps=3", "distill.student_updates=2", "distill.vsd_start=1", "distill.vsd_weight=0.5",
        "distill.dmd_steps=[1]", "preview.per_class=0", "train.checkpoint_every=3"]  # fmt: skip
