@@ -74,8 +74,6 @@ def measure_profile(scale, device: torch.device, dtype: torch.dtype, deadline: f
     """One row per arm of ``PROFILED``: the profile of ``scale.per_round`` training steps after the warm-up."""
     from torch.profiler import ProfilerActivity, profile
 
-    from moh_dit.interop.diffusers_dit import to_diffusers
-
     arms = [arm for arm in gpu_proof.TRAIN_ARMS if arm[0] in PROFILED]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     rows = []
@@ -83,9 +81,7 @@ def measure_profile(scale, device: torch.device, dtype: torch.dtype, deadline: f
         if time.perf_counter() > deadline:
             rows.append(gpu_proof.skipped(f"profile: {row}", "ms_per_step"))
             continue
-        model = gpu_proof.build(preset, scale, device, execution)
-        if diffusers_model:
-            model = to_diffusers(model.cpu()).to(device)
+        model = gpu_proof.arm_network(gpu_proof.build(preset, scale, device, execution), diffusers_model, device)
         step = gpu_proof.training_step(model.train(), scale, device, dtype, scale.batch, diffusers_model)
         for _ in range(scale.warmup):
             step()

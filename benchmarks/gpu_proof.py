@@ -126,6 +126,15 @@ def build(preset: str, scale: Scale, device: torch.device, execution: str | None
     return model.to(device)
 
 
+def arm_network(model: torch.nn.Module, diffusers_model: bool, device: torch.device) -> torch.nn.Module:
+    """``model``, or on diffusers' arm its weights in diffusers' own DiT (converted on the CPU)."""
+    if not diffusers_model:
+        return model
+    from moh_dit.interop.diffusers_dit import to_diffusers
+
+    return to_diffusers(model.cpu()).to(device)
+
+
 def training_step(model, scale: Scale, device: torch.device, dtype: torch.dtype, batch: int, diffusers_model: bool):
     """One step of the plain loop every arm shares: noised latents, noise-prediction MSE on the first 4 channels
     (plus MoH's load-balance loss), backward, AdamW."""
@@ -178,7 +187,6 @@ def measure_training(
 ) -> list[dict]:
     """The given training arms' rows; an arm that would start after ``deadline`` (perf_counter seconds) is recorded
     as skipped rather than run, so that a lent machine's time limit cuts the proof short without losing it."""
-    from moh_dit.interop.diffusers_dit import to_diffusers
     from moh_dit.model.flops import forward_flops
 
     rows = []
@@ -189,9 +197,7 @@ def measure_training(
         started = time.perf_counter()
         model = build(preset, scale, device, execution)
         flops = forward_flops(model, active_heads=True).training_step(3)
-        if diffusers_model:
-            model = to_diffusers(model.cpu()).to(device)
-        model.train()
+        model = arm_network(model, diffusers_model, device).train()
         net = torch.compile(model, backend=scale.compile_backend) if compiled else model
         rate = median_rate(
             training_step(net, scale, device, dtype, scale.batch, diffusers_model), scale.batch, scale, device
