@@ -12,7 +12,7 @@ trajectory's end by (``distill.regression_distance``; docs/objective.md#dmd2). O
                       the trajectory's label. DMD (Yin et al. 2023, arXiv:2311.18828) regresses with LPIPS; Kang et
                       al. 2024 (arXiv:2405.05967) with a distance in a latent network's features (E-LatentLPIPS). Here
                       the teacher supplies the features, so nothing is trained or loaded beside it, and the distance
-                      never reads the evaluation's Inception network.
+                      never reads the evaluation's feature network (Inception, or the study's classifier).
 
 Each returns one value per sample and says how many passes of the frozen teacher it makes per image
 (``teacher_passes``, a backward counted two), which the run's cost counts.
