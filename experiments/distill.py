@@ -57,6 +57,7 @@ from experiments.common import ROOT, render_grid, scoring_context
 from experiments.distill_dmd2 import (
     ARMS,
     budget_arm,
+    budget_share,
     dmd2_arms,
     fill_budget,
     over_budget,
@@ -251,7 +252,7 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, only: 
             if budget_arm(arm):  # as long as the teacher's budget allows after the student it starts from
                 config, extra = arms[arm]
                 spent = _spent_before(arm, seed, result)
-                length, evals = fill_budget(config, extra, spent, sc, over_budget(arm))
+                length, evals = fill_budget(config, extra, spent, sc, over_budget(arm), budget_share(arm))
                 arms, arm_sc = arms | {arm: (config, [*extra, *length])}, sc | {"eval": evals}
             record = _train_student(arm, seed, arm_sc, out, reference, arms)
             result["training"][run_name(arm, seed)] = record | run_cost(out / "runs" / run_name(arm, seed))

@@ -58,6 +58,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               start's share held over the longer stage, the cheaper start's best measured balance)
     dmd2f-{kind}-g{r}-nogan-reg{w}, -feat{w}[-t{t}]  the recipe with DMD's regression (:data:`REGRESSION`) on its
                               start's own set, by the squared error or the teacher's features
+    ectfew-{kind}, dmd2ecf-*  ECT (its intervals uniform) from the cheaper start for half of what the budget leaves
+                              after it, then the recipe without the GAN term from it (`-{kind}-g{r}-nogan`, `-ema998`)
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -94,18 +96,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-__all__ = [
-    "ARMS",
-    "BUDGET",
-    "CHOSEN_SCALE",
-    "REAL_SCALES",
-    "RECIPE_SCALE",
-    "dmd2_arms",
-    "budget_arm",
-    "three_seed_arms",
-    "fill_budget",
-    "over_budget",
-]
+__all__ = ["ARMS", "BUDGET", "CHOSEN_SCALE", "REAL_SCALES", "RECIPE_SCALE", "dmd2_arms", "budget_arm", "three_seed_arms",
+           "fill_budget", "over_budget", "budget_share"]  # fmt: skip
 
 BUDGET = 8300 * 16 * 3  # the teachers' training in network evaluations (experiments/distill.py's teachers)
 BATCH = 16
@@ -127,17 +119,10 @@ LOW_SCALE = {"flow": 1.5, "ddpm": 2.0}
 MID_SCALE = {"flow": 2.0, "ddpm": 3.0}
 # the share of the full trajectory stage's recorded set the cheaper start records (all the stage's steps on it)
 FEW_SHARE = 4
-SHORT = {
-    "flow": "configs/fashion_mnist_moh_distill_trajectory_short.yaml",
-    "ddpm": "configs/fashion_mnist_moh_distill_trajectory_short_ddpm.yaml",
-}
-FROM_SHORT = {
-    "flow": "configs/fashion_mnist_moh_dmd2_trajectory.yaml",
-    "ddpm": "configs/fashion_mnist_moh_dmd2_trajectory_ddpm.yaml",
-}
-FROM_TEACHER = {"flow": "configs/fashion_mnist_moh_dmd2.yaml", "ddpm": "configs/fashion_mnist_moh_dmd2_ddpm.yaml"}
-RCM = {"flow": "configs/fashion_mnist_moh_rcm.yaml", "ddpm": "configs/fashion_mnist_moh_rcm_ddpm.yaml"}
-ECT = {"flow": "configs/fashion_mnist_moh_ect.yaml", "ddpm": "configs/fashion_mnist_moh_ect_ddpm.yaml"}
+# each teacher's config of a stage: the flow twin's, and the default's (`_ddpm`)
+KIND_CONFIG = {"flow": "configs/fashion_mnist_moh_{}.yaml", "ddpm": "configs/fashion_mnist_moh_{}_ddpm.yaml"}
+SHORT, FROM_SHORT, FROM_TEACHER, RCM, ECT = ({k: v.format(stem) for k, v in KIND_CONFIG.items()} for stem in (
+    "distill_trajectory_short", "dmd2_trajectory", "dmd2", "rcm", "ect"))  # fmt: skip
 # ECT's curriculum from the grid-trained start: from the 4-step grid's spacing (a step from t = 1 lands on 0.75, a time
 # that start learned its jumps from), halved every 100 of the ~670 steps the budget leaves, to the fixed step's 0.01
 ECT_CURRICULUM = {"ect_dt_start": 0.25, "ect_dt_every": 100}
@@ -192,6 +177,9 @@ REGRESSION = {"reg0.25": {"regression": 0.25}, "reg1": {"regression": 1.0}, "fea
               "feat1": {"regression": 1.0} | FEATURES, "feat1-t0.3": {"regression": 1.0, "regression_feature_time": 0.3} | FEATURES}  # fmt: skip
 # a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
 OVER_BUDGET = {"x4": 4}
+# a prefix: the share of what the budget leaves after its start that a stage spends, leaving the rest to a stage after
+# it (ECT from the cheaper start, then DMD2 from that: a start with more of the teacher's recall, within the budget)
+SHARES = {"ectfew-": 0.5}
 
 
 def _overrides(settings: dict) -> list[str]:
@@ -250,8 +238,10 @@ def dmd2_arms(
         arms[f"few-{kind}"] = (config, [*overrides, f"distill.trajectory_count={few}"])
         for name, scale in (("fewlow", LOW_SCALE[kind]), ("fewmid", MID_SCALE[kind])):  # the two levers together
             arms[f"{name}-{kind}"] = (config, [*arms[f"few-{kind}"][1], f"distill.guidance_scale={scale}"])
-        # the recipe from the lower-guidance starts, from the start on a quarter of the set, and from the MeanFlow student
-        for prefix in ("dmd2l", "dmd2mid", "dmd2few", "dmd2fewl", "dmd2fewmid", "dmd2m"):
+        # ECT (its intervals uniform) for half of what the cheaper start leaves: a start for DMD2 (`dmd2ecf-`)
+        arms[f"ectfew-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ectfew-{kind}", seed), "distill.grid_share=0.0"])  # fmt: skip
+        # the recipe from the lower-guidance starts, from the start on a quarter of the set, the MeanFlow student and ECT's
+        for prefix in ("dmd2l", "dmd2mid", "dmd2few", "dmd2fewl", "dmd2fewmid", "dmd2m", "dmd2ecf"):
             origin = _started(runs, f"{prefix}-{kind}", seed)
             arms[f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
                 FROM_SHORT[kind],
@@ -293,7 +283,7 @@ def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[
     """The recipe's (and the cheaper starts' recipes') variants that change one setting of an arm already in
     ``arms``: the start held by a longer EMA, past the budget with the recipe's share held, the two-step grid's middle."""
     variants = {}
-    for prefix in ("dmd2f", "dmd2few", "dmd2fewl", "dmd2fewmid"):
+    for prefix in ("dmd2f", "dmd2few", "dmd2fewl", "dmd2fewmid", "dmd2ecf"):
         name = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
         config, extra = arms[name]
         for middle in MIDDLES if prefix == "dmd2f" else ():  # in training and sampling (recorded with the generator)
@@ -333,7 +323,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 
 # the arms whose length the budget sets
-STAGES = ("dmd2s-", "dmd2f-", "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
+STAGES = ("dmd2s-", "dmd2f-", "ectfew-", "dmd2ecf-", "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
 # every arm of these measurements, by its name's start
 ARMS = ("short-", "half-", "low-", "mid-", "few-", "fewlow-", "fewmid-", "uni-", *STAGES)
 
@@ -345,13 +335,18 @@ def budget_arm(arm: str) -> bool:
 
 # a stage's prefix: the arm it starts from, by its name's start
 STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2few-": "few", "dmd2fewl-": "fewlow", "dmd2fewmid-": "fewmid", "dmd2m-": "meanflow",
-          "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
+          "ectfew-": "few", "dmd2ecf-": "ectfew", "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
 
 
 def start_of(arm: str) -> str | None:
     """The arm a stage starts from (its cost counts towards the budget), or ``None`` (the teacher)."""
     prefix = next((p for p in STARTS if arm.startswith(p)), None)
     return None if prefix is None else f"{STARTS[prefix]}-{arm.split('-')[1]}"
+
+
+def budget_share(arm: str) -> float:
+    """The share of what the budget leaves after its start that ``arm`` spends (:data:`SHARES`; 1: all of it)."""
+    return next((share for prefix, share in SHARES.items() if arm.startswith(prefix)), 1.0)
 
 
 def over_budget(arm: str) -> int:
@@ -369,13 +364,14 @@ def counted_objective(loaded):
 
 
 def fill_budget(
-    config: str, overrides: list[str], spent: float, sc: dict, stretch: int = 1
+    config: str, overrides: list[str], spent: float, sc: dict, stretch: int = 1, share: float = 1.0
 ) -> tuple[list[str], list[str]]:
     """The length and evaluations of a stage that spends what is left of :data:`BUDGET` after ``spent`` (the start's
     counted cost) and, for a run that records its own set of trajectories, that set (as if every evaluation were
     guided), at its objective's count per image (the teacher's evaluations as if all guided): ``(train overrides,
     evaluation overrides)``; ``stretch`` times that length past the budget, evaluated at the same steps as the run
-    within it and on. At the smoke scale the smoke run's length and evaluations."""
+    within it and on; ``share`` of what is left (:func:`budget_share`). At the smoke scale the smoke run's length and
+    evaluations."""
     if sc.get("smoke"):
         return [], sc["student_eval"]
     loaded = load_arm(config, overrides)
@@ -384,10 +380,11 @@ def fill_budget(
     if "trajectories" in objective.frozen_models_for(vars(section)) and section.trajectories is None:
         spent += section.trajectory_count * (section.trajectory_steps or 25) * 2.0  # its own set, before it trains
     cycle = getattr(objective, "student_updates", getattr(objective, "fake_updates", 0)) + 1
+    limit = spent + share * (BUDGET - spent)
     steps = 0  # step by step, as each step spends (a stage whose terms start late spends less before)
     while True:
         cost = BATCH * (objective.step_forwards(steps) + objective.teacher_forwards_at(steps))
-        if spent + cost > BUDGET:
+        if spent + cost > limit:
             break
         spent, steps = spent + cost, steps + 1
     steps = steps // cycle * cycle
