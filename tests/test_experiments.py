@@ -1029,6 +1029,23 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert arms["ect-ddpm"][0] == "configs/fashion_mnist_moh_ect_ddpm.yaml" and distill_dmd2.budget_arm("ect-ddpm")
     assert "distill.student_from=" + str(tmp_path / "runs" / "trajectory-ddpm-seed1") in arms["ect-ddpm"][1]
     assert distill_dmd2.start_of("ect-ddpm") == "trajectory-ddpm" and not distill.selected("ect-flow", 1, None)
+    # ECT from the cheaper start for half of what it leaves, then DMD2 from that student (trained after it)
+    assert arms["ectfew-ddpm"][1][1:] == [
+        f"distill.student_from={tmp_path / 'runs' / 'few-ddpm-seed1'}",
+        "distill.grid_share=0.0",
+    ]
+    assert (
+        distill_dmd2.start_of("dmd2ecf-ddpm-g4-nogan-ema998") == "ectfew-ddpm"
+        and distill_dmd2.start_of("ectfew-ddpm") == "few-ddpm"
+    )
+    assert (
+        list(arms).index("ectfew-ddpm")
+        < list(arms).index("dmd2ecf-ddpm-g4-nogan")
+        < list(arms).index("dmd2ecf-ddpm-g4-nogan-ema998")
+    )
+    assert (
+        arms["dmd2ecf-ddpm-g4-nogan"][1][2:] == arms["dmd2few-ddpm-g4-nogan"][1][2:]
+    )  # the recipe the cheaper start had
     # the smoke scale: its own few arms, one of each kind of run
     smoke = distill.SCALES["tiny"]
     assert {a for a in arms if distill.selected(a, 0, None, smoke)} == set(smoke["arms"]) and smoke["seeds"] == (0,)
@@ -1508,7 +1525,15 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     training, and one more cycle would spend more; ``-x4`` trains four times those steps, evaluated at the same
     steps; a start that leaves too little is refused."""
     from experiments import distill
-    from experiments.distill_dmd2 import BATCH, BUDGET, counted_objective, fill_budget, load_arm, over_budget
+    from experiments.distill_dmd2 import (
+        BATCH,
+        BUDGET,
+        budget_share,
+        counted_objective,
+        fill_budget,
+        load_arm,
+        over_budget,
+    )
 
     arms = distill.student_arms(1, Path("/nonexistent"), distill.SCALES["cpu"])
     config, overrides = arms["dmd2f-flow-g3-nogan"]
@@ -1540,6 +1565,10 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     # ECT's stage: four student passes and the teacher's guided step per image, at every step alike
     (ect_length, _), _ = fill_budget(*arms["ect-flow"], spent, distill.SCALES["cpu"])
     assert ect_length == f"train.max_steps={int((BUDGET - spent) // (BATCH * (4 + 2)))}"
+    # a stage with a share of what its start leaves spends that share, and the stage after it the rest
+    assert budget_share("ectfew-flow") == 0.5 and budget_share("dmd2ecf-flow-g3-nogan") == 1
+    (half, _), _ = fill_budget(*arms["ectfew-flow"], spent, distill.SCALES["cpu"], 1, 0.5)
+    assert half == f"train.max_steps={int((BUDGET - spent) / 2 // (BATCH * (4 + 2)))}"
     # a GAN term switched on late: the steps before it cost what a stage without it costs, those after it more
     late_config, late_overrides = arms["dmd2f-flow-g1-ganlate"]
     late = counted_objective(load_arm(late_config, late_overrides))
