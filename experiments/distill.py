@@ -64,7 +64,7 @@ from experiments.distill_dmd2 import (
     start_of,
     three_seed_arms,
 )
-from experiments.distill_dmd2_report import plot_costs
+from experiments.distill_dmd2_report import plot_costs, whole_cost
 from experiments.distill_report import (
     GAN,
     KINDS,
@@ -74,7 +74,6 @@ from experiments.distill_report import (
     plot,
     report,
     run_cost,
-    total_cost,
 )
 from experiments.report import is_recorded, open_study, save_results, study_arguments, with_row
 from moh_dit.errors import NonFiniteLossError
@@ -260,15 +259,15 @@ def part_train(sc: dict, out: Path, reference: Path, seeds, result: dict, only: 
 
 
 def _spent_before(arm: str, seed: int, result: dict) -> float:
-    """The counted network evaluations of the student ``arm`` starts from (0 from the teacher)."""
+    """The counted network evaluations of the student ``arm`` starts from, with the students that one started from
+    (0 from the teacher)."""
     start = start_of(arm)
     if start is None:
         return 0.0
-    record = result["training"].get(run_name(start, seed), {})
-    whole = total_cost(record)
+    whole = whole_cost(result["training"], start, seed)
     if whole is None:
         raise SystemExit(f"{arm} starts from {start} at seed {seed}, which has no counted cost yet: train it first")
-    return whole["forwards"]
+    return whole
 
 
 def _train_student(arm: str, seed: int, sc: dict, out: Path, reference: Path, arms: dict) -> dict:

@@ -1650,3 +1650,20 @@ def test_dmd2_with_dmds_regression_trains_on_its_starts_own_set_and_does_not_pay
     assert any("regression" in str(record) for record in logged)
     assert run_cost(start)["trajectory_evaluations"] > 0  # the start recorded the set and counts it
     assert "trajectory_evaluations" not in run_cost(dmd2)  # read from the start's folder: not counted again
+
+
+def test_a_stage_after_two_others_counts_what_both_spent_before_it():
+    """ECT from the cheaper start, then DMD2 from it: the DMD2 stage's budget is what the cheaper start and the ECT stage
+    left together (each run's passes, the teacher's evaluations and its own set of trajectories)."""
+    from experiments import distill
+
+    def record(forwards, teacher, trajectories=0.0):
+        return {"student_images": 1, "student_forwards": forwards, "teacher_evaluations": teacher,
+                "trajectory_evaluations": trajectories}  # fmt: skip
+
+    result = {"training": {"few-ddpm-seed0": record(100.0, 0.0, 50.0), "ectfew-ddpm-seed0": record(30.0, 10.0)}}
+    assert distill._spent_before("ectfew-ddpm", 0, result) == 150.0
+    assert distill._spent_before("dmd2ecf-ddpm-g4-nogan", 0, result) == 190.0
+    assert distill._spent_before("dmd2g-ddpm-g2", 0, result) == 0.0  # from the teacher
+    with pytest.raises(SystemExit, match="no counted cost yet"):
+        distill._spent_before("dmd2ecf-flow-g3-nogan", 0, result)
