@@ -106,10 +106,10 @@ class TeacherFeatures(RegressionDistance):
 
 
 DEFAULT = "mse"
-# name -> the distance's class and the keys it reads (beside distill.regression_distance)
-DISTANCES: dict[str, tuple[type[RegressionDistance], tuple[str, ...]]] = {
-    "mse": (SquaredError, ()),
-    "teacher_features": (TeacherFeatures, ("regression_feature_time",)),
+# name -> the distance's class, and the keys it reads (beside distill.regression_distance) with the argument each sets
+DISTANCES: dict[str, tuple[type[RegressionDistance], dict[str, str]]] = {
+    "mse": (SquaredError, {}),
+    "teacher_features": (TeacherFeatures, {"regression_feature_time": "time"}),
 }
 
 
@@ -125,10 +125,11 @@ def regression_distance(
         raise ConfigError(
             "distill.regression_distance and its settings need DMD's regression on (distill.regression > 0)"
         )
-    cls, keys = DISTANCES[name]
-    settings = {"regression_feature_time": regression_feature_time}
-    for key, value in settings.items():
-        if value is not None and key not in keys:
-            readers = ", ".join(n for n, (_, read) in DISTANCES.items() if key in read)
-            raise ConfigError(f"distill.{key} is read by distill.regression_distance={readers} only, not {name!r}")
-    return cls(**{key.removeprefix("regression_feature_"): settings[key] for key in keys if settings[key] is not None})
+    cls, reads = DISTANCES[name]
+    given = {
+        key: value for key, value in {"regression_feature_time": regression_feature_time}.items() if value is not None
+    }
+    for key in given.keys() - reads.keys():
+        readers = ", ".join(n for n, (_, read) in DISTANCES.items() if key in read)
+        raise ConfigError(f"distill.{key} is read by distill.regression_distance={readers} only, not {name!r}")
+    return cls(**{reads[key]: value for key, value in given.items()})

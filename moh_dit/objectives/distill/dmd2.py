@@ -43,7 +43,7 @@ import torch
 from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
-from moh_dit.objectives.distill.distances import regression_distance as distance_of
+from moh_dit.objectives.distill import distances
 from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
 from moh_dit.objectives.distill.generator import GridGenerator
 from moh_dit.objectives.distill.grids import MIDPOINT
@@ -89,7 +89,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         gan_weight: float = 0.0,
         gan_block: int | None = None,
         regression: float = 0.0,
-        regression_distance: str = "mse",
+        regression_distance: str = distances.DEFAULT,
         regression_feature_time: float | None = None,
         dmd_steps: tuple[int, ...] | list[int] = (1,),
         dmd_input: str = "data",
@@ -112,7 +112,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         for key, value in (("gan_weight", gan_weight), ("regression", regression), ("vsd_weight", vsd_weight)):
             if not is_number(value) or not 0 <= value < float("inf"):
                 raise ConfigError(f"distill.{key} must be a weight >= 0, got {value!r}")
-        self.distance = distance_of(regression_distance, regression_feature_time, on=bool(regression))
+        self.distance = distances.regression_distance(regression_distance, regression_feature_time, bool(regression))
         if not vsd_weight and not gan_weight:
             raise ConfigError(
                 "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
