@@ -179,7 +179,13 @@ REGRESSION = {"reg0.25": {"regression": 0.25}, "reg1": {"regression": 1.0}, "fea
 OVER_BUDGET = {"x4": 4}
 # a prefix: the share of what the budget leaves after its start that a stage spends, leaving the rest to a stage after
 # it (ECT from the cheaper start, then DMD2 from that: a start with more of the teacher's recall, within the budget)
-SHARES = {"ectfew-": 0.5}
+# ECT from the cheaper start, and DMD2 from it, by what its ECT stage changes: the prefixes' tail (`ectfew{tail}-`,
+# `dmd2ecf{tail}-`) and its settings. At seed 1 the default's ECT (the rate 1e-4, the fixed step 0.01) degraded its
+# start from its first evaluation on (one step 18.7 -> 49.7): a third of the rate (`lr`), or a fixed step five times
+# longer, so that a target chains a fifth as many of the student's own jumps (`dt`)
+ECT_STARTS = {"": {}, "lr": {"optim.lr": 3e-5}, "dt": {"distill.ect_dt": 0.05}}
+SHARES = {f"ectfew{tail}-": 0.5 for tail in ECT_STARTS}
+ECT_DMD2 = tuple(f"dmd2ecf{tail}" for tail in ECT_STARTS)  # DMD2's prefix from each
 
 
 def _overrides(settings: dict) -> list[str]:
@@ -238,10 +244,12 @@ def dmd2_arms(
         arms[f"few-{kind}"] = (config, [*overrides, f"distill.trajectory_count={few}"])
         for name, scale in (("fewlow", LOW_SCALE[kind]), ("fewmid", MID_SCALE[kind])):  # the two levers together
             arms[f"{name}-{kind}"] = (config, [*arms[f"few-{kind}"][1], f"distill.guidance_scale={scale}"])
-        # ECT (its intervals uniform) for half of what the cheaper start leaves: a start for DMD2 (`dmd2ecf-`)
-        arms[f"ectfew-{kind}"] = (ECT[kind], [teacher, _started(runs, f"ectfew-{kind}", seed), "distill.grid_share=0.0"])  # fmt: skip
+        # ECT (its intervals uniform) for half of what the cheaper start leaves: a start for DMD2 (`dmd2ecf{tail}-`)
+        for tail, change in ECT_STARTS.items():
+            stage = f"ectfew{tail}-{kind}"
+            arms[stage] = (ECT[kind], [teacher, _started(runs, stage, seed), "distill.grid_share=0.0", *_overrides(change)])  # fmt: skip
         # the recipe from the lower-guidance starts, from the start on a quarter of the set, the MeanFlow student and ECT's
-        for prefix in ("dmd2l", "dmd2mid", "dmd2few", "dmd2fewl", "dmd2fewmid", "dmd2m", "dmd2ecf"):
+        for prefix in ("dmd2l", "dmd2mid", "dmd2few", "dmd2fewl", "dmd2fewmid", "dmd2m", *ECT_DMD2):
             origin = _started(runs, f"{prefix}-{kind}", seed)
             arms[f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
                 FROM_SHORT[kind],
@@ -283,7 +291,7 @@ def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[
     """The recipe's (and the cheaper starts' recipes') variants that change one setting of an arm already in
     ``arms``: the start held by a longer EMA, past the budget with the recipe's share held, the two-step grid's middle."""
     variants = {}
-    for prefix in ("dmd2f", "dmd2few", "dmd2fewl", "dmd2fewmid", "dmd2ecf"):
+    for prefix in ("dmd2f", "dmd2few", "dmd2fewl", "dmd2fewmid", *ECT_DMD2):
         name = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
         config, extra = arms[name]
         for middle in MIDDLES if prefix == "dmd2f" else ():  # in training and sampling (recorded with the generator)
@@ -323,7 +331,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 
 # the arms whose length the budget sets
-STAGES = ("dmd2s-", "dmd2f-", "ectfew-", "dmd2ecf-", "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
+STAGES = ("dmd2s-", "dmd2f-", *SHARES, *(f"{p}-" for p in ECT_DMD2), "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
 # every arm of these measurements, by its name's start
 ARMS = ("short-", "half-", "low-", "mid-", "few-", "fewlow-", "fewmid-", "uni-", *STAGES)
 
@@ -335,7 +343,8 @@ def budget_arm(arm: str) -> bool:
 
 # a stage's prefix: the arm it starts from, by its name's start
 STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2few-": "few", "dmd2fewl-": "fewlow", "dmd2fewmid-": "fewmid", "dmd2m-": "meanflow",
-          "ectfew-": "few", "dmd2ecf-": "ectfew", "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
+          "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
+STARTS |= {f"ectfew{tail}-": "few" for tail in ECT_STARTS} | {f"dmd2ecf{tail}-": f"ectfew{tail}" for tail in ECT_STARTS}
 
 
 def start_of(arm: str) -> str | None:
