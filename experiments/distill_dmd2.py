@@ -185,6 +185,9 @@ OVER_BUDGET = {"x4": 4}
 # longer, so that a target chains a fifth as many of the student's own jumps (`dt`)
 ECT_STARTS = {"": {}, "lr": {"optim.lr": 3e-5}, "dt": {"distill.ect_dt": 0.05}}
 SHARES = {f"ectfew{tail}-": 0.5 for tail in ECT_STARTS}
+# the real score's scale from ECT's start below the recipe's (the samplers' 3 and 4): ECT's start has the teachers'
+# recall at two steps more nearly (0.40-0.46), and DMD2 at the samplers' scale spends it (0.30-0.36)
+ECT_VARIETY_SCALE = 2.0
 ECT_DMD2 = tuple(f"dmd2ecf{tail}" for tail in ECT_STARTS)  # DMD2's prefix from each
 
 
@@ -255,6 +258,12 @@ def dmd2_arms(
                 FROM_SHORT[kind],
                 [teacher, origin, *_overrides(settings)],
             )
+        # from ECT's start at a lower real-score scale: whether DMD2 keeps more of the recall ECT adds
+        variety = RECIPE | {"real_guidance": ECT_VARIETY_SCALE} | VARIANTS["nogan"]
+        arms[f"dmd2ecf-{kind}-{_label(ECT_VARIETY_SCALE)}-nogan"] = (
+            FROM_SHORT[kind],
+            [teacher, _started(runs, f"dmd2ecf-{kind}", seed), *_overrides(variety)],
+        )
         dmd2l = f"dmd2l-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
         arms[f"{dmd2l}-x4"] = arms[dmd2l]  # the variety lever's curve still fell at the budget's end
         arms |= _recipe_variants(arms, kind)
@@ -344,7 +353,9 @@ def budget_arm(arm: str) -> bool:
 # a stage's prefix: the arm it starts from, by its name's start
 STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2few-": "few", "dmd2fewl-": "fewlow", "dmd2fewmid-": "fewmid", "dmd2m-": "meanflow",
           "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
-STARTS |= {f"ectfew{tail}-": "few" for tail in ECT_STARTS} | {f"dmd2ecf{tail}-": f"ectfew{tail}" for tail in ECT_STARTS}
+STARTS |= {f"ectfew{tail}-": "few" for tail in ECT_STARTS} | {
+    f"dmd2ecf{tail}-": f"ectfew{tail}" for tail in ECT_STARTS
+}
 
 
 def start_of(arm: str) -> str | None:

@@ -1046,6 +1046,22 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert (
         arms["dmd2ecf-ddpm-g4-nogan"][1][2:] == arms["dmd2few-ddpm-g4-nogan"][1][2:]
     )  # the recipe the cheaper start had
+    # ECT's variants from the cheaper start (a third of the rate, a longer fixed step), each with DMD2 from it: the
+    # same stage with one setting changed, the same share of the budget, and DMD2 started from that variant's student
+    for tail, change in (("lr", "optim.lr=3e-05"), ("dt", "distill.ect_dt=0.05")):
+        assert arms[f"ectfew{tail}-ddpm"] == (arms["ectfew-ddpm"][0], [*arms["ectfew-ddpm"][1], change])
+        assert distill_dmd2.start_of(f"ectfew{tail}-ddpm") == "few-ddpm" and distill_dmd2.budget_share(f"ectfew{tail}-ddpm") == 0.5  # fmt: skip
+        dmd2 = f"dmd2ecf{tail}-ddpm-g4-nogan-ema998"
+        assert distill_dmd2.start_of(dmd2) == f"ectfew{tail}-ddpm" and distill_dmd2.budget_arm(dmd2)
+        started = f"distill.student_from={tmp_path / 'runs' / f'ectfew{tail}-ddpm-seed1'}"
+        assert arms[dmd2][1] == [arms["dmd2ecf-ddpm-g4-nogan-ema998"][1][0], started, *arms["dmd2ecf-ddpm-g4-nogan-ema998"][1][2:]]  # fmt: skip
+        assert list(arms).index(f"ectfew{tail}-ddpm") < list(arms).index(dmd2)
+    # DMD2 from ECT's start at a lower real-score scale than the recipe's (the recall ECT adds)
+    lower = arms["dmd2ecf-flow-g2-nogan"][1]
+    assert "distill.real_guidance=2.0" in lower and "distill.gan_weight=0.0" in lower
+    assert [o for o in lower if "real_guidance" not in o] == [
+        o for o in arms["dmd2ecf-flow-g3-nogan"][1] if "real_guidance" not in o
+    ]
     # the smoke scale: its own few arms, one of each kind of run
     smoke = distill.SCALES["tiny"]
     assert {a for a in arms if distill.selected(a, 0, None, smoke)} == set(smoke["arms"]) and smoke["seeds"] == (0,)
