@@ -289,7 +289,11 @@ def _guidance_of(section: DistillSection) -> tuple[float, tuple[float, float], t
         levels = recorded.guidance.noise_range() if recorded is not None else None
         times = (0.0, 1.0) if levels is None else tuple(flow_time(level) for level in levels)
     if recorded is not None and (section.guidance_scale is None or section.guidance_times is None):
-        logger.info("the teacher's guidance as it records it: %s", recorded.describe_guidance())
+        # say which part the record gives: a config's own scale with the recorded interval is not the record's scale
+        taken = [part for part, given in (("scale", section.guidance_scale), ("interval", section.guidance_times)) if given is None]  # fmt: skip
+        logger.info(
+            "the teacher's guidance %s from its record (%s)", " and ".join(taken), recorded.describe_guidance()
+        )
     sampling = None
     if recorded is not None and recorded.sampler.scheduler is not None:
         sampling = (recorded.sampler.scheduler, recorded.sampler.num_steps)

@@ -426,3 +426,21 @@ def test_a_dmd2_student_of_a_ddpm_teacher_hears_no_warning_about_meanflows_times
     with caplog.at_level("WARNING"):
         Trainer(distill_config(tmp_path / "m", image_dir, teachers / "ddpm", "distill.derivative=finite-difference"))
     assert "rarely reach pure noise" in caplog.text  # MeanFlow's own student still hears it
+
+
+def test_the_log_says_which_part_of_the_guidance_comes_from_the_teachers_record(teachers, image_dir, tmp_path, caplog):
+    """A config's own scale with the teacher's recorded interval is logged as the interval alone from the record, so
+    that the recorded scale in the same line is not read as the one in use."""
+    from moh_dit.training.distill.teacher import _guidance_of
+
+    for extra, said in ((["distill.guidance_scale=3"], "guidance interval from"), ([], "guidance scale and interval from")):  # fmt: skip
+        caplog.clear()
+        section = distill_config(tmp_path / "a", image_dir, teachers / "flow", *extra).distill
+        with caplog.at_level("INFO", logger="moh_dit.train"):
+            scale, _, _ = _guidance_of(section)
+        assert said in caplog.text and (scale == 3.0) == bool(extra)
+    caplog.clear()
+    given = ["distill.guidance_scale=3", "distill.guidance_times=[0.2,0.9]"]
+    with caplog.at_level("INFO", logger="moh_dit.train"):
+        assert _guidance_of(distill_config(tmp_path / "b", image_dir, teachers / "flow", *given).distill)[:2] == (3.0, (0.2, 0.9))  # fmt: skip
+    assert "from its record" not in caplog.text  # nothing taken from it
