@@ -182,8 +182,9 @@ OVER_BUDGET = {"x4": 4}
 # ECT from the cheaper start, and DMD2 from it, by what its ECT stage changes: the prefixes' tail (`ectfew{tail}-`,
 # `dmd2ecf{tail}-`) and its settings. At seed 1 the default's ECT (the rate 1e-4, the fixed step 0.01) degraded its
 # start from its first evaluation on (one step 18.7 -> 49.7): a third of the rate (`lr`), or a fixed step five times
-# longer, so that a target chains a fifth as many of the student's own jumps (`dt`)
-ECT_STARTS = {"": {}, "lr": {"optim.lr": 3e-5}, "dt": {"distill.ect_dt": 0.05}}
+# longer, so that a target chains a fifth as many of the student's own jumps (`dt`; the twin configs' since), and ten
+# times (`dt10`: where the longer step's gain turns, at seed 0)
+ECT_STARTS = {"": {}, "lr": {"optim.lr": 3e-5}, "dt": {"distill.ect_dt": 0.05}, "dt10": {"distill.ect_dt": 0.1}}
 SHARES = {f"ectfew{tail}-": 0.5 for tail in ECT_STARTS}
 # the real score's scale from ECT's start below the recipe's (the samplers' 3 and 4): ECT's start has the teachers'
 # recall at two steps more nearly (0.40-0.46), and DMD2 at the samplers' scale spends it (0.30-0.36)

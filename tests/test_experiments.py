@@ -1604,9 +1604,9 @@ TWINS = [
     ("fashion_mnist_moh_dmd2_few.yaml", "dmd2few-flow-g3-nogan-ema998", "few-flow"),
     ("fashion_mnist_moh_dmd2_few_ddpm.yaml", "dmd2few-ddpm-g4-nogan-ema998", "few-ddpm"),
     ("fashion_mnist_moh_dmd2_fewlow_ddpm.yaml", "dmd2fewl-ddpm-g4-nogan-ema998", "fewlow-ddpm"),
-    ("fashion_mnist_moh_ect_few.yaml", "ectfew-flow", "few-flow"),
+    ("fashion_mnist_moh_ect_few.yaml", "ectfewdt-flow", "few-flow"),
     ("fashion_mnist_moh_ect_few_ddpm.yaml", "ectfewdt-ddpm", "few-ddpm"),
-    ("fashion_mnist_moh_dmd2_ect.yaml", "dmd2ecf-flow-g3-nogan", "ectfew-flow"),
+    ("fashion_mnist_moh_dmd2_ect.yaml", "dmd2ecfdt-flow-g3-nogan", "ectfewdt-flow"),
     ("fashion_mnist_moh_dmd2_ect_ddpm.yaml", "dmd2ecfdt-ddpm-g4-nogan-ema998", "ectfewdt-ddpm"),
 ]
 
