@@ -96,100 +96,41 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from experiments.distill_dmd2_settings import (  # the settings, re-exported where the study and its tests read them
+    ANCHORS,
+    BATCH,
+    BUDGET,
+    CHOSEN_SCALE,
+    ECT,
+    ECT_CURRICULUM,
+    ECT_DMD2,
+    ECT_STARTS,
+    ECT_VARIETY_SCALE,
+    FEW_SHARE,
+    FROM_SHORT,
+    FROM_TEACHER,
+    FULL_VARIANTS,
+    GAN_LATE,
+    GAN_LOW,
+    GAN_ONLY,
+    HELD_PAST_BUDGET,
+    LOW_SCALE,
+    MID_SCALE,
+    MIDDLES,
+    OVER_BUDGET,
+    RCM,
+    RCM_RECIPE,
+    REAL_SCALES,
+    RECIPE,
+    REGRESSION,
+    SHARES,
+    SHORT,
+    VARIANTS,
+    VARIETY_SCALES,
+)
+
 __all__ = ["ARMS", "BUDGET", "CHOSEN_SCALE", "REAL_SCALES", "RECIPE_SCALE", "dmd2_arms", "budget_arm", "three_seed_arms",
            "fill_budget", "over_budget", "budget_share"]  # fmt: skip
-
-BUDGET = 8300 * 16 * 3  # the teachers' training in network evaluations (experiments/distill.py's teachers)
-BATCH = 16
-# the real score's scales measured at seed 0: none, 1.5, 2 and each teacher's sampler's (the flow twin's CFG 3, the
-# default's recorded CFG 4 at DiT's timesteps 100-500)
-REAL_SCALES = {"flow": (1.0, 1.5, 2.0, 3.0), "ddpm": (1.0, 1.5, 2.0, 4.0)}
-# the scale the short start's variants are measured at: that sweep's best at seed 0 (500-sample one-step KID during
-# training at matched steps: the flow twin's 18.3 / 15.3 / 13.7 at r = 1 / 2 / 3, step 640-660; the default's 18.2 at
-# r = 1 against 14.8 at r = 2, step 600-620; its r = 1.5 and 4 not run there)
-CHOSEN_SCALE = {"flow": 3.0, "ddpm": 2.0}
-# the real score below the sampler's scale from the full start, without the GAN term: the issue's sweep (none, 1.5, 2)
-# beside the recipe's sampler scale, and the variety lever the full start's variants point to (its recall falls with
-# every longer run at the sampler's scale; the default's r = 2 there is its CHOSEN_SCALE already)
-VARIETY_SCALES = {"flow": (1.0, 1.5, 2.0), "ddpm": (1.0, 1.5, 2.0)}
-# the guidance the lower-guidance trajectory start records its trajectories at (the samplers' are 3 and 4): about half
-LOW_SCALE = {"flow": 1.5, "ddpm": 2.0}
-# the start between: two thirds to three quarters of the samplers' scale (the flow twin's start at half its CFG 3 lost
-# two-step KID, 5.31 against 3.22, where the default's at half its CFG 4 kept it, 6.46 against 6.45)
-MID_SCALE = {"flow": 2.0, "ddpm": 3.0}
-# the share of the full trajectory stage's recorded set the cheaper start records (all the stage's steps on it)
-FEW_SHARE = 4
-# each teacher's config of a stage: the flow twin's, and the default's (`_ddpm`)
-KIND_CONFIG = {"flow": "configs/fashion_mnist_moh_{}.yaml", "ddpm": "configs/fashion_mnist_moh_{}_ddpm.yaml"}
-SHORT, FROM_SHORT, FROM_TEACHER, RCM, ECT = ({k: v.format(stem) for k, v in KIND_CONFIG.items()} for stem in (
-    "distill_trajectory_short", "dmd2_trajectory", "dmd2", "rcm", "ect"))  # fmt: skip
-# ECT's curriculum from the grid-trained start: from the 4-step grid's spacing (a step from t = 1 lands on 0.75, a time
-# that start learned its jumps from), halved every 100 of the ~670 steps the budget leaves, to the fixed step's 0.01
-ECT_CURRICULUM = {"ect_dt_start": 0.25, "ect_dt_every": 100}
-RCM_RECIPE = {"student_updates": 4, "vsd_weight": 1.0, "fake_lr": 2e-4, "gan_weight": 0.001, "dmd_input": "generator",
-              "dmd_steps": [1, 2], "trajectory_count": 1024}  # fmt: skip
-VARIANTS = {  # a suffix of dmd2s-{kind}-g{r}: what it changes (the two-step middle is a key, not measured here)
-    "nogan": {"distill.gan_weight": 0.0},
-    "data": {"distill.dmd_input": "data"},
-    "f1": {"distill.fake_updates": 1},
-    "lr3e-5": {"optim.lr": 3e-5},
-    # without the GAN term a run still got worse in its second half: the rate decayed to 0 by the end (both networks)
-    "nogan-cos": {"distill.gan_weight": 0.0, "optim.schedule": "cosine"},
-}
-# every DMD2 arm's settings unless it changes one
-RECIPE = {"gan_weight": 0.001, "gan_start": 0, "vsd_weight": 1.0, "dmd_input": "generator", "dmd_steps": [1, 2],
-          "dmd_midpoint": 0.5, "fake_updates": 4}  # fmt: skip
-GAN_ONLY = {"vsd_weight": 0.0, "gan_weight": 1.0, "fake_updates": 1}
-# the full start's variants (its stage ended still falling, with 163 generator updates): more generator updates in the
-# same budget, and the same run past the budget
-FULL_VARIANTS = {
-    "nogan": VARIANTS["nogan"],
-    "nogan-f1": VARIANTS["nogan"] | VARIANTS["f1"],
-    "nogan-f8": VARIANTS["nogan"] | {"distill.fake_updates": 8},  # whether a lagging fake score makes VSD seek modes
-    "nogan-x4": VARIANTS["nogan"],
-}
-# the EMA's hold on the start: the generator's EMA steps once per generator update, so at the recipe's decay (0.995)
-# and 163 updates the scored weights keep 0.995^163 = 44% of the start (its raw weights score worse: the EMA is an
-# anchor, not a lag); a longer stage at that decay keeps less (9% at the cheaper start's 489). A suffix -ema{digits}
-# sets a longer EMA: 0.998 keeps 38% over 489 updates (about the recipe's share) and 72% over 163; 0.999 keeps 61%
-ANCHORS = {"ema998": 0.998, "ema999": 0.999}
-# the recipe past the budget with its share held (-x4's 652 updates at 0.995 keep 4% of the start; 0.44^(1 / 652)):
-# whether length is a lever once the anchor is not loosened with it
-# (per start; the cheaper starts' recipes: their 38% at 0.998 over 488 updates, 0.38^(1 / 1952) over -x4's)
-HELD_PAST_BUDGET = {"dmd2f": {"ema99874": 0.99874}, "dmd2few": {"ema9995": 0.9995}, "dmd2fewl": {"ema9995": 0.9995}}
-# the references' pairing of the GAN term with an unguided real score (DMD2 on ImageNet-64 and SiDA fold no guidance
-# into it: the discriminator on real data supplies the sharpness): DMD2's ImageNet-64 generator weight, switched on
-# once the fake score has trained with the generator alone for a quarter of the stage (SiDA's order; DMD2's best
-# ImageNet-64 run resumed a run without it)
-GAN_LATE = {"gan_weight": 0.003, "gan_start": 200}
-# the late term's discriminator told real from generated only at low noise (ROC area 0.83-0.88 at t = 0.1, 0.69-0.74
-# at 0.3, near chance from 0.7; experiments.distill_diagnosis --part discriminator): its own times from the low end
-GAN_LOW = GAN_LATE | {"gan_time": [0.02, 0.4]}
-# the two-step grid's middle flow time (the recipe's is FastGen's 0.5; the issue asked for it measured): one nearer the
-# data leaves the second step a refinement, one nearer the noise gives it more of the fresh noise to place
-MIDDLES = (0.3, 0.7)
-# DMD's regression (its mode-coverage term: the one-step sample of a trajectory's noise held to the teacher's end) on
-# the recipe's start's own set, which that start paid for: DMD's weight 0.25 (with LPIPS there) and 1, by the squared
-# error (`reg`), and by LPIPS's form in the teacher's block tokens (`feat`; moh_dit/objectives/distill/distances.py)
-# read at the data and at flow time 0.3
-FEATURES = {"regression_distance": "teacher_features"}
-REGRESSION = {"reg0.25": {"regression": 0.25}, "reg1": {"regression": 1.0}, "feat0.25": {"regression": 0.25} | FEATURES,
-              "feat1": {"regression": 1.0} | FEATURES, "feat1-t0.3": {"regression": 1.0, "regression_feature_time": 0.3} | FEATURES}  # fmt: skip
-# a suffix: how many times the steps the budget leaves the arm trains (its cost above the budget, reported as such)
-OVER_BUDGET = {"x4": 4}
-# a prefix: the share of what the budget leaves after its start that a stage spends, leaving the rest to a stage after
-# it (ECT from the cheaper start, then DMD2 from that: a start with more of the teacher's recall, within the budget)
-# ECT from the cheaper start, and DMD2 from it, by what its ECT stage changes: the prefixes' tail (`ectfew{tail}-`,
-# `dmd2ecf{tail}-`) and its settings. At seed 1 the default's ECT (the rate 1e-4, the fixed step 0.01) degraded its
-# start from its first evaluation on (one step 18.7 -> 49.7): a third of the rate (`lr`), or a fixed step five times
-# longer, so that a target chains a fifth as many of the student's own jumps (`dt`; the twin configs' since), and ten
-# times (`dt10`: where the longer step's gain turns, at seed 0)
-ECT_STARTS = {"": {}, "lr": {"optim.lr": 3e-5}, "dt": {"distill.ect_dt": 0.05}, "dt10": {"distill.ect_dt": 0.1}}
-SHARES = {f"ectfew{tail}-": 0.5 for tail in ECT_STARTS}
-# the real score's scale from ECT's start below the recipe's (the samplers' 3 and 4): ECT's start has the teachers'
-# recall at two steps more nearly (0.40-0.46), and DMD2 at the samplers' scale spends it (0.30-0.36)
-ECT_VARIETY_SCALE = 2.0
-ECT_DMD2 = tuple(f"dmd2ecf{tail}" for tail in ECT_STARTS)  # DMD2's prefix from each
 
 
 def _overrides(settings: dict) -> list[str]:
