@@ -18,6 +18,9 @@ measurements on the distillation's own code (docs/objective.md#the-diagnosis).
     weights     the run's EMA (its exported pipeline) and its raw weights at the same step (its last checkpoint's),
                 each scored as the distillation study scores a student (class-balanced samples at 1 and 2 steps,
                 KID on the project's classifier features of the test split, recall): is the EMA a lag or an anchor?
+    consistency where ECT's target for the one-step jump points, at the start and the end of a flow-map run: the direct
+                jump's and each fixed step's target image's distance to the teacher's 25-step end
+                (experiments/distill_diagnosis_ect.py)
     discriminator  a DMD2 run's discriminator head at its last checkpoint: how well it tells the training split's
                 images from one-step samples at fixed noise times (ROC area), and how fast it learns that alone
 
@@ -44,6 +47,7 @@ import torch
 
 from experiments.arms import run_config
 from experiments.common import ROOT
+from experiments.distill_diagnosis_ect import part_consistency
 from experiments.distill_diagnosis_ema import part_ema, part_weights
 from experiments.distill_diagnosis_gan import part_discriminator
 from experiments.distill_diagnosis_report import INTERVALS, feature_spread, report, rms, roughness, spread
@@ -54,7 +58,8 @@ from moh_dit.training.config import load_config
 OUT = ROOT / "experiments" / "results" / "distill_diagnosis"
 # the methods each part reads (None: every distillation)
 APPLIES = {"collapse": None, "derivative": ("meanflow", "trajectory"), "updates": ("meanflow", "trajectory"),
-           "fit": ("trajectory",), "ema": None, "weights": None, "discriminator": ("dmd2",)}  # fmt: skip
+           "fit": ("trajectory",), "ema": None, "weights": None, "discriminator": ("dmd2",),
+           "consistency": ("meanflow", "trajectory", "ect")}  # fmt: skip
 WINDOW = 0.1  # "near" an interval: t and r each within this of its ends
 # the recipes whose draws are measured: (config, overrides)
 RECIPES = {
@@ -344,7 +349,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--part",
         nargs="+",
-        choices=["times", "collapse", "derivative", "updates", "fit", "ema", "weights", "discriminator"],
+        choices=[
+            "times",
+            "collapse",
+            "derivative",
+            "updates",
+            "fit",
+            "ema",
+            "weights",
+            "discriminator",
+            "consistency",
+        ],
         default=["times"],
     )
     p.add_argument("--run", type=Path, default=None, help="a distillation run folder (every part but times)")
@@ -362,7 +377,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              "derivative": lambda: part_derivative(result, args.run), "updates": lambda: part_updates(result, args.run),
              "fit": lambda: part_fit(result, args.run), "ema": lambda: part_ema(result, args.run),
              "weights": lambda: part_weights(result, args.run, out, args.samples),
-             "discriminator": lambda: part_discriminator(result, args.run)}  # fmt: skip
+             "discriminator": lambda: part_discriminator(result, args.run),
+             "consistency": lambda: part_consistency(result, args.run)}  # fmt: skip
     for part in args.part:
         parts[part]()
         atomic_write_text(path, json_text(result))

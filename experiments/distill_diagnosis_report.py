@@ -102,6 +102,13 @@ def report(result: dict) -> str:
             said = f"{loss['first fifth']:.3f} to {loss['last fifth']:.3f}" if loss else ""
             lines.append(f"| {name} | " + " | ".join(f"{probe['area'][t]:.3f}" for t in times) + f" | {said} |")
         lines.append("")
+    for name, c in result.get("consistency", {}).items():
+        keys = list(next(iter(c["rows"].values())))
+        lines += [f"## Where ECT's target points ({name})", "", f"Run: `{c['run']}` (its step {c['ect_dt']}); RMS per "
+                  f"pixel, {c['samples']} noises, the teacher's end: its guided 25 Euler steps", "",
+                  "| student | " + " | ".join(keys) + " |", "|---" * (1 + len(keys)) + "|"]  # fmt: skip
+        lines += [f"| {who} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |" for who, row in c["rows"].items()]
+        lines.append("")
     if "ema" in result:
         e = result["ema"]
         if "teacher_share" in e:  # a record written before the EMA's own updates were counted (one per step)

@@ -1395,6 +1395,32 @@ def test_the_distillation_diagnosis_measures_what_it_says():
     )
 
 
+def test_the_consistency_diagnosis_measures_ects_target_image_for_the_one_step_jump():
+    """The target image of the jump 1 -> 0 at a fixed step dt is one teacher step to s = 1 - dt and the student's jump
+    from there, z - dt v - s u(z_s, s, 0): with a student whose average velocity is a known function, each distance is
+    the closed form's."""
+    from types import SimpleNamespace
+
+    from experiments.distill_diagnosis_ect import STEPS, consistency_row
+
+    def average_velocity(model, z, t, r, y):  # u(z, t, r) = 2 z t: the jump from t lands at z (1 - 2 t^2)
+        return SimpleNamespace(sample=2 * z * t.reshape(-1, 1, 1, 1))
+
+    z = torch.randn(4, 1, 3, 3, generator=torch.Generator().manual_seed(0))
+    y = torch.zeros(4, dtype=torch.long)
+    teacher_end = torch.zeros_like(z)
+    row = consistency_row(SimpleNamespace(average_velocity=average_velocity), None, lambda z, t, y: 0.5 * z, z, y, teacher_end)  # fmt: skip
+    rms = lambda a: float((a**2).mean().sqrt())  # noqa: E731
+    direct = -z  # z - 2 z
+    assert row["direct to the teacher"] == pytest.approx(rms(direct))
+    for dt in STEPS:
+        s = 1 - dt
+        z_s = z - dt * 0.5 * z
+        target = z_s * (1 - 2 * s * s)
+        assert row[f"target dt={dt:g} to the teacher"] == pytest.approx(rms(target))
+        assert row[f"target dt={dt:g} to direct"] == pytest.approx(rms(target - direct))
+
+
 @needs_data
 def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refuses_a_part_of_another_method(
     tmp_path, monkeypatch
@@ -1421,6 +1447,15 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
     monkeypatch.chdir(tmp_path)
     diagnosis.main(["--part", "ema", "--run", str(student)])
     assert (tmp_path / "runs" / "distill_diagnosis" / "student" / "results.json").is_file()
+    # where ECT's target points: an ECT run from that student, against its start; a run from no student is one line
+    ect = tmp_path / "ect"
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_ect.yaml", [*small, f"distill.teacher={teacher}",
+                                                                       f"distill.student_from={student}", f"train.output_dir={ect}"]))  # fmt: skip
+    rows = diagnosis.main(["--part", "consistency", "--run", str(ect), "--out", str(tmp_path / "c")])["consistency"]
+    assert set(rows["ect"]["rows"]) == {"the start (student)", "the run's end"} and rows["ect"]["ect_dt"] == 0.01
+    assert "Where ECT's target points (ect)" in (tmp_path / "c" / "RESULTS.md").read_text()
+    with pytest.raises(SystemExit, match="started from none"):
+        diagnosis.main(["--part", "consistency", "--run", str(student), "--out", str(tmp_path / "c")])
     dmd2 = tmp_path / "dmd2"
     train(load_config(ROOT / "configs" / "fashion_mnist_moh_dmd2.yaml", [*small, f"distill.teacher={teacher}",
                                                                         f"train.output_dir={dmd2}"]))  # fmt: skip
