@@ -51,6 +51,7 @@ from experiments.distill_diagnosis_ect import part_consistency
 from experiments.distill_diagnosis_ema import part_ema, part_weights
 from experiments.distill_diagnosis_gan import part_discriminator
 from experiments.distill_diagnosis_report import INTERVALS, feature_spread, report, rms, roughness, spread
+from experiments.distill_diagnosis_runs import run_parts, student_at, the_objective
 from experiments.report import pyplot
 from moh_dit.files import atomic_write_text, json_text
 from moh_dit.training.config import load_config
@@ -131,38 +132,10 @@ def part_times(result: dict, out: Path = OUT) -> None:
 # ----------------------------------------------------------------------------------------------------
 # A run: its config, teacher, student checkpoints
 # ----------------------------------------------------------------------------------------------------
-def run_parts(run: Path):
-    """The run's config, data, teacher and objective (the objective of its student's record)."""
-    from moh_dit.data.training_data import load_training_data
-    from moh_dit.training.distill import Teacher
-
-    config = run_config(run)
-    data = load_training_data(config.data, torch.device("cpu"))
-    teacher = Teacher.load(config.distill, data, torch.device("cpu"))
-    teacher.freeze("cpu")
-    return config, data, teacher
-
-
-def student_at(run: Path, step: int | None, ema: bool):
-    from moh_dit.run_folder import RunLayout
-    from moh_dit.sampling.sources import checkpoint_model
-
-    layout = RunLayout(run)
-    folder = layout.checkpoint(step) if step is not None else layout.latest_checkpoint()
-    model, _ = checkpoint_model(Path(folder), prefer_ema=ema)
-    return model.eval()
-
-
 def checkpoint_steps(run: Path) -> list[int]:
     from moh_dit.run_folder import checkpoint_step
 
     return sorted(checkpoint_step(p) for p in (run / "checkpoints").glob("step-*"))
-
-
-def the_objective(config, model):
-    from moh_dit.training.objective import run_objective
-
-    return run_objective(config, model.config.objective, learn_sigma=False)
 
 
 def a_batch(config, data, objective, n: int, seed: int = 0):

@@ -41,7 +41,7 @@ def consistency_row(objective, student, velocity, z: torch.Tensor, y: torch.Tens
 
 def part_consistency(result: dict, run: Path, per_class: int = 20) -> None:
     """The start's and the run's last checkpoint's rows (:func:`consistency_row`) on ``per_class`` noises per class."""
-    from experiments.distill_diagnosis import run_parts, student_at, the_objective
+    from experiments.distill_diagnosis_runs import run_parts, student_at, the_objective
     from moh_dit.training.distill import run_teacher_sampler, teacher_velocity
 
     config, data, teacher = run_parts(run)
