@@ -104,7 +104,7 @@ def report(result: dict) -> str:
         lines.append("")
     for name, c in result.get("consistency", {}).items():
         keys = list(next(iter(c["rows"].values())))
-        lines += [f"## Where ECT's target points ({name})", "", f"Run: `{c['run']}` (its step {c['ect_dt']}); RMS per "
+        lines += [f"## Where ECT's target points ({name})", "", f"Run: `{c['run']}` ({'its step ' + str(c['ect_dt']) if c['ect_dt'] else 'not ECT'}); RMS per "
                   f"pixel, {c['samples']} noises, the teacher's end: its guided 25 Euler steps", "",
                   "| student | " + " | ".join(keys) + " |", "|---" * (1 + len(keys)) + "|"]  # fmt: skip
         lines += [f"| {who} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |" for who, row in c["rows"].items()]
