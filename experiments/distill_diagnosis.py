@@ -51,7 +51,7 @@ from experiments.distill_diagnosis_ect import part_consistency
 from experiments.distill_diagnosis_ema import part_ema, part_weights
 from experiments.distill_diagnosis_gan import part_discriminator
 from experiments.distill_diagnosis_report import INTERVALS, feature_spread, report, rms, roughness, spread
-from experiments.distill_diagnosis_runs import run_parts, student_at, the_objective
+from experiments.distill_diagnosis_runs import run_parts, student_at, teacher_euler_end, the_objective
 from experiments.report import pyplot
 from moh_dit.files import atomic_write_text, json_text
 from moh_dit.training.config import load_config
@@ -154,7 +154,7 @@ def a_batch(config, data, objective, n: int, seed: int = 0):
 # ----------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def part_collapse(result: dict, run: Path, step: int | None = None, per_class: int = 50) -> None:
-    from moh_dit.training.distill import run_teacher_sampler, teacher_velocity
+    from moh_dit.training.distill import teacher_velocity
 
     config, data, teacher = run_parts(run)
     student = student_at(run, step, ema=True)
@@ -168,8 +168,7 @@ def part_collapse(result: dict, run: Path, step: int | None = None, per_class: i
     half = z - 0.5 * objective.average_velocity(student, z, one, 0.5 * one, y).sample
     student_2 = half - 0.5 * objective.average_velocity(student, half, 0.5 * one, 0 * one, y).sample
     euler_1 = z - velocity(z, one, y)
-    grid = torch.linspace(1, 0, 26).tolist()
-    teacher_25 = run_teacher_sampler(velocity, z, y, grid, "euler")[:, -1]
+    teacher_25 = teacher_euler_end(velocity, z, y)
     count = min(2000, len(data.dataset))  # a run on a subset of the data (data.subset_per_class) has fewer
     real_x, real_y = zip(*(data.dataset[i] for i in range(count)))
     real = data.clean_latents(torch.stack([torch.as_tensor(v) for v in real_x]), torch.zeros(count, dtype=torch.bool),

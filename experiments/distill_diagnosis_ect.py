@@ -41,8 +41,8 @@ def consistency_row(objective, student, velocity, z: torch.Tensor, y: torch.Tens
 
 def part_consistency(result: dict, run: Path, per_class: int = 20) -> None:
     """The start's and the run's last checkpoint's rows (:func:`consistency_row`) on ``per_class`` noises per class."""
-    from experiments.distill_diagnosis_runs import run_parts, student_at, the_objective
-    from moh_dit.training.distill import run_teacher_sampler, teacher_velocity
+    from experiments.distill_diagnosis_runs import run_parts, student_at, teacher_euler_end, the_objective
+    from moh_dit.training.distill import teacher_velocity
 
     config, data, teacher = run_parts(run)
     if config.distill.student_from is None:
@@ -55,8 +55,7 @@ def part_consistency(result: dict, run: Path, per_class: int = 20) -> None:
     y = torch.arange(data.num_classes).repeat_interleave(per_class)
     z = torch.randn(len(y), *data.dataset[0][0].shape, generator=torch.Generator().manual_seed(2))
     velocity = teacher_velocity(teacher, "no", torch.device("cpu"))
-    with torch.no_grad():
-        teacher_end = run_teacher_sampler(velocity, z, y, torch.linspace(1, 0, 26).tolist(), "euler")[:, -1].float()
+    teacher_end = teacher_euler_end(velocity, z, y).float()
     rows = {
         f"the start ({start.name})": consistency_row(
             objective, student_at(start, None, ema=True), velocity, z, y, teacher_end

@@ -9,7 +9,7 @@ import torch
 
 from experiments.arms import run_config
 
-__all__ = ["run_parts", "student_at", "the_objective"]
+__all__ = ["run_parts", "student_at", "the_objective", "teacher_euler_end"]
 
 
 def run_parts(run: Path):
@@ -40,3 +40,12 @@ def the_objective(config, model):
     from moh_dit.training.objective import run_objective
 
     return run_objective(config, model.config.objective, learn_sigma=False)
+
+
+@torch.no_grad()
+def teacher_euler_end(velocity, z: torch.Tensor, y: torch.Tensor, steps: int = 25) -> torch.Tensor:
+    """The end of the teacher's ODE from noise ``z`` with labels ``y`` by ``steps`` Euler steps of its (guided)
+    ``velocity``: the reference the parts measure a student's samples against."""
+    from moh_dit.training.distill import run_teacher_sampler
+
+    return run_teacher_sampler(velocity, z, y, torch.linspace(1, 0, steps + 1).tolist(), "euler")[:, -1]
