@@ -60,6 +60,9 @@ simulation, and the whole distillation within the teacher's training in network 
                               start's own set, by the squared error or the teacher's features
     ectfew-{kind}, dmd2ecf-*  ECT (its intervals uniform) from the cheaper start for half of what the budget leaves
                               after it, then the recipe without the GAN term from it (`-{kind}-g{r}-nogan`, `-ema998`)
+    ectfew{tail}-{kind}       ECT's variants (:data:`ECT_STARTS`: a third of the rate, the fixed steps 0.05 and 0.1),
+                              and the step 0.05 with a quarter or three quarters of what the cheaper start leaves
+                              (`dts25`, `dts75`; :data:`ECT_SPLITS`), each with DMD2 from it (`dmd2ecf{tail}-*`)
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on

@@ -27,6 +27,7 @@ from experiments.distill_dmd2 import (
     RECIPE_SCALE,
     VARIANTS,
     VARIETY_SCALES,
+    budget_share,
     start_of,
     three_seed_arms,
 )
@@ -247,6 +248,14 @@ def _cost_lines(result: dict, kind: str) -> list[str]:
     return lines
 
 
+def _ect_variant(tail: str, change: dict) -> str:
+    """One of ECT's variants from the cheaper start as the report names it: its settings and, where it is not half,
+    its share of what that start leaves."""
+    share = budget_share(f"ectfew{tail}-")
+    settings = ", ".join(f"{key} {value:g}" for key, value in change.items())
+    return f"`ectfew{tail}-*`: {settings}" + (f", {share:g} of what the cheaper start leaves" if share != 0.5 else "")
+
+
 def dmd2_lines(result: dict) -> list[str]:
     """The DMD2 study's sections of RESULTS.md (nothing before its first record)."""
     if not any(r.get("arm", "").startswith(ARMS) for r in result["training"].values()):
@@ -254,6 +263,7 @@ def dmd2_lines(result: dict) -> list[str]:
     scales = "; ".join(f"{k}: {', '.join(f'{s:g}' for s in REAL_SCALES[k])} (the short start's variants at "
                        f"{CHOSEN_SCALE[k]:g}, the three-seed recipe at {RECIPE_SCALE[k]:g})"
                        for k in CHOSEN_SCALE)  # fmt: skip
+    ect_variants = ", ".join(_ect_variant(tail, change) for tail, change in ECT_STARTS.items() if tail)
     lines = ["", "## DMD2 as its references train it, within the teacher's cost", "",
              "experiments/distill_dmd2.py's arms: a short trajectory stage (`short-*`), then DMD2 from it (`dmd2s-*`: "
              "the GAN term on real data, backward simulation, the real score at guidance g), the same from the full "
@@ -268,7 +278,7 @@ def dmd2_lines(result: dict) -> list[str]:
              f"(`few-*`) and the recipe from it (`dmd2few-*`), the two together (`fewlow-*`, `fewmid-*`; `dmd2fewl-*`, "
              f"`dmd2fewmid-*`); the EMA's hold on the start ({', '.join(f'`-{k}`: ema.decay {v:g}' for k, v in ANCHORS.items())} "
              f"against the recipe's 0.995, stepped once per generator update; past the budget with the recipe's share "
-             f"held: {', '.join(f'`{p}-*-{k}-x4`' for p, held in HELD_PAST_BUDGET.items() for k in held)}); DMD's regression on the start's own set (`-reg*`: squared error; `-feat*`: the teacher's block features); ECT from the cheaper start (`ectfew-*`) and DMD2 from it (`dmd2ecf-*`; `dmd2ecf-*-g{ECT_VARIETY_SCALE:g}-nogan`: its real score at a lower scale), ECT's variants ({', '.join(f'`ectfew{t}-*`: ' + ', '.join(f'{k} {v:g}' for k, v in c.items()) for t, c in ECT_STARTS.items() if t)}) and DMD2 from each (`dmd2ecf{{{','.join(t for t in ECT_STARTS if t)}}}-*`); the GAN term switched on late (`-ganlate`: "
+             f"held: {', '.join(f'`{p}-*-{k}-x4`' for p, held in HELD_PAST_BUDGET.items() for k in held)}); DMD's regression on the start's own set (`-reg*`: squared error; `-feat*`: the teacher's block features); ECT from the cheaper start (`ectfew-*`) and DMD2 from it (`dmd2ecf-*`; `dmd2ecf-*-g{ECT_VARIETY_SCALE:g}-nogan`: its real score at a lower scale), ECT's variants ({ect_variants}) and DMD2 from each (`dmd2ecf{{{','.join(t for t in ECT_STARTS if t)}}}-*`); the GAN term switched on late (`-ganlate`: "
              f"weight {GAN_LATE['gan_weight']:g} from step {GAN_LATE['gan_start']}) with the real score unguided, as "
              "the references pair them (`-g1-ganlate`, and `-x4` past the budget), and at the recipe's scale; the same "
              f"with its discriminator at low noise (`-ganlow`: distill.gan_time {GAN_LOW['gan_time']}). "

@@ -90,7 +90,12 @@ OVER_BUDGET = {"x4": 4}
 # longer, so that a target chains a fifth as many of the student's own jumps (`dt`; the twin configs' since), and ten
 # times (`dt10`: where the longer step's gain turns, at seed 0)
 ECT_STARTS = {"": {}, "lr": {"optim.lr": 3e-5}, "dt": {"distill.ect_dt": 0.05}, "dt10": {"distill.ect_dt": 0.1}}
-SHARES = {f"ectfew{tail}-": 0.5 for tail in ECT_STARTS}
+# the budget's split between ECT at the step 0.05 and DMD2 from it (the others' is half each, unmeasured): a quarter and
+# three quarters of what the cheaper start leaves to ECT (`ectfewdts{share}-`), the rest to DMD2 from it (ECT's curves
+# are flat over their last third and DMD2's from ECT's start near flat at their end: which stage the budget pays more)
+ECT_SPLITS = {"dts25": 0.25, "dts75": 0.75}
+ECT_STARTS |= {tail: ECT_STARTS["dt"] for tail in ECT_SPLITS}
+SHARES = {f"ectfew{tail}-": ECT_SPLITS.get(tail, 0.5) for tail in ECT_STARTS}
 # the real score's scale from ECT's start below the recipe's (the samplers' 3 and 4): ECT's start has the teachers'
 # recall at two steps more nearly (0.40-0.46), and DMD2 at the samplers' scale spends it (0.30-0.36)
 ECT_VARIETY_SCALE = 2.0

@@ -1056,6 +1056,12 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         started = f"distill.student_from={tmp_path / 'runs' / f'ectfew{tail}-ddpm-seed1'}"
         assert arms[dmd2][1] == [arms["dmd2ecf-ddpm-g4-nogan-ema998"][1][0], started, *arms["dmd2ecf-ddpm-g4-nogan-ema998"][1][2:]]  # fmt: skip
         assert list(arms).index(f"ectfew{tail}-ddpm") < list(arms).index(dmd2)
+    # the budget's split: the step 0.05's stage with a quarter or three quarters of what the cheaper start leaves
+    for tail, share in (("dts25", 0.25), ("dts75", 0.75)):
+        assert arms[f"ectfew{tail}-flow"] == arms["ectfewdt-flow"] and distill_dmd2.budget_share(f"ectfew{tail}-flow") == share  # fmt: skip
+        dmd2 = f"dmd2ecf{tail}-flow-g3-nogan"
+        assert distill_dmd2.start_of(dmd2) == f"ectfew{tail}-flow" and distill_dmd2.budget_share(dmd2) == 1
+        assert [o for o in arms[dmd2][1] if "student_from" not in o] == [o for o in arms["dmd2ecfdt-flow-g3-nogan"][1] if "student_from" not in o]  # fmt: skip
     # DMD2 from ECT's start at a lower real-score scale than the recipe's (the recall ECT adds)
     lower = arms["dmd2ecf-flow-g2-nogan"][1]
     assert "distill.real_guidance=2.0" in lower and "distill.gan_weight=0.0" in lower
@@ -1620,6 +1626,9 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     assert budget_share("ectfew-flow") == 0.5 and budget_share("dmd2ecf-flow-g3-nogan") == 1
     (half, _), _ = fill_budget(*arms["ectfew-flow"], spent, distill.SCALES["cpu"], 1, 0.5)
     assert half == f"train.max_steps={int((BUDGET - spent) / 2 // (BATCH * (4 + 2)))}"
+    quarter, share = arms["ectfewdts25-flow"], budget_share("ectfewdts25-flow")  # the budget's split measured
+    (length, _), _ = fill_budget(*quarter, spent, distill.SCALES["cpu"], 1, share)
+    assert length == f"train.max_steps={int((BUDGET - spent) / 4 // (BATCH * (4 + 2)))}"
     # a GAN term switched on late: the steps before it cost what a stage without it costs, those after it more
     late_config, late_overrides = arms["dmd2f-flow-g1-ganlate"]
     late = counted_objective(load_arm(late_config, late_overrides))
