@@ -62,7 +62,10 @@ simulation, and the whole distillation within the teacher's training in network 
                               after it, then the recipe without the GAN term from it (`-{kind}-g{r}-nogan`, `-ema998`)
     ectfew{tail}-{kind}       ECT's variants (:data:`ECT_STARTS`: a third of the rate, the fixed steps 0.05 and 0.1),
                               and the step 0.05 with a quarter or three quarters of what the cheaper start leaves
-                              (`dts25`, `dts75`; :data:`ECT_SPLITS`), each with DMD2 from it (`dmd2ecf{tail}-*`)
+                              (`dts25`, `dts75`; `distill_dmd2_settings.ECT_SPLITS`), each with DMD2 from it (`dmd2ecf{tail}-*`)
+    fewuni-{kind}             the cheaper start with its intervals drawn as the stage's other draws
+                              (`distill.grid_share=0`), on the same recorded set: ECT at the step 0.05 from it
+                              (`ectfewuni-{kind}`, :data:`ECT_START_OF`) and DMD2 from that (`dmd2ecfuni-*`)
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -107,6 +110,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     ECT,
     ECT_CURRICULUM,
     ECT_DMD2,
+    ECT_START_OF,
     ECT_STARTS,
     ECT_VARIETY_SCALE,
     FEW_SHARE,
@@ -192,6 +196,7 @@ def dmd2_arms(
         arms[f"few-{kind}"] = (config, [*overrides, f"distill.trajectory_count={few}"])
         for name, scale in (("fewlow", LOW_SCALE[kind]), ("fewmid", MID_SCALE[kind])):  # the two levers together
             arms[f"{name}-{kind}"] = (config, [*arms[f"few-{kind}"][1], f"distill.guidance_scale={scale}"])
+        arms[f"fewuni-{kind}"] = (config, [*arms[f"few-{kind}"][1], "distill.grid_share=0.0"])  # every interval drawn
         # ECT (its intervals uniform) for half of what the cheaper start leaves: a start for DMD2 (`dmd2ecf{tail}-`)
         for tail, change in ECT_STARTS.items():
             stage = f"ectfew{tail}-{kind}"
@@ -287,7 +292,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 # the arms whose length the budget sets
 STAGES = ("dmd2s-", "dmd2f-", *SHARES, *(f"{p}-" for p in ECT_DMD2), "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
 # every arm of these measurements, by its name's start
-ARMS = ("short-", "half-", "low-", "mid-", "few-", "fewlow-", "fewmid-", "uni-", *STAGES)
+ARMS = ("short-", "half-", "low-", "mid-", "few-", "fewlow-", "fewmid-", "fewuni-", "uni-", *STAGES)
 
 
 def budget_arm(arm: str) -> bool:
@@ -298,7 +303,7 @@ def budget_arm(arm: str) -> bool:
 # a stage's prefix: the arm it starts from, by its name's start
 STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2few-": "few", "dmd2fewl-": "fewlow", "dmd2fewmid-": "fewmid", "dmd2m-": "meanflow",
           "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
-STARTS |= {f"ectfew{tail}-": "few" for tail in ECT_STARTS} | {
+STARTS |= {f"ectfew{tail}-": ECT_START_OF.get(tail, "few") for tail in ECT_STARTS} | {
     f"dmd2ecf{tail}-": f"ectfew{tail}" for tail in ECT_STARTS
 }
 

@@ -95,6 +95,12 @@ ECT_STARTS = {"": {}, "lr": {"optim.lr": 3e-5}, "dt": {"distill.ect_dt": 0.05}, 
 # are flat over their last third and DMD2's from ECT's start near flat at their end: which stage the budget pays more)
 ECT_SPLITS = {"dts25": 0.25, "dts75": 0.75}
 ECT_STARTS |= {tail: ECT_STARTS["dt"] for tail in ECT_SPLITS}
+# the cheaper start with its intervals drawn as the trajectory stage's other draws (logit-normal, snapped to the recorded
+# grid; `distill.grid_share=0`) instead of nine in ten on the samplers' own (`fewuni-{kind}`), then ECT at the step 0.05
+# from it (`ectfewuni-`): the cheaper start's jumps from times off the samplers' grids are its weak point, and each of
+# ECT's targets rests on one of them (experiments.distill_diagnosis --part consistency)
+ECT_START_OF = {"uni": "fewuni"}  # ECT's start by its tail where it is not the cheaper start (`few`)
+ECT_STARTS |= {"uni": ECT_STARTS["dt"]}
 SHARES = {f"ectfew{tail}-": ECT_SPLITS.get(tail, 0.5) for tail in ECT_STARTS}
 # the real score's scale from ECT's start below the recipe's (the samplers' 3 and 4): ECT's start has the teachers'
 # recall at two steps more nearly (0.40-0.46), and DMD2 at the samplers' scale spends it (0.30-0.36)

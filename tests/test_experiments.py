@@ -1062,6 +1062,16 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         dmd2 = f"dmd2ecf{tail}-flow-g3-nogan"
         assert distill_dmd2.start_of(dmd2) == f"ectfew{tail}-flow" and distill_dmd2.budget_share(dmd2) == 1
         assert [o for o in arms[dmd2][1] if "student_from" not in o] == [o for o in arms["dmd2ecfdt-flow-g3-nogan"][1] if "student_from" not in o]  # fmt: skip
+    # the cheaper start on every interval (only its draws of intervals differ), ECT at the step 0.05 from it, DMD2 from that
+    assert arms["fewuni-ddpm"] == (arms["few-ddpm"][0], [*arms["few-ddpm"][1], "distill.grid_share=0.0"])
+    assert distill_dmd2.load_arm(*arms["fewuni-ddpm"]).distill.grid_share == 0 < distill_dmd2.load_arm(*arms["few-ddpm"]).distill.grid_share  # fmt: skip
+    assert not distill_dmd2.budget_arm("fewuni-ddpm") and distill_dmd2.start_of("fewuni-ddpm") is None
+    started = f"distill.student_from={tmp_path / 'runs' / 'fewuni-ddpm-seed1'}"
+    assert arms["ectfewuni-ddpm"][1] == [arms["ectfewdt-ddpm"][1][0], started, *arms["ectfewdt-ddpm"][1][2:]]
+    dmd2 = "dmd2ecfuni-ddpm-g4-nogan-ema998"
+    assert distill_dmd2.start_of(dmd2) == "ectfewuni-ddpm" and distill_dmd2.start_of("ectfewuni-ddpm") == "fewuni-ddpm"
+    order = list(arms)
+    assert order.index("fewuni-ddpm") < order.index("ectfewuni-ddpm") < order.index(dmd2)
     # DMD2 from ECT's start at a lower real-score scale than the recipe's (the recall ECT adds)
     lower = arms["dmd2ecf-flow-g2-nogan"][1]
     assert "distill.real_guidance=2.0" in lower and "distill.gan_weight=0.0" in lower
