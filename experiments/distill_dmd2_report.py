@@ -253,7 +253,13 @@ def _ect_variant(tail: str, change: dict) -> str:
     its share of what that start leaves."""
     share = budget_share(f"ectfew{tail}-")
     settings = ", ".join(f"{key} {value:g}" for key, value in change.items())
-    return f"`ectfew{tail}-*`: {settings}" + (f", {share:g} of what the cheaper start leaves" if share != 0.5 else "")
+    start = start_of(f"ectfew{tail}-flow").removesuffix("-flow")
+    origin = "" if start == "few" else f" from `{start}-*`"
+    return (
+        f"`ectfew{tail}-*`: {settings}"
+        + (f", {share:g} of what the cheaper start leaves" if share != 0.5 else "")
+        + origin
+    )
 
 
 def dmd2_lines(result: dict) -> list[str]:
@@ -275,7 +281,7 @@ def dmd2_lines(result: dict) -> list[str]:
              f"(the real score's sweep: {', '.join(f'`dmd2f-{k}-g{v:g}-nogan`' for k, vs in VARIETY_SCALES.items() for v in vs)}); "
              "the variety lever: trajectory starts recorded at lower guidance (`low-*`, `mid-*`) and the recipe from them "
              "(`dmd2l-*`, `dmd2mid-*`); the cheaper start: the full stage's steps on a quarter of its recorded set "
-             f"(`few-*`) and the recipe from it (`dmd2few-*`), the two together (`fewlow-*`, `fewmid-*`; `dmd2fewl-*`, "
+             f"(`few-*`) and the recipe from it (`dmd2few-*`), the same on every interval (`fewuni-*`: distill.grid_share 0), the two together (`fewlow-*`, `fewmid-*`; `dmd2fewl-*`, "
              f"`dmd2fewmid-*`); the EMA's hold on the start ({', '.join(f'`-{k}`: ema.decay {v:g}' for k, v in ANCHORS.items())} "
              f"against the recipe's 0.995, stepped once per generator update; past the budget with the recipe's share "
              f"held: {', '.join(f'`{p}-*-{k}-x4`' for p, held in HELD_PAST_BUDGET.items() for k in held)}); DMD's regression on the start's own set (`-reg*`: squared error; `-feat*`: the teacher's block features); ECT from the cheaper start (`ectfew-*`) and DMD2 from it (`dmd2ecf-*`; `dmd2ecf-*-g{ECT_VARIETY_SCALE:g}-nogan`: its real score at a lower scale), ECT's variants ({ect_variants}) and DMD2 from each (`dmd2ecf{{{','.join(t for t in ECT_STARTS if t)}}}-*`); the GAN term switched on late (`-ganlate`: "
