@@ -1072,6 +1072,8 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert distill_dmd2.start_of(dmd2) == "ectfewuni-ddpm" and distill_dmd2.start_of("ectfewuni-ddpm") == "fewuni-ddpm"
     order = list(arms)
     assert order.index("fewuni-ddpm") < order.index("ectfewuni-ddpm") < order.index(dmd2)
+    assert arms["ectfewuni01-ddpm"][1] == [*arms["ectfewuni-ddpm"][1][:-1], "distill.ect_dt=0.01"]  # ECT's own step
+    assert distill_dmd2.load_arm(*arms["ectfewuni01-ddpm"]).distill.ect_dt == 0.01
     # DMD2 from ECT's start at a lower real-score scale than the recipe's (the recall ECT adds)
     lower = arms["dmd2ecf-flow-g2-nogan"][1]
     assert "distill.real_guidance=2.0" in lower and "distill.gan_weight=0.0" in lower
