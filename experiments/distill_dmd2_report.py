@@ -17,6 +17,7 @@ from experiments.distill_dmd2 import (
     ARMS,
     BUDGET,
     CHOSEN_SCALE,
+    ECT_START_OF,
     ECT_STARTS,
     ECT_VARIETY_SCALE,
     FULL_VARIANTS,
@@ -249,12 +250,11 @@ def _cost_lines(result: dict, kind: str) -> list[str]:
 
 
 def _ect_variant(tail: str, change: dict) -> str:
-    """One of ECT's variants from the cheaper start as the report names it: its settings and, where it is not half,
-    its share of what that start leaves."""
+    """One of ECT's variants as the report names it: its settings, its share of what the cheaper start leaves where it
+    is not half, and its start where it is not the cheaper one."""
     share = budget_share(f"ectfew{tail}-")
     settings = ", ".join(f"{key} {value:g}" for key, value in change.items())
-    start = start_of(f"ectfew{tail}-flow").removesuffix("-flow")
-    origin = "" if start == "few" else f" from `{start}-*`"
+    origin = f" from `{ECT_START_OF[tail]}-*`" if tail in ECT_START_OF else ""
     return (
         f"`ectfew{tail}-*`: {settings}"
         + (f", {share:g} of what the cheaper start leaves" if share != 0.5 else "")
