@@ -13,7 +13,7 @@ __all__ = ["run_parts", "student_at", "the_objective", "teacher_euler_end"]
 
 
 def run_parts(run: Path):
-    """The run's config, data, teacher and objective (the objective of its student's record)."""
+    """The run's config, its data and its frozen teacher (on the CPU)."""
     from moh_dit.data.training_data import load_training_data
     from moh_dit.training.distill import Teacher
 
