@@ -67,6 +67,8 @@ simulation, and the whole distillation within the teacher's training in network 
     fewuni-{kind}             the cheaper start with its intervals drawn as the stage's other draws
                               (`distill.grid_share=0`), on the same recorded set: ECT at the step 0.05 from it
                               (`ectfewuni-{kind}`, :data:`ECT_START_OF`) and DMD2 from that (`dmd2ecfuni-*`)
+    sidecfdt-{kind}-g{r}-nogan-ema998  SiD's score-identity loss (`distill.method: sid`, :data:`SID`) in place of
+                              VSD, from ECT's start at the step 0.05, at the settings of DMD2's best from it
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -133,6 +135,8 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     REGRESSION,
     SHARES,
     SHORT,
+    SID,
+    SID_STARTS,
     VARIANTS,
     VARIETY_SCALES,
 )
@@ -208,6 +212,16 @@ def dmd2_arms(
             arms[f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"] = (
                 FROM_SHORT[kind],
                 [teacher, origin, *_overrides(settings)],
+            )
+        for prefix in SID_STARTS:  # SiD's loss in place of VSD, at the settings of DMD2's best from that start
+            arms[f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-ema998"] = (
+                FROM_SHORT[kind],
+                [
+                    teacher,
+                    _started(runs, f"{prefix}-{kind}", seed),
+                    *_overrides(settings | SID),
+                    f"ema.decay={ANCHORS['ema998']}",
+                ],
             )
         # from ECT's start at a lower real-score scale: whether DMD2 keeps more of the recall ECT adds
         variety = RECIPE | {"real_guidance": ECT_VARIETY_SCALE} | VARIANTS["nogan"]
@@ -291,7 +305,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 
 # the arms whose length the budget sets
-STAGES = ("dmd2s-", "dmd2f-", *SHARES, *(f"{p}-" for p in ECT_DMD2), "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
+STAGES = ("dmd2s-", "dmd2f-", *SHARES, *(f"{p}-" for p in ECT_DMD2), *(f"{p}-" for p in SID_STARTS), "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
 # every arm of these measurements, by its name's start
 ARMS = ("short-", "half-", "low-", "mid-", "few-", "fewlow-", "fewmid-", "fewuni-", "uni-", *STAGES)
 
@@ -307,6 +321,7 @@ STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-":
 STARTS |= {f"ectfew{tail}-": ECT_START_OF.get(tail, "few") for tail in ECT_STARTS} | {
     f"dmd2ecf{tail}-": f"ectfew{tail}" for tail in ECT_STARTS
 }
+STARTS |= {f"{prefix}-": start for prefix, start in SID_STARTS.items()}
 
 
 def start_of(arm: str) -> str | None:

@@ -111,3 +111,9 @@ SHARES = {f"ectfew{tail}-": ECT_SPLITS.get(tail, 0.5) for tail in ECT_STARTS}
 # recall at two steps more nearly (0.40-0.46), and DMD2 at the samplers' scale spends it (0.30-0.36)
 ECT_VARIETY_SCALE = 2.0
 ECT_DMD2 = tuple(f"dmd2ecf{tail}" for tail in ECT_STARTS)  # DMD2's prefix from each
+# the next lever the curves point to is the target, not the length: SiD's score-identity loss (distill.method: sid, its
+# alpha 1.2) in place of DMD's VSD, from ECT's start and at the settings of the three-seed recipe there
+# (`sid{start}-{kind}-g{r}-nogan`), the rest of the budget spent as DMD2 spends it (a SiD generator step costs both
+# scores' backwards as well: fewer generator updates)
+SID = {"method": "sid", "sid_alpha": 1.2}
+SID_STARTS = {"sidecfdt": "ectfewdt"}  # SiD's prefix: the arm it starts from

@@ -544,6 +544,8 @@ ECT = ["distill.method=ect", "distill.ect_dt=0.05", "distill.guidance_scale=2.0"
 DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.01", "distill.gan_start=2", "distill.gan_time=[0.02,0.4]",
         "distill.dmd_steps=[1,2]", "distill.dmd_input=generator", "distill.real_guidance=1.5"]  # fmt: skip
 
+SID = [*DMD2, "distill.method=sid", "distill.sid_alpha=1.0"]
+
 
 @pytest.mark.parametrize(
     "derivative, student",
@@ -554,6 +556,7 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
         pytest.param(None, TRAJECTORY, marks=SLOW),  # rcm records and trains on a set too; the command on two
         (None, DMD2),  # processes: tests/training/distill/test_trajectories.py
         pytest.param(None, RCM, marks=SLOW),
+        pytest.param(None, SID, marks=SLOW),  # DMD2's pieces, the scores differentiated in the generator's steps
         pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
@@ -564,6 +567,7 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
         "trajectory",
         "dmd2",
         "rcm",
+        "sid",
         "ect",
         "jvp-split",
     ],

@@ -246,6 +246,8 @@ class DistillSection:
     # the flow times the discriminator and the GAN term noise their images at ([first, last], uniform, drawn apart
     # from the VSD loss's); null: the VSD loss's own (its times and noised samples)
     gan_time: tuple[float, ...] | None = None
+    # --- the sid method (docs/objective.md#sid): DMD2's keys above, and SiD's loss in place of VSD ---
+    sid_alpha: float = 1.2  # SiD's alpha: the fake score's gap weighed against the data's in its loss (SiD's 1.2)
     # --- the rcm method (docs/objective.md#rcm): trajectory distillation regularised by DMD2 in one run ---
     student_updates: int = 4  # student updates per fake-score update (rCM's 4: the fake score in 1 of 5 steps)
     vsd_start: int = 0  # the step from which the VSD term trains the student (the fake score trains from the start)

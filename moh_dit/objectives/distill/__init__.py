@@ -11,6 +11,7 @@ Read it in this order:
                     with the teacher's guided velocity)
     trajectory.py   the ``trajectory`` method: secants of the teacher's own sampling trajectories
     dmd2.py         the ``dmd2`` method: a generator matching the teacher's distribution through a fake score
+    sid.py          the ``sid`` method: DMD2's pieces with SiD's score-identity loss in place of VSD
     rcm.py          the ``rcm`` method: trajectory distillation regularised by DMD2 in the same run (rCM)
     ect.py          the ``ect`` method: consistency post-training with a small fixed step (CMT's second stage)
     generator.py    DMD2's generator on its grids: its start times, backward simulation, its renoising sampler
@@ -19,7 +20,7 @@ Read it in this order:
     derivative.py   du/dt by finite differences (the JVP is MeanFlow's)
     heads.py        what the student's network outputs (a velocity, or a DDPM teacher's noise)
     losses.py       the tangent loss and its stabilisers (l2, FastGen's opt-grad, the clamp, the warm-up)
-    dmd_losses.py   DMD2's losses (VSD, the GAN's)
+    dmd_losses.py   DMD2's losses (VSD, the GAN's) and SiD's
     distances.py    the distances of DMD's regression (squared error, LPIPS's form in the teacher's tokens)
 
 Outside this folder import these names from the package, not its modules (``from moh_dit.objectives.distill import
@@ -55,6 +56,7 @@ _LAZY = {
     "TrajectoryDistill": "trajectory",
     "DMD2Distill": "dmd2",
     "RCMDistill": "rcm",
+    "SiDDistill": "sid",
     "ECTDistill": "ect",
     "ECT_STEPS": "ect",
     "DMD_INPUTS": "generator",
@@ -66,6 +68,7 @@ _LAZY = {
     "TangentLoss": "losses",
     "TANGENT_LOSSES": "losses",
     "vsd_loss": "dmd_losses",
+    "sid_loss": "dmd_losses",
     "gan_generator_loss": "dmd_losses",
     "gan_discriminator_loss": "dmd_losses",
 }

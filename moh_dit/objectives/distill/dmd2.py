@@ -49,7 +49,14 @@ from moh_dit.objectives.distill.generator import GridGenerator
 from moh_dit.objectives.distill.grids import MIDPOINT
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
 
-__all__ = ["DMD2Distill"]
+__all__ = ["DMD2Distill", "clean_prediction"]
+
+
+def clean_prediction(x_t: torch.Tensor, t: torch.Tensor, velocity: torch.Tensor) -> torch.Tensor:
+    """The data a velocity of the linear path predicts from ``x_t`` at flow times ``t`` (N,): ``x_t - t v``, float32."""
+    return x_t - t.reshape(-1, *([1] * (x_t.ndim - 1))) * velocity.to(
+        torch.promote_types(velocity.dtype, torch.float32)
+    )
 
 
 class DMD2Distill(GridGenerator, MeanFlowDistill):
@@ -81,6 +88,10 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
     draws_config_times = False  # its start times are its grids', the VSD loss's its own (objective.time_* unread)
     # what the logs call each network's updates: the student is DMD2's generator
     update_names = {"student": "generator_updates", "fake_score": "fake_score_updates"}
+    # the generator's distribution-matching loss, by its logged name, and the passes of each score per image on a
+    # generator step (1: a forward; a loss that differentiates through the scores adds their backward, two more)
+    distribution_term = "vsd_loss"
+    score_passes = 1.0
 
     def __init__(
         self,
@@ -201,9 +212,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         parts = []
         if self.vsd_weight:
             weight = "" if self.vsd_weight == 1 else f"{self.vsd_weight:g} x "
-            parts.append(
-                f"{weight}VSD of the teacher's and a fake score's clean predictions at flow times {self.dmd_time}"
-            )
+            parts.append(f"{weight}{self.describe_distribution()} at flow times {self.dmd_time}")
         if self.gan_weight:
             start = f" from step {self.gan_start}" if self.gan_start else ""
             times = f" at flow times {self.gan_time}" if self.gan_time else ""
@@ -223,12 +232,16 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
             f"grids{grid}{input_}"
         )
 
+    def describe_distribution(self) -> str:
+        """The generator's distribution-matching loss, in words."""
+        return "VSD of the teacher's and a fake score's clean predictions"
+
     @property
     def logged_terms(self) -> tuple[str, ...]:
-        """The generator's VSD loss and the fake score's loss (each averaged over all steps, the others' zero), the GAN
-        terms and the regression where they are on."""
+        """The generator's distribution-matching loss (VSD) and the fake score's loss (each averaged over all steps,
+        the others' zero), the GAN terms and the regression where they are on."""
         gan = ("gan_generator", "gan_discriminator") if self.gan_weight else ()
-        return ("vsd_loss", "fake_score_loss", *gan, *(("regression",) if self.regression else ()))
+        return (self.distribution_term, "fake_score_loss", *gan, *(("regression",) if self.regression else ()))
 
     def updates(self, step: int) -> str:
         """Which network training ``step`` updates: the student first, then the fake score ``fake_updates`` times."""
@@ -245,12 +258,13 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         discriminator's block (``gan_share``: the share of the depth it runs) with its backward, the regression's
         forward and backward and its distance's passes of the teacher. The fake score's: the generator's forward, its
         own loss's forward and backward, and the discriminator's passes on real and generated images with their
-        backwards. The discriminator's block over the fake score's depth from ``companions`` (its middle by default)."""
+        backwards. The discriminator's block over the fake score's depth from ``companions`` (its middle by default).
+        A distribution loss that differentiates through the scores (:attr:`score_passes`) counts their backwards."""
         fake = (companions or {}).get("fake_score")
         share = fake.block_share if fake is not None else 0.5
         gan = 3.0 * share if self.gan_on(step) else 0.0
         if self.updates(step) == "student":
-            fake = 1.0 if self.vsd_weight else 0.0
+            fake = self.score_passes if self.vsd_weight else 0.0
             regressed = 3.0 + self.distance.teacher_passes if self.regression else 0.0
             return self.simulated_forwards() + 3.0 + fake + gan + regressed
         return self.simulated_forwards() + 1.0 + 3.0 + 2.0 * gan
@@ -262,11 +276,12 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
 
     def teacher_forwards_at(self, step: int) -> float:
         """The teacher's forwards per image at training ``step``: the real score's on the generator's steps, two where
-        it is guided (counted as guided at every time; the logs count them exactly)."""
+        it is guided (counted as guided at every time; the logs count them exactly), each with its backward where the
+        loss differentiates through it (:attr:`score_passes`)."""
         if self.updates(step) != "student" or not self.vsd_weight:
             return 0.0
         guided = self.real_guidance != 1.0 if self.real_guidance is not None else super().teacher_forwards() == 2.0
-        return 2.0 if guided else 1.0
+        return (2.0 if guided else 1.0) * self.score_passes
 
     def teacher_forwards(self) -> float:
         """The teacher's forwards per image, averaged over a cycle of updates (:meth:`teacher_forwards_at`)."""
@@ -334,17 +349,12 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         fake = companions["fake_score"]
         x, out = self.generate(model, noised, labels, drop, autocast, return_head_masks=want_heads)
         x_t, t = self._noised_sample(x, noised)
-        shape = (-1, *([1] * (x.ndim - 1)))
         zero = torch.zeros(x.shape[0], device=x.device)
         vsd, loss = zero, zero
         if self.vsd_weight:
-            with torch.no_grad():
-                v_real = frozen["teacher"].velocity(x_t, t, labels, drop, autocast, scale=self.real_guidance)
-                real_x0 = x_t - t.reshape(shape) * v_real.float()
-                fake_x0 = x_t - t.reshape(shape) * fake.velocity(x_t, t, labels, drop, autocast).float()
-            vsd = vsd_loss(x, real_x0, fake_x0)
+            vsd = self.distribution_loss(x, x_t, t, labels, drop, autocast, frozen["teacher"], fake)
             loss = self.vsd_weight * vsd
-        extras = {"vsd_loss": vsd.detach(), "fake_score_loss": zero}
+        extras = {self.distribution_term: vsd.detach(), "fake_score_loss": zero}
         if self.gan_weight:
             gan = zero
             if self.gan_on(step):
@@ -358,6 +368,17 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
             extras["regression"] = regressed.detach()
             loss = loss + self.regression * regressed
         return Losses(loss=loss, mse=vsd.detach(), logged=vsd.detach(), extras=extras), out
+
+    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake) -> torch.Tensor:
+        """Per sample, the loss that pulls the generator's samples ``x`` (noised to ``x_t`` at flow times ``t``)
+        towards the teacher's distribution: VSD of the real score's (the teacher's, at the real score's guidance) and
+        the fake score's clean predictions ``x0 = x_t - t v``, neither differentiated."""
+        with torch.no_grad():
+            real_x0 = clean_prediction(
+                x_t, t, teacher.velocity(x_t, t, labels, drop, autocast, scale=self.real_guidance)
+            )
+            fake_x0 = clean_prediction(x_t, t, fake.velocity(x_t, t, labels, drop, autocast))
+        return vsd_loss(x, real_x0, fake_x0)
 
     def gan_input(self, x: torch.Tensor, noised: Noised) -> tuple[torch.Tensor, torch.Tensor]:
         """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample,
@@ -386,7 +407,7 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         generated = self.gan_input(x.detach(), noised) if gan else None
         losses, out, logits = fake.train_on(x.detach(), labels, drop, generator, autocast, real, generated)
         zero = torch.zeros_like(losses.loss)
-        extras = {"vsd_loss": zero, "fake_score_loss": losses.loss.detach()}
+        extras = {self.distribution_term: zero, "fake_score_loss": losses.loss.detach()}
         loss = losses.loss
         if self.gan_weight:
             disc = zero

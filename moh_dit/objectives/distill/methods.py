@@ -61,6 +61,9 @@ DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd
 DMD_IDENTITY = ("real_guidance", "dmd_midpoint")
 TRAJECTORY_PROVENANCE = ("trajectories", "trajectory_shard_size")
 # the interval coverage (distill.r_time_*, grid_share, grid_steps) is every method's: it chooses the (t, r) trained
+# DMD2's own keys (SiD, on DMD2's pieces, reads them too)
+DMD2_KEYS = ("fake_updates", "regression", "regression_distance", "regression_feature_time", *DMD_KEYS,
+                     *TRAJECTORY_KEYS)  # fmt: skip
 METHODS: dict[str, MethodEntry] = {
     # MeanFlow's identity with the teacher's velocity as the target (NVlabs/FastGen's MeanFlow with use_cd) and the
     # references' stabilisers: tangent warm-up, FastGen's opt_grad loss, a tangent clamp, a flow-matching anchor
@@ -94,7 +97,18 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.distill",
         "DMD2Distill",
         "a generator matching the teacher's distribution through a fake score (DMD2), one step or a few",
-        ("fake_updates", "regression", "regression_distance", "regression_feature_time", *DMD_KEYS, *TRAJECTORY_KEYS),
+        DMD2_KEYS,
+        fp16=False,
+        identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
+        provenance=TRAJECTORY_PROVENANCE,
+    ),
+    # score identity distillation (SiD, arXiv:2404.04057; mingyuanzhou/SiD): DMD2's generator and fake score, the
+    # generator's loss an estimate of the Fisher divergence differentiated through both scores instead of VSD
+    "sid": MethodEntry(
+        "moh_dit.objectives.distill",
+        "SiDDistill",
+        "a generator matching the teacher's distribution by SiD's score-identity loss through a fake score",
+        ("sid_alpha", *DMD2_KEYS),
         fp16=False,
         identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=TRAJECTORY_PROVENANCE,

@@ -165,7 +165,6 @@ class Teacher(FrozenModel):
     # ------------------------------------------------------------------------------------------------
     # What the student learns
     # ------------------------------------------------------------------------------------------------
-    @torch.no_grad()
     def velocity(
         self,
         z: torch.Tensor,
@@ -174,10 +173,16 @@ class Teacher(FrozenModel):
         drop: torch.Tensor | None,
         autocast,
         scale: float | None = None,
+        grad: bool = False,
     ) -> torch.Tensor:
         """The velocity of the linear path at ``(z, t)`` the student learns (:func:`guided_velocity` of this teacher's
         predictions, in the run's precision); float32. ``scale``: another guidance scale than the teacher's (DMD2's real
-        score), over the same flow times and with the same guide."""
+        score), over the same flow times and with the same guide. ``grad``: differentiable in ``z`` (SiD's real score;
+        the weights stay frozen), each evaluation counted three times (a backward costs two forwards)."""
+        with torch.set_grad_enabled(grad):
+            return self._velocity(z, t, labels, drop, autocast, scale, 3 if grad else 1)
+
+    def _velocity(self, z, t, labels, drop, autocast, scale, passes: int) -> torch.Tensor:
         guidance = self.guidance if scale is None else dataclasses.replace(self.guidance, scale=float(scale))
         if guidance.scale != 1.0 and guidance.guide is None and self.model.null_class_id is None:
             raise ConfigError(
@@ -187,11 +192,11 @@ class Teacher(FrozenModel):
         guide = guidance.guide
 
         def teacher(z, t, y):
-            self.evaluations += z.shape[0]
+            self.evaluations += passes * z.shape[0]
             return self.objective.linear_velocity(self.model, z, t, y)
 
         def weaker(z, t, y):
-            self.evaluations += z.shape[0]
+            self.evaluations += passes * z.shape[0]
             return self.objective.linear_velocity(guide.model, z, t, y)
 
         with autocast():

@@ -246,3 +246,27 @@ def test_rcm_trains_the_secants_and_from_its_start_the_vsd_term_its_fake_score_o
     for name in ("companions/fake_score.safetensors", "model/diffusion_pytorch_model.safetensors"):
         a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (tmp_path / "s", cut))
         assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_sid_trains_through_both_scores_counts_their_backwards_and_resumes_exactly(flow_teacher, image_dir, tmp_path):
+    """SiD on DMD2's pieces (distill.method=sid): its loss logged on the generator's steps, the fake score's on the
+    others; the passes the logs add up, the teacher's included, equal a count by hooks on every block of the
+    generator, the fake score and the teacher (each score's pass on a generator step with its backward); stopped at
+    step 3 and resumed, the same run bit for bit."""
+    more = ["distill.method=sid", "distill.sid_alpha=1.0", "distill.gan_weight=0", "distill.dmd_steps=[1]"]
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, flow_teacher, *more, "train.max_steps=6"))
+    assert "SiD's score-identity loss (alpha 1)" in trainer.objective.describe_loss()
+    teacher = trainer.frozen["teacher"].model
+    counter = _PassCounter(trainer.unwrapped, trainer.companions["fake_score"].module.score, teacher)
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "generator_updates" in r]
+    assert [r["sid_loss"] != 0 for r in steps] == [True, False, False, True, False, False]
+    assert [r["fake_score_loss"] > 0 for r in steps] == [False, True, True, False, True, True]
+    assert steps[-1]["network_evaluations"] + steps[-1]["teacher_evaluations"] == pytest.approx(counter.total)
+    cut = tmp_path / "cut"
+    train(dmd2(cut, image_dir, flow_teacher, *more, "train.max_steps=3"))
+    train(dmd2(cut, image_dir, flow_teacher, *more, "train.max_steps=6", "train.resume=latest"))
+    for name in ("companions/fake_score.safetensors", "ema.safetensors", "model/diffusion_pytorch_model.safetensors"):
+        a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (tmp_path / "s", cut))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name

@@ -1,0 +1,155 @@
+"""SiD (moh_dit/objectives/distill/sid.py): its loss against mingyuanzhou/SiD's ``generator_loss`` on fixed inputs
+(recorded by tests/reference_outputs/record_sid.py), its gradient through both scores' inputs against finite
+differences, what a generator step costs, and its key refused in one line where it is wrong."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from moh_dit.objectives.distill.dmd_losses import sid_loss
+
+from ...reference_outputs.record_sid import fake_score, real_score
+
+REC = load_file(Path(__file__).resolve().parents[2] / "reference_outputs" / "sid_official.safetensors")
+
+
+@pytest.mark.parametrize("alpha", [1.2, 0.5])
+def test_the_sid_loss_and_its_gradient_through_both_scores_equal_sids(alpha):
+    """SiD's loss per pixel, averaged per sample here; its gradient (of the sum) in the generated images, through the
+    scores' inputs ``x + sigma n`` (the noise recorded as SiD drew it), is the pixel count times ours."""
+    images = REC["images"]
+    x_in, sigma = REC[f"alpha{alpha}.x"], REC[f"alpha{alpha}.sigma"].reshape(-1, 1, 1, 1)
+    noise = x_in - images  # sigma n, held
+    leaf = images.clone().requires_grad_(True)
+    noised = leaf + noise
+    loss = sid_loss(leaf, real_score(noised, sigma), fake_score(noised, sigma), alpha)
+    loss.sum().backward()
+    torch.testing.assert_close(loss.detach(), REC[f"alpha{alpha}.loss"].flatten(1).mean(1), rtol=1e-5, atol=1e-7)
+    pixels = images[0].numel()
+    torch.testing.assert_close(leaf.grad * pixels, REC[f"alpha{alpha}.grad"], rtol=1e-5, atol=1e-6)
+
+
+class _Fake:
+    """A fake score as the objective calls it: a velocity of the linear path, its weights frozen."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def velocity(self, z, t, labels, drop, autocast):
+        return self.net(z, t, labels)
+
+
+def _teacher(net):
+    from moh_dit.training.distill.teacher import Teacher, TeacherGuidance
+
+    class Model(torch.nn.Module):
+        null_class_id = 3
+
+    teacher = Teacher.__new__(Teacher)
+    teacher.model, teacher.source, teacher.evaluations = Model(), "toy", 0
+    teacher.guidance = TeacherGuidance(1.0, (0.0, 1.0))
+    teacher.objective = type("O", (), {"linear_velocity": staticmethod(lambda _, z, t, y: net(z, t, y))})()
+    return teacher
+
+
+def test_the_generator_step_differentiates_through_both_scores_and_counts_the_teachers_backward():
+    """The gradient of SiD's loss in the generated sample equals central finite differences of that loss with its
+    normaliser held (it has no gradient) in float64: the scores' Jacobians are in it. DMD2's VSD, on the same
+    inputs, has only the direct term. The teacher's evaluations count its backward (three passes per row)."""
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill.sid import SiDDistill
+
+    from ...helpers.toy_velocity import ToyTeacher
+
+    real_net, fake_net = ToyTeacher(seed=1).double(), ToyTeacher(seed=2).double()
+    teacher, fake = _teacher(real_net), _Fake(fake_net)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 4, 4, generator=g, dtype=torch.float64)
+    eps = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    t = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
+    labels = torch.tensor([0, 2, 1])
+    objective = SiDDistill(sid_alpha=1.2, real_guidance=1.0)
+    path = lambda x: (1 - t.reshape(-1, 1, 1, 1)) * x + t.reshape(-1, 1, 1, 1) * eps  # noqa: E731
+    leaf = x.clone().requires_grad_(True)
+    objective.distribution_loss(
+        leaf, path(leaf), t, labels, None, contextlib.nullcontext, teacher, fake
+    ).sum().backward()
+    assert teacher.evaluations == 3 * 3  # three rows, each a forward and a backward (two)
+
+    def clean(net, z):
+        return z - t.reshape(-1, 1, 1, 1) * net(z, t, labels)
+
+    held = 1 / (x - clean(real_net, path(x))).abs().flatten(1).mean(1).detach()
+
+    def loss(x):  # SiD's loss with its normaliser held at x's
+        real, gap = clean(real_net, path(x)), clean(real_net, path(x)) - clean(fake_net, path(x))
+        return (held * (gap * ((real - x) - 1.2 * gap)).flatten(1).mean(1)).sum()
+
+    expected = torch.zeros_like(x).flatten()
+    h = 1e-6
+    for i in range(x.numel()):
+        step = torch.zeros_like(x).flatten()
+        step[i] = h
+        with torch.no_grad():
+            expected[i] = (loss(x + step.view_as(x)) - loss(x - step.view_as(x))) / (2 * h)
+    torch.testing.assert_close(leaf.grad, expected.view_as(x), rtol=1e-6, atol=1e-9)
+    # VSD on the same inputs: no score is differentiated (the teacher counted once per row)
+    leaf = x.clone().requires_grad_(True)
+    plain = _teacher(real_net)
+    vsd = DMD2Distill(real_guidance=1.0).distribution_loss(
+        leaf, path(leaf), t, labels, None, contextlib.nullcontext, plain, fake
+    )
+    vsd.sum().backward()
+    assert plain.evaluations == 3
+    direct = (clean(fake_net, path(x)) - clean(real_net, path(x))).detach()
+    weight = 1 / ((x - clean(real_net, path(x))).abs().flatten(1).mean(1) + 1e-6)
+    torch.testing.assert_close(leaf.grad, weight.view(-1, 1, 1, 1) * direct / x[0].numel())
+
+
+def test_a_sid_generator_step_counts_both_scores_backwards_and_a_fake_step_as_dmd2s():
+    """Per image at 4 fake-score updates per generator update, one step: the generator's forward and backward (3),
+    the fake score's forward and backward to the sample (3); the real score's three passes per evaluation, two
+    evaluations where it is guided. A fake-score step is DMD2's."""
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill.sid import SiDDistill
+
+    sid, dmd2 = SiDDistill(real_guidance=1.0), DMD2Distill(real_guidance=1.0)
+    assert sid.step_forwards(0) == 3.0 + 3.0 and dmd2.step_forwards(0) == 3.0 + 1.0
+    assert sid.step_forwards(1) == dmd2.step_forwards(1) == 4.0
+    assert sid.teacher_forwards_at(0) == 3.0 and SiDDistill(real_guidance=2.0).teacher_forwards_at(0) == 6.0
+    assert sid.teacher_forwards_at(1) == 0.0
+    assert sid.logged_terms == ("sid_loss", "fake_score_loss")
+    assert "SiD's score-identity loss (alpha 1.2)" in sid.describe_loss()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["distill.method=sid", "distill.sid_alpha=-0.5"], "distill.sid_alpha must be a number >= 0 (SiD's 1.2)"),
+        (["distill.method=sid", "distill.real_guidance=0.5"], "distill.real_guidance must be a guidance scale >= 1"),
+        (["distill.method=dmd2", "distill.sid_alpha=1.0"], "distill.sid_alpha: not an option of distill.method=dmd2"),
+    ],
+)
+def test_a_wrong_sid_key_is_refused_in_one_line_that_names_it(overrides, says, tmp_path):
+    from moh_dit.errors import ConfigError
+    from moh_dit.training.config import load_config
+
+    config = {"objective": {"name": "distill"}, "distill": {"teacher": str(tmp_path / "teacher")},
+              "train": {"output_dir": str(tmp_path / "out")}}  # fmt: skip
+    with pytest.raises(ConfigError, match=re.escape(says)) as caught:
+        load_config(config, overrides)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_yaml_true_is_no_alpha():
+    from moh_dit.errors import ConfigError
+    from moh_dit.objectives.distill.sid import SiDDistill
+
+    with pytest.raises(ConfigError, match=re.escape("distill.sid_alpha must be a number >= 0")):
+        SiDDistill(sid_alpha=True)
