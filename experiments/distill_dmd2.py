@@ -68,7 +68,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               (`distill.grid_share=0`), on the same recorded set: ECT at the step 0.05 from it
                               (`ectfewuni-{kind}`, :data:`ECT_START_OF`) and DMD2 from that (`dmd2ecfuni-*`)
     sidecfdt-{kind}-g{r}-nogan-ema998  SiD's score-identity loss (`distill.method: sid`, :data:`SID`) in place of
-                              VSD, from ECT's start at the step 0.05, at the settings of DMD2's best from it
+                              VSD, from ECT's start at the step 0.05, at the settings of DMD2's best from it;
+                              `-f1`: SiD's one fake-score update per generator update, `-x4`: past the budget
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -137,6 +138,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     SHORT,
     SID,
     SID_STARTS,
+    SID_VARIANTS,
     VARIANTS,
     VARIETY_SCALES,
 )
@@ -214,15 +216,10 @@ def dmd2_arms(
                 [teacher, origin, *_overrides(settings)],
             )
         for prefix in SID_STARTS:  # SiD's loss in place of VSD, at the settings of DMD2's best from that start
-            arms[f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-ema998"] = (
-                FROM_SHORT[kind],
-                [
-                    teacher,
-                    _started(runs, f"{prefix}-{kind}", seed),
-                    *_overrides(settings | SID),
-                    f"ema.decay={ANCHORS['ema998']}",
-                ],
-            )
+            name = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-ema998"
+            origin = _started(runs, f"{prefix}-{kind}", seed)
+            arms[name] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings | SID), f"ema.decay={ANCHORS['ema998']}"])  # fmt: skip
+            arms |= {f"{name}-{suffix}": (FROM_SHORT[kind], [*arms[name][1], *_overrides(change)]) for suffix, change in SID_VARIANTS.items()}  # fmt: skip
         # from ECT's start at a lower real-score scale: whether DMD2 keeps more of the recall ECT adds
         variety = RECIPE | {"real_guidance": ECT_VARIETY_SCALE} | VARIANTS["nogan"]
         arms[f"dmd2ecf-{kind}-{_label(ECT_VARIETY_SCALE)}-nogan"] = (

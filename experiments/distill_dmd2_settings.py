@@ -116,4 +116,7 @@ ECT_DMD2 = tuple(f"dmd2ecf{tail}" for tail in ECT_STARTS)  # DMD2's prefix from 
 # (`sid{start}-{kind}-g{r}-nogan`), the rest of the budget spent as DMD2 spends it (a SiD generator step costs both
 # scores' backwards as well: fewer generator updates)
 SID = {"method": "sid", "sid_alpha": 1.2}
+# a suffix of SiD's arm: what it changes. SiD's own runs update the fake score once per generator update (`f1`: about
+# twice the generator updates in the budget); `x4` is the arm past the budget (:data:`OVER_BUDGET`)
+SID_VARIANTS = {"f1": {"distill.fake_updates": 1}, "x4": {}}
 SID_STARTS = {"sidecfdt": "ectfewdt"}  # SiD's prefix: the arm it starts from
