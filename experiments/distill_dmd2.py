@@ -215,11 +215,6 @@ def dmd2_arms(
                 FROM_SHORT[kind],
                 [teacher, origin, *_overrides(settings)],
             )
-        for prefix in SID_STARTS:  # SiD's loss in place of VSD, at the settings of DMD2's best from that start
-            name = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-ema998"
-            origin = _started(runs, f"{prefix}-{kind}", seed)
-            arms[name] = (FROM_SHORT[kind], [teacher, origin, *_overrides(settings | SID), f"ema.decay={ANCHORS['ema998']}"])  # fmt: skip
-            arms |= {f"{name}-{suffix}": (FROM_SHORT[kind], [*arms[name][1], *_overrides(change)]) for suffix, change in SID_VARIANTS.items()}  # fmt: skip
         # from ECT's start at a lower real-score scale: whether DMD2 keeps more of the recall ECT adds
         variety = RECIPE | {"real_guidance": ECT_VARIETY_SCALE} | VARIANTS["nogan"]
         arms[f"dmd2ecf-{kind}-{_label(ECT_VARIETY_SCALE)}-nogan"] = (
@@ -229,6 +224,7 @@ def dmd2_arms(
         dmd2l = f"dmd2l-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
         arms[f"{dmd2l}-x4"] = arms[dmd2l]  # the variety lever's curve still fell at the budget's end
         arms |= _recipe_variants(arms, kind)
+        arms |= _sid_arms(arms, kind)
         for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
             for suffix, gan in (("ganlate", GAN_LATE), ("ganlow", GAN_LOW)):
                 late, settings = f"dmd2f-{kind}-{_label(scale)}-{suffix}", RECIPE | gan | {"real_guidance": scale}
@@ -256,6 +252,21 @@ def dmd2_arms(
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
+
+
+def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tuple[str, list[str]]]:
+    """SiD's arms: DMD2's recipe from each start SiD starts from (:data:`SID_STARTS`), at the EMA of the configs
+    (0.995) and at 0.998 (each teacher's chain config is one of the two), with the method alone changed; and their
+    variants (:data:`SID_VARIANTS`)."""
+    sid = {}
+    for prefix, start in SID_STARTS.items():
+        beside = f"dmd2ecf{start.removeprefix('ectfew')}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
+        for dmd2 in (beside, f"{beside}-ema998"):
+            config, overrides = arms[dmd2]
+            name = prefix + dmd2.removeprefix(dmd2.split("-")[0])
+            sid[name] = (config, [*overrides, *_overrides(SID)])
+            sid |= {f"{name}-{suffix}": (config, [*sid[name][1], *_overrides(change)]) for suffix, change in SID_VARIANTS.items()}  # fmt: skip
+    return sid
 
 
 def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tuple[str, list[str]]]:

@@ -26,6 +26,7 @@ from experiments.distill_dmd2 import (
     HELD_PAST_BUDGET,
     REAL_SCALES,
     RECIPE_SCALE,
+    SID,
     VARIANTS,
     VARIETY_SCALES,
     budget_share,
@@ -284,7 +285,7 @@ def dmd2_lines(result: dict) -> list[str]:
              f"(`few-*`) and the recipe from it (`dmd2few-*`), the same on every interval (`fewuni-*`: distill.grid_share 0), the two together (`fewlow-*`, `fewmid-*`; `dmd2fewl-*`, "
              f"`dmd2fewmid-*`); the EMA's hold on the start ({', '.join(f'`-{k}`: ema.decay {v:g}' for k, v in ANCHORS.items())} "
              f"against the recipe's 0.995, stepped once per generator update; past the budget with the recipe's share "
-             f"held: {', '.join(f'`{p}-*-{k}-x4`' for p, held in HELD_PAST_BUDGET.items() for k in held)}); DMD's regression on the start's own set (`-reg*`: squared error; `-feat*`: the teacher's block features); ECT from the cheaper start (`ectfew-*`) and DMD2 from it (`dmd2ecf-*`; `dmd2ecf-*-g{ECT_VARIETY_SCALE:g}-nogan`: its real score at a lower scale), ECT's variants ({ect_variants}) and DMD2 from each (`dmd2ecf{{{','.join(t for t in ECT_STARTS if t)}}}-*`); the GAN term switched on late (`-ganlate`: "
+             f"held: {', '.join(f'`{p}-*-{k}-x4`' for p, held in HELD_PAST_BUDGET.items() for k in held)}); DMD's regression on the start's own set (`-reg*`: squared error; `-feat*`: the teacher's block features); ECT from the cheaper start (`ectfew-*`) and DMD2 from it (`dmd2ecf-*`; `dmd2ecf-*-g{ECT_VARIETY_SCALE:g}-nogan`: its real score at a lower scale), ECT's variants ({ect_variants}) and DMD2 from each (`dmd2ecf{{{','.join(t for t in ECT_STARTS if t)}}}-*`); SiD's score-identity loss in place of VSD from ECT's start at the step 0.05 (`sidecfdt-*`, alpha {SID['sid_alpha']:g}; `-f1`: SiD's one fake-score update per generator update); the GAN term switched on late (`-ganlate`: "
              f"weight {GAN_LATE['gan_weight']:g} from step {GAN_LATE['gan_start']}) with the real score unguided, as "
              "the references pair them (`-g1-ganlate`, and `-x4` past the budget), and at the recipe's scale; the same "
              f"with its discriminator at low noise (`-ganlow`: distill.gan_time {GAN_LOW['gan_time']}). "

@@ -1074,6 +1074,17 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert order.index("fewuni-ddpm") < order.index("ectfewuni-ddpm") < order.index(dmd2)
     assert arms["ectfewuni01-ddpm"][1] == [*arms["ectfewuni-ddpm"][1][:-1], "distill.ect_dt=0.01"]  # ECT's own step
     assert distill_dmd2.load_arm(*arms["ectfewuni01-ddpm"]).distill.ect_dt == 0.01
+    # SiD's loss in place of VSD from ECT's start: DMD2's best arm there with the method alone changed, its own stage
+    # within the budget; its variants one setting each (`-x4` past the budget)
+    for kind, ema in (("flow-g3", ""), ("ddpm-g4", "-ema998")):  # each teacher's chain config's arm
+        sid, dmd2 = f"sidecfdt-{kind}-nogan{ema}", f"dmd2ecfdt-{kind}-nogan{ema}"
+        assert arms[sid] == (arms[dmd2][0], [*arms[dmd2][1], "distill.method=sid", "distill.sid_alpha=1.2"])
+    assert distill_dmd2.load_arm(*arms[sid]).distill.method == "sid"
+    assert distill_dmd2.start_of(sid) == "ectfewdt-ddpm" and distill_dmd2.budget_arm(sid)
+    assert distill_dmd2.budget_share(sid) == 1 and distill_dmd2.over_budget(sid) == 1
+    assert arms[f"{sid}-f1"][1] == [*arms[sid][1], "distill.fake_updates=1"]
+    assert arms[f"{sid}-x4"] == arms[sid] and distill_dmd2.over_budget(f"{sid}-x4") == 4
+    assert list(arms).index("ectfewdt-ddpm") < list(arms).index(sid)
     # DMD2 from ECT's start at a lower real-score scale than the recipe's (the recall ECT adds)
     lower = arms["dmd2ecf-flow-g2-nogan"][1]
     assert "distill.real_guidance=2.0" in lower and "distill.gan_weight=0.0" in lower
@@ -1641,6 +1652,17 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     quarter, share = arms["ectfewdts25-flow"], budget_share("ectfewdts25-flow")  # the budget's split measured
     (length, _), _ = fill_budget(*quarter, spent, distill.SCALES["cpu"], 1, share)
     assert length == f"train.max_steps={int((BUDGET - spent) / 4 // (BATCH * (4 + 2)))}"
+    # SiD's generator step differentiates both scores (three passes each): fewer steps than DMD2's in the same budget
+    sid_arm, dmd_arm = arms["sidecfdt-flow-g3-nogan-ema998"], arms["dmd2ecfdt-flow-g3-nogan-ema998"]
+    sid, dmd = (counted_objective(load_arm(*a)) for a in (sid_arm, dmd_arm))
+    assert sid.step_forwards(0) - dmd.step_forwards(0) == 2.0 and sid.step_forwards(1) == dmd.step_forwards(1)
+    assert (
+        sid.teacher_forwards_at(0) == 3 * dmd.teacher_forwards_at(0) == 6.0
+    )  # guided: two evaluations, each 3 passes
+    (sid_length, _), _ = fill_budget(*sid_arm, spent, distill.SCALES["cpu"])
+    (dmd_length, _), _ = fill_budget(*dmd_arm, spent, distill.SCALES["cpu"])
+    sid_steps = int(sid_length.split("=")[1])
+    assert sid_steps < int(dmd_length.split("=")[1]) and sid_steps % 5 == 0
     # a GAN term switched on late: the steps before it cost what a stage without it costs, those after it more
     late_config, late_overrides = arms["dmd2f-flow-g1-ganlate"]
     late = counted_objective(load_arm(late_config, late_overrides))
