@@ -10,6 +10,7 @@ import torch
 from moh_dit.objectives.noise import dit_sigmas
 
 __all__ = [
+    "clean_prediction",
     "timestep_of_sigma",
     "sigma_of_timestep",
     "timestep_of_flow_time",
@@ -59,6 +60,14 @@ def linear_path_input(z: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, t
     tau = timestep_of_flow_time(t64)
     scale = (1 / ((1 - t64) ** 2 + t64**2).sqrt()).reshape(-1, *([1] * (z.ndim - 1)))
     return (z.double() * scale).to(z.dtype), tau
+
+
+def clean_prediction(x_t: torch.Tensor, t: torch.Tensor, velocity: torch.Tensor) -> torch.Tensor:
+    """The data a velocity ``v`` of the linear path predicts from ``x_t`` at flow times ``t`` (N,): ``x_t - t v``, in
+    float32 at least."""
+    return x_t - t.reshape(-1, *([1] * (x_t.ndim - 1))) * velocity.to(
+        torch.promote_types(velocity.dtype, torch.float32)
+    )
 
 
 def velocity_of_noise(eps: torch.Tensor, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -44,22 +44,17 @@ from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
 from moh_dit.objectives.distill import distances
+from moh_dit.objectives.distill.dmd_costs import DMDCosts
 from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
 from moh_dit.objectives.distill.generator import GridGenerator
 from moh_dit.objectives.distill.grids import MIDPOINT
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
+from moh_dit.objectives.linear_path import clean_prediction
 
-__all__ = ["DMD2Distill", "clean_prediction"]
-
-
-def clean_prediction(x_t: torch.Tensor, t: torch.Tensor, velocity: torch.Tensor) -> torch.Tensor:
-    """The data a velocity of the linear path predicts from ``x_t`` at flow times ``t`` (N,): ``x_t - t v``, float32."""
-    return x_t - t.reshape(-1, *([1] * (x_t.ndim - 1))) * velocity.to(
-        torch.promote_types(velocity.dtype, torch.float32)
-    )
+__all__ = ["DMD2Distill"]
 
 
-class DMD2Distill(GridGenerator, MeanFlowDistill):
+class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
     """DMD2 (see the module docstring).
 
     Args:
@@ -242,50 +237,6 @@ class DMD2Distill(GridGenerator, MeanFlowDistill):
         the others' zero), the GAN terms and the regression where they are on."""
         gan = ("gan_generator", "gan_discriminator") if self.gan_weight else ()
         return (self.distribution_term, "fake_score_loss", *gan, *(("regression",) if self.regression else ()))
-
-    def updates(self, step: int) -> str:
-        """Which network training ``step`` updates: the student first, then the fake score ``fake_updates`` times."""
-        return "student" if step % (self.fake_updates + 1) == 0 else "fake_score"
-
-    def gan_on(self, step: int | None) -> bool:
-        """Whether the GAN term and its discriminator train at ``step``."""
-        return bool(self.gan_weight) and (step or 0) >= self.gan_start
-
-    def step_forwards(self, step: int, companions: Mapping[str, Any] | None = None) -> float:
-        """Every pass of the networks trained at training ``step``, per image, in forwards at the student's size (a
-        backward counts two; the real score's evaluations are counted as they happen). The generator's step: its
-        backward simulation, its forward and backward, the fake score's forward, the GAN term's pass to the
-        discriminator's block (``gan_share``: the share of the depth it runs) with its backward, the regression's
-        forward and backward and its distance's passes of the teacher. The fake score's: the generator's forward, its
-        own loss's forward and backward, and the discriminator's passes on real and generated images with their
-        backwards. The discriminator's block over the fake score's depth from ``companions`` (its middle by default).
-        A distribution loss that differentiates through the scores (:attr:`score_passes`) counts their backwards."""
-        fake = (companions or {}).get("fake_score")
-        share = fake.block_share if fake is not None else 0.5
-        gan = 3.0 * share if self.gan_on(step) else 0.0
-        if self.updates(step) == "student":
-            fake = self.score_passes if self.vsd_weight else 0.0
-            regressed = 3.0 + self.distance.teacher_passes if self.regression else 0.0
-            return self.simulated_forwards() + 3.0 + fake + gan + regressed
-        return self.simulated_forwards() + 1.0 + 3.0 + 2.0 * gan
-
-    def student_forwards(self) -> float:
-        """Per image, averaged over a cycle of generator and fake-score steps with the GAN term on (:meth:`step_forwards`)."""
-        cycle = range(self.gan_start, self.gan_start + self.fake_updates + 1)
-        return sum(self.step_forwards(s) for s in cycle) / (self.fake_updates + 1)
-
-    def teacher_forwards_at(self, step: int) -> float:
-        """The teacher's forwards per image at training ``step``: the real score's on the generator's steps, two where
-        it is guided (counted as guided at every time; the logs count them exactly), each with its backward where the
-        loss differentiates through it (:attr:`score_passes`)."""
-        if self.updates(step) != "student" or not self.vsd_weight:
-            return 0.0
-        guided = self.real_guidance != 1.0 if self.real_guidance is not None else super().teacher_forwards() == 2.0
-        return (2.0 if guided else 1.0) * self.score_passes
-
-    def teacher_forwards(self) -> float:
-        """The teacher's forwards per image, averaged over a cycle of updates (:meth:`teacher_forwards_at`)."""
-        return sum(self.teacher_forwards_at(s) for s in range(self.fake_updates + 1)) / (self.fake_updates + 1)
 
     # ------------------------------------------------------------------------------------------------
     # Training

@@ -27,8 +27,9 @@ import torch
 
 from moh_dit.argtypes import is_number
 from moh_dit.errors import ConfigError
-from moh_dit.objectives.distill.dmd2 import DMD2Distill, clean_prediction
+from moh_dit.objectives.distill.dmd2 import DMD2Distill
 from moh_dit.objectives.distill.dmd_losses import sid_loss
+from moh_dit.objectives.linear_path import clean_prediction
 
 __all__ = ["SiDDistill"]
 
