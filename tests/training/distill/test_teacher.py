@@ -5,6 +5,7 @@ checkpoints and the student's config and card; a resume beside another teacher o
 sampled in one step by the command line."""
 
 import json
+import math
 import re
 
 import pytest
@@ -444,3 +445,19 @@ def test_the_log_says_which_part_of_the_guidance_comes_from_the_teachers_record(
     with caplog.at_level("INFO", logger="moh_dit.train"):
         assert _guidance_of(distill_config(tmp_path / "b", image_dir, teachers / "flow", *given).distill)[:2] == (3.0, (0.2, 0.9))  # fmt: skip
     assert "from its record" not in caplog.text  # nothing taken from it
+
+
+def test_sid_from_a_ddpm_teacher_differentiates_its_guided_noise_prediction(teachers, image_dir, tmp_path):
+    """SiD's real score is the DDPM teacher's noise prediction read as a velocity of the linear path, guided: its
+    generator step has a finite loss and a gradient for the generator, and counts the teacher's passes three times
+    over (a forward and its backward)."""
+    trainer = Trainer(
+        distill_config(tmp_path / "s", image_dir, teachers / "ddpm", "distill.method=sid", "distill.fake_updates=1",
+                       "distill.dmd_steps=[1]", "distill.real_guidance=2.0", "train.max_steps=2", "preview.per_class=0")
+    )  # fmt: skip
+    teacher = trainer.frozen["teacher"]
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in records if "sid_loss" in r)
+    assert math.isfinite(first["sid_loss"]) and first["sid_loss"] != 0 and first["grad_norm"] > 0
+    assert teacher.evaluations % 3 == 0 and teacher.evaluations > 0
