@@ -70,7 +70,7 @@ simulation, and the whole distillation within the teacher's training in network 
     sidecfdt-{kind}-g{r}-nogan-ema998  SiD's score-identity loss (`distill.method: sid`, :data:`SID`) in place of
                               VSD, from ECT's start at the step 0.05, at the settings of DMD2's best from it;
                               `-f1`: SiD's one fake-score update per generator update, `-lr3e-4`: three times
-                              the rate, `-x4`: past the budget
+                              the rate (`-lr3e-4-alpha{0.5,1}`: with SiD's alpha lower), `-x4`: past the budget
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on

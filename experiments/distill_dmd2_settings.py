@@ -121,4 +121,6 @@ SID = {"method": "sid", "sid_alpha": 1.2}
 # rate, its curves still falling at the budget's end: three times the rate (`lr3e-4`, both networks), and the arm past
 # the budget (`x4`, :data:`OVER_BUDGET`)
 SID_VARIANTS = {"f1": {"distill.fake_updates": 1}, "lr3e-4": {"optim.lr": 3e-4}, "x4": {}}
+# SiD's alpha below its 1.2 at that rate (the weight of the fake score's own gap; SiD's paper sweeps 0 to 1.2)
+SID_VARIANTS |= {f"lr3e-4-alpha{a:g}": {"optim.lr": 3e-4, "distill.sid_alpha": a} for a in (0.5, 1.0)}
 SID_STARTS = {"sidecfdt": "ectfewdt"}  # SiD's prefix: the arm it starts from

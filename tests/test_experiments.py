@@ -1084,6 +1084,8 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert distill_dmd2.budget_share(sid) == 1 and distill_dmd2.over_budget(sid) == 1
     assert arms[f"{sid}-f1"][1] == [*arms[sid][1], "distill.fake_updates=1"]
     assert arms[f"{sid}-lr3e-4"][1] == [*arms[sid][1], "optim.lr=0.0003"]
+    assert arms[f"{sid}-lr3e-4-alpha0.5"][1] == [*arms[sid][1], "optim.lr=0.0003", "distill.sid_alpha=0.5"]
+    assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha0.5"]).distill.sid_alpha == 0.5
     assert arms[f"{sid}-x4"] == arms[sid] and distill_dmd2.over_budget(f"{sid}-x4") == 4
     assert list(arms).index("ectfewdt-ddpm") < list(arms).index(sid)
     # DMD2 from ECT's start at a lower real-score scale than the recipe's (the recall ECT adds)
