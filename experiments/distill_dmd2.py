@@ -70,7 +70,8 @@ simulation, and the whole distillation within the teacher's training in network 
     sidecfdt-{kind}-g{r}-nogan-ema998  SiD's score-identity loss (`distill.method: sid`, :data:`SID`) in place of
                               VSD, from ECT's start at the step 0.05, at the settings of DMD2's best from it;
                               `-f1`: SiD's one fake-score update per generator update, `-lr3e-4`: three times
-                              the rate (`-lr3e-4-alpha{0.5,1}`: with SiD's alpha lower), `-x4`: past the budget
+                              the rate (`-lr3e-4-alpha{0.5,1}`: with SiD's alpha lower), `-x4`: past the budget;
+                              `sidecfdt-{kind}-g{r}[-ema998]-ganlate`: the GAN term switched on late (SiDA's pairing)
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -266,7 +267,9 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
             config, overrides = arms[dmd2]
             name = prefix + dmd2.removeprefix(dmd2.split("-")[0])
             sid[name] = (config, [*overrides, *_overrides(SID)])
-            sid |= {f"{name}-{suffix}": (config, [*sid[name][1], *_overrides(change)]) for suffix, change in SID_VARIANTS.items()}  # fmt: skip
+            for suffix, change in SID_VARIANTS.items():  # one that turns the GAN term on drops "-nogan" from its name
+                named = name.replace("-nogan", "") if "distill.gan_weight" in change else name
+                sid[f"{named}-{suffix}"] = (config, [*sid[name][1], *_overrides(change)])
     return sid
 
 

@@ -123,4 +123,7 @@ SID = {"method": "sid", "sid_alpha": 1.2}
 SID_VARIANTS = {"f1": {"distill.fake_updates": 1}, "lr3e-4": {"optim.lr": 3e-4}, "x4": {}}
 # SiD's alpha below its 1.2 at that rate (the weight of the fake score's own gap; SiD's paper sweeps 0 to 1.2)
 SID_VARIANTS |= {f"lr3e-4-alpha{a:g}": {"optim.lr": 3e-4, "distill.sid_alpha": a} for a in (0.5, 1.0)}
+# SiDA's pairing: the GAN term on real data switched on once the fake score has trained alone (GAN_LATE's weight and
+# start, on the fake score's features as DMD2's)
+SID_VARIANTS["ganlate"] = {f"distill.{key}": value for key, value in GAN_LATE.items()}
 SID_STARTS = {"sidecfdt": "ectfewdt"}  # SiD's prefix: the arm it starts from

@@ -1086,6 +1086,12 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert arms[f"{sid}-lr3e-4"][1] == [*arms[sid][1], "optim.lr=0.0003"]
     assert arms[f"{sid}-lr3e-4-alpha0.5"][1] == [*arms[sid][1], "optim.lr=0.0003", "distill.sid_alpha=0.5"]
     assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha0.5"]).distill.sid_alpha == 0.5
+    late = distill_dmd2.load_arm(*arms["sidecfdt-ddpm-g4-ema998-ganlate"]).distill  # SiDA's pairing
+    assert (late.method, late.gan_weight, late.gan_start) == (
+        "sid",
+        0.003,
+        200,
+    ) and "sidecfdt-ddpm-g4-nogan-ema998-ganlate" not in arms
     assert arms[f"{sid}-x4"] == arms[sid] and distill_dmd2.over_budget(f"{sid}-x4") == 4
     assert list(arms).index("ectfewdt-ddpm") < list(arms).index(sid)
     # DMD2 from ECT's start at a lower real-score scale than the recipe's (the recall ECT adds)
