@@ -67,8 +67,8 @@ simulation, and the whole distillation within the teacher's training in network 
     fewuni-{kind}             the cheaper start with its intervals drawn as the stage's other draws
                               (`distill.grid_share=0`), on the same recorded set: ECT at the step 0.05 from it
                               (`ectfewuni-{kind}`, :data:`ECT_START_OF`) and DMD2 from that (`dmd2ecfuni-*`)
-    sidecfdt-{kind}-g{r}-nogan-ema998  SiD's score-identity loss (`distill.method: sid`, :data:`SID`) in place of
-                              VSD, from ECT's start at the step 0.05, at the settings of DMD2's best from it;
+    sidecfdt-{kind}-g{r}-nogan[-ema998]  SiD's score-identity loss (`distill.method: sid`, :data:`SID`) in place of
+                              VSD, from ECT's start at the step 0.05, at the settings of DMD2 from it (each EMA);
                               `-f1`: SiD's one fake-score update per generator update, `-lr3e-4`: three times
                               the rate (`-lr3e-4-alpha{0.5,1}`: with SiD's alpha lower), `-x4`: past the budget;
                               `sidecfdt-{kind}-g{r}[-ema998]-ganlate`: the GAN term switched on late (SiDA's pairing)
