@@ -72,6 +72,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               `-f1`: SiD's one fake-score update per generator update, `-lr3e-4`: three times
                               the rate (`-lr3e-4-alpha{0.5,1}`: with SiD's alpha lower), `-x4`: past the budget;
                               `sidecfdt-{kind}-g{r}[-ema998]-ganlate`: the GAN term switched on late (SiDA's pairing)
+    sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
+                              without ECT: about twice the budget left to SiD
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on
@@ -139,7 +141,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     SHARES,
     SHORT,
     SID,
-    SID_STARTS,
+    SID_BESIDE,
     SID_VARIANTS,
     VARIANTS,
     VARIETY_SCALES,
@@ -257,12 +259,12 @@ def dmd2_arms(
 
 
 def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tuple[str, list[str]]]:
-    """SiD's arms: DMD2's recipe from each start SiD starts from (:data:`SID_STARTS`), at the EMA of the configs
-    (0.995) and at 0.998 (each teacher's chain config is one of the two), with the method alone changed; and their
-    variants (:data:`SID_VARIANTS`)."""
+    """SiD's arms: each DMD2 stage SiD replaces (:data:`SID_BESIDE`; the recipe without the GAN term), at the EMA of
+    the configs (0.995) and at 0.998 (each teacher's chain config is one of the two), with the method alone changed;
+    and their variants (:data:`SID_VARIANTS`)."""
     sid = {}
-    for prefix, start in SID_STARTS.items():
-        beside = f"dmd2ecf{start.removeprefix('ectfew')}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
+    for prefix, dmd2_prefix in SID_BESIDE.items():
+        beside = f"{dmd2_prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
         for dmd2 in (beside, f"{beside}-ema998"):
             config, overrides = arms[dmd2]
             name = prefix + dmd2.removeprefix(dmd2.split("-")[0])
@@ -317,7 +319,7 @@ def three_seed_arms(kinds: tuple[str, ...]) -> set[str]:
 
 
 # the arms whose length the budget sets
-STAGES = ("dmd2s-", "dmd2f-", *SHARES, *(f"{p}-" for p in ECT_DMD2), *(f"{p}-" for p in SID_STARTS), "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
+STAGES = ("dmd2s-", "dmd2f-", *SHARES, *(f"{p}-" for p in ECT_DMD2), *(f"{p}-" for p in SID_BESIDE), "dmd2h-", "dmd2l-", "dmd2mid-", "dmd2few-", "dmd2fewl-", "dmd2fewmid-", "dmd2m-", "dmd2g-", "ganonly-", "rcm-", "ect-", "ectu-", "ectc-")  # fmt: skip
 # every arm of these measurements, by its name's start
 ARMS = ("short-", "half-", "low-", "mid-", "few-", "fewlow-", "fewmid-", "fewuni-", "uni-", *STAGES)
 
@@ -333,7 +335,7 @@ STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-":
 STARTS |= {f"ectfew{tail}-": ECT_START_OF.get(tail, "few") for tail in ECT_STARTS} | {
     f"dmd2ecf{tail}-": f"ectfew{tail}" for tail in ECT_STARTS
 }
-STARTS |= {f"{prefix}-": start for prefix, start in SID_STARTS.items()}
+STARTS |= {f"{prefix}-": STARTS[f"{dmd2_prefix}-"] for prefix, dmd2_prefix in SID_BESIDE.items()}
 
 
 def start_of(arm: str) -> str | None:

@@ -129,4 +129,7 @@ SID_VARIANTS |= {f"lr3e-4-alpha{a:g}": {"optim.lr": 3e-4, "distill.sid_alpha": a
 # SiDA's pairing: the GAN term on real data switched on once the fake score has trained alone (GAN_LATE's weight and
 # start, on the fake score's features as DMD2's)
 SID_VARIANTS["ganlate"] = {f"distill.{key}": value for key, value in GAN_LATE.items()}
-SID_STARTS = {"sidecfdt": "ectfewdt"}  # SiD's prefix: the arm it starts from
+# SiD's prefix: the prefix of the DMD2 stage it replaces (and so starts where that one starts). From the cheaper start
+# itself (`sidfew`), without ECT: the default's SiD curves were still falling at the budget's end, and that start
+# leaves about twice the budget
+SID_BESIDE = {"sidecfdt": "dmd2ecfdt", "sidfew": "dmd2few"}
