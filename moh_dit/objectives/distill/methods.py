@@ -10,6 +10,7 @@ docs/objective.md#distillation.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from moh_dit.errors import ConfigError
@@ -102,17 +103,6 @@ METHODS: dict[str, MethodEntry] = {
         identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=TRAJECTORY_PROVENANCE,
     ),
-    # score identity distillation (SiD, arXiv:2404.04057; mingyuanzhou/SiD): DMD2's generator and fake score, the
-    # generator's loss an estimate of the Fisher divergence differentiated through both scores instead of VSD
-    "sid": MethodEntry(
-        "moh_dit.objectives.distill",
-        "SiDDistill",
-        "a generator matching the teacher's distribution by SiD's score-identity loss through a fake score",
-        ("sid_alpha", *DMD2_KEYS),
-        fp16=False,
-        identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
-        provenance=TRAJECTORY_PROVENANCE,
-    ),
     # trajectory distillation regularised by DMD2 in one run (rCM, arXiv:2510.08431): the secants' loss plus a weighted
     # VSD of the student's samples, the fake score on 1 of every student_updates + 1 steps
     "rcm": MethodEntry(
@@ -133,6 +123,15 @@ METHODS: dict[str, MethodEntry] = {
         ("ect_dt", "ect_step", "ect_dt_start", "ect_dt_every"),
     ),
 }
+# score identity distillation (SiD, arXiv:2404.04057; mingyuanzhou/SiD): DMD2's entry (its generator, fake score, grids,
+# GAN term and keys) with the generator's loss an estimate of the Fisher divergence, differentiated through both
+# scores, instead of VSD, and its alpha
+METHODS["sid"] = dataclasses.replace(
+    METHODS["dmd2"],
+    cls="SiDDistill",
+    summary="a generator matching the teacher's distribution by SiD's score-identity loss through a fake score",
+    keys=("sid_alpha", *DMD2_KEYS),
+)
 # every method's: what the student is (its method, architecture, time split, head, and the teacher's guidance folded
 # into its target; the teacher itself by its weights, in the run's frozen models) and where things came from (the
 # teacher's and the guide's paths and formats, the student it started from: read at step 0 only)
