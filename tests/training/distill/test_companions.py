@@ -109,15 +109,16 @@ def test_dmd2_refuses_float16(flow_teacher, image_dir, tmp_path):
 
 
 @pytest.mark.slow  # a fresh training process in bf16 autocast on the CPU: half a minute
-def test_dmd2_trains_in_bfloat16(flow_teacher, image_dir, tmp_path):
-    """bf16 autocast trains DMD2 (on the CPU here) with finite losses."""
+@pytest.mark.parametrize("method", [[], ["distill.method=sid"]], ids=["dmd2", "sid"])
+def test_dmd2_trains_in_bfloat16(flow_teacher, image_dir, tmp_path, method):
+    """bf16 autocast trains DMD2 (on the CPU here) with finite losses; and SiD, its scores differentiated under it."""
     import sys
     from pathlib import Path
 
     from ...helpers.factories import run_command, tiny_train_overrides
 
     root = Path(__file__).resolve().parents[3]
-    overrides = tiny_train_overrides(tmp_path / "b", image_dir, f"distill.teacher={flow_teacher}", *DMD2)
+    overrides = tiny_train_overrides(tmp_path / "b", image_dir, f"distill.teacher={flow_teacher}", *DMD2, *method)
     run_command([sys.executable, root / "train.py", *overrides, "train.max_steps=3", "train.mixed_precision=bf16"])
     records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert all(torch.isfinite(torch.tensor(r["distill_loss"])) for r in records if "distill_loss" in r)
