@@ -73,7 +73,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               the rate (`-lr3e-4-alpha{0.5,1}`: with SiD's alpha lower), `-x4`: past the budget;
                               `sidecfdt-{kind}-g{r}[-ema998]-ganlate`: the GAN term switched on late (SiDA's pairing)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
-                              without ECT: about twice the budget left to SiD
+                              without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
+                              it to ECT (`ectfewdts25-*`)
     dmd2m-{kind}-g{r}-nogan   the recipe without the GAN term from the MeanFlow-distilled student (`meanflow-{kind}`,
                               level with its teacher at four steps), for what the budget leaves after it
     rcm-{kind}                rCM's route in one run (configs/fashion_mnist_moh_rcm.yaml): the trajectory loss on

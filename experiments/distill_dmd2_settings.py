@@ -133,3 +133,6 @@ SID_VARIANTS["ganlate"] = {f"distill.{key}": value for key, value in GAN_LATE.it
 # itself (`sidfew`), without ECT: the default's SiD curves were still falling at the budget's end, and that start
 # leaves about twice the budget
 SID_BESIDE = {"sidecfdt": "dmd2ecfdt", "sidfew": "dmd2few"}
+# and after a quarter of what the cheaper start leaves to ECT (`sidecfdts25`): ECT's two steps stop improving after
+# about 500 steps, and SiD's curves after half were still falling
+SID_BESIDE["sidecfdts25"] = "dmd2ecfdts25"

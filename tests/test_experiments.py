@@ -1089,6 +1089,8 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     few = "sidfew-ddpm-g4-nogan-ema998-lr3e-4-alpha1"  # from the cheaper start, without ECT
     assert arms[few][1] == [*arms["dmd2few-ddpm-g4-nogan-ema998"][1], "distill.method=sid", "distill.sid_alpha=1.2", "optim.lr=0.0003", "distill.sid_alpha=1.0"]  # fmt: skip
     assert distill_dmd2.start_of(few) == "few-ddpm" and distill_dmd2.budget_arm(few)
+    quarter = "sidecfdts25-ddpm-g4-nogan-ema998-lr3e-4-alpha1"  # after a quarter to ECT
+    assert distill_dmd2.start_of(quarter) == "ectfewdts25-ddpm" and distill_dmd2.budget_share(quarter) == 1
     late = distill_dmd2.load_arm(*arms["sidecfdt-ddpm-g4-ema998-ganlate"]).distill  # SiDA's pairing
     assert (late.method, late.gan_weight, late.gan_start) == (
         "sid",
