@@ -112,9 +112,8 @@ SHARES = {f"ectfew{tail}-": ECT_SPLITS.get(tail, 0.5) for tail in ECT_STARTS}
 ECT_VARIETY_SCALE = 2.0
 ECT_DMD2 = tuple(f"dmd2ecf{tail}" for tail in ECT_STARTS)  # DMD2's prefix from each
 # the next lever the curves point to is the target, not the length: SiD's score-identity loss (distill.method: sid, its
-# alpha 1.2) in place of DMD's VSD, from ECT's start and at the settings of the three-seed recipe there
-# (`sid{start}-{kind}-g{r}-nogan`), the rest of the budget spent as DMD2 spends it (a SiD generator step costs both
-# scores' backwards as well: fewer generator updates)
+# alpha 1.2) in place of DMD's VSD, at the settings of the DMD2 stage it replaces (:data:`SID_BESIDE`), the rest of the
+# budget spent as DMD2 spends it (a SiD generator step costs both scores' backwards as well: fewer generator updates)
 SID = {"method": "sid", "sid_alpha": 1.2}
 # a suffix of SiD's arm: what it changes. SiD's own runs update the fake score once per generator update (`f1`: about
 # twice the generator updates in the budget); SiD moves its students more slowly per update than VSD at the recipe's

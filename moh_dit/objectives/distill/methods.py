@@ -62,9 +62,6 @@ DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd
 DMD_IDENTITY = ("real_guidance", "dmd_midpoint")
 TRAJECTORY_PROVENANCE = ("trajectories", "trajectory_shard_size")
 # the interval coverage (distill.r_time_*, grid_share, grid_steps) is every method's: it chooses the (t, r) trained
-# DMD2's own keys (SiD, on DMD2's pieces, reads them too)
-DMD2_KEYS = ("fake_updates", "regression", "regression_distance", "regression_feature_time", *DMD_KEYS,
-                     *TRAJECTORY_KEYS)  # fmt: skip
 METHODS: dict[str, MethodEntry] = {
     # MeanFlow's identity with the teacher's velocity as the target (NVlabs/FastGen's MeanFlow with use_cd) and the
     # references' stabilisers: tangent warm-up, FastGen's opt_grad loss, a tangent clamp, a flow-matching anchor
@@ -98,7 +95,7 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.distill",
         "DMD2Distill",
         "a generator matching the teacher's distribution through a fake score (DMD2), one step or a few",
-        DMD2_KEYS,
+        ("fake_updates", "regression", "regression_distance", "regression_feature_time", *DMD_KEYS, *TRAJECTORY_KEYS),
         fp16=False,
         identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=TRAJECTORY_PROVENANCE,
@@ -130,7 +127,7 @@ METHODS["sid"] = dataclasses.replace(
     METHODS["dmd2"],
     cls="SiDDistill",
     summary="a generator matching the teacher's distribution by SiD's score-identity loss through a fake score",
-    keys=("sid_alpha", *DMD2_KEYS),
+    keys=("sid_alpha", *METHODS["dmd2"].keys),
 )
 # every method's: what the student is (its method, architecture, time split, head, and the teacher's guidance folded
 # into its target; the teacher itself by its weights, in the run's frozen models) and where things came from (the

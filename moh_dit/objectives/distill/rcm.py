@@ -26,12 +26,12 @@ from moh_dit.argtypes import is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
 from moh_dit.objectives.distill.dmd2 import DMD2Distill
+from moh_dit.objectives.distill.methods import METHODS, TRAJECTORY_KEYS
 from moh_dit.objectives.distill.trajectory import TrajectoryDistill
 
 __all__ = ["RCMDistill"]
 
 # the options of the flow-map student both parts share (the interval draws, the loss, the head, the teacher's record)
-_TRAJECTORY = ("trajectories", "trajectory_count", "trajectory_sampler", "trajectory_steps", "trajectory_shard_size")
 
 
 class RCMDistill(DMD2Distill):
@@ -63,9 +63,7 @@ class RCMDistill(DMD2Distill):
         trajectory_shard_size: int = 256,
         **options: Any,
     ) -> None:
-        dmd_only = ("fake_updates", "fake_lr", "gan_weight", "gan_block", "regression", "regression_distance",
-                    "regression_feature_time", "dmd_steps", "dmd_input", "dmd_time", "real_guidance", "vsd_weight",
-                    "gan_start", "dmd_midpoint", "gan_time")  # fmt: skip
+        dmd_only = set(METHODS["dmd2"].keys) - set(TRAJECTORY_KEYS)  # DMD2's own keys: not the flow map's
         flow_map = {k: v for k, v in options.items() if k not in dmd_only and k != "method"}
         super().__init__(**options)
         for key, value in (("student_updates", student_updates), ("vsd_start", vsd_start)):

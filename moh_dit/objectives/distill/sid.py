@@ -55,7 +55,10 @@ class SiDDistill(DMD2Distill):
         self.sid_alpha = float(sid_alpha)
 
     def describe_distribution(self) -> str:
-        return f"SiD's score-identity loss (alpha {self.sid_alpha:g}) through the teacher's and a fake score's clean predictions"
+        return (
+            f"SiD's score-identity loss (alpha {self.sid_alpha:g}) through the teacher's and a fake score's clean "
+            "predictions"
+        )
 
     def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake) -> torch.Tensor:
         """Per sample, SiD's loss of the generator's samples ``x`` at their noised copy ``x_t``: both scores' clean
