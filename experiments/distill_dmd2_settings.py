@@ -125,6 +125,8 @@ SID_VARIANTS = {"f1": {"distill.fake_updates": 1}, "lr3e-4": {"optim.lr": 3e-4},
 # its config now) and is on DMD2's line on the flow twin; 0.5 worse; `f1` breaks the default's one step, `ganlate`
 # costs updates without paying for them, and `x4` turns worse past the budget
 SID_VARIANTS |= {f"lr3e-4-alpha{a:g}": {"optim.lr": 3e-4, "distill.sid_alpha": a} for a in (0.5, 1.0)}
+# and alpha 1 at the recipe's own rate (measured only at three times it): whether the rate or the alpha carried it
+SID_VARIANTS["alpha1"] = {"distill.sid_alpha": 1.0}
 # SiDA's pairing: the GAN term on real data switched on once the fake score has trained alone (GAN_LATE's weight and
 # start, on the fake score's features as DMD2's)
 SID_VARIANTS["ganlate"] = {f"distill.{key}": value for key, value in GAN_LATE.items()}
