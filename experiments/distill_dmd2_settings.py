@@ -140,5 +140,7 @@ SID_BESIDE = {"sidecfdt": "dmd2ecfdt", "sidfew": "dmd2few"}
 SID_BESIDE["sidecfdts25"] = "dmd2ecfdts25"
 # the real score below the sampler's scale at SiD's measured settings (alpha 1, three times the rate): the issue's sweep
 # (none, 1.5, 2; VARIETY_SCALES), read with recall beside KID. DMD2's own sweep from the full start bought recall with
-# KID; SiD's real score enters its loss twice (both gaps), so its scale may weigh differently
-SID_VARIANTS |= {f"lr3e-4-alpha1-real{r:g}": SID_VARIANTS["lr3e-4-alpha1"] | {"distill.real_guidance": r} for r in VARIETY_SCALES["flow"]}  # fmt: skip
+# KID; SiD's real score enters its loss twice (both gaps), so its scale may weigh differently;
+# and above it (a third more: the flow twin's 4, the default's 5), so that the sweep brackets its best
+SID_REAL_SCALES = (*VARIETY_SCALES["flow"], 4.0, 5.0)
+SID_VARIANTS |= {f"lr3e-4-alpha1-real{r:g}": SID_VARIANTS["lr3e-4-alpha1"] | {"distill.real_guidance": r} for r in SID_REAL_SCALES}  # fmt: skip
