@@ -1090,6 +1090,7 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert (unguided.real_guidance, unguided.sid_alpha, unguided.method) == (1.5, 1.0, "sid")
     assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real5"]).distill.real_guidance == 5.0  # above it
     assert arms[f"{sid}-alpha1"][1] == [*arms[sid][1], "distill.sid_alpha=1.0"]  # at the recipe's rate
+    assert arms[f"{sid}-alpha1-real5"][1] == [*arms[f"{sid}-alpha1"][1], "distill.real_guidance=5.0"]
     assert distill_dmd2.load_arm(*arms[sid]).distill.real_guidance == 4.0  # the sampler's, as the arm's name says
     few = "sidfew-ddpm-g4-nogan-ema998-lr3e-4-alpha1"  # from the cheaper start, without ECT
     assert arms[few][1] == [*arms["dmd2few-ddpm-g4-nogan-ema998"][1], "distill.method=sid", "distill.sid_alpha=1.2", "optim.lr=0.0003", "distill.sid_alpha=1.0"]  # fmt: skip
