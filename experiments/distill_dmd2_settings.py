@@ -126,7 +126,8 @@ SID_VARIANTS = {"f1": {"distill.fake_updates": 1}, "lr3e-4": {"optim.lr": 3e-4},
 # costs updates without paying for them, and `x4` turns worse past the budget
 SID_VARIANTS |= {f"lr3e-4-alpha{a:g}": {"optim.lr": 3e-4, "distill.sid_alpha": a} for a in (0.5, 1.0)}
 # and alpha 1 at the recipe's own rate (measured only at three times it): whether the rate or the alpha carried it.
-# Measured (seed 0): the alpha (two steps 5.27 and 2.49 against 5.39 and 2.79 at three times the rate)
+# Measured (seed 0): the alpha (two steps 5.27 and 2.49 against 5.39 and 2.79 at three times the rate); the flow twin
+# over three seeds level with three times the rate (3.89 against 3.88), behind DMD2 at seed 1
 SID_VARIANTS["alpha1"] = {"distill.sid_alpha": 1.0}
 # SiDA's pairing: the GAN term on real data switched on once the fake score has trained alone (GAN_LATE's weight and
 # start, on the fake score's features as DMD2's)
