@@ -142,11 +142,12 @@ SID_BESIDE = {"sidecfdt": "dmd2ecfdt", "sidfew": "dmd2few"}
 SID_BESIDE["sidecfdts25"] = "dmd2ecfdts25"
 # the real score below the sampler's scale at SiD's measured settings (alpha 1, three times the rate): the issue's sweep
 # (none, 1.5, 2; VARIETY_SCALES), read with recall beside KID. DMD2's own sweep from the full start bought recall with
-# KID; SiD's real score enters its loss twice (both gaps), so its scale may weigh differently;
-# and above it (a third more: the flow twin's 4, the default's 5), so that the sweep brackets its best. Measured (seed
+# KID; SiD's real score enters its loss twice (both gaps), so its scale may weigh differently. And above it
+# (`SID_ABOVE`: a third more, the flow twin's 4, the default's 5), so that the sweep brackets its best. Measured (seed
 # 0): below the sampler's scale KID is worse on both teachers for little recall (unguided 9.65 and 7.50 at two steps
 # against 5.39 and 2.79); a third above it better (5.18 and 2.40), its curves still falling at the budget's end
-SID_REAL_SCALES = (*VARIETY_SCALES["flow"], 4.0, 5.0)
+SID_ABOVE = (4.0, 5.0)
+SID_REAL_SCALES = (*VARIETY_SCALES["flow"], *SID_ABOVE)
 SID_VARIANTS |= {f"lr3e-4-alpha1-real{r:g}": SID_VARIANTS["lr3e-4-alpha1"] | {"distill.real_guidance": r} for r in SID_REAL_SCALES}  # fmt: skip
 # the two changes that each helped at seed 0 together: alpha 1 at the recipe's rate with the real score above the sampler's
-SID_VARIANTS |= {f"alpha1-real{r:g}": SID_VARIANTS["alpha1"] | {"distill.real_guidance": r} for r in (4.0, 5.0)}
+SID_VARIANTS |= {f"alpha1-real{r:g}": SID_VARIANTS["alpha1"] | {"distill.real_guidance": r} for r in SID_ABOVE}
