@@ -1089,6 +1089,7 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     below = distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real1.5"]).distill  # the real score's own scale
     assert (below.real_guidance, below.sid_alpha, below.method) == (1.5, 1.0, "sid")
     assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real5"]).distill.real_guidance == 5.0  # above it
+    assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real6"]).distill.real_guidance == 6.0  # past a third more
     assert arms[f"{sid}-alpha1"][1] == [*arms[sid][1], "distill.sid_alpha=1.0"]  # at the recipe's rate
     assert arms[f"{sid}-alpha1-real5"][1] == [*arms[f"{sid}-alpha1"][1], "distill.real_guidance=5.0"]
     assert distill_dmd2.load_arm(*arms[sid]).distill.real_guidance == 4.0  # the sampler's, as the arm's name says
