@@ -148,8 +148,8 @@ SID_BESIDE["sidecfdts25"] = "dmd2ecfdts25"
 # against 5.39 and 2.79); a third above it better (5.18 and 2.40), its curves still falling at the budget's end
 SID_ABOVE = (4.0, 5.0)
 # and past it, since a third more was still the best point: the flow twin's 5 (two thirds more, already in SID_ABOVE)
-# and the default's 6 (half as much again) and 8 (twice)
-SID_PAST = (6.0, 8.0)
+# and the default's 6 (half as much again), 8 (twice) and 12 (three times)
+SID_PAST = (6.0, 8.0, 12.0)
 SID_REAL_SCALES = (*VARIETY_SCALES["flow"], *SID_ABOVE, *SID_PAST)
 SID_VARIANTS |= {f"lr3e-4-alpha1-real{r:g}": SID_VARIANTS["lr3e-4-alpha1"] | {"distill.real_guidance": r} for r in SID_REAL_SCALES}  # fmt: skip
 # the two changes that each helped at seed 0 together: alpha 1 at the recipe's rate with the real score above the sampler's

@@ -1708,7 +1708,7 @@ TWINS = [
     ("fashion_mnist_moh_dmd2_ect.yaml", "dmd2ecfdt-flow-g3-nogan", "ectfewdt-flow"),
     ("fashion_mnist_moh_dmd2_ect_ddpm.yaml", "dmd2ecfdt-ddpm-g4-nogan-ema998", "ectfewdt-ddpm"),
     ("fashion_mnist_moh_sid_ect.yaml", "sidecfdt-flow-g3-nogan-alpha1-real4", "ectfewdt-flow"),
-    ("fashion_mnist_moh_sid_ect_ddpm.yaml", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1", "ectfewdt-ddpm"),
+    ("fashion_mnist_moh_sid_ect_ddpm.yaml", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real6", "ectfewdt-ddpm"),
 ]
 
 
