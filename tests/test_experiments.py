@@ -1089,7 +1089,8 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     below = distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real1.5"]).distill  # the real score's own scale
     assert (below.real_guidance, below.sid_alpha, below.method) == (1.5, 1.0, "sid")
     assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real5"]).distill.real_guidance == 5.0  # above it
-    assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real6"]).distill.real_guidance == 6.0  # past a third more
+    for past in (6.0, 8.0, 12.0):  # past a third more
+        assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real{past:g}"]).distill.real_guidance == past
     assert arms[f"{sid}-alpha1"][1] == [*arms[sid][1], "distill.sid_alpha=1.0"]  # at the recipe's rate
     assert arms[f"{sid}-alpha1-real5"][1] == [*arms[f"{sid}-alpha1"][1], "distill.real_guidance=5.0"]
     assert distill_dmd2.load_arm(*arms[sid]).distill.real_guidance == 4.0  # the sampler's, as the arm's name says
@@ -1708,7 +1709,7 @@ TWINS = [
     ("fashion_mnist_moh_dmd2_ect.yaml", "dmd2ecfdt-flow-g3-nogan", "ectfewdt-flow"),
     ("fashion_mnist_moh_dmd2_ect_ddpm.yaml", "dmd2ecfdt-ddpm-g4-nogan-ema998", "ectfewdt-ddpm"),
     ("fashion_mnist_moh_sid_ect.yaml", "sidecfdt-flow-g3-nogan-alpha1-real4", "ectfewdt-flow"),
-    ("fashion_mnist_moh_sid_ect_ddpm.yaml", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real6", "ectfewdt-ddpm"),
+    ("fashion_mnist_moh_sid_ect_ddpm.yaml", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real12", "ectfewdt-ddpm"),
 ]
 
 
