@@ -122,8 +122,8 @@ SID = {"method": "sid", "sid_alpha": 1.2}
 SID_VARIANTS = {"f1": {"distill.fake_updates": 1}, "lr3e-4": {"optim.lr": 3e-4}, "x4": {}}
 # SiD's alpha below its 1.2 at that rate (the weight of the fake score's own gap; SiD's paper sweeps 0 to 1.2).
 # Measured: alpha 1 at three times the rate beats DMD2 on the default at two steps on every seed (1.67x against 1.75x,
-# its config now) and is on DMD2's line on the flow twin; 0.5 worse; `f1` breaks the default's one step, `ganlate`
-# costs updates without paying for them, and `x4` turns worse past the budget
+# its config until the real score's scale below) and is on DMD2's line on the flow twin; 0.5 worse; `f1` breaks the
+# default's one step, `ganlate` costs updates without paying for them, and `x4` turns worse past the budget
 SID_VARIANTS |= {f"lr3e-4-alpha{a:g}": {"optim.lr": 3e-4, "distill.sid_alpha": a} for a in (0.5, 1.0)}
 # and alpha 1 at the recipe's own rate (measured only at three times it): whether the rate or the alpha carried it.
 # Measured (seed 0): the alpha (two steps 5.27 and 2.49 against 5.39 and 2.79 at three times the rate); the flow twin
