@@ -167,7 +167,7 @@ SID_VARIANTS |= {f"alpha1-real{r:g}": SID_VARIANTS["alpha1"] | {"distill.real_gu
 SID_BEYOND = (16.0, 24.0)
 SID_VARIANTS |= {f"lr3e-4-alpha1-real{r:g}": SID_VARIANTS["lr3e-4-alpha1"] | {"distill.real_guidance": r} for r in SID_BEYOND}  # fmt: skip
 # and the flow twin's alpha 1 at the recipe's rate past 5 (`SID_ABOVE_RATE`), since 5 was ahead of its config's 4 there
-SID_ABOVE_RATE = (6.0,)
+SID_ABOVE_RATE = (6.0, 8.0)
 SID_VARIANTS |= {f"alpha1-real{r:g}": SID_VARIANTS["alpha1"] | {"distill.real_guidance": r} for r in SID_ABOVE_RATE}
 ONE_STEP = {"distill.dmd_steps": [1]}
 SID_VARIANTS |= {f"{name}-one": SID_VARIANTS[name] | ONE_STEP for name in ("alpha1-real4", "alpha1-real5", "lr3e-4-alpha1-real12", "lr3e-4-alpha1-real16")}  # fmt: skip
