@@ -875,6 +875,8 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     """By default 0.5's recipe, the GAN term and the ablations run at seed 0 and every method at every seed; named
     with --arms, an ablation runs at the seeds given (to confirm it), and the report sets its seeds side by side with
     the student it changes."""
+    import dataclasses
+
     from experiments import distill, distill_dmd2
     from experiments.distill_report import report
 
@@ -1093,6 +1095,16 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real{past:g}"]).distill.real_guidance == past
     assert arms[f"{sid}-alpha1"][1] == [*arms[sid][1], "distill.sid_alpha=1.0"]  # at the recipe's rate
     assert arms[f"{sid}-alpha1-real5"][1] == [*arms[f"{sid}-alpha1"][1], "distill.real_guidance=5.0"]
+    for beyond in (16.0, 24.0):  # the default's past 12, at three times the rate
+        assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real{beyond:g}"]).distill.real_guidance == beyond
+    for above in (6.0, 8.0):  # the flow twin's past 5, at the recipe's rate
+        assert arms[f"{sid}-alpha1-real{above:g}"][1] == [*arms[f"{sid}-alpha1"][1], f"distill.real_guidance={above}"]
+    for name in ("alpha1-real5", "lr3e-4-alpha1-real12", "lr3e-4-alpha1-real16"):  # one step alone: the grid changed
+        assert arms[f"{sid}-{name}-one"][1] == [*arms[f"{sid}-{name}"][1], "distill.dmd_steps=[1]"]
+        alone, both = (distill_dmd2.load_arm(*arms[f"{sid}-{name}{tail}"]).distill for tail in ("-one", ""))
+        assert (tuple(alone.dmd_steps), tuple(both.dmd_steps)) == ((1,), (1, 2))
+        assert dataclasses.replace(alone, dmd_steps=both.dmd_steps) == both
+        assert distill_dmd2.budget_arm(f"{sid}-{name}-one") and distill_dmd2.budget_share(f"{sid}-{name}-one") == 1
     assert distill_dmd2.load_arm(*arms[sid]).distill.real_guidance == 4.0  # the sampler's, as the arm's name says
     few = "sidfew-ddpm-g4-nogan-ema998-lr3e-4-alpha1"  # from the cheaper start, without ECT
     assert arms[few][1] == [*arms["dmd2few-ddpm-g4-nogan-ema998"][1], "distill.method=sid", "distill.sid_alpha=1.2", "optim.lr=0.0003", "distill.sid_alpha=1.0"]  # fmt: skip
@@ -1708,8 +1720,13 @@ TWINS = [
     ("fashion_mnist_moh_ect_few_ddpm.yaml", "ectfewdt-ddpm", "few-ddpm"),
     ("fashion_mnist_moh_dmd2_ect.yaml", "dmd2ecfdt-flow-g3-nogan", "ectfewdt-flow"),
     ("fashion_mnist_moh_dmd2_ect_ddpm.yaml", "dmd2ecfdt-ddpm-g4-nogan-ema998", "ectfewdt-ddpm"),
-    ("fashion_mnist_moh_sid_ect.yaml", "sidecfdt-flow-g3-nogan-alpha1-real4", "ectfewdt-flow"),
-    ("fashion_mnist_moh_sid_ect_ddpm.yaml", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real12", "ectfewdt-ddpm"),
+    ("fashion_mnist_moh_sid_ect.yaml", "sidecfdt-flow-g3-nogan-alpha1-real8", "ectfewdt-flow"),
+    ("fashion_mnist_moh_sid_ect_ddpm.yaml", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16", "ectfewdt-ddpm"),
+    (
+        "fashion_mnist_moh_sid_ect_one_ddpm.yaml",
+        "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16-one",
+        "ectfewdt-ddpm",
+    ),
 ]
 
 
