@@ -166,8 +166,9 @@ SID_BEYOND = (16.0, 24.0)
 SID_VARIANTS |= {f"lr3e-4-alpha1-real{r:g}": SID_VARIANTS["lr3e-4-alpha1"] | {"distill.real_guidance": r} for r in SID_BEYOND}  # fmt: skip
 # and the flow twin's alpha 1 at the recipe's rate past 5 (`SID_ABOVE_RATE`), since 5 was ahead of its config's 4 there.
 # Measured (three seeds): two steps level from 4 to 8 (1.69x-1.66x), one step better at each scale on every seed (8:
-# 7.95, 3.8x): the flow twin's config takes 8; at 12 one step better again (7.69, 3.6x), two steps worse on every seed
-SID_ABOVE_RATE = (6.0, 8.0, 12.0)
+# 7.95, 3.8x): the flow twin's config takes 8; at 12 one step better again (7.69, 3.6x), two steps worse on every seed;
+# 16, since one step still improved at 12
+SID_ABOVE_RATE = (6.0, 8.0, 12.0, 16.0)
 SID_VARIANTS |= {f"alpha1-real{r:g}": SID_VARIANTS["alpha1"] | {"distill.real_guidance": r} for r in SID_ABOVE_RATE}
 # a student for one step alone (`-one`: `distill.dmd_steps` [1], every generator update at the one-step grid's start
 # instead of half of them at the two-step grid's middle; its two steps sample on the start's grid), at each teacher's
@@ -175,6 +176,14 @@ SID_VARIANTS |= {f"alpha1-real{r:g}": SID_VARIANTS["alpha1"] | {"distill.real_gu
 # the default's 12). Measured (three seeds): on the default one step alone beats both grids at one step (8.24 against
 # 8.84 at 16, 2.65x; 8.45 against 9.01 at 12), its two steps worse (1.90x): the default's one-step config. On the flow
 # twin one step level or worse (8.78 against 8.66 at 5, 8.31 against 7.95 at 8), but at 8 two steps level (1.64x
-# against 1.66x) with 0.04 more recall on every seed
+# against 1.66x) with 0.04 more recall on every seed. And the default's 24 alone, since its one step alone still
+# improved from 12 to 16
 ONE_STEP = {"distill.dmd_steps": [1]}
-SID_VARIANTS |= {f"{name}-one": SID_VARIANTS[name] | ONE_STEP for name in ("alpha1-real5", "alpha1-real8", "lr3e-4-alpha1-real12", "lr3e-4-alpha1-real16")}  # fmt: skip
+ONE_STEP_ARMS = (
+    "alpha1-real5",
+    "alpha1-real8",
+    "lr3e-4-alpha1-real12",
+    "lr3e-4-alpha1-real16",
+    "lr3e-4-alpha1-real24",
+)
+SID_VARIANTS |= {f"{name}-one": SID_VARIANTS[name] | ONE_STEP for name in ONE_STEP_ARMS}

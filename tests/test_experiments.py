@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from experiments.distill_dmd2_settings import ONE_STEP_ARMS
 from experiments.fmnist_classifier import (
     DEFAULT_WEIGHTS,
     accuracy,
@@ -1097,9 +1098,9 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
     assert arms[f"{sid}-alpha1-real5"][1] == [*arms[f"{sid}-alpha1"][1], "distill.real_guidance=5.0"]
     for beyond in (16.0, 24.0):  # the default's past 12, at three times the rate
         assert distill_dmd2.load_arm(*arms[f"{sid}-lr3e-4-alpha1-real{beyond:g}"]).distill.real_guidance == beyond
-    for above in (6.0, 8.0, 12.0):  # the flow twin's past 5, at the recipe's rate
+    for above in (6.0, 8.0, 12.0, 16.0):  # the flow twin's past 5, at the recipe's rate
         assert arms[f"{sid}-alpha1-real{above:g}"][1] == [*arms[f"{sid}-alpha1"][1], f"distill.real_guidance={above}"]
-    for name in ("alpha1-real5", "alpha1-real8", "lr3e-4-alpha1-real12", "lr3e-4-alpha1-real16"):  # one step alone
+    for name in ONE_STEP_ARMS:  # one step alone
         assert arms[f"{sid}-{name}-one"][1] == [*arms[f"{sid}-{name}"][1], "distill.dmd_steps=[1]"]
         alone, both = (distill_dmd2.load_arm(*arms[f"{sid}-{name}{tail}"]).distill for tail in ("-one", ""))
         assert (tuple(alone.dmd_steps), tuple(both.dmd_steps)) == ((1,), (1, 2))
