@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.distill_dmd2_settings import ONE_STEP_ARMS
+from experiments.distill_dmd2_settings import LATER_SCALE, ONE_STEP_ARMS
 from experiments.fmnist_classifier import (
     DEFAULT_WEIGHTS,
     accuracy,
@@ -1106,6 +1106,14 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         assert (tuple(alone.dmd_steps), tuple(both.dmd_steps)) == ((1,), (1, 2))
         assert dataclasses.replace(alone, dmd_steps=both.dmd_steps) == both
         assert distill_dmd2.budget_arm(f"{sid}-{name}-one") and distill_dmd2.budget_share(f"{sid}-{name}-one") == 1
+    for name, scale in LATER_SCALE.items():  # the later step's own real-score scale, the first's kept
+        later = distill_dmd2.load_arm(*arms[f"{sid}-{name}-later{scale:g}"]).distill
+        assert later.real_guidance_later == scale and tuple(later.dmd_steps) == (1, 2)
+        assert (
+            dataclasses.replace(later, real_guidance_later=None)
+            == distill_dmd2.load_arm(*arms[f"{sid}-{name}"]).distill
+        )
+        assert distill_dmd2.budget_arm(f"{sid}-{name}-later{scale:g}")
     assert distill_dmd2.load_arm(*arms[sid]).distill.real_guidance == 4.0  # the sampler's, as the arm's name says
     few = "sidfew-ddpm-g4-nogan-ema998-lr3e-4-alpha1"  # from the cheaper start, without ECT
     assert arms[few][1] == [*arms["dmd2few-ddpm-g4-nogan-ema998"][1], "distill.method=sid", "distill.sid_alpha=1.2", "optim.lr=0.0003", "distill.sid_alpha=1.0"]  # fmt: skip

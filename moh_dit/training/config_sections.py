@@ -238,6 +238,9 @@ class DistillSection:
     # the real score's guidance scale (1: the teacher unguided, DMD2's ImageNet-64 and SiDA's); null: the teacher's
     # (distill.guidance_scale, or what it records). Recorded with the generator
     real_guidance: float | None = None
+    # the real score's scale for the samples a multi-step generator makes from its grids' later start times (the
+    # two-step grid's middle); null: real_guidance's. Recorded with the generator
+    real_guidance_later: float | None = None
     vsd_weight: float = 1.0  # the VSD loss's weight; 0: the GAN term alone (a GAN fine-tune of the teacher, GDD's)
     gan_start: int = (
         0  # the step from which the GAN term and its discriminator train (SiDA: the fake score alone first)

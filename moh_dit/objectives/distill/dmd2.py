@@ -16,8 +16,10 @@ moh_dit/training/distill/companions.py). Each training step updates one of the t
                 + the discriminator head's softplus(D(fake)) + softplus(-D(real data noised)) (with the GAN term)
 
 ``x0_real`` is the teacher's clean prediction from its velocity, ``x0 = x_t - t v``, guided at the real score's own
-scale (``distill.real_guidance``; DMD2's ImageNet-64 recipe and SiDA use none: guidance there seeks modes); ``x0_fake``
-the fake score's. The GAN term (``distill.gan_weight``) reads the fake score's tokens at one block (the passes stop
+scale (``distill.real_guidance``; DMD2's ImageNet-64 recipe and SiDA use none: guidance there seeks modes), or for the
+samples a multi-step generator makes from its grids' later start times at a scale of their own
+(``distill.real_guidance_later``: the first step lays out the image, the later ones its detail); ``x0_fake`` the fake
+score's. The GAN term (``distill.gan_weight``) reads the fake score's tokens at one block (the passes stop
 there) and trains on real images of the run's training split; it can start late (``distill.gan_start``: SiDA's order,
 the fake score alone first), and alone (``distill.vsd_weight: 0``: a GAN fine-tune of the teacher's weights, GDD's).
 
@@ -64,11 +66,15 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         gan_block: the fake score's block (from 1) whose tokens the discriminator head reads; ``None``: the middle.
         regression: the weight of DMD's regression on the teacher's trajectories (0: none).
         regression_distance, regression_feature_time: its distance ``d`` (moh_dit/objectives/distill/distances.py).
-        dmd_steps: the step counts of the grids the generator trains at (``[1]``: one step).
+        dmd_steps: the step counts of the grids the generator trains at (``[1]``: one step); ``None``: ``[1]``, as a
+            generator rebuilt from its record for sampling has them (it records its grids' middle, not its counts).
         dmd_input: a multi-step generator's input at a grid time: ``data`` noised, or its own ``generator`` sample.
         dmd_time: ``[first, last]`` flow times the VSD loss noises the generator's samples at (uniform).
         real_guidance: the guidance scale of the real score (1: none); ``None``: the teacher's (``distill.guidance_scale``
             or what it records). Recorded with the model: it is part of what the generator learns.
+        real_guidance_later: the real score's scale for the samples made from the grids' later start times (the
+            two-step grid's middle), ``real_guidance`` staying the first step's; ``None``: ``real_guidance`` for all.
+            Recorded with the model.
         vsd_weight: the VSD loss's weight (0: the GAN term alone, a GAN fine-tune of the teacher's weights).
         gan_start: the training step from which the GAN term and its discriminator train (0: from the start).
         dmd_midpoint: the two-step grid's middle flow time (every grid shifted alike; recorded with the model).
@@ -97,7 +103,7 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         regression: float = 0.0,
         regression_distance: str = distances.DEFAULT,
         regression_feature_time: float | None = None,
-        dmd_steps: tuple[int, ...] | list[int] = (1,),
+        dmd_steps: tuple[int, ...] | list[int] | None = None,
         dmd_input: str = "data",
         dmd_time: tuple[float, float] | list[float] = (0.02, 0.98),
         real_guidance: float | None = None,
@@ -105,6 +111,7 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         gan_start: int = 0,
         dmd_midpoint: float = MIDPOINT,
         gan_time: tuple[float, float] | list[float] | None = None,
+        real_guidance_later: float | None = None,
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -123,11 +130,12 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
             raise ConfigError(
                 "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
             )
-        if real_guidance is not None and (not is_number(real_guidance) or not 1 <= real_guidance < float("inf")):
-            raise ConfigError(
-                f"distill.real_guidance must be a guidance scale >= 1 (1: the teacher unguided) or null (the "
-                f"teacher's), got {real_guidance!r}"
-            )
+        for key, scale in (("real_guidance", real_guidance), ("real_guidance_later", real_guidance_later)):
+            if scale is not None and (not is_number(scale) or not 1 <= scale < float("inf")):
+                raise ConfigError(
+                    f"distill.{key} must be a guidance scale >= 1 (1: the teacher unguided) or null (the "
+                    f"{'teacher' if key == 'real_guidance' else 'first step'}'s), got {scale!r}"
+                )
         if not is_whole(gan_start) or gan_start < 0:
             raise ConfigError(f"distill.gan_start must be a training step >= 0, got {gan_start!r}")
         if not is_number(dmd_midpoint) or not 0 < dmd_midpoint < 1:
@@ -137,7 +145,7 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
             )
         if fake_lr is not None and not (is_number(fake_lr) and fake_lr > 0):
             raise ConfigError(f"distill.fake_lr must be a learning rate > 0 or null, got {fake_lr!r}")
-        steps = tuple(dmd_steps)
+        steps = tuple(dmd_steps) if dmd_steps is not None else (1,)
         if not steps or not all(is_whole(n) and n >= 1 for n in steps):
             raise ConfigError(f"distill.dmd_steps must be step counts >= 1, e.g. [1], got {list(steps)!r}")
         low, high = (float(v) for v in dmd_time)
@@ -158,18 +166,28 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         self.real_guidance = None if real_guidance is None else float(real_guidance)
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
         self.place_grids(steps, dmd_input, self.dmd_midpoint)
+        if real_guidance_later is not None and dmd_steps is not None and len(self.start_times) == 1:
+            raise ConfigError(
+                f"distill.real_guidance_later={real_guidance_later} scales the real score on the generator's later grid "
+                f"steps, and distill.dmd_steps={list(steps)} has none: give a multi-step grid (e.g. [1, 2]) or drop it"
+            )
+        self.real_guidance_later = None if real_guidance_later is None else float(real_guidance_later)
 
     @classmethod
     def frozen_models_for(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
         """The teacher, and its trajectories when the regression term is on."""
         return cls.frozen_models + (("trajectories",) if options.get("regression") else ())
 
-    RECORDED = ("real_guidance", "dmd_midpoint")  # what the generator is (recorded), beside its teacher's record
+    # what the generator is (recorded), beside its teacher's record
+    RECORDED = ("real_guidance", "dmd_midpoint", "real_guidance_later")
 
     def record(self) -> dict[str, Any]:
-        """The distillation's record, with the real score's guidance where it is its own and the two-step grid's
-        middle where it is not 0.5 (a generator of moh-dit 0.6 and earlier records neither)."""
+        """The distillation's record, with the real score's guidance where it is its own (the later steps' where
+        theirs is) and the two-step grid's middle where it is not 0.5 (a generator of moh-dit 0.6 and earlier records
+        none of them)."""
         extra = {"real_guidance": self.real_guidance} if self.real_guidance is not None else {}
+        if self.real_guidance_later is not None:
+            extra["real_guidance_later"] = self.real_guidance_later
         if self.dmd_midpoint != MIDPOINT:
             extra["dmd_midpoint"] = self.dmd_midpoint
         return super().record() | extra
@@ -201,6 +219,8 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
                 if self.real_guidance == 1
                 else f", its real score guided at {self.real_guidance:g}"
             )
+        if self.real_guidance_later is not None:
+            real += f" ({self.real_guidance_later:g} on the later grid steps)"
         return super().describe() + real
 
     def describe_loss(self) -> str:
@@ -303,7 +323,8 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         zero = torch.zeros(x.shape[0], device=x.device)
         vsd, loss = zero, zero
         if self.vsd_weight:
-            vsd = self.distribution_loss(x, x_t, t, labels, drop, autocast, frozen["teacher"], fake)
+            teacher = frozen["teacher"]
+            vsd = self.distribution_loss(x, x_t, t, labels, drop, autocast, teacher, fake, noised.terms["start"])
             loss = self.vsd_weight * vsd
         extras = {self.distribution_term: vsd.detach(), "fake_score_loss": zero}
         if self.gan_weight:
@@ -320,16 +341,29 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
             loss = loss + self.regression * regressed
         return Losses(loss=loss, mse=vsd.detach(), logged=vsd.detach(), extras=extras), out
 
-    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake) -> torch.Tensor:
-        """Per sample, the loss that pulls the generator's samples ``x`` (noised to ``x_t`` at flow times ``t``)
-        towards the teacher's distribution: VSD of the real score's (the teacher's, at the real score's guidance) and
-        the fake score's clean predictions ``x0 = x_t - t v``, neither differentiated."""
+    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake, start) -> torch.Tensor:
+        """Per sample, the loss that pulls the generator's samples ``x`` (made from grid times ``start``, noised to
+        ``x_t`` at flow times ``t``) towards the teacher's distribution: VSD of the real score's
+        (:meth:`real_velocity`) and the fake score's clean predictions ``x0 = x_t - t v``, neither differentiated."""
         with torch.no_grad():
-            real_x0 = clean_prediction(
-                x_t, t, teacher.velocity(x_t, t, labels, drop, autocast, scale=self.real_guidance)
-            )
+            real_x0 = clean_prediction(x_t, t, self.real_velocity(teacher, x_t, t, labels, drop, autocast, start))
             fake_x0 = clean_prediction(x_t, t, fake.velocity(x_t, t, labels, drop, autocast))
         return vsd_loss(x, real_x0, fake_x0)
+
+    def real_velocity(self, teacher, x_t, t, labels, drop, autocast, start, grad: bool = False) -> torch.Tensor:
+        """The real score's velocity at ``(x_t, t)``: the teacher's guided at ``real_guidance``, and at
+        ``real_guidance_later`` for the samples made from a later grid time than the first (``start``); ``grad``: as
+        :meth:`Teacher.velocity`'s. Each scale's rows are one pass of the teacher, so its evaluations count as before."""
+        if self.real_guidance_later is None:
+            return teacher.velocity(x_t, t, labels, drop, autocast, self.real_guidance, grad)
+        later = start < self.start_times[0]
+        v = torch.empty_like(x_t)
+        for rows, scale in ((~later, self.real_guidance), (later, self.real_guidance_later)):
+            rows = rows.nonzero().flatten()
+            if rows.numel():
+                y, dropped = (None if a is None else a[rows] for a in (labels, drop))
+                v[rows] = teacher.velocity(x_t[rows], t[rows], y, dropped, autocast, scale, grad).to(v.dtype)
+        return v
 
     def gan_input(self, x: torch.Tensor, noised: Noised) -> tuple[torch.Tensor, torch.Tensor]:
         """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample,

@@ -15,7 +15,8 @@ __all__ = ["DMDCosts"]
 class DMDCosts:
     """The cost side of :class:`~moh_dit.objectives.distill.dmd2.DMD2Distill`, a mixin before the distillation's
     base: it reads the method's settings (``fake_updates``, ``gan_weight``, ``gan_start``, ``vsd_weight``,
-    ``regression`` and its ``distance``, ``real_guidance``, ``score_passes``) and its backward simulation's passes."""
+    ``regression`` and its ``distance``, ``real_guidance`` and ``real_guidance_later``, ``score_passes``) and its grids'
+    start times and backward simulation's passes."""
 
     def updates(self, step: int) -> str:
         """Which network training ``step`` updates: the student first, then the fake score ``fake_updates`` times."""
@@ -50,12 +51,16 @@ class DMDCosts:
 
     def teacher_forwards_at(self, step: int) -> float:
         """The teacher's forwards per image at training ``step``: the real score's on the generator's steps, two where
-        it is guided (counted as guided at every time; the logs count them exactly), each with its backward where the
-        loss differentiates through it (:attr:`score_passes`)."""
+        it is guided (counted as guided at every time; the logs count them exactly), averaged over the grids' start
+        times where the later ones have a scale of their own, each with its backward where the loss differentiates
+        through it (:attr:`score_passes`)."""
         if self.updates(step) != "student" or not self.vsd_weight:
             return 0.0
-        guided = self.real_guidance != 1.0 if self.real_guidance is not None else super().teacher_forwards() == 2.0
-        return (2.0 if guided else 1.0) * self.score_passes
+        teacher_guided = super().teacher_forwards() == 2.0
+        later = self.real_guidance if self.real_guidance_later is None else self.real_guidance_later
+        scales = [self.real_guidance] + [later] * (len(self.start_times) - 1)
+        guided = [scale != 1.0 if scale is not None else teacher_guided for scale in scales]
+        return sum(2.0 if g else 1.0 for g in guided) / len(guided) * self.score_passes
 
     def teacher_forwards(self) -> float:
         """The teacher's forwards per image, averaged over a cycle of updates (:meth:`teacher_forwards_at`)."""

@@ -60,9 +60,10 @@ class SiDDistill(DMD2Distill):
             "predictions"
         )
 
-    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake) -> torch.Tensor:
-        """Per sample, SiD's loss of the generator's samples ``x`` at their noised copy ``x_t``: both scores' clean
-        predictions differentiated through their inputs (their weights frozen on a generator step)."""
-        real_x0 = clean_prediction(x_t, t, teacher.velocity(x_t, t, labels, drop, autocast, self.real_guidance, True))
+    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake, start) -> torch.Tensor:
+        """Per sample, SiD's loss of the generator's samples ``x`` (made from grid times ``start``) at their noised
+        copy ``x_t``: both scores' clean predictions differentiated through their inputs (their weights frozen on a
+        generator step), the real score's at its scale for each sample's step (:meth:`real_velocity`)."""
+        real_x0 = clean_prediction(x_t, t, self.real_velocity(teacher, x_t, t, labels, drop, autocast, start, True))
         fake_x0 = clean_prediction(x_t, t, fake.velocity(x_t, t, labels, drop, autocast))
         return sid_loss(x, real_x0, fake_x0, self.sid_alpha)

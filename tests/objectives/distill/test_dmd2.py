@@ -165,6 +165,8 @@ def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_on
     ("override", "says"),
     [
         ("distill.real_guidance=0.5", "distill.real_guidance must be a guidance scale >= 1"),
+        ("distill.real_guidance_later=0.5", "distill.real_guidance_later must be a guidance scale >= 1"),
+        ("distill.real_guidance_later=2", "distill.dmd_steps=[1] has none: give a multi-step grid (e.g. [1, 2])"),
         ("distill.gan_weight=-0.001", "distill.gan_weight must be a weight >= 0"),
         ("distill.dmd_midpoint=1.0", "distill.dmd_midpoint must be a flow time between 0 and 1"),
         ("distill.dmd_midpoint=0", "distill.dmd_midpoint must be a flow time between 0 and 1"),
@@ -197,6 +199,7 @@ def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, t
         ("fake_updates", "distill.fake_updates must be a count"),
         ("fake_lr", "distill.fake_lr must be a learning rate"),
         ("real_guidance", "distill.real_guidance must be a guidance scale"),
+        ("real_guidance_later", "distill.real_guidance_later must be a guidance scale"),
         ("gan_start", "distill.gan_start must be a training step"),
         ("dmd_midpoint", "distill.dmd_midpoint must be a flow time"),
     ],
@@ -255,6 +258,11 @@ def test_the_real_guidance_and_the_midpoint_are_recorded_and_a_generator_keeps_i
     assert "real score unguided" in again.describe() and "two-step middle 0.4" in again.describe_loss()
     with pytest.raises(ConfigError, match=r"distill.real_guidance=2.0: this generator was trained with 1.0"):
         DMD2Distill.from_record(own.record(), real_guidance=2.0)
+    later = DMD2Distill(real_guidance=8.0, real_guidance_later=3.0, dmd_steps=[1, 2])  # the later steps' own scale
+    assert later.record()["real_guidance_later"] == 3.0 and "real_guidance_later" not in own.record()
+    assert DMD2Distill.from_record(later.record(), dmd_steps=[1, 2]).real_guidance_later == 3.0
+    with pytest.raises(ConfigError, match=r"distill.real_guidance_later=1.0: this generator was trained with 3.0"):
+        DMD2Distill.from_record(later.record(), dmd_steps=[1, 2], real_guidance_later=1.0)
 
 
 def test_the_real_score_is_the_teacher_at_its_own_guidance_scale():

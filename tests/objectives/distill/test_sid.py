@@ -77,8 +77,9 @@ def test_the_generator_step_differentiates_through_both_scores_and_counts_the_te
     objective = SiDDistill(sid_alpha=1.2, real_guidance=1.0)
     path = lambda x: (1 - t.reshape(-1, 1, 1, 1)) * x + t.reshape(-1, 1, 1, 1) * eps  # noqa: E731
     leaf = x.clone().requires_grad_(True)
+    first = torch.ones(3, dtype=torch.float64)  # every sample from the one-step grid's start
     objective.distribution_loss(
-        leaf, path(leaf), t, labels, None, contextlib.nullcontext, teacher, fake
+        leaf, path(leaf), t, labels, None, contextlib.nullcontext, teacher, fake, first
     ).sum().backward()
     assert teacher.evaluations == 3 * 3  # three rows, each a forward and a backward (two)
 
@@ -105,7 +106,7 @@ def test_the_generator_step_differentiates_through_both_scores_and_counts_the_te
     leaf = x.clone().requires_grad_(True)
     plain = _teacher(real_net)
     vsd = DMD2Distill(real_guidance=1.0).distribution_loss(
-        leaf, path(leaf), t, labels, None, contextlib.nullcontext, plain, fake
+        leaf, path(leaf), t, labels, None, contextlib.nullcontext, plain, fake, first
     )
     vsd.sum().backward()
     assert plain.evaluations == 3
@@ -128,6 +129,52 @@ def test_a_sid_generator_step_counts_both_scores_backwards_and_a_fake_step_as_dm
     assert sid.teacher_forwards_at(1) == 0.0
     assert sid.logged_terms == ("sid_loss", "fake_score_loss")
     assert "SiD's score-identity loss (alpha 1.2)" in sid.describe_loss()
+
+
+def test_the_later_steps_real_score_has_its_own_scale_and_its_gradient_runs_through_it():
+    """distill.real_guidance_later: in one batch from both starts of the two-step grid, each sample's SiD loss and
+    its gradient are those of a batch of its own step alone at that step's scale; the teacher counts three passes per
+    row at each scale (two evaluations per guided row), and the cost the study plans by averages the two starts."""
+    from moh_dit.objectives.distill.sid import SiDDistill
+
+    from ...helpers.toy_velocity import ToyTeacher
+
+    real_net, fake_net = ToyTeacher(seed=1).double(), ToyTeacher(seed=2).double()
+    fake = _Fake(fake_net)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 2, 4, 4, generator=g, dtype=torch.float64)
+    eps = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    t = torch.tensor([0.3, 0.5, 0.6, 0.8], dtype=torch.float64)
+    labels, start = torch.tensor([0, 2, 1, 1]), torch.tensor([1.0, 0.5, 1.0, 0.5], dtype=torch.float64)
+    path = lambda x, rows: (1 - t[rows].reshape(-1, 1, 1, 1)) * x + t[rows].reshape(-1, 1, 1, 1) * eps[rows]  # noqa: E731
+    both = SiDDistill(real_guidance=3.0, real_guidance_later=1.0, dmd_steps=[1, 2])
+    teacher = _teacher(real_net)
+    teacher.guidance = type(teacher.guidance)(1.0, (0.0, 1.0))
+    leaf = x.clone().requires_grad_(True)
+    every = torch.arange(4)
+    loss = both.distribution_loss(
+        leaf, path(leaf, every), t, labels, None, contextlib.nullcontext, teacher, fake, start
+    )
+    loss.sum().backward()
+    assert teacher.evaluations == 3 * (2 * 2 + 2)  # the first step's two rows guided (two evaluations), the later not
+    for scale, rows in ((3.0, torch.tensor([0, 2])), (1.0, torch.tensor([1, 3]))):
+        alone = SiDDistill(real_guidance=scale)
+        part = x[rows].clone().requires_grad_(True)
+        expected = alone.distribution_loss(
+            part, path(part, rows), t[rows], labels[rows], None, contextlib.nullcontext, _teacher(real_net), fake,
+            torch.ones(2, dtype=torch.float64),
+        )  # fmt: skip
+        expected.sum().backward()
+        torch.testing.assert_close(loss[rows].detach(), expected.detach())
+        torch.testing.assert_close(leaf.grad[rows], part.grad)
+    # the loss differs from the first step's scale everywhere: the later rows' scale is read
+    same = SiDDistill(real_guidance=3.0, dmd_steps=[1, 2]).distribution_loss(
+        x, path(x, every), t, labels, None, contextlib.nullcontext, _teacher(real_net), fake, start
+    )
+    assert torch.allclose(same[[0, 2]], loss[[0, 2]].detach()) and not torch.allclose(same[[1, 3]], loss[[1, 3]])
+    assert both.teacher_forwards_at(0) == 3.0 * (2 + 1) / 2  # the two starts drawn alike
+    assert SiDDistill(real_guidance=3.0, dmd_steps=[1, 2]).teacher_forwards_at(0) == 6.0
+    assert "(1 on the later grid steps)" in both.describe()
 
 
 @pytest.mark.parametrize(

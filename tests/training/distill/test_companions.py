@@ -271,3 +271,28 @@ def test_sid_trains_through_both_scores_counts_their_backwards_and_resumes_exact
     for name in ("companions/fake_score.safetensors", "ema.safetensors", "model/diffusion_pytorch_model.safetensors"):
         a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (tmp_path / "s", cut))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_the_later_steps_own_real_score_scale_is_counted_recorded_and_kept_on_resume(
+    flow_teacher, image_dir, tmp_path
+):
+    """distill.real_guidance_later on SiD's two-step generator with backward simulation: the teacher's evaluations the
+    logs add up equal a count by hooks on the teacher (each row three passes, twice over where it is guided: the
+    first step's rows at 2, the later step's unguided), the generator records the scale, and a resume that changes it
+    is refused in one line naming the key."""
+    more = ["distill.method=sid", "distill.gan_weight=0", "distill.dmd_input=generator", "distill.real_guidance=2",
+            "distill.real_guidance_later=1", "distill.guidance_times=[0,1]", "train.max_steps=6"]  # fmt: skip
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, flow_teacher, *more))
+    assert "(1 on the later grid steps)" in trainer.objective.describe()
+    assert trainer.objective.record()["real_guidance_later"] == 1.0 and len(trainer.objective.start_times) == 2
+    counter = _PassCounter(trainer.frozen["teacher"].model)
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if "generator_updates" in r][-1]["teacher_evaluations"]
+    assert evaluations == pytest.approx(counter.total)
+    assert 8 * 3 < evaluations < 8 * 3 * 2  # two generator steps of 4 rows, both scales drawn
+    changed = [o for o in more if not o.startswith("distill.real_guidance_later")]
+    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.real_guidance_later: 1\.0 -> 3\.0") as caught:
+        train(dmd2(tmp_path / "s", image_dir, flow_teacher, *changed, "distill.real_guidance_later=3",
+                   "train.max_steps=7", "train.resume=latest"))  # fmt: skip
+    assert "\n" not in str(caught.value)
