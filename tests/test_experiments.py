@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.distill_dmd2_settings import LATER_SCALE, ONE_STEP_ARMS
+from experiments.distill_dmd2_settings import LATER_SCALES, ONE_STEP_ARMS
 from experiments.fmnist_classifier import (
     DEFAULT_WEIGHTS,
     accuracy,
@@ -1106,7 +1106,7 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         assert (tuple(alone.dmd_steps), tuple(both.dmd_steps)) == ((1,), (1, 2))
         assert dataclasses.replace(alone, dmd_steps=both.dmd_steps) == both
         assert distill_dmd2.budget_arm(f"{sid}-{name}-one") and distill_dmd2.budget_share(f"{sid}-{name}-one") == 1
-    for name, scale in LATER_SCALE.items():  # the later step's own real-score scale, the first's kept
+    for name, scale in LATER_SCALES:  # the later step's own real-score scale, the first's kept
         later = distill_dmd2.load_arm(*arms[f"{sid}-{name}-later{scale:g}"]).distill
         assert later.real_guidance_later == scale and tuple(later.dmd_steps) == (1, 2)
         assert (
