@@ -189,7 +189,10 @@ ONE_STEP_ARMS = (
 SID_VARIANTS |= {f"{name}-one": SID_VARIANTS[name] | ONE_STEP for name in ONE_STEP_ARMS}
 # the later step's real score at a scale of its own (`-later`: `distill.real_guidance_later`). At each teacher's sampler
 # scale, the first step's at its config's: the flow twin's one step alone at 8 kept 0.04 more two-step recall at level
-# KID, so the middle step trained at the first's scale may cost the variety the first lays out. And the first step at
-# the scale its one step was best at, the later at the two-step config's: one student for both step counts
-LATER_SCALES = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0), ("alpha1-real12", 8.0), ("lr3e-4-alpha1-real24", 16.0))  # fmt: skip
+# KID, so the middle step trained at the first's scale may cost the variety the first lays out. And the later above the
+# first, each teacher's two-step config at the first step and the scale past it at the later (a higher scale turned
+# two steps worse with both steps at it; which step's scale did it?); and the first step at the scale its one step was
+# best at, the later at the two-step config's: one student for both step counts
+LATER_SCALES = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0), ("alpha1-real8", 12.0), ("lr3e-4-alpha1-real16", 24.0),
+                ("alpha1-real12", 8.0), ("lr3e-4-alpha1-real24", 16.0))  # fmt: skip
 SID_VARIANTS |= {f"{name}-later{r:g}": SID_VARIANTS[name] | {"distill.real_guidance_later": r} for name, r in LATER_SCALES}  # fmt: skip
