@@ -196,3 +196,8 @@ SID_VARIANTS |= {f"{name}-one": SID_VARIANTS[name] | ONE_STEP for name in ONE_ST
 LATER_SCALES = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0), ("alpha1-real8", 12.0), ("lr3e-4-alpha1-real16", 24.0),
                 ("alpha1-real12", 8.0), ("lr3e-4-alpha1-real24", 16.0))  # fmt: skip
 SID_VARIANTS |= {f"{name}-later{r:g}": SID_VARIANTS[name] | {"distill.real_guidance_later": r} for name, r in LATER_SCALES}  # fmt: skip
+# a quarter of the samples at the two-step grid's middle instead of half (`-first75`: `distill.dmd_first_share` 0.75),
+# between the two grids and one step alone, at each teacher's config scale: the later step's scale did not carry one
+# step alone's recall, so whether it is the middle's share of the updates
+FIRST_SHARES = {"first75": 0.75}
+SID_VARIANTS |= {f"{name}-{tail}": SID_VARIANTS[name] | {"distill.dmd_first_share": share} for name in ("alpha1-real8", "lr3e-4-alpha1-real16") for tail, share in FIRST_SHARES.items()}  # fmt: skip

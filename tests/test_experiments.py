@@ -1114,6 +1114,15 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
             == distill_dmd2.load_arm(*arms[f"{sid}-{name}"]).distill
         )
         assert distill_dmd2.budget_arm(f"{sid}-{name}-later{scale:g}")
+    for name in ("alpha1-real8", "lr3e-4-alpha1-real16"):  # a quarter of the samples at the middle
+        shared, both = (distill_dmd2.load_arm(*arms[f"{sid}-{name}{tail}"]) for tail in ("-first75", ""))
+        assert (
+            shared.distill.dmd_first_share == 0.75
+            and dataclasses.replace(shared.distill, dmd_first_share=None) == both.distill
+        )
+        cheaper, dearer = (distill_dmd2.counted_objective(loaded).step_forwards(0) for loaded in (shared, both))
+        assert cheaper == dearer - 0.25  # a quarter less backward simulation: more steps in the same budget
+        assert distill_dmd2.budget_arm(f"{sid}-{name}-first75")
     assert distill_dmd2.load_arm(*arms[sid]).distill.real_guidance == 4.0  # the sampler's, as the arm's name says
     few = "sidfew-ddpm-g4-nogan-ema998-lr3e-4-alpha1"  # from the cheaper start, without ECT
     assert arms[few][1] == [*arms["dmd2few-ddpm-g4-nogan-ema998"][1], "distill.method=sid", "distill.sid_alpha=1.2", "optim.lr=0.0003", "distill.sid_alpha=1.0"]  # fmt: skip

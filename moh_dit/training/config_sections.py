@@ -241,6 +241,9 @@ class DistillSection:
     # the real score's scale for the samples a multi-step generator makes from its grids' later start times (the
     # two-step grid's middle); null: real_guidance's. Recorded with the generator
     real_guidance_later: float | None = None
+    # the share of the generator's samples that start from pure noise (its grids' first time), the rest alike over the
+    # later start times; null: every start time alike
+    dmd_first_share: float | None = None
     vsd_weight: float = 1.0  # the VSD loss's weight; 0: the GAN term alone (a GAN fine-tune of the teacher, GDD's)
     gan_start: int = (
         0  # the step from which the GAN term and its discriminator train (SiDA: the fake score alone first)

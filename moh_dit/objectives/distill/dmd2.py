@@ -75,6 +75,8 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         real_guidance_later: the real score's scale for the samples made from the grids' later start times (the
             two-step grid's middle), ``real_guidance`` staying the first step's; ``None``: ``real_guidance`` for all.
             Recorded with the model.
+        dmd_first_share: the share of the generator's samples that start at its grids' first time (pure noise), the
+            rest alike over the later start times; ``None``: every start time alike (half each for ``[1, 2]``).
         vsd_weight: the VSD loss's weight (0: the GAN term alone, a GAN fine-tune of the teacher's weights).
         gan_start: the training step from which the GAN term and its discriminator train (0: from the start).
         dmd_midpoint: the two-step grid's middle flow time (every grid shifted alike; recorded with the model).
@@ -112,6 +114,7 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         dmd_midpoint: float = MIDPOINT,
         gan_time: tuple[float, float] | list[float] | None = None,
         real_guidance_later: float | None = None,
+        dmd_first_share: float | None = None,
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -165,12 +168,22 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         self.dmd_steps, self.dmd_input, self.dmd_time = steps, dmd_input, (low, high)
         self.real_guidance = None if real_guidance is None else float(real_guidance)
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
-        self.place_grids(steps, dmd_input, self.dmd_midpoint)
-        if real_guidance_later is not None and dmd_steps is not None and len(self.start_times) == 1:
+        if dmd_first_share is not None and (not is_number(dmd_first_share) or not 0 < dmd_first_share < 1):
             raise ConfigError(
-                f"distill.real_guidance_later={real_guidance_later} scales the real score on the generator's later grid "
-                f"steps, and distill.dmd_steps={list(steps)} has none: give a multi-step grid (e.g. [1, 2]) or drop it"
+                f"distill.dmd_first_share must be a share between 0 and 1 (of the samples that start from pure noise) "
+                f"or null (every start time alike), got {dmd_first_share!r}"
             )
+        first_share = None if dmd_first_share is None else float(dmd_first_share)
+        self.place_grids(steps, dmd_input, self.dmd_midpoint, first_share)
+        for key, value, what in (
+            ("real_guidance_later", real_guidance_later, "scales the real score on"),
+            ("dmd_first_share", dmd_first_share, "shares the samples with"),
+        ):
+            if value is not None and dmd_steps is not None and len(self.start_times) == 1:
+                raise ConfigError(
+                    f"distill.{key}={value} {what} the generator's later grid steps, and distill.dmd_steps="
+                    f"{list(steps)} has none: give a multi-step grid (e.g. [1, 2]) or drop it"
+                )
         self.real_guidance_later = None if real_guidance_later is None else float(real_guidance_later)
 
     @classmethod
@@ -241,6 +254,8 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
             )
         steps = "/".join(map(str, self.dmd_steps))
         grid = f" (two-step middle {self.dmd_midpoint:g})" if self.dmd_midpoint != MIDPOINT else ""
+        if self.first_share is not None and len(self.start_times) > 1:
+            grid += f", {self.first_share:g} of the samples from pure noise"
         input_ = "; backward simulation" if self.dmd_input == "generator" and len(self.start_times) > 1 else ""
         return (
             f"{' + '.join(parts)}; {self.fake_updates} fake-score updates per generator update; {steps}-step "
@@ -265,8 +280,7 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         """The step's draws, on the CPU from ``generator``: the generator's start time (a grid time) and noise, the VSD
         loss's time and noise, the real images' for the discriminator, and a seed for the fake score's own draws."""
         n = x0.shape[0]
-        starts = torch.tensor(self.start_times)
-        start = starts[torch.randint(len(starts), (n,), generator=generator)]
+        start = self.draw_starts(n, generator)
         low, high = self.dmd_time
         gan_low, gan_high = self.gan_time or self.dmd_time  # the discriminator's times: the same draws, rescaled
         terms = {
@@ -353,7 +367,8 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
     def real_velocity(self, teacher, x_t, t, labels, drop, autocast, start, grad: bool = False) -> torch.Tensor:
         """The real score's velocity at ``(x_t, t)``: the teacher's guided at ``real_guidance``, and at
         ``real_guidance_later`` for the samples made from a later grid time than the first (``start``); ``grad``: as
-        :meth:`Teacher.velocity`'s. Each scale's rows are one pass of the teacher, so its evaluations count as before."""
+        :meth:`Teacher.velocity`'s. Each scale's rows are one pass of the teacher, so its evaluations count as
+        before."""
         if self.real_guidance_later is None:
             return teacher.velocity(x_t, t, labels, drop, autocast, self.real_guidance, grad)
         later = start < self.start_times[0]

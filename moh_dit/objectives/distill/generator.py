@@ -25,25 +25,47 @@ class GridGenerator:
     """A generator of the data in one step from each time of its grids, for an objective with ``average_velocity``
     and ``network_time`` (:class:`~moh_dit.objectives.distill.meanflow.MeanFlowDistill`)."""
 
-    def place_grids(self, steps: tuple[int, ...], dmd_input: str, midpoint: float) -> None:
+    def place_grids(
+        self, steps: tuple[int, ...], dmd_input: str, midpoint: float, first_share: float | None = None
+    ) -> None:
         """Its grids (``steps``' counts, the two-step grid's middle at ``midpoint``), every start time on them (1
         first) and, for each, the grid times before it on the coarsest grid that holds it: its backward simulation's
-        path when ``dmd_input`` is ``generator``."""
+        path when ``dmd_input`` is ``generator``. ``first_share``: the share of the samples drawn at the first start
+        time, the rest alike over the later ones (``None``: every start time alike)."""
         if dmd_input not in DMD_INPUTS:
             raise ConfigError(f"distill.dmd_input must be {' or '.join(DMD_INPUTS)}, got {dmd_input!r}")
         grids = generator_grids(steps, midpoint)
         self.start_times = sorted({start for grid in grids.values() for start in grid}, reverse=True)
+        self.first_share = first_share
         self.paths: dict[float, list[float]] = {}
         for n in sorted(grids):
             for index, start in enumerate(grids[n]):
                 self.paths.setdefault(start, grids[n][:index])
 
+    def start_shares(self) -> list[float]:
+        """The share of the samples drawn at each start time (1 first): alike, or ``first_share`` at the first and
+        the rest alike over the later ones."""
+        n = len(self.start_times)
+        if self.first_share is None or n == 1:
+            return [1.0 / n] * n
+        return [self.first_share] + [(1.0 - self.first_share) / (n - 1)] * (n - 1)
+
+    def draw_starts(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """``n`` start times drawn from ``generator`` at :meth:`start_shares` (alike: one draw per sample, as moh-dit
+        drew them before ``first_share``)."""
+        starts = torch.tensor(self.start_times)
+        if self.first_share is None:
+            return starts[torch.randint(len(starts), (n,), generator=generator)]
+        first = torch.rand(n, generator=generator) < self.first_share
+        later = starts[1:][torch.randint(len(starts) - 1, (n,), generator=generator)]
+        return torch.where(first, starts[0], later)
+
     def simulated_forwards(self) -> float:
         """The generator's forwards (without gradient) of the backward simulation, per image on average: each start
-        time's path, the start times drawn alike (none with the data as the input)."""
+        time's path, weighed by its share of the draws (none with the data as the input)."""
         if self.dmd_input != "generator":
             return 0.0
-        return sum(len(self.paths[s]) for s in self.start_times) / len(self.start_times)
+        return sum(len(self.paths[s]) * share for s, share in zip(self.start_times, self.start_shares()))
 
     # ------------------------------------------------------------------------------------------------
     # Sampling: the data predicted at each grid time, noised afresh to the next

@@ -57,7 +57,7 @@ TRAJECTORY_KEYS = (
 TRAJECTORY_IDENTITY = ("trajectory_count", "trajectory_sampler", "trajectory_steps")
 # distribution matching's keys, DMD2's and rCM's alike: the fake score's rate, the GAN term, the grids and the VSD term
 DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd_input", "dmd_time", "real_guidance",
-            "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later")  # fmt: skip
+            "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later", "dmd_first_share")  # fmt: skip
 # the real score's guidance is folded into what the generator learns; the grid's middle is how it samples
 DMD_IDENTITY = ("real_guidance", "dmd_midpoint", "real_guidance_later")
 TRAJECTORY_PROVENANCE = ("trajectories", "trajectory_shard_size")

@@ -167,6 +167,9 @@ def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_on
         ("distill.real_guidance=0.5", "distill.real_guidance must be a guidance scale >= 1"),
         ("distill.real_guidance_later=0.5", "distill.real_guidance_later must be a guidance scale >= 1"),
         ("distill.real_guidance_later=2", "distill.dmd_steps=[1] has none: give a multi-step grid (e.g. [1, 2])"),
+        ("distill.dmd_first_share=1", "distill.dmd_first_share must be a share between 0 and 1"),
+        ("distill.dmd_first_share=0", "distill.dmd_first_share must be a share between 0 and 1"),
+        ("distill.dmd_first_share=0.75", "distill.dmd_first_share=0.75 shares the samples with the generator's later"),
         ("distill.gan_weight=-0.001", "distill.gan_weight must be a weight >= 0"),
         ("distill.dmd_midpoint=1.0", "distill.dmd_midpoint must be a flow time between 0 and 1"),
         ("distill.dmd_midpoint=0", "distill.dmd_midpoint must be a flow time between 0 and 1"),
@@ -200,6 +203,7 @@ def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, t
         ("fake_lr", "distill.fake_lr must be a learning rate"),
         ("real_guidance", "distill.real_guidance must be a guidance scale"),
         ("real_guidance_later", "distill.real_guidance_later must be a guidance scale"),
+        ("dmd_first_share", "distill.dmd_first_share must be a share"),
         ("gan_start", "distill.gan_start must be a training step"),
         ("dmd_midpoint", "distill.dmd_midpoint must be a flow time"),
     ],
@@ -296,3 +300,32 @@ def test_the_real_score_is_the_teacher_at_its_own_guidance_scale():
     torch.testing.assert_close(at_two, expected)
     torch.testing.assert_close(own, guided_velocity(toy, z, t, labels, None, 3, teacher.guidance))
     assert not torch.allclose(at_two, own)
+
+
+def test_the_first_share_draws_that_share_from_pure_noise_and_the_costs_weigh_each_start_by_its_share():
+    """distill.dmd_first_share: the start times drawn at that share from the first (1), the rest alike over the later
+    ones; without it the draws are as before (one per sample, every start alike). The backward simulation's passes
+    and the real score's evaluations the study plans by weigh each start time by its share."""
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+
+    x0 = torch.zeros(20000, 1, 1, 1)
+    plain = DMD2Distill(dmd_steps=[1, 2], dmd_input="generator")
+    start = plain.noised(x0, torch.Generator().manual_seed(0), x0.device).terms["start"]
+    expected = torch.tensor(plain.start_times)[torch.randint(2, (20000,), generator=torch.Generator().manual_seed(0))]
+    assert torch.equal(start, expected)  # a run without the key draws exactly as before
+    for share in (0.75, 0.25):
+        shared = DMD2Distill(dmd_steps=[1, 2, 4], dmd_input="generator", dmd_first_share=share)
+        start = shared.noised(x0, torch.Generator().manual_seed(0), x0.device).terms["start"]
+        counts = {s: float((start == s).float().mean()) for s in shared.start_times}
+        assert sorted(counts) == sorted(shared.start_times) and abs(counts[1.0] - share) < 0.015
+        for later in shared.start_times[1:]:  # the rest alike over the three later start times
+            assert abs(counts[later] - (1 - share) / 3) < 0.015
+        assert shared.start_shares() == pytest.approx([share] + [(1 - share) / 3] * 3)
+        paths = [len(shared.paths[s]) for s in shared.start_times]
+        assert shared.simulated_forwards() == pytest.approx(sum(p * w for p, w in zip(paths, shared.start_shares())))
+    assert plain.simulated_forwards() == 0.5  # half the samples start at the middle, one pass each
+    quarter = DMD2Distill(dmd_steps=[1, 2], dmd_input="generator", dmd_first_share=0.75, real_guidance=3.0,
+                          real_guidance_later=1.0)  # fmt: skip
+    assert quarter.simulated_forwards() == 0.25
+    assert quarter.teacher_forwards_at(0) == 0.75 * 2 + 0.25 * 1  # the first step's guided rows, the later's unguided
+    assert "0.75 of the samples from pure noise" in quarter.describe_loss()
