@@ -167,7 +167,8 @@ SID_VARIANTS |= {f"lr3e-4-alpha1-real{r:g}": SID_VARIANTS["lr3e-4-alpha1"] | {"d
 # and the flow twin's alpha 1 at the recipe's rate past 5 (`SID_ABOVE_RATE`), since 5 was ahead of its config's 4 there.
 # Measured (three seeds): two steps level from 4 to 8 (1.69x-1.66x), one step better at each scale on every seed (8:
 # 7.95, 3.8x): the flow twin's config takes 8; at 12 one step better again (7.69, 3.6x), two steps worse on every seed;
-# 16, since one step still improved at 12
+# 16, since one step still improved at 12. Measured (three seeds): worse at one step on every seed (8.06) and at two
+# (1.95x): the one-step sweep peaks at 12
 SID_ABOVE_RATE = (6.0, 8.0, 12.0, 16.0)
 SID_VARIANTS |= {f"alpha1-real{r:g}": SID_VARIANTS["alpha1"] | {"distill.real_guidance": r} for r in SID_ABOVE_RATE}
 # a student for one step alone (`-one`: `distill.dmd_steps` [1], every generator update at the one-step grid's start
@@ -177,7 +178,8 @@ SID_VARIANTS |= {f"alpha1-real{r:g}": SID_VARIANTS["alpha1"] | {"distill.real_gu
 # 8.84 at 16, 2.65x; 8.45 against 9.01 at 12), its two steps worse (1.90x): the default's one-step config. On the flow
 # twin one step level or worse (8.78 against 8.66 at 5, 8.31 against 7.95 at 8), but at 8 two steps level (1.64x
 # against 1.66x) with 0.04 more recall on every seed. And the default's 24 alone, since its one step alone still
-# improved from 12 to 16
+# improved from 12 to 16. Measured (three seeds): level with 16 (8.14 against 8.24, 2.62x; each seed ahead inside its
+# interval), its curves still falling: the one-step config keeps 16
 ONE_STEP = {"distill.dmd_steps": [1]}
 ONE_STEP_ARMS = (
     "alpha1-real5",
@@ -190,14 +192,16 @@ SID_VARIANTS |= {f"{name}-one": SID_VARIANTS[name] | ONE_STEP for name in ONE_ST
 # the later step's real score at a scale of its own (`-later`: `distill.real_guidance_later`). At each teacher's sampler
 # scale, the first step's at its config's: the flow twin's one step alone at 8 kept 0.04 more two-step recall at level
 # KID, so the middle step trained at the first's scale may cost the variety the first lays out. And the later above the
-# first, each teacher's two-step config at the first step and the scale past it at the later (a higher scale turned
-# two steps worse with both steps at it; which step's scale did it?); and the first step at the scale its one step was
-# best at, the later at the two-step config's: one student for both step counts
-LATER_SCALES = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0), ("alpha1-real8", 12.0), ("lr3e-4-alpha1-real16", 24.0),
-                ("alpha1-real12", 8.0), ("lr3e-4-alpha1-real24", 16.0))  # fmt: skip
+# first, each teacher's two-step config at the first step and the scale past it at the later: a higher scale turned two
+# steps worse with both steps at it, and which step's scale did it? Measured (three seeds): the sampler's scale at the
+# later step worse at two steps on both teachers (1.73x against 1.66x, 1.58x against 1.47x), recall +0.016 on the flow
+# twin and none on the default, one step level and better; above the first (12 after 8, 24 after 16) worse at both step
+# counts (1.78x, 1.51x): one scale at both steps stays the configs'
+LATER_SCALES = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0), ("alpha1-real8", 12.0), ("lr3e-4-alpha1-real16", 24.0))  # fmt: skip
 SID_VARIANTS |= {f"{name}-later{r:g}": SID_VARIANTS[name] | {"distill.real_guidance_later": r} for name, r in LATER_SCALES}  # fmt: skip
 # a quarter of the samples at the two-step grid's middle instead of half (`-first75`: `distill.dmd_first_share` 0.75),
 # between the two grids and one step alone, at each teacher's config scale: the later step's scale did not carry one
-# step alone's recall, so whether it is the middle's share of the updates
+# step alone's recall, so whether it is the middle's share of the updates. Measured (three seeds): worse at two steps on
+# both teachers (1.73x against 1.66x, 1.53x against 1.47x), 0.015 more recall on the flow twin, one step worse on both
 FIRST_SHARES = {"first75": 0.75}
 SID_VARIANTS |= {f"{name}-{tail}": SID_VARIANTS[name] | {"distill.dmd_first_share": share} for name in ("alpha1-real8", "lr3e-4-alpha1-real16") for tail, share in FIRST_SHARES.items()}  # fmt: skip
