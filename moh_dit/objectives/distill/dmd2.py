@@ -51,12 +51,13 @@ from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_ge
 from moh_dit.objectives.distill.generator import GridGenerator
 from moh_dit.objectives.distill.grids import MIDPOINT
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
+from moh_dit.objectives.distill.real_score import RealScore
 from moh_dit.objectives.linear_path import clean_prediction
 
 __all__ = ["DMD2Distill"]
 
 
-class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
+class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
     """DMD2 (see the module docstring).
 
     Args:
@@ -133,12 +134,7 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
             raise ConfigError(
                 "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
             )
-        for key, scale in (("real_guidance", real_guidance), ("real_guidance_later", real_guidance_later)):
-            if scale is not None and (not is_number(scale) or not 1 <= scale < float("inf")):
-                raise ConfigError(
-                    f"distill.{key} must be a guidance scale >= 1 (1: the teacher unguided) or null (the "
-                    f"{'teacher' if key == 'real_guidance' else 'first step'}'s), got {scale!r}"
-                )
+        self.set_real_scales(real_guidance, real_guidance_later)
         if not is_whole(gan_start) or gan_start < 0:
             raise ConfigError(f"distill.gan_start must be a training step >= 0, got {gan_start!r}")
         if not is_number(dmd_midpoint) or not 0 < dmd_midpoint < 1:
@@ -166,15 +162,8 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
         self.fake_updates, self.fake_lr, self.gan_block = fake_updates, fake_lr, gan_block
         self.gan_weight, self.regression = float(gan_weight), float(regression)
         self.dmd_steps, self.dmd_input, self.dmd_time = steps, dmd_input, (low, high)
-        self.real_guidance = None if real_guidance is None else float(real_guidance)
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
-        if dmd_first_share is not None and (not is_number(dmd_first_share) or not 0 < dmd_first_share < 1):
-            raise ConfigError(
-                f"distill.dmd_first_share must be a share between 0 and 1 (of the samples that start from pure noise) "
-                f"or null (every start time alike), got {dmd_first_share!r}"
-            )
-        first_share = None if dmd_first_share is None else float(dmd_first_share)
-        self.place_grids(steps, dmd_input, self.dmd_midpoint, first_share)
+        self.place_grids(steps, dmd_input, self.dmd_midpoint, dmd_first_share)
         for key, value, what in (
             ("real_guidance_later", real_guidance_later, "scales the real score on"),
             ("dmd_first_share", dmd_first_share, "shares the samples with"),
@@ -184,7 +173,6 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
                     f"distill.{key}={value} {what} the generator's later grid steps, and distill.dmd_steps="
                     f"{list(steps)} has none: give a multi-step grid (e.g. [1, 2]) or drop it"
                 )
-        self.real_guidance_later = None if real_guidance_later is None else float(real_guidance_later)
 
     @classmethod
     def frozen_models_for(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
@@ -225,16 +213,7 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
     # What it is
     # ------------------------------------------------------------------------------------------------
     def describe(self) -> str:
-        real = ""
-        if self.real_guidance is not None:
-            real = (
-                ", its real score unguided"
-                if self.real_guidance == 1
-                else f", its real score guided at {self.real_guidance:g}"
-            )
-        if self.real_guidance_later is not None:
-            real += f" ({self.real_guidance_later:g} on the later grid steps)"
-        return super().describe() + real
+        return super().describe() + self.describe_real()
 
     def describe_loss(self) -> str:
         parts = []
@@ -363,22 +342,6 @@ class DMD2Distill(GridGenerator, DMDCosts, MeanFlowDistill):
             real_x0 = clean_prediction(x_t, t, self.real_velocity(teacher, x_t, t, labels, drop, autocast, start))
             fake_x0 = clean_prediction(x_t, t, fake.velocity(x_t, t, labels, drop, autocast))
         return vsd_loss(x, real_x0, fake_x0)
-
-    def real_velocity(self, teacher, x_t, t, labels, drop, autocast, start, grad: bool = False) -> torch.Tensor:
-        """The real score's velocity at ``(x_t, t)``: the teacher's guided at ``real_guidance``, and at
-        ``real_guidance_later`` for the samples made from a later grid time than the first (``start``); ``grad``: as
-        :meth:`Teacher.velocity`'s. Each scale's rows are one pass of the teacher, so its evaluations count as
-        before."""
-        if self.real_guidance_later is None:
-            return teacher.velocity(x_t, t, labels, drop, autocast, self.real_guidance, grad)
-        later = start < self.start_times[0]
-        v = torch.empty_like(x_t)
-        for rows, scale in ((~later, self.real_guidance), (later, self.real_guidance_later)):
-            rows = rows.nonzero().flatten()
-            if rows.numel():
-                y, dropped = (None if a is None else a[rows] for a in (labels, drop))
-                v[rows] = teacher.velocity(x_t[rows], t[rows], y, dropped, autocast, scale, grad).to(v.dtype)
-        return v
 
     def gan_input(self, x: torch.Tensor, noised: Noised) -> tuple[torch.Tensor, torch.Tensor]:
         """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample,

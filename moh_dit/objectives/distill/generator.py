@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from moh_dit.argtypes import is_number
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Noised, NoiseLevel
 from moh_dit.objectives.distill.grids import generator_grids
@@ -34,9 +35,14 @@ class GridGenerator:
         time, the rest alike over the later ones (``None``: every start time alike)."""
         if dmd_input not in DMD_INPUTS:
             raise ConfigError(f"distill.dmd_input must be {' or '.join(DMD_INPUTS)}, got {dmd_input!r}")
+        if first_share is not None and (not is_number(first_share) or not 0 < first_share < 1):
+            raise ConfigError(
+                f"distill.dmd_first_share must be a share between 0 and 1 (of the samples that start from pure noise) "
+                f"or null (every start time alike), got {first_share!r}"
+            )
         grids = generator_grids(steps, midpoint)
         self.start_times = sorted({start for grid in grids.values() for start in grid}, reverse=True)
-        self.first_share = first_share
+        self.first_share = None if first_share is None else float(first_share)
         self.paths: dict[float, list[float]] = {}
         for n in sorted(grids):
             for index, start in enumerate(grids[n]):

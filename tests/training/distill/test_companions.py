@@ -296,3 +296,23 @@ def test_the_later_steps_own_real_score_scale_is_counted_recorded_and_kept_on_re
         train(dmd2(tmp_path / "s", image_dir, flow_teacher, *changed, "distill.real_guidance_later=3",
                    "train.max_steps=7", "train.resume=latest"))  # fmt: skip
     assert "\n" not in str(caught.value)
+
+
+def test_a_run_with_the_later_steps_scale_and_the_first_share_resumes_exactly(flow_teacher, image_dir, tmp_path):
+    """SiD's two-step generator with distill.real_guidance_later and distill.dmd_first_share, stopped at step 3 and
+    resumed: the same run bit for bit (the generator, its EMA and the fake score) with the same counts logged."""
+    more = ["distill.method=sid", "distill.gan_weight=0", "distill.dmd_input=generator", "distill.real_guidance=2",
+            "distill.real_guidance_later=1", "distill.dmd_first_share=0.75", "distill.guidance_times=[0,1]"]  # fmt: skip
+    train(dmd2(tmp_path / "s", image_dir, flow_teacher, *more, "train.max_steps=6"))
+    cut = tmp_path / "cut"
+    train(dmd2(cut, image_dir, flow_teacher, *more, "train.max_steps=3"))
+    train(dmd2(cut, image_dir, flow_teacher, *more, "train.max_steps=6", "train.resume=latest"))
+    for name in ("companions/fake_score.safetensors", "ema.safetensors", "model/diffusion_pytorch_model.safetensors"):
+        a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (tmp_path / "s", cut))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    keys = ("step", "generator_updates", "network_evaluations", "teacher_evaluations", "sid_loss")
+    runs = [
+        [json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in (tmp_path / "s", cut)
+    ]
+    whole, resumed = ([[r.get(k) for k in keys] for r in run if "generator_updates" in r] for run in runs)
+    assert resumed == whole and len(whole) == 6
