@@ -265,12 +265,7 @@ def test_sid_trains_through_both_scores_counts_their_backwards_and_resumes_exact
     assert [r["sid_loss"] != 0 for r in steps] == [True, False, False, True, False, False]
     assert [r["fake_score_loss"] > 0 for r in steps] == [False, True, True, False, True, True]
     assert steps[-1]["network_evaluations"] + steps[-1]["teacher_evaluations"] == pytest.approx(counter.total)
-    cut = tmp_path / "cut"
-    train(dmd2(cut, image_dir, flow_teacher, *more, "train.max_steps=3"))
-    train(dmd2(cut, image_dir, flow_teacher, *more, "train.max_steps=6", "train.resume=latest"))
-    for name in ("companions/fake_score.safetensors", "ema.safetensors", "model/diffusion_pytorch_model.safetensors"):
-        a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (tmp_path / "s", cut))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    _cut_at_3_and_resumed_is_the_same(tmp_path / "s", tmp_path / "cut", image_dir, flow_teacher, more)
 
 
 def test_the_later_steps_own_real_score_scale_is_counted_recorded_and_kept_on_resume(
@@ -304,15 +299,21 @@ def test_a_run_with_the_later_steps_scale_and_the_first_share_resumes_exactly(fl
     more = ["distill.method=sid", "distill.gan_weight=0", "distill.dmd_input=generator", "distill.real_guidance=2",
             "distill.real_guidance_later=1", "distill.dmd_first_share=0.75", "distill.guidance_times=[0,1]"]  # fmt: skip
     train(dmd2(tmp_path / "s", image_dir, flow_teacher, *more, "train.max_steps=6"))
-    cut = tmp_path / "cut"
-    train(dmd2(cut, image_dir, flow_teacher, *more, "train.max_steps=3"))
-    train(dmd2(cut, image_dir, flow_teacher, *more, "train.max_steps=6", "train.resume=latest"))
-    for name in ("companions/fake_score.safetensors", "ema.safetensors", "model/diffusion_pytorch_model.safetensors"):
-        a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (tmp_path / "s", cut))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    _cut_at_3_and_resumed_is_the_same(tmp_path / "s", tmp_path / "cut", image_dir, flow_teacher, more)
     keys = ("step", "generator_updates", "network_evaluations", "teacher_evaluations", "sid_loss")
     runs = [
-        [json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in (tmp_path / "s", cut)
+        [json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()]
+        for r in (tmp_path / "s", tmp_path / "cut")
     ]
     whole, resumed = ([[r.get(k) for k in keys] for r in run if "generator_updates" in r] for run in runs)
     assert resumed == whole and len(whole) == 6
+
+
+def _cut_at_3_and_resumed_is_the_same(whole, cut, image_dir, teacher, more):
+    """The run of ``more`` stopped at step 3 into ``cut`` and resumed to 6 ends as the uninterrupted ``whole``, bit for
+    bit: the generator, its EMA and the fake score."""
+    train(dmd2(cut, image_dir, teacher, *more, "train.max_steps=3"))
+    train(dmd2(cut, image_dir, teacher, *more, "train.max_steps=6", "train.resume=latest"))
+    for name in ("companions/fake_score.safetensors", "ema.safetensors", "model/diffusion_pytorch_model.safetensors"):
+        a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (whole, cut))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
