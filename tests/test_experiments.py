@@ -1106,6 +1106,9 @@ def test_distill_one_seed_arms_run_at_other_seeds_when_named_and_report_seed_by_
         assert (tuple(alone.dmd_steps), tuple(both.dmd_steps)) == ((1,), (1, 2))
         assert dataclasses.replace(alone, dmd_steps=both.dmd_steps) == both
         assert distill_dmd2.budget_arm(f"{sid}-{name}-one") and distill_dmd2.budget_share(f"{sid}-{name}-one") == 1
+    fewer = f"{sid}-lr3e-4-alpha1-real16-one-f3"  # one step alone with three fake-score updates per generator update
+    assert arms[fewer][1] == [*arms[f"{sid}-lr3e-4-alpha1-real16-one"][1], "distill.fake_updates=3"]
+    assert distill_dmd2.budget_arm(fewer) and distill_dmd2.load_arm(*arms[fewer]).distill.fake_updates == 3
     for name, scale in LATER_SCALES:  # the later step's own real-score scale, the first's kept
         later = distill_dmd2.load_arm(*arms[f"{sid}-{name}-later{scale:g}"]).distill
         assert later.real_guidance_later == scale and tuple(later.dmd_steps) == (1, 2)
@@ -1742,7 +1745,7 @@ TWINS = [
     ("fashion_mnist_moh_sid_ect_ddpm.yaml", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16", "ectfewdt-ddpm"),
     (
         "fashion_mnist_moh_sid_ect_one_ddpm.yaml",
-        "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16-one",
+        "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16-one-f3",
         "ectfewdt-ddpm",
     ),
 ]
