@@ -15,8 +15,9 @@ __all__ = ["DMDCosts"]
 class DMDCosts:
     """The cost side of :class:`~moh_dit.objectives.distill.dmd2.DMD2Distill`, a mixin before the distillation's
     base: it reads the method's settings (``fake_updates``, ``gan_weight``, ``gan_start``, ``vsd_weight``,
-    ``regression`` and its ``distance``, ``real_guidance`` and ``real_guidance_later``, ``score_passes``) and its grids'
-    start times and backward simulation's passes."""
+    ``regression`` and its ``distance``, ``score_passes``), the real score's scale at each start time
+    (:meth:`~moh_dit.objectives.distill.real_score.RealScore.real_scales`) and its grids' shares and backward
+    simulation's passes."""
 
     def updates(self, step: int) -> str:
         """Which network training ``step`` updates: the student first, then the fake score ``fake_updates`` times."""
@@ -57,9 +58,7 @@ class DMDCosts:
         if self.updates(step) != "student" or not self.vsd_weight:
             return 0.0
         teacher_guided = super().teacher_forwards() == 2.0
-        later = self.real_guidance if self.real_guidance_later is None else self.real_guidance_later
-        scales = [self.real_guidance] + [later] * (len(self.start_times) - 1)
-        guided = [scale != 1.0 if scale is not None else teacher_guided for scale in scales]
+        guided = [scale != 1.0 if scale is not None else teacher_guided for scale in self.real_scales()]
         return sum((2.0 if g else 1.0) * share for g, share in zip(guided, self.start_shares())) * self.score_passes
 
     def teacher_forwards(self) -> float:

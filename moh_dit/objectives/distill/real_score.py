@@ -28,6 +28,11 @@ class RealScore:
         self.real_guidance = None if real_guidance is None else float(real_guidance)
         self.real_guidance_later = None if real_guidance_later is None else float(real_guidance_later)
 
+    def real_scales(self) -> list[float | None]:
+        """The real score's scale at each start time of the grids (1 first; ``None``: the teacher's)."""
+        later = self.real_guidance if self.real_guidance_later is None else self.real_guidance_later
+        return [self.real_guidance] + [later] * (len(self.start_times) - 1)
+
     def describe_real(self) -> str:
         """The real score's scales in words, where they are its own (empty where it is the teacher's)."""
         real = ""
