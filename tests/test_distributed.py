@@ -545,6 +545,8 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
         "distill.dmd_steps=[1,2]", "distill.dmd_input=generator", "distill.real_guidance=1.5"]  # fmt: skip
 
 SID = [*DMD2, "distill.method=sid", "distill.sid_alpha=1.0"]
+# the later grid step's own real-score scale and a share of the samples from pure noise (each process draws its own)
+SID_SPLIT = [*SID, "distill.real_guidance_later=1.0", "distill.dmd_first_share=0.75"]
 
 
 @pytest.mark.parametrize(
@@ -557,6 +559,7 @@ SID = [*DMD2, "distill.method=sid", "distill.sid_alpha=1.0"]
         (None, DMD2),  # processes: tests/training/distill/test_trajectories.py
         pytest.param(None, RCM, marks=SLOW),
         pytest.param(None, SID, marks=SLOW),  # DMD2's pieces, the scores differentiated in the generator's steps
+        pytest.param(None, SID_SPLIT, marks=SLOW),
         pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
@@ -568,6 +571,7 @@ SID = [*DMD2, "distill.method=sid", "distill.sid_alpha=1.0"]
         "dmd2",
         "rcm",
         "sid",
+        "sid-later-share",
         "ect",
         "jvp-split",
     ],
