@@ -210,3 +210,11 @@ SID_VARIANTS |= {f"{name}-later{r:g}": SID_VARIANTS[name] | {"distill.real_guida
 # both teachers (1.73x against 1.66x, 1.53x against 1.47x), 0.015 more recall on the flow twin, one step worse on both
 FIRST_SHARES = {"first75": 0.75}
 SID_VARIANTS |= {f"{name}-{tail}": SID_VARIANTS[name] | {"distill.dmd_first_share": share} for name in ("alpha1-real8", "lr3e-4-alpha1-real16") for tail, share in FIRST_SHARES.items()}  # fmt: skip
+# fewer fake-score updates per generator update past the default's one step alone, since three paid there: three on each
+# teacher's two-step config (the flow twin's 8, the default's 16) and on the flow twin's one-step best (12, both grids),
+# and two on the default's one step alone (one broke it, three helped)
+FAKE_UPDATE_ARMS = {
+    "f3": ("alpha1-real8", "alpha1-real12", "lr3e-4-alpha1-real16"),
+    "f2": ("lr3e-4-alpha1-real16-one",),
+}
+SID_VARIANTS |= {f"{name}-{tail}": SID_VARIANTS[name] | {"distill.fake_updates": int(tail[1:])} for tail, names in FAKE_UPDATE_ARMS.items() for name in names}  # fmt: skip
