@@ -218,3 +218,8 @@ FAKE_UPDATE_ARMS = {
     "f2": ("lr3e-4-alpha1-real16-one",),
 }
 SID_VARIANTS |= {f"{name}-{tail}": SID_VARIANTS[name] | {"distill.fake_updates": int(tail[1:])} for tail, names in FAKE_UPDATE_ARMS.items() for name in names}  # fmt: skip
+# the two-step grid's middle trained from noised data (`-data`: `distill.dmd_input` data, FastGen's default) instead of
+# the generator's own first step, at each teacher's two-step config: one step alone kept the flow twin 0.04 more
+# two-step recall, and neither the middle's scale nor its share carried it; what is left is that it trains no middle
+# from the generator's own samples (DMD2 from the full start was worse from noised data; SiD is not measured)
+SID_VARIANTS |= {f"{name}-data": SID_VARIANTS[name] | {"distill.dmd_input": "data"} for name in ("alpha1-real8", "lr3e-4-alpha1-real16")}  # fmt: skip
