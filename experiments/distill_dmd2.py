@@ -108,12 +108,11 @@ included as if every one were guided), rounded down to whole cycles of generator
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
+from experiments.distill_dmd2_budget import counted_objective, fill_budget, load_arm  # noqa: F401 (re-exported: the study reads them here)
 from experiments.distill_dmd2_settings import (  # the settings, re-exported where the study and its tests read them
     ANCHORS,
-    BATCH,
     BUDGET,
     CHOSEN_SCALE,
     ECT,
@@ -298,14 +297,6 @@ def _started(runs: Path, stage: str, seed: int) -> str:
     return f"distill.student_from={runs / f'{start_of(stage)}-seed{seed}'}"
 
 
-def load_arm(config: str, overrides: list[str]):
-    """An arm's config with its overrides, without its teacher (a run folder that may not exist yet)."""
-    from experiments.common import ROOT
-    from moh_dit.training.config import load_config
-
-    return load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")])
-
-
 THREE_SEED_START = "dmd2f"  # the start seed 0 chose (the full trajectory student: every shorter one ended worse)
 # the real score's scale of the three-seed recipe: each sampler's, as in the configs (from the full start the default's
 # r = 4 beat its r = 2 at one and two steps, and the flow twin's sampler scale is its CHOSEN_SCALE)
@@ -353,44 +344,3 @@ def budget_share(arm: str) -> float:
 def over_budget(arm: str) -> int:
     """How many times the steps the budget leaves ``arm`` trains (1: within the budget; :data:`OVER_BUDGET`)."""
     return OVER_BUDGET.get(arm.rsplit("-", 1)[-1], 1)
-
-
-def counted_objective(loaded):
-    """The objective of an arm's loaded config as the budget counts it: the teacher's evaluations as if guided
-    wherever the teacher is not unguided (two per evaluation)."""
-    from moh_dit.training.objective import objective_record, run_objective
-
-    guided = {"scale": 1.0 if loaded.distill.guidance_scale == 1 else 2.0}
-    return run_objective(loaded, objective_record(loaded) | {"time": "moh-dit", "guidance": guided}, False)
-
-
-def fill_budget(
-    config: str, overrides: list[str], spent: float, sc: dict, stretch: int = 1, share: float = 1.0
-) -> tuple[list[str], list[str]]:
-    """The length and evaluations of a stage that spends what is left of :data:`BUDGET` after ``spent`` (the start's
-    counted cost) and, for a run that records its own set of trajectories, that set (as if every evaluation were
-    guided), at its objective's count per image (the teacher's evaluations as if all guided): ``(train overrides,
-    evaluation overrides)``; ``stretch`` times that length past the budget, evaluated at the same steps as the run
-    within it and on; ``share`` of what is left (:func:`budget_share`). At the smoke scale the smoke run's length and
-    evaluations."""
-    if sc.get("smoke"):
-        return [], sc["student_eval"]
-    loaded = load_arm(config, overrides)
-    section = loaded.distill
-    objective = counted_objective(loaded)
-    if "trajectories" in objective.frozen_models_for(vars(section)) and section.trajectories is None:
-        spent += section.trajectory_count * (section.trajectory_steps or 25) * 2.0  # its own set, before it trains
-    cycle = getattr(objective, "student_updates", getattr(objective, "fake_updates", 0)) + 1
-    limit = spent + share * (BUDGET - spent)
-    steps = 0  # step by step, as each step spends (a stage whose terms start late spends less before)
-    while True:
-        cost = BATCH * (objective.step_forwards(steps) + objective.teacher_forwards_at(steps))
-        if spent + cost > limit:
-            break
-        spent, steps = spent + cost, steps + 1
-    steps = steps // cycle * cycle
-    if steps < 8 * cycle:
-        raise SystemExit(f"the budget leaves {steps} steps after {spent:,.0f} evaluations: too few to train")
-    every = max(cycle, math.floor(steps / 8 / cycle) * cycle)  # eight points on the curve, the last at the end
-    length = [f"train.max_steps={steps * stretch}", f"train.checkpoint_every={every}"]
-    return length, [f"log.eval_every={every}", "log.eval_samples=500"]

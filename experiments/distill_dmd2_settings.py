@@ -223,3 +223,9 @@ SID_VARIANTS |= {f"{name}-{tail}": SID_VARIANTS[name] | {"distill.fake_updates":
 # two-step recall, and neither the middle's scale nor its share carried it; what is left is that it trains no middle
 # from the generator's own samples (DMD2 from the full start was worse from noised data; SiD is not measured)
 SID_VARIANTS |= {f"{name}-data": SID_VARIANTS[name] | {"distill.dmd_input": "data"} for name in ("alpha1-real8", "lr3e-4-alpha1-real16")}  # fmt: skip
+# the real score's scale ramped down over the stage (`-to{r}`: `distill.real_guidance_end` r, its ramp the stage's
+# steps within the budget), from each teacher's two-step config to its sampler's scale: above the sampler's scale the
+# students move fastest, and their two-step curves turn up in the run's second half (more generator updates, `-f3`,
+# turn them up sooner), so the scale comes down as they near the teacher
+RAMPS = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0))
+SID_VARIANTS |= {f"{name}-to{r:g}": SID_VARIANTS[name] | {"distill.real_guidance_end": r} for name, r in RAMPS}

@@ -1660,15 +1660,9 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     training, and one more cycle would spend more; ``-x4`` trains four times those steps, evaluated at the same
     steps; a start that leaves too little is refused."""
     from experiments import distill
-    from experiments.distill_dmd2 import (
-        BATCH,
-        BUDGET,
-        budget_share,
-        counted_objective,
-        fill_budget,
-        load_arm,
-        over_budget,
-    )
+    from experiments.distill_dmd2 import budget_share, over_budget
+    from experiments.distill_dmd2_budget import counted_objective, fill_budget, load_arm
+    from experiments.distill_dmd2_settings import BATCH, BUDGET
 
     arms = distill.student_arms(1, Path("/nonexistent"), distill.SCALES["cpu"])
     config, overrides = arms["dmd2f-flow-g3-nogan"]
@@ -1727,6 +1721,19 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     late_steps = int(late_length.split("=")[1])
     late_cost = sum(BATCH * (late.step_forwards(i) + late.teacher_forwards_at(i)) for i in range(late_steps))
     assert late_steps > start and spent + late_cost <= BUDGET
+    # a ramp of the real score's scale down to the sampler's: over the stage's own steps within the budget, which are
+    # the unramped arm's (a scale above 1 costs the same at every step); to 1 without a ramp of its own, refused
+    base = arms["sidecfdt-flow-g3-nogan-alpha1-real8"]
+    ramp_config, ramp_overrides = arms["sidecfdt-flow-g3-nogan-alpha1-real8-to3"]
+    assert ramp_overrides == [*base[1], "distill.real_guidance_end=3.0"]
+    ramped, ramp_evals = fill_budget(ramp_config, ramp_overrides, spent, distill.SCALES["cpu"])
+    plain, plain_evals = fill_budget(*base, spent, distill.SCALES["cpu"])
+    ramp_steps = int(plain[0].split("=")[1])
+    assert ramped == [*plain, f"distill.real_guidance_ramp={ramp_steps}"] and ramp_evals == plain_evals
+    section = load_arm(ramp_config, [*ramp_overrides, *ramped]).distill
+    assert (section.real_guidance, section.real_guidance_end, section.real_guidance_ramp) == (8.0, 3.0, ramp_steps)
+    with pytest.raises(SystemExit, match="give distill.real_guidance_ramp"):
+        fill_budget(ramp_config, [*base[1], "distill.real_guidance_end=1"], spent, distill.SCALES["cpu"])
 
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)

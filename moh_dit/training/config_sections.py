@@ -241,6 +241,10 @@ class DistillSection:
     # the real score's scale for the samples a multi-step generator makes from its grids' later start times (the
     # two-step grid's middle); null: real_guidance's. Recorded with the generator
     real_guidance_later: float | None = None
+    # the scale real_guidance moves to, linearly over the first real_guidance_ramp training steps, then held (both or
+    # neither; null: it stays). Recorded with the generator
+    real_guidance_end: float | None = None
+    real_guidance_ramp: int | None = None
     # the share of the generator's samples that start from pure noise (its grids' first time), the rest alike over the
     # later start times; null: every start time alike
     dmd_first_share: float | None = None

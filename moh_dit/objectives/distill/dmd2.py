@@ -78,6 +78,8 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
             Recorded with the model.
         dmd_first_share: the share of the generator's samples that start at its grids' first time (pure noise), the
             rest alike over the later start times; ``None``: every start time alike (half each for ``[1, 2]``).
+        real_guidance_end, real_guidance_ramp: the scale ``real_guidance`` moves to, linearly over the first
+            ``real_guidance_ramp`` training steps, then held (both or neither; ``None``: it stays). Recorded.
         vsd_weight: the VSD loss's weight (0: the GAN term alone, a GAN fine-tune of the teacher's weights).
         gan_start: the training step from which the GAN term and its discriminator train (0: from the start).
         dmd_midpoint: the two-step grid's middle flow time (every grid shifted alike; recorded with the model).
@@ -116,6 +118,8 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         gan_time: tuple[float, float] | list[float] | None = None,
         real_guidance_later: float | None = None,
         dmd_first_share: float | None = None,
+        real_guidance_end: float | None = None,
+        real_guidance_ramp: int | None = None,
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -134,7 +138,7 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
             raise ConfigError(
                 "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
             )
-        self.set_real_scales(real_guidance, real_guidance_later)
+        self.set_real_scales(real_guidance, real_guidance_later, real_guidance_end, real_guidance_ramp)
         if not is_whole(gan_start) or gan_start < 0:
             raise ConfigError(f"distill.gan_start must be a training step >= 0, got {gan_start!r}")
         if not is_number(dmd_midpoint) or not 0 < dmd_midpoint < 1:
@@ -180,7 +184,7 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         return cls.frozen_models + (("trajectories",) if options.get("regression") else ())
 
     # what the generator is (recorded), beside its teacher's record
-    RECORDED = ("real_guidance", "dmd_midpoint", "real_guidance_later")
+    RECORDED = ("real_guidance", "dmd_midpoint", "real_guidance_later", "real_guidance_end", "real_guidance_ramp")
 
     def record(self) -> dict[str, Any]:
         """The distillation's record, with the real score's guidance where it is its own (the later steps' where
@@ -189,6 +193,8 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         extra = {"real_guidance": self.real_guidance} if self.real_guidance is not None else {}
         if self.real_guidance_later is not None:
             extra["real_guidance_later"] = self.real_guidance_later
+        if self.real_guidance_end is not None:
+            extra |= {"real_guidance_end": self.real_guidance_end, "real_guidance_ramp": self.real_guidance_ramp}
         if self.dmd_midpoint != MIDPOINT:
             extra["dmd_midpoint"] = self.dmd_midpoint
         return super().record() | extra
@@ -317,7 +323,8 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         vsd, loss = zero, zero
         if self.vsd_weight:
             teacher = frozen["teacher"]
-            vsd = self.distribution_loss(x, x_t, t, labels, drop, autocast, teacher, fake, noised.terms["start"])
+            start = noised.terms["start"]
+            vsd = self.distribution_loss(x, x_t, t, labels, drop, autocast, teacher, fake, start, step or 0)
             loss = self.vsd_weight * vsd
         extras = {self.distribution_term: vsd.detach(), "fake_score_loss": zero}
         if self.gan_weight:
@@ -334,12 +341,13 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
             loss = loss + self.regression * regressed
         return Losses(loss=loss, mse=vsd.detach(), logged=vsd.detach(), extras=extras), out
 
-    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake, start) -> torch.Tensor:
+    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake, start, step=0) -> torch.Tensor:
         """Per sample, the loss that pulls the generator's samples ``x`` (made from grid times ``start``, noised to
-        ``x_t`` at flow times ``t``) towards the teacher's distribution: VSD of the real score's
+        ``x_t`` at flow times ``t``) towards the teacher's distribution at training ``step``: VSD of the real score's
         (:meth:`real_velocity`) and the fake score's clean predictions ``x0 = x_t - t v``, neither differentiated."""
         with torch.no_grad():
-            real_x0 = clean_prediction(x_t, t, self.real_velocity(teacher, x_t, t, labels, drop, autocast, start))
+            real = self.real_velocity(teacher, x_t, t, labels, drop, autocast, start, step=step)
+            real_x0 = clean_prediction(x_t, t, real)
             fake_x0 = clean_prediction(x_t, t, fake.velocity(x_t, t, labels, drop, autocast))
         return vsd_loss(x, real_x0, fake_x0)
 

@@ -52,13 +52,14 @@ class DMDCosts:
 
     def teacher_forwards_at(self, step: int) -> float:
         """The teacher's forwards per image at training ``step``: the real score's on the generator's steps, two where
-        it is guided (counted as guided at every time; the logs count them exactly), averaged over the grids' start
-        times at their shares where the later ones have a scale of their own, each with its backward where the loss
+        it is guided (counted as guided at every time; the logs count them exactly) at that step's scale (a ramped
+        scale that reaches 1 turns unguided), averaged over the grids' start times at their shares where the later
+        ones have a scale of their own, each with its backward where the loss
         differentiates through it (:attr:`score_passes`)."""
         if self.updates(step) != "student" or not self.vsd_weight:
             return 0.0
         teacher_guided = super().teacher_forwards() == 2.0
-        guided = [scale != 1.0 if scale is not None else teacher_guided for scale in self.real_scales()]
+        guided = [scale != 1.0 if scale is not None else teacher_guided for scale in self.real_scales(step)]
         return sum((2.0 if g else 1.0) * share for g, share in zip(guided, self.start_shares())) * self.score_passes
 
     def teacher_forwards(self) -> float:

@@ -57,9 +57,10 @@ TRAJECTORY_KEYS = (
 TRAJECTORY_IDENTITY = ("trajectory_count", "trajectory_sampler", "trajectory_steps")
 # distribution matching's keys, DMD2's and rCM's alike: the fake score's rate, the GAN term, the grids and the VSD term
 DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd_input", "dmd_time", "real_guidance",
-            "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later", "dmd_first_share")  # fmt: skip
+            "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later", "dmd_first_share",
+            "real_guidance_end", "real_guidance_ramp")  # fmt: skip
 # the real score's guidance is folded into what the generator learns; the grid's middle is how it samples
-DMD_IDENTITY = ("real_guidance", "dmd_midpoint", "real_guidance_later")
+DMD_IDENTITY = ("real_guidance", "dmd_midpoint", "real_guidance_later", "real_guidance_end", "real_guidance_ramp")
 TRAJECTORY_PROVENANCE = ("trajectories", "trajectory_shard_size")
 # the interval coverage (distill.r_time_*, grid_share, grid_steps) is every method's: it chooses the (t, r) trained
 METHODS: dict[str, MethodEntry] = {
@@ -153,6 +154,8 @@ _IDENTITY_PATHS = {
     "model.end_time_blocks": "distill.end_time_blocks",
     "model.objective.real_guidance": "distill.real_guidance",
     "model.objective.real_guidance_later": "distill.real_guidance_later",
+    "model.objective.real_guidance_end": "distill.real_guidance_end",
+    "model.objective.real_guidance_ramp": "distill.real_guidance_ramp",
     "model.objective.dmd_midpoint": "distill.dmd_midpoint",
     "model.objective.guidance.scale": "distill.guidance_scale",
     "model.objective.guidance.times": "distill.guidance_times",

@@ -60,10 +60,12 @@ class SiDDistill(DMD2Distill):
             "predictions"
         )
 
-    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake, start) -> torch.Tensor:
+    def distribution_loss(self, x, x_t, t, labels, drop, autocast, teacher, fake, start, step=0) -> torch.Tensor:
         """Per sample, SiD's loss of the generator's samples ``x`` (made from grid times ``start``) at their noised
         copy ``x_t``: both scores' clean predictions differentiated through their inputs (their weights frozen on a
-        generator step), the real score's at its scale for each sample's step (:meth:`real_velocity`)."""
-        real_x0 = clean_prediction(x_t, t, self.real_velocity(teacher, x_t, t, labels, drop, autocast, start, True))
+        generator step), the real score's at its scale for each sample's grid step and at training ``step``
+        (:meth:`real_velocity`)."""
+        real = self.real_velocity(teacher, x_t, t, labels, drop, autocast, start, True, step)
+        real_x0 = clean_prediction(x_t, t, real)
         fake_x0 = clean_prediction(x_t, t, fake.velocity(x_t, t, labels, drop, autocast))
         return sid_loss(x, real_x0, fake_x0, self.sid_alpha)

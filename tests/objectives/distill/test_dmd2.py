@@ -167,6 +167,10 @@ def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_on
         ("distill.real_guidance=0.5", "distill.real_guidance must be a guidance scale >= 1"),
         ("distill.real_guidance_later=0.5", "distill.real_guidance_later must be a guidance scale >= 1"),
         ("distill.real_guidance_later=2", "distill.dmd_steps=[1] has none: give a multi-step grid (e.g. [1, 2])"),
+        ("distill.real_guidance_end=0.5", "distill.real_guidance_end must be a guidance scale >= 1"),
+        ("distill.real_guidance_ramp=0", "distill.real_guidance_ramp must be a count of training steps >= 1"),
+        ("distill.real_guidance_end=3", "distill.real_guidance_end and distill.real_guidance_ramp go together"),
+        ("distill.real_guidance_ramp=100", "distill.real_guidance_end and distill.real_guidance_ramp go together"),
         ("distill.dmd_first_share=1", "distill.dmd_first_share must be a share between 0 and 1"),
         ("distill.dmd_first_share=0", "distill.dmd_first_share must be a share between 0 and 1"),
         ("distill.dmd_first_share=0.75", "distill.dmd_first_share=0.75 shares the samples with the generator's later"),
@@ -204,6 +208,8 @@ def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, t
         ("real_guidance", "distill.real_guidance must be a guidance scale"),
         ("real_guidance_later", "distill.real_guidance_later must be a guidance scale"),
         ("dmd_first_share", "distill.dmd_first_share must be a share"),
+        ("real_guidance_end", "distill.real_guidance_end must be a guidance scale"),
+        ("real_guidance_ramp", "distill.real_guidance_ramp must be a count of training steps"),
         ("gan_start", "distill.gan_start must be a training step"),
         ("dmd_midpoint", "distill.dmd_midpoint must be a flow time"),
     ],
@@ -267,6 +273,30 @@ def test_the_real_guidance_and_the_midpoint_are_recorded_and_a_generator_keeps_i
     assert DMD2Distill.from_record(later.record(), dmd_steps=[1, 2]).real_guidance_later == 3.0
     with pytest.raises(ConfigError, match=r"distill.real_guidance_later=1.0: this generator was trained with 3.0"):
         DMD2Distill.from_record(later.record(), dmd_steps=[1, 2], real_guidance_later=1.0)
+
+
+def test_a_ramped_real_score_scale_moves_linearly_then_holds_and_is_refused_where_it_has_no_one_scale_to_move():
+    """distill.real_guidance_end over distill.real_guidance_ramp: the scale at step s is r + (end - r) min(1, s / ramp)
+    (closed form), the same at every start time of the grids; the teacher's evaluations per image count two while it is
+    guided and one once it reaches 1; recorded, and a record that disagrees is refused naming the key; without
+    distill.real_guidance, or beside distill.real_guidance_later, refused in one line."""
+    from moh_dit.errors import ConfigError
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+
+    ramped = DMD2Distill(real_guidance=8.0, real_guidance_end=2.0, real_guidance_ramp=100, dmd_steps=[1, 2])
+    for step, scale in ((0, 8.0), (25, 6.5), (50, 5.0), (100, 2.0), (1000, 2.0)):
+        assert ramped.real_scales(step) == [scale, scale]
+    to_one = DMD2Distill(real_guidance=3.0, real_guidance_end=1.0, real_guidance_ramp=10)
+    assert [to_one.teacher_forwards_at(s) for s in (0, 5, 10, 15)] == [2.0, 2.0, 1.0, 1.0]
+    assert ramped.record()["real_guidance_end"] == 2.0 and ramped.record()["real_guidance_ramp"] == 100
+    again = DMD2Distill.from_record(ramped.record(), dmd_steps=[1, 2])
+    assert again.real_scales(50) == [5.0, 5.0] and again.record() == ramped.record()
+    with pytest.raises(ConfigError, match=r"distill.real_guidance_ramp=50: this generator was trained with 100"):
+        DMD2Distill.from_record(ramped.record(), dmd_steps=[1, 2], real_guidance_ramp=50)
+    for options in ({}, {"real_guidance": 8.0, "real_guidance_later": 3.0, "dmd_steps": [1, 2]}):
+        with pytest.raises(ConfigError, match=r"moves the one scale distill.real_guidance sets") as caught:
+            DMD2Distill(real_guidance_end=2.0, real_guidance_ramp=10, **options)
+        assert "\n" not in str(caught.value)
 
 
 def test_the_real_score_is_the_teacher_at_its_own_guidance_scale():

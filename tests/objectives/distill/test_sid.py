@@ -177,6 +177,37 @@ def test_the_later_steps_real_score_has_its_own_scale_and_its_gradient_runs_thro
     assert "(1 on the later grid steps)" in both.describe()
 
 
+def test_a_ramped_real_score_is_read_at_the_training_step():
+    """distill.real_guidance_end over distill.real_guidance_ramp: SiD's loss and its gradient at training step s are
+    those of a fixed real score at the ramp's scale there (8 -> 2 over 100 steps: 5 at step 50, 2 from step 100)."""
+    from moh_dit.objectives.distill.sid import SiDDistill
+
+    from ...helpers.toy_velocity import ToyTeacher
+
+    real_net, fake = ToyTeacher(seed=1).double(), _Fake(ToyTeacher(seed=2).double())
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 2, 4, 4, generator=g, dtype=torch.float64)
+    eps = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    t, labels = torch.tensor([0.3, 0.5, 0.8], dtype=torch.float64), torch.tensor([0, 2, 1])
+    ramped = SiDDistill(real_guidance=8.0, real_guidance_end=2.0, real_guidance_ramp=100)
+
+    def loss_and_grad(objective, step):
+        teacher = _teacher(real_net)
+        teacher.guidance = type(teacher.guidance)(1.0, (0.0, 1.0))
+        leaf = x.clone().requires_grad_(True)
+        x_t = (1 - t.reshape(-1, 1, 1, 1)) * leaf + t.reshape(-1, 1, 1, 1) * eps
+        loss = objective.distribution_loss(
+            leaf, x_t, t, labels, None, contextlib.nullcontext, teacher, fake, torch.ones(3, dtype=torch.float64), step
+        )
+        loss.sum().backward()
+        return loss.detach(), leaf.grad
+
+    for step, scale in ((50, 5.0), (100, 2.0), (400, 2.0)):
+        for got, expected in zip(loss_and_grad(ramped, step), loss_and_grad(SiDDistill(real_guidance=scale), 0)):
+            torch.testing.assert_close(got, expected)
+    assert not torch.allclose(loss_and_grad(ramped, 0)[0], loss_and_grad(ramped, 50)[0])
+
+
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [

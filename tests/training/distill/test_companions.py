@@ -309,6 +309,35 @@ def test_a_run_with_the_later_steps_scale_and_the_first_share_resumes_exactly(fl
     assert resumed == whole and len(whole) == 6
 
 
+def test_a_ramped_real_score_scale_is_counted_step_by_step_recorded_and_resumes_exactly(
+    flow_teacher, image_dir, tmp_path
+):
+    """distill.real_guidance_end over distill.real_guidance_ramp on SiD: the real score guided at 2 on the first
+    generator step (step 0) and unguided on the second (step 5, past the ramp's 2 steps), so the teacher's evaluations
+    the logs add up, equal to a count by hooks on the teacher, are 4 rows x 3 passes x (2 + 1); the generator records
+    both keys, a resume that changes the ramp is refused in one line naming it, and the run stopped at step 3 and
+    resumed is the same run bit for bit."""
+    more = ["distill.method=sid", "distill.gan_weight=0", "distill.dmd_steps=[1]", "distill.real_guidance=2",
+            "distill.real_guidance_end=1", "distill.real_guidance_ramp=2", "distill.guidance_times=[0,1]"]  # fmt: skip
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, flow_teacher, *more, "train.max_steps=6"))
+    assert "guided at 2, moving to 1 over 2 steps" in trainer.objective.describe()
+    assert {k: trainer.objective.record()[k] for k in ("real_guidance_end", "real_guidance_ramp")} == {
+        "real_guidance_end": 1.0,
+        "real_guidance_ramp": 2,
+    }
+    counter = _PassCounter(trainer.frozen["teacher"].model)
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if "generator_updates" in r][-1]["teacher_evaluations"]
+    assert evaluations == pytest.approx(counter.total) == 4 * 3 * (2 + 1)
+    changed = [o for o in more if not o.startswith("distill.real_guidance_ramp")]
+    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.real_guidance_ramp: 2 -> 4") as caught:
+        train(dmd2(tmp_path / "s", image_dir, flow_teacher, *changed, "distill.real_guidance_ramp=4",
+                   "train.max_steps=7", "train.resume=latest"))  # fmt: skip
+    assert "\n" not in str(caught.value)
+    _cut_at_3_and_resumed_is_the_same(tmp_path / "s", tmp_path / "cut", image_dir, flow_teacher, more)
+
+
 def _cut_at_3_and_resumed_is_the_same(whole, cut, image_dir, teacher, more):
     """The run of ``more`` stopped at step 3 into ``cut`` and resumed to 6 ends as the uninterrupted ``whole``, bit for
     bit: the generator, its EMA and the fake score."""
