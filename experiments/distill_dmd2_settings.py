@@ -227,5 +227,7 @@ SID_VARIANTS |= {f"{name}-data": SID_VARIANTS[name] | {"distill.dmd_input": "dat
 # steps within the budget), from each teacher's two-step config to its sampler's scale: above the sampler's scale the
 # students move fastest, and their two-step curves turn up in the run's second half (more generator updates, `-f3`,
 # turn them up sooner), so the scale comes down as they near the teacher
-RAMPS = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0))
+# and from further up, since the flow twin's ramp was still falling at its end at seed 0 and the default's fell short
+# of its config: the flow twin's 12 down to 3, the default's 24 (its curves turned up late) down to 8
+RAMPS = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0), ("alpha1-real12", 3.0), ("lr3e-4-alpha1-real24", 8.0))
 SID_VARIANTS |= {f"{name}-to{r:g}": SID_VARIANTS[name] | {"distill.real_guidance_end": r} for name, r in RAMPS}
