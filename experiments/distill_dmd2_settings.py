@@ -212,7 +212,10 @@ FIRST_SHARES = {"first75": 0.75}
 SID_VARIANTS |= {f"{name}-{tail}": SID_VARIANTS[name] | {"distill.dmd_first_share": share} for name in ("alpha1-real8", "lr3e-4-alpha1-real16") for tail, share in FIRST_SHARES.items()}  # fmt: skip
 # fewer fake-score updates per generator update past the default's one step alone, since three paid there: three on each
 # teacher's two-step config (the flow twin's 8, the default's 16) and on the flow twin's one-step best (12, both grids),
-# and two on the default's one step alone (one broke it, three helped)
+# and two on the default's one step alone (one broke it, three helped). Measured (three seeds): three at two steps worse
+# on both teachers (1.84x against 1.66x, 1.58x against 1.47x; the curves turn up sooner), one step level on the flow
+# twin and better on the default (8.34 against 8.84); at the flow twin's 12 worse at both; two on the default's one step
+# alone ahead at seeds 1 and 2, behind at 0 (7.49 against 7.70), with 0.02 less recall: the one-step config keeps three
 FAKE_UPDATE_ARMS = {
     "f3": ("alpha1-real8", "alpha1-real12", "lr3e-4-alpha1-real16"),
     "f2": ("lr3e-4-alpha1-real16-one",),
@@ -221,7 +224,8 @@ SID_VARIANTS |= {f"{name}-{tail}": SID_VARIANTS[name] | {"distill.fake_updates":
 # the two-step grid's middle trained from noised data (`-data`: `distill.dmd_input` data, FastGen's default) instead of
 # the generator's own first step, at each teacher's two-step config: one step alone kept the flow twin 0.04 more
 # two-step recall, and neither the middle's scale nor its share carried it; what is left is that it trains no middle
-# from the generator's own samples (DMD2 from the full start was worse from noised data; SiD is not measured)
+# from the generator's own samples (DMD2 from the full start was worse from noised data; SiD is not measured).
+# Measured (three seeds): two steps worse on both teachers (1.92x against 1.66x, 1.66x against 1.47x), recall no higher
 SID_VARIANTS |= {f"{name}-data": SID_VARIANTS[name] | {"distill.dmd_input": "data"} for name in ("alpha1-real8", "lr3e-4-alpha1-real16")}  # fmt: skip
 # the real score's scale ramped down over the stage (`-to{r}`: `distill.real_guidance_end` r, its ramp the stage's
 # steps within the budget), from each teacher's two-step config to its sampler's scale: above the sampler's scale the
@@ -229,5 +233,8 @@ SID_VARIANTS |= {f"{name}-data": SID_VARIANTS[name] | {"distill.dmd_input": "dat
 # turn them up sooner), so the scale comes down as they near the teacher
 # and from further up, since the flow twin's ramp was still falling at its end at seed 0 and the default's fell short
 # of its config: the flow twin's 12 down to 3, the default's 24 (its curves turned up late) down to 8
+# Measured (three seeds; 24 to 8 at seed 0): the flow twin's 8 to 3 at two steps 1.61x against 1.66x (ahead at seeds 0
+# and 2), +0.02 recall on every seed, one step worse on every seed; 12 to 3 level (1.65x); the default's 16 to 4 worse
+# at both step counts on every seed, 24 to 8 worse at both: the configs keep one scale
 RAMPS = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0), ("alpha1-real12", 3.0), ("lr3e-4-alpha1-real24", 8.0))
 SID_VARIANTS |= {f"{name}-to{r:g}": SID_VARIANTS[name] | {"distill.real_guidance_end": r} for name, r in RAMPS}
