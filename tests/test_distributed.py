@@ -547,6 +547,8 @@ DMD2 = ["distill.method=dmd2", "distill.fake_updates=2", "distill.gan_weight=0.0
 SID = [*DMD2, "distill.method=sid", "distill.sid_alpha=1.0"]
 # the later grid step's own real-score scale and a share of the samples from pure noise (each process draws its own)
 SID_SPLIT = [*SID, "distill.real_guidance_later=1.0", "distill.dmd_first_share=0.75"]
+# the real score's scale ramped from 1.5 to 1 over 5 steps: guided on the first generator step, unguided after the resume
+SID_RAMP = [*SID, "distill.real_guidance_end=1.0", "distill.real_guidance_ramp=5"]
 
 
 @pytest.mark.parametrize(
@@ -560,6 +562,7 @@ SID_SPLIT = [*SID, "distill.real_guidance_later=1.0", "distill.dmd_first_share=0
         pytest.param(None, RCM, marks=SLOW),
         pytest.param(None, SID, marks=SLOW),  # DMD2's pieces, the scores differentiated in the generator's steps
         pytest.param(None, SID_SPLIT, marks=SLOW),
+        pytest.param(None, SID_RAMP, marks=SLOW),
         pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
@@ -572,6 +575,7 @@ SID_SPLIT = [*SID, "distill.real_guidance_later=1.0", "distill.dmd_first_share=0
         "rcm",
         "sid",
         "sid-later-share",
+        "sid-ramp",
         "ect",
         "jvp-split",
     ],
