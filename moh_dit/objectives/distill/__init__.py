@@ -16,7 +16,8 @@ Read it in this order:
     ect.py          the ``ect`` method: consistency post-training with a small fixed step (CMT's second stage)
     generator.py    DMD2's generator on its grids: its start times and their shares, backward simulation, its
                     renoising sampler
-    real_score.py   DMD2's real score: the teacher at its own guidance scale, the later grid steps' at theirs
+    real_score.py   DMD2's real score: the teacher at its own guidance scale (ramped over training, if asked), the
+                    later grid steps' at theirs
     grids.py        the sampler's intervals and the generator's grids (pure Python: read by the table's users)
     times.py        the draws of (t, r): which intervals are trained
     derivative.py   du/dt by finite differences (the JVP is MeanFlow's)

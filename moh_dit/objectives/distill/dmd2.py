@@ -51,6 +51,7 @@ from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_ge
 from moh_dit.objectives.distill.generator import GridGenerator
 from moh_dit.objectives.distill.grids import MIDPOINT
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
+from moh_dit.objectives.distill.methods import DMD_IDENTITY
 from moh_dit.objectives.distill.real_score import RealScore
 from moh_dit.objectives.linear_path import clean_prediction
 
@@ -183,8 +184,8 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         """The teacher, and its trajectories when the regression term is on."""
         return cls.frozen_models + (("trajectories",) if options.get("regression") else ())
 
-    # what the generator is (recorded), beside its teacher's record
-    RECORDED = ("real_guidance", "dmd_midpoint", "real_guidance_later", "real_guidance_end", "real_guidance_ramp")
+    # what the generator is (recorded), beside its teacher's record: the keys a resume may not change (the table's)
+    RECORDED = DMD_IDENTITY
 
     def record(self) -> dict[str, Any]:
         """The distillation's record, with the real score's guidance where it is its own (the later steps' where

@@ -94,8 +94,9 @@ class RealScore:
         if self.real_guidance_later is None:
             return teacher.velocity(x_t, t, labels, drop, autocast, self.real_scale_at(step), grad)
         later = start < self.start_times[0]
+        scales = self.real_scales(step)  # the first start time's, then the later ones' (one scale: no ramp beside it)
         v = torch.empty_like(x_t)
-        for rows, scale in ((~later, self.real_guidance), (later, self.real_guidance_later)):
+        for rows, scale in ((~later, scales[0]), (later, scales[-1])):
             rows = rows.nonzero().flatten()
             if rows.numel():
                 y, dropped = (None if a is None else a[rows] for a in (labels, drop))
