@@ -241,3 +241,12 @@ SID_VARIANTS |= {f"{name}-to{r:g}": SID_VARIANTS[name] | {"distill.real_guidance
 # the flow twin's two routes to more two-step recall together: one step alone at its config's scale (+0.04 recall at
 # level KID) with the ramp down to the sampler's scale (+0.02 on every seed, 1.61x): whether the two add up
 SID_VARIANTS["alpha1-real8-one-to3"] = SID_VARIANTS["alpha1-real8-one"] | {"distill.real_guidance_end": 3.0}
+# the fake score's own guidance (SiD-LSG's long and short guidance, `distill.fake_guidance`, `distill.fake_guidance_eval`)
+# at each teacher's two-step config: `-lsg`, the fake score trained and read at the real score's scale (LSG's four
+# scales alike: in the limit of a fake score that fits, the generator's target is unchanged, and only the fit differs);
+# `-fakeread2`, the fake score trained unguided and read at 2 (its guided score is the generator's own, guided away
+# from its unconditional one: matching that to the real score's target leaves the generator less sharp than it, the
+# variety every data-free lever has missed). Each guided pass costs two, counted within the budget
+LSG_ARMS = {"alpha1-real8": 8.0, "lr3e-4-alpha1-real16": 16.0}
+SID_VARIANTS |= {f"{name}-lsg": SID_VARIANTS[name] | {"distill.fake_guidance": r} for name, r in LSG_ARMS.items()}
+SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidance_eval": 2.0} for name in LSG_ARMS}

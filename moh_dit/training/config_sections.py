@@ -245,6 +245,10 @@ class DistillSection:
     # neither; null: it stays). Recorded with the generator
     real_guidance_end: float | None = None
     real_guidance_ramp: int | None = None
+    # the fake score's own guidance (SiD-LSG): the scale it is trained at through its guided prediction, and the one the
+    # generator's loss reads it at (null: 1, unguided; and the training scale). Recorded with the generator
+    fake_guidance: float | None = None
+    fake_guidance_eval: float | None = None
     # the share of the generator's samples that start from pure noise (its grids' first time), the rest alike over the
     # later start times; null: every start time alike
     dmd_first_share: float | None = None

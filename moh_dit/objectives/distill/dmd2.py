@@ -48,6 +48,7 @@ from moh_dit.objectives.base import Losses, Noised
 from moh_dit.objectives.distill import distances
 from moh_dit.objectives.distill.dmd_costs import DMDCosts
 from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
+from moh_dit.objectives.distill.fake_guidance import FakeGuidance
 from moh_dit.objectives.distill.generator import GridGenerator
 from moh_dit.objectives.distill.grids import MIDPOINT
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
@@ -58,7 +59,7 @@ from moh_dit.objectives.linear_path import clean_prediction
 __all__ = ["DMD2Distill"]
 
 
-class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
+class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDistill):
     """DMD2 (see the module docstring).
 
     Args:
@@ -81,6 +82,9 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
             rest alike over the later start times; ``None``: every start time alike (half each for ``[1, 2]``).
         real_guidance_end, real_guidance_ramp: the scale ``real_guidance`` moves to, linearly over the first
             ``real_guidance_ramp`` training steps, then held (both or neither; ``None``: it stays). Recorded.
+        fake_guidance, fake_guidance_eval: the fake score's own guidance scales (SiD-LSG's kappa_1 and kappa_2):
+            trained through its guided prediction at the first, read by the generator's loss at the second (``None``:
+            1, and the first). Recorded (:class:`~moh_dit.objectives.distill.fake_guidance.FakeGuidance`).
         vsd_weight: the VSD loss's weight (0: the GAN term alone, a GAN fine-tune of the teacher's weights).
         gan_start: the training step from which the GAN term and its discriminator train (0: from the start).
         dmd_midpoint: the two-step grid's middle flow time (every grid shifted alike; recorded with the model).
@@ -121,6 +125,8 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         dmd_first_share: float | None = None,
         real_guidance_end: float | None = None,
         real_guidance_ramp: int | None = None,
+        fake_guidance: float | None = None,
+        fake_guidance_eval: float | None = None,
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -140,6 +146,7 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
                 "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
             )
         self.set_real_scales(real_guidance, real_guidance_later, real_guidance_end, real_guidance_ramp)
+        self.set_fake_scales(fake_guidance, fake_guidance_eval)
         if not is_whole(gan_start) or gan_start < 0:
             raise ConfigError(f"distill.gan_start must be a training step >= 0, got {gan_start!r}")
         if not is_number(dmd_midpoint) or not 0 < dmd_midpoint < 1:
@@ -198,7 +205,7 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
             extra |= {"real_guidance_end": self.real_guidance_end, "real_guidance_ramp": self.real_guidance_ramp}
         if self.dmd_midpoint != MIDPOINT:
             extra["dmd_midpoint"] = self.dmd_midpoint
-        return super().record() | extra
+        return super().record() | extra | self.fake_record()
 
     @classmethod
     def from_record(cls, record: dict[str, Any] | None, learn_sigma: bool = False, **training: Any) -> DMD2Distill:
@@ -245,7 +252,7 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         input_ = "; backward simulation" if self.dmd_input == "generator" and len(self.start_times) > 1 else ""
         return (
             f"{' + '.join(parts)}; {self.fake_updates} fake-score updates per generator update; {steps}-step "
-            f"grids{grid}{input_}"
+            f"grids{grid}{input_}{self.describe_fake()}"
         )
 
     def describe_distribution(self) -> str:
@@ -306,7 +313,8 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         net = extract_model_from_parallel(model, keep_torch_compile=False)  # several passes: the trainer averages
         if self.updates(step or 0) == "student":
             return self._generator_losses(net, noised, labels, drop, want_heads, autocast, frozen, companions, step)
-        return self._fake_score_losses(net, noised, labels, drop, autocast, companions["fake_score"], step)
+        fake = companions["fake_score"]
+        return self._fake_score_losses(net, noised, labels, drop, autocast, fake, step, frozen["teacher"])
 
     def _noised_sample(
         self, x: torch.Tensor, noised: Noised, time: str = "t", noise: str = "noise"
@@ -349,8 +357,16 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
         with torch.no_grad():
             real = self.real_velocity(teacher, x_t, t, labels, drop, autocast, start, step=step)
             real_x0 = clean_prediction(x_t, t, real)
-            fake_x0 = clean_prediction(x_t, t, fake.velocity(x_t, t, labels, drop, autocast))
+            fake_x0 = clean_prediction(x_t, t, self.fake_velocity(fake, teacher, x_t, t, labels, drop, autocast))
         return vsd_loss(x, real_x0, fake_x0)
+
+    def fake_velocity(self, fake, teacher, x_t, t, labels, drop, autocast) -> torch.Tensor:
+        """The fake score's velocity at ``(x_t, t)`` as the generator's loss reads it: guided at
+        :attr:`fake_read_scale` over the teacher's guided flow times (unguided at 1)."""
+        guidance = self.fake_guidance_of(teacher, self.fake_read_scale)
+        if guidance is None:
+            return fake.velocity(x_t, t, labels, drop, autocast)
+        return fake.velocity(x_t, t, labels, drop, autocast, guidance)
 
     def gan_input(self, x: torch.Tensor, noised: Noised) -> tuple[torch.Tensor, torch.Tensor]:
         """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample,
@@ -370,14 +386,16 @@ class DMD2Distill(GridGenerator, RealScore, DMDCosts, MeanFlowDistill):
             u = self.average_velocity(model, noise, one, torch.zeros_like(one), y, torch.zeros_like(y)).sample.float()
         return self.distance(noise - u, end, noise, y, frozen["teacher"], autocast)
 
-    def _fake_score_losses(self, model, noised, labels, drop, autocast, fake, step):
+    def _fake_score_losses(self, model, noised, labels, drop, autocast, fake, step, teacher):
         with torch.no_grad():
             x, _ = self.generate(model, noised, labels, drop, autocast)
         generator = torch.Generator().manual_seed(int(noised.terms["fake_seed"]))
         gan = self.gan_on(step)
         real = self._noised_sample(noised.terms["real"], noised, "real_t", "real_noise") if gan else None
         generated = self.gan_input(x.detach(), noised) if gan else None
-        losses, out, logits = fake.train_on(x.detach(), labels, drop, generator, autocast, real, generated)
+        guidance = self.fake_guidance_of(teacher, self.fake_train_scale)
+        trained = {"guidance": guidance} if guidance is not None else {}
+        losses, out, logits = fake.train_on(x.detach(), labels, drop, generator, autocast, real, generated, **trained)
         zero = torch.zeros_like(losses.loss)
         extras = {self.distribution_term: zero, "fake_score_loss": losses.loss.detach()}
         loss = losses.loss

@@ -12,12 +12,17 @@ from typing import Any
 __all__ = ["DMDCosts"]
 
 
+def _halves(scale: float) -> float:
+    """The passes of one guided evaluation: its conditional and unconditional halves (1 where unguided)."""
+    return 1.0 if scale == 1.0 else 2.0
+
+
 class DMDCosts:
     """The cost side of :class:`~moh_dit.objectives.distill.dmd2.DMD2Distill`, a mixin before the distillation's
     base: it reads the method's settings (``fake_updates``, ``gan_weight``, ``gan_start``, ``vsd_weight``,
-    ``regression`` and its ``distance``, ``score_passes``), the real score's scale at each start time
-    (:meth:`~moh_dit.objectives.distill.real_score.RealScore.real_scales`) and its grids' shares and backward
-    simulation's passes."""
+    ``regression`` and its ``distance``, ``score_passes``, the fake score's scales), the real score's scale at each
+    start time (:meth:`~moh_dit.objectives.distill.real_score.RealScore.real_scales`) and its grids' shares and
+    backward simulation's passes."""
 
     def updates(self, step: int) -> str:
         """Which network training ``step`` updates: the student first, then the fake score ``fake_updates`` times."""
@@ -35,15 +40,17 @@ class DMDCosts:
         forward and backward and its distance's passes of the teacher. The fake score's: the generator's forward, its
         own loss's forward and backward, and the discriminator's passes on real and generated images with their
         backwards. The discriminator's block over the fake score's depth from ``companions`` (its middle by default).
-        A distribution loss that differentiates through the scores (:attr:`score_passes`) counts their backwards."""
+        A distribution loss that differentiates through the scores (:attr:`score_passes`) counts their backwards. A
+        guided fake score (:class:`~moh_dit.objectives.distill.fake_guidance.FakeGuidance`) counts two of each of its
+        passes, where it is guided and where not (as the budget counts the teacher: as if guided at every time)."""
         fake = (companions or {}).get("fake_score")
         share = fake.block_share if fake is not None else 0.5
         gan = 3.0 * share if self.gan_on(step) else 0.0
         if self.updates(step) == "student":
-            fake = self.score_passes if self.vsd_weight else 0.0
+            fake = self.score_passes * _halves(self.fake_read_scale) if self.vsd_weight else 0.0
             regressed = 3.0 + self.distance.teacher_passes if self.regression else 0.0
             return self.simulated_forwards() + 3.0 + fake + gan + regressed
-        return self.simulated_forwards() + 1.0 + 3.0 + 2.0 * gan
+        return self.simulated_forwards() + 1.0 + 3.0 * _halves(self.fake_train_scale) + 2.0 * gan
 
     def student_forwards(self) -> float:
         """Per image, averaged over a cycle of generator and fake-score steps with the GAN term on (:meth:`step_forwards`)."""

@@ -58,9 +58,11 @@ TRAJECTORY_IDENTITY = ("trajectory_count", "trajectory_sampler", "trajectory_ste
 # distribution matching's keys, DMD2's and rCM's alike: the fake score's rate, the GAN term, the grids and the VSD term
 DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd_input", "dmd_time", "real_guidance",
             "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later", "dmd_first_share",
-            "real_guidance_end", "real_guidance_ramp")  # fmt: skip
-# the real score's guidance is folded into what the generator learns; the grid's middle is how it samples
-DMD_IDENTITY = ("real_guidance", "dmd_midpoint", "real_guidance_later", "real_guidance_end", "real_guidance_ramp")
+            "real_guidance_end", "real_guidance_ramp", "fake_guidance", "fake_guidance_eval")  # fmt: skip
+# the real score's guidance is folded into what the generator learns, and the fake score's guidance into what it
+# learns against; the grid's middle is how it samples
+DMD_IDENTITY = ("real_guidance", "dmd_midpoint", "real_guidance_later", "real_guidance_end", "real_guidance_ramp",
+                "fake_guidance", "fake_guidance_eval")  # fmt: skip
 TRAJECTORY_PROVENANCE = ("trajectories", "trajectory_shard_size")
 # the interval coverage (distill.r_time_*, grid_share, grid_steps) is every method's: it chooses the (t, r) trained
 METHODS: dict[str, MethodEntry] = {
@@ -156,6 +158,8 @@ _IDENTITY_PATHS = {
     "model.objective.real_guidance_later": "distill.real_guidance_later",
     "model.objective.real_guidance_end": "distill.real_guidance_end",
     "model.objective.real_guidance_ramp": "distill.real_guidance_ramp",
+    "model.objective.fake_guidance": "distill.fake_guidance",
+    "model.objective.fake_guidance_eval": "distill.fake_guidance_eval",
     "model.objective.dmd_midpoint": "distill.dmd_midpoint",
     "model.objective.guidance.scale": "distill.guidance_scale",
     "model.objective.guidance.times": "distill.guidance_times",

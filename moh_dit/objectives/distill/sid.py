@@ -67,5 +67,5 @@ class SiDDistill(DMD2Distill):
         (:meth:`real_velocity`)."""
         real = self.real_velocity(teacher, x_t, t, labels, drop, autocast, start, True, step)
         real_x0 = clean_prediction(x_t, t, real)
-        fake_x0 = clean_prediction(x_t, t, fake.velocity(x_t, t, labels, drop, autocast))
+        fake_x0 = clean_prediction(x_t, t, self.fake_velocity(fake, teacher, x_t, t, labels, drop, autocast))
         return sid_loss(x, real_x0, fake_x0, self.sid_alpha)

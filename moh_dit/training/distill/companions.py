@@ -22,6 +22,7 @@ from torch import nn
 from moh_dit.errors import ConfigError
 from moh_dit.model.block_tokens import tokens_after_blocks
 from moh_dit.objectives import objective_of
+from moh_dit.training.distill.teacher import guided_velocity
 
 if TYPE_CHECKING:
     from moh_dit.training.config_sections import Config
@@ -75,11 +76,28 @@ class FakeScore(nn.Module):
         """No label dropped at random: every draw of a step comes from its generator (a resume redraws them)."""
         return None if labels is None else torch.zeros_like(labels)
 
-    def velocity(self, z, t, labels, drop, autocast) -> torch.Tensor:
-        """Its (unguided) velocity of the linear path at ``(z, t)``."""
-        y = self._labels(labels, drop)
+    def _check_guidance(self, guidance) -> None:
+        if guidance is not None and self.score.null_class_id is None:
+            raise ConfigError(
+                f"distill.fake_guidance: the fake score (a copy of the teacher) was trained without label dropout: it "
+                f"has no unconditional prediction to guide with at scale {guidance.scale:g}"
+            )
+
+    def velocity(self, z, t, labels, drop, autocast, guidance=None) -> torch.Tensor:
+        """Its velocity of the linear path at ``(z, t)``: unguided, or with ``guidance`` (a
+        :class:`~moh_dit.training.distill.teacher.TeacherGuidance` without a guide) classifier-free guided over its
+        flow times, as the teacher's is (:func:`~moh_dit.training.distill.teacher.guided_velocity`)."""
+        if guidance is None:
+            y = self._labels(labels, drop)
+            with autocast():
+                return self.objective.linear_velocity(self.score, z, t, y, self._kept(y)).float()
+        self._check_guidance(guidance)
+
+        def network(z, t, y):
+            return self.objective.linear_velocity(self.score, z, t, y, self._kept(y))
+
         with autocast():
-            return self.objective.linear_velocity(self.score, z, t, y, self._kept(y)).float()
+            return guided_velocity(network, z, t, labels, drop, self.score.null_class_id, guidance).float()
 
     @property
     def block_share(self) -> float:
@@ -98,19 +116,45 @@ class FakeScore(nn.Module):
         (tokens,) = tokens_after_blocks(self.score, [self.block], run)
         return self.head(tokens.float())
 
-    def train_on(self, x, labels, drop, generator, autocast, real=None, generated=None):
+    def train_on(self, x, labels, drop, generator, autocast, real=None, generated=None, guidance=None):
         """Its own objective's losses on the generator's samples ``x`` (drawn from ``generator``), its output (MoH's
         loss), and where real images are given (the GAN term on) the head's logits on them and on the generated ones,
-        each ``(noised images, their times)`` as the objective noised them for the discriminator."""
+        each ``(noised images, their times)`` as the objective noised them for the discriminator. With ``guidance``
+        the loss is its classifier-free-guided prediction's where the samples' flow times are guided (SiD-LSG)."""
         own = self.objective.noised(x, generator, x.device)
         y = self._labels(labels, drop)
         with autocast():
-            out = self.score(own.x_t, own.time, y, force_drop_ids=self._kept(y))
+            out = self._output(own, y, guidance)
         losses = self.objective.loss(out.sample.float(), own)
         logits = None
         if self.head is not None and real is not None:
             logits = tuple(self.discriminate(*images, labels, drop, autocast) for images in (real, generated))
         return losses, out, logits
+
+    def _output(self, own, y: torch.Tensor | None, guidance) -> Any:
+        """The network's output on the noised samples ``own``; with ``guidance``, where a sample's flow time is guided
+        and its label kept, its prediction channels (the learned variance's stay the conditional's, as in sampling)
+        guided by its unconditional half, run beside the conditional batch in one forward."""
+        rows = None
+        if guidance is not None and y is not None:
+            self._check_guidance(guidance)
+            times, null = self.objective.flow_times(own), self.score.null_class_id
+            low, high = guidance.times
+            rows = ((times >= low) & (times <= high) & (y != null)).nonzero().flatten()
+        if rows is None or rows.numel() == 0:
+            return self.score(own.x_t, own.time, y, force_drop_ids=self._kept(y))
+        n, channels = own.x_t.shape[0], own.x_t.shape[1]
+        both = torch.cat([y, torch.full_like(y[rows], self.score.null_class_id)])
+        out = self.score(
+            torch.cat([own.x_t, own.x_t[rows]]),
+            torch.cat([own.time, own.time[rows]]),
+            both,
+            force_drop_ids=self._kept(both),
+        )
+        sample, uncond = out.sample[:n].clone(), out.sample[n:, :channels]
+        sample[rows, :channels] = uncond + guidance.scale * (sample[rows, :channels] - uncond)
+        out.sample = sample
+        return out
 
 
 @dataclass

@@ -346,3 +346,84 @@ def _cut_at_3_and_resumed_is_the_same(whole, cut, image_dir, teacher, more):
     for name in ("companions/fake_score.safetensors", "ema.safetensors", "model/diffusion_pytorch_model.safetensors"):
         a, b = (load_file(RunLayout(r).latest_checkpoint() / name) for r in (whole, cut))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_a_guided_fake_score_trains_and_reads_its_cfg_prediction_over_the_guidance_times_alone():
+    """distill.fake_guidance: the fake score's loss is its own objective's on the prediction channels guided by hand
+    from two plain forwards (conditional and unconditional) where a sample's flow time is in the guidance's times and
+    its label kept, the conditional prediction elsewhere and the learned variance always the conditional's; its
+    velocity is the teacher's rule (u + w (c - u)) on its own predictions. A fake score without an unconditional
+    prediction is refused in one line."""
+    from contextlib import nullcontext
+
+    from moh_dit.errors import ConfigError
+    from moh_dit.training.distill.companions import FakeScore
+    from moh_dit.training.distill.teacher import TeacherGuidance
+
+    from ...helpers.factories import tiny_model
+
+    fake = FakeScore(tiny_model(signal=0.3, learn_sigma=True), gan=False)
+    null = fake.score.null_class_id
+    x, labels = torch.randn(16, 1, 8, 8), torch.arange(16) % 3
+    drop = (torch.arange(16) % 5 == 4).long()
+    guidance = TeacherGuidance(scale=3.0, times=(0.2, 0.8))
+    y = torch.where(drop.bool(), torch.full_like(labels, null), labels)
+    keep = torch.zeros_like(labels)
+
+    losses, _, _ = fake.train_on(x, labels, drop, torch.Generator().manual_seed(0), nullcontext, guidance=guidance)
+    own = fake.objective.noised(x, torch.Generator().manual_seed(0), x.device)
+    c = fake.score(own.x_t, own.time, y, force_drop_ids=keep).sample
+    u = fake.score(own.x_t, own.time, torch.full_like(y, null), force_drop_ids=keep).sample
+    times = fake.objective.flow_times(own)
+    rows = (times >= 0.2) & (times <= 0.8) & (y != null)
+    assert rows.any() and (~rows & (y != null)).any() and (rows.sum() < 16)
+    expected = c.clone()
+    expected[rows, :1] = u[rows, :1] + 3.0 * (c[rows, :1] - u[rows, :1])
+    torch.testing.assert_close(losses.loss, fake.objective.loss(expected.float(), own).loss)
+    plain, _, _ = fake.train_on(x, labels, drop, torch.Generator().manual_seed(0), nullcontext)
+    torch.testing.assert_close(plain.loss, fake.objective.loss(c.float(), own).loss)
+
+    z, t = torch.randn(16, 1, 8, 8), torch.linspace(0.05, 0.95, 16)
+    v = fake.velocity(z, t, labels, drop, nullcontext, guidance)
+    vc = fake.objective.linear_velocity(fake.score, z, t, y, keep)
+    vu = fake.objective.linear_velocity(fake.score, z, t, torch.full_like(y, null), keep)
+    rows = (t >= 0.2) & (t <= 0.8) & (y != null)
+    torch.testing.assert_close(v[rows], vu[rows] + 3.0 * (vc[rows] - vu[rows]))
+    torch.testing.assert_close(v[~rows], vc[~rows])
+
+    unconditional = FakeScore(tiny_model(class_dropout_prob=0.0), gan=False)
+    with pytest.raises(ConfigError, match="trained without label dropout") as caught:
+        unconditional.velocity(z, t, labels, None, nullcontext, guidance)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_guided_fake_score_is_counted_recorded_and_resumes_exactly(flow_teacher, image_dir, tmp_path):
+    """distill.fake_guidance and distill.fake_guidance_eval on SiD, every flow time guided and (in the counted run) no
+    label dropped: the passes the logs add up equal a count by hooks on the generator and the fake score (each guided pass two halves),
+    the generator records both scales, a resume that changes one is refused in one line naming it, and the run stopped
+    at step 3 and resumed is the same run bit for bit."""
+    more = ["distill.method=sid", "distill.gan_weight=0", "distill.dmd_steps=[1]", "distill.real_guidance=2",
+            "distill.fake_guidance=2", "distill.fake_guidance_eval=3", "distill.guidance_times=[0,1]"]  # fmt: skip
+    trainer = Trainer(dmd2(tmp_path / "counted", image_dir, flow_teacher, *more, "train.max_steps=6"))
+    losses_of = trainer.objective.forward_losses  # no label dropped: every row guided, as the logs count them
+
+    def kept(model, noised, labels, drop, *rest, **kw):
+        return losses_of(model, noised, labels, None if drop is None else torch.zeros_like(drop), *rest, **kw)
+
+    trainer.objective.forward_losses = kept
+    assert "the fake score guided at 2 in training, read at 3 (SiD-LSG)" in trainer.objective.describe_loss()
+    assert {k: trainer.objective.record()[k] for k in ("fake_guidance", "fake_guidance_eval")} == {
+        "fake_guidance": 2.0,
+        "fake_guidance_eval": 3.0,
+    }
+    counter = _PassCounter(trainer.unwrapped, trainer.companions["fake_score"].module.score)
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "counted" / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in records if "generator_updates" in r][-1]["network_evaluations"] == pytest.approx(counter.total)
+    train(dmd2(tmp_path / "s", image_dir, flow_teacher, *more, "train.max_steps=6"))
+    changed = [o for o in more if not o.startswith("distill.fake_guidance_eval")]
+    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.fake_guidance_eval: 3\.0 -> 2\.0") as caught:
+        train(dmd2(tmp_path / "s", image_dir, flow_teacher, *changed, "distill.fake_guidance_eval=2",
+                   "train.max_steps=7", "train.resume=latest"))  # fmt: skip
+    assert "\n" not in str(caught.value)
+    _cut_at_3_and_resumed_is_the_same(tmp_path / "s", tmp_path / "cut", image_dir, flow_teacher, more)
