@@ -18,6 +18,7 @@ Read it in this order:
                     renoising sampler
     real_score.py   DMD2's real score: the teacher at its own guidance scale (ramped over training, if asked), the
                     later grid steps' at theirs
+    fake_guidance.py the fake score's own guidance (SiD-LSG): the scale it trains at, the one the generator reads it at
     grids.py        the sampler's intervals and the generator's grids (pure Python: read by the table's users)
     times.py        the draws of (t, r): which intervals are trained
     derivative.py   du/dt by finite differences (the JVP is MeanFlow's)

@@ -82,9 +82,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
             rest alike over the later start times; ``None``: every start time alike (half each for ``[1, 2]``).
         real_guidance_end, real_guidance_ramp: the scale ``real_guidance`` moves to, linearly over the first
             ``real_guidance_ramp`` training steps, then held (both or neither; ``None``: it stays). Recorded.
-        fake_guidance, fake_guidance_eval: the fake score's own guidance scales (SiD-LSG's kappa_1 and kappa_2):
-            trained through its guided prediction at the first, read by the generator's loss at the second (``None``:
-            1, and the first). Recorded (:class:`~moh_dit.objectives.distill.fake_guidance.FakeGuidance`).
+        fake_guidance, fake_guidance_eval: the fake score's own guidance scales, trained at and read at (SiD-LSG;
+            ``None``: 1, and the first). Recorded (:class:`~moh_dit.objectives.distill.fake_guidance.FakeGuidance`).
         vsd_weight: the VSD loss's weight (0: the GAN term alone, a GAN fine-tune of the teacher's weights).
         gan_start: the training step from which the GAN term and its discriminator train (0: from the start).
         dmd_midpoint: the two-step grid's middle flow time (every grid shifted alike; recorded with the model).
@@ -360,14 +359,6 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
             fake_x0 = clean_prediction(x_t, t, self.fake_velocity(fake, teacher, x_t, t, labels, drop, autocast))
         return vsd_loss(x, real_x0, fake_x0)
 
-    def fake_velocity(self, fake, teacher, x_t, t, labels, drop, autocast) -> torch.Tensor:
-        """The fake score's velocity at ``(x_t, t)`` as the generator's loss reads it: guided at
-        :attr:`fake_read_scale` over the teacher's guided flow times (unguided at 1)."""
-        guidance = self.fake_guidance_of(teacher, self.fake_read_scale)
-        if guidance is None:
-            return fake.velocity(x_t, t, labels, drop, autocast)
-        return fake.velocity(x_t, t, labels, drop, autocast, guidance)
-
     def gan_input(self, x: torch.Tensor, noised: Noised) -> tuple[torch.Tensor, torch.Tensor]:
         """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample,
         or with ``gan_time`` the same noise at the step's own draw of that range."""
@@ -393,9 +384,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         gan = self.gan_on(step)
         real = self._noised_sample(noised.terms["real"], noised, "real_t", "real_noise") if gan else None
         generated = self.gan_input(x.detach(), noised) if gan else None
-        guidance = self.fake_guidance_of(teacher, self.fake_train_scale)
-        trained = {"guidance": guidance} if guidance is not None else {}
-        losses, out, logits = fake.train_on(x.detach(), labels, drop, generator, autocast, real, generated, **trained)
+        losses, out, logits = self.train_fake(fake, teacher, x, labels, drop, generator, autocast, real, generated)
         zero = torch.zeros_like(losses.loss)
         extras = {self.distribution_term: zero, "fake_score_loss": losses.loss.detach()}
         loss = losses.loss

@@ -56,6 +56,21 @@ class FakeGuidance:
             return None
         return dataclasses.replace(teacher.guidance, scale=scale, guide=None)
 
+    def fake_velocity(self, fake: Any, teacher: Any, x_t, t, labels, drop, autocast) -> Any:
+        """The fake score's velocity at ``(x_t, t)`` as the generator's loss reads it: guided at
+        :attr:`fake_read_scale` over the teacher's guided flow times (unguided at 1)."""
+        guidance = self.fake_guidance_of(teacher, self.fake_read_scale)
+        if guidance is None:
+            return fake.velocity(x_t, t, labels, drop, autocast)
+        return fake.velocity(x_t, t, labels, drop, autocast, guidance)
+
+    def train_fake(self, fake: Any, teacher: Any, x, labels, drop, generator, autocast, real, generated) -> Any:
+        """The fake score's losses on the generator's samples ``x`` (``FakeScore.train_on``), trained through its
+        prediction guided at :attr:`fake_train_scale` (unguided at 1)."""
+        guidance = self.fake_guidance_of(teacher, self.fake_train_scale)
+        trained = {"guidance": guidance} if guidance is not None else {}
+        return fake.train_on(x, labels, drop, generator, autocast, real, generated, **trained)
+
     def fake_record(self) -> dict[str, float]:
         """The scales for the generator's record, where they are set."""
         keys = ("fake_guidance", "fake_guidance_eval")
