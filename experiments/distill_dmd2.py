@@ -72,6 +72,9 @@ simulation, and the whole distillation within the teacher's training in network 
                               `-f1`: SiD's one fake-score update per generator update, `-lr3e-4`: three times
                               the rate (`-lr3e-4-alpha{0.5,1}`: with SiD's alpha lower), `-x4`: past the budget;
                               `sidecfdt-{kind}-g{r}[-ema998]-ganlate`: the GAN term switched on late (SiDA's pairing)
+                              `-lsg`, `-fakeread2`: the fake score's own guidance (SiD-LSG's, `distill.fake_guidance`:
+                              trained and read at the real score's scale; `distill.fake_guidance_eval` 2: trained
+                              unguided, read at 2; `distill_dmd2_settings.LSG_ARMS`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)

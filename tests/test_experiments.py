@@ -1735,6 +1735,20 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     with pytest.raises(SystemExit, match="give distill.real_guidance_ramp"):
         fill_budget(ramp_config, [*base[1], "distill.real_guidance_end=1"], spent, distill.SCALES["cpu"])
 
+    # the fake score's own guidance at each two-step config: trained and read at the real score's scale, or read at 2;
+    # each guided pass of the fake score costs two, so the stage is shorter within the same budget, still whole cycles
+    for sid, scale in (("sidecfdt-flow-g3-nogan-alpha1-real8", 8.0), ("sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16", 16.0)):  # fmt: skip
+        lengths = {}
+        for tail, key in (("", None), ("-lsg", f"distill.fake_guidance={scale}"), ("-fakeread2", "distill.fake_guidance_eval=2.0")):  # fmt: skip
+            arm_config, arm_overrides = arms[sid + tail]
+            assert arm_overrides == [*arms[sid][1], *([key] if key else [])]
+            (length, _), _ = fill_budget(arm_config, arm_overrides, spent, distill.SCALES["cpu"])
+            lengths[tail] = int(length.split("=")[1])
+            guided = counted_objective(load_arm(arm_config, arm_overrides))
+            cost = sum(BATCH * (guided.step_forwards(i) + guided.teacher_forwards_at(i)) for i in range(lengths[tail]))
+            assert lengths[tail] % (guided.fake_updates + 1) == 0 and spent + cost <= BUDGET
+        assert lengths["-lsg"] < lengths["-fakeread2"] < lengths[""]
+
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
 TWINS = [
