@@ -549,6 +549,8 @@ SID = [*DMD2, "distill.method=sid", "distill.sid_alpha=1.0"]
 SID_SPLIT = [*SID, "distill.real_guidance_later=1.0", "distill.dmd_first_share=0.75"]
 # the real score's scale ramped from 1.5 to 1 over 5 steps: guided on the first generator step, unguided after the resume
 SID_RAMP = [*SID, "distill.real_guidance_end=1.0", "distill.real_guidance_ramp=5"]
+# the fake score's own guidance (SiD-LSG): trained through its guided prediction at 1.5, read at 2
+SID_LSG = [*SID, "distill.fake_guidance=1.5", "distill.fake_guidance_eval=2.0"]
 
 
 @pytest.mark.parametrize(
@@ -563,6 +565,7 @@ SID_RAMP = [*SID, "distill.real_guidance_end=1.0", "distill.real_guidance_ramp=5
         pytest.param(None, SID, marks=SLOW),  # DMD2's pieces, the scores differentiated in the generator's steps
         pytest.param(None, SID_SPLIT, marks=SLOW),
         pytest.param(None, SID_RAMP, marks=SLOW),
+        pytest.param(None, SID_LSG, marks=SLOW),
         pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
@@ -576,6 +579,7 @@ SID_RAMP = [*SID, "distill.real_guidance_end=1.0", "distill.real_guidance_ramp=5
         "sid",
         "sid-later-share",
         "sid-ramp",
+        "sid-lsg",
         "ect",
         "jvp-split",
     ],
