@@ -75,6 +75,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               `-lsg`, `-fakeread2`: the fake score's own guidance (SiD-LSG's, `distill.fake_guidance`:
                               trained and read at the real score's scale; `distill.fake_guidance_eval` 2: trained
                               unguided, read at 2; `distill_dmd2_settings.LSG_ARMS`)
+                              `-b8`: half the batch, twice the updates in the same evaluations (the EMA's decay its
+                              square root; `distill_dmd2_settings.HALF_BATCH`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from experiments.distill_dmd2_settings import BATCH, BUDGET
+from experiments.distill_dmd2_settings import BUDGET
 
 __all__ = ["load_arm", "counted_objective", "fill_budget"]
 
@@ -34,8 +34,8 @@ def fill_budget(
 ) -> tuple[list[str], list[str]]:
     """The length and evaluations of a stage that spends what is left of :data:`BUDGET` after ``spent`` (the start's
     counted cost) and, for a run that records its own set of trajectories, that set (as if every evaluation were
-    guided), at its objective's count per image (the teacher's evaluations as if all guided): ``(train overrides,
-    evaluation overrides)``; ``stretch`` times that length past the budget, evaluated at the same steps as the run
+    guided), at its objective's count per image (the teacher's evaluations as if all guided) and its own batch:
+    ``(train overrides, evaluation overrides)``; ``stretch`` times that length past the budget, evaluated at the same steps as the run
     within it and on; ``share`` of what is left (:func:`budget_share`). At the smoke scale the smoke run's length and
     evaluations."""
     ramp = _provisional_ramp(overrides)
@@ -48,9 +48,10 @@ def fill_budget(
         spent += section.trajectory_count * (section.trajectory_steps or 25) * 2.0  # its own set, before it trains
     cycle = getattr(objective, "student_updates", getattr(objective, "fake_updates", 0)) + 1
     limit = spent + share * (BUDGET - spent)
+    batch = loaded.train.global_batch_size  # the study's BATCH, or an arm's own (more, smaller updates)
     steps = 0  # step by step, as each step spends (a stage whose terms start late spends less before)
     while True:
-        cost = BATCH * (objective.step_forwards(steps) + objective.teacher_forwards_at(steps))
+        cost = batch * (objective.step_forwards(steps) + objective.teacher_forwards_at(steps))
         if spent + cost > limit:
             break
         spent, steps = spent + cost, steps + 1

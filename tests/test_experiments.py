@@ -1748,6 +1748,19 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
             cost = sum(BATCH * (guided.step_forwards(i) + guided.teacher_forwards_at(i)) for i in range(lengths[tail]))
             assert lengths[tail] % (guided.fake_updates + 1) == 0 and spent + cost <= BUDGET
         assert lengths["-lsg"] < lengths["-fakeread2"] < lengths[""]
+        # half the batch: the same evaluations in twice the steps (whole cycles), the EMA's decay its square root
+        half_config, half_overrides = arms[sid + "-b8"]
+        loaded = load_arm(half_config, half_overrides)
+        assert loaded.train.global_batch_size == 8 and loaded.ema.decay == pytest.approx(
+            load_arm(*arms[sid]).ema.decay ** 0.5, abs=1e-6
+        )
+        (length, _), _ = fill_budget(half_config, half_overrides, spent, distill.SCALES["cpu"])
+        halved = counted_objective(loaded)
+        cost = sum(
+            8 * (halved.step_forwards(i) + halved.teacher_forwards_at(i)) for i in range(int(length.split("=")[1]))
+        )
+        assert 2 * lengths[""] <= int(length.split("=")[1]) < 2 * lengths[""] + 2 * (halved.fake_updates + 1)
+        assert spent + cost <= BUDGET
 
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
