@@ -75,8 +75,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               `-lsg`, `-fakeread2`: the fake score's own guidance (SiD-LSG's, `distill.fake_guidance`:
                               trained and read at the real score's scale; `distill.fake_guidance_eval` 2: trained
                               unguided, read at 2; `distill_dmd2_settings.LSG_ARMS`)
-                              `-b8`: half the batch, twice the updates in the same evaluations (the EMA's decay its
-                              square root; `distill_dmd2_settings.HALF_BATCH`)
+                              `-b8`, `-b4`: half and a quarter of the batch, twice and four times the updates in the
+                              same evaluations (`distill_dmd2_settings.SMALLER_BATCHES`, `BATCH_BASES`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)
@@ -113,11 +113,15 @@ included as if every one were guided), rounded down to whole cycles of generator
 
 from __future__ import annotations
 
+import functools
+import itertools
 from pathlib import Path
 
 from experiments.distill_dmd2_budget import counted_objective, fill_budget, load_arm  # noqa: F401 (re-exported: the study reads them here)
 from experiments.distill_dmd2_settings import (  # the settings, re-exported where the study and its tests read them
     ANCHORS,
+    BATCH,
+    BATCH_BASES,
     BUDGET,
     CHOSEN_SCALE,
     ECT,
@@ -148,6 +152,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     SID,
     SID_BESIDE,
     SID_VARIANTS,
+    SMALLER_BATCHES,
     VARIANTS,
     VARIETY_SCALES,
 )
@@ -277,7 +282,22 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
             for suffix, change in SID_VARIANTS.items():  # one that turns the GAN term on drops "-nogan" from its name
                 named = name.replace("-nogan", "") if "distill.gan_weight" in change else name
                 sid[f"{named}-{suffix}"] = (config, [*sid[name][1], *_overrides(change)])
+            for base, (tail, batch) in itertools.product(BATCH_BASES, SMALLER_BATCHES.items()):
+                sid[f"{name}-{base}-{tail}"] = _at_batch(*sid[f"{name}-{base}"], batch)
     return sid
+
+
+def _at_batch(config: str, overrides: list[str], batch: int) -> tuple[str, list[str]]:
+    """An arm at a smaller batch: its EMA's decay to the power batch / :data:`BATCH` (the EMA steps once per generator
+    update, so the scored generator keeps the same share of its start over the more updates)."""
+    decay = _ema_decay(config, tuple(o for o in overrides if o.startswith("ema."))) ** (batch / BATCH)
+    return config, [*overrides, f"train.global_batch_size={batch}", f"ema.decay={decay:.6f}"]
+
+
+@functools.cache
+def _ema_decay(config: str, overrides: tuple[str, ...]) -> float:
+    """The EMA's decay of ``config`` with ``overrides`` (loaded once per pair)."""
+    return load_arm(config, list(overrides)).ema.decay
 
 
 def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tuple[str, list[str]]]:
