@@ -239,14 +239,17 @@ SID_VARIANTS |= {f"{name}-data": SID_VARIANTS[name] | {"distill.dmd_input": "dat
 RAMPS = (("alpha1-real8", 3.0), ("lr3e-4-alpha1-real16", 4.0), ("alpha1-real12", 3.0), ("lr3e-4-alpha1-real24", 8.0))
 SID_VARIANTS |= {f"{name}-to{r:g}": SID_VARIANTS[name] | {"distill.real_guidance_end": r} for name, r in RAMPS}
 # the flow twin's two routes to more two-step recall together: one step alone at its config's scale (+0.04 recall at
-# level KID) with the ramp down to the sampler's scale (+0.02 on every seed, 1.61x): whether the two add up
+# level KID) with the ramp down to the sampler's scale (+0.02 on every seed, 1.61x): whether the two add up.
+# Measured (three seeds): the most two-step recall of any arm (0.356, 0.17 below the teachers), its KID worse (1.83x)
 SID_VARIANTS["alpha1-real8-one-to3"] = SID_VARIANTS["alpha1-real8-one"] | {"distill.real_guidance_end": 3.0}
 # the fake score's own guidance (SiD-LSG's long and short guidance, `distill.fake_guidance`, `distill.fake_guidance_eval`)
 # at each teacher's two-step config: `-lsg`, the fake score trained and read at the real score's scale (LSG's four
 # scales alike: in the limit of a fake score that fits, the generator's target is unchanged, and only the fit differs);
 # `-fakeread2`, the fake score trained unguided and read at 2 (its guided score is the generator's own, guided away
 # from its unconditional one: matching that to the real score's target leaves the generator less sharp than it, the
-# variety every data-free lever has missed). Each guided pass costs two, counted within the budget
+# variety every data-free lever has missed). Each guided pass costs two, counted within the budget. Measured (seed 0):
+# `-lsg` worse at two steps on both teachers (4.26 against 2.67, 5.92 against 4.52: two thirds of the generator
+# updates, its curves turning up), `-fakeread2` level on the flow twin (2.73) and worse on the default (5.59)
 LSG_ARMS = {"alpha1-real8": 8.0, "lr3e-4-alpha1-real16": 16.0}
 SID_VARIANTS |= {f"{name}-lsg": SID_VARIANTS[name] | {"distill.fake_guidance": r} for name, r in LSG_ARMS.items()}
 SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidance_eval": 2.0} for name in LSG_ARMS}
@@ -254,9 +257,11 @@ SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidan
 # the one-step bests: twice or four times the generator and fake-score updates in the same evaluations, the fake
 # score's share of them kept (more fake-score updates per generator update left fewer of the generator's, and were
 # worse). The EMA steps once per generator update, so its decay is the arm's own to the power batch / 16, keeping the
-# same share of the start in the scored generator (docs/objective.md#dmd2); the rate is the arm's. Measured (seed 0,
-# b8): the flow twin's one step better (5.78 against 6.70), two steps worse on both teachers (3.08 against 2.67, 5.54
-# against 4.52), their curves at their lowest in the middle of the run and turning up after it
+# same share of the start in the scored generator (docs/objective.md#dmd2); the rate is the arm's. Measured (three
+# seeds): the flow twin's b4 better at two steps on every seed (3.20 against 3.52, 1.51x against 1.66x), one step
+# inside the intervals (8.20 against 7.95): its config takes it; b8 level (1.68x); the default's b4 worse at two steps
+# (1.62x against 1.47x), better at one at two seeds of three (8.37 against 8.84), its b8 (seed 0) worse at both, so its
+# configs keep 16. With the ramp (`-to3-b8`, `-to3-b4`) see docs/results.md
 SMALLER_BATCHES = {"b8": 8, "b4": 4}
 BATCH_BASES = (
     "alpha1-real8",
