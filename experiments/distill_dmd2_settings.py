@@ -261,7 +261,8 @@ SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidan
 # seeds): the flow twin's b4 better at two steps on every seed (3.20 against 3.52, 1.51x against 1.66x), one step
 # inside the intervals (8.20 against 7.95): its config takes it; b8 level (1.68x); the default's b4 worse at two steps
 # (1.62x against 1.47x), better at one at two seeds of three (8.37 against 8.84), its b8 (seed 0) worse at both, so its
-# configs keep 16. With the ramp (`-to3-b8`, `-to3-b4`) see docs/results.md
+# configs keep 16. With the ramp (`-to3-b8`, `-to3-b4`): 1.56x at b4. For one step (seed 0): the flow twin's 12 and
+# the default's one-step config at b4 worse at one step (6.61 against 6.28, 8.76 against 8.07)
 SMALLER_BATCHES = {"b8": 8, "b4": 4}
 BATCH_BASES = (
     "alpha1-real8",
