@@ -286,11 +286,8 @@ def test_the_later_steps_own_real_score_scale_is_counted_recorded_and_kept_on_re
     evaluations = [r for r in records if "generator_updates" in r][-1]["teacher_evaluations"]
     assert evaluations == pytest.approx(counter.total)
     assert 8 * 3 < evaluations < 8 * 3 * 2  # two generator steps of 4 rows, both scales drawn
-    changed = [o for o in more if not o.startswith("distill.real_guidance_later")]
-    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.real_guidance_later: 1\.0 -> 3\.0") as caught:
-        train(dmd2(tmp_path / "s", image_dir, flow_teacher, *changed, "distill.real_guidance_later=3",
-                   "train.max_steps=7", "train.resume=latest"))  # fmt: skip
-    assert "\n" not in str(caught.value)
+    _a_resume_changing_it_is_refused(tmp_path / "s", image_dir, flow_teacher, more, "real_guidance_later", "3",
+                                     r"1\.0 -> 3\.0")  # fmt: skip
 
 
 def test_a_run_with_the_later_steps_scale_and_the_first_share_resumes_exactly(flow_teacher, image_dir, tmp_path):
@@ -330,12 +327,21 @@ def test_a_ramped_real_score_scale_is_counted_step_by_step_recorded_and_resumes_
     records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
     evaluations = [r for r in records if "generator_updates" in r][-1]["teacher_evaluations"]
     assert evaluations == pytest.approx(counter.total) == 4 * 3 * (2 + 1)
-    changed = [o for o in more if not o.startswith("distill.real_guidance_ramp")]
-    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.real_guidance_ramp: 2 -> 4") as caught:
-        train(dmd2(tmp_path / "s", image_dir, flow_teacher, *changed, "distill.real_guidance_ramp=4",
-                   "train.max_steps=7", "train.resume=latest"))  # fmt: skip
-    assert "\n" not in str(caught.value)
+    _a_resume_changing_it_is_refused(
+        tmp_path / "s", image_dir, flow_teacher, more, "real_guidance_ramp", "4", "2 -> 4"
+    )
     _cut_at_3_and_resumed_is_the_same(tmp_path / "s", tmp_path / "cut", image_dir, flow_teacher, more)
+
+
+def _a_resume_changing_it_is_refused(run, image_dir, teacher, more, key, value, change):
+    """A resume of ``run`` with ``distill.key`` set to ``value`` instead of what ``more`` gave is refused in one line
+    naming the key and ``change`` (a pattern: the recorded value -> the given one)."""
+    kept = [o for o in more if not o.startswith(f"distill.{key}=")]
+    with pytest.raises(ArtifactError, match=rf"another set-up \(distill\.{key}: {change}") as caught:
+        train(
+            dmd2(run, image_dir, teacher, *kept, f"distill.{key}={value}", "train.max_steps=7", "train.resume=latest")
+        )
+    assert "\n" not in str(caught.value)
 
 
 def _cut_at_3_and_resumed_is_the_same(whole, cut, image_dir, teacher, more):
@@ -421,9 +427,6 @@ def test_a_guided_fake_score_is_counted_recorded_and_resumes_exactly(flow_teache
     records = [json.loads(line) for line in (tmp_path / "counted" / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in records if "generator_updates" in r][-1]["network_evaluations"] == pytest.approx(counter.total)
     train(dmd2(tmp_path / "s", image_dir, flow_teacher, *more, "train.max_steps=6"))
-    changed = [o for o in more if not o.startswith("distill.fake_guidance_eval")]
-    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.fake_guidance_eval: 3\.0 -> 2\.0") as caught:
-        train(dmd2(tmp_path / "s", image_dir, flow_teacher, *changed, "distill.fake_guidance_eval=2",
-                   "train.max_steps=7", "train.resume=latest"))  # fmt: skip
-    assert "\n" not in str(caught.value)
+    _a_resume_changing_it_is_refused(tmp_path / "s", image_dir, flow_teacher, more, "fake_guidance_eval", "2",
+                                     r"3\.0 -> 2\.0")  # fmt: skip
     _cut_at_3_and_resumed_is_the_same(tmp_path / "s", tmp_path / "cut", image_dir, flow_teacher, more)
