@@ -75,8 +75,10 @@ simulation, and the whole distillation within the teacher's training in network 
                               `-lsg`, `-fakeread2`: the fake score's own guidance (SiD-LSG's, `distill.fake_guidance`:
                               trained and read at the real score's scale; `distill.fake_guidance_eval` 2: trained
                               unguided, read at 2; `distill_dmd2_settings.LSG_ARMS`)
-                              `-b8`, `-b4`: half and a quarter of the batch, twice and four times the updates in the
-                              same evaluations (`distill_dmd2_settings.SMALLER_BATCHES`, `BATCH_BASES`)
+                              `-b8`, `-b4`, `-b2`: a half, a quarter and an eighth of the batch, that many times
+                              the updates in the same evaluations (`distill_dmd2_settings.SMALLER_BATCHES`,
+                              `BATCH_BASES`; `-alpha1-real8-ganlate-b4`: with the late GAN term, on from the same
+                              share of the images)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)
@@ -279,19 +281,25 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
             config, overrides = arms[dmd2]
             name = prefix + dmd2.removeprefix(dmd2.split("-")[0])
             sid[name] = (config, [*overrides, *_overrides(SID)])
+            named = {}
             for suffix, change in SID_VARIANTS.items():  # one that turns the GAN term on drops "-nogan" from its name
-                named = name.replace("-nogan", "") if "distill.gan_weight" in change else name
-                sid[f"{named}-{suffix}"] = (config, [*sid[name][1], *_overrides(change)])
+                named[suffix] = f"{name.replace('-nogan', '') if 'distill.gan_weight' in change else name}-{suffix}"
+                sid[named[suffix]] = (config, [*sid[name][1], *_overrides(change)])
             for base, (tail, batch) in itertools.product(BATCH_BASES, SMALLER_BATCHES.items()):
-                sid[f"{name}-{base}-{tail}"] = _at_batch(*sid[f"{name}-{base}"], batch)
+                sid[f"{named[base]}-{tail}"] = _at_batch(*sid[named[base]], batch)
     return sid
 
 
 def _at_batch(config: str, overrides: list[str], batch: int) -> tuple[str, list[str]]:
     """An arm at a smaller batch: its EMA's decay to the power batch / :data:`BATCH` (the EMA steps once per generator
-    update, so the scored generator keeps the same share of its start over the more updates)."""
+    update, so the scored generator keeps the same share of its start over the more updates), and a late GAN term's
+    first step times BATCH / batch (it switches on at the same share of the images)."""
     decay = _ema_decay(config, tuple(o for o in overrides if o.startswith("ema."))) ** (batch / BATCH)
-    return config, [*overrides, f"train.global_batch_size={batch}", f"ema.decay={decay:.6f}"]
+    scaled = [
+        f"distill.gan_start={int(o.split('=')[1]) * BATCH // batch}" if o.startswith("distill.gan_start=") else o
+        for o in overrides
+    ]
+    return config, [*scaled, f"train.global_batch_size={batch}", f"ema.decay={decay:.6f}"]
 
 
 @functools.cache

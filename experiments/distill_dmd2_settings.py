@@ -263,11 +263,18 @@ SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidan
 # (1.62x against 1.47x), better at one at two seeds of three (8.37 against 8.84), its b8 (seed 0) worse at both, so its
 # configs keep 16. With the ramp (`-to3-b8`, `-to3-b4`): 1.56x at b4. For one step (seed 0): the flow twin's 12 and
 # the default's one-step config at b4 worse at one step (6.61 against 6.28, 8.76 against 8.07)
-SMALLER_BATCHES = {"b8": 8, "b4": 4}
+# And batch 2 (`-b2`), since the flow twin's two steps gained from 16 to 4 with its curves no longer turning up
+SMALLER_BATCHES = {"b8": 8, "b4": 4, "b2": 2}
+# SiDA's pairing at the smaller batch (`alpha1-real8-ganlate-b4`): the GAN term on real data (GAN_LATE's weight, on
+# from the same share of the run) at each teacher's two-step config. At 16 it cost updates without paying for them
+# (160-250 generator updates); at batch 4 the flow twin makes 853, the GAN term's first chance to act
+SID_VARIANTS |= {f"{name}-ganlate": SID_VARIANTS[name] | SID_VARIANTS["ganlate"] for name in LSG_ARMS}
 BATCH_BASES = (
     "alpha1-real8",
     "lr3e-4-alpha1-real16",
     "alpha1-real8-to3",
     "alpha1-real12",
     "lr3e-4-alpha1-real16-one-f3",
+    "alpha1-real8-ganlate",
+    "lr3e-4-alpha1-real16-ganlate",
 )

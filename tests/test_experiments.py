@@ -1761,6 +1761,19 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
         )
         assert 2 * lengths[""] <= int(length.split("=")[1]) < 2 * lengths[""] + 2 * (halved.fake_updates + 1)
         assert spent + cost <= BUDGET
+        assert load_arm(*arms[sid + "-b2"]).ema.decay == pytest.approx(load_arm(*arms[sid]).ema.decay ** (1 / 8), abs=1e-6)  # fmt: skip
+        # the late GAN term at a quarter of the batch switches on after four times the steps (the same share of the
+        # images), and its discriminator's passes stay within the budget
+        late = sid.replace("-nogan", "") + "-ganlate"
+        late_config, late_overrides = arms[late + "-b4"]
+        quartered, whole = load_arm(late_config, late_overrides).distill, load_arm(*arms[late]).distill
+        assert whole.gan_weight == quartered.gan_weight == 0.003 and quartered.gan_start == 4 * whole.gan_start == 800
+        (length, _), _ = fill_budget(late_config, late_overrides, spent, distill.SCALES["cpu"])
+        gan = counted_objective(load_arm(late_config, late_overrides))
+        steps = int(length.split("=")[1])
+        assert not gan.gan_on(799) and gan.gan_on(800)
+        cost = sum(4 * (gan.step_forwards(i) + gan.teacher_forwards_at(i)) for i in range(steps))
+        assert spent + cost <= BUDGET and steps < 4 * lengths[""]
 
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
