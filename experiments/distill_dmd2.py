@@ -78,7 +78,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               `-b8`, `-b4`, `-b2`: a half, a quarter and an eighth of the batch, that many times
                               the updates in the same evaluations (`distill_dmd2_settings.SMALLER_BATCHES`,
                               `BATCH_BASES`; `-alpha1-real8-ganlate-b4`: with the late GAN term, on from the same
-                              share of the images)
+                              share of the images); `-fake{m}x`: the fake score at m times the generator's rate
+                              (`distill_dmd2_settings.FAKE_RATES`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)

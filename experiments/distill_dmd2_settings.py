@@ -269,6 +269,16 @@ SMALLER_BATCHES = {"b8": 8, "b4": 4, "b2": 2}
 # from the same share of the run) at each teacher's two-step config. At 16 it cost updates without paying for them
 # (160-250 generator updates); at batch 4 the flow twin makes 853, the GAN term's first chance to act
 SID_VARIANTS |= {f"{name}-ganlate": SID_VARIANTS[name] | SID_VARIANTS["ganlate"] for name in LSG_ARMS}
+# And the default's configs at the smaller batch at a third of their rate (`alpha1-real16-b4`, `alpha1-real16-one-f3-b4`:
+# the recipe's 1e-4, the flow twin's): a quarter of the batch gives noisier gradients, and its configs' three times the
+# rate at batch 4 was worse at two steps and at one, where the flow twin at its 1e-4 gained
+SID_VARIANTS["alpha1-real16-one-f3"] = SID_VARIANTS["alpha1-real16"] | ONE_STEP | {"distill.fake_updates": 3}
+# the fake score at a higher rate than the generator's (`-fake{m}x`: `distill.fake_lr` m times the run's rate; the
+# default's three times at 16, twice its 3e-4) at each teacher's two-step config: more fake-score updates per generator
+# update tracked the generator more closely but left fewer generator updates, and a higher rate costs none
+FAKE_RATES = {"alpha1-real8": 3, "lr3e-4-alpha1-real16": 2}
+RECIPE_RATE = 1e-4  # the DMD2 configs' optim.lr, where an arm does not set its own
+SID_VARIANTS |= {f"{name}-fake{m}x": SID_VARIANTS[name] | {"distill.fake_lr": round(m * SID_VARIANTS[name].get("optim.lr", RECIPE_RATE), 12)} for name, m in FAKE_RATES.items()}  # fmt: skip
 BATCH_BASES = (
     "alpha1-real8",
     "lr3e-4-alpha1-real16",
@@ -277,4 +287,7 @@ BATCH_BASES = (
     "lr3e-4-alpha1-real16-one-f3",
     "alpha1-real8-ganlate",
     "lr3e-4-alpha1-real16-ganlate",
+    "alpha1-real16",
+    "alpha1-real16-one-f3",
+    "alpha1-real8-fake3x",
 )

@@ -1774,6 +1774,11 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
         assert not gan.gan_on(799) and gan.gan_on(800)
         cost = sum(4 * (gan.step_forwards(i) + gan.teacher_forwards_at(i)) for i in range(steps))
         assert spent + cost <= BUDGET and steps < 4 * lengths[""]
+    # the fake score at a multiple of the generator's rate: only distill.fake_lr changes, and the stage's length not
+    for sid, tail, multiple in (("sidecfdt-flow-g3-nogan-alpha1-real8", "-fake3x-b4", 3), ("sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16", "-fake2x", 2)):  # fmt: skip
+        faster, beside = arms[sid + tail], arms[sid + tail.removeprefix(f"-fake{multiple}x")]
+        assert [o for o in faster[1] if o not in beside[1]] == [f"distill.fake_lr={multiple * load_arm(*beside).optim.lr:g}"]  # fmt: skip
+        assert fill_budget(*faster, spent, distill.SCALES["cpu"]) == fill_budget(*beside, spent, distill.SCALES["cpu"])
 
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
