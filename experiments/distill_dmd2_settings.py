@@ -189,6 +189,10 @@ ONE_STEP_ARMS = (
     "lr3e-4-alpha1-real24",
 )
 SID_VARIANTS |= {f"{name}-one": SID_VARIANTS[name] | ONE_STEP for name in ONE_STEP_ARMS}
+# and the flow twin's one-step best scale alone (`alpha1-real12-one`): at 5 and 8 one step alone was level or worse on
+# the flow twin, but 12 is where its one step peaks on both grids. Measured (seed 0): one step worse (6.45 against
+# 6.28), two steps better with 0.04 more recall (2.85 against 3.03), behind the two-step config
+SID_VARIANTS["alpha1-real12-one"] = SID_VARIANTS["alpha1-real12"] | ONE_STEP
 # the default's one step alone with three fake-score updates per generator update instead of four (`-one-f3`): its
 # one-step curves were still falling at the budget's end at 16 and 24, and three buy 271 generator updates instead of
 # 232 in the same budget (one, SiD's own, broke its one step). Measured (three seeds): one step better on every seed
@@ -262,20 +266,27 @@ SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidan
 # inside the intervals (8.20 against 7.95): its config takes it; b8 level (1.68x); the default's b4 worse at two steps
 # (1.62x against 1.47x), better at one at two seeds of three (8.37 against 8.84), its b8 (seed 0) worse at both, so its
 # configs keep 16. With the ramp (`-to3-b8`, `-to3-b4`): 1.56x at b4. For one step (seed 0): the flow twin's 12 and
-# the default's one-step config at b4 worse at one step (6.61 against 6.28, 8.76 against 8.07)
-# And batch 2 (`-b2`), since the flow twin's two steps gained from 16 to 4 with its curves no longer turning up
+# the default's one-step config at b4 worse at one step (6.61 against 6.28, 8.76 against 8.07); the flow twin's 12 at b8
+# level over three seeds (7.82 against 7.69: better at seeds 0 and 1, worse at 2)
+# And batch 2 (`-b2`), since the flow twin's two steps gained from 16 to 4 with its curves no longer turning up.
+# Measured (three seeds): worse than batch 4 (1.71x against 1.51x; its seed-2 curve turns up after the middle)
 SMALLER_BATCHES = {"b8": 8, "b4": 4, "b2": 2}
 # SiDA's pairing at the smaller batch (`alpha1-real8-ganlate-b4`): the GAN term on real data (GAN_LATE's weight, on
 # from the same share of the run) at each teacher's two-step config. At 16 it cost updates without paying for them
-# (160-250 generator updates); at batch 4 the flow twin makes 853, the GAN term's first chance to act
+# (160-250 generator updates); at batch 4 the flow twin makes 853, the GAN term's first chance to act. Measured (three
+# seeds, the flow twin): its discriminator's passes leave 640 generator updates, and it is worse at both step counts on
+# every seed (1.74x at two steps, one step 9.47 against 8.20) for 0.017 more two-step recall
 SID_VARIANTS |= {f"{name}-ganlate": SID_VARIANTS[name] | SID_VARIANTS["ganlate"] for name in LSG_ARMS}
 # And the default's configs at the smaller batch at a third of their rate (`alpha1-real16-b4`, `alpha1-real16-one-f3-b4`:
 # the recipe's 1e-4, the flow twin's): a quarter of the batch gives noisier gradients, and its configs' three times the
-# rate at batch 4 was worse at two steps and at one, where the flow twin at its 1e-4 gained
+# rate at batch 4 was worse at two steps and at one, where the flow twin at its 1e-4 gained. Measured (seed 0): worse
+# than the configs at batch 16 at two steps (4.79 against 4.52) and at one (9.05 against 8.07), the curves still falling
 SID_VARIANTS["alpha1-real16-one-f3"] = SID_VARIANTS["alpha1-real16"] | ONE_STEP | {"distill.fake_updates": 3}
 # the fake score at a higher rate than the generator's (`-fake{m}x`: `distill.fake_lr` m times the run's rate; the
 # default's three times at 16, twice its 3e-4) at each teacher's two-step config: more fake-score updates per generator
-# update tracked the generator more closely but left fewer generator updates, and a higher rate costs none
+# update tracked the generator more closely but left fewer generator updates, and a higher rate costs none. Measured:
+# the flow twin's at batch 4 mixed over three seeds (1.58x against 1.51x: better at seed 0, worse at seed 2), the
+# default's (seed 0) worse at two steps (4.83 against 4.52) and one
 FAKE_RATES = {"alpha1-real8": 3, "lr3e-4-alpha1-real16": 2}
 RECIPE_RATE = 1e-4  # the DMD2 configs' optim.lr, where an arm does not set its own
 SID_VARIANTS |= {f"{name}-fake{m}x": SID_VARIANTS[name] | {"distill.fake_lr": round(m * SID_VARIANTS[name].get("optim.lr", RECIPE_RATE), 12)} for name, m in FAKE_RATES.items()}  # fmt: skip
