@@ -79,7 +79,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               the updates in the same evaluations (`distill_dmd2_settings.SMALLER_BATCHES`,
                               `BATCH_BASES`; `-alpha1-real8-ganlate-b4`: with the late GAN term, on from the same
                               share of the images); `-fake{m}x`: the fake score at m times the generator's rate
-                              (`distill_dmd2_settings.FAKE_RATES`)
+                              (`distill_dmd2_settings.FAKE_RATES`); `-alpha1-real8-b4-x2`: twice the steps the
+                              budget leaves (over the budget, reported as such)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)
@@ -288,6 +289,8 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
                 sid[named[suffix]] = (config, [*sid[name][1], *_overrides(change)])
             for base, (tail, batch) in itertools.product(BATCH_BASES, SMALLER_BATCHES.items()):
                 sid[f"{named[base]}-{tail}"] = _at_batch(*sid[named[base]], batch)
+            config_arm = f"{named['alpha1-real8']}-b4"  # the flow twin's config, run on past the budget as a user might
+            sid[f"{config_arm}-x2"] = sid[config_arm]
     return sid
 
 

@@ -1689,6 +1689,12 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
     assert length4 == f"train.max_steps={4 * steps}" and (checkpoints4, evals4) == (checkpoints, evals)
     for longer in ("ect-flow-uniform-x4", "dmd2l-ddpm-g4-nogan-x4"):  # the two still falling at the budget's end
         assert over_budget(longer) == 4 and arms[longer] == arms[longer.removesuffix("-x4")]
+    # the flow twin's config run on past the budget, as a user might: twice the steps the budget leaves
+    twice = "sidecfdt-flow-g3-nogan-alpha1-real8-b4-x2"
+    assert over_budget(twice) == 2 and arms[twice] == arms[twice.removesuffix("-x2")]
+    (once, _), _ = fill_budget(*arms[twice], spent, distill.SCALES["cpu"])
+    (longer, _), _ = fill_budget(*arms[twice], spent, distill.SCALES["cpu"], over_budget(twice))
+    assert int(longer.split("=")[1]) == 2 * int(once.split("=")[1])
     with pytest.raises(SystemExit, match="too few to train"):
         fill_budget(config, overrides, BUDGET - 10 * BATCH, distill.SCALES["cpu"])
     # ECT's stage: four student passes and the teacher's guided step per image, at every step alike
