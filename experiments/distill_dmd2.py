@@ -289,7 +289,8 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
                 sid[named[suffix]] = (config, [*sid[name][1], *_overrides(change)])
             for base, (tail, batch) in itertools.product(BATCH_BASES, SMALLER_BATCHES.items()):
                 sid[f"{named[base]}-{tail}"] = _at_batch(*sid[named[base]], batch)
-            config_arm = f"{named['alpha1-real8']}-b4"  # the flow twin's config, run on past the budget as a user might
+            # the flow twin's config, run on past the budget as a user might
+            config_arm = f"{named['alpha1-real8']}-b4"
             sid[f"{config_arm}-x2"] = sid[config_arm]
     return sid
 
