@@ -289,9 +289,9 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
                 sid[named[suffix]] = (config, [*sid[name][1], *_overrides(change)])
             for base, (tail, batch) in itertools.product(BATCH_BASES, SMALLER_BATCHES.items()):
                 sid[f"{named[base]}-{tail}"] = _at_batch(*sid[named[base]], batch)
-            # the flow twin's config, run on past the budget as a user might
-            config_arm = f"{named['alpha1-real8']}-b4"
-            sid[f"{config_arm}-x2"] = sid[config_arm]
+            # the real score at 8 at batch 4 (the flow twin's config among these) run on past the budget, as a user might
+            at_batch4 = f"{named['alpha1-real8']}-b4"
+            sid[f"{at_batch4}-x2"] = sid[at_batch4]
     return sid
 
 
