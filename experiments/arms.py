@@ -78,7 +78,8 @@ def train_arm(arm: str, seed: int, sc: dict, out: Path, reference: Path, arms: d
     """Train (or reuse) one arm of ``arms`` (``(config, overrides)`` each) at one seed; its training record, speed and
     evaluation curve."""
     config, extra = arms[arm]
-    overrides = [*extra, *sc["overrides"], *eval_overrides(sc, reference), f"train.seed={seed}"]
+    # the seed first, so that an arm that reruns a recipe at another seed of its own sets it in its overrides
+    overrides = [f"train.seed={seed}", *extra, *sc["overrides"], *eval_overrides(sc, reference)]
     trained = train_recipe(run_name(arm, seed), config, overrides, out)
     run = out / "runs" / run_name(arm, seed)
     records = read_records(run / "metrics.jsonl")

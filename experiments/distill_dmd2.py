@@ -80,7 +80,9 @@ simulation, and the whole distillation within the teacher's training in network 
                               `BATCH_BASES`; `-alpha1-real8-ganlate-b4`: with the late GAN term, on from the same
                               share of the images); `-fake{m}x`: the fake score at m times the generator's rate
                               (`distill_dmd2_settings.FAKE_RATES`); `-alpha1-real8-b4-x2`: twice the steps the
-                              budget leaves (over the budget, reported as such)
+                              budget leaves (over the budget, reported as such); `-beta0`: Adam without its first
+                              moment (SiD's, rCM's; `distill_dmd2_settings.ADAM_BETA0`); the configs' arms with
+                              `-rerun`: the same recipe at another seed of the stage (`RERUN_SEED`, `RERUNS`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)
@@ -151,6 +153,8 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     REAL_SCALES,
     RECIPE,
     REGRESSION,
+    RERUN_SEED,
+    RERUNS,
     SHARES,
     SHORT,
     SID,
@@ -243,6 +247,10 @@ def dmd2_arms(
         arms[f"{dmd2l}-x4"] = arms[dmd2l]  # the variety lever's curve still fell at the budget's end
         arms |= _recipe_variants(arms, kind)
         arms |= _sid_arms(arms, kind)
+        for tail in RERUNS[kind]:  # the configs' arms again at another seed of the stage (the train.seed it sets wins)
+            config_arm = f"sidecfdt-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-{tail}"
+            config, overrides = arms[config_arm]
+            arms[f"{config_arm}-rerun"] = (config, [*overrides, f"train.seed={seed + RERUN_SEED}"])
         for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
             for suffix, gan in (("ganlate", GAN_LATE), ("ganlow", GAN_LOW)):
                 late, settings = f"dmd2f-{kind}-{_label(scale)}-{suffix}", RECIPE | gan | {"real_guidance": scale}

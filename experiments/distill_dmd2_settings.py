@@ -294,8 +294,20 @@ SID_VARIANTS["alpha1-real16-one-f3"] = SID_VARIANTS["alpha1-real16"] | ONE_STEP 
 FAKE_RATES = {"alpha1-real8": 3, "lr3e-4-alpha1-real16": 2}
 RECIPE_RATE = 1e-4  # the DMD2 configs' optim.lr, where an arm does not set its own
 SID_VARIANTS |= {f"{name}-fake{m}x": SID_VARIANTS[name] | {"distill.fake_lr": round(m * SID_VARIANTS[name].get("optim.lr", RECIPE_RATE), 12)} for name, m in FAKE_RATES.items()}  # fmt: skip
+# Adam without its first moment (`-beta0`: optim.betas (0, 0.999) for the generator and the fake score alike), as SiD
+# and rCM train their generators: in a two-player update a momentum of 0.9 keeps stepping along what the fake score
+# said some ten updates ago, while the smaller batches' many updates move the fake score's target under it. At each
+# teacher's two-step config (the flow twin's at batch 4, `alpha1-real8-beta0-b4`); the rate and everything else theirs
+ADAM_BETA0 = {"optim.betas": [0.0, 0.999]}
+SID_VARIANTS |= {f"{name}-beta0": SID_VARIANTS[name] | ADAM_BETA0 for name in LSG_ARMS}
+# the configs' own arms trained again from the same start at another seed of the stage (`-rerun`: train.seed the
+# study's seed + RERUN_SEED; the teacher, the start and the scoring's samples the same): how far two runs of one recipe
+# land apart, against which the levers whose seeds disagreed (batch 2, the fake score at 3x) are read
+RERUN_SEED = 1000
+RERUNS = {"flow": ("alpha1-real8-b4",), "ddpm": ("ema998-lr3e-4-alpha1-real16",)}
 BATCH_BASES = (
     "alpha1-real8",
+    "alpha1-real8-beta0",
     "lr3e-4-alpha1-real16",
     "alpha1-real8-to3",
     "alpha1-real12",
