@@ -81,7 +81,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               share of the images); `-fake{m}x`: the fake score at m times the generator's rate
                               (`distill_dmd2_settings.FAKE_RATES`); `-alpha1-real8-b4-x2`: twice the steps the
                               budget leaves (over the budget, reported as such); `-beta0`: Adam without its first
-                              moment (SiD's, rCM's; `distill_dmd2_settings.ADAM_BETA0`); the configs' arms with
+                              moment (SiD's, rCM's; `distill_dmd2_settings.ADAM_BETA0`); `-karras`: the loss's noise
+                              levels uniform over Karras sigmas (FastGen's, SiD's); the configs' arms with
                               `-rerun`: the same recipe at another seed of the stage (`RERUN_SEED`, `RERUNS`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of

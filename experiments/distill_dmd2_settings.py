@@ -300,6 +300,11 @@ SID_VARIANTS |= {f"{name}-fake{m}x": SID_VARIANTS[name] | {"distill.fake_lr": ro
 # teacher's two-step config (the flow twin's at batch 4, `alpha1-real8-beta0-b4`); the rate and everything else theirs
 ADAM_BETA0 = {"optim.betas": [0.0, 0.999]}
 SID_VARIANTS |= {f"{name}-beta0": SID_VARIANTS[name] | ADAM_BETA0 for name in LSG_ARMS}
+# the VSD (SiD) loss's noise levels drawn as FastGen's DMD2 and SiD draw theirs (`-karras`: `distill.dmd_time_sampling`
+# karras, uniform over EDM's Karras sigmas on the same range): half the draws above t = 0.74 instead of 0.5 and a
+# quarter below 0.27, so the generator's loss weighs the layout of an image (high noise, where the two steps' variety
+# is set) and its finest detail more, the middle less. At each teacher's two-step config (`alpha1-real8-karras-b4`)
+SID_VARIANTS |= {f"{name}-karras": SID_VARIANTS[name] | {"distill.dmd_time_sampling": "karras"} for name in LSG_ARMS}
 # the configs' own arms trained again from the same start at another seed of the stage (`-rerun`: train.seed the
 # study's seed + RERUN_SEED; the teacher, the start and the scoring's samples the same): how far two runs of one recipe
 # land apart, against which the levers whose seeds disagreed (batch 2, the fake score at 3x) are read
@@ -308,6 +313,7 @@ RERUNS = {"flow": ("alpha1-real8-b4",), "ddpm": ("ema998-lr3e-4-alpha1-real16",)
 BATCH_BASES = (
     "alpha1-real8",
     "alpha1-real8-beta0",
+    "alpha1-real8-karras",
     "lr3e-4-alpha1-real16",
     "alpha1-real8-to3",
     "alpha1-real12",

@@ -1787,6 +1787,38 @@ def test_a_dmd2_stage_spends_what_the_budget_leaves_in_whole_cycles_and_an_over_
         assert fill_budget(*faster, spent, distill.SCALES["cpu"]) == fill_budget(*beside, spent, distill.SCALES["cpu"])
 
 
+def test_the_beta0_karras_and_rerun_arms_change_one_setting_of_the_configs_arms_and_a_rerun_sets_its_own_seed(
+    tmp_path, monkeypatch
+):
+    """`-beta0` changes Adam's betas alone, `-karras` the VSD loss's time law alone, and `-rerun` the stage's seed alone
+    (the study's seed + RERUN_SEED), which wins over the seed train_arm gives every arm."""
+    import dataclasses
+
+    from experiments import arms as arm_runs
+    from experiments import distill
+    from experiments.distill_dmd2 import RERUN_SEED, load_arm
+
+    study = distill.student_arms(2, tmp_path, distill.SCALES["cpu"])
+    flow, ddpm = "sidecfdt-flow-g3-nogan-alpha1-real8", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16"
+    for beside, tail, batch in ((flow, "-b4", 4), (ddpm, "", 16)):
+        base = load_arm(*study[beside + tail])
+        for change, key, value in (("-beta0", "optim", "betas"), ("-karras", "distill", "dmd_time_sampling")):
+            arm = load_arm(*study[beside + change + tail])
+            assert arm.train.global_batch_size == batch and arm.ema.decay == base.ema.decay
+            assert dataclasses.replace(getattr(arm, key), **{value: getattr(getattr(base, key), value)}) == getattr(base, key)  # fmt: skip
+        assert load_arm(*study[beside + "-beta0" + tail]).optim.betas == (0.0, 0.999)
+        assert load_arm(*study[beside + "-karras" + tail]).distill.dmd_time_sampling == "karras"
+        rerun = study[beside + tail + "-rerun"]
+        assert rerun[1] == [*study[beside + tail][1], f"train.seed={2 + RERUN_SEED}"]
+    seen = []
+    monkeypatch.setattr(arm_runs, "train_recipe", lambda name, config, overrides, out: seen.append(overrides) or {"median_images_per_s": 1})  # fmt: skip
+    monkeypatch.setattr(arm_runs, "read_records", lambda *a: [])
+    sc = {"overrides": [], "eval": []}
+    arm_runs.train_arm(flow + "-b4-rerun", 2, sc, tmp_path, tmp_path / "ref.npz", study)
+    arm_runs.train_arm(flow + "-b4", 2, sc, tmp_path, tmp_path / "ref.npz", study)
+    assert [load_arm(study[flow][0], o).train.seed for o in seen] == [2 + RERUN_SEED, 2]
+
+
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
 TWINS = [
     ("fashion_mnist_moh_distill_trajectory_few.yaml", "few-flow", None),

@@ -235,6 +235,9 @@ class DistillSection:
     dmd_steps: tuple[int, ...] = (1,)  # the generator's grids: [1] one step; [1, 2] also two
     dmd_input: str = "data"  # a multi-step generator's input at a grid time: data (noised) | generator (its own)
     dmd_time: tuple[float, ...] = (0.02, 0.98)  # the flow times the VSD loss noises the samples at (uniform)
+    # how those times are drawn: uniform in flow time | karras (uniform over EDM's Karras sigmas between the range's
+    # ends, as FastGen's DMD2 and SiD draw them)
+    dmd_time_sampling: str = "uniform"
     # the real score's guidance scale (1: the teacher unguided, DMD2's ImageNet-64 and SiDA's); null: the teacher's
     # (distill.guidance_scale, or what it records). Recorded with the generator
     real_guidance: float | None = None

@@ -54,6 +54,7 @@ from moh_dit.objectives.distill.grids import MIDPOINT
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
 from moh_dit.objectives.distill.methods import DMD_IDENTITY
 from moh_dit.objectives.distill.real_score import RealScore
+from moh_dit.objectives.distill.times import vsd_times
 from moh_dit.objectives.linear_path import clean_prediction
 
 __all__ = ["DMD2Distill"]
@@ -73,6 +74,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
             generator rebuilt from its record for sampling has them (it records its grids' middle, not its counts).
         dmd_input: a multi-step generator's input at a grid time: ``data`` noised, or its own ``generator`` sample.
         dmd_time: ``[first, last]`` flow times the VSD loss noises the generator's samples at (uniform).
+        dmd_time_sampling: how those times are drawn: ``uniform`` in flow time, or ``karras`` (uniform over the index of
+            EDM's Karras sigmas between the range's ends, FastGen's and SiD's; :func:`~moh_dit.objectives.distill.times.vsd_times`).
         real_guidance: the guidance scale of the real score (1: none); ``None``: the teacher's (``distill.guidance_scale``
             or what it records). Recorded with the model: it is part of what the generator learns.
         real_guidance_later: the real score's scale for the samples made from the grids' later start times (the
@@ -115,6 +118,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         dmd_steps: tuple[int, ...] | list[int] | None = None,
         dmd_input: str = "data",
         dmd_time: tuple[float, float] | list[float] = (0.02, 0.98),
+        dmd_time_sampling: str = "uniform",
         real_guidance: float | None = None,
         vsd_weight: float = 1.0,
         gan_start: int = 0,
@@ -173,6 +177,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         self.fake_updates, self.fake_lr, self.gan_block = fake_updates, fake_lr, gan_block
         self.gan_weight, self.regression = float(gan_weight), float(regression)
         self.dmd_steps, self.dmd_input, self.dmd_time = steps, dmd_input, (low, high)
+        vsd_times(torch.zeros(1), low, high, dmd_time_sampling)  # refuses an unknown law or karras up to t = 1
+        self.dmd_time_sampling = dmd_time_sampling
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
         self.place_grids(steps, dmd_input, self.dmd_midpoint, dmd_first_share)
         for key, value, what in (
@@ -232,7 +238,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         parts = []
         if self.vsd_weight:
             weight = "" if self.vsd_weight == 1 else f"{self.vsd_weight:g} x "
-            parts.append(f"{weight}{self.describe_distribution()} at flow times {self.dmd_time}")
+            law = " (Karras sigmas)" if self.dmd_time_sampling == "karras" else ""
+            parts.append(f"{weight}{self.describe_distribution()} at flow times {self.dmd_time}{law}")
         if self.gan_weight:
             start = f" from step {self.gan_start}" if self.gan_start else ""
             times = f" at flow times {self.gan_time}" if self.gan_time else ""
@@ -278,7 +285,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         terms = {
             "start": start,
             "start_noise": torch.randn(x0.shape, generator=generator),
-            "t": low + (high - low) * torch.rand(n, generator=generator),
+            "t": vsd_times(torch.rand(n, generator=generator), low, high, self.dmd_time_sampling),
             "noise": torch.randn(x0.shape, generator=generator),
             "real_t": gan_low + (gan_high - gan_low) * torch.rand(n, generator=generator),
             "real_noise": torch.randn(x0.shape, generator=generator),

@@ -57,7 +57,7 @@ TRAJECTORY_KEYS = (
 TRAJECTORY_IDENTITY = ("trajectory_count", "trajectory_sampler", "trajectory_steps")
 # distribution matching's keys, DMD2's and rCM's alike: the fake score's rate, the GAN term, the grids and the VSD term
 DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd_input", "dmd_time", "real_guidance",
-            "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later", "dmd_first_share",
+            "dmd_time_sampling", "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later", "dmd_first_share",
             "real_guidance_end", "real_guidance_ramp", "fake_guidance", "fake_guidance_eval")  # fmt: skip
 # the real score's guidance is folded into what the generator learns, and the fake score's guidance into what it
 # learns against; the grid's middle is how it samples

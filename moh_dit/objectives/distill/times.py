@@ -28,7 +28,30 @@ from moh_dit.errors import ConfigError
 from moh_dit.objectives.distill.grids import sampler_intervals
 from moh_dit.objectives.meanflow import TIME_SAMPLING
 
-__all__ = ["TimeDistribution", "IntervalCoverage"]
+__all__ = ["TimeDistribution", "IntervalCoverage", "VSD_TIME_SAMPLING", "vsd_times"]
+
+
+# how the VSD (or SiD) loss draws the flow times it noises the generator's samples at, within distill.dmd_time:
+# uniform in flow time, or uniform over the index of EDM's Karras sigmas (rho 7) between the range's ends, as
+# NVlabs/FastGen's DMD2 draws them (uniform over 1000 such sigmas) and SiD draws its loss's noise levels
+VSD_TIME_SAMPLING = ("uniform", "karras")
+KARRAS_RHO = 7.0  # EDM's
+
+
+def vsd_times(u: torch.Tensor, low: float, high: float, sampling: str = "uniform") -> torch.Tensor:
+    """Flow times in ``[low, high]`` from uniform draws ``u`` in [0, 1), increasing in ``u``: ``uniform`` in flow
+    time, or ``karras``: the noise level ``sigma = t / (1 - t)`` (the flow path ``(1 - t) x + t e`` is EDM's ``x + sigma
+    e`` scaled by ``1 - t``) drawn as ``(s_lo^(1/rho) + u (s_hi^(1/rho) - s_lo^(1/rho)))^rho``, the continuous form of
+    uniform over the index of Karras sigmas, then mapped back to ``t = sigma / (1 + sigma)``."""
+    if sampling == "uniform":
+        return low + (high - low) * u
+    if sampling != "karras":
+        raise ConfigError(f"distill.dmd_time_sampling must be one of {', '.join(VSD_TIME_SAMPLING)}, got {sampling!r}")
+    if high >= 1:  # sigma is infinite at t = 1: Karras sigmas need a finite largest noise level
+        raise ConfigError(f"distill.dmd_time_sampling=karras needs distill.dmd_time's last time below 1, got {high!r}")
+    lo, hi = (torch.tensor(t / (1 - t), dtype=torch.float64) ** (1 / KARRAS_RHO) for t in (low, high))
+    sigma = (lo + u.to(torch.float64) * (hi - lo)) ** KARRAS_RHO
+    return (sigma / (1 + sigma)).to(u.dtype)
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,11 @@ def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_on
         ("distill.gan_time=[0.5,0.1]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
         ("distill.gan_time=[0,0.5]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
         ("distill.gan_time=[0.1,0.5,0.9]", "distill.gan_time must be [first, last] flow times in (0, 1]"),
+        ("distill.dmd_time_sampling=lognormal", "distill.dmd_time_sampling must be one of uniform, karras"),
+        (
+            "distill.dmd_time_sampling=karras",  # with dmd_time up to 1: an infinite sigma
+            "distill.dmd_time_sampling=karras needs distill.dmd_time's last time below 1",
+        ),
         ("distill.regression_distance=lpips", "unknown distill.regression_distance 'lpips'; choose one of mse,"),
         (
             "distill.regression_distance=teacher_features",
@@ -197,8 +202,9 @@ def test_a_wrong_dmd2_key_is_refused_in_one_line_that_names_it(override, says, t
     from moh_dit.training.config import load_config
 
     config = {"objective": {"name": "distill"}, "distill": {"method": "dmd2"}, "train": {"output_dir": str(tmp_path)}}
+    extra = ["distill.dmd_time=[0.02,1.0]"] if override == "distill.dmd_time_sampling=karras" else []
     with pytest.raises(ConfigError, match=re.escape(says)) as caught:
-        load_config(config, [override])
+        load_config(config, [*extra, override])
     assert "\n" not in str(caught.value)
 
 
@@ -257,6 +263,42 @@ def test_the_discriminators_own_times_are_drawn_in_their_range_and_leave_every_o
     torch.testing.assert_close(read, (1 - gan_t) * x + gan_t * drawn.terms["noise"])
     assert at is drawn.terms["gan_t"]
     assert "at flow times (0.02, 0.4)" in DMD2Distill(gan_weight=0.001, gan_time=[0.02, 0.4]).describe_loss()
+
+
+def test_karras_vsd_times_are_edms_sigmas_uniform_over_their_index_and_leave_every_other_draw_as_it_was():
+    """distill.dmd_time_sampling=karras: the VSD loss's times are the flow times of EDM's Karras sigmas (rho 7) between
+    the range's ends, drawn uniformly over their index: 1000 evenly spaced draws land on EDM's 1000 discrete sigmas
+    (brute force: EDM's formula from the largest sigma down, reversed), their quantiles are the closed form's, and
+    every other draw of the step is the uniform law's (the same uniform numbers feed both)."""
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+    from moh_dit.objectives.distill.times import vsd_times
+
+    low, high, n = 0.02, 0.98, 1000
+    s_min, s_max = low / (1 - low), high / (1 - high)
+    i = torch.arange(n, dtype=torch.float64)
+    edm = (s_max ** (1 / 7) + i / (n - 1) * (s_min ** (1 / 7) - s_max ** (1 / 7))) ** 7  # EDM's, largest first
+    drawn = vsd_times(i / (n - 1), low, high, "karras")
+    torch.testing.assert_close(drawn, (edm / (1 + edm)).flip(0))
+    assert float(drawn[0]) == pytest.approx(low) and float(drawn[-1]) == pytest.approx(high)
+    assert bool((drawn[1:] > drawn[:-1]).all())  # increasing in the uniform draw
+    median = float(vsd_times(torch.tensor([0.5], dtype=torch.float64), low, high, "karras"))
+    sigma = ((s_min ** (1 / 7) + s_max ** (1 / 7)) / 2) ** 7
+    assert median == pytest.approx(sigma / (1 + sigma)) and median == pytest.approx(0.737, abs=1e-3)
+    torch.testing.assert_close(vsd_times(i / n, low, high), low + (high - low) * i / n)  # uniform: as before
+
+    x0 = torch.randn(256, 1, 4, 4)
+    plain = DMD2Distill(dmd_steps=[1, 2], dmd_input="generator").noised(
+        x0, torch.Generator().manual_seed(5), x0.device
+    )
+    karras = DMD2Distill(dmd_steps=[1, 2], dmd_input="generator", dmd_time_sampling="karras")
+    drawn = karras.noised(x0, torch.Generator().manual_seed(5), x0.device)
+    for key in plain.terms:
+        if key != "t":
+            torch.testing.assert_close(drawn.terms[key], plain.terms[key])
+    unit = (plain.terms["t"] - low) / (high - low)
+    torch.testing.assert_close(drawn.terms["t"], vsd_times(unit, low, high, "karras"))
+    assert float((drawn.terms["t"] > 0.737).float().mean()) == pytest.approx(0.5, abs=0.1)
+    assert "(Karras sigmas)" in karras.describe_loss() and "Karras" not in DMD2Distill().describe_loss()
 
 
 def test_the_real_guidance_and_the_midpoint_are_recorded_and_a_generator_keeps_its_own():
