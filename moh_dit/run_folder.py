@@ -55,6 +55,11 @@ class RunLayout:
         return self.root / "pipeline"
 
     @property
+    def best(self) -> Path:
+        """The pipeline of the best evaluation so far (``log.eval_keep_best``)."""
+        return self.root / "best"
+
+    @property
     def samples(self) -> Path:
         return self.root / "samples"
 

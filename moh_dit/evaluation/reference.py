@@ -44,12 +44,23 @@ def _fashion_mnist_test() -> np.ndarray:
     return np.repeat(FashionMNIST(split="test").images[:, :, :, None], 3, axis=3)
 
 
+def _fashion_mnist_train() -> np.ndarray:
+    """10,000 Fashion-MNIST training images, the first 1000 of each class in the split's order (as many per class as
+    the test split holds), gray repeated to RGB: a reference for choosing among a run's evaluations
+    (``log.eval_keep_best``) that never shows the choice the test images the final score is measured on."""
+    from moh_dit.data.fashion_mnist import FashionMNIST
+
+    data = FashionMNIST(split="train")
+    rows = np.sort(np.concatenate([np.flatnonzero(data.labels == c)[:1000] for c in range(len(data.classes))]))
+    return np.repeat(data.images[rows][:, :, :, None], 3, axis=3)
+
+
 # name -> the images of the reference (a name is short to type: log.eval_reference=fashion-mnist-test)
-NAMED_REFERENCES = {"fashion-mnist-test": _fashion_mnist_test}
+NAMED_REFERENCES = {"fashion-mnist-test": _fashion_mnist_test, "fashion-mnist-train": _fashion_mnist_train}
 
 
 def resolve_reference(spec: str | os.PathLike) -> Path:
-    """A reference given by name (:data:`NAMED_REFERENCES`: ``fashion-mnist-test``) -> its ``.npz`` in
+    """A reference given by name (:data:`NAMED_REFERENCES`: ``fashion-mnist-test``, ``fashion-mnist-train``) -> its ``.npz`` in
     ``$MOH_DIT_CACHE/references`` (default ``~/.cache/moh-dit``), made on first use and checked against the data
     on every use; anything else is a path, returned as it is."""
     make = NAMED_REFERENCES.get(str(spec))

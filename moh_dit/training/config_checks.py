@@ -240,6 +240,10 @@ def check_evaluation(log: LogSection) -> None:
         if value is not None and not (isinstance(value, str) and value):
             raise ConfigError(f"log.{key} must be a path or a name, got {value!r}")
     log.eval_sampling.sampling()
+    if log.eval_keep_best is not None:
+        from moh_dit.training.quality import check_keep_best
+
+        check_keep_best(log)
     if log.eval_every and not log.eval_reference:
         raise ConfigError(
             f"log.eval_every={log.eval_every} evaluates against log.eval_reference, which is not set: give a reference "

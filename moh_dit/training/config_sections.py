@@ -360,6 +360,10 @@ class LogSection:
     # for a model sampled in one step
     eval_also_steps: tuple[int, ...] = ()
     eval_keep_samples: bool = False  # keep the images (PNGs and .npz) after scoring; the scores are always kept
+    # the score (kid, fid, ...; kid@2: at one of eval_also_steps) whose best evaluation's EMA weights are kept as a
+    # pipeline in <run>/best (lower is better for kid, fid and sfid, higher for the rest); null: none kept. Score it
+    # against a reference the final evaluation does not use (a training split: fashion-mnist-train)
+    eval_keep_best: str | None = None
     eval_sampling: EvalSamplingSection = field(default_factory=EvalSamplingSection)
 
 

@@ -182,10 +182,34 @@ class RunOutputs:
             self.ema_pipeline(self.quality.spec.sampler.scheduler), self.step, self.samples_seen
         )
         if record is not None:
+            if self.quality.best_so_far(
+                record, self.record.run_id
+            ):  # kept before its record is written: a resume redoes both
+                self.keep_best(record)
             self.metrics.write_evaluation(record)
             self.record.write("evaluation", **curve_points([record])[0], file=record["file"])
         self.accelerator.wait_for_everyone()
         self.window.start_clock()  # the speed of the next log record counts training only
+
+    def keep_best(self, record: dict) -> None:
+        """The EMA model of the best evaluation so far (``log.eval_keep_best``) as a pipeline in ``<run>/best``
+        (main process; replaced atomically), the score and step in its manifest and in the run's."""
+        key = self.config.log.eval_keep_best
+        chosen = {"score": key, "value": record[key], "reference": record["reference"]}
+        run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
+        self.ema_pipeline().save(
+            self.layout.best,
+            dict(run, weights="ema", best=chosen, vae=self.data.vae_record, training=self.training_summary()),
+            sampling=self.preview_sampling(),
+        )
+        self.record.write("best", step=self.step, **chosen)
+        logger.info(
+            "step %d: %s %.4g is the run's best so far; its EMA model is in %s",
+            self.step,
+            key,
+            record[key],
+            self.layout.best,
+        )
 
     def export_pipeline(self, reuse: bool = False) -> Path | None:
         """The EMA model as a self-describing pipeline folder (``<run>/pipeline``) with its manifest. With

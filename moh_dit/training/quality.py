@@ -45,6 +45,37 @@ logger = logging.getLogger("moh_dit.train")
 EVALUATION = "evaluation"  # the ``kind`` of an evaluation record in metrics.jsonl (loss records have none)
 # the scores a record and the model card's curve carry (those the extractor provides)
 SCORES = tuple(EVAL_SCORE_NAMES)
+# the scores log.eval_keep_best may select by, and of them those where lower is better
+SELECTABLE = tuple(k for k in SCORES if k != "kid_std")
+LOWER_IS_BETTER = ("kid", "fid", "sfid")
+
+
+def check_keep_best(log: LogSection) -> None:
+    """``log.eval_keep_best`` names a score the evaluations record: ``kid``, or ``kid@2`` at one of
+    ``log.eval_also_steps``, with evaluations on."""
+    key = log.eval_keep_best
+    score, _, steps = str(key).partition("@")
+    if not isinstance(key, str) or score not in SELECTABLE or (steps and not steps.isdigit()):
+        raise ConfigError(
+            f"log.eval_keep_best must be a score the evaluations record ({', '.join(SELECTABLE)}; kid@2 at one of "
+            f"log.eval_also_steps), got {key!r}"
+        )
+    if steps and int(steps) not in log.eval_also_steps:
+        raise ConfigError(
+            f"log.eval_keep_best={key} selects by a score at {steps} steps, which log.eval_also_steps="
+            f"{list(log.eval_also_steps)} does not score: add {steps} to it or select by {score}"
+        )
+    if not log.eval_every:
+        raise ConfigError(
+            f"log.eval_keep_best={key} selects among the evaluations during training: set log.eval_every"
+        )
+
+
+def improves(key: str, value: float, best: float | None) -> bool:
+    """Whether ``value`` of the score ``key`` beats ``best`` (``None``: nothing yet); a tie keeps the earlier."""
+    if best is None:
+        return value == value  # a NaN never becomes the best
+    return value < best if key.split("@")[0] in LOWER_IS_BETTER else value > best
 
 
 def read_records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
@@ -67,6 +98,7 @@ class QualityCurve:
     def __init__(self, log: LogSection, seed: int, layout: RunLayout, accelerator, image_size: int) -> None:
         self.every, self.layout, self.accelerator = log.eval_every, layout, accelerator
         self.keep_samples = log.eval_keep_samples
+        self.keep_best = log.eval_keep_best if log.eval_every else None
         self.done: set[int] = set()
         self.spec = log.eval_sampling.sampling()
         self.settings = GenerationSettings(log.eval_samples, seed, log.eval_batch_size, "balanced", self.spec)
@@ -96,6 +128,28 @@ class QualityCurve:
             )["info"]
             logger.info("evaluation reference %s: %s", self.reference, info.get("statistics", "ready"))
 
+    def best_so_far(self, record: dict[str, Any], run_id: str) -> bool:
+        """Whether ``record`` (on the main process) beats the model in ``<run>/best`` by ``log.eval_keep_best``: the
+        value its manifest records, where this run kept it by the same score against the same reference (else there
+        is nothing to beat). Set against the kept model rather than the curve, so that what is compared is on disk: after
+        a rewound run sets a later best aside the next evaluation is kept, and every better one after it."""
+        key = self.keep_best
+        if not key or key not in record:
+            return False
+        from moh_dit.manifests import read_manifest
+
+        source = (
+            (read_manifest(self.layout.best, "pipeline") or {}).get("source") or {}
+            if self.layout.best.is_dir()
+            else {}
+        )
+        kept = source.get("best") or {}
+        comparable = source.get("run_id") == run_id and (kept.get("score"), kept.get("reference")) == (
+            key,
+            record["reference"],
+        )
+        return improves(key, record[key], kept.get("value") if comparable else None)
+
     def use_objective(self, objective: Objective) -> None:
         """Resolve an unset ``log.eval_sampling.scheduler`` for the run's objective (known once the model is)."""
         self.spec = run_sampling(self.spec, objective)
@@ -111,6 +165,8 @@ class QualityCurve:
         to a past this run no longer has: the main process moves them to ``eval/set-aside-after-step-N-<time>``."""
         if self.accelerator.is_main_process and self.layout.evaluations.is_dir():
             self._set_aside_after(step)
+        if self.accelerator.is_main_process and self.layout.best.is_dir():
+            self._set_aside_best_after(step)
         if not self.enabled:
             return
         main = self.accelerator.is_main_process
@@ -120,6 +176,18 @@ class QualityCurve:
 
             broadcast_object_list(steps, from_process=0)
         self.done = set(steps[0])
+
+    def _set_aside_best_after(self, step: int) -> None:
+        """The best pipeline of a step after ``step`` is another past's: moved to ``set-aside-after-step-N-<time>/``
+        in the run folder; the next evaluation is kept in its place, and every better one after it."""
+        from moh_dit.manifests import read_manifest
+
+        source = (read_manifest(self.layout.best, "pipeline") or {}).get("source") or {}
+        if (source.get("step") or 0) > step:
+            aside = set_aside(self.layout.root, [self.layout.best], step)
+            logger.warning(
+                "resuming at step %d: the best pipeline of step %s was moved to %s", step, source["step"], aside
+            )
 
     def _set_aside_after(self, step: int) -> None:
         newer = [

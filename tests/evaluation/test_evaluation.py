@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 import evaluate_fid
+from moh_dit.data.fashion_mnist import find_fashion_mnist
 from moh_dit.errors import ConfigError, EvaluationError
 from moh_dit.evaluation.features import (
     InceptionFeatures,
@@ -680,3 +681,23 @@ def test_a_distilled_students_objective_is_not_called_meanflow_whatever_its_meth
 
     assert "MeanFlow" not in entry("distill").summary
     assert DMD2Distill(teacher={"sha256": "ab" * 32}).describe().startswith("A DMD2 generator distilled from")
+
+
+@pytest.mark.skipif(find_fashion_mnist() is None, reason="Fashion-MNIST IDX files not installed")
+def test_the_training_split_reference_holds_the_first_thousand_training_images_of_each_class(tmp_path, monkeypatch):
+    """``fashion-mnist-train``: 10,000 training images, 1000 a class (the test split's count), the first of each
+    class in the split's order, as RGB; made once into the cache, none of them from the test split's files."""
+    from moh_dit.data.fashion_mnist import FashionMNIST
+    from moh_dit.evaluation.reference import resolve_reference
+    from moh_dit.evaluation.statistics import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    path = resolve_reference("fashion-mnist-train")
+    assert path == tmp_path / "references" / "fashion-mnist-train.npz"
+    with np.load(path) as stored:
+        images = stored["arr_0"]
+    train = FashionMNIST(split="train")
+    rows = [i for c in range(10) for i in np.flatnonzero(train.labels == c)[:1000]]
+    assert images.shape == (10_000, 28, 28, 3) and (images[..., 0] == images[..., 2]).all()
+    assert np.array_equal(images[..., 0], train.images[sorted(rows)])
+    assert np.bincount(train.labels[sorted(rows)], minlength=10).tolist() == [1000] * 10

@@ -243,3 +243,62 @@ def test_an_evaluation_that_would_not_fit_on_the_disk_stops_before_sampling(tmp_
     tiny = tiny_pipeline()  # pixel space: the PNGs and the .npz of N images of its size
     side, channels = tiny.transformer.config.sample_size, tiny.transformer.config.in_channels
     assert samples_bytes(tiny, 10) == 2 * 10 * side * side * channels
+
+
+def weights(path):
+    from moh_dit.sampling.loading import load_pipeline
+
+    return load_pipeline(path, device="cpu").transformer.state_dict()
+
+
+def test_the_best_evaluation_keeps_its_ema_model_and_a_rewound_run_sets_a_later_best_aside(tmp_path, image_dir):
+    """``log.eval_keep_best``: ``<run>/best`` holds the EMA weights of the checkpoint whose evaluation scored best
+    (KID: the lowest, the earlier of a tie), its manifest says which score and step, the run's manifest has a
+    ``best`` event at each improvement; a run resumed from before that step moves it aside and keeps its own."""
+    import shutil
+
+    import torch
+
+    from moh_dit.manifests import read_manifest
+    from moh_dit.training.quality import improves
+
+    run, config = tiny_run(tmp_path, image_dir, "best", "train.max_steps=6", "log.eval_keep_best=kid")
+    Trainer(config).run()
+    records = evaluations(run)
+    best, improved = None, []
+    for r in records:  # the brute-force choice, in the records' order
+        if best is None or r["kid"] < best["kid"]:
+            best = r
+            improved.append(r["step"])
+    source = read_manifest(run / "best", "pipeline")["source"]
+    assert source["step"] == best["step"] and source["best"]["score"] == "kid"
+    assert source["best"]["value"] == best["kid"]
+    kept, chosen = weights(run / "best"), weights(run / "checkpoints" / f"step-{best['step']:08d}")
+    assert kept.keys() == chosen.keys() and all(torch.equal(kept[k], chosen[k]) for k in kept)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert [e["step"] for e in manifest["events"] if e["event"] == "best"] == improved
+    assert improves("recall", 0.5, 0.4) and not improves("kid", 0.5, 0.4) and not improves("kid", float("nan"), None)
+
+    # rewound to step 2 with a best of step 6 (the run's final pipeline in its place): that one belongs to a past the
+    # run no longer has, so it is set aside; then step 4 is kept (nothing to beat), and step 6 where it beats it
+    shutil.rmtree(run / "best")
+    shutil.copytree(run / "pipeline", run / "best")
+    resumed = ["train.max_steps=6", "log.eval_keep_best=kid", f"train.resume={run / 'checkpoints' / 'step-00000002'}"]
+    _, config = tiny_run(tmp_path, image_dir, "best", *resumed)
+    Trainer(config).run()
+    (aside,) = run.glob("set-aside-after-step-00000002-*")
+    assert read_manifest(aside / "best", "pipeline")["source"]["step"] == 6
+    by_step = {r["step"]: r["kid"] for r in evaluations(run)}
+    expected = 6 if by_step[6] < by_step[4] else 4
+    assert read_manifest(run / "best", "pipeline")["source"]["step"] == expected
+
+
+def test_the_score_a_run_keeps_its_best_by_is_checked_before_it_starts(tmp_path, image_dir):
+    with pytest.raises(ConfigError, match=r"log.eval_keep_best must be a score the evaluations record .* got 'lpips'"):
+        load_config(None, ["log.eval_keep_best=lpips"])
+    with pytest.raises(ConfigError, match=r"log.eval_keep_best=kid@2 selects by a score at 2 steps, which log.eval_also_steps=\[\] does not score"):  # fmt: skip
+        load_config(None, ["log.eval_keep_best=kid@2"])
+    with pytest.raises(ConfigError, match="log.eval_keep_best=kid selects among the evaluations during training"):
+        load_config(None, ["log.eval_keep_best=kid"])
+    ok = load_config(None, tiny_train_overrides(tmp_path / "a", image_dir, *TINY_EVAL, f"log.eval_reference={image_dir}", "log.eval_also_steps=[2]", "log.eval_keep_best=kid@2"))  # fmt: skip
+    assert ok.log.eval_keep_best == "kid@2"
