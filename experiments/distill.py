@@ -229,7 +229,9 @@ def is_ablation(arm: str) -> bool:
 
 
 def model_of(arm: str, seed: int, out: Path) -> Path:
-    return out / "runs" / run_name(arm, seed) / "pipeline"
+    """The model the study scores: the run's final pipeline, or for an arm that keeps its best evaluation (``-best``)
+    the pipeline it kept (``<run>/best``)."""
+    return out / "runs" / run_name(arm, seed) / ("best" if "best" in arm.split("-") else "pipeline")
 
 
 # ----------------------------------------------------------------------------------------------------

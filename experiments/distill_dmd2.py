@@ -80,7 +80,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               `BATCH_BASES`; `-alpha1-real8-ganlate-b4`: with the late GAN term, on from the same
                               share of the images); `-fake{m}x`: the fake score at m times the generator's rate
                               (`distill_dmd2_settings.FAKE_RATES`); `-alpha1-real8-b4-x2`: twice the steps the
-                              budget leaves (over the budget, reported as such); `-beta0`: Adam without its first
+                              budget leaves (over the budget, reported as such; `-best-x2`: its best two-step
+                              evaluation on training images kept and scored, `KEEP_BEST`); `-beta0`: Adam without its first
                               moment (SiD's, rCM's; `distill_dmd2_settings.ADAM_BETA0`); `-karras`: the loss's noise
                               levels uniform over Karras sigmas (FastGen's, SiD's); the configs' arms with
                               `-rerun`: the same recipe at another seed of the stage (`RERUN_SEED`, `RERUNS`)
@@ -145,6 +146,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     GAN_LOW,
     GAN_ONLY,
     HELD_PAST_BUDGET,
+    KEEP_BEST,
     LOW_SCALE,
     MID_SCALE,
     MIDDLES,
@@ -301,6 +303,7 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
             # the real score at 8 at batch 4 (the flow twin's config among these) run on past the budget, as a user might
             at_batch4 = f"{named['alpha1-real8']}-b4"
             sid[f"{at_batch4}-x2"] = sid[at_batch4]
+            sid[f"{at_batch4}-best-x2"] = (config, [*sid[at_batch4][1], *_overrides(KEEP_BEST)])  # its best kept
     return sid
 
 

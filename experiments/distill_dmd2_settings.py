@@ -305,6 +305,12 @@ SID_VARIANTS |= {f"{name}-beta0": SID_VARIANTS[name] | ADAM_BETA0 for name in LS
 # quarter below 0.27, so the generator's loss weighs the layout of an image (high noise, where the two steps' variety
 # is set) and its finest detail more, the middle less. At each teacher's two-step config (`alpha1-real8-karras-b4`)
 SID_VARIANTS |= {f"{name}-karras": SID_VARIANTS[name] | {"distill.dmd_time_sampling": "karras"} for name in LSG_ARMS}
+# the flow twin's two-step config past the budget as a user might train it, keeping its best two-step evaluation
+# (`-best-x2`: log.eval_keep_best kid@2 against fashion-mnist-train, 10,000 training images; the kept model in
+# <run>/best is the one scored on the test split): whether a choice made without the test images keeps a longer run
+# from ending worse (its two steps turn up past the budget, `-x2`). Its 500-sample evaluations become part of the
+# method: each costs 500 x 3 evaluations (one step and two), 27,000 over its 18, 7% of the teacher's budget
+KEEP_BEST = {"log.eval_reference": "fashion-mnist-train", "log.eval_keep_best": "kid@2"}
 # the configs' own arms trained again from the same start at another seed of the stage (`-rerun`: train.seed the
 # study's seed + RERUN_SEED; the teacher, the start and the scoring's samples the same): how far two runs of one recipe
 # land apart, against which the levers whose seeds disagreed (batch 2, the fake score at 3x) are read

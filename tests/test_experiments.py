@@ -1796,7 +1796,7 @@ def test_the_beta0_karras_and_rerun_arms_change_one_setting_of_the_configs_arms_
 
     from experiments import arms as arm_runs
     from experiments import distill
-    from experiments.distill_dmd2 import RERUN_SEED, load_arm
+    from experiments.distill_dmd2 import RERUN_SEED, load_arm, over_budget
 
     study = distill.student_arms(2, tmp_path, distill.SCALES["cpu"])
     flow, ddpm = "sidecfdt-flow-g3-nogan-alpha1-real8", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16"
@@ -1817,6 +1817,17 @@ def test_the_beta0_karras_and_rerun_arms_change_one_setting_of_the_configs_arms_
     arm_runs.train_arm(flow + "-b4-rerun", 2, sc, tmp_path, tmp_path / "ref.npz", study)
     arm_runs.train_arm(flow + "-b4", 2, sc, tmp_path, tmp_path / "ref.npz", study)
     assert [load_arm(study[flow][0], o).train.seed for o in seen] == [2 + RERUN_SEED, 2]
+    # past the budget with its best two-step evaluation kept: chosen against the training images (the arm's own
+    # reference wins over the study's test reference), and the kept model is the one scored
+    best = flow + "-b4-best-x2"
+    assert over_budget(best) == 2 and study[best][1] == [*study[flow + "-b4"][1], "log.eval_reference=fashion-mnist-train", "log.eval_keep_best=kid@2"]  # fmt: skip
+    arm_runs.train_arm(
+        best, 2, {"overrides": [], "eval": ["log.eval_every=10"]}, tmp_path, tmp_path / "test.npz", study
+    )
+    chosen = load_arm(study[flow][0], seen[-1]).log
+    assert (chosen.eval_reference, chosen.eval_keep_best) == ("fashion-mnist-train", "kid@2")
+    assert distill.model_of(best, 2, tmp_path) == tmp_path / "runs" / f"{best}-seed2" / "best"
+    assert distill.model_of(flow + "-b4-x2", 2, tmp_path).name == "pipeline"
 
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
