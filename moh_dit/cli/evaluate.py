@@ -34,7 +34,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--reference",
         required=True,
-        help="ADM reference batch .npz, a folder / .npz of real images, or a named one (fashion-mnist-test)",
+        help="ADM reference batch .npz, a folder / .npz of real images, or a named one (fashion-mnist-test, fashion-mnist-train)",
     )
     p.add_argument(
         "--reference-size",
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     if not Path(args.reference).exists():
         raise FileNotFoundError(
             f"--reference {args.reference} does not exist: give an ADM reference .npz, a folder or .npz of real "
-            f"images, or a named one (fashion-mnist-test)"
+            f"images, or a named one (fashion-mnist-test, fashion-mnist-train)"
         )
     import_extractor_module(args.extractor_module)
     extractor = resolve_extractor(args.extractor, args.extractor_weights, args.device)
