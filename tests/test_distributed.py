@@ -285,6 +285,7 @@ def test_the_spike_guard_on_two_processes_acts_alike_on_every_rank_and_resumes_e
         f"log.eval_extractor={TINY}",
         "log.eval_extractor_module=tests.helpers.tiny_extractor",
         "log.eval_sampling.num_steps=2",
+        "log.eval_keep_best=kid",
     ]
 
     def run(out, *extra, faults=FAULTS, expect_ok=True):
@@ -328,6 +329,16 @@ def test_the_spike_guard_on_two_processes_acts_alike_on_every_rank_and_resumes_e
         for run_ in (cut, whole)
     ]
     assert evaluations[0] == evaluations[1]
+    # the best evaluation's EMA model, kept by the main process alone: the same step, score and weights either way
+    from moh_dit.manifests import read_manifest
+
+    kept = [read_manifest(run_ / "best", "pipeline")["source"] for run_ in (cut, whole)]
+    best = min((r for r in evaluations[1] if r["kind"] == "evaluation"), key=lambda r: (r["kid"], r["step"]))
+    assert [(k["step"], k["best"]["value"]) for k in kept] == [(best["step"], best["kid"])] * 2
+    weights = [
+        load_file(run_ / "best" / "transformer" / "diffusion_pytorch_model.safetensors") for run_ in (cut, whole)
+    ]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 # ----------------------------------------------------------------------------------------------------
