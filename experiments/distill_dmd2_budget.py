@@ -13,11 +13,14 @@ __all__ = ["load_arm", "counted_objective", "fill_budget"]
 
 
 def load_arm(config: str, overrides: list[str]):
-    """An arm's config with its overrides, without its teacher (a run folder that may not exist yet)."""
+    """An arm's config with its overrides, without its teacher (a run folder that may not exist yet), and without the
+    choice of its best evaluation until the budget has set its evaluations (``log.eval_every``: the choice needs them)."""
     from experiments.common import ROOT
     from moh_dit.training.config import load_config
 
-    return load_config(ROOT / config, [o for o in overrides if not o.startswith("distill.teacher")])
+    evaluated = any(o.startswith("log.eval_every=") for o in overrides)
+    kept = [o for o in overrides if not o.startswith("distill.teacher")]
+    return load_config(ROOT / config, [o for o in kept if evaluated or not o.startswith("log.eval_keep_best=")])
 
 
 def counted_objective(loaded):
