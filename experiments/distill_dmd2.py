@@ -252,8 +252,8 @@ def dmd2_arms(
         arms |= _sid_arms(arms, kind)
         for tail in RERUNS[kind]:  # the configs' arms again at another seed of the stage (the train.seed it sets wins)
             config_arm = f"sidecfdt-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-{tail}"
-            config, overrides = arms[config_arm]
-            arms[f"{config_arm}-rerun"] = (config, [*overrides, f"train.seed={seed + RERUN_SEED}"])
+            arm_config, arm_overrides = arms[config_arm]
+            arms[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
         for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
             for suffix, gan in (("ganlate", GAN_LATE), ("ganlow", GAN_LOW)):
                 late, settings = f"dmd2f-{kind}-{_label(scale)}-{suffix}", RECIPE | gan | {"real_guidance": scale}

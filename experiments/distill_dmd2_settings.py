@@ -309,7 +309,7 @@ SID_VARIANTS |= {f"{name}-karras": SID_VARIANTS[name] | {"distill.dmd_time_sampl
 # (`-best-x2`: log.eval_keep_best kid@2 against fashion-mnist-train, 10,000 training images; the kept model in
 # <run>/best is the one scored on the test split): whether a choice made without the test images keeps a longer run
 # from ending worse (its two steps turn up past the budget, `-x2`). Its 500-sample evaluations become part of the
-# method: each costs 500 x 3 evaluations (one step and two), 27,000 over its 18, 7% of the teacher's budget
+# method: each costs 500 x 3 evaluations (one step and two), 25,500 over its 17, 6% of the teacher's budget
 KEEP_BEST = {"log.eval_reference": "fashion-mnist-train", "log.eval_keep_best": "kid@2"}
 # the configs' own arms trained again from the same start at another seed of the stage (`-rerun`: train.seed the
 # study's seed + RERUN_SEED; the teacher, the start and the scoring's samples the same): how far two runs of one recipe

@@ -54,7 +54,7 @@ from moh_dit.objectives.distill.grids import MIDPOINT
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
 from moh_dit.objectives.distill.methods import DMD_IDENTITY
 from moh_dit.objectives.distill.real_score import RealScore
-from moh_dit.objectives.distill.times import vsd_times
+from moh_dit.objectives.distill.times import loss_time_ranges, vsd_times
 from moh_dit.objectives.linear_path import clean_prediction
 
 __all__ = ["DMD2Distill"]
@@ -162,23 +162,10 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         steps = tuple(dmd_steps) if dmd_steps is not None else (1,)
         if not steps or not all(is_whole(n) and n >= 1 for n in steps):
             raise ConfigError(f"distill.dmd_steps must be step counts >= 1, e.g. [1], got {list(steps)!r}")
-        low, high = (float(v) for v in dmd_time)
-        if not 0 < low < high <= 1:
-            raise ConfigError(f"distill.dmd_time must be [first, last] flow times in (0, 1], got {list(dmd_time)!r}")
-        self.gan_time = None
-        if gan_time is not None:
-            bounds = list(gan_time) if isinstance(gan_time, (list, tuple)) else []
-            if len(bounds) != 2 or not all(is_number(v) for v in bounds) or not 0 < bounds[0] < bounds[1] <= 1:
-                raise ConfigError(
-                    f"distill.gan_time must be [first, last] flow times in (0, 1] or null (the VSD loss's), got "
-                    f"{gan_time!r}"
-                )
-            self.gan_time = (float(bounds[0]), float(bounds[1]))
+        self.dmd_time, self.gan_time = loss_time_ranges(dmd_time, gan_time, dmd_time_sampling)
         self.fake_updates, self.fake_lr, self.gan_block = fake_updates, fake_lr, gan_block
         self.gan_weight, self.regression = float(gan_weight), float(regression)
-        self.dmd_steps, self.dmd_input, self.dmd_time = steps, dmd_input, (low, high)
-        vsd_times(torch.zeros(1), low, high, dmd_time_sampling)  # refuses an unknown law or karras up to t = 1
-        self.dmd_time_sampling = dmd_time_sampling
+        self.dmd_steps, self.dmd_input, self.dmd_time_sampling = steps, dmd_input, dmd_time_sampling
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
         self.place_grids(steps, dmd_input, self.dmd_midpoint, dmd_first_share)
         for key, value, what in (

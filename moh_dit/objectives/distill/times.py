@@ -19,6 +19,7 @@ uninterrupted one does; with ``r`` drawn as ``t`` and no grid share the draws ar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,7 @@ from moh_dit.errors import ConfigError
 from moh_dit.objectives.distill.grids import sampler_intervals
 from moh_dit.objectives.meanflow import TIME_SAMPLING
 
-__all__ = ["TimeDistribution", "IntervalCoverage", "VSD_TIME_SAMPLING", "vsd_times"]
+__all__ = ["TimeDistribution", "IntervalCoverage", "VSD_TIME_SAMPLING", "vsd_times", "loss_time_ranges"]
 
 
 # how the VSD (or SiD) loss draws the flow times it noises the generator's samples at, within distill.dmd_time:
@@ -52,6 +53,25 @@ def vsd_times(u: torch.Tensor, low: float, high: float, sampling: str = "uniform
     lo, hi = (torch.tensor(t / (1 - t), dtype=torch.float64) ** (1 / KARRAS_RHO) for t in (low, high))
     sigma = (lo + u.to(torch.float64) * (hi - lo)) ** KARRAS_RHO
     return (sigma / (1 + sigma)).to(u.dtype)
+
+
+def loss_time_ranges(
+    dmd_time: Sequence[float], gan_time: Sequence[float] | None, sampling: str
+) -> tuple[tuple[float, float], tuple[float, float] | None]:
+    """``distill.dmd_time`` (the VSD loss's flow times, drawn by ``sampling``) and ``distill.gan_time`` (the
+    discriminator's own, or ``None``: the VSD loss's) checked, as ``(first, last)`` pairs in (0, 1]."""
+    low, high = (float(v) for v in dmd_time)
+    if not 0 < low < high <= 1:
+        raise ConfigError(f"distill.dmd_time must be [first, last] flow times in (0, 1], got {list(dmd_time)!r}")
+    vsd_times(torch.zeros(1), low, high, sampling)  # refuses an unknown law, or karras up to t = 1
+    if gan_time is None:
+        return (low, high), None
+    bounds = list(gan_time) if isinstance(gan_time, (list, tuple)) else []
+    if len(bounds) != 2 or not all(is_number(v) for v in bounds) or not 0 < bounds[0] < bounds[1] <= 1:
+        raise ConfigError(
+            f"distill.gan_time must be [first, last] flow times in (0, 1] or null (the VSD loss's), got {gan_time!r}"
+        )
+    return (low, high), (float(bounds[0]), float(bounds[1]))
 
 
 @dataclass(frozen=True)
