@@ -78,10 +78,10 @@ def train_arm(arm: str, seed: int, sc: dict, out: Path, reference: Path, arms: d
     """Train (or reuse) one arm of ``arms`` (``(config, overrides)`` each) at one seed; its training record, speed and
     evaluation curve."""
     config, extra = arms[arm]
-    # the seed first, so that an arm that reruns a recipe at another seed of its own sets it in its overrides
     evals = eval_overrides(sc, reference)
     if any(o.startswith("log.eval_reference=") for o in extra):  # an arm that chooses against its own reference
         evals = [o for o in evals if not o.startswith("log.eval_reference=")]
+    # the seed first, so that an arm that reruns a recipe at another seed of its own sets it in its overrides
     overrides = [f"train.seed={seed}", *extra, *sc["overrides"], *evals]
     trained = train_recipe(run_name(arm, seed), config, overrides, out)
     run = out / "runs" / run_name(arm, seed)

@@ -81,6 +81,17 @@ def run_cli(main: Callable[[], T]) -> T:
             raise
         print(f"error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(EXIT_USER_ERROR) from None
+    finally:
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Close a launched job's process group before the interpreter exits (local, no collective): gloo's threads
+    outliving it abort a rank at exit ("terminate called without an active exception") after a run that succeeded."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def add_sampling_arguments(parser, guidance: float | None, protocol: str, num_samples: int | None) -> None:

@@ -37,7 +37,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument(
         "--reference",
         default=None,
-        help="ADM reference batch .npz, a folder / .npz of real images, or a named one (fashion-mnist-test, fashion-mnist-train)",
+        help="ADM reference batch .npz, a folder / .npz of real images, or a named one (fashion-mnist-test, "
+        "fashion-mnist-train)",
     )
     g.add_argument("--extractor", default="inception")
     g.add_argument("--extractor-module", default=None)

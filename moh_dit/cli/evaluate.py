@@ -34,7 +34,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--reference",
         required=True,
-        help="ADM reference batch .npz, a folder / .npz of real images, or a named one (fashion-mnist-test, fashion-mnist-train)",
+        help="ADM reference batch .npz, a folder / .npz of real images, or a named one (fashion-mnist-test, "
+        "fashion-mnist-train)",
     )
     p.add_argument(
         "--reference-size",

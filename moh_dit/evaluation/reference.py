@@ -60,9 +60,9 @@ NAMED_REFERENCES = {"fashion-mnist-test": _fashion_mnist_test, "fashion-mnist-tr
 
 
 def resolve_reference(spec: str | os.PathLike) -> Path:
-    """A reference given by name (:data:`NAMED_REFERENCES`: ``fashion-mnist-test``, ``fashion-mnist-train``) -> its ``.npz`` in
-    ``$MOH_DIT_CACHE/references`` (default ``~/.cache/moh-dit``), made on first use and checked against the data
-    on every use; anything else is a path, returned as it is."""
+    """A reference given by name (:data:`NAMED_REFERENCES`: ``fashion-mnist-test``, ``fashion-mnist-train``) -> its
+    ``.npz`` in ``$MOH_DIT_CACHE/references`` (default ``~/.cache/moh-dit``), made on first use and checked against
+    the data on every use; anything else is a path, returned as it is."""
     make = NAMED_REFERENCES.get(str(spec))
     if make is None:
         return Path(spec)

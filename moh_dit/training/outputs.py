@@ -182,9 +182,8 @@ class RunOutputs:
             self.ema_pipeline(self.quality.spec.sampler.scheduler), self.step, self.samples_seen
         )
         if record is not None:
-            if self.quality.best_so_far(
-                record, self.record.run_id
-            ):  # kept before its record is written: a resume redoes both
+            # the best model is kept before its record is written: a run cut between the two redoes both
+            if self.quality.best_so_far(record, self.record.run_id):
                 self.keep_best(record)
             self.metrics.write_evaluation(record)
             self.record.write("evaluation", **curve_points([record])[0], file=record["file"])

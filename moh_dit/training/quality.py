@@ -29,6 +29,7 @@ from moh_dit.evaluation.reference import resolve_reference
 from moh_dit.evaluation.scoring import ScoringOptions, write_metrics
 from moh_dit.files import DiskFullError, check_free_space
 from moh_dit.logs import plural
+from moh_dit.manifests import read_manifest
 from moh_dit.run_folder import CHECKPOINT_PREFIX, RunLayout, checkpoint_step
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
@@ -131,24 +132,22 @@ class QualityCurve:
     def best_so_far(self, record: dict[str, Any], run_id: str) -> bool:
         """Whether ``record`` (on the main process) beats the model in ``<run>/best`` by ``log.eval_keep_best``: the
         value its manifest records, where this run kept it by the same score against the same reference (else there
-        is nothing to beat). Set against the kept model rather than the curve, so that what is compared is on disk: after
-        a rewound run sets a later best aside the next evaluation is kept, and every better one after it."""
+        is nothing to beat). Compared with the kept model rather than the curve, so that what it beats is on disk:
+        after a rewound run sets a later best aside, the next evaluation is kept, and every better one after it."""
         key = self.keep_best
         if not key or key not in record:
             return False
-        from moh_dit.manifests import read_manifest
-
-        source = (
-            (read_manifest(self.layout.best, "pipeline") or {}).get("source") or {}
-            if self.layout.best.is_dir()
-            else {}
-        )
+        source = self._best_source()
         kept = source.get("best") or {}
-        comparable = source.get("run_id") == run_id and (kept.get("score"), kept.get("reference")) == (
-            key,
-            record["reference"],
-        )
-        return improves(key, record[key], kept.get("value") if comparable else None)
+        kept_by = (source.get("run_id"), kept.get("score"), kept.get("reference"))
+        same = kept_by == (run_id, key, record["reference"])
+        return improves(key, record[key], kept.get("value") if same else None)
+
+    def _best_source(self) -> dict[str, Any]:
+        """The source record of the pipeline in ``<run>/best`` (``{}`` when there is none)."""
+        if not self.layout.best.is_dir():
+            return {}
+        return (read_manifest(self.layout.best, "pipeline") or {}).get("source") or {}
 
     def use_objective(self, objective: Objective) -> None:
         """Resolve an unset ``log.eval_sampling.scheduler`` for the run's objective (known once the model is)."""
@@ -180,9 +179,7 @@ class QualityCurve:
     def _set_aside_best_after(self, step: int) -> None:
         """The best pipeline of a step after ``step`` is another past's: moved to ``set-aside-after-step-N-<time>/``
         in the run folder; the next evaluation is kept in its place, and every better one after it."""
-        from moh_dit.manifests import read_manifest
-
-        source = (read_manifest(self.layout.best, "pipeline") or {}).get("source") or {}
+        source = self._best_source()
         if (source.get("step") or 0) > step:
             aside = set_aside(self.layout.root, [self.layout.best], step)
             logger.warning(

@@ -64,4 +64,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from moh_dit.cli.common import close_process_group
+
     main()
+    close_process_group()

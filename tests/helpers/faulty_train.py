@@ -60,4 +60,7 @@ def recorded_run(self):
 Trainer._micro_step, Trainer.roll_back, Trainer.run = faulty_micro_step, recorded_roll_back, recorded_run
 
 if __name__ == "__main__":
+    from moh_dit.cli.common import close_process_group
+
     main(sys.argv[1:])
+    close_process_group()

@@ -75,7 +75,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         dmd_input: a multi-step generator's input at a grid time: ``data`` noised, or its own ``generator`` sample.
         dmd_time: ``[first, last]`` flow times the VSD loss noises the generator's samples at (uniform).
         dmd_time_sampling: how those times are drawn: ``uniform`` in flow time, or ``karras`` (uniform over the index of
-            EDM's Karras sigmas between the range's ends, FastGen's and SiD's; :func:`~moh_dit.objectives.distill.times.vsd_times`).
+            EDM's Karras sigmas between the range's ends, FastGen's and SiD's draw;
+            :func:`~moh_dit.objectives.distill.times.vsd_times`).
         real_guidance: the guidance scale of the real score (1: none); ``None``: the teacher's (``distill.guidance_scale``
             or what it records). Recorded with the model: it is part of what the generator learns.
         real_guidance_later: the real score's scale for the samples made from the grids' later start times (the
