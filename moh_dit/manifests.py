@@ -162,6 +162,14 @@ def read_manifest(folder_or_file: str | os.PathLike, kind: str | None = None) ->
     return manifest
 
 
+def pipeline_source(folder: str | os.PathLike) -> dict[str, Any]:
+    """The ``source`` record of a pipeline folder's manifest (the run, its id and step that made it); ``{}`` where
+    the folder or its record is missing."""
+    if not Path(folder).is_dir():
+        return {}
+    return (read_manifest(folder, "pipeline") or {}).get("source") or {}
+
+
 def _normalise(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_normalise(v) for v in value]

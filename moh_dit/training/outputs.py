@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from moh_dit.manifests import read_manifest
+from moh_dit.manifests import pipeline_source
 from moh_dit.model.network import MoHDiT
 from moh_dit.model.presets import CUSTOM
 from moh_dit.model.surgery import without_alignment
@@ -195,12 +196,7 @@ class RunOutputs:
         (main process; replaced atomically), the score and step in its manifest and in the run's."""
         key = self.config.log.eval_keep_best
         chosen = {"score": key, "value": record[key], "reference": record["reference"]}
-        run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
-        self.ema_pipeline().save(
-            self.layout.best,
-            dict(run, weights="ema", best=chosen, vae=self.data.vae_record, training=self.training_summary()),
-            sampling=self.preview_sampling(),
-        )
+        self._save_ema(self.layout.best, best=chosen)
         self.record.write("best", step=self.step, **chosen)
         logger.info(
             "step %d: %s %.4g is the run's best so far; its EMA model is in %s",
@@ -217,20 +213,24 @@ class RunOutputs:
         if self.accelerator.is_main_process:
             if reuse and self.exported_at() == self.step:
                 return self.layout.pipeline
-            run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
-            path = self.ema_pipeline().save(
-                self.layout.pipeline,
-                dict(run, weights="ema", vae=self.data.vae_record, training=self.training_summary()),
-                sampling=self.preview_sampling(),
-            )
+            path = self._save_ema(self.layout.pipeline)
             if self.config.train.push_to_hub:
                 push_folder(path, self.config.train.push_to_hub)
             return path
 
+    def _save_ema(self, folder: Path, **source: Any) -> Path:
+        """The EMA model saved as a pipeline in ``folder`` (atomically), its manifest naming this run and step (and
+        ``source``'s extra records)."""
+        run = {"run": str(self.layout.root.resolve()), "run_id": self.record.run_id, "step": self.step}
+        return self.ema_pipeline().save(
+            folder,
+            dict(run, weights="ema", **source, vae=self.data.vae_record, training=self.training_summary()),
+            sampling=self.preview_sampling(),
+        )
+
     def exported_at(self) -> int | None:
         """The step of this run's exported pipeline folder (None when there is none, or another run's)."""
-        manifest = read_manifest(self.layout.pipeline, "pipeline") if self.layout.pipeline.is_dir() else None
-        source = (manifest or {}).get("source") or {}
+        source = pipeline_source(self.layout.pipeline)
         return source.get("step") if source.get("run_id") == self.record.run_id else None
 
     def training_summary(self) -> dict:

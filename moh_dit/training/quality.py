@@ -29,7 +29,7 @@ from moh_dit.evaluation.reference import resolve_reference
 from moh_dit.evaluation.scoring import ScoringOptions, write_metrics
 from moh_dit.files import DiskFullError, check_free_space
 from moh_dit.logs import plural
-from moh_dit.manifests import read_manifest
+from moh_dit.manifests import pipeline_source
 from moh_dit.run_folder import CHECKPOINT_PREFIX, RunLayout, checkpoint_step
 from moh_dit.sampling.generation import GenerationSettings
 from moh_dit.sampling.sample_sets import metrics_path_for, sample_npz_path
@@ -99,7 +99,7 @@ class QualityCurve:
     def __init__(self, log: LogSection, seed: int, layout: RunLayout, accelerator, image_size: int) -> None:
         self.every, self.layout, self.accelerator = log.eval_every, layout, accelerator
         self.keep_samples = log.eval_keep_samples
-        self.keep_best = log.eval_keep_best if log.eval_every else None
+        self.keep_best = log.eval_keep_best  # checked with the config: only where evaluations are on
         self.done: set[int] = set()
         self.spec = log.eval_sampling.sampling()
         self.settings = GenerationSettings(log.eval_samples, seed, log.eval_batch_size, "balanced", self.spec)
@@ -137,17 +137,11 @@ class QualityCurve:
         key = self.keep_best
         if not key or key not in record:
             return False
-        source = self._best_source()
+        source = pipeline_source(self.layout.best)
         kept = source.get("best") or {}
         kept_by = (source.get("run_id"), kept.get("score"), kept.get("reference"))
         same = kept_by == (run_id, key, record["reference"])
         return improves(key, record[key], kept.get("value") if same else None)
-
-    def _best_source(self) -> dict[str, Any]:
-        """The source record of the pipeline in ``<run>/best`` (``{}`` when there is none)."""
-        if not self.layout.best.is_dir():
-            return {}
-        return (read_manifest(self.layout.best, "pipeline") or {}).get("source") or {}
 
     def use_objective(self, objective: Objective) -> None:
         """Resolve an unset ``log.eval_sampling.scheduler`` for the run's objective (known once the model is)."""
@@ -179,7 +173,7 @@ class QualityCurve:
     def _set_aside_best_after(self, step: int) -> None:
         """The best pipeline of a step after ``step`` is another past's: moved to ``set-aside-after-step-N-<time>/``
         in the run folder; the next evaluation is kept in its place, and every better one after it."""
-        source = self._best_source()
+        source = pipeline_source(self.layout.best)
         if (source.get("step") or 0) > step:
             aside = set_aside(self.layout.root, [self.layout.best], step)
             logger.warning(
