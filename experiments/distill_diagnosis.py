@@ -23,6 +23,10 @@ measurements on the distillation's own code (docs/objective.md#the-diagnosis).
                 (experiments/distill_diagnosis_ect.py)
     discriminator  a DMD2 run's discriminator head at its last checkpoint: how well it tells the training split's
                 images from one-step samples at fixed noise times (ROC area), and how fast it learns that alone
+    variety     where a two-step DMD2 or SiD student loses the teacher's recall: each of its two jumps swapped alone
+                for the teacher's guided ODE over that half and for the jump of the student it started from, scored
+                as the study scores a student (KID, precision, recall, each class's recall; --samples each)
+                (experiments/distill_diagnosis_variety.py)
 
     python -m experiments.distill_diagnosis --part times
     python -m experiments.distill_diagnosis --part collapse derivative updates ema --run RUN   # a distillation run
@@ -52,6 +56,7 @@ from experiments.distill_diagnosis_ema import part_ema, part_weights
 from experiments.distill_diagnosis_gan import part_discriminator
 from experiments.distill_diagnosis_report import INTERVALS, feature_spread, report, rms, roughness, spread
 from experiments.distill_diagnosis_runs import run_parts, student_at, teacher_euler_end, the_objective
+from experiments.distill_diagnosis_variety import part_variety
 from experiments.report import pyplot
 from moh_dit.files import atomic_write_text, json_text
 from moh_dit.training.config import load_config
@@ -60,7 +65,7 @@ OUT = ROOT / "experiments" / "results" / "distill_diagnosis"
 # the methods each part reads (None: every distillation)
 APPLIES = {"collapse": None, "derivative": ("meanflow", "trajectory"), "updates": ("meanflow", "trajectory"),
            "fit": ("trajectory",), "ema": None, "weights": None, "discriminator": ("dmd2",),
-           "consistency": ("meanflow", "trajectory", "ect")}  # fmt: skip
+           "consistency": ("meanflow", "trajectory", "ect"), "variety": ("dmd2", "sid")}  # fmt: skip
 WINDOW = 0.1  # "near" an interval: t and r each within this of its ends
 # the recipes whose draws are measured: (config, overrides)
 RECIPES = {
@@ -331,12 +336,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "weights",
             "discriminator",
             "consistency",
+            "variety",
         ],
         default=["times"],
     )
     p.add_argument("--run", type=Path, default=None, help="a distillation run folder (every part but times)")
     p.add_argument("--step", type=int, default=None, help="collapse: the checkpoint at this step (default: the last)")
-    p.add_argument("--samples", type=int, default=5000, help="weights: samples per score (the study's 5000)")
+    p.add_argument("--samples", type=int, default=5000, help="weights, variety: samples per score (the study's 5000)")
     p.add_argument("--out", type=Path, default=None,
                    help=f"where to write (default: {OUT.relative_to(ROOT)} without --run, runs/distill_diagnosis/RUN with it)")  # fmt: skip
     args = p.parse_args(argv)
@@ -350,7 +356,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              "fit": lambda: part_fit(result, args.run), "ema": lambda: part_ema(result, args.run),
              "weights": lambda: part_weights(result, args.run, out, args.samples),
              "discriminator": lambda: part_discriminator(result, args.run),
-             "consistency": lambda: part_consistency(result, args.run)}  # fmt: skip
+             "consistency": lambda: part_consistency(result, args.run),
+             "variety": lambda: part_variety(result, args.run, args.samples)}  # fmt: skip
     for part in args.part:
         parts[part]()
         atomic_write_text(path, json_text(result))

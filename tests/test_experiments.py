@@ -1505,6 +1505,49 @@ def test_the_consistency_diagnosis_measures_ects_target_image_for_the_one_step_j
         assert row[f"target dt={dt:g} to direct"] == pytest.approx(rms(target - direct))
 
 
+def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_own_images():
+    """A flow map's jump from t to r is x - (t - r) u(x, t, r); the teacher's half is Euler over its own times (exact for
+    a constant velocity); a sample set equal to the reference has recall and precision 1 overall and in each class,
+    and one that covers a class with a single repeated point has that class's recall lower and a higher KID."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from experiments.distill_diagnosis_variety import HALF_STEPS, flow_map_jump, teacher_half, variety_scores
+
+    def average_velocity(model, z, t, r, y):  # u(z, t, r) = z (t + r): the jump lands at z (1 - (t - r)(t + r))
+        return SimpleNamespace(sample=z * (t + r).reshape(-1, 1, 1, 1))
+
+    z = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(0))
+    y = torch.zeros(3, dtype=torch.long)
+    jumped = flow_map_jump(SimpleNamespace(average_velocity=average_velocity), None, z, 1.0, 0.5, y)
+    assert torch.allclose(jumped, z * (1 - 0.5 * 1.5))
+    calls = []
+
+    def constant(x, t, labels):  # dx/dt = c, so the ODE from t to r moves x by (r - t) c in any number of steps
+        calls.append(float(t.flatten()[0]))
+        return torch.full_like(x, 2.0)
+
+    assert torch.allclose(teacher_half(constant, z, 1.0, 0.5, y), z - 1.0, atol=1e-6)
+    assert len(calls) == HALF_STEPS and calls[0] == pytest.approx(1.0) and calls[-1] > 0.5
+    g = np.random.default_rng(0)
+    reference, labels = g.normal(size=(400, 8)), np.repeat(np.arange(4), 100)
+    reference[:, 0] += 10 * labels  # four well-apart classes
+    same = variety_scores(reference.copy(), labels, reference, labels)
+    assert same["recall"] == 1.0 and same["precision"] == 1.0
+    assert same["class_recall"] == [1.0] * 4
+    collapsed = reference.copy()
+    collapsed[labels == 2] = reference[labels == 2][:1] + 1e-3 * g.normal(size=(100, 8))  # class 2 on one point
+    scores = variety_scores(collapsed, labels, reference, labels)
+    assert scores["class_recall"][2] < 0.2 and scores["class_recall"][:2] == [1.0, 1.0] and scores["recall"] < 0.9
+    assert scores["kid"] > same["kid"] + 100  # x 1000: the collapsed class moves the whole set's KID
+    from experiments.distill_diagnosis_report import report
+
+    text = report({"variety": {"run": "r", "start": "s", "samples": 400, "middle": 0.5, "teacher_steps": 24,
+                               "rows": {"student, 2 steps": scores}}})  # fmt: skip
+    assert "## Where the two-step student's variety goes" in text and "| student, 2 steps |" in text
+
+
 @needs_data
 def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refuses_a_part_of_another_method(
     tmp_path, monkeypatch
@@ -1545,12 +1588,26 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
                                                                         f"train.output_dir={dmd2}"]))  # fmt: skip
     with pytest.raises(
         SystemExit,
-        match="--part derivative does not apply to .* a dmd2 student \\(for it: collapse, ema, weights, discriminator\\)",
+        match="--part derivative does not apply to .* a dmd2 student \\(for it: collapse, ema, weights, discriminator, variety\\)",
     ):
         diagnosis.main(["--part", "derivative", "--run", str(dmd2)])
     # its EMA stepped with the generator's updates only: 1 of the run's 2 steps (4 fake-score updates per generator's)
     ema = diagnosis.main(["--part", "ema", "--run", str(dmd2), "--out", str(tmp_path / "e")])["ema"]
     assert (ema["steps"], ema["updates"]) == (2, 1) and ema["start_share"] == {1: pytest.approx(0.995)}
+    # the variety part: a run from the teacher has no start to compare with (one line); a DMD2 run from the ECT student
+    # is scored at each composition, every class's recall with it
+    with pytest.raises(SystemExit, match="started from the teacher"):
+        diagnosis.main(["--part", "variety", "--run", str(dmd2), "--out", str(tmp_path / "v")])
+    from experiments import common
+    from experiments.distill_diagnosis_variety import COMPOSITIONS
+
+    monkeypatch.setattr(common, "REFERENCE_COUNT", 200)  # a small reference: about 20 test images per class
+    from_ect = tmp_path / "dmd2-from-ect"
+    train(load_config(ROOT / "configs" / "fashion_mnist_moh_dmd2.yaml", [*small, f"distill.teacher={teacher}",
+                                                                        f"distill.student_from={ect}", f"train.output_dir={from_ect}"]))  # fmt: skip
+    variety = diagnosis.main(["--part", "variety", "--run", str(from_ect), "--samples", "40", "--out", str(tmp_path / "v")])["variety"]  # fmt: skip
+    assert list(variety["rows"]) == list(COMPOSITIONS) and variety["start"] == str(ect)
+    assert all(len(r["class_recall"]) == 10 and 0 <= r["recall"] <= 1 for r in variety["rows"].values())
     # the weights part's raw pipeline: the last checkpoint's raw weights, sampled as the EMA's pipeline is, named so
     from experiments.distill_diagnosis_ema import raw_pipeline
     from moh_dit.run_folder import RunLayout

@@ -1,0 +1,129 @@
+"""The distillation diagnosis's ``variety`` part (experiments/distill_diagnosis.py): where a two-step student loses the
+teacher's variety. A two-step generator jumps from noise to the grid's middle (``distill.dmd_midpoint``) and from
+there to an image; either jump may be the one that drops modes. Each jump is swapped, alone, for the teacher's own
+guided ODE over the same half of the flow times (Euler steps of its guided velocity, as the trajectories are
+recorded), and for the jump of the student the run started from (``distill.student_from``): if the student's first
+jump followed by the teacher's second half keeps the teacher's recall, the first jump keeps the variety and the second
+drops it; and so on. Every composition starts from the same noise and class-balanced labels, and is scored as the
+study scores a student: KID, precision and recall on the project's classifier features against the test images, and
+each class's recall against that class's test images (does the gap sit in a few classes or in all?)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiments.arms import run_config
+from experiments.distill_diagnosis_runs import run_parts, student_at, the_objective
+
+__all__ = ["HALF_STEPS", "COMPOSITIONS", "part_variety", "flow_map_jump", "teacher_half", "variety_scores"]
+
+HALF_STEPS = 12  # the teacher's Euler steps over each half of the flow times (24 in all, about its sampler's 25)
+# what each composition runs from the noise to the middle and from the middle to the image (None: a one-step jump
+# straight to the image, no second half)
+COMPOSITIONS = {
+    "teacher, Euler both halves": ("teacher", "teacher"),
+    "student, 2 steps": ("student", "student"),
+    "student's first jump, then the teacher": ("student", "teacher"),
+    "the teacher, then the student's second jump": ("teacher", "student"),
+    "start, 2 steps": ("start", "start"),
+    "start's first jump, then the student's second": ("start", "student"),
+    "student's first jump, then the start's second": ("student", "start"),
+    "student, 1 step": ("student", None),
+    "start, 1 step": ("start", None),
+}
+BATCH = 500
+
+
+@torch.no_grad()
+def flow_map_jump(objective, model, x: torch.Tensor, t: float, r: float, y: torch.Tensor) -> torch.Tensor:
+    """A flow-map generator's jump from flow time ``t`` to ``r``: ``x - (t - r) u(x, t, r)``."""
+    ones = torch.ones(len(x))
+    return x - (t - r) * objective.average_velocity(model, x, t * ones, r * ones, y).sample
+
+
+@torch.no_grad()
+def teacher_half(velocity, x: torch.Tensor, t: float, r: float, y: torch.Tensor, steps: int = HALF_STEPS):
+    """The teacher's guided ODE from ``t`` to ``r`` by ``steps`` Euler steps (its recorded trajectories' sampler).
+    Written out here: diffusers' flow schedulers (``run_teacher_sampler``) always end their grid at 0, and the first
+    half must stop at the middle."""
+    times = torch.linspace(t, r, steps + 1).tolist()
+    for now, then in zip(times[:-1], times[1:]):
+        x = x + (then - now) * velocity(x, torch.full((len(x),), now), y)
+    return x
+
+
+def variety_scores(features: np.ndarray, labels: np.ndarray, reference: np.ndarray, reference_labels: np.ndarray):
+    """KID (x 1000), precision, recall of ``features`` against ``reference``, and each class's recall against that
+    class's reference features (k = 3 within the class, as the whole set's)."""
+    from moh_dit.evaluation.metrics import kernel_inception_distance, precision_recall
+
+    kid = kernel_inception_distance(reference, features)[0] * 1000
+    precision, recall = precision_recall(reference, features)
+    classes = sorted(set(labels.tolist()))
+    class_recall = [precision_recall(reference[reference_labels == c], features[labels == c])[1] for c in classes]
+    return {"kid": kid, "precision": precision, "recall": recall, "class_recall": class_recall}
+
+
+def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
+    """Every composition of :data:`COMPOSITIONS` for ``run`` (a two-step generator with a start), ``samples`` each."""
+    from experiments.common import REFERENCE_COUNT, ROOT, classifier_features, fashion_reference
+    from moh_dit.data.fashion_mnist import FashionMNIST
+    from moh_dit.evaluation.features import extract_features
+    from moh_dit.evaluation.statistics import reference_statistics
+    from moh_dit.training.distill import teacher_velocity
+
+    config, data, teacher = run_parts(run)
+    start_run = config.distill.student_from
+    if not start_run:
+        raise SystemExit(f"{run} started from the teacher (no distill.student_from): the variety part compares a "
+                         "student with the start it was trained from")  # fmt: skip
+    start_run = Path(start_run)
+    student = student_at(run, None, ema=True)
+    start = student_at(start_run, None, ema=True)
+    models = {"student": (the_objective(config, student), student),
+              "start": (the_objective(run_config(start_run), start), start)}  # fmt: skip
+    velocity = teacher_velocity(teacher, "no", torch.device("cpu"))
+    middle = float(config.distill.dmd_midpoint)
+    classes = data.num_classes
+    y_all = torch.arange(classes).repeat_interleave(-(-samples // classes))[:samples]
+    z_all = torch.randn(samples, *data.dataset[0][0].shape, generator=torch.Generator().manual_seed(1))
+
+    def first(name, z, y):
+        if name == "teacher":
+            return teacher_half(velocity, z, 1.0, middle, y)
+        objective, model = models[name]
+        return flow_map_jump(objective, model, z, 1.0, middle, y)
+
+    def second(name, x, y):
+        if name == "teacher":
+            return teacher_half(velocity, x, middle, 0.0, y)
+        objective, model = models[name]
+        return flow_map_jump(objective, model, x, middle, 0.0, y)
+
+    reference_path = fashion_reference(ROOT / "experiments" / "results", REFERENCE_COUNT)
+    extractor = classifier_features()
+    reference = np.asarray(reference_statistics(reference_path, extractor)["pool"])
+    reference_labels = np.asarray(FashionMNIST(split="test").labels[: len(reference)])
+    halves: dict[tuple[str, str], torch.Tensor] = {}  # the middles, computed once per first jump
+    rows = {}
+    for title, (a, b) in COMPOSITIONS.items():
+        images = []
+        for i in range(0, samples, BATCH):
+            z, y = z_all[i : i + BATCH], y_all[i : i + BATCH]
+            if b is None:
+                objective, model = models[a]
+                images.append(flow_map_jump(objective, model, z, 1.0, 0.0, y))
+                continue
+            key = (a, str(i))
+            if key not in halves:
+                halves[key] = first(a, z, y)
+            images.append(second(b, halves[key], y))
+        x = torch.cat(images)
+        pixels = ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).repeat(1, 3, 1, 1).permute(0, 2, 3, 1)
+        features = np.asarray(extract_features(extractor, pixels.numpy(), desc=title)["pool"])
+        rows[title] = variety_scores(features, y_all.numpy(), reference, reference_labels)
+    result["variety"] = {"run": str(run), "start": str(start_run), "samples": samples, "middle": middle,
+                         "teacher_steps": 2 * HALF_STEPS, "rows": rows}  # fmt: skip
