@@ -109,16 +109,16 @@ def report(result: dict) -> str:
                   "| student | " + " | ".join(keys) + " |", "|---" * (1 + len(keys)) + "|"]  # fmt: skip
         lines += [f"| {who} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |" for who, row in c["rows"].items()]
         lines.append("")
-    if "variety" in result:
-        v = result["variety"]
+    for name, v in result.get("variety", {}).items():
         classes = len(next(iter(v["rows"].values()))["class_recall"])
-        lines += ["## Where the two-step student's variety goes", "", f"Run: `{v['run']}`, started from `{v['start']}`; "
+        lines += [f"## Where the two-step student's variety goes ({name})", "", f"Run: `{v['run']}`, started from `{v['start']}`; "
                   f"{v['samples']} class-balanced samples from the same noise; the middle at {v['middle']:g}; the "
-                  f"teacher: {v['teacher_steps']} guided Euler steps in all", "",
+                  f"teacher: {v['teacher_steps']} guided Euler steps in all (the real score's scale: "
+                  f"{v.get('real_guidance') or 'its own'})", "",
                   "| composition | KID x 1000 | precision | recall | " + " | ".join(f"recall {c}" for c in range(classes))
                   + " |", "|---" * (4 + classes) + "|"]  # fmt: skip
-        lines += [f"| {name} | {r['kid']:.2f} | {r['precision']:.3f} | {r['recall']:.3f} | "
-                  + " | ".join(f"{c:.2f}" for c in r["class_recall"]) + " |" for name, r in v["rows"].items()]  # fmt: skip
+        lines += [f"| {row} | {r['kid']:.2f} | {r['precision']:.3f} | {r['recall']:.3f} | "
+                  + " | ".join(f"{c:.2f}" for c in r["class_recall"]) + " |" for row, r in v["rows"].items()]  # fmt: skip
         lines.append("")
     if "ema" in result:
         e = result["ema"]

@@ -10,6 +10,7 @@ each class's recall against that class's test images (does the gap sit in a few 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,11 @@ __all__ = ["HALF_STEPS", "COMPOSITIONS", "part_variety", "flow_map_jump", "teach
 
 HALF_STEPS = 12  # the teacher's Euler steps over each half of the flow times (24 in all, about its sampler's 25)
 # what each composition runs from the noise to the middle and from the middle to the image (None: a one-step jump
-# straight to the image, no second half)
+# straight to the image, no second half): the teacher's ODE at its own guidance ("teacher") or at the real score's
+# (``distill.real_guidance``: "real"), or a generator's jump
 COMPOSITIONS = {
     "teacher, Euler both halves": ("teacher", "teacher"),
+    "teacher at the real score's scale": ("real", "real"),  # the distribution the generator is pulled towards
     "student, 2 steps": ("student", "student"),
     "student's first jump, then the teacher": ("student", "teacher"),
     "the teacher, then the student's second jump": ("teacher", "student"),
@@ -68,7 +71,8 @@ def variety_scores(features: np.ndarray, labels: np.ndarray, reference: np.ndarr
 
 
 def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
-    """Every composition of :data:`COMPOSITIONS` for ``run`` (a two-step generator with a start), ``samples`` each."""
+    """Every composition of :data:`COMPOSITIONS` for ``run`` (a two-step generator with a start), ``samples`` each,
+    recorded under the run's name (the diagnoses of several runs share one results file)."""
     from experiments.common import REFERENCE_COUNT, ROOT, classifier_features, fashion_reference
     from moh_dit.data.fashion_mnist import FashionMNIST
     from moh_dit.evaluation.features import extract_features
@@ -85,21 +89,23 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
     start = student_at(start_run, None, ema=True)
     models = {"student": (the_objective(config, student), student),
               "start": (the_objective(run_config(start_run), start), start)}  # fmt: skip
-    velocity = teacher_velocity(teacher, "no", torch.device("cpu"))
+    real_scale = config.distill.real_guidance
+    velocities = {"teacher": teacher_velocity(teacher, "no", torch.device("cpu")),
+                  "real": lambda z, t, y: teacher.velocity(z, t, y, None, contextlib.nullcontext, real_scale)}  # fmt: skip
     middle = float(config.distill.dmd_midpoint)
     classes = data.num_classes
     y_all = torch.arange(classes).repeat_interleave(-(-samples // classes))[:samples]
     z_all = torch.randn(samples, *data.dataset[0][0].shape, generator=torch.Generator().manual_seed(1))
 
     def first(name, z, y):
-        if name == "teacher":
-            return teacher_half(velocity, z, 1.0, middle, y)
+        if name in velocities:
+            return teacher_half(velocities[name], z, 1.0, middle, y)
         objective, model = models[name]
         return flow_map_jump(objective, model, z, 1.0, middle, y)
 
     def second(name, x, y):
-        if name == "teacher":
-            return teacher_half(velocity, x, middle, 0.0, y)
+        if name in velocities:
+            return teacher_half(velocities[name], x, middle, 0.0, y)
         objective, model = models[name]
         return flow_map_jump(objective, model, x, middle, 0.0, y)
 
@@ -107,7 +113,7 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
     extractor = classifier_features()
     reference = np.asarray(reference_statistics(reference_path, extractor)["pool"])
     reference_labels = np.asarray(FashionMNIST(split="test").labels[: len(reference)])
-    halves: dict[tuple[str, str], torch.Tensor] = {}  # the middles, computed once per first jump
+    halves: dict[tuple[str, int], torch.Tensor] = {}  # the middles, computed once per first jump
     rows = {}
     for title, (a, b) in COMPOSITIONS.items():
         images = []
@@ -117,7 +123,7 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
                 objective, model = models[a]
                 images.append(flow_map_jump(objective, model, z, 1.0, 0.0, y))
                 continue
-            key = (a, str(i))
+            key = (a, i)
             if key not in halves:
                 halves[key] = first(a, z, y)
             images.append(second(b, halves[key], y))
@@ -125,5 +131,7 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
         pixels = ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).repeat(1, 3, 1, 1).permute(0, 2, 3, 1)
         features = np.asarray(extract_features(extractor, pixels.numpy(), desc=title)["pool"])
         rows[title] = variety_scores(features, y_all.numpy(), reference, reference_labels)
-    result["variety"] = {"run": str(run), "start": str(start_run), "samples": samples, "middle": middle,
-                         "teacher_steps": 2 * HALF_STEPS, "rows": rows}  # fmt: skip
+    result.setdefault("variety", {})[run.name] = {
+        "run": str(run), "start": str(start_run), "samples": samples, "middle": middle,
+        "teacher_steps": 2 * HALF_STEPS, "real_guidance": real_scale, "rows": rows,
+    }  # fmt: skip

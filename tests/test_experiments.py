@@ -1543,9 +1543,9 @@ def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_
     assert scores["kid"] > same["kid"] + 100  # x 1000: the collapsed class moves the whole set's KID
     from experiments.distill_diagnosis_report import report
 
-    text = report({"variety": {"run": "r", "start": "s", "samples": 400, "middle": 0.5, "teacher_steps": 24,
-                               "rows": {"student, 2 steps": scores}}})  # fmt: skip
-    assert "## Where the two-step student's variety goes" in text and "| student, 2 steps |" in text
+    text = report({"variety": {"r": {"run": "r", "start": "s", "samples": 400, "middle": 0.5, "teacher_steps": 24,
+                                     "rows": {"student, 2 steps": scores}}}})  # fmt: skip
+    assert "## Where the two-step student's variety goes (r)" in text and "| student, 2 steps |" in text
 
 
 @needs_data
@@ -1605,7 +1605,7 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
     from_ect = tmp_path / "dmd2-from-ect"
     train(load_config(ROOT / "configs" / "fashion_mnist_moh_dmd2.yaml", [*small, f"distill.teacher={teacher}",
                                                                         f"distill.student_from={ect}", f"train.output_dir={from_ect}"]))  # fmt: skip
-    variety = diagnosis.main(["--part", "variety", "--run", str(from_ect), "--samples", "40", "--out", str(tmp_path / "v")])["variety"]  # fmt: skip
+    variety = diagnosis.main(["--part", "variety", "--run", str(from_ect), "--samples", "40", "--out", str(tmp_path / "v")])["variety"][from_ect.name]  # fmt: skip
     assert list(variety["rows"]) == list(COMPOSITIONS) and variety["start"] == str(ect)
     assert all(len(r["class_recall"]) == 10 and 0 <= r["recall"] <= 1 for r in variety["rows"].values())
     # the weights part's raw pipeline: the last checkpoint's raw weights, sampled as the EMA's pipeline is, named so
