@@ -59,11 +59,11 @@ def teacher_half(velocity, x: torch.Tensor, t: float, r: float, y: torch.Tensor,
 
 
 def variety_scores(features: np.ndarray, labels: np.ndarray, reference: np.ndarray, reference_labels: np.ndarray):
-    """KID (x 1000), precision, recall of ``features`` against ``reference``, and each class's recall against that
+    """KID, precision, recall of ``features`` against ``reference``, and each class's recall against that
     class's reference features (k = 3 within the class, as the whole set's)."""
     from moh_dit.evaluation.metrics import kernel_inception_distance, precision_recall
 
-    kid = kernel_inception_distance(reference, features)[0] * 1000
+    kid = kernel_inception_distance(reference, features)[0]  # the value the study records (its tables: KID x 1000)
     precision, recall = precision_recall(reference, features)
     classes = sorted(set(labels.tolist()))
     class_recall = [precision_recall(reference[reference_labels == c], features[labels == c])[1] for c in classes]
@@ -77,6 +77,7 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
     from moh_dit.data.fashion_mnist import FashionMNIST
     from moh_dit.evaluation.features import extract_features
     from moh_dit.evaluation.statistics import reference_statistics
+    from moh_dit.progress import progress
     from moh_dit.training.distill import teacher_velocity
 
     config, data, teacher = run_parts(run)
@@ -117,7 +118,7 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
     rows = {}
     for title, (a, b) in COMPOSITIONS.items():
         images = []
-        for i in range(0, samples, BATCH):
+        for i in progress(range(0, samples, BATCH), desc=title, unit="batch"):
             z, y = z_all[i : i + BATCH], y_all[i : i + BATCH]
             if b is None:
                 objective, model = models[a]
