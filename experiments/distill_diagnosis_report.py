@@ -7,7 +7,7 @@ import statistics
 
 import torch
 
-__all__ = ["report", "INTERVALS", "spread", "roughness", "feature_spread", "rms"]
+__all__ = ["report", "INTERVALS", "spread", "roughness", "pool_features", "feature_spread", "rms"]
 
 INTERVALS = {"1 -> 0": (1.0, 0.0), "1 -> 0.5": (1.0, 0.5), "0.5 -> 0": (0.5, 0.0)}  # the sampler's own intervals
 
@@ -24,15 +24,21 @@ def roughness(images: torch.Tensor) -> float:
     return float((down + across) / 2)
 
 
+def pool_features(images: torch.Tensor, extractor, desc: str = "features") -> torch.Tensor:
+    """The classifier's pool features (what KID, precision and recall compare) of images in [-1, 1], (N, 1, H, W),
+    quantised to uint8 and repeated to RGB as a saved sample set is."""
+    from moh_dit.evaluation.features import extract_features
+
+    pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).repeat(1, 3, 1, 1)
+    return torch.as_tensor(extract_features(extractor, pixels.permute(0, 2, 3, 1).numpy(), desc=desc)["pool"])
+
+
 def feature_spread(images: torch.Tensor, labels: torch.Tensor, extractor) -> float:
     """Mean over classes of the samples' mean distance to their class centroid in the classifier's features (what
     precision and recall compare), relative to the mean distance between class centroids."""
     import numpy as np
 
-    from moh_dit.evaluation.features import extract_features
-
-    pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).repeat(1, 3, 1, 1)
-    feats = torch.as_tensor(extract_features(extractor, pixels.permute(0, 2, 3, 1).numpy(), desc="features")["pool"])
+    feats = pool_features(images, extractor)
     centroids = torch.stack([feats[labels == c].mean(0) for c in labels.unique()])
     inner = statistics.mean(
         float((feats[labels == c] - centroids[i]).norm(dim=1).mean()) for i, c in enumerate(labels.unique())

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from experiments.arms import run_config
+from experiments.distill_diagnosis_report import pool_features
 from experiments.distill_diagnosis_runs import run_parts, student_at, the_objective
 
 __all__ = ["HALF_STEPS", "COMPOSITIONS", "part_variety", "flow_map_jump", "teacher_half", "variety_scores"]
@@ -75,7 +76,6 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
     recorded under the run's name (the diagnoses of several runs share one results file)."""
     from experiments.common import REFERENCE_COUNT, ROOT, classifier_features, fashion_reference
     from moh_dit.data.fashion_mnist import FashionMNIST
-    from moh_dit.evaluation.features import extract_features
     from moh_dit.evaluation.statistics import reference_statistics
     from moh_dit.progress import progress
     from moh_dit.training.distill import teacher_velocity
@@ -98,17 +98,12 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
     y_all = torch.arange(classes).repeat_interleave(-(-samples // classes))[:samples]
     z_all = torch.randn(samples, *data.dataset[0][0].shape, generator=torch.Generator().manual_seed(1))
 
-    def first(name, z, y):
+    def move(name: str, x: torch.Tensor, t: float, r: float, y: torch.Tensor) -> torch.Tensor:
+        """From ``t`` to ``r`` by the teacher's ODE or by a generator's jump."""
         if name in velocities:
-            return teacher_half(velocities[name], z, 1.0, middle, y)
+            return teacher_half(velocities[name], x, t, r, y)
         objective, model = models[name]
-        return flow_map_jump(objective, model, z, 1.0, middle, y)
-
-    def second(name, x, y):
-        if name in velocities:
-            return teacher_half(velocities[name], x, middle, 0.0, y)
-        objective, model = models[name]
-        return flow_map_jump(objective, model, x, middle, 0.0, y)
+        return flow_map_jump(objective, model, x, t, r, y)
 
     reference_path = fashion_reference(ROOT / "experiments" / "results", REFERENCE_COUNT)
     extractor = classifier_features()
@@ -121,16 +116,12 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
         for i in progress(range(0, samples, BATCH), desc=title, unit="batch"):
             z, y = z_all[i : i + BATCH], y_all[i : i + BATCH]
             if b is None:
-                objective, model = models[a]
-                images.append(flow_map_jump(objective, model, z, 1.0, 0.0, y))
+                images.append(move(a, z, 1.0, 0.0, y))
                 continue
-            key = (a, i)
-            if key not in halves:
-                halves[key] = first(a, z, y)
-            images.append(second(b, halves[key], y))
-        x = torch.cat(images)
-        pixels = ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).repeat(1, 3, 1, 1).permute(0, 2, 3, 1)
-        features = np.asarray(extract_features(extractor, pixels.numpy(), desc=title)["pool"])
+            if (a, i) not in halves:
+                halves[(a, i)] = move(a, z, 1.0, middle, y)
+            images.append(move(b, halves[(a, i)], middle, 0.0, y))
+        features = pool_features(torch.cat(images), extractor, desc=title).numpy()
         rows[title] = variety_scores(features, y_all.numpy(), reference, reference_labels)
     result.setdefault("variety", {})[run.name] = {
         "run": str(run), "start": str(start_run), "samples": samples, "middle": middle,
