@@ -20,7 +20,15 @@ from experiments.arms import run_config
 from experiments.distill_diagnosis_report import pool_features
 from experiments.distill_diagnosis_runs import run_parts, student_at, the_objective
 
-__all__ = ["HALF_STEPS", "COMPOSITIONS", "part_variety", "flow_map_jump", "teacher_half", "variety_scores"]
+__all__ = [
+    "HALF_STEPS",
+    "COMPOSITIONS",
+    "part_variety",
+    "flow_map_jump",
+    "teacher_half",
+    "latest_step",
+    "variety_scores",
+]
 
 HALF_STEPS = 12  # the teacher's Euler steps over each half of the flow times (24 in all, about its sampler's 25)
 # what each composition runs from the noise to the middle and from the middle to the image (None: a one-step jump
@@ -59,6 +67,14 @@ def teacher_half(velocity, x: torch.Tensor, t: float, r: float, y: torch.Tensor,
     return x
 
 
+def latest_step(run: Path) -> int | None:
+    """The step of ``run``'s latest checkpoint (whose EMA weights the part reads), ``None`` without one."""
+    from moh_dit.run_folder import RunLayout, checkpoint_step
+
+    latest = RunLayout(run).latest_checkpoint() if run.is_dir() else None
+    return None if latest is None else checkpoint_step(latest)
+
+
 def variety_scores(features: np.ndarray, labels: np.ndarray, reference: np.ndarray, reference_labels: np.ndarray):
     """KID, precision, recall of ``features`` against ``reference``, and each class's recall against that
     class's reference features (k = 3 within the class, as the whole set's)."""
@@ -86,6 +102,10 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
         raise SystemExit(f"{run} started from the teacher (no distill.student_from): the variety part compares a "
                          "student with the start it was trained from")  # fmt: skip
     start_run = Path(start_run)
+    steps = {"student": latest_step(run), "start": latest_step(start_run)}
+    if steps["start"] is None:
+        raise SystemExit(f"{run} started from {start_run}, which holds no checkpoint here (moved or deleted): the "
+                         "variety part needs the start's weights")  # fmt: skip
     student = student_at(run, None, ema=True)
     start = student_at(start_run, None, ema=True)
     models = {"student": (the_objective(config, student), student),
@@ -124,6 +144,6 @@ def part_variety(result: dict, run: Path, samples: int = 5000) -> None:
         features = pool_features(torch.cat(images), extractor, desc=title).numpy()
         rows[title] = variety_scores(features, y_all.numpy(), reference, reference_labels)
     result.setdefault("variety", {})[run.name] = {
-        "run": str(run), "start": str(start_run), "samples": samples, "middle": middle,
+        "run": str(run), "start": str(start_run), "steps": steps, "samples": samples, "middle": middle,
         "teacher_steps": 2 * HALF_STEPS, "real_guidance": real_scale, "rows": rows,
     }  # fmt: skip

@@ -1607,6 +1607,11 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
                                                                         f"distill.student_from={ect}", f"train.output_dir={from_ect}"]))  # fmt: skip
     variety = diagnosis.main(["--part", "variety", "--run", str(from_ect), "--samples", "40", "--out", str(tmp_path / "v")])["variety"][from_ect.name]  # fmt: skip
     assert list(variety["rows"]) == list(COMPOSITIONS) and variety["start"] == str(ect)
+    assert variety["steps"] == {"student": 2, "start": 2}  # the checkpoints whose EMA weights were read
+    ect.rename(tmp_path / "ect-moved")  # a run whose start is gone: one line naming it
+    with pytest.raises(SystemExit, match="started from .*ect, which holds no checkpoint here"):
+        diagnosis.main(["--part", "variety", "--run", str(from_ect), "--out", str(tmp_path / "v")])
+    (tmp_path / "ect-moved").rename(ect)
     assert all(len(r["class_recall"]) == 10 and 0 <= r["recall"] <= 1 for r in variety["rows"].values())
     # the weights part's raw pipeline: the last checkpoint's raw weights, sampled as the EMA's pipeline is, named so
     from experiments.distill_diagnosis_ema import raw_pipeline
