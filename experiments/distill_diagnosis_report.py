@@ -117,10 +117,8 @@ def report(result: dict) -> str:
         lines.append("")
     for name, v in result.get("variety", {}).items():
         classes = len(next(iter(v["rows"].values()))["class_recall"])
-        lines += [f"## Where the two-step student's variety goes ({name})", "", f"Run: `{v['run']}`, started from `{v['start']}`"
-                  + ("" if "steps" not in v else f" (their checkpoints at steps {v['steps']['student']} and {v['steps']['start']})")
-                  + "; "
-                  f"{v['samples']} class-balanced samples from the same noise; the middle at {v['middle']:g}; the "
+        lines += [f"## Where the two-step student's variety goes ({name})", "", f"Run: `{v['run']}`, started from `{v['start']}` (their checkpoints at steps "
+                  f"{v['steps']['student']} and {v['steps']['start']}); {v['samples']} class-balanced samples from the same noise; the middle at {v['middle']:g}; the "
                   f"teacher: {v['teacher_steps']} guided Euler steps in all (the real score's scale: "
                   f"{v.get('real_guidance') or 'its own'}); each class's recall against its own test images, the classes in "
                   "Fashion-MNIST's order (0 T-shirt/top, 1 trouser, 2 pullover, 3 dress, 4 coat, 5 sandal, 6 shirt, "

@@ -1543,7 +1543,7 @@ def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_
     assert scores["kid"] > same["kid"] + 100  # x 1000: the collapsed class moves the whole set's KID
     from experiments.distill_diagnosis_report import report
 
-    text = report({"variety": {"r": {"run": "r", "start": "s", "samples": 400, "middle": 0.5, "teacher_steps": 24,
+    text = report({"variety": {"r": {"run": "r", "start": "s", "steps": {"student": 4, "start": 2}, "samples": 400, "middle": 0.5, "teacher_steps": 24,
                                      "rows": {"student, 2 steps": scores}}}})  # fmt: skip
     assert "## Where the two-step student's variety goes (r)" in text and "| student, 2 steps |" in text
 
