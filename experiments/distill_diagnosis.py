@@ -25,8 +25,10 @@ measurements on the distillation's own code (docs/objective.md#the-diagnosis).
                 images from one-step samples at fixed noise times (ROC area), and how fast it learns that alone
     variety     where a two-step DMD2 or SiD student loses the teacher's recall: each of its two jumps swapped alone
                 for the teacher's guided ODE over that half and for the jump of the student it started from, scored
-                as the study scores a student (KID, precision, recall, each class's recall; --samples each)
-                (experiments/distill_diagnosis_variety.py)
+                as the study scores a student (KID, precision, recall, each class's recall; --samples each;
+                --generators-only: the student's and its start's compositions alone, a minute instead of half an
+                hour); runs of one arm at several seeds (ARM-seedN) are read side by side, each composition paired
+                with the student alone (experiments/distill_diagnosis_variety.py)
 
     python -m experiments.distill_diagnosis --part times
     python -m experiments.distill_diagnosis --part collapse derivative updates ema --run RUN   # a distillation run
@@ -343,6 +345,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--run", type=Path, default=None, help="a distillation run folder (every part but times)")
     p.add_argument("--step", type=int, default=None, help="collapse: the checkpoint at this step (default: the last)")
     p.add_argument("--samples", type=int, default=5000, help="weights, variety: samples per score (the study's 5000)")
+    p.add_argument("--generators-only", action="store_true",
+                   help="variety: only the student's and its start's compositions (no teacher ODE: about a minute)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None,
                    help=f"where to write (default: {OUT.relative_to(ROOT)} without --run, runs/distill_diagnosis/RUN with it)")  # fmt: skip
     args = p.parse_args(argv)
@@ -357,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              "weights": lambda: part_weights(result, args.run, out, args.samples),
              "discriminator": lambda: part_discriminator(result, args.run),
              "consistency": lambda: part_consistency(result, args.run),
-             "variety": lambda: part_variety(result, args.run, args.samples)}  # fmt: skip
+             "variety": lambda: part_variety(result, args.run, args.samples, args.generators_only)}  # fmt: skip
     for part in args.part:
         parts[part]()
         atomic_write_text(path, json_text(result))

@@ -7,9 +7,49 @@ import statistics
 
 import torch
 
-__all__ = ["report", "INTERVALS", "spread", "roughness", "pool_features", "feature_spread", "rms"]
+__all__ = ["report", "across_seeds", "INTERVALS", "spread", "roughness", "pool_features", "feature_spread", "rms"]
 
 INTERVALS = {"1 -> 0": (1.0, 0.0), "1 -> 0.5": (1.0, 0.5), "0.5 -> 0": (0.5, 0.0)}  # the sampler's own intervals
+
+
+def across_seeds(variety: dict[str, dict], baseline: str = "student, 2 steps") -> list[str]:
+    """The variety records of one arm at several seeds (run names ``ARM-seedN``) side by side: each composition that
+    every seed has, its KID and recall per seed, and its paired difference from ``baseline`` (the student alone)
+    averaged over the seeds, with the seeds on which it is ahead."""
+    import re
+
+    arms: dict[str, dict[str, dict]] = {}
+    for name, record in variety.items():
+        named = re.fullmatch(r"(.*)-seed(\d+)", name)
+        arm, seed = named.groups() if named else (name, "-1")
+        arms.setdefault(arm, {})[seed] = record["rows"]
+    lines = []
+    for arm, seeds in arms.items():
+        if len(seeds) < 2:
+            continue
+        order = sorted(seeds, key=int)
+        shared = [t for t in seeds[order[0]] if all(t in rows for rows in seeds.values())]
+        lines += [f"## The compositions across seeds ({arm})", "", f"Seeds {', '.join(order)}, one run each; 'vs the "
+                  f"student': the composition's value minus that of '{baseline}' on the same seed (KID: below 0 is "
+                  "better; recall: above 0), averaged over the seeds; 'ahead': the seeds on which the composition is "
+                  "better.", "",
+                  "| composition | KID x 1000 per seed | mean | vs the student | ahead | recall per seed | mean | vs the student | ahead |",
+                  "|---" * 9 + "|"]  # fmt: skip
+        for title in shared:
+            kid = [seeds[s][title]["kid"] for s in order]
+            recall = [seeds[s][title]["recall"] for s in order]
+            base = [seeds[s].get(baseline) for s in order]
+            if all(base) and title != baseline:
+                dk = [k - b["kid"] for k, b in zip(kid, base)]
+                dr = [r - b["recall"] for r, b in zip(recall, base)]
+                paired = (f"{statistics.mean(dk):+.2f} | {sum(d < 0 for d in dk)} of {len(dk)}",
+                          f"{statistics.mean(dr):+.3f} | {sum(d > 0 for d in dr)} of {len(dr)}")  # fmt: skip
+            else:
+                paired = ("- | -", "- | -")
+            lines.append(f"| {title} | {' / '.join(f'{k:.2f}' for k in kid)} | {statistics.mean(kid):.2f} | {paired[0]} "
+                         f"| {' / '.join(f'{r:.3f}' for r in recall)} | {statistics.mean(recall):.3f} | {paired[1]} |")  # fmt: skip
+        lines.append("")
+    return lines
 
 
 def spread(images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -128,6 +168,7 @@ def report(result: dict) -> str:
         lines += [f"| {row} | {r['kid']:.2f} | {r['precision']:.3f} | {r['recall']:.3f} | "
                   + " | ".join(f"{c:.2f}" for c in r["class_recall"]) + " |" for row, r in v["rows"].items()]  # fmt: skip
         lines.append("")
+    lines += across_seeds(result.get("variety", {}))
     if "ema" in result:
         e = result["ema"]
         if "teacher_share" in e:  # a record written before the EMA's own updates were counted (one per step)

@@ -1548,6 +1548,29 @@ def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_
     assert "## Where the two-step student's variety goes (r)" in text and "| student, 2 steps |" in text
 
 
+def test_the_variety_report_reads_an_arm_across_seeds_paired_with_its_student():
+    """Records of one arm at several seeds (``ARM-seedN``) are set side by side: per seed, the mean, and the paired
+    difference from the student's own two steps with the seeds on which a composition is ahead; an arm at one seed
+    gets no such table."""
+    from experiments.distill_diagnosis_report import across_seeds
+
+    def record(student: float, composite: float, recall: float) -> dict:
+        row = {"precision": 0.5, "class_recall": [0.5]}
+        return {"rows": {"student, 2 steps": {"kid": student, "recall": 0.30, **row},
+                         "start's first jump": {"kid": composite, "recall": recall, **row}}}  # fmt: skip
+
+    lines = across_seeds({"a-seed2": record(3.0, 2.5, 0.40), "a-seed0": record(2.0, 2.2, 0.33),
+                          "a-seed1": record(4.0, 3.1, 0.36), "b-seed0": record(1.0, 1.0, 0.3)})  # fmt: skip
+    text = "\n".join(lines)
+    assert "(a)" in text and "(b)" not in text and "Seeds 0, 1, 2" in text
+    # KID differences +0.2, -0.9, -0.5: mean -0.40, ahead on two; recall +0.03, +0.06, +0.10: +0.063, ahead on three
+    assert (
+        "| start's first jump | 2.20 / 3.10 / 2.50 | 2.60 | -0.40 | 2 of 3 | 0.330 / 0.360 / 0.400 | 0.363 | +0.063 | 3 of 3 |"
+        in lines
+    )
+    assert "| student, 2 steps | 2.00 / 4.00 / 3.00 | 3.00 | - | - | 0.300 / 0.300 / 0.300 | 0.300 | - | - |" in lines
+
+
 @needs_data
 def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refuses_a_part_of_another_method(
     tmp_path, monkeypatch
@@ -1607,6 +1630,13 @@ def test_the_diagnosis_of_a_short_run_on_a_subset_writes_under_its_out_and_refus
                                                                         f"distill.student_from={ect}", f"train.output_dir={from_ect}"]))  # fmt: skip
     variety = diagnosis.main(["--part", "variety", "--run", str(from_ect), "--samples", "40", "--out", str(tmp_path / "v")])["variety"][from_ect.name]  # fmt: skip
     assert list(variety["rows"]) == list(COMPOSITIONS) and variety["start"] == str(ect)
+    only = diagnosis.main(["--part", "variety", "--run", str(from_ect), "--samples", "40", "--generators-only",
+                           "--out", str(tmp_path / "g")])["variety"][from_ect.name]["rows"]  # fmt: skip
+    assert list(only) == [t for t in COMPOSITIONS if "teacher" not in t]  # no teacher ODE
+    assert (
+        only["start's first jump, then the student's second"]
+        == variety["rows"]["start's first jump, then the student's second"]
+    )
     assert variety["steps"] == {"student": 2, "start": 2}  # the checkpoints whose EMA weights were read
     ect.rename(tmp_path / "ect-moved")  # a run whose start is gone: one line naming it
     with pytest.raises(SystemExit, match="started from .*ect, which holds no checkpoint here"):
