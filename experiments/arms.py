@@ -141,22 +141,36 @@ def scores_row(scores: dict) -> dict:
 
 
 def score_model(
-    model: Path, name: str, scheduler: str, steps: int, scale: float, ctx: dict, cache: str = "none"
+    model: Path,
+    name: str,
+    scheduler: str,
+    steps: int,
+    scale: float,
+    ctx: dict,
+    cache: str = "none",
+    lead: Path | None = None,
 ) -> dict:
     """One sample set of ``model`` (its recorded guidance interval and grid averaging, this sampler, steps and scale,
-    the cache) scored (reused when it exists): KID with its 90% interval, FID, precision, recall, the seconds per image
-    and the network evaluations per image counted. ``ctx``: the study's ``out``, ``reference``, ``extractor``,
-    ``samples``, ``bootstrap``; ``name`` names the sample folder."""
+    the cache; ``lead``: a hand-off, this model's first step taken by that one) scored (reused when it exists): KID
+    with its 90% interval, FID, precision, recall, the seconds per image and the network evaluations per image
+    counted (the lead's with them). ``ctx``: the study's ``out``, ``reference``, ``extractor``, ``samples``,
+    ``bootstrap``; ``name`` names the sample folder."""
     spec = recorded_sampling(model).replace(
         scheduler=None, num_inference_steps=steps, guidance_scale=scale, cache=None if cache == "none" else cache,
-        cache_options=None,
+        cache_options=None, lead_model=None if lead is None else str(lead),
     )  # fmt: skip
     samples = ctx["samples"]
     settings = GenerationSettings(
         samples, seed=1000, batch_size=min(250, samples), label_mode="balanced", sampling=spec
     )
     folder = (
-        ctx["out"] / "samples" / (f"{name}-{scheduler}{steps}-cfg{scale:g}" + ("" if cache == "none" else f"-{cache}"))
+        ctx["out"]
+        / "samples"
+        / (
+            f"{name}-{scheduler}{steps}-cfg{scale:g}"
+            + ("" if cache == "none" else f"-{cache}")
+            + ("" if lead is None else f"-lead-{lead.parent.name}")
+        )
     )
     scores = sample_and_score(
         model, folder.with_name(f"{folder.name}-n{samples}"), settings, scheduler, ctx["reference"], ctx["extractor"],
@@ -168,20 +182,27 @@ def score_model(
 
 def counted_evaluations(model: Path, spec, scheduler: str) -> int:
     """Network evaluations of one image under ``spec``, counted: the rows of every forward (CFG's two halves and grid
-    averaging's copies each count; a cache's skips do not lower it: the setting's uncached count)."""
+    averaging's copies each count; a cache's skips do not lower it: the setting's uncached count; a hand-off's lead's
+    count with the model's)."""
     pipe = load_pipeline(model, device="cpu", scheduler=scheduler)
-    return counted_rows(pipe, lambda: sample_grid(pipe, [0], 1, 0, spec.replace(scheduler=scheduler, cache=None)))
+    spec = spec.replace(scheduler=scheduler, cache=None)
+    lead = pipe.lead_for(spec)
+    return counted_rows(pipe, lambda: sample_grid(pipe, [0], 1, 0, spec), [] if lead is None else [lead.model])
 
 
-def counted_rows(pipe, run: Callable[[], object]) -> int:
-    """The rows ``pipe``'s network evaluates in one call of ``run`` (CFG's two halves count twice), by a forward
-    hook."""
+def counted_rows(pipe, run: Callable[[], object], others: list | None = None) -> int:
+    """The rows ``pipe``'s network (and ``others``: a hand-off's lead) evaluates in one call of ``run`` (CFG's two
+    halves count twice), by forward hooks."""
     rows: list[int] = []
-    handle = pipe.transformer.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+    handles = [
+        net.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+        for net in [pipe.transformer, *(others or [])]
+    ]
     try:
         run()
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     return sum(rows)
 
 

@@ -147,6 +147,7 @@ SCALES = {
     },
 }
 MATCH = ("arm", "seed", "steps", "scale", "samples")  # a scored row's identity (and how many samples scored it)
+HANDOFF_MATCH = (*MATCH, "lead")  # a hand-off's: and the student whose jump leads
 
 
 def student_arms(seed: int, out: Path, sc: dict) -> dict[str, tuple[str, list[str]]]:
@@ -284,14 +285,16 @@ def _train_student(arm: str, seed: int, sc: dict, out: Path, reference: Path, ar
 
 
 def part_score(ctx: dict, seeds, result: dict, only: list[str] | None = None) -> None:
-    """Every trained student at its step counts (:func:`scored_steps`) without guidance (it is folded in), every teacher at 25 steps with
-    the guidance folded into its students; then grids of seed 0's students at 1 and 2 steps."""
+    """Every trained student at its step counts (:func:`scored_steps`) without guidance (it is folded in), a dmd2 study's
+    two-step generator also with its start's first jump (:func:`_score_handoff`), every teacher at 25 steps with the
+    guidance folded into its students; then grids of seed 0's students at 1 and 2 steps."""
     for seed in seeds:
         for arm in student_arms(seed, ctx["out"], ctx["scale"]):
             if not selected(arm, seed, only, ctx["scale"]) or not model_of(arm, seed, ctx["out"]).is_dir():
                 continue
             for steps in scored_steps(arm):
                 _score_once(result, ctx, arm, seed, "meanflow", steps, 1.0)
+            _score_handoff(result, ctx, arm, seed)
         for kind in KINDS:
             teacher = model_of(kind, seed, ctx["out"])
             if not teacher.is_dir():
@@ -319,6 +322,24 @@ def _score_once(result: dict, ctx: dict, arm: str, seed: int, scheduler: str, st
     if ctx.get("rescore") or not is_recorded(result["scores"], MATCH, identity):
         scores = score_model(model_of(arm, seed, ctx["out"]), run_name(arm, seed), scheduler, steps, scale, ctx)
         result["scores"] = with_row(result["scores"], MATCH, identity | {"scheduler": scheduler} | scores)
+        save(ctx["out"], result)
+
+
+def _score_handoff(result: dict, ctx: dict, arm: str, seed: int) -> None:
+    """A dmd2 study's two-step generator with its first jump taken by the student it started from (a hand-off,
+    moh_dit/sampling/leads.py): the same two network evaluations, no more training. Kept in ``result["handoff"]``
+    apart from the students' own rows, each paired with its student alone by the report."""
+    start = start_of(arm) if arm.startswith(ARMS) else None
+    if start is None or "diverged" in result["training"].get(run_name(arm, seed), {}):
+        return
+    lead = model_of(start, seed, ctx["out"])
+    if not lead.is_dir():
+        return
+    identity = dict(arm=arm, seed=seed, steps=2, scale=1.0, samples=ctx["samples"], lead=start)
+    rows = result.setdefault("handoff", [])
+    if ctx.get("rescore") or not is_recorded(rows, HANDOFF_MATCH, identity):
+        scores = score_model(model_of(arm, seed, ctx["out"]), run_name(arm, seed), "meanflow", 2, 1.0, ctx, lead=lead)
+        result["handoff"] = with_row(rows, HANDOFF_MATCH, identity | {"scheduler": "meanflow"} | scores)
         save(ctx["out"], result)
 
 

@@ -12,6 +12,17 @@ __all__ = ["report", "across_seeds", "INTERVALS", "spread", "roughness", "pool_f
 INTERVALS = {"1 -> 0": (1.0, 0.0), "1 -> 0.5": (1.0, 0.5), "0.5 -> 0": (0.5, 0.0)}  # the sampler's own intervals
 
 
+def _jumps(record: dict) -> str:
+    """How the record's generators jumped to the middle: each one's own sampler step (a record written before it said
+    so: the flow map's jump, which is how those were made)."""
+    renoises = record.get("renoises")
+    if renoises is None:
+        return "each generator's first jump along its flow map (1 to the middle)"
+    kinds = [f"the {name}'s {'renoised (the data predicted, noised afresh)' if r else 'along its flow map'}"
+             for name, r in renoises.items()]  # fmt: skip
+    return "each generator's first jump as its own sampler takes it: " + ", ".join(kinds)
+
+
 def across_seeds(variety: dict[str, dict], baseline: str = "student, 2 steps") -> list[str]:
     """The variety records of one arm at several seeds (run names ``ARM-seedN``) side by side: each composition that
     every seed has, its KID and recall per seed, and its paired difference from ``baseline`` (the student alone)
@@ -160,7 +171,7 @@ def report(result: dict) -> str:
         lines += [f"## Where the two-step student's variety goes ({name})", "", f"Run: `{v['run']}`, started from `{v['start']}` (their checkpoints at steps "
                   f"{v['steps']['student']} and {v['steps']['start']}); {v['samples']} class-balanced samples from the same noise; the middle at {v['middle']:g}; the "
                   f"teacher: {v['teacher_steps']} guided Euler steps in all (the real score's scale: "
-                  f"{v.get('real_guidance') or 'its own'}); each class's recall against its own test images, the classes in "
+                  f"{v.get('real_guidance') or 'its own'}); {_jumps(v)}; each class's recall against its own test images, the classes in "
                   "Fashion-MNIST's order (0 T-shirt/top, 1 trouser, 2 pullover, 3 dress, 4 coat, 5 sandal, 6 shirt, "
                   "7 sneaker, 8 bag, 9 ankle boot)", "",
                   "| composition | KID x 1000 | precision | recall | " + " | ".join(f"recall {c}" for c in range(classes))

@@ -2,7 +2,9 @@
 teacher's variety. A two-step generator jumps from noise to the grid's middle (``distill.dmd_midpoint``) and from
 there to an image; either jump may be the one that drops modes. Each jump is swapped, alone, for the teacher's own
 guided ODE over the same half of the flow times (Euler steps of its guided velocity, as the trajectories are
-recorded), and for the jump of the student the run started from (``distill.student_from``): if the student's first
+recorded), and for the jump of the student the run started from (``distill.student_from``). A generator's jump is the
+step its own sampler takes: a DMD2 or SiD generator predicts the data and noises it afresh to the middle (its
+renoising sampler), an ECT or trajectory student jumps along its flow map: if the student's first
 jump followed by the teacher's second half keeps the teacher's recall, the first jump keeps the variety and the second
 drops it; and so on. Every composition starts from the same noise and class-balanced labels, and is scored as the
 study scores a student: KID, precision and recall on the project's classifier features against the test images, and
@@ -26,6 +28,7 @@ __all__ = [
     "GENERATORS_ONLY",
     "part_variety",
     "flow_map_jump",
+    "sampler_jump",
     "teacher_half",
     "latest_step",
     "variety_scores",
@@ -57,6 +60,18 @@ def flow_map_jump(objective, model, x: torch.Tensor, t: float, r: float, y: torc
     """A flow-map generator's jump from flow time ``t`` to ``r``: ``x - (t - r) u(x, t, r)``."""
     ones = torch.ones(len(x))
     return x - (t - r) * objective.average_velocity(model, x, t * ones, r * ones, y).sample
+
+
+@torch.no_grad()
+def sampler_jump(
+    objective, model, x: torch.Tensor, t: float, r: float, y: torch.Tensor, noise: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The step from ``t`` to ``r`` that the model's own sampler takes (``objective.make_scheduler``): with a renoising
+    one (a DMD2 or SiD generator's) the data predicted from ``t``, noised afresh to ``r`` by ``noise``,
+    ``(1 - r) x_0 + r noise``; otherwise the flow map's jump (:func:`flow_map_jump`)."""
+    if r > 0 and objective.make_scheduler("meanflow").config.get("renoise", False):
+        return (1 - r) * flow_map_jump(objective, model, x, t, 0.0, y) + r * noise
+    return flow_map_jump(objective, model, x, t, r, y)
 
 
 @torch.no_grad()
@@ -121,13 +136,14 @@ def part_variety(result: dict, run: Path, samples: int = 5000, generators_only: 
     classes = data.num_classes
     y_all = torch.arange(classes).repeat_interleave(-(-samples // classes))[:samples]
     z_all = torch.randn(samples, *data.dataset[0][0].shape, generator=torch.Generator().manual_seed(1))
+    renoise_all = torch.randn(z_all.shape, generator=torch.Generator().manual_seed(2))  # a renoising first jump's
 
-    def move(name: str, x: torch.Tensor, t: float, r: float, y: torch.Tensor) -> torch.Tensor:
-        """From ``t`` to ``r`` by the teacher's ODE or by a generator's jump."""
+    def move(name: str, x: torch.Tensor, t: float, r: float, y: torch.Tensor, i: int) -> torch.Tensor:
+        """From ``t`` to ``r`` by the teacher's ODE or by a generator's own sampler step (batch ``i``'s noise)."""
         if name in velocities:
             return teacher_half(velocities[name], x, t, r, y)
         objective, model = models[name]
-        return flow_map_jump(objective, model, x, t, r, y)
+        return sampler_jump(objective, model, x, t, r, y, renoise_all[i : i + len(x)])
 
     reference_path = fashion_reference(ROOT / "experiments" / "results", REFERENCE_COUNT)
     extractor = classifier_features()
@@ -142,14 +158,16 @@ def part_variety(result: dict, run: Path, samples: int = 5000, generators_only: 
         for i in progress(range(0, samples, BATCH), desc=title, unit="batch"):
             z, y = z_all[i : i + BATCH], y_all[i : i + BATCH]
             if b is None:
-                images.append(move(a, z, 1.0, 0.0, y))
+                images.append(move(a, z, 1.0, 0.0, y, i))
                 continue
             if (a, i) not in halves:
-                halves[(a, i)] = move(a, z, 1.0, middle, y)
-            images.append(move(b, halves[(a, i)], middle, 0.0, y))
+                halves[(a, i)] = move(a, z, 1.0, middle, y, i)
+            images.append(move(b, halves[(a, i)], middle, 0.0, y, i))
         features = pool_features(torch.cat(images), extractor, desc=title).numpy()
         rows[title] = variety_scores(features, y_all.numpy(), reference, reference_labels)
     result.setdefault("variety", {})[run.name] = {
         "run": str(run), "start": str(start_run), "steps": steps, "samples": samples, "middle": middle,
         "teacher_steps": 2 * HALF_STEPS, "real_guidance": real_scale, "rows": rows,
+        "renoises": {name: bool(objective.make_scheduler("meanflow").config.get("renoise", False))
+                     for name, (objective, _) in models.items()},
     }  # fmt: skip

@@ -193,6 +193,39 @@ def _goal_lines(result: dict, kind: str, arms: list[str]) -> list[str]:
     return lines
 
 
+def _handoff_lines(result: dict, kind: str) -> list[str]:
+    """Each two-step generator of this teacher scored with its start's first jump (``result["handoff"]``, the study's
+    samples): KID per seed beside the generator alone, paired by seed; recall likewise; each against the goal."""
+    samples = result["protocol"]["samples"]
+    led = [r for r in result.get("handoff", []) if r["samples"] == samples and r["arm"].split("-")[1] == kind]
+    if not led:
+        return []
+    rows = final_rows(result)
+    teacher, recall_t = _by_seed(rows, kind, TEACHER_STEPS), _by_seed(rows, kind, TEACHER_STEPS, "recall")
+    limit, gap = GOAL[2]
+    lines = ["", f"#### {NAMES[kind]}: the start's first jump, then the generator's second (a hand-off)", "",
+             "The same two network evaluations and no more training (`--lead-model`, docs/sampling.md#hand-off); "
+             "scored as the students are, each paired with the generator's own two steps at its seed.", ""]  # fmt: skip
+    for arm in sorted({r["arm"] for r in led}):
+        start = next(r["lead"] for r in led if r["arm"] == arm)
+        mine = {r["seed"]: r for r in led if r["arm"] == arm}
+        kid, recall = {s: r["kid"] for s, r in mine.items()}, {s: r["recall"] for s, r in mine.items()}
+        alone, alone_recall = _by_seed(rows, arm, 2), _by_seed(rows, arm, 2, "recall")
+        for what, values, base, digits in (("KID x 1000", kid, alone, 2), ("recall", recall, alone_recall, 3)):
+            lines += [f"{arm}, two steps, {what}:", ""]
+            lines += by_seed_table(("sampler",), [(("alone",), base, None), ((f"{start}'s first jump, then its second",),
+                                                                             values, base)], "alone", digits)  # fmt: skip
+            lines.append("")
+        pairs = [(kid[s] / teacher[s], recall[s] - recall_t[s]) for s in sorted(kid) if s in teacher and s in recall_t]
+        if pairs:
+            met = sum(r <= limit and g >= -gap for r, g in pairs)
+            lines += [f"- With the hand-off: {fmt_values([r for r, _ in pairs])} x the teacher's KID, recall "
+                      f"{fmt_values([g for _, g in pairs], 3)} from the teacher's (goal <= {limit:g}x, within {gap:g}); "
+                      f"met at {met} of {len(pairs)} seeds."]  # fmt: skip
+        lines.append("")
+    return lines
+
+
 def _one_seed_lines(result: dict, kind: str, seed: int) -> list[str]:
     """Every DMD2 arm of this teacher scored at ``seed`` where that seed holds a setting measured at it alone (not a
     three-seed arm's or the baseline's), the three-seed arms and the baseline beside it where scored: its settings'
@@ -292,7 +325,8 @@ def dmd2_lines(result: dict) -> list[str]:
              f"Scored with {result['protocol']['samples']} class-balanced samples, teachers included; cost: "
              "the whole distillation over the teacher's training."]  # fmt: skip
     for kind in NAMES:
-        lines += _final_lines(result, kind) + _one_seed_tables(result, kind) + _cost_lines(result, kind)
+        lines += _final_lines(result, kind) + _handoff_lines(result, kind)
+        lines += _one_seed_tables(result, kind) + _cost_lines(result, kind)
     return lines
 
 

@@ -1193,6 +1193,64 @@ def test_distill_score_part_alone_skips_what_is_not_trained_yet(tmp_path, monkey
     assert (tmp_path / "RESULTS.md").is_file()
 
 
+def test_distill_scores_a_two_step_generator_with_its_starts_first_jump_apart_and_pairs_it_in_the_report(
+    tmp_path, monkeypatch
+):
+    """A dmd2 study arm with a start is scored at two steps with the start's pipeline leading (a row of its own in
+    ``handoff``, never over the arm's own), once; an arm from the teacher, or whose start is not trained, is not; the
+    report pairs the hand-off with the generator alone by seed and reads it against the goal."""
+    from experiments import distill
+    from experiments.distill_dmd2_report import _handoff_lines
+
+    calls = []
+    monkeypatch.setattr(distill, "score_model", lambda model, name, *a, lead=None, **k: calls.append((name, lead)) or {"kid": 2.0, "recall": 0.4})  # fmt: skip
+    monkeypatch.setattr(distill, "save", lambda out, result: None)
+    ctx, result = {"out": tmp_path, "samples": 5000}, {"training": {}, "scores": []}
+    arm = "sidecfdt-flow-g3-nogan-alpha1-real8-b4"
+    distill._score_handoff(result, ctx, arm, 0)  # its start is not trained (yet)
+    (tmp_path / "runs" / "ectfewdt-flow-seed0" / "pipeline").mkdir(parents=True)
+    for name in (arm, arm, "dmd2g-flow", "meanflow-flow"):  # the second time: recorded, not redone
+        distill._score_handoff(result, ctx, name, 0)
+    assert calls == [(f"{arm}-seed0", tmp_path / "runs" / "ectfewdt-flow-seed0" / "pipeline")]
+    assert result["handoff"] == [{"arm": arm, "seed": 0, "steps": 2, "scale": 1.0, "samples": 5000,
+                                  "lead": "ectfewdt-flow", "scheduler": "meanflow", "kid": 2.0, "recall": 0.4}]  # fmt: skip
+    assert result["scores"] == []
+    result = {"protocol": {"samples": 5000}, "scores": [
+        *({"arm": arm, "seed": s, "steps": 2, "samples": 5000, "kid": k, "recall": 0.30} for s, k in ((0, 2.6), (1, 3.0))),
+        *({"arm": "flow", "seed": s, "steps": 25, "samples": 5000, "kid": k, "recall": 0.50} for s, k in ((0, 2.0), (1, 2.0)))],
+        "handoff": [{"arm": arm, "seed": s, "steps": 2, "samples": 5000, "kid": k, "recall": 0.48, "lead": "ectfewdt-flow"}
+                    for s, k in ((0, 2.2), (1, 2.8))]}  # fmt: skip
+    lines = _handoff_lines(result, "flow")
+    assert (
+        "| ectfewdt-flow's first jump, then its second | 2.20 | 2.80 | 2.50 [-1.31, 6.31] | -0.30 [-1.57, 0.97] |"
+        in lines
+    )
+    assert (
+        "| ectfewdt-flow's first jump, then its second | 0.480 | 0.480 | 0.480 [0.480, 0.480] | 0.180 [0.180, 0.180] |"
+        in lines
+    )
+    # 1.1x and 1.4x the teacher, recall 0.02 below it: met at seed 0 only
+    assert any(
+        line.startswith("- With the hand-off: 1.25 [") and line.endswith("met at 1 of 2 seeds.") for line in lines
+    )
+    assert _handoff_lines(result, "ddpm") == []
+
+
+def test_a_hand_off_counts_the_leads_network_evaluations_with_the_models(tmp_path):
+    from experiments.arms import counted_evaluations
+    from moh_dit.sampling.spec import SamplingSpec
+    from tests.helpers.factories import tiny_model, tiny_pipeline
+
+    meanflow = {"name": "meanflow", "guidance_scale": 1.0, "guidance_mix": 0.0, "guidance_times": [0.0, 1.0]}
+    for name, seed in (("main", 0), ("lead", 1)):
+        model = tiny_model(signal=0.1, learn_sigma=False, objective=meanflow, time_inputs=2, seed=seed)
+        tiny_pipeline(model, scheduler="meanflow").save(tmp_path / name, {"kind": "test"})
+    spec = SamplingSpec.create("meanflow", 3, 1.0)
+    assert counted_evaluations(tmp_path / "main", spec, "meanflow") == 3
+    led = spec.replace(lead_model=str(tmp_path / "lead"), lead_steps=2)
+    assert counted_evaluations(tmp_path / "main", led, "meanflow") == 3  # two by the lead, one by the model
+
+
 @pytest.mark.slow
 @needs_data
 def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_path):
@@ -1218,6 +1276,9 @@ def test_distill_study_trains_teachers_and_students_scores_them_and_reports(tmp_
     assert "## DMD2 as its references train it" in text and "KID against what the distillation cost" in text
     assert (tmp_path / "grid_meanflow-flow_1step.png").is_file() and (tmp_path / "distill_kid.png").is_file()
     assert (tmp_path / "distill_cost.png").is_file()
+    # the DMD2 stage from the short start, also with the start's first jump: a row of its own, both networks counted
+    led = next(r for r in result["handoff"] if r["arm"] == "dmd2s-flow-g2")
+    assert led["lead"] == "short-flow" and led["nfe"] == 2 and "a hand-off" in text
 
 
 def test_each_studys_tiny_scale_needs_no_flag_the_docs_do_not_show(tmp_path, monkeypatch):
@@ -1522,6 +1583,22 @@ def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_
     y = torch.zeros(3, dtype=torch.long)
     jumped = flow_map_jump(SimpleNamespace(average_velocity=average_velocity), None, z, 1.0, 0.5, y)
     assert torch.allclose(jumped, z * (1 - 0.5 * 1.5))
+    # the sampler's own step: a renoising generator predicts the data from t (x_0 = z (1 - t^2): u = z t at r = 0)
+    # and noises it to r; a flow map jumps; the last step (r = 0) is the data either way
+    from experiments.distill_diagnosis_variety import sampler_jump
+    from moh_dit.objectives.flow_schedulers import MeanFlowScheduler
+
+    def objective(renoise: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            average_velocity=average_velocity, make_scheduler=lambda name: MeanFlowScheduler(renoise=renoise)
+        )
+
+    noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(
+        sampler_jump(objective(True), None, z, 1.0, 0.5, y, noise), 0.5 * z * (1 - 1.0) + 0.5 * noise
+    )
+    assert torch.allclose(sampler_jump(objective(False), None, z, 1.0, 0.5, y, noise), jumped)
+    assert torch.allclose(sampler_jump(objective(True), None, z, 0.5, 0.0, y, noise), z * (1 - 0.25))
     calls = []
 
     def constant(x, t, labels):  # dx/dt = c, so the ODE from t to r moves x by (r - t) c in any number of steps

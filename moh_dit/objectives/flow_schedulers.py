@@ -113,6 +113,10 @@ class FlowSDEScheduler(SchedulerMixin, ConfigMixin):
     def step_index(self) -> int | None:
         return self._step_index
 
+    def set_begin_index(self, begin_index: int = 0) -> None:
+        """Start at the grid's ``begin_index``-th point (diffusers' name: a sampler taken over mid-grid)."""
+        self._step_index = begin_index
+
     def scale_model_input(self, sample: torch.Tensor, timestep=None) -> torch.Tensor:
         return sample
 
@@ -180,6 +184,10 @@ class MeanFlowScheduler(SchedulerMixin, ConfigMixin):
         self.timesteps = self.sigmas[:-1] * self.config.num_train_timesteps
         self.num_inference_steps = len(self.timesteps)
         self._index = 0
+
+    def set_begin_index(self, begin_index: int = 0) -> None:
+        """Start at the grid's ``begin_index``-th interval (diffusers' name: a sampler taken over mid-grid)."""
+        self._index = begin_index
 
     def step(
         self,

@@ -44,6 +44,7 @@ __all__ = [
     "TaylorSeer",
     "CACHES",
     "cache_class",
+    "prepared_cache",
     "check_cache_options",
     "describe_cache",
     "CachedNetwork",
@@ -181,6 +182,13 @@ class TaylorSeer(SamplingCache):
 
 
 CACHES: dict[str, type[SamplingCache]] = {cache.name: cache for cache in (FirstBlockCache, MagCache, TaylorSeer)}
+
+
+def prepared_cache(pipe: Any, sampling: Any, guide: Any = None) -> SamplingCache:
+    """The cache ``sampling`` names, prepared for ``pipe``'s model (:meth:`SamplingCache.prepare`)."""
+    cache = cache_class(sampling.cache.name)(sampling.cache.settings)
+    cache.prepare(pipe, sampling, guide)
+    return cache
 
 
 def cache_class(name: str) -> type[SamplingCache]:

@@ -22,8 +22,8 @@ def check_sampling(
     pipe: DiffusionPipeline, sampling: SamplingSpec, decode: bool = True, guide: Guide | None = None
 ) -> Guide | None:
     """Whether ``sampling`` can draw from ``pipe``'s model: its scheduler samples the model's objective, the guided
-    channels exist, guidance has a null class to guide with (or a guide), and (``decode``) latents have a VAE to decode
-    them. Each failure is one :class:`ConfigError`. Returns the guide the spec names: ``guide`` when given (it must be
+    channels exist, guidance has a null class to guide with (or a guide), (``decode``) latents have a VAE to decode
+    them, and a hand-off's lead can take the first steps. Each failure is one :class:`ConfigError`. Returns the guide the spec names: ``guide`` when given (it must be
     the one the spec names), else the one ``pipe.guide_for`` loads and checks."""
     transformer = pipe.transformer
     check_scheduler(pipe.scheduler, pipe.objective)
@@ -45,6 +45,7 @@ def check_sampling(
             "this model was trained without label dropout: it has no null class, use guidance_scale=1 (or a guide "
             "model: autoguidance needs none)"
         )
+    pipe.lead_for(sampling)  # a lead that cannot take the first steps stops here, before anything is drawn
     if guide is None:
         return pipe.guide_for(sampling)
     if guide.spec != sampling.guide:

@@ -82,7 +82,8 @@ def sample_manifest(
     pipe: MoHDiTPipeline, settings: GenerationSettings, world_size: int = 1, guide: Guide | None = None
 ) -> dict[str, Any]:
     """What makes a set of samples: ``identity`` holds everything that changes the pixels (weights of the
-    transformer and the VAE, their dtype, the scheduler, steps, guidance, the ``guide``'s weights, seed, labels); the
+    transformer and the VAE, their dtype, the scheduler, steps, guidance, the ``guide``'s weights, a hand-off's lead's,
+    seed, labels); the
     rest is a record (source, step, count, batch, processes, device), which does not stop a resume."""
     transformer, spec = pipe.transformer, settings.sampling
     sampler, guidance = spec.sampler, spec.guidance
@@ -119,6 +120,9 @@ def sample_manifest(
         identity["cache"], identity["cache_options"] = record["cache"], record["cache_options"]
     if guide is not None:  # autoguidance (the guide the settings name): its weights are part of what made the images
         identity["guide"] = guide.identity()
+    lead = pipe.lead_for(spec)
+    if lead is not None:  # a hand-off: the lead's weights and steps made the images as much as the model's
+        identity["lead"] = lead.identity()
     return {
         "identity": identity,
         "model": getattr(pipe, "provenance", None),

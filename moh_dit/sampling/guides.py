@@ -25,7 +25,7 @@ from moh_dit.sampling.sources import load_transformer, source_vae_record
 from moh_dit.sampling.spec_parts import GuideSpec
 from moh_dit.vae import latent_space_differences, space_of
 
-__all__ = ["Guide", "load_guide", "check_guide"]
+__all__ = ["Guide", "load_guide", "check_guide", "image_differences"]
 
 
 @dataclass
@@ -69,17 +69,25 @@ def check_guide(main: MoHDiT, guide: MoHDiT, main_space: dict | None, guide_spac
     mine, theirs = _objective(main), _objective(guide)
     if mine != theirs:
         wrong.append(f"objective {theirs} (the main model: {mine})")
-    for key in ("sample_size", "in_channels", "num_classes"):
-        if main.config[key] != guide.config[key]:
-            wrong.append(f"{key} {guide.config[key]} (the main model: {main.config[key]})")
-    same = main_space is None and guide_space is None
-    if main_space is not None and guide_space is not None:
-        same = not latent_space_differences(guide_space, main_space)
-    if not same:
-        shown = [None if s is None else space_of(s) for s in (guide_space, main_space)]
-        wrong.append(f"latent space {shown[0]} (the main model: {shown[1]})")
+    wrong += image_differences(main, guide, main_space, guide_space)
     if wrong:
         raise ConfigError(f"the guide {where} cannot guide this model: {'; '.join(wrong)}")
+
+
+def image_differences(main: MoHDiT, other: MoHDiT, main_space: dict | None, other_space: dict | None) -> list[str]:
+    """What keeps ``other`` from drawing the same images as ``main``, in words: image size, channels, classes, latent
+    space (``None``: pixels). Empty when nothing does."""
+    wrong = []
+    for key in ("sample_size", "in_channels", "num_classes"):
+        if main.config[key] != other.config[key]:
+            wrong.append(f"{key} {other.config[key]} (the main model: {main.config[key]})")
+    same = main_space is None and other_space is None
+    if main_space is not None and other_space is not None:
+        same = not latent_space_differences(other_space, main_space)
+    if not same:
+        shown = [None if s is None else space_of(s) for s in (other_space, main_space)]
+        wrong.append(f"latent space {shown[0]} (the main model: {shown[1]})")
+    return wrong
 
 
 def load_guide(spec: GuideSpec, main: MoHDiT, main_space: dict | None) -> Guide:

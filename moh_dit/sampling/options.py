@@ -119,6 +119,17 @@ def add_sampling_options(parser: Any, guidance: float | None, protocol: str) -> 
         help="with --guide-model RUN: an EMA of this relative width rebuilt from its post-hoc snapshots",
     )
     parser.add_argument(
+        "--lead-model",
+        default=None,
+        metavar="PATH",
+        help="a hand-off: this model (a run, checkpoint, pipeline or transformer folder sampled by the same scheduler) "
+        "takes the grid's first --lead-steps steps and the model the rest, e.g. the first jump of the student a "
+        "two-step distilled generator started from (docs/sampling.md#hand-off); none: drop a recorded one",
+    )
+    parser.add_argument(
+        "--lead-steps", type=positive_int, default=None, help="with --lead-model: the steps it takes first (1)"
+    )
+    parser.add_argument(
         "--cache",
         choices=[*caches.CACHES, "none"],
         default=None,
@@ -176,7 +187,7 @@ def spec_from_args(
     only that: ``--cfg-scale`` alone keeps the recorded interval or noise range, channels, rule, guide and grid
     averaging; ``--guidance-interval``, ``--guidance-noise``, ``--guidance-channels``, ``--grid-averaging``
     (``off`` included) and ``--time-shift`` replace theirs. A cache (``--cache``, its ``--cache-option`` s) is the model's recorded one unless given
-    (``none``: no cache). Logs the choice. ``objective=None`` checks the options before the model is known (a
+    (``none``: no cache); so is a hand-off's lead (``--lead-model``, ``--lead-steps``; ``none``: none). Logs the choice. ``objective=None`` checks the options before the model is known (a
     protocol of any objective); with an objective, a scheduler it does not offer is a :class:`ConfigError`."""
     given = getattr(args, "protocol", None) is not None
     protocol = args.protocol if given else getattr(args, "default_protocol", "fast")
@@ -201,6 +212,10 @@ def spec_from_args(
     if cache is None and recorded is not None and recorded.cache is not None:  # the model's own cache, options added
         cache, cache_options = recorded.cache.name, recorded.cache.settings | cache_options
     cache = None if cache == "none" else cache
+    lead = dict(lead_model=getattr(args, "lead_model", None), lead_steps=getattr(args, "lead_steps", None))
+    if lead["lead_model"] is None and recorded is not None and recorded.lead is not None:  # the model's own hand-off
+        lead = dict(lead_model=recorded.lead.model, lead_steps=lead["lead_steps"] or recorded.lead.steps)
+    lead["lead_model"] = None if lead["lead_model"] == "none" else lead["lead_model"]
     guide = dict(guide=getattr(args, "guide_model", None), guide_step=getattr(args, "guide_step", None))
     guide["guide_sigma_rel"] = getattr(args, "guide_sigma_rel", None)
     # a model whose objective guides in training (MeanFlow), or that was trained with folded guidance, samples
@@ -241,6 +256,7 @@ def spec_from_args(
         cache=cache,
         cache_options=cache_options or None,
         **guide,
+        **lead,
     )
     if log:
         logger.info("%s (%s)", spec.describe(), why)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,12 @@ from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.base import Objective
 from moh_dit.objectives.registry import resolve_protocol
-from moh_dit.sampling.caches import CachedNetwork, SamplingCache, cache_class
+from moh_dit.sampling.caches import CachedNetwork, SamplingCache, prepared_cache
 from moh_dit.sampling.checks import check_sampling
 from moh_dit.sampling.guidance import StepEvaluation, guided_output
 from moh_dit.sampling.guides import Guide, load_guide
 from moh_dit.sampling.labels import resolve_class_labels
+from moh_dit.sampling.leads import Lead, Turns, load_lead
 from moh_dit.sampling.rules import make_rule
 from moh_dit.sampling.spec import GRID_GUIDANCE, SamplingSpec
 from moh_dit.vae import ImageSpace
@@ -166,31 +168,39 @@ class MoHDiTPipeline(DiffusionPipeline):
             self.with_scheduler(wanted)
 
     # ------------------------------------------------------------------------------------------------
-    # The guide and the cache a spec names
+    # The guide, the lead and the cache a spec names
     # ------------------------------------------------------------------------------------------------
+    def _kept(self, kind: str, key: tuple, make: Callable[[], Any]) -> Any:
+        """What ``make`` returns, made on first use and kept under ``key`` (which names this transformer)."""
+        kept = self.__dict__.setdefault(kind, {})
+        if key not in kept:
+            kept[key] = make()
+        return kept[key]
+
     def guide_for(self, sampling: SamplingSpec) -> Guide | None:
         """The guide model ``sampling`` names (``None``: classifier-free guidance), loaded and checked on first use and
         kept for this transformer (:func:`moh_dit.sampling.guides.load_guide`)."""
         if sampling.guide is None:
             return None
-        guides = self.__dict__.setdefault("_guides", {})
-        key = (id(self.transformer), sampling.guide)
-        if key not in guides:
-            guides[key] = load_guide(sampling.guide, self.transformer, self.space.space)
-        return guides[key]
+        load = lambda: load_guide(sampling.guide, self.transformer, self.space.space)  # noqa: E731
+        return self._kept("_guides", (id(self.transformer), sampling.guide), load)
+
+    def lead_for(self, sampling: SamplingSpec) -> Lead | None:
+        """The lead model ``sampling`` names for a hand-off (``None``: this model takes every step), loaded and checked
+        on first use and kept for this transformer and scheduler (:func:`moh_dit.sampling.leads.load_lead`)."""
+        if sampling.lead is None:
+            return None
+        name = self.objective.scheduler_name(self.scheduler)
+        load = partial(load_lead, sampling.lead, self.transformer, self.space.space, self.scheduler, name)
+        return self._kept("_leads", (id(self.transformer), name, sampling.lead), load)
 
     def cache_for(self, sampling: SamplingSpec, guide: Guide | None = None) -> SamplingCache | None:
         """The sampling cache ``sampling`` names for this model (``None``: none), prepared once per transformer and
         spec (MagCache calibrates its ratios on the model: the same for every batch and process)."""
         if sampling.cache is None:
             return None
-        caches = self.__dict__.setdefault("_caches", {})
         key = (id(self.transformer), repr(sampling.record()), None if guide is None else guide.fingerprint)
-        if key not in caches:
-            cache = cache_class(sampling.cache.name)(sampling.cache.settings)
-            cache.prepare(self, sampling, guide)
-            caches[key] = cache
-        return caches[key]
+        return self._kept("_caches", key, partial(prepared_cache, self, sampling, guide))
 
     # ------------------------------------------------------------------------------------------------
     # Sampling
@@ -275,7 +285,7 @@ class MoHDiTPipeline(DiffusionPipeline):
         latents = latents.to(device=device, dtype=torch.float32)
 
         network = CachedNetwork(transformer, self.cache_for(sampling, guide))
-        latents = self.denoise(latents, labels, sampling, generator, progress, network, guide)
+        latents = self.denoise(latents, labels, sampling, generator, progress, network, guide, self.lead_for(sampling))
 
         if not torch.isfinite(latents).all():
             raise NonFiniteSampleError(
@@ -315,15 +325,17 @@ class MoHDiTPipeline(DiffusionPipeline):
         progress: bool = False,
         network: CachedNetwork | None = None,
         guide: Guide | None = None,
+        lead: Lead | None = None,
     ) -> torch.Tensor:
         """The sampling loop: from noise ``latents`` to the model's output, guided as ``sampling`` says (away from
         ``guide``'s prediction where given). The objective puts the scheduler on its grid and says, at each call, the
         network's time input and the noise level (where guidance and grid averaging apply), and what the scheduler
         takes from the network's output. ``network`` runs the forwards (a sampling cache's; default: the
-        transformer)."""
-        transformer, device, objective = self.transformer, self._execution_device, self.objective
+        transformer). ``lead``: a hand-off's lead model takes the grid's first steps, each through its own
+        objective (:mod:`moh_dit.sampling.leads`)."""
+        transformer, device, own = self.transformer, self._execution_device, self.objective
         sampler, guidance = sampling.sampler, sampling.guidance
-        objective.set_timesteps(self.scheduler, sampler.num_steps, sampler.time_shift, device)
+        own.set_timesteps(self.scheduler, sampler.num_steps, sampler.time_shift, device)
         latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)  # diffusers' flow schedulers have none
         steps = self.scheduler.timesteps
         # stochastic samplers draw their noise from the generator(s); deterministic ones take none
@@ -332,9 +344,12 @@ class MoHDiTPipeline(DiffusionPipeline):
         )
         rule = make_rule(guidance.rule, guidance.options)  # a fresh one: APG's running average is this run's
         guide_net = None if guide is None else guide.model.to(transformer.device)
+        # whose turn each step is: a hand-off's lead for its first steps, with its own scheduler on our grid, then ours
+        turns = Turns((transformer, own, network, self.scheduler), lead, own, sampler, device)
         for index, t in enumerate(self.progress_bar(steps) if progress else steps):
-            model_in = objective.network_input(self.scheduler, latents, index, t)
-            time, level = objective.step_time(self.scheduler, index, t)
+            model, objective, net, scheduler = turns.at(index)
+            model_in = objective.network_input(scheduler, latents, index, t)
+            time, level = objective.step_time(scheduler, index, t)
             # by hand: diffusers' class-conditional DiTPipeline guides every step and has no interval option
             how = StepEvaluation(
                 scale=guidance.scale if guidance.guided_at(level.sigma, level.timestep) else 1.0,
@@ -344,9 +359,9 @@ class MoHDiTPipeline(DiffusionPipeline):
                 average=sampler.averaged_at(level.sigma, level.timestep),
                 guide=guide_net,
             )
-            out = guided_output(transformer, model_in, time, labels, how, network)
-            out = objective.scheduler_input(out, self.scheduler, transformer.in_channels, latents, index)
-            latents = self.scheduler.step(out, t, latents, **step_kwargs).prev_sample
+            out = guided_output(model, model_in, time, labels, how, net)
+            out = objective.scheduler_input(out, scheduler, transformer.in_channels, latents, index)
+            latents = scheduler.step(out, t, latents, **step_kwargs).prev_sample
         return latents
 
     def _images(self, latents: torch.Tensor, output_type: str):

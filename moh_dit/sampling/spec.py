@@ -1,5 +1,5 @@
 """How to sample, as one value: :class:`SamplingSpec`, made of four parts (:mod:`moh_dit.sampling.spec_parts`): the
-sampler, the guidance, the guide of autoguidance and the sampling cache.
+sampler, the guidance, the guide of autoguidance, the lead model of a hand-off and the sampling cache.
 
 A spec checks itself when it is made, and it describes, tags and records itself, so the pipeline, N-sample generation,
 the trainer's previews, the demo, the model card and every manifest take or store the same value. Records, training
@@ -29,6 +29,7 @@ from moh_dit.sampling.spec_parts import (
     CacheSpec,
     GuidanceSpec,
     GuideSpec,
+    LeadSpec,
     SamplerSpec,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "SamplerSpec",
     "GuidanceSpec",
     "GuideSpec",
+    "LeadSpec",
     "CacheSpec",
     "FIELDS",
     "SCHEDULERS",
@@ -92,9 +94,16 @@ FIELDS: dict[str, tuple[str, str]] = {
     "guide_sigma_rel": ("guide", "sigma_rel"),
     "cache": ("cache", "name"),
     "cache_options": ("cache", "options"),
+    "lead_model": ("lead", "model"),
+    "lead_steps": ("lead", "steps"),
 }
 # a part's name field, and the fields that belong to it: a change of the name without them resets them
-_OWNED = {"guidance_rule": ("rule_options",), "guide": ("guide_step", "guide_sigma_rel"), "cache": ("cache_options",)}
+_OWNED = {
+    "guidance_rule": ("rule_options",),
+    "guide": ("guide_step", "guide_sigma_rel"),
+    "cache": ("cache_options",),
+    "lead_model": ("lead_steps",),
+}
 
 # The keys of a training config's sections that hold a spec (``preview``, whose spec the exported pipeline records, and
 # ``log.eval_sampling``), the field each fills, and what it means (the sections are made from this table).
@@ -136,13 +145,28 @@ GRID_AVERAGING_OFF = "off"
 class SamplingSpec:
     """How to sample: the :class:`SamplerSpec` (scheduler, steps, time shift, grid averaging), the
     :class:`GuidanceSpec` (scale, where it applies, channels, rule), the :class:`GuideSpec` of autoguidance (``None``:
-    classifier-free guidance) and the :class:`CacheSpec` (``None``: no cache). Made from parts, or from flat keys by
-    :meth:`create` (as records, configs and command lines name them); ``replace`` takes either."""
+    classifier-free guidance), the :class:`CacheSpec` (``None``: no cache) and the :class:`LeadSpec` (``None``: the
+    model takes every step). Made from parts, or from flat keys by :meth:`create` (as records, configs and command lines
+    name them); ``replace`` takes either."""
 
     sampler: SamplerSpec = field(default_factory=SamplerSpec)
     guidance: GuidanceSpec = field(default_factory=GuidanceSpec)
     guide: GuideSpec | None = None
     cache: CacheSpec | None = None
+    lead: LeadSpec | None = None
+
+    def __post_init__(self) -> None:
+        lead = self.lead
+        if lead is None:
+            return
+        if lead.steps >= self.sampler.num_steps:
+            raise ConfigError(
+                f"lead_steps must be below num_inference_steps ({self.sampler.num_steps}): the main model takes the "
+                f"steps after the lead's, got {lead.steps}"
+            )
+        if self.guide is not None or self.cache is not None:
+            other = "autoguidance's guide" if self.guide is not None else "a sampling cache"
+            raise ConfigError(f"a lead model (lead_model) does not combine with {other}: give one of them")
 
     @classmethod
     def create(
@@ -162,6 +186,8 @@ class SamplingSpec:
         guide_sigma_rel: float | None = None,
         cache: str | None = None,
         cache_options: Any = None,
+        lead_model: str | None = None,
+        lead_steps: int | None = None,
     ) -> SamplingSpec:
         """A spec from its flat keys (the order of moh-dit 0.5's fields), each checked."""
         if guide is None and (guide_step is not None or guide_sigma_rel is not None):
@@ -171,6 +197,8 @@ class SamplingSpec:
             )
         if cache is None:
             check_cache_options(None, cache_options)  # options without a cache are an error
+        if lead_model is None and lead_steps is not None:
+            raise ConfigError("--lead-steps (lead_steps) says how many steps the lead takes: give --lead-model too")
         return cls(
             SamplerSpec(scheduler, num_inference_steps, time_shift, grid_averaging),
             GuidanceSpec(
@@ -178,6 +206,7 @@ class SamplingSpec:
             ),
             GuideSpec(guide, guide_step, guide_sigma_rel) if guide is not None else None,
             CacheSpec(cache, cache_options) if cache is not None else None,
+            LeadSpec(lead_model, 1 if lead_steps is None else lead_steps) if lead_model is not None else None,
         )
 
     def fields(self) -> dict[str, Any]:
@@ -191,7 +220,13 @@ class SamplingSpec:
         """A copy with ``changes``: whole parts (``guidance=GuidanceSpec(...)``) or flat keys (``guidance_scale=3``),
         checked again. A new rule, guide or cache without its options takes its defaults."""
         # "guide" and "cache" are a part's name and a flat key: a part when given one (a GuideSpec, a CacheSpec)
-        kinds = {"sampler": SamplerSpec, "guidance": GuidanceSpec, "guide": GuideSpec, "cache": CacheSpec}
+        kinds = {
+            "sampler": SamplerSpec,
+            "guidance": GuidanceSpec,
+            "guide": GuideSpec,
+            "cache": CacheSpec,
+            "lead": LeadSpec,
+        }
         parts = {k: changes.pop(k) for k, kind in kinds.items() if isinstance(changes.get(k), kind)}
         unknown = sorted(set(changes) - set(FIELDS))
         if unknown:
@@ -244,7 +279,8 @@ class SamplingSpec:
     def describe(self) -> str:
         """Everything in words: ``dpm-solver, 25 steps, guidance 4 at timesteps 100-500``."""
         cache = f", {self.cache.describe()}" if self.cache is not None else ""
-        return f"{self.sampler.describe()}, {self.describe_guidance()}{cache}"
+        lead = f", {self.lead.describe()}" if self.lead is not None else ""
+        return f"{self.sampler.describe()}, {self.describe_guidance()}{cache}{lead}"
 
     def tag(self) -> str:
         """The part of a sample folder's name that says where guidance applies, the patch grid is averaged and the
@@ -258,11 +294,12 @@ class SamplingSpec:
         if guidance.rule != DEFAULT_RULE:
             tag += f"-{guidance.rule}-{_digest(guidance.rule_options)}"
         tag += f"-guide-{_digest(self.guide.record())}" if self.guide is not None else ""
+        tag += f"-lead{self.lead.steps}-{_digest(self.lead.record())}" if self.lead is not None else ""
         return tag + (f"-{self.cache.name}-{_digest(self.cache.options)}" if self.cache is not None else "")
 
     def record(self) -> dict[str, Any]:
         """The spec as manifests store it (a pipeline's ``sampling``): flat keys; ``guidance_channels``,
-        ``guidance_noise``, ``time_shift``, a rule, guide or cache only when set, so that a record is the same as the
+        ``guidance_noise``, ``time_shift``, a rule, guide, cache or lead only when set, so that a record is the same as the
         records written before they existed."""
         sampler, guidance = self.sampler, self.guidance
         record = {
@@ -285,6 +322,8 @@ class SamplingSpec:
             record["guide"] = self.guide.record()
         if self.cache is not None:
             record["cache"], record["cache_options"] = self.cache.name, self.cache.settings
+        if self.lead is not None:
+            record["lead"] = self.lead.record()
         return record
 
     @classmethod
@@ -294,12 +333,14 @@ class SamplingSpec:
         if not record:
             return None
         try:
-            guide = record.get("guide") or {}
-            fields = {k: v for k, v in record.items() if k != "guide"}
+            guide, lead = record.get("guide") or {}, record.get("lead") or {}
+            fields = {k: v for k, v in record.items() if k not in ("guide", "lead")}
             if guide:
                 fields.update(
                     guide=guide["model"], guide_step=guide.get("step"), guide_sigma_rel=guide.get("sigma_rel")
                 )
+            if lead:
+                fields.update(lead_model=lead["model"], lead_steps=lead["steps"])
             return cls.create(**fields)
         except (TypeError, KeyError, ConfigError) as err:
             raise ArtifactError(f"the model's recorded sampling {record!r} is not valid ({err})") from None

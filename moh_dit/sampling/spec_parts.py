@@ -1,6 +1,7 @@
 """The parts of a :class:`~moh_dit.sampling.spec.SamplingSpec`, one concept each: the sampler (which scheduler walks
 which grid, and how each step evaluates the network), the guidance (how strongly, where, on which channels, by which
-rule), the guide of autoguidance (which weaker model) and the sampling cache. Each part checks its own values when it is
+rule), the guide of autoguidance (which weaker model), the lead model that takes the grid's first steps, and the
+sampling cache. Each part checks its own values when it is
 made (a :class:`ConfigError` naming the flat key a user writes: ``guidance_interval``, ``num_inference_steps``, ...) and
 says itself in words. Light: no torch import."""
 
@@ -23,6 +24,7 @@ __all__ = [
     "SamplerSpec",
     "GuidanceSpec",
     "GuideSpec",
+    "LeadSpec",
     "CacheSpec",
     "SCHEDULERS",
     "TRAIN_TIMESTEPS",
@@ -231,6 +233,32 @@ class GuideSpec:
         which = [f"step {self.step}"] if self.step is not None else []
         which += [f"EMA sigma_rel {self.sigma_rel:g}"] if self.sigma_rel is not None else []
         return f" by {self.model}" + (f" ({', '.join(which)})" if which else "")
+
+
+@dataclass(frozen=True)
+class LeadSpec:
+    """Another model that takes the grid's first ``steps`` steps before the main model takes over from where it
+    stopped (a hand-off between experts of different noise levels: eDiff-I's ensemble of expert denoisers, SDXL's base
+    and refiner; for a two-step distilled generator, the first jump of the student it was trained from). ``model``: a
+    run, checkpoint, pipeline or transformer folder."""
+
+    model: str
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError(f"lead_model must be the path of a run, checkpoint or model folder, got {self.model!r}")
+        if not is_whole(self.steps) or self.steps < 1:
+            raise ConfigError(f"lead_steps must be a number of sampling steps >= 1, got {self.steps!r}")
+        object.__setattr__(self, "steps", int(self.steps))
+
+    def record(self) -> dict[str, Any]:
+        """As records store it: ``{"model", "steps"}``."""
+        return {"model": self.model, "steps": self.steps}
+
+    def describe(self) -> str:
+        """``the first step by runs/ect``."""
+        return f"the first {plural(self.steps, 'step') if self.steps > 1 else 'step'} by {self.model}"
 
 
 @dataclass(frozen=True)
