@@ -32,7 +32,9 @@ steps); the dmd2 study's stages as many steps as the teacher's budget leaves, ev
 model is scored with 5000 class-balanced samples at 1, 2 and 4 steps (the dmd2 study's at its 1 and 2; the rows of
 the arms before the dmd2 study: 1000 samples): KID, FID,
 precision and recall on the project's classifier features against the 10,000 Fashion-MNIST test images, with the
-network evaluations per image counted; students paired with their teachers by seed. The cost of each distillation is counted beside it
+network evaluations per image counted; students paired with their teachers by seed. A dmd2 study generator with a
+start is also scored at two steps with the start's first jump (a hand-off, ``--lead-model``: rows of their own,
+paired with the generator alone). The cost of each distillation is counted beside it
 (experiments/distill_report.py): the teacher's network evaluations for targets and trajectories, the student's own,
 the images and the wall-clock, against the teacher's training.
 
