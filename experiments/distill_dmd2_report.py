@@ -221,8 +221,7 @@ def _handoff_lines(result: dict, kind: str) -> list[str]:
             met = sum(r <= limit and g >= -gap for r, g in pairs)
             lines += [f"- With the hand-off: {fmt_values([r for r, _ in pairs])} x the teacher's KID, recall "
                       f"{fmt_values([g for _, g in pairs], 3)} from the teacher's (goal <= {limit:g}x, within {gap:g}); "
-                      f"met at {met} of {len(pairs)} seeds."]  # fmt: skip
-        lines.append("")
+                      f"met at {met} of {len(pairs)} seeds.", ""]  # fmt: skip
     return lines
 
 
