@@ -84,7 +84,8 @@ simulation, and the whole distillation within the teacher's training in network 
                               evaluation on training images kept and scored, `KEEP_BEST`); `-beta0`: Adam without its first
                               moment (SiD's, rCM's; `distill_dmd2_settings.ADAM_BETA0`); `-karras`: the loss's noise
                               levels uniform over Karras sigmas (FastGen's, SiD's); the configs' arms with
-                              `-rerun`: the same recipe at another seed of the stage (`RERUN_SEED`, `RERUNS`)
+                              `-rerun`: the same recipe at another seed of the stage (`RERUN_SEED`, `RERUNS`), and
+                              `-lead`: the two-step middle trained on the frozen start's first jump (`LEAD_INPUT`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)
@@ -147,6 +148,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     GAN_ONLY,
     HELD_PAST_BUDGET,
     KEEP_BEST,
+    LEAD_INPUT,
     LOW_SCALE,
     MID_SCALE,
     MIDDLES,
@@ -254,6 +256,8 @@ def dmd2_arms(
             config_arm = f"sidecfdt-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-{tail}"
             arm_config, arm_overrides = arms[config_arm]
             arms[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
+            lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
+            arms[f"{config_arm}-lead"] = (arm_config, [*arm_overrides, *_overrides(LEAD_INPUT), f"distill.lead_model={lead}"])  # fmt: skip
         for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
             for suffix, gan in (("ganlate", GAN_LATE), ("ganlow", GAN_LOW)):
                 late, settings = f"dmd2f-{kind}-{_label(scale)}-{suffix}", RECIPE | gan | {"real_guidance": scale}

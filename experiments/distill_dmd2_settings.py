@@ -316,6 +316,12 @@ KEEP_BEST = {"log.eval_reference": "fashion-mnist-train", "log.eval_keep_best": 
 # land apart, against which the levers whose seeds disagreed (batch 2, the fake score at 3x) are read
 RERUN_SEED = 1000
 RERUNS = {"flow": ("alpha1-real8-b4",), "ddpm": ("ema998-lr3e-4-alpha1-real16",)}
+# the configs' own arms with the two-step grid's middle trained on the first jump of the start they begin from, kept
+# frozen (`-lead`: `distill.dmd_input` lead, `distill.lead_model` the start), instead of the generator's own first step:
+# the hand-off (that jump, then the config's second) raised two-step recall on every seed of both teachers, and this
+# trains the second jump for what the hand-off feeds it. Same budget (the start's jump costs what the generator's own
+# did); scored alone and, as it is meant to sample, in the hand-off
+LEAD_INPUT = {"distill.dmd_input": "lead"}
 BATCH_BASES = (
     "alpha1-real8",
     "alpha1-real8-beta0",

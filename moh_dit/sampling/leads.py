@@ -19,6 +19,8 @@ and the study's scoring treat it as any other way to sample.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from moh_dit.manifests import fingerprint_module
 from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.base import Objective
+from moh_dit.sampling.guidance import each_time
 from moh_dit.sampling.guides import image_differences
 from moh_dit.sampling.sources import load_transformer, source_vae_record
 from moh_dit.sampling.spec_parts import LeadSpec
@@ -58,6 +61,33 @@ class Lead:
     def identity(self) -> dict[str, Any]:
         """What a sample set's identity keeps of its lead: the weights (by fingerprint) and the steps they take."""
         return {"transformer_sha256": self.fingerprint, "steps": self.spec.steps}
+
+    @torch.no_grad()
+    def first_steps(
+        self,
+        grid: Objective,
+        noise: torch.Tensor,
+        labels: torch.Tensor | None,
+        grid_steps: int,
+        steps: int,
+        drop: torch.Tensor | None = None,
+        autocast: Callable[[], AbstractContextManager] = nullcontext,
+    ) -> torch.Tensor:
+        """The lead's first ``steps`` steps from pure ``noise`` on ``grid``'s grid of ``grid_steps`` steps (unshifted
+        beyond what ``grid`` shifts), unguided, as it takes them in a hand-off sampled at scale 1: the state the main
+        model's later steps start from. A distillation that trains those later steps on it (``distill.dmd_input:
+        lead``) calls it with its own objective as ``grid``; ``drop`` marks the rows whose label is the null class."""
+        scheduler = self.scheduler_on(grid, grid_steps, 1.0, noise.device)
+        latents = noise
+        for index, t in enumerate(scheduler.timesteps[:steps]):
+            model_in = self.objective.network_input(scheduler, latents, index, t)
+            time, _ = self.objective.step_time(scheduler, index, t)
+            times = each_time(time, lambda s: s.expand(len(noise)) if s.ndim == 0 else s)
+            with autocast():
+                out = self.model(model_in.to(self.model.dtype), times, labels, force_drop_ids=drop).sample.float()
+            out = self.objective.scheduler_input(out, scheduler, self.model.in_channels, latents, index)
+            latents = scheduler.step(out, t, latents).prev_sample
+        return latents
 
 
 def load_lead(spec: LeadSpec, main: MoHDiT, main_space: dict | None, scheduler: Any, scheduler_name: str) -> Lead:

@@ -233,7 +233,10 @@ class DistillSection:
     regression_distance: str = "mse"  # its distance: mse | teacher_features (LPIPS's form in the teacher's tokens)
     regression_feature_time: float | None = None  # teacher_features: the flow time the teacher reads both at; null: 0
     dmd_steps: tuple[int, ...] = (1,)  # the generator's grids: [1] one step; [1, 2] also two
-    dmd_input: str = "data"  # a multi-step generator's input at a grid time: data (noised) | generator (its own)
+    # a multi-step generator's input at a grid time below 1: data (noised) | generator (its own earlier step,
+    # backward simulation) | lead (the first steps of distill.lead_model, a frozen few-step model)
+    dmd_input: str = "data"
+    lead_model: str | None = None  # dmd_input lead: the lead's run, checkpoint, pipeline or transformer folder
     dmd_time: tuple[float, ...] = (0.02, 0.98)  # the flow times the VSD loss noises the samples at (uniform)
     # how those times are drawn: uniform in flow time | karras (uniform over EDM's Karras sigmas between the range's
     # ends, as FastGen's DMD2 and SiD draw them)

@@ -79,6 +79,12 @@ def _load_trajectories(
     return trajectory_source(config, data, loaded["teacher"], device)
 
 
+def _load_lead(config: Config, data: TrainingData, model, device: torch.device, loaded, recorded) -> FrozenModel:
+    from moh_dit.training.distill.lead import FrozenLead
+
+    return FrozenLead.load(config.distill, data, device)
+
+
 # every role a run may have beside its student
 FROZEN_MODELS: dict[str, FrozenEntry] = {
     "teacher": FrozenEntry(
@@ -88,6 +94,8 @@ FROZEN_MODELS: dict[str, FrozenEntry] = {
     "trajectories": FrozenEntry(
         lambda config, objective: False, _load_trajectories, "the teacher's trajectories (distill.trajectories)"
     ),
+    # a few-step model whose first steps are a DMD2/SiD generator's input at its later grid times
+    "lead": FrozenEntry(lambda config, objective: False, _load_lead, "the lead model (distill.lead_model)"),
     "repa_encoder": FrozenEntry(_wants_repa, _load_repa, "REPA's encoders (repa.encoder)", needs_student=True),
 }
 

@@ -72,7 +72,10 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         regression_distance, regression_feature_time: its distance ``d`` (moh_dit/objectives/distill/distances.py).
         dmd_steps: the step counts of the grids the generator trains at (``[1]``: one step); ``None``: ``[1]``, as a
             generator rebuilt from its record for sampling has them (it records its grids' middle, not its counts).
-        dmd_input: a multi-step generator's input at a grid time: ``data`` noised, or its own ``generator`` sample.
+        dmd_input: a multi-step generator's input at a grid time: ``data`` noised, its own ``generator`` sample, or
+            the state a frozen ``lead`` model's first steps reach there (a hand-off's lead, trained for).
+        lead_model: that lead model (a run, checkpoint, pipeline or transformer folder; only with ``dmd_input:
+            lead``; loaded as the run's frozen ``lead``, moh_dit/training/distill/lead.py).
         dmd_time: ``[first, last]`` flow times the VSD loss noises the generator's samples at (uniform).
         dmd_time_sampling: how those times are drawn: ``uniform`` in flow time, or ``karras`` (uniform over the index of
             EDM's Karras sigmas between the range's ends, FastGen's and SiD's draw;
@@ -131,6 +134,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         real_guidance_ramp: int | None = None,
         fake_guidance: float | None = None,
         fake_guidance_eval: float | None = None,
+        lead_model: str | None = None,
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -169,20 +173,16 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         self.dmd_steps, self.dmd_input, self.dmd_time_sampling = steps, dmd_input, dmd_time_sampling
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
         self.place_grids(steps, dmd_input, self.dmd_midpoint, dmd_first_share)
-        for key, value, what in (
-            ("real_guidance_later", real_guidance_later, "scales the real score on"),
-            ("dmd_first_share", dmd_first_share, "shares the samples with"),
-        ):
-            if value is not None and dmd_steps is not None and len(self.start_times) == 1:
-                raise ConfigError(
-                    f"distill.{key}={value} {what} the generator's later grid steps, and distill.dmd_steps="
-                    f"{list(steps)} has none: give a multi-step grid (e.g. [1, 2]) or drop it"
-                )
+        self.lead_model = lead_model
+        later = {"real_guidance_later": real_guidance_later, "dmd_first_share": dmd_first_share}
+        self.check_later_steps(later, lead_model, dmd_steps is not None)
 
     @classmethod
     def frozen_models_for(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
-        """The teacher, and its trajectories when the regression term is on."""
-        return cls.frozen_models + (("trajectories",) if options.get("regression") else ())
+        """The teacher, its trajectories when the regression term is on, and the lead model that starts the later grid
+        steps' inputs (``dmd_input: lead``)."""
+        lead = ("lead",) if options.get("dmd_input") == "lead" else ()
+        return cls.frozen_models + (("trajectories",) if options.get("regression") else ()) + lead
 
     # what the generator is (recorded), beside its teacher's record: the keys a resume may not change (the table's)
     RECORDED = DMD_IDENTITY
@@ -243,7 +243,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         grid = f" (two-step middle {self.dmd_midpoint:g})" if self.dmd_midpoint != MIDPOINT else ""
         if self.first_share is not None and len(self.start_times) > 1:
             grid += f", {self.first_share:g} of the samples from pure noise"
-        input_ = "; backward simulation" if self.dmd_input == "generator" and len(self.start_times) > 1 else ""
+        input_ = {"generator": "; backward simulation", "lead": f"; later steps from the lead {self.lead_model}'s"}
+        input_ = input_.get(self.dmd_input, "") if len(self.start_times) > 1 else ""
         return (
             f"{' + '.join(parts)}; {self.fake_updates} fake-score updates per generator update; {steps}-step "
             f"grids{grid}{input_}{self.describe_fake()}"
@@ -308,7 +309,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         if self.updates(step or 0) == "student":
             return self._generator_losses(net, noised, labels, drop, want_heads, autocast, frozen, companions, step)
         fake = companions["fake_score"]
-        return self._fake_score_losses(net, noised, labels, drop, autocast, fake, step, frozen["teacher"])
+        return self._fake_score_losses(net, noised, labels, drop, autocast, fake, step, frozen)
 
     def _noised_sample(
         self, x: torch.Tensor, noised: Noised, time: str = "t", noise: str = "noise"
@@ -320,7 +321,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
 
     def _generator_losses(self, model, noised, labels, drop, want_heads, autocast, frozen, companions, step):
         fake = companions["fake_score"]
-        x, out = self.generate(model, noised, labels, drop, autocast, return_head_masks=want_heads)
+        lead = frozen.get("lead")
+        x, out = self.generate(model, noised, labels, drop, autocast, lead, return_head_masks=want_heads)
         x_t, t = self._noised_sample(x, noised)
         zero = torch.zeros(x.shape[0], device=x.device)
         vsd, loss = zero, zero
@@ -372,9 +374,10 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
             u = self.average_velocity(model, noise, one, torch.zeros_like(one), y, torch.zeros_like(y)).sample.float()
         return self.distance(noise - u, end, noise, y, frozen["teacher"], autocast)
 
-    def _fake_score_losses(self, model, noised, labels, drop, autocast, fake, step, teacher):
+    def _fake_score_losses(self, model, noised, labels, drop, autocast, fake, step, frozen):
+        teacher = frozen["teacher"]
         with torch.no_grad():
-            x, _ = self.generate(model, noised, labels, drop, autocast)
+            x, _ = self.generate(model, noised, labels, drop, autocast, frozen.get("lead"))
         generator = torch.Generator().manual_seed(int(noised.terms["fake_seed"]))
         gan = self.gan_on(step)
         real = self._noised_sample(noised.terms["real"], noised, "real_t", "real_noise") if gan else None

@@ -1,6 +1,6 @@
 """DMD2's generator on its grids (:class:`GridGenerator`, a part of :class:`~moh_dit.objectives.distill.dmd2.DMD2Distill`):
-the start times it trains at, its input there (the data noised, or its own sample from the grid's step before:
-backward simulation), its sample, and its sampler, which predicts the data at each grid time and noises it afresh to
+the start times it trains at, its input there (the data noised; its own sample from the grid's step before: backward
+simulation; or a frozen lead model's first steps: the hand-off it will be sampled with), its sample, and its sampler, which predicts the data at each grid time and noises it afresh to
 the next (:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler` with ``renoise``)."""
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from moh_dit.objectives.noise import flow_sigma
 
 __all__ = ["GridGenerator", "DMD_INPUTS"]
 
-DMD_INPUTS = ("data", "generator")  # a multi-step generator's input at a grid time
+# a multi-step generator's input at a grid time below 1: the data noised to it, its own sample from the grid time
+# before (backward simulation), or the state a frozen lead model reaches there (distill.lead_model; a hand-off's lead)
+DMD_INPUTS = ("data", "generator", "lead")
 
 
 class GridGenerator:
@@ -34,7 +36,7 @@ class GridGenerator:
         path when ``dmd_input`` is ``generator``. ``first_share``: the share of the samples drawn at the first start
         time, the rest alike over the later ones (``None``: every start time alike)."""
         if dmd_input not in DMD_INPUTS:
-            raise ConfigError(f"distill.dmd_input must be {' or '.join(DMD_INPUTS)}, got {dmd_input!r}")
+            raise ConfigError(f"distill.dmd_input must be one of {', '.join(DMD_INPUTS)}, got {dmd_input!r}")
         if first_share is not None and (not is_number(first_share) or not 0 < first_share < 1):
             raise ConfigError(
                 f"distill.dmd_first_share must be a share between 0 and 1 (of the samples that start from pure noise) "
@@ -44,9 +46,39 @@ class GridGenerator:
         self.start_times = sorted({start for grid in grids.values() for start in grid}, reverse=True)
         self.first_share = None if first_share is None else float(first_share)
         self.paths: dict[float, list[float]] = {}
+        self.path_grids: dict[float, int] = {}  # the step count of the grid each path is on
         for n in sorted(grids):
             for index, start in enumerate(grids[n]):
-                self.paths.setdefault(start, grids[n][:index])
+                if start not in self.paths:
+                    self.paths[start], self.path_grids[start] = grids[n][:index], n
+
+    def check_later_steps(self, options: dict[str, Any], lead_model: str | None, trained: bool) -> None:
+        """The keys that shape a multi-step generator's later grid steps (``options``: the real score's scale there,
+        the share of the samples; ``dmd_input: lead`` and ``lead_model``) need such steps, and the lead model comes
+        with ``dmd_input: lead`` and only with it: a :class:`ConfigError` naming the key otherwise (a generator rebuilt
+        from its record for sampling, ``trained`` False, is not checked)."""
+        if not trained:
+            return
+        single = len(self.start_times) == 1
+        for key, value in options.items():
+            if value is not None and single:
+                raise ConfigError(
+                    f"distill.{key}={value} shapes the generator's later grid steps, and distill.dmd_steps="
+                    f"{list(self.dmd_steps)} has none: give a multi-step grid (e.g. [1, 2]) or drop it"
+                )
+        if self.dmd_input == "lead" and "lead" not in type(self).frozen_models_for({"dmd_input": "lead"}):
+            raise ConfigError(f"distill.dmd_input=lead is DMD2's and SiD's, not distill.method={self.method}'s")
+        if (self.dmd_input == "lead") != (lead_model is not None):
+            raise ConfigError(
+                "distill.dmd_input=lead trains the later steps on a lead model's first steps: give distill.lead_model"
+                if lead_model is None
+                else f"distill.lead_model={lead_model} is read only with distill.dmd_input=lead (it is {self.dmd_input})"
+            )
+        if self.dmd_input == "lead" and single:
+            raise ConfigError(
+                "distill.dmd_input=lead trains the generator's later grid steps, and distill.dmd_steps="
+                f"{list(self.dmd_steps)} has none: give a multi-step grid (e.g. [1, 2])"
+            )
 
     def start_shares(self) -> list[float]:
         """The share of the samples drawn at each start time (1 first): alike, or ``first_share`` at the first and
@@ -67,9 +99,10 @@ class GridGenerator:
         return torch.where(first, starts[0], later)
 
     def simulated_forwards(self) -> float:
-        """The generator's forwards (without gradient) of the backward simulation, per image on average: each start
-        time's path, weighed by its share of the draws (none with the data as the input)."""
-        if self.dmd_input != "generator":
+        """The forwards (without gradient) of the backward simulation or of the lead's first steps, per image on
+        average, at the generator's size: each start time's path, weighed by its share of the draws (none with the
+        data as the input)."""
+        if self.dmd_input == "data":
             return 0.0
         return sum(len(self.paths[s]) * share for s, share in zip(self.start_times, self.start_shares()))
 
@@ -94,10 +127,11 @@ class GridGenerator:
     # ------------------------------------------------------------------------------------------------
     # Training: the generator's sample from its start
     # ------------------------------------------------------------------------------------------------
-    def generate(self, net, noised: Noised, labels: torch.Tensor | None, drop, autocast, **kwargs: Any):
+    def generate(self, net, noised: Noised, labels: torch.Tensor | None, drop, autocast, lead=None, **kwargs: Any):
         """The generator's samples ``x`` from its inputs at the drawn start times (pure noise at 1), and its output
-        (MoH's loss, head masks). A start time below 1 sees the data noised to it, or the generator's own sample from
-        the grid time before (without gradient), noised to it."""
+        (MoH's loss, head masks). A start time below 1 sees the data noised to it, the generator's own sample from
+        the grid time before (without gradient) noised to it, or where the frozen ``lead`` model's first steps from the
+        same noise reach (:class:`~moh_dit.sampling.leads.Lead`; ``dmd_input: lead``)."""
         terms = noised.terms
         start, noise = terms["start"], terms["start_noise"]
         source = terms["real"]
@@ -105,9 +139,27 @@ class GridGenerator:
             source = self.backward_simulation(net, noise, start, labels, drop, autocast)
         shape = (-1, *([1] * (noise.ndim - 1)))
         z = (1 - start).reshape(shape) * source + start.reshape(shape) * noise
+        if self.dmd_input == "lead":
+            z = self.lead_input(lead, z, noise, start, labels, drop, autocast)
         with autocast():
             out = self.average_velocity(net, z, start, torch.zeros_like(start), labels, drop, **kwargs)
         return z - start.reshape(shape) * out.sample.float(), out
+
+    @torch.no_grad()
+    def lead_input(self, lead, z: torch.Tensor, noise: torch.Tensor, start: torch.Tensor, labels, drop, autocast):
+        """``z`` with each row that starts below 1 replaced by where ``lead``'s first steps take the row's ``noise``
+        on the grid its start time is on: as many steps as that grid has before the start."""
+        if lead is None:
+            raise ConfigError("distill.dmd_input=lead trains on a lead model's first steps: give distill.lead_model")
+        z = z.clone()
+        for target in self.start_times:
+            path, rows = self.paths[target], (start == target).nonzero().flatten()
+            if not path or rows.numel() == 0:
+                continue
+            y = labels[rows] if labels is not None else None
+            dropped = drop[rows] if drop is not None else None
+            z[rows] = lead.first_steps(self, noise[rows], y, self.path_grids[target], len(path), dropped, autocast)
+        return z
 
     @torch.no_grad()
     def backward_simulation(self, net, noise, start, labels, drop, autocast) -> torch.Tensor:

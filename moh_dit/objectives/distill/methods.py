@@ -58,7 +58,7 @@ TRAJECTORY_IDENTITY = ("trajectory_count", "trajectory_sampler", "trajectory_ste
 # distribution matching's keys, DMD2's and rCM's alike: the fake score's rate, the GAN term, the grids and the VSD term
 DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd_input", "dmd_time", "real_guidance",
             "dmd_time_sampling", "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later", "dmd_first_share",
-            "real_guidance_end", "real_guidance_ramp", "fake_guidance", "fake_guidance_eval")  # fmt: skip
+            "real_guidance_end", "real_guidance_ramp", "fake_guidance", "fake_guidance_eval", "lead_model")  # fmt: skip
 # the real score's guidance is folded into what the generator learns, and the fake score's guidance into what it
 # learns against; the grid's middle is how it samples
 DMD_IDENTITY = ("real_guidance", "dmd_midpoint", "real_guidance_later", "real_guidance_end", "real_guidance_ramp",
@@ -101,7 +101,7 @@ METHODS: dict[str, MethodEntry] = {
         ("fake_updates", "regression", "regression_distance", "regression_feature_time", *DMD_KEYS, *TRAJECTORY_KEYS),
         fp16=False,
         identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
-        provenance=TRAJECTORY_PROVENANCE,
+        provenance=(*TRAJECTORY_PROVENANCE, "lead_model"),  # the lead's weights are in the run's frozen models
     ),
     # trajectory distillation regularised by DMD2 in one run (rCM, arXiv:2510.08431): the secants' loss plus a weighted
     # VSD of the student's samples, the fake score on 1 of every student_updates + 1 steps
@@ -166,6 +166,7 @@ _IDENTITY_PATHS = {
     "model.objective.guidance.guide": "distill.guide (its weights)",
     "model.objective.teacher.sha256": "distill.teacher (its weights)",
     "frozen.teacher.sha256": "distill.teacher (its weights)",
+    "frozen.lead.sha256": "distill.lead_model (its weights)",
     "frozen.teacher.guidance.scale": "distill.guidance_scale",
     "frozen.teacher.guidance.times": "distill.guidance_times",
     "frozen.teacher.guidance.guide": "distill.guide (its weights)",

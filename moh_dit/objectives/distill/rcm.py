@@ -155,8 +155,8 @@ class RCMDistill(DMD2Distill):
             raise ConfigError("rcm learns from the teacher's trajectories beside a fake score (distill.method=rcm)")
         net = extract_model_from_parallel(model, keep_torch_compile=False)
         if self.updates(step or 0) == "fake_score":
-            fake, teacher = companions["fake_score"], frozen["teacher"]
-            losses, out = self._fake_score_losses(net, noised, labels, drop, autocast, fake, step, teacher)
+            fake = companions["fake_score"]
+            losses, out = self._fake_score_losses(net, noised, labels, drop, autocast, fake, step, frozen)
             losses.extras["secant_loss"] = torch.zeros_like(losses.loss)
             return losses, out
         secants, out = self.secants.forward_losses(

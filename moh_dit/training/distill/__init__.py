@@ -10,6 +10,7 @@ Read it in this order:
     trajectories.py  sets of the teacher's sampling trajectories: recorded in shards, read back, resumable
     sources.py       where a run's trajectories come from (online, its own set, one recorded before) and their plan
     companions.py    networks trained beside the student (DMD2's fake score and its discriminator)
+    lead.py          a frozen lead model whose first steps are a generator's input at its later grid times
 
 Outside this folder import these names from the package (``from moh_dit.training.distill import Teacher``); the
 modules load on first use.
@@ -27,6 +28,7 @@ _NAMES = {
     "OtherMethodKeys": "checks",
     "configs_of_method": "checks",
     "Teacher": "teacher",
+    "FrozenLead": "lead",
     "TeacherGuidance": "teacher",
     "guided_velocity": "teacher",
     "student_from_teacher": "students",

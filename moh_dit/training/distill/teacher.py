@@ -111,7 +111,7 @@ class Teacher(FrozenModel):
         if recorded is not None:
             loaded = _the_recorded_weights(section, loaded, recorded)
         if data is not None:
-            _check_fits(loaded, data)
+            check_fits(loaded, data)
         guide = None
         if section.guide is not None:
             from moh_dit.sampling.guides import load_guide
@@ -263,6 +263,12 @@ def _load(section: DistillSection) -> _Loaded:
                 f"checkpoint or pipeline folder of a moh-dit model (it says its heads itself)"
             ) from None
         return _Loaded(model.eval(), str(path), id2label or None, "unknown", None)
+    return load_folder(path)
+
+
+def load_folder(path: str | Path) -> _Loaded:
+    """A moh-dit model of a run, checkpoint, pipeline or transformer folder, with its class names, latent space and
+    training data as far as its files say (a teacher's, or a lead model's: moh_dit/training/distill/lead.py)."""
     from moh_dit.sampling.sources import load_transformer, source_vae_record
 
     model, source = load_transformer(path)
@@ -318,8 +324,9 @@ def _warn_if_guided_twice(teacher: _Loaded, scale: float) -> None:
         )  # fmt: skip
 
 
-def _check_fits(teacher: _Loaded, data: TrainingData) -> None:
-    """The teacher must see what the student sees: one :class:`ConfigError` naming every difference."""
+def check_fits(teacher: _Loaded, data: TrainingData, what: str = "the teacher") -> None:
+    """The teacher (or another model beside the student, ``what``) must see what the student sees: one
+    :class:`ConfigError` naming every difference."""
     config, wrong = teacher.model.config, []
     for key, mine in (("sample_size", data.sample_size), ("in_channels", data.in_channels)):
         if config[key] != mine:
@@ -343,12 +350,13 @@ def _check_fits(teacher: _Loaded, data: TrainingData) -> None:
         shown = [None if v is None else space_of(v) for v in (teacher.vae, data.vae_record)]
         wrong.append(f"latent space {shown[0]} (this run's data: {shown[1]})")
     if wrong:
-        raise ConfigError(f"the teacher {teacher.source} does not fit this run's data: {'; '.join(wrong)}")
+        raise ConfigError(f"{what} {teacher.source} does not fit this run's data: {'; '.join(wrong)}")
     theirs, mine = (teacher.data or {}).get("fingerprint"), data.description.get("fingerprint")
     if theirs and mine and theirs != mine:
         logger.warning(
-            "the teacher %s was trained on other images (data fingerprint %s) than this run's (%s): the same classes, "
-            "so it teaches, but check it is the data you mean",
+            "%s %s was trained on other images (data fingerprint %s) than this run's (%s): the same classes, "
+            "so it serves, but check it is the data you mean",
+            what,
             teacher.source,
             theirs[:12],
             mine[:12],

@@ -175,7 +175,7 @@ def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_on
         ("distill.fake_guidance_eval=0", "distill.fake_guidance_eval must be a guidance scale >= 1"),
         ("distill.dmd_first_share=1", "distill.dmd_first_share must be a share between 0 and 1"),
         ("distill.dmd_first_share=0", "distill.dmd_first_share must be a share between 0 and 1"),
-        ("distill.dmd_first_share=0.75", "distill.dmd_first_share=0.75 shares the samples with the generator's later"),
+        ("distill.dmd_first_share=0.75", "distill.dmd_first_share=0.75 shapes the generator's later"),
         ("distill.gan_weight=-0.001", "distill.gan_weight must be a weight >= 0"),
         ("distill.dmd_midpoint=1.0", "distill.dmd_midpoint must be a flow time between 0 and 1"),
         ("distill.dmd_midpoint=0", "distill.dmd_midpoint must be a flow time between 0 and 1"),

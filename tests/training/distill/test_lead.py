@@ -1,0 +1,121 @@
+"""A DMD2/SiD generator whose later grid steps train on a frozen lead model's first steps (``distill.dmd_input: lead``,
+``distill.lead_model``; moh_dit/training/distill/lead.py): the input at the two-step grid's middle is the lead's own
+jump from the same noise, the lead's forwards are counted with the generator's, it stays out of the trained state,
+a run resumes bit for bit and a resume beside other lead weights is refused, and every wrong key is one line."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from moh_dit.errors import ArtifactError, ConfigError
+from moh_dit.training.config import load_config
+from moh_dit.training.trainer import Trainer, train
+
+from ...helpers.factories import tiny_train_config, train_tiny
+from .test_companions import DMD2, _cut_at_3_and_resumed_is_the_same, _PassCounter, dmd2
+
+# a flow map of the teacher (MeanFlow's distillation), the kind of start a DMD2/SiD stage begins from
+FLOW_MAP = ["objective.name=distill", "distill.guidance_scale=2.0", "preview.per_class=0", "train.checkpoint_every=2"]
+LEAD = ["distill.method=sid", "distill.gan_weight=0", "distill.dmd_input=lead", "distill.guidance_times=[0,1]"]
+
+
+@pytest.fixture(scope="module")
+def teacher_and_lead(image_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lead")
+    train_tiny(root / "teacher", image_dir, "objective.name=flow", "train.max_steps=4", "preview.per_class=0")
+    config = tiny_train_config(root / "lead", image_dir)
+    train(load_config(config, [f"distill.teacher={root / 'teacher'}", *FLOW_MAP, "train.max_steps=2"]))
+    return root / "teacher", root / "lead"
+
+
+def test_the_middle_starts_where_the_leads_own_jump_from_the_same_noise_lands(teacher_and_lead, image_dir, tmp_path):
+    """The generator's input at 0.5 is the lead's average-velocity jump from its noise at 1 to 0.5 (written out
+    here); at 1 it is the noise itself. The lead is frozen, apart from the student, and named in the description."""
+    teacher, lead = teacher_and_lead
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, teacher, *LEAD, f"distill.lead_model={lead}"))
+    frozen = trainer.frozen["lead"]
+    assert not any(p.requires_grad for p in frozen.parameters())
+    assert f"later steps from the lead {lead}'s" in trainer.objective.describe_loss()
+    objective, model = frozen.lead.objective, frozen.lead.model
+    noise = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    labels, start = torch.tensor([0, 1, 2, 0]), torch.tensor([1.0, 0.5, 0.5, 1.0])
+    z = trainer.objective.lead_input(frozen, noise.clone(), noise, start, labels, None, nullcontext)
+    one, half = torch.ones(4), torch.full((4,), 0.5)
+    with torch.no_grad():
+        u = objective.average_velocity(model, noise, one, half, labels, None).sample.float()
+    torch.testing.assert_close(z[1:3], (noise - 0.5 * u)[1:3])
+    assert torch.equal(z[[0, 3]], noise[[0, 3]])
+
+
+def test_a_run_on_the_leads_jump_counts_its_passes_resumes_exactly_and_refuses_another_lead(
+    teacher_and_lead, image_dir, tmp_path
+):
+    """Six steps of SiD's two-step generator on the lead's jump: the evaluations the logs add up equal a count by hooks
+    on every network run (the lead's forwards with the generator's); the run records the lead's weights; stopped at
+    step 3 and resumed it is the uninterrupted run bit for bit; a resume beside other lead weights stops in one line."""
+    teacher, lead = teacher_and_lead
+    more = [*LEAD, f"distill.lead_model={lead}"]
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, teacher, *more, "train.max_steps=6"))
+    counter = _PassCounter(trainer.unwrapped, trainer.companions["fake_score"].module.score)
+    lead_rows = _PassCounter(trainer.frozen["lead"].lead.model)
+    teacher_rows = _PassCounter(trainer.frozen["teacher"].model)
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "generator_updates" in r][-1]
+    assert lead_rows.total > 0  # the middle's rows were drawn
+    assert last["network_evaluations"] == pytest.approx(counter.total + _expected_lead(trainer, 6))
+    assert last["teacher_evaluations"] == pytest.approx(teacher_rows.total)
+    state = json.loads((sorted((tmp_path / "s" / "checkpoints").iterdir())[-1] / "trainer_state.json").read_text())
+    assert state["frozen"]["lead"]["sha256"] == trainer.frozen["lead"].lead.fingerprint
+    _cut_at_3_and_resumed_is_the_same(tmp_path / "s", tmp_path / "cut", image_dir, teacher, more)
+    other = tmp_path / "other"
+    train(
+        load_config(
+            tiny_train_config(other, image_dir), [f"distill.teacher={teacher}", *FLOW_MAP, "train.max_steps=1"]
+        )
+    )
+    with pytest.raises(ArtifactError, match=r"another set-up \(distill\.lead_model \(its weights\): ") as caught:
+        train(dmd2(tmp_path / "s", image_dir, teacher, *LEAD, f"distill.lead_model={other}", "train.max_steps=7",
+                   "train.resume=latest"))  # fmt: skip
+    assert "\n" not in str(caught.value)
+
+
+def _expected_lead(trainer, steps: int) -> float:
+    """The lead's forwards the counts include: per image, the share of the middle's rows times one jump, on every
+    step (the fake score's steps make the generator's samples too), at the global batch."""
+    return trainer.objective.simulated_forwards() * steps * trainer.config.train.global_batch_size
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        (["distill.dmd_input=lead"], "distill.dmd_input=lead trains the later steps on a lead model's first steps"),
+        (["distill.lead_model=x"], "distill.lead_model=x is read only with distill.dmd_input=lead"),
+        (
+            ["distill.dmd_input=lead", "distill.lead_model=x", "distill.dmd_steps=[1]"],
+            r"distill.dmd_steps=\[1\] has none",
+        ),
+        (["distill.method=rcm", "distill.dmd_input=lead", "distill.lead_model=x"], "not distill.method=rcm's"),
+        (["distill.dmd_input=leader"], "distill.dmd_input must be one of data, generator, lead"),
+    ],
+)
+def test_a_wrong_lead_key_is_one_line(teacher_and_lead, image_dir, tmp_path, more, message):
+    teacher, _ = teacher_and_lead
+    with pytest.raises((ConfigError, ArtifactError), match=message) as caught:
+        Trainer(dmd2(tmp_path / "s", image_dir, teacher, *more))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_lead_that_cannot_step_like_the_generator_is_refused(teacher_and_lead, image_dir, tmp_path):
+    """The flow teacher samples by Euler steps of its velocity, not by flow-map jumps: it cannot lead."""
+    teacher, _ = teacher_and_lead
+    with pytest.raises(ConfigError, match="cannot take a generator's first steps") as caught:
+        Trainer(dmd2(tmp_path / "s", image_dir, teacher, *LEAD, f"distill.lead_model={teacher}"))
+    assert "\n" not in str(caught.value)
+
+
+assert DMD2  # the shared settings the runs above start from
