@@ -29,6 +29,7 @@ __all__ = [
     "part_variety",
     "flow_map_jump",
     "sampler_jump",
+    "renoises",
     "teacher_half",
     "latest_step",
     "variety_scores",
@@ -62,14 +63,20 @@ def flow_map_jump(objective, model, x: torch.Tensor, t: float, r: float, y: torc
     return x - (t - r) * objective.average_velocity(model, x, t * ones, r * ones, y).sample
 
 
+def renoises(objective) -> bool:
+    """Whether the model's own sampler (``objective.make_scheduler``) renoises between steps (a DMD2 or SiD
+    generator's) instead of jumping along its flow map."""
+    return bool(objective.make_scheduler("meanflow").config.get("renoise", False))
+
+
 @torch.no_grad()
 def sampler_jump(
-    objective, model, x: torch.Tensor, t: float, r: float, y: torch.Tensor, noise: torch.Tensor | None = None
+    objective, model, x: torch.Tensor, t: float, r: float, y: torch.Tensor, renoise: bool, noise: torch.Tensor | None
 ) -> torch.Tensor:
-    """The step from ``t`` to ``r`` that the model's own sampler takes (``objective.make_scheduler``): with a renoising
-    one (a DMD2 or SiD generator's) the data predicted from ``t``, noised afresh to ``r`` by ``noise``,
-    ``(1 - r) x_0 + r noise``; otherwise the flow map's jump (:func:`flow_map_jump`)."""
-    if r > 0 and objective.make_scheduler("meanflow").config.get("renoise", False):
+    """The step from ``t`` to ``r`` that the model's own sampler takes: with a renoising one (``renoise``,
+    :func:`renoises`) the data predicted from ``t``, noised afresh to ``r`` by ``noise``, ``(1 - r) x_0 + r noise``;
+    otherwise the flow map's jump (:func:`flow_map_jump`)."""
+    if r > 0 and renoise:
         return (1 - r) * flow_map_jump(objective, model, x, t, 0.0, y) + r * noise
     return flow_map_jump(objective, model, x, t, r, y)
 
@@ -129,6 +136,7 @@ def part_variety(result: dict, run: Path, samples: int = 5000, generators_only: 
     start = student_at(start_run, None, ema=True)
     models = {"student": (the_objective(config, student), student),
               "start": (the_objective(run_config(start_run), start), start)}  # fmt: skip
+    renoising = {name: renoises(objective) for name, (objective, _) in models.items()}  # asked once per model
     real_scale = config.distill.real_guidance
     velocities = {"teacher": teacher_velocity(teacher, "no", torch.device("cpu")),
                   "real": lambda z, t, y: teacher.velocity(z, t, y, None, contextlib.nullcontext, real_scale)}  # fmt: skip
@@ -143,7 +151,7 @@ def part_variety(result: dict, run: Path, samples: int = 5000, generators_only: 
         if name in velocities:
             return teacher_half(velocities[name], x, t, r, y)
         objective, model = models[name]
-        return sampler_jump(objective, model, x, t, r, y, renoise_all[i : i + len(x)])
+        return sampler_jump(objective, model, x, t, r, y, renoising[name], renoise_all[i : i + len(x)])
 
     reference_path = fashion_reference(ROOT / "experiments" / "results", REFERENCE_COUNT)
     extractor = classifier_features()
@@ -168,6 +176,5 @@ def part_variety(result: dict, run: Path, samples: int = 5000, generators_only: 
     result.setdefault("variety", {})[run.name] = {
         "run": str(run), "start": str(start_run), "steps": steps, "samples": samples, "middle": middle,
         "teacher_steps": 2 * HALF_STEPS, "real_guidance": real_scale, "rows": rows,
-        "renoises": {name: bool(objective.make_scheduler("meanflow").config.get("renoise", False))
-                     for name, (objective, _) in models.items()},
+        "renoises": renoising,
     }  # fmt: skip

@@ -1585,7 +1585,7 @@ def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_
     assert torch.allclose(jumped, z * (1 - 0.5 * 1.5))
     # the sampler's own step: a renoising generator predicts the data from t (x_0 = z (1 - t^2): u = z t at r = 0)
     # and noises it to r; a flow map jumps; the last step (r = 0) is the data either way
-    from experiments.distill_diagnosis_variety import sampler_jump
+    from experiments.distill_diagnosis_variety import renoises, sampler_jump
     from moh_dit.objectives.flow_schedulers import MeanFlowScheduler
 
     def objective(renoise: bool) -> SimpleNamespace:
@@ -1593,12 +1593,13 @@ def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_
             average_velocity=average_velocity, make_scheduler=lambda name: MeanFlowScheduler(renoise=renoise)
         )
 
+    assert renoises(objective(True)) and not renoises(objective(False))
     noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(1))
     assert torch.allclose(
-        sampler_jump(objective(True), None, z, 1.0, 0.5, y, noise), 0.5 * z * (1 - 1.0) + 0.5 * noise
+        sampler_jump(objective(True), None, z, 1.0, 0.5, y, True, noise), 0.5 * z * (1 - 1.0) + 0.5 * noise
     )
-    assert torch.allclose(sampler_jump(objective(False), None, z, 1.0, 0.5, y, noise), jumped)
-    assert torch.allclose(sampler_jump(objective(True), None, z, 0.5, 0.0, y, noise), z * (1 - 0.25))
+    assert torch.allclose(sampler_jump(objective(False), None, z, 1.0, 0.5, y, False, noise), jumped)
+    assert torch.allclose(sampler_jump(objective(True), None, z, 0.5, 0.0, y, True, noise), z * (1 - 0.25))
     calls = []
 
     def constant(x, t, labels):  # dx/dt = c, so the ODE from t to r moves x by (r - t) c in any number of steps
