@@ -392,6 +392,36 @@ def test_sampling_on_two_processes_resumes_after_a_kill_to_the_same_images(
     assert not list(folder.glob("*.tmp"))  # nothing half-written is left behind
 
 
+@pytest.fixture(scope="module")
+def flow_maps(flow_teacher, images, tmp_path_factory):
+    """Two tiny flow maps of the flow teacher (MeanFlow's distillation): a lead (its guidance folded in, at a high
+    rate, so that its jump is another) and the model it hands its first step to."""
+    root = tmp_path_factory.mktemp("flow-maps")
+    lead = ["distill.guidance_scale=3", "optim.lr=0.02", "train.max_steps=3"]
+    for name, more in (("lead", lead), ("main", ["train.max_steps=2"])):
+        train_tiny(root / name, images, *distill(flow_teacher), *more, "preview.per_class=0")
+    return root / "lead", root / "main"
+
+
+def test_a_hand_off_samples_on_two_processes_the_images_of_one(flow_maps, tmp_path):
+    """N-sample generation with a lead (``--lead-model``) on two processes: each process loads the lead, and the set
+    is the one a single process draws, image for image, its manifest naming the lead's weights."""
+    from moh_dit.cli.sample import main as sample
+
+    lead, main = flow_maps
+    args = [main, "--num-samples", 8, "--num-steps", 2, "--lead-model", lead, "--seed", 1, "--batch-size", 2]
+    one, two = tmp_path / "one", tmp_path / "two"
+    sample([str(a) for a in [*args, "--sample-dir", one]])
+    run_job(launch("torchrun", ROOT / "sample.py", *args, "--sample-dir", two), tmp_path / "two.log")
+    a, b = np.load(one.with_suffix(".npz")), np.load(two.with_suffix(".npz"))
+    assert np.array_equal(a["arr_0"], b["arr_0"]) and np.array_equal(a["arr_1"], b["arr_1"])
+    manifest = json.loads(str(b["moh_dit_manifest"]))
+    assert manifest["world_size"] == 2 and "lead" in json.dumps(manifest)
+    alone = tmp_path / "alone"
+    sample([str(a) for a in [*args[:5], "--seed", 1, "--batch-size", 2, "--sample-dir", alone]])
+    assert not np.array_equal(np.load(alone.with_suffix(".npz"))["arr_0"], a["arr_0"])  # the lead drew the first step
+
+
 @pytest.mark.parametrize("launcher", ["accelerate", pytest.param("torchrun", marks=SLOW)])
 def test_evaluating_a_model_on_two_processes_resumes_after_a_kill_to_the_same_numbers(
     launcher, reference, one_process_samples, tmp_path
@@ -562,6 +592,8 @@ SID_SPLIT = [*SID, "distill.real_guidance_later=1.0", "distill.dmd_first_share=0
 SID_RAMP = [*SID, "distill.real_guidance_end=1.0", "distill.real_guidance_ramp=5"]
 # the fake score's own guidance (SiD-LSG): trained through its guided prediction at 1.5, read at 2
 SID_LSG = [*SID, "distill.fake_guidance=1.5", "distill.fake_guidance_eval=2.0"]
+# the middle's input the first jump of a frozen lead (a flow map: the flow_maps fixture's), loaded on each process
+SID_LEAD = [*SID, "distill.dmd_input=lead"]
 
 
 @pytest.mark.parametrize(
@@ -577,6 +609,7 @@ SID_LSG = [*SID, "distill.fake_guidance=1.5", "distill.fake_guidance_eval=2.0"]
         pytest.param(None, SID_SPLIT, marks=SLOW),
         pytest.param(None, SID_RAMP, marks=SLOW),
         pytest.param(None, SID_LSG, marks=SLOW),
+        pytest.param(None, SID_LEAD, marks=SLOW),
         pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
@@ -591,17 +624,18 @@ SID_LSG = [*SID, "distill.fake_guidance=1.5", "distill.fake_guidance_eval=2.0"]
         "sid-later-share",
         "sid-ramp",
         "sid-lsg",
+        "sid-lead",
         "ect",
         "jvp-split",
     ],
 )
-def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, flow_teacher, images, tmp_path):
+def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, flow_teacher, images, tmp_path, request):
     """A distillation (MoH student, the teacher's routing-held finite differences or a JVP, Decoupled MeanFlow's split
     or MeanFlow's new interval embedding in its own optimizer group at 3x the rate; the stabilisers and a grid share;
     trajectory distillation recording its set of trajectories on both processes) stopped at step 4 and resumed on two
     processes ends as the uninterrupted one, bit for bit, the teacher's evaluations and the networks' passes and
     updates counted alike (DMD2: its fake score and discriminator too, their gradients averaged over the processes,
-    the GAN term switched on at step 2, two-step backward simulation, the real score at its own guidance); every checkpoint
+    the GAN term switched on at step 2, two-step backward simulation, the real score at its own guidance; SiD with a frozen lead's first jump as the middle's input); every checkpoint
     names its teacher and a resume beside another is refused (tests/training/distill/test_teacher.py)."""
     base = (
         distill(flow_teacher, derivative)
@@ -609,6 +643,8 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
         else ("objective.name=distill", f"distill.teacher={flow_teacher}")
     )
     extra = [*base, *student, "train.checkpoint_every=4", "preview.per_class=0"]
+    if student is SID_LEAD:
+        extra.append(f"distill.lead_model={request.getfixturevalue('flow_maps')[0]}")
     whole, cut = stopped_and_resumed_as_whole(images, tmp_path, extra)
     assert len(losses(whole)) >= 2 and all(np.isfinite(loss) for _, loss, _ in losses(whole))
     for run in (whole, cut):  # the teacher each checkpoint was trained beside (a resume compares it)
