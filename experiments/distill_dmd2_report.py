@@ -222,6 +222,25 @@ def _handoff_lines(result: dict, kind: str) -> list[str]:
             lines += [f"- With the hand-off: {fmt_values([r for r, _ in pairs])} x the teacher's KID, recall "
                       f"{fmt_values([g for _, g in pairs], 3)} from the teacher's (goal <= {limit:g}x, within {gap:g}); "
                       f"met at {met} of {len(pairs)} seeds.", ""]  # fmt: skip
+    return lines + _trained_for_lead_lines(rows, led)
+
+
+def _trained_for_lead_lines(rows: list[dict], led: list[dict]) -> list[str]:
+    """Each generator trained for the hand-off (``-lead``: its two-step middle on its start's first jump) beside the
+    arm it varies, each alone and in the hand-off, paired by seed against that arm in the hand-off."""
+    lines = []
+    for arm in sorted({r["arm"] for r in led if r["arm"].endswith("-lead")}):
+        base = arm.removesuffix("-lead")
+        handed = {a: {r["seed"]: r for r in led if r["arm"] == a} for a in (base, arm)}
+        if not handed[base]:
+            continue
+        lines += [f"Trained for the hand-off (`{arm}`) against `{base}`:", ""]
+        for what, key, digits in (("KID x 1000", "kid", 2), ("recall", "recall", 3)):
+            ref = {s: r[key] for s, r in handed[base].items()}
+            table = [(("the arm", "alone"), _by_seed(rows, base, 2, key), ref), (("the arm", "hand-off"), ref, None),
+                     (("trained for it", "alone"), _by_seed(rows, arm, 2, key), ref),
+                     (("trained for it", "hand-off"), {s: r[key] for s, r in handed[arm].items()}, ref)]  # fmt: skip
+            lines += [f"two steps, {what}:", "", *by_seed_table(("generator", "sampler"), table, "the arm's hand-off", digits), ""]  # fmt: skip
     return lines
 
 

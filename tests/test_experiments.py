@@ -1236,6 +1236,25 @@ def test_distill_scores_a_two_step_generator_with_its_starts_first_jump_apart_an
     assert _handoff_lines(result, "ddpm") == []
 
 
+def test_the_report_sets_a_generator_trained_for_the_hand_off_beside_its_arm_alone_and_in_the_hand_off():
+    """A ``-lead`` arm (its middle trained on the start's first jump) and the arm it varies, each alone and in the
+    hand-off, by seed, the differences paired against the arm's own hand-off."""
+    from experiments.distill_dmd2_report import _trained_for_lead_lines
+
+    arm, lead = "sidecfdt-flow-g3-nogan-alpha1-real8-b4", "sidecfdt-flow-g3-nogan-alpha1-real8-b4-lead"
+    rows = [{"arm": a, "seed": s, "steps": 2, "samples": 5000, "kid": k, "recall": 0.3}
+            for a, ks in ((arm, (2.6, 3.0)), (lead, (2.5, 2.9))) for s, k in enumerate(ks)]  # fmt: skip
+    led = [{"arm": a, "seed": s, "steps": 2, "samples": 5000, "kid": k, "recall": r, "lead": "ectfewdt-flow"}
+           for a, ks, r in ((arm, (2.2, 2.8), 0.40), (lead, (2.0, 2.4), 0.45)) for s, k in enumerate(ks)]  # fmt: skip
+    lines = _trained_for_lead_lines(rows, led)
+    assert lines[0] == f"Trained for the hand-off (`{lead}`) against `{arm}`:"
+    assert "| the arm | hand-off | 2.20 | 2.80 | 2.50 [-1.31, 6.31] |  |" in lines
+    assert "| trained for it | hand-off | 2.00 | 2.40 | 2.20 [-0.34, 4.74] | -0.30 [-1.57, 0.97] |" in lines
+    assert "| trained for it | hand-off | 0.450 | 0.450 | 0.450 [0.450, 0.450] | 0.050 [0.050, 0.050] |" in lines
+    assert "| the arm | alone | 2.60 | 3.00 | 2.80 [0.26, 5.34] | 0.30 [-0.97, 1.57] |" in lines
+    assert _trained_for_lead_lines(rows, [r for r in led if r["arm"] == lead]) == []  # the arm's hand-off not scored
+
+
 def test_a_hand_off_counts_the_leads_network_evaluations_with_the_models(tmp_path):
     from experiments.arms import counted_evaluations
     from moh_dit.sampling.spec import SamplingSpec
