@@ -1,7 +1,8 @@
 """DMD2's generator on its grids (:class:`GridGenerator`, a part of :class:`~moh_dit.objectives.distill.dmd2.DMD2Distill`):
 the start times it trains at, its input there (the data noised; its own sample from the grid's step before: backward
-simulation; or a frozen lead model's first steps: the hand-off it will be sampled with), its sample, and its sampler, which predicts the data at each grid time and noises it afresh to
-the next (:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler` with ``renoise``)."""
+simulation; or a frozen lead model's first steps: the hand-off it will be sampled with), its sample, and its sampler,
+which predicts the data at each grid time and noises it afresh to the next
+(:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler` with ``renoise``)."""
 
 from __future__ import annotations
 
