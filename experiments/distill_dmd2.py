@@ -85,7 +85,7 @@ simulation, and the whole distillation within the teacher's training in network 
                               moment (SiD's, rCM's; `distill_dmd2_settings.ADAM_BETA0`); `-karras`: the loss's noise
                               levels uniform over Karras sigmas (FastGen's, SiD's); the configs' arms with
                               `-rerun`: the same recipe at another seed of the stage (`RERUN_SEED`, `RERUNS`), and
-                              `-lead`: the two-step middle trained on the frozen start's first jump (`LEAD_INPUT`)
+                              `-lead[-middle0.3]`: the middle trained on the frozen start's jump (`LEAD_ARMS`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)
@@ -122,14 +122,12 @@ included as if every one were guided), rounded down to whole cycles of generator
 
 from __future__ import annotations
 
-import functools
 import itertools
 from pathlib import Path
 
-from experiments.distill_dmd2_budget import counted_objective, fill_budget, load_arm  # noqa: F401 (re-exported: the study reads them here)
+from experiments.distill_dmd2_budget import at_batch, counted_objective, fill_budget, load_arm  # noqa: F401 (re-exported: the study reads them here)
 from experiments.distill_dmd2_settings import (  # the settings, re-exported where the study and its tests read them
     ANCHORS,
-    BATCH,
     BATCH_BASES,
     BUDGET,
     CHOSEN_SCALE,
@@ -148,6 +146,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     GAN_ONLY,
     HELD_PAST_BUDGET,
     KEEP_BEST,
+    LEAD_ARMS,
     LEAD_INPUT,
     LOW_SCALE,
     MID_SCALE,
@@ -257,7 +256,8 @@ def dmd2_arms(
             arm_config, arm_overrides = arms[config_arm]
             arms[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
             lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
-            arms[f"{config_arm}-lead"] = (arm_config, [*arm_overrides, *_overrides(LEAD_INPUT), f"distill.lead_model={lead}"])  # fmt: skip
+            for tail, change in LEAD_ARMS.items():
+                arms[f"{config_arm}-{tail}"] = (arm_config, [*arm_overrides, *_overrides(LEAD_INPUT | change), f"distill.lead_model={lead}"])  # fmt: skip
         for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
             for suffix, gan in (("ganlate", GAN_LATE), ("ganlow", GAN_LOW)):
                 late, settings = f"dmd2f-{kind}-{_label(scale)}-{suffix}", RECIPE | gan | {"real_guidance": scale}
@@ -303,30 +303,12 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
                 named[suffix] = f"{name.replace('-nogan', '') if 'distill.gan_weight' in change else name}-{suffix}"
                 sid[named[suffix]] = (config, [*sid[name][1], *_overrides(change)])
             for base, (tail, batch) in itertools.product(BATCH_BASES, SMALLER_BATCHES.items()):
-                sid[f"{named[base]}-{tail}"] = _at_batch(*sid[named[base]], batch)
+                sid[f"{named[base]}-{tail}"] = at_batch(*sid[named[base]], batch)
             # the real score at 8 at batch 4 (the flow twin's config among these) run on past the budget, as a user might
             at_batch4 = f"{named['alpha1-real8']}-b4"
             sid[f"{at_batch4}-x2"] = sid[at_batch4]
             sid[f"{at_batch4}-best-x2"] = (config, [*sid[at_batch4][1], *_overrides(KEEP_BEST)])  # its best kept
     return sid
-
-
-def _at_batch(config: str, overrides: list[str], batch: int) -> tuple[str, list[str]]:
-    """An arm at a smaller batch: its EMA's decay to the power batch / :data:`BATCH` (the EMA steps once per generator
-    update, so the scored generator keeps the same share of its start over the more updates), and a late GAN term's
-    first step times BATCH / batch (it switches on at the same share of the images)."""
-    decay = _ema_decay(config, tuple(o for o in overrides if o.startswith("ema."))) ** (batch / BATCH)
-    scaled = [
-        f"distill.gan_start={int(o.split('=')[1]) * BATCH // batch}" if o.startswith("distill.gan_start=") else o
-        for o in overrides
-    ]
-    return config, [*scaled, f"train.global_batch_size={batch}", f"ema.decay={decay:.6f}"]
-
-
-@functools.cache
-def _ema_decay(config: str, overrides: tuple[str, ...]) -> float:
-    """The EMA's decay of ``config`` with ``overrides`` (loaded once per pair)."""
-    return load_arm(config, list(overrides)).ema.decay
 
 
 def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tuple[str, list[str]]]:

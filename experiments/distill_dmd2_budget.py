@@ -1,15 +1,16 @@
 """The distillation study's budget (experiments/distill_dmd2.py): how long a stage trains so that the whole
 distillation spends the teacher's training in network evaluations (:data:`BUDGET`), counted step by step as the
 stage's objective spends them, and the settings a stage takes from its own length (a ramp of the real score's scale
-over it)."""
+over it) or from a smaller batch (its EMA's decay, a late GAN term's first step)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
-from experiments.distill_dmd2_settings import BUDGET
+from experiments.distill_dmd2_settings import BATCH, BUDGET
 
-__all__ = ["load_arm", "counted_objective", "fill_budget"]
+__all__ = ["load_arm", "counted_objective", "fill_budget", "at_batch"]
 
 
 def load_arm(config: str, overrides: list[str]):
@@ -84,3 +85,21 @@ def _ramp_over(provisional: list[str], steps: int) -> list[str]:
     """The ramp of the real score's scale over the stage's ``steps`` within the budget, for an arm that has only the
     provisional one (:func:`_provisional_ramp`)."""
     return [f"distill.real_guidance_ramp={steps}"] if provisional else []
+
+
+def at_batch(config: str, overrides: list[str], batch: int) -> tuple[str, list[str]]:
+    """An arm at a smaller batch: its EMA's decay to the power batch / :data:`BATCH` (the EMA steps once per generator
+    update, so the scored generator keeps the same share of its start over the more updates), and a late GAN term's
+    first step times BATCH / batch (it switches on at the same share of the images)."""
+    decay = _ema_decay(config, tuple(o for o in overrides if o.startswith("ema."))) ** (batch / BATCH)
+    scaled = [
+        f"distill.gan_start={int(o.split('=')[1]) * BATCH // batch}" if o.startswith("distill.gan_start=") else o
+        for o in overrides
+    ]
+    return config, [*scaled, f"train.global_batch_size={batch}", f"ema.decay={decay:.6f}"]
+
+
+@functools.cache
+def _ema_decay(config: str, overrides: tuple[str, ...]) -> float:
+    """The EMA's decay of ``config`` with ``overrides`` (loaded once per pair)."""
+    return load_arm(config, list(overrides)).ema.decay

@@ -322,6 +322,11 @@ RERUNS = {"flow": ("alpha1-real8-b4",), "ddpm": ("ema998-lr3e-4-alpha1-real16",)
 # trains the second jump for what the hand-off feeds it. Same budget (the start's jump costs what the generator's own
 # did); scored alone and, as it is meant to sample, in the hand-off
 LEAD_INPUT = {"distill.dmd_input": "lead"}
+# and with the middle nearer the data (`-lead-middle0.3`: the start's jump from 1 to 0.3, which ECT's flow map takes as
+# well as any, the generator's last step trained there on it): more of the image left to the start, whose own two
+# steps keep recall 0.46 at seed 0 of the flow twin, and less to the generator's one-step map, which loses recall even
+# from the teacher's own middle (0.42 against the teacher's 0.57: docs/results.md, where the variety goes)
+LEAD_ARMS = {"lead": {}, "lead-middle0.3": {"distill.dmd_midpoint": 0.3}}
 BATCH_BASES = (
     "alpha1-real8",
     "alpha1-real8-beta0",
