@@ -84,6 +84,14 @@ def _folded_row(folded: dict | None, step: int | None) -> list[str]:
     return [f"| guidance folded in | from step {folded['from_step']} |"]
 
 
+def _lead_row(lead: dict | None) -> list[str]:
+    """The lead a generator's later steps were trained after (``distill.dmd_input: lead``), and how to sample it."""
+    if not lead:
+        return []
+    return [f"| hand-off | its later steps trained on the first step of `{lead['model']}` (weights "
+            f"`{str(lead['sha256'])[:12]}`): sample two steps with `--lead-model {lead['model']}` |"]  # fmt: skip
+
+
 def _spent_row(spent: dict | None) -> list[str]:
     """What training spent: each network's updates where several trained (DMD2's generator and fake score), and the
     network evaluations (a forward 1, its backward 2), the teacher's apart."""
@@ -228,6 +236,7 @@ def render_card(
             "balance |",
             f"| precision | {training.get('mixed_precision', 'no')} mixed precision |",
             *_folded_row(training.get("folded_guidance"), source.get("step")),
+            *_lead_row(training.get("lead")),
             *_spent_row(training.get("spent")),
             *_changes_row(training.get("changed_on_resume")),
             "",

@@ -19,6 +19,7 @@ and the study's scoring treat it as any other way to sample.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ from moh_dit.sampling.guides import image_differences
 from moh_dit.sampling.sources import load_transformer, source_vae_record
 from moh_dit.sampling.spec_parts import LeadSpec
 
-__all__ = ["Lead", "Turns", "load_lead", "begin_at"]
+__all__ = ["Lead", "Turns", "load_lead", "begin_at", "warn_if_not_its_lead"]
+
+logger = logging.getLogger("moh_dit.sampling")
 
 
 @dataclass
@@ -135,3 +138,17 @@ def begin_at(scheduler: Any, index: int) -> None:
     (diffusers' flow and multistep schedulers, moh-dit's) start there; DDPM and DDIM read the step from the timestep."""
     if hasattr(scheduler, "set_begin_index"):
         scheduler.set_begin_index(index)
+
+
+def warn_if_not_its_lead(trained: dict | None, lead: Lead | None, steps: int) -> None:
+    """A generator whose later steps were trained on a lead's first step (``trained``: that lead's recorded model and
+    weights fingerprint; ``distill.dmd_input: lead``) sampled at several steps without that lead, or with another, is
+    said in one warning: its later steps then see inputs they were not trained on. Not refused (it is a choice)."""
+    if not trained or steps < 2 or (lead is not None and lead.fingerprint == trained.get("sha256")):
+        return
+    said = "without it" if lead is None else f"with another lead ({lead.source}, weights {lead.fingerprint[:12]})"
+    logger.warning(
+        "this generator's later steps were trained on the first step of %s (weights %s); sampled %s, they see inputs "
+        "they were not trained on: pass --lead-model %s (lead_model in a spec)",
+        trained.get("model"), str(trained.get("sha256"))[:12], said, trained.get("model"),
+    )  # fmt: skip

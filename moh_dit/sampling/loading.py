@@ -157,6 +157,7 @@ def load_pipeline(
         pipe.with_scheduler(scheduler)
     if log:
         logger.info("loaded %s", source.describe())
+    pipe.trained_lead = (((manifest or {}).get("source") or {}).get("training") or {}).get("lead")  # leads.py
     pipe.provenance = {
         "source": str(source.path.resolve()),
         "kind": source.kind,

@@ -45,7 +45,7 @@ from moh_dit.sampling.checks import check_sampling
 from moh_dit.sampling.guidance import StepEvaluation, guided_output
 from moh_dit.sampling.guides import Guide, load_guide
 from moh_dit.sampling.labels import resolve_class_labels
-from moh_dit.sampling.leads import Lead, Turns, load_lead
+from moh_dit.sampling.leads import Lead, Turns, load_lead, warn_if_not_its_lead
 from moh_dit.sampling.rules import make_rule
 from moh_dit.sampling.spec import GRID_GUIDANCE, SamplingSpec
 from moh_dit.vae import ImageSpace
@@ -188,11 +188,12 @@ class MoHDiTPipeline(DiffusionPipeline):
     def lead_for(self, sampling: SamplingSpec) -> Lead | None:
         """The lead model ``sampling`` names for a hand-off (``None``: this model takes every step), loaded and checked
         on first use and kept for this transformer and scheduler (:func:`moh_dit.sampling.leads.load_lead`)."""
-        if sampling.lead is None:
-            return None
         name = self.objective.scheduler_name(self.scheduler)
         load = partial(load_lead, sampling.lead, self.transformer, self.space.space, self.scheduler, name)
-        return self._kept("_leads", (id(self.transformer), name, sampling.lead), load)
+        lead = self._kept("_leads", (id(self.transformer), name, sampling.lead), load) if sampling.lead else None
+        said = partial(warn_if_not_its_lead, getattr(self, "trained_lead", None), lead, sampling.sampler.num_steps)
+        self._kept("_lead_said", (id(self.transformer), sampling.lead, sampling.sampler.num_steps), said)  # once
+        return lead
 
     def cache_for(self, sampling: SamplingSpec, guide: Guide | None = None) -> SamplingCache | None:
         """The sampling cache ``sampling`` names for this model (``None``: none), prepared once per transformer and

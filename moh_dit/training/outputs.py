@@ -247,6 +247,11 @@ class RunOutputs:
                    if e.get("event") == "resume" and e.get("changed")]  # fmt: skip
         if resumed:
             summary["changed_on_resume"] = [{"step": step, "changed": changed} for step, changed in resumed]
+        if (
+            "lead" in self.frozen
+        ):  # trained for a hand-off: the lead its later steps expect (cards and samplers say so)
+            lead = self.frozen["lead"]
+            summary["lead"] = {"model": lead.provenance()["weights"], "sha256": lead.identity()["sha256"]}
         folded = self.objective.folded
         if folded.active:  # whether and from which step the guidance was folded into the target
             summary["folded_guidance"] = {"from_step": folded.warmup if self.step > folded.warmup else None,

@@ -119,3 +119,30 @@ def test_a_lead_that_cannot_step_like_the_generator_is_refused(teacher_and_lead,
 
 
 assert DMD2  # the shared settings the runs above start from
+
+
+def test_the_exported_generator_names_its_lead_and_sampling_without_it_is_warned_once(
+    teacher_and_lead, image_dir, tmp_path, caplog
+):
+    """The generator's pipeline records its lead (the card says how to sample it); sampled at two steps without that
+    lead the pipeline warns once, with it or at one step it does not, and the hand-off with it runs."""
+    from moh_dit.sampling.loading import load_pipeline
+    from moh_dit.sampling.spec import SamplingSpec
+
+    teacher, lead = teacher_and_lead
+    train(dmd2(tmp_path / "s", image_dir, teacher, *LEAD, f"distill.lead_model={lead}", "train.max_steps=3"))
+    card = (tmp_path / "s" / "pipeline" / "README.md").read_text()
+    assert f"sample two steps with `--lead-model {lead}" in card
+    pipe = load_pipeline(tmp_path / "s" / "pipeline", device="cpu")
+    assert pipe.trained_lead["model"] == str(lead / "pipeline")  # the weights the run loaded: the lead run's pipeline
+    warned = "trained on the first step of"
+    with caplog.at_level("WARNING", logger="moh_dit.sampling"):
+        for _ in range(2):
+            pipe([0, 1], sampling=SamplingSpec.create("meanflow", 2, 1.0), output_type="pt")
+    assert sum(warned in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="moh_dit.sampling"):
+        pipe([0, 1], sampling=SamplingSpec.create("meanflow", 1, 1.0), output_type="pt")
+        led = pipe([0, 1], sampling=SamplingSpec.create("meanflow", 2, 1.0, lead_model=str(lead)), output_type="pt")
+    assert not any(warned in r.getMessage() for r in caplog.records)
+    assert led.images.shape == (2, 3, 8, 8)
