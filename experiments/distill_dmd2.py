@@ -159,6 +159,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     REGRESSION,
     RERUN_SEED,
     RERUNS,
+    SAMPLER_SCALE,
     SHARES,
     SHORT,
     SID,
@@ -257,7 +258,8 @@ def dmd2_arms(
             arms[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
             lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
             for tail, change in LEAD_ARMS.items():
-                arms[f"{config_arm}-{tail}"] = (arm_config, [*arm_overrides, *_overrides(LEAD_INPUT | change), f"distill.lead_model={lead}"])  # fmt: skip
+                change = {k: RECIPE_SCALE[kind] if v == SAMPLER_SCALE else v for k, v in (LEAD_INPUT | change).items()}
+                arms[f"{config_arm}-{tail}"] = (arm_config, [*arm_overrides, *_overrides(change), f"distill.lead_model={lead}"])  # fmt: skip
         for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
             for suffix, gan in (("ganlate", GAN_LATE), ("ganlow", GAN_LOW)):
                 late, settings = f"dmd2f-{kind}-{_label(scale)}-{suffix}", RECIPE | gan | {"real_guidance": scale}

@@ -326,7 +326,12 @@ LEAD_INPUT = {"distill.dmd_input": "lead"}
 # well as any, the generator's last step trained there on it): more of the image left to the start, whose own two
 # steps keep recall 0.46 at seed 0 of the flow twin, and less to the generator's one-step map, which loses recall even
 # from the teacher's own middle (0.42 against the teacher's 0.57: docs/results.md, where the variety goes)
+# and with that last step's real score at the sampler's scale (`-lead-middle0.3-later`: `distill.real_guidance_later`
+# the teacher's sampler's, :data:`SAMPLER_SCALE`): in the hand-off the generator's only step is the last, and the
+# configs' real scores (8, 16) seek modes the sampler's scale does not
+SAMPLER_SCALE = "sampler"  # a value resolved per teacher to its sampler's guidance scale (the study's RECIPE_SCALE)
 LEAD_ARMS = {"lead": {}, "lead-middle0.3": {"distill.dmd_midpoint": 0.3}}
+LEAD_ARMS["lead-middle0.3-later"] = LEAD_ARMS["lead-middle0.3"] | {"distill.real_guidance_later": SAMPLER_SCALE}
 BATCH_BASES = (
     "alpha1-real8",
     "alpha1-real8-beta0",
