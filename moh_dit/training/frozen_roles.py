@@ -80,7 +80,7 @@ def _load_trajectories(
 
 
 def _load_lead(config: Config, data: TrainingData, model, device: torch.device, loaded, recorded) -> FrozenModel:
-    from moh_dit.training.distill.lead import FrozenLead
+    from moh_dit.training.distill import FrozenLead
 
     return FrozenLead.load(config.distill, data, device)
 
