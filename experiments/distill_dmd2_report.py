@@ -226,11 +226,11 @@ def _handoff_lines(result: dict, kind: str) -> list[str]:
 
 
 def _trained_for_lead_lines(rows: list[dict], led: list[dict]) -> list[str]:
-    """Each generator trained for the hand-off (``-lead``: its two-step middle on its start's first jump) beside the
-    arm it varies, each alone and in the hand-off, paired by seed against that arm in the hand-off."""
+    """Each generator trained for the hand-off (``-lead[-...]``: its two-step middle on its start's first jump) beside
+    the arm it varies, each alone and in the hand-off, paired by seed against that arm in the hand-off."""
     lines = []
-    for arm in sorted({r["arm"] for r in led if r["arm"].endswith("-lead")}):
-        base = arm.removesuffix("-lead")
+    for arm in sorted({r["arm"] for r in led if "-lead" in r["arm"]}):
+        base = arm[: arm.index("-lead")]
         handed = {a: {r["seed"]: r for r in led if r["arm"] == a} for a in (base, arm)}
         if not handed[base]:
             continue

@@ -1253,6 +1253,10 @@ def test_the_report_sets_a_generator_trained_for_the_hand_off_beside_its_arm_alo
     assert "| trained for it | hand-off | 0.450 | 0.450 | 0.450 [0.450, 0.450] | 0.050 [0.050, 0.050] |" in lines
     assert "| the arm | alone | 2.60 | 3.00 | 2.80 [0.26, 5.34] | 0.30 [-0.97, 1.57] |" in lines
     assert _trained_for_lead_lines(rows, [r for r in led if r["arm"] == lead]) == []  # the arm's hand-off not scored
+    middle = [dict(r, arm=r["arm"] + "-middle0.3") for r in led if r["arm"] == lead]  # a variant of the lead arm
+    assert f"Trained for the hand-off (`{lead}-middle0.3`) against `{arm}`:" in _trained_for_lead_lines(
+        rows, led + middle
+    )
 
 
 def test_a_hand_off_counts_the_leads_network_evaluations_with_the_models(tmp_path):
@@ -2038,6 +2042,13 @@ TWINS = [
         "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16-one-f3",
         "ectfewdt-ddpm",
     ),
+    # trained for the hand-off (the fresh chains' record, experiments/results/distill_variety)
+    ("fashion_mnist_moh_sid_ect_lead.yaml", "sidecfdt-flow-g3-nogan-alpha1-real8-b4-lead-middle0.3", "ectfewdt-flow"),
+    (
+        "fashion_mnist_moh_sid_ect_lead_ddpm.yaml",
+        "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16-lead",
+        "ectfewdt-ddpm",
+    ),
 ]
 
 
@@ -2056,7 +2067,7 @@ def test_the_twin_recipes_configs_are_the_study_arms_they_cite(config, arm, star
     base, overrides = arms[arm]
     studied = load_config(ROOT / base, overrides)
     twin = load_config(config_path)
-    paths = {"teacher", "student_from", "trajectories"}
+    paths = {"teacher", "student_from", "trajectories", "lead_model"}
     ours = {k: v for k, v in dataclasses.asdict(twin.distill).items() if k not in paths}
     theirs = {k: v for k, v in dataclasses.asdict(studied.distill).items() if k not in paths}
     assert ours == theirs
@@ -2064,7 +2075,9 @@ def test_the_twin_recipes_configs_are_the_study_arms_they_cite(config, arm, star
         assert getattr(twin, section) == getattr(studied, section), section
     assert twin.train.global_batch_size == studied.train.global_batch_size  # the batch sets the updates (-b4)
     assert str(twin.distill.teacher) == ("runs/fashion_mnist_moh_flow" if "flow" in arm else "runs/fashion_mnist_moh")
-    records = json.loads((ROOT / "experiments/results/distill/results.json").read_text())["training"]
+    records = {}
+    for study in ("distill", "distill_variety"):  # the study's record, and the fresh chains' (the hand-off's arms)
+        records |= json.loads((ROOT / f"experiments/results/{study}/results.json").read_text())["training"]
     steps = [r["steps"] for name, r in records.items() if name.startswith(f"{arm}-seed")]
     # the seeds' starts cost a little apart: a cycle or so at the study's batch, as many images at a smaller one
     slack = 5 * 16 // twin.train.global_batch_size
@@ -2072,6 +2085,8 @@ def test_the_twin_recipes_configs_are_the_study_arms_they_cite(config, arm, star
     if start is not None:  # the DMD2 stage starts from the twin start's config's output
         start_config = next(c for c, a, _ in TWINS if a == start)
         assert str(twin.distill.student_from) == str(load_config(ROOT / "configs" / start_config).train.output_dir)
+    if twin.distill.dmd_input == "lead":  # its lead is the start it trains from, as the arm's is
+        assert twin.distill.lead_model == twin.distill.student_from
     assert f"--config configs/{config}" in config_path.read_text()  # its header says how to run it
 
 
