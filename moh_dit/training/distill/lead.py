@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from moh_dit.errors import ConfigError
+from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.manifests import fingerprint_module
 from moh_dit.objectives import objective_of
 from moh_dit.training.frozen import FrozenModel
@@ -46,7 +46,10 @@ class FrozenLead(FrozenModel):
         from moh_dit.sampling.spec_parts import LeadSpec
         from moh_dit.training.distill.teacher import check_fits, load_folder
 
-        loaded = load_folder(section.lead_model)
+        try:
+            loaded = load_folder(section.lead_model)
+        except ArtifactError as err:  # the key the path came from, with what is wrong with it
+            raise ConfigError(f"distill.lead_model={section.lead_model}: {err}") from None
         check_fits(loaded, data, "the lead model")
         objective = objective_of(loaded.model)
         if LEAD_SAMPLER not in objective.samplers:

@@ -110,6 +110,14 @@ def test_a_wrong_lead_key_is_one_line(teacher_and_lead, image_dir, tmp_path, mor
     assert "\n" not in str(caught.value)
 
 
+def test_a_missing_lead_folder_is_one_line_naming_the_key(teacher_and_lead, image_dir, tmp_path):
+    teacher, _ = teacher_and_lead
+    missing = tmp_path / "no-such-run"
+    with pytest.raises(ConfigError, match=rf"distill.lead_model={missing}: .*does not exist") as caught:
+        Trainer(dmd2(tmp_path / "s", image_dir, teacher, *LEAD, f"distill.lead_model={missing}"))
+    assert "\n" not in str(caught.value)
+
+
 def test_a_lead_that_cannot_step_like_the_generator_is_refused(teacher_and_lead, image_dir, tmp_path):
     """The flow teacher samples by Euler steps of its velocity, not by flow-map jumps: it cannot lead."""
     teacher, _ = teacher_and_lead
