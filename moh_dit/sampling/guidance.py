@@ -86,13 +86,13 @@ def guided_output(
     shifts = grid_shifts(transformer.config.patch_size)
     copies = torch.cat([torch.roll(latents, (s, s), dims=(2, 3)) for s in shifts])  # (S*N, C, H, W)
     repeat = None if labels is None else labels.repeat(len(shifts))
-    times = each_time(t, lambda s: s if s.ndim == 0 else s.repeat(len(shifts)))
+    times = _each(t, lambda s: s if s.ndim == 0 else s.repeat(len(shifts)))
     out = _guided_forward(transformer, copies, times, repeat, how, network, shifts=shifts)
     back = [torch.roll(o, (-s, -s), dims=(2, 3)) for o, s in zip(out.chunk(len(shifts)), shifts)]
     return torch.stack(back).mean(dim=0)  # (N, C', H, W)
 
 
-def each_time(t: torch.Tensor | tuple[torch.Tensor, ...], change: Callable[[torch.Tensor], torch.Tensor]):
+def _each(t: torch.Tensor | tuple[torch.Tensor, ...], change: Callable[[torch.Tensor], torch.Tensor]):
     """``change`` applied to the time input, or to each of a model's several time inputs (MeanFlow's ``(t, t - r)``)."""
     return tuple(change(s) for s in t) if isinstance(t, tuple) else change(t)
 
@@ -111,14 +111,14 @@ def _guided_forward(
     guided = how.scale != 1.0 and (guide is not None or labels is not None)
     suffix = "-averaged" if shifts else ""
     if guide is not None or not guided:
-        times = each_time(t, lambda s: s.expand(latents.shape[0]) if s.ndim == 0 else s)
+        times = _each(t, lambda s: s.expand(latents.shape[0]) if s.ndim == 0 else s)
         cond = network("plain" + suffix, latents.to(transformer.dtype), times, labels).sample.float()
         if not guided:
             return cond
         uncond = guide(latents.to(guide.dtype), times, labels).sample.float()
     else:
         model_in = torch.cat([latents, latents])
-        timesteps = each_time(t, lambda s: s.expand(model_in.shape[0]) if s.ndim == 0 else torch.cat([s, s]))
+        timesteps = _each(t, lambda s: s.expand(model_in.shape[0]) if s.ndim == 0 else torch.cat([s, s]))
         y = torch.cat([labels, torch.full_like(labels, transformer.null_class_id)])
         cond, uncond = network("guided" + suffix, model_in.to(transformer.dtype), timesteps, y).sample.float().chunk(2)
     c = transformer.in_channels

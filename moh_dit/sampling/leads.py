@@ -32,7 +32,7 @@ from moh_dit.manifests import fingerprint_module
 from moh_dit.model.network import MoHDiT
 from moh_dit.objectives import objective_of
 from moh_dit.objectives.base import Objective
-from moh_dit.sampling.guidance import each_time
+from moh_dit.sampling.guidance import guided_output
 from moh_dit.sampling.guides import image_differences
 from moh_dit.sampling.sources import load_transformer, source_vae_record
 from moh_dit.sampling.spec_parts import LeadSpec
@@ -80,14 +80,18 @@ class Lead:
         beyond what ``grid`` shifts), unguided, as it takes them in a hand-off sampled at scale 1: the state the main
         model's later steps start from. A distillation that trains those later steps on it (``distill.dmd_input:
         lead``) calls it with its own objective as ``grid``; ``drop`` marks the rows whose label is the null class."""
+        if drop is not None and labels is not None and bool(drop.any()):  # those rows' label: the null class
+            if self.model.null_class_id is None:
+                raise ConfigError(f"the lead model {self.source} was trained without label dropout: it cannot take the "
+                                  "rows trained without their label")  # fmt: skip
+            labels = torch.where(drop.bool(), self.model.null_class_id, labels)
         scheduler = self.scheduler_on(grid, grid_steps, 1.0, noise.device)
         latents = noise
         for index, t in enumerate(scheduler.timesteps[:steps]):
             model_in = self.objective.network_input(scheduler, latents, index, t)
             time, _ = self.objective.step_time(scheduler, index, t)
-            times = each_time(time, lambda s: s.expand(len(noise)) if s.ndim == 0 else s)
-            with autocast():
-                out = self.model(model_in.to(self.model.dtype), times, labels, force_drop_ids=drop).sample.float()
+            with autocast():  # unguided: the conditional prediction alone, as a hand-off at scale 1 evaluates it
+                out = guided_output(self.model, model_in, time, labels)
             out = self.objective.scheduler_input(out, scheduler, self.model.in_channels, latents, index)
             latents = scheduler.step(out, t, latents).prev_sample
         return latents

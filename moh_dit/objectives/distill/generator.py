@@ -61,7 +61,7 @@ class GridGenerator:
         if not trained:
             return
         single = len(self.start_times) == 1
-        for key, value in options.items():
+        for key, value in (options | {"dmd_input": "lead" if self.dmd_input == "lead" else None}).items():
             if value is not None and single:
                 raise ConfigError(
                     f"distill.{key}={value} shapes the generator's later grid steps, and distill.dmd_steps="
@@ -74,11 +74,6 @@ class GridGenerator:
                 "distill.dmd_input=lead trains the later steps on a lead model's first steps: give distill.lead_model"
                 if lead_model is None
                 else f"distill.lead_model={lead_model} is read only with distill.dmd_input=lead (it is {self.dmd_input})"
-            )
-        if self.dmd_input == "lead" and single:
-            raise ConfigError(
-                "distill.dmd_input=lead trains the generator's later grid steps, and distill.dmd_steps="
-                f"{list(self.dmd_steps)} has none: give a multi-step grid (e.g. [1, 2])"
             )
 
     def start_shares(self) -> list[float]:

@@ -73,7 +73,6 @@ class FrozenLead(FrozenModel):
     def describe(self) -> str:
         return f"the lead {self.lead.source} ({self.lead.objective.describe()})"
 
-    def first_steps(self, grid, noise, labels, grid_steps, steps, drop=None, autocast=None) -> torch.Tensor:
-        """:meth:`moh_dit.sampling.leads.Lead.first_steps`, with the lead model in eval mode."""
-        kwargs = {} if autocast is None else {"autocast": autocast}
-        return self.lead.first_steps(grid, noise, labels, grid_steps, steps, drop, **kwargs)
+    def first_steps(self, grid, noise, labels, grid_steps, steps, drop, autocast) -> torch.Tensor:
+        """The lead's first steps (:meth:`moh_dit.sampling.leads.Lead.first_steps`)."""
+        return self.lead.first_steps(grid, noise, labels, grid_steps, steps, drop, autocast)

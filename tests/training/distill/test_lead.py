@@ -49,6 +49,13 @@ def test_the_middle_starts_where_the_leads_own_jump_from_the_same_noise_lands(te
         u = objective.average_velocity(model, noise, one, half, labels, None).sample.float()
     torch.testing.assert_close(z[1:3], (noise - 0.5 * u)[1:3])
     assert torch.equal(z[[0, 3]], noise[[0, 3]])
+    # a row trained without its label (drop) takes the lead's jump at the null class
+    drop = torch.tensor([False, False, True, False])
+    z = trainer.objective.lead_input(frozen, noise.clone(), noise, start, labels, drop, nullcontext)
+    null = torch.where(drop, model.null_class_id, labels)
+    with torch.no_grad():
+        u = objective.average_velocity(model, noise, one, half, null, None).sample.float()
+    torch.testing.assert_close(z[1:3], (noise - 0.5 * u)[1:3])
 
 
 def test_a_run_on_the_leads_jump_counts_its_passes_resumes_exactly_and_refuses_another_lead(
