@@ -23,11 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import (
-    DiffusionPipeline,
-    ImagePipelineOutput,
-    ModelMixin,
-)
+from diffusers import DiffusionPipeline, ImagePipelineOutput, ModelMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 # diffusers resolves a saved pipeline's scheduler as model_index.json names it
@@ -194,6 +190,11 @@ class MoHDiTPipeline(DiffusionPipeline):
         said = partial(warn_if_not_its_lead, getattr(self, "trained_lead", None), lead, sampling.sampler.num_steps)
         self._kept("_lead_said", (id(self.transformer), sampling.lead, sampling.sampler.num_steps), said)  # once
         return lead
+
+    def adopt_lead(self, lead: Lead) -> None:
+        """Take ``lead``, loaded and checked already (a training run's frozen lead: the weights it trains after), where
+        a spec names its spec at its scheduler, rather than load a second copy."""
+        self._kept("_leads", (id(self.transformer), lead.scheduler_name, lead.spec), lambda: lead)
 
     def cache_for(self, sampling: SamplingSpec, guide: Guide | None = None) -> SamplingCache | None:
         """The sampling cache ``sampling`` names for this model (``None``: none), prepared once per transformer and

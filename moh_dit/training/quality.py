@@ -7,6 +7,11 @@ the function ``moh-dit evaluate --model`` calls. The images are those the comman
 the same step with the same settings (seed ``train.seed``, ``--label-mode balanced``, ``--sample-batch-size
 log.eval_batch_size``, fp32, the sampling of ``log.eval_sampling``), so the scores are too, to the last digit.
 
+A generator trained for a hand-off (``distill.dmd_input: lead``) is evaluated as it is sampled: at every step count
+above the lead's steps (``log.eval_sampling``'s and ``log.eval_also_steps``'), after ``distill.lead_model``'s first
+step (the weights the run trains after, not a second copy), as ``--lead-model`` samples it; at one step, alone.
+``moh-dit evaluate --lead-model none`` scores the generator alone at a step count the curve gives as the hand-off.
+
 Each evaluation writes ``eval/step-N.metrics.json`` (every number, the settings, the samples' manifest), a
 record of kind ``evaluation`` in ``metrics.jsonl``, the trackers' ``eval/*`` scalars and an ``evaluation`` event
 in the run's manifest. A resumed run drops the records after its checkpoint (as it drops the loss records) and
@@ -40,6 +45,8 @@ from moh_dit.training.tracking import EVAL_SCORE_NAMES
 
 if TYPE_CHECKING:
     from moh_dit.objectives.base import Objective
+    from moh_dit.sampling.leads import Lead
+    from moh_dit.sampling.spec import SamplingSpec
 
 logger = logging.getLogger("moh_dit.train")
 
@@ -102,6 +109,7 @@ class QualityCurve:
         self.keep_best = log.eval_keep_best  # checked with the config: only where evaluations are on
         self.done: set[int] = set()
         self.spec = log.eval_sampling.sampling()
+        self.lead, self.loaded_lead = None, None  # a hand-off's lead (its spec) and the run's copy of it
         self.settings = GenerationSettings(log.eval_samples, seed, log.eval_batch_size, "balanced", self.spec)
         self.also_steps = tuple(log.eval_also_steps)  # more step counts of the same sampler, e.g. a few-step model's
         self.options = ScoringOptions()  # evaluate's defaults: the numbers its command line gives
@@ -143,10 +151,24 @@ class QualityCurve:
         same = kept_by == (run_id, key, record["reference"])
         return improves(key, record[key], kept.get("value") if same else None)
 
-    def use_objective(self, objective: Objective) -> None:
-        """Resolve an unset ``log.eval_sampling.scheduler`` for the run's objective (known once the model is)."""
-        self.spec = run_sampling(self.spec, objective)
+    def use_objective(self, objective: Objective, lead: Lead | None = None) -> None:
+        """Resolve an unset ``log.eval_sampling.scheduler`` for the run's objective (known once the model is); with the
+        ``lead`` a generator trains after (its frozen lead), sample as the hand-off."""
+        if lead is not None:
+            self.lead, self.loaded_lead = lead.spec, lead
+        self.spec = self.spec_at(self.spec.sampler.num_steps, run_sampling(self.spec, objective))
         self.settings.sampling = self.spec
+
+    def spec_at(self, steps: int, spec: SamplingSpec | None = None) -> SamplingSpec:
+        """How the evaluations sample at ``steps`` (from ``spec``, else theirs): the hand-off after the lead where it
+        takes fewer steps, the model alone where it does not (a one-step score beside a two-step hand-off)."""
+        spec = (spec or self.spec).replace(num_inference_steps=steps, lead_model=None)
+        return spec.replace(lead=self.lead) if self.lead is not None and steps > self.lead.steps else spec
+
+    def led_steps(self) -> list[int]:
+        """The step counts evaluated as the hand-off."""
+        counts = (self.spec.sampler.num_steps, *self.also_steps)
+        return [n for n in counts if self.lead is not None and n > self.lead.steps]
 
     @property
     def enabled(self) -> bool:
@@ -212,10 +234,12 @@ class QualityCurve:
         failure = first_failure(self.accelerator, failure)
         if failure is not None:
             raise DiskFullError(failure)
+        if self.loaded_lead is not None:  # the weights the run trains after, already on the device
+            pipe.adopt_lead(self.loaded_lead)
         result, metrics_file = self._score(pipe, folder, self.settings)
         extra = {}
         for steps in self.also_steps:  # the same weights at other step counts (a few-step model: 1, 2, 4)
-            settings = dataclasses.replace(self.settings, sampling=self.spec.replace(num_inference_steps=steps))
+            settings = dataclasses.replace(self.settings, sampling=self.spec_at(steps))
             also, _ = self._score(pipe, folder.with_name(f"{folder.name}-{steps}steps"), settings)
             if also is not None:
                 extra |= {f"{k}@{steps}": also["metrics"][k] for k in SCORES if k in also["metrics"]}
@@ -223,6 +247,7 @@ class QualityCurve:
         if result is None:
             return None
         scores = {k: result["metrics"][k] for k in SCORES if k in result["metrics"]}
+        led = {"lead": {**self.lead.record(), "at_steps": self.led_steps()}} if self.led_steps() else {}
         return {
             "step": step,
             "kind": EVALUATION,
@@ -233,6 +258,7 @@ class QualityCurve:
             "extractor": result["extractor"],
             "reference": str(self.reference),
             "sampling": self.spec.record(),
+            **led,
             "seconds": time.time() - start,
             "file": str(metrics_file.relative_to(self.layout.root)),
         }
@@ -258,6 +284,9 @@ class QualityCurve:
         """``10000 samples every 50000 steps (dpm-solver, 25 steps, guidance 1 at every step), KID/FID against
         ref.npz with inception``, for the log at the start."""
         also = f"; also at {', '.join(map(str, self.also_steps))} steps" if self.also_steps else ""
+        led = [n for n in self.led_steps() if n in self.also_steps]  # the main count's spec says its own
+        if led:  # the hand-off a generator trained for a lead is sampled with
+            also += f"; at {', '.join(map(str, led))} steps the hand-off after {self.lead.describe()}"
         return (
             f"{self.settings.num_samples} samples every {plural(self.every, 'step')} ({self.spec.describe()}{also}), scored "
             f"against {self.reference} with {self.extractor_name}"

@@ -148,7 +148,8 @@ class Trainer(RunOutputs, OptimizerSteps):
             logger.warning("train.compile: %s runs the uncompiled network (a JVP)", self.objective.name)
         elif train_cfg.compile:
             self.model = torch.compile(self.model)
-        self.quality.use_objective(self.objective)
+        lead = self.frozen.get("lead")  # a generator trained for a hand-off is evaluated in it
+        self.quality.use_objective(self.objective, lead.lead if lead is not None else None)
         warn_if_never_folded(self.objective.folded, train_cfg.max_steps)  # before training; the card says it too
         # each objective names its loss in the logs (diffusion_loss, flow_loss, ...)
         self.loss_names = (

@@ -91,6 +91,56 @@ def test_a_run_on_the_leads_jump_counts_its_passes_resumes_exactly_and_refuses_a
     assert "\n" not in str(caught.value)
 
 
+def test_its_evaluations_score_the_hand_off_it_is_trained_for_as_evaluate_does(
+    teacher_and_lead, image_dir, tmp_path, monkeypatch
+):
+    """Evaluated at two steps and also at one, a generator trained after a lead scores its two steps as the hand-off
+    (the record says so): the numbers and images ``moh-dit evaluate --lead-model`` gives for the checkpoint, not those
+    of its own two steps (``--lead-model none``); its one step is the generator alone."""
+    from moh_dit.cli import evaluate as evaluate_cli
+    from moh_dit.training.quality import EVALUATION, read_records
+
+    from ...helpers.tiny_extractor import TINY
+
+    teacher, lead = teacher_and_lead
+    tiny = ["--extractor", TINY, "--extractor-module", "tests.helpers.tiny_extractor"]
+    evals = ["log.eval_every=2", "log.eval_samples=6", "log.eval_batch_size=4", f"log.eval_reference={image_dir}",
+             f"log.eval_extractor={TINY}", "log.eval_extractor_module=tests.helpers.tiny_extractor",
+             "log.eval_sampling.num_steps=2", "log.eval_also_steps=[1]"]  # fmt: skip
+    run = tmp_path / "s"
+
+    def second_copy(*args):
+        raise AssertionError("the evaluations load the lead again")
+
+    monkeypatch.setattr("moh_dit.sampling.pipeline.load_lead", second_copy)  # they take the run's frozen lead
+    train(dmd2(run, image_dir, teacher, *LEAD, f"distill.lead_model={lead}", "train.max_steps=2", *evals))
+    monkeypatch.undo()
+    (logged,) = read_records(run / "metrics.jsonl", EVALUATION)
+    assert logged["lead"] == {"model": str(lead), "steps": 1, "at_steps": [2]}
+    assert logged["sampling"]["lead"] == {"model": str(lead), "steps": 1}
+
+    def offline(name: str, steps: int, *more: str) -> dict:
+        return evaluate_cli.main(
+            ["--model", str(run / "checkpoints" / "step-00000002"), "--reference", str(image_dir), *tiny,
+             "--num-samples", "6", "--label-mode", "balanced", "--sample-batch-size", "4", "--scheduler", "meanflow",
+             "--num-steps", str(steps), "--cfg-scale", "1", "--device", "cpu", "--sample-dir", str(tmp_path / name),
+             *more]
+        )  # fmt: skip
+
+    handoff, alone, one = (
+        offline("handoff", 2, "--lead-model", str(lead)),
+        offline("alone", 2, "--lead-model", "none"),
+        offline("one", 1),
+    )
+    kept = json.loads((run / logged["file"]).read_text())["samples"]["manifest"]
+    assert kept["identity"] == handoff["samples"]["manifest"]["identity"]
+    assert kept["images_sha256"] == handoff["samples"]["manifest"]["images_sha256"]
+    assert kept["images_sha256"] != alone["samples"]["manifest"]["images_sha256"]
+    for key in ("kid", "fid", "precision", "recall"):
+        assert logged[key] == handoff["metrics"][key], key  # to the last digit
+        assert logged[f"{key}@1"] == one["metrics"][key], key
+
+
 def _expected_lead(trainer, steps: int) -> float:
     """The lead's forwards the counts include: per image, the share of the middle's rows times one jump, on every
     step (the fake score's steps make the generator's samples too), at the global batch."""
