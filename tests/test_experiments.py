@@ -19,6 +19,7 @@ from experiments.fmnist_classifier import (
     register,
 )
 from moh_dit.data.fashion_mnist import find_fashion_mnist
+from moh_dit.errors import ConfigError
 from moh_dit.evaluation.features import extract_features
 
 from .helpers.factories import generation_settings
@@ -2135,3 +2136,57 @@ def test_a_stage_after_two_others_counts_what_both_spent_before_it():
     assert distill._spent_before("dmd2g-ddpm-g2", 0, result) == 0.0  # from the teacher
     with pytest.raises(SystemExit, match="no counted cost yet"):
         distill._spent_before("dmd2ecf-flow-g3-nogan", 0, result)
+
+
+def test_the_handoff_curve_reads_where_the_hand_off_stands_at_the_recipes_length():
+    """Still falling, flat or turning up over the last quarter before the length, and the best point anywhere."""
+    from experiments.handoff_curve import reading
+
+    def curve(values):
+        return {"length": 400, "handoff": [{"step": 100 * (i + 1), "kid@2": v, "recall@2": 0.5} for i, v in enumerate(values)]}  # fmt: skip
+
+    falling = reading(curve([4.0, 3.0, 2.0, 1.0, 0.9, 0.8]))
+    assert (
+        "is 1 (recall 0.500), still falling over the last quarter (-1)" in falling
+        and "best 0.8 at step 600; its end (600) 0.8" in falling
+    )
+    assert "flat over the last quarter" in reading(curve([4.0, 3.0, 1.0, 1.01]))
+    assert "turning up over the last quarter (+0.5)" in reading(curve([4.0, 3.0, 1.0, 1.5, 2.0]))
+
+
+def test_the_handoff_curve_continues_a_lead_arms_run_and_checks_it_is_the_same_run(tmp_path):
+    """A tiny generator trained for a lead, its run continued to twice its length with the hand-off scored: the shared
+    evaluation repeats to the digit, the record and report hold both curves; an arm's record that the new run does not
+    repeat is refused, and so is a run not trained for a lead."""
+    from experiments import handoff_curve
+    from moh_dit.training.config import load_config
+    from moh_dit.training.trainer import train
+
+    from .helpers.factories import make_image_folder, tiny_train_config, train_tiny
+    from .helpers.tiny_extractor import TINY
+    from .training.distill.test_companions import dmd2
+    from .training.distill.test_lead import FLOW_MAP, LEAD
+
+    image_dir = tmp_path / "images"
+    make_image_folder(image_dir)
+    train_tiny(tmp_path / "teacher", image_dir, "objective.name=flow", "train.max_steps=4", "preview.per_class=0")
+    lead = tmp_path / "lead"
+    train(load_config(tiny_train_config(lead, image_dir), [f"distill.teacher={tmp_path / 'teacher'}", *FLOW_MAP, "train.max_steps=2"]))  # fmt: skip
+    evals = ["log.eval_every=2", "log.eval_samples=6", "log.eval_batch_size=4", f"log.eval_reference={image_dir}",
+             f"log.eval_extractor={TINY}", "log.eval_extractor_module=tests.helpers.tiny_extractor",
+             "log.eval_sampling.num_steps=1", "log.eval_also_steps=[2]"]  # fmt: skip
+    arm = tmp_path / "arm"
+    train(dmd2(arm, image_dir, tmp_path / "teacher", *LEAD, f"distill.lead_model={lead}", "train.max_steps=2", *evals))
+    args = ["--arm-run", str(arm), "--times", "2", "--name", "tiny", "--runs", str(tmp_path / "runs")]
+    result = handoff_curve.main([*args, "--out", str(tmp_path / "out")])["tiny"]
+    assert [p["step"] for p in result["handoff"]] == [2, 4] and [p["step"] for p in result["alone"]] == [2]
+    assert result["lead"] == {"model": str(lead), "steps": 1, "at_steps": [2]}
+    report = (tmp_path / "out" / "RESULTS.md").read_text()
+    assert "## tiny" in report and "Reading: at the recipe's length (2)" in report
+    records = arm / "metrics.jsonl"
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    records.write_text("".join(json.dumps(dict(r, kid=r["kid"] + 1) if r.get("kind") else r) + "\n" for r in lines))
+    with pytest.raises(SystemExit, match="the new run differs from the arm's at step 2"):
+        handoff_curve.main([*args, "--out", str(tmp_path / "out")])
+    with pytest.raises(ConfigError, match="is not a run trained for a lead"):
+        handoff_curve.main(["--arm-run", str(lead), "--name", "x", "--runs", str(tmp_path / "runs")])
