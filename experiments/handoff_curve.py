@@ -104,7 +104,8 @@ def reading(curve: dict) -> str:
     past = [p for p in points if p["step"] > length]
     after = f"; its end ({past[-1]['step']:,}) {past[-1]['kid@2']:.3g}" if past else ""
     return (
-        f"at the recipe's length ({length:,}) the hand-off's KID is {at['kid@2']:.3g} (recall {at['recall@2']:.3f}), "
+        f"at its last evaluation within the recipe's length (step {at['step']:,} of {length:,}) the hand-off's KID is "
+        f"{at['kid@2']:.3g} (recall {at['recall@2']:.3f}), "
         f"{moved} over the last quarter ({change:+.3g}); best {best['kid@2']:.3g} at step {best['step']:,}{after}"
     )
 
@@ -124,6 +125,7 @@ def draw(result: dict, path: Path) -> None:
                         label=f"{name}: alone")  # fmt: skip
             ax.axvline(curve["length"], color=line[0].get_color(), ls=":", lw=1)
         ax.set_xlabel("step")
+        ax.locator_params(axis="x", nbins=5)
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)

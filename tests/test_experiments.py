@@ -2182,7 +2182,7 @@ def test_the_handoff_curve_continues_a_lead_arms_run_and_checks_it_is_the_same_r
     assert [p["step"] for p in result["handoff"]] == [2, 4] and [p["step"] for p in result["alone"]] == [2]
     assert result["lead"] == {"model": str(lead), "steps": 1, "at_steps": [2]}
     report = (tmp_path / "out" / "RESULTS.md").read_text()
-    assert "## tiny" in report and "Reading: at the recipe's length (2)" in report
+    assert "## tiny" in report and "Reading: at its last evaluation within the recipe's length (step 2 of 2)" in report
     records = arm / "metrics.jsonl"
     lines = [json.loads(line) for line in records.read_text().splitlines()]
     records.write_text("".join(json.dumps(dict(r, kid=r["kid"] + 1) if r.get("kind") else r) + "\n" for r in lines))
