@@ -111,6 +111,8 @@ def reading(curve: dict) -> str:
 
 
 def draw(result: dict, path: Path) -> None:
+    """Each curve against its steps in recipe lengths (1: where the recipe stops), so that runs of other batches and
+    lengths line up."""
     plt = pyplot()
     if plt is None:
         return
@@ -118,14 +120,12 @@ def draw(result: dict, path: Path) -> None:
     panels = (("kid@2", "KID at two steps"), ("recall@2", "recall at two steps"), ("kid", "KID at one step"))
     for ax, (key, label) in zip(axes, panels):
         for name, curve in result.items():
-            line = ax.plot(*zip(*[(p["step"], p[key]) for p in curve["handoff"]]), marker="o", ms=2, label=f"{name}: "
-                           f"{'hand-off' if '@2' in key else 'alone'}")  # fmt: skip
+            at = lambda points: zip(*[(p["step"] / curve["length"], p[key]) for p in points])  # noqa: E731
+            line = ax.plot(*at(curve["handoff"]), marker="o", ms=2, label=f"{name}: {'hand-off' if '@2' in key else 'alone'}")  # fmt: skip
             if "@2" in key:
-                ax.plot(*zip(*[(p["step"], p[key]) for p in curve["alone"]]), ls="--", color=line[0].get_color(),
-                        label=f"{name}: alone")  # fmt: skip
-            ax.axvline(curve["length"], color=line[0].get_color(), ls=":", lw=1)
-        ax.set_xlabel("step")
-        ax.locator_params(axis="x", nbins=5)
+                ax.plot(*at(curve["alone"]), ls="--", color=line[0].get_color(), label=f"{name}: alone")
+        ax.axvline(1.0, color="grey", ls=":", lw=1)
+        ax.set_xlabel("steps, in the recipe's lengths")
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
@@ -140,7 +140,7 @@ def render(result: dict) -> str:
         "",
         "`python -m experiments.handoff_curve`: an arm trained for a lead (`distill.dmd_input: lead`) trained again "
         "past its length, its two steps evaluated during training as the hand-off (solid) beside the arm's own run "
-        "evaluated at its two steps alone (dashed, to the recipe's length: dotted). 500 class-balanced samples per "
+        "evaluated at its two steps alone (dashed), against the steps in the recipe's lengths (1, dotted: where the recipe stops). 500 class-balanced samples per "
         "point against the test images (the trend; the study's 5000-sample scores give the level). Up to the "
         "length the new run is the arm's run (its one-step scores equal to the digit).",
         "",
