@@ -109,7 +109,7 @@ class QualityCurve:
         self.keep_best = log.eval_keep_best  # checked with the config: only where evaluations are on
         self.done: set[int] = set()
         self.spec = log.eval_sampling.sampling()
-        self.lead, self.loaded_lead = None, None  # a hand-off's lead (its spec) and the run's copy of it
+        self.lead: Lead | None = None  # a hand-off's lead: the run's frozen copy (its spec names it)
         self.settings = GenerationSettings(log.eval_samples, seed, log.eval_batch_size, "balanced", self.spec)
         self.also_steps = tuple(log.eval_also_steps)  # more step counts of the same sampler, e.g. a few-step model's
         self.options = ScoringOptions()  # evaluate's defaults: the numbers its command line gives
@@ -154,8 +154,7 @@ class QualityCurve:
     def use_objective(self, objective: Objective, lead: Lead | None = None) -> None:
         """Resolve an unset ``log.eval_sampling.scheduler`` for the run's objective (known once the model is); with the
         ``lead`` a generator trains after (its frozen lead), sample as the hand-off."""
-        if lead is not None:
-            self.lead, self.loaded_lead = lead.spec, lead
+        self.lead = lead
         self.spec = self.spec_at(self.spec.sampler.num_steps, run_sampling(self.spec, objective))
         self.settings.sampling = self.spec
 
@@ -163,12 +162,13 @@ class QualityCurve:
         """How the evaluations sample at ``steps`` (from ``spec``, else theirs): the hand-off after the lead where it
         takes fewer steps, the model alone where it does not (a one-step score beside a two-step hand-off)."""
         spec = (spec or self.spec).replace(num_inference_steps=steps, lead_model=None)
-        return spec.replace(lead=self.lead) if self.lead is not None and steps > self.lead.steps else spec
+        led = self.lead is not None and steps > self.lead.spec.steps
+        return spec.replace(lead=self.lead.spec) if led else spec
 
     def led_steps(self) -> list[int]:
         """The step counts evaluated as the hand-off."""
         counts = (self.spec.sampler.num_steps, *self.also_steps)
-        return [n for n in counts if self.lead is not None and n > self.lead.steps]
+        return [n for n in counts if self.lead is not None and n > self.lead.spec.steps]
 
     @property
     def enabled(self) -> bool:
@@ -234,8 +234,8 @@ class QualityCurve:
         failure = first_failure(self.accelerator, failure)
         if failure is not None:
             raise DiskFullError(failure)
-        if self.loaded_lead is not None:  # the weights the run trains after, already on the device
-            pipe.adopt_lead(self.loaded_lead)
+        if self.lead is not None:  # the weights the run trains after, already on the device
+            pipe.adopt_lead(self.lead)
         result, metrics_file = self._score(pipe, folder, self.settings)
         extra = {}
         for steps in self.also_steps:  # the same weights at other step counts (a few-step model: 1, 2, 4)
@@ -247,7 +247,8 @@ class QualityCurve:
         if result is None:
             return None
         scores = {k: result["metrics"][k] for k in SCORES if k in result["metrics"]}
-        led = {"lead": {**self.lead.record(), "at_steps": self.led_steps()}} if self.led_steps() else {}
+        at = self.led_steps()
+        led = {"lead": {**self.lead.spec.record(), "at_steps": at}} if at else {}
         return {
             "step": step,
             "kind": EVALUATION,
@@ -286,7 +287,7 @@ class QualityCurve:
         also = f"; also at {', '.join(map(str, self.also_steps))} steps" if self.also_steps else ""
         led = [n for n in self.led_steps() if n in self.also_steps]  # the main count's spec says its own
         if led:  # the hand-off a generator trained for a lead is sampled with
-            also += f"; at {', '.join(map(str, led))} steps the hand-off after {self.lead.describe()}"
+            also += f"; at {', '.join(map(str, led))} steps the hand-off after {self.lead.spec.describe()}"
         return (
             f"{self.settings.num_samples} samples every {plural(self.every, 'step')} ({self.spec.describe()}{also}), scored "
             f"against {self.reference} with {self.extractor_name}"
