@@ -85,7 +85,7 @@ simulation, and the whole distillation within the teacher's training in network 
                               moment (SiD's, rCM's; `distill_dmd2_settings.ADAM_BETA0`); `-karras`: the loss's noise
                               levels uniform over Karras sigmas (FastGen's, SiD's); the configs' arms with
                               `-rerun`: the same recipe at another seed of the stage (`RERUN_SEED`, `RERUNS`), and
-                              `-lead[-middle{0.3,0.2}]`: the middle trained on the frozen start's jump (`LEAD_ARMS`)
+                              `-lead[-middle{0.3,0.2,0.1}]`: the middle trained on the frozen start's jump (`LEAD_ARMS`)
     sidfew-{kind}-g{r}-nogan[-ema998]-*  the same SiD arms in place of DMD2 from the cheaper start (`dmd2few-*`),
                               without ECT: about twice the budget left to SiD; `sidecfdts25-*`: after a quarter of
                               it to ECT (`ectfewdts25-*`)

@@ -330,12 +330,13 @@ LEAD_INPUT = {"distill.dmd_input": "lead"}
 # the teacher's sampler's, :data:`SAMPLER_SCALE`): in the hand-off the generator's only step is the last, and the
 # configs' real scores (8, 16) seek modes the sampler's scale does not
 SAMPLER_SCALE = "sampler"  # a value resolved per teacher to its sampler's guidance scale (the study's RECIPE_SCALE)
-# and the middle nearer the data still (`-lead-middle0.2`): 0.5 to 0.3 gained KID and recall together on the flow twin,
-# so the sweep is bracketed on the data's side
+# and the middle nearer the data still (`-lead-middle0.2`, `-lead-middle0.1`): 0.5 to 0.3 gained KID and recall together
+# on the flow twin, so the sweep is bracketed on the data's side
 LEAD_ARMS = {
     "lead": {},
     "lead-middle0.3": {"distill.dmd_midpoint": 0.3},
     "lead-middle0.2": {"distill.dmd_midpoint": 0.2},
+    "lead-middle0.1": {"distill.dmd_midpoint": 0.1},
 }
 LEAD_ARMS["lead-middle0.3-later"] = LEAD_ARMS["lead-middle0.3"] | {"distill.real_guidance_later": SAMPLER_SCALE}
 BATCH_BASES = (
