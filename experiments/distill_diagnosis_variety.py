@@ -47,6 +47,8 @@ COMPOSITIONS = {
     "the teacher, then the student's second jump": ("teacher", "student"),
     "start, 2 steps": ("start", "start"),
     "start's first jump, then the student's second": ("start", "student"),
+    # the hand-off's middle finished by the teacher: whether the start's jump or the student's second loses its recall
+    "start's first jump, then the teacher": ("start", "teacher"),
     "student's first jump, then the start's second": ("student", "start"),
     "student, 1 step": ("student", None),
     "start, 1 step": ("start", None),
