@@ -148,6 +148,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     KEEP_BEST,
     LEAD_ARMS,
     LEAD_INPUT,
+    LEAD_PREFIXES,
     LOW_SCALE,
     MID_SCALE,
     MIDDLES,
@@ -252,14 +253,7 @@ def dmd2_arms(
         arms[f"{dmd2l}-x4"] = arms[dmd2l]  # the variety lever's curve still fell at the budget's end
         arms |= _recipe_variants(arms, kind)
         arms |= _sid_arms(arms, kind)
-        for tail in RERUNS[kind]:  # the configs' arms again at another seed of the stage (the train.seed it sets wins)
-            config_arm = f"sidecfdt-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-{tail}"
-            arm_config, arm_overrides = arms[config_arm]
-            arms[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
-            lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
-            for tail, change in LEAD_ARMS.items():
-                change = {k: RECIPE_SCALE[kind] if v == SAMPLER_SCALE else v for k, v in (LEAD_INPUT | change).items()}
-                arms[f"{config_arm}-{tail}"] = (arm_config, [*arm_overrides, *_overrides(change), f"distill.lead_model={lead}"])  # fmt: skip
+        arms |= _lead_arms(arms, kind, seed)
         for scale in (1.0, RECIPE_SCALE[kind]):  # unguided, as the references pair it, and at the recipe's scale
             for suffix, gan in (("ganlate", GAN_LATE), ("ganlow", GAN_LOW)):
                 late, settings = f"dmd2f-{kind}-{_label(scale)}-{suffix}", RECIPE | gan | {"real_guidance": scale}
@@ -287,6 +281,22 @@ def dmd2_arms(
         rcm = RCM_RECIPE | {"real_guidance": CHOSEN_SCALE[kind]}
         arms[f"rcm-{kind}"] = (RCM[kind], [teacher, *_overrides(rcm), *sc.get("trajectory", [])])
     return arms
+
+
+def _lead_arms(arms: dict[str, tuple[str, list[str]]], kind: str, seed: int) -> dict[str, tuple[str, list[str]]]:
+    """The configs' SiD arms from ECT's start (at each split of :data:`LEAD_PREFIXES`) trained for the hand-off
+    (:data:`LEAD_ARMS`), and the config's own arm again at another seed of the stage (``-rerun``)."""
+    extra = {}
+    for tail, prefix in itertools.product(RERUNS[kind], LEAD_PREFIXES):  # the configs' arms at each ECT split
+        config_arm = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-{tail}"
+        arm_config, arm_overrides = arms[config_arm]
+        if prefix == "sidecfdt":  # the config's own arm again at another seed of the stage (its train.seed wins)
+            extra[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
+        lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
+        for lead_tail, change in LEAD_ARMS.items():
+            change = {k: RECIPE_SCALE[kind] if v == SAMPLER_SCALE else v for k, v in (LEAD_INPUT | change).items()}
+            extra[f"{config_arm}-{lead_tail}"] = (arm_config, [*arm_overrides, *_overrides(change), f"distill.lead_model={lead}"])  # fmt: skip
+    return extra
 
 
 def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tuple[str, list[str]]]:
