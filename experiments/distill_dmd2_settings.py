@@ -339,9 +339,11 @@ LEAD_ARMS = {
     "lead-middle0.1": {"distill.dmd_midpoint": 0.1},
 }
 # the hand-off arms from ECT's start at the budget's split the configs use (half of what the cheaper start leaves) and
-# at a quarter (`sidecfdts25-*-lead*`): ECT's own two steps flat from half its stage or earlier at four seeds of five,
-# while the flow twin's hand-off at the middle 0.2 still fell at its stage's end at those four (its evaluations during
-# training), so the quarter gives SiD about 1.5x the generator updates where they still pay
+# at a quarter (`sidecfdts25-*-lead*`): ECT's own two steps gained 7% or less over its second half at four seeds of
+# five, while the flow twin's hand-off at the middle 0.2 still fell at its stage's end at all five (its evaluations
+# during training), so the quarter gives SiD about 1.4x the generator updates. Measured (the flow twin, five seeds):
+# KID better on every seed (-0.34), recall worse on every seed (-0.016), one step level; not adopted (the goal met at
+# two seeds of five against three)
 LEAD_PREFIXES = ("sidecfdt", "sidecfdts25")
 LEAD_ARMS["lead-middle0.3-later"] = LEAD_ARMS["lead-middle0.3"] | {"distill.real_guidance_later": SAMPLER_SCALE}
 BATCH_BASES = (
