@@ -162,13 +162,15 @@ class QualityCurve:
         """How the evaluations sample at ``steps`` (from ``spec``, else theirs): the hand-off after the lead where it
         takes fewer steps, the model alone where it does not (a one-step score beside a two-step hand-off)."""
         spec = (spec or self.spec).replace(num_inference_steps=steps, lead_model=None)
-        led = self.lead is not None and steps > self.lead.spec.steps
-        return spec.replace(lead=self.lead.spec) if led else spec
+        return spec.replace(lead=self.lead.spec) if self._led(steps) else spec
+
+    def _led(self, steps: int) -> bool:
+        """Whether ``steps`` are sampled as the hand-off: a lead, and more steps than it takes."""
+        return self.lead is not None and steps > self.lead.spec.steps
 
     def led_steps(self) -> list[int]:
         """The step counts evaluated as the hand-off."""
-        counts = (self.spec.sampler.num_steps, *self.also_steps)
-        return [n for n in counts if self.lead is not None and n > self.lead.spec.steps]
+        return [n for n in (self.spec.sampler.num_steps, *self.also_steps) if self._led(n)]
 
     @property
     def enabled(self) -> bool:
