@@ -147,6 +147,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     HELD_PAST_BUDGET,
     KEEP_BEST,
     LEAD_ARMS,
+    LEAD_BASES,
     LEAD_INPUT,
     LEAD_PREFIXES,
     LOW_SCALE,
@@ -284,13 +285,13 @@ def dmd2_arms(
 
 
 def _lead_arms(arms: dict[str, tuple[str, list[str]]], kind: str, seed: int) -> dict[str, tuple[str, list[str]]]:
-    """The configs' SiD arms from ECT's start (at each split of :data:`LEAD_PREFIXES`) trained for the hand-off
-    (:data:`LEAD_ARMS`), and the config's own arm again at another seed of the stage (``-rerun``)."""
+    """The SiD arms of :data:`LEAD_BASES` from ECT's start (at each split of :data:`LEAD_PREFIXES`) trained for the
+    hand-off (:data:`LEAD_ARMS`), and the config's own arm again at another seed of the stage (``-rerun``)."""
     extra = {}
-    for tail, prefix in itertools.product(RERUNS[kind], LEAD_PREFIXES):  # the configs' arms at each ECT split
+    for tail, prefix in itertools.product(LEAD_BASES[kind], LEAD_PREFIXES):  # the arms varied, at each ECT split
         config_arm = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-{tail}"
         arm_config, arm_overrides = arms[config_arm]
-        if prefix == "sidecfdt":  # the config's own arm again at another seed of the stage (its train.seed wins)
+        if prefix == "sidecfdt" and tail in RERUNS[kind]:  # the config's arm again at another seed (train.seed wins)
             extra[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
         lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
         for lead_tail, change in LEAD_ARMS.items():

@@ -347,6 +347,17 @@ LEAD_ARMS["lead-middle0.3-later"] = LEAD_ARMS["lead-middle0.3"] | {"distill.real
 # KID better on every seed (-0.34), recall worse on every seed (-0.016), one step level; not adopted (the goal met at
 # two seeds of five against three)
 LEAD_PREFIXES = ("sidecfdt", "sidecfdts25")
+# every generator sample on the last jump (`-last`: `distill.dmd_first_share` 0): in the hand-off the generator makes
+# only that jump, and the lead arms spent half their samples on its one step from noise, which the hand-off never
+# samples; at the same budget (the start's jump for every sample costs half a forward more each) the last jump gets
+# about twice the training. The flow twin's hand-off still fell where its stage stopped
+LEAD_ARMS |= {
+    f"{name}-last": LEAD_ARMS[name] | {"distill.dmd_first_share": 0.0} for name in ("lead", "lead-middle0.2")
+}
+# the arms the hand-off's arms vary (each teacher's config arm, :data:`RERUNS`) and, on the flow twin, its real score
+# ramped down to the sampler's scale over the stage (`alpha1-real8-to3-b4`: +0.02 two-step recall on every seed before
+# the hand-off), to pair with ECT at a quarter (`sidecfdts25-*-to3-b4-lead-middle0.2`), which bought KID with recall
+LEAD_BASES = {"flow": (*RERUNS["flow"], "alpha1-real8-to3-b4"), "ddpm": RERUNS["ddpm"]}
 BATCH_BASES = (
     "alpha1-real8",
     "alpha1-real8-beta0",
