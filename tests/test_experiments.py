@@ -2024,6 +2024,36 @@ def test_the_beta0_karras_and_rerun_arms_change_one_setting_of_the_configs_arms_
     assert distill.model_of(flow + "-b4-x2", 2, tmp_path).name == "pipeline"
 
 
+def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_the_arms_they_vary(tmp_path):
+    """`-last` puts every sample on the last jump (distill.dmd_first_share 0) and changes nothing else of its lead arm;
+    the flow twin's ramped arm gets the hand-off's arms at both ECT splits, as its config arm does, and no rerun."""
+    import dataclasses
+
+    from experiments import distill
+    from experiments.distill_dmd2 import load_arm
+
+    study = distill.student_arms(1, tmp_path, distill.SCALES["cpu"])
+    flow, ddpm = "sidecfdt-flow-g3-nogan-alpha1-real8-b4", "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16"
+    for lead in (f"{flow}-lead-middle0.2", f"{flow}-lead", f"{ddpm}-lead"):
+        config, overrides = study[lead + "-last"]
+        assert config == study[lead][0] and sorted(overrides) == sorted(
+            [*study[lead][1], "distill.dmd_first_share=0.0"]
+        )
+        last, base = load_arm(*study[lead + "-last"]), load_arm(*study[lead])
+        assert last.distill.dmd_first_share == 0.0 and base.distill.dmd_first_share is None
+        assert dataclasses.replace(last.distill, dmd_first_share=None) == base.distill
+    for prefix, start in (("sidecfdt", "ectfewdt"), ("sidecfdts25", "ectfewdts25")):
+        ramped = f"{prefix}-flow-g3-nogan-alpha1-real8-to3-b4"
+        lead = next(o for o in study[ramped][1] if o.startswith("distill.student_from="))
+        assert lead.endswith(f"{start}-flow-seed1")  # the start it trains from leads it
+        assert study[f"{ramped}-lead-middle0.2"] == (
+            study[ramped][0],
+            [*study[ramped][1], "distill.dmd_input=lead", "distill.dmd_midpoint=0.2",
+             lead.replace("distill.student_from=", "distill.lead_model=")],
+        )  # fmt: skip
+    assert f"{flow}-rerun" in study and "sidecfdt-flow-g3-nogan-alpha1-real8-to3-b4-rerun" not in study
+
+
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
 TWINS = [
     ("fashion_mnist_moh_distill_trajectory_few.yaml", "few-flow", None),

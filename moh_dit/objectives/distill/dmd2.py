@@ -242,7 +242,9 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         steps = "/".join(map(str, self.dmd_steps))
         grid = f" (two-step middle {self.dmd_midpoint:g})" if self.dmd_midpoint != MIDPOINT else ""
         if self.first_share is not None and len(self.start_times) > 1:
-            grid += f", {self.first_share:g} of the samples from pure noise"
+            grid += (
+                f", {self.first_share:g} of the samples from pure noise" if self.first_share else ", none from noise"
+            )
         input_ = {"generator": "; backward simulation", "lead": f"; later steps from the lead {self.lead_model}'s"}
         input_ = input_.get(self.dmd_input, "") if len(self.start_times) > 1 else ""
         return (

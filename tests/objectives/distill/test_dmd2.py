@@ -405,3 +405,23 @@ def test_the_first_share_draws_that_share_from_pure_noise_and_the_costs_weigh_ea
     assert quarter.simulated_forwards() == 0.25
     assert quarter.teacher_forwards_at(0) == 0.75 * 2 + 0.25 * 1  # the first step's guided rows, the later's unguided
     assert "0.75 of the samples from pure noise" in quarter.describe_loss()
+
+
+def test_a_first_share_of_0_puts_every_sample_on_the_leads_later_steps_and_is_refused_without_a_lead():
+    """distill.dmd_first_share 0 with the lead's input: every start drawn at the middle, each costing the lead's one
+    jump, the real score guided at the first step's scale there as well; without a lead, the generator's own first step
+    would never train, so 0 is refused there in one line."""
+    from moh_dit.errors import ConfigError
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+
+    last = DMD2Distill(dmd_steps=[1, 2], dmd_input="lead", lead_model="x", dmd_first_share=0.0, real_guidance=3.0)
+    x0 = torch.zeros(1000, 1, 1, 1)
+    start = last.noised(x0, torch.Generator().manual_seed(0), x0.device).terms["start"]
+    assert torch.equal(start, torch.full_like(start, 0.5))
+    assert last.start_shares() == [0.0, 1.0] and last.simulated_forwards() == 1.0
+    assert last.teacher_forwards_at(0) == 2.0  # guided at every sample
+    assert "none from noise; later steps from the lead x's" in last.describe_loss()
+    for dmd_input in ("generator", "data"):
+        with pytest.raises(ConfigError, match=r"0 only with distill.dmd_input=lead\) .* got 0.0$") as caught:
+            DMD2Distill(dmd_steps=[1, 2], dmd_input=dmd_input, dmd_first_share=0.0)
+        assert "\n" not in str(caught.value)

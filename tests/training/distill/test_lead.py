@@ -141,6 +141,21 @@ def test_its_evaluations_score_the_hand_off_it_is_trained_for_as_evaluate_does(
         assert logged[f"{key}@1"] == one["metrics"][key], key
 
 
+def test_every_sample_on_the_last_jump_counts_the_leads_jump_for_each(teacher_and_lead, image_dir, tmp_path):
+    """distill.dmd_first_share 0: every generator sample starts at the middle on the lead's jump, and the evaluations
+    the logs add up count that jump for every image (one lead forward each) with the networks' own."""
+    teacher, lead = teacher_and_lead
+    more = [*LEAD, f"distill.lead_model={lead}", "distill.dmd_first_share=0", "train.max_steps=2"]
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, teacher, *more))
+    assert trainer.objective.simulated_forwards() == 1.0
+    counter = _PassCounter(trainer.unwrapped, trainer.companions["fake_score"].module.score)
+    lead_rows = _PassCounter(trainer.frozen["lead"].lead.model)
+    trainer.run()
+    last = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert lead_rows.total == _expected_lead(trainer, 2)  # every image of both steps
+    assert last["network_evaluations"] == pytest.approx(counter.total + lead_rows.total)
+
+
 def _expected_lead(trainer, steps: int) -> float:
     """The lead's forwards the counts include: per image, the share of the middle's rows times one jump, on every
     step (the fake score's steps make the generator's samples too), at the global batch."""
