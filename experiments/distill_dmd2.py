@@ -149,6 +149,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     LEAD_ARMS,
     LEAD_BASES,
     LEAD_INPUT,
+    LEAD_KIND_ARMS,
     LEAD_PREFIXES,
     LOW_SCALE,
     MID_SCALE,
@@ -286,7 +287,8 @@ def dmd2_arms(
 
 def _lead_arms(arms: dict[str, tuple[str, list[str]]], kind: str, seed: int) -> dict[str, tuple[str, list[str]]]:
     """The SiD arms of :data:`LEAD_BASES` from ECT's start (at each split of :data:`LEAD_PREFIXES`) trained for the
-    hand-off (:data:`LEAD_ARMS`), and the config's own arm again at another seed of the stage (``-rerun``)."""
+    hand-off (:data:`LEAD_ARMS`, and the teacher's own of :data:`LEAD_KIND_ARMS`), and the config's own arm again at
+    another seed of the stage (``-rerun``)."""
     extra = {}
     for tail, prefix in itertools.product(LEAD_BASES[kind], LEAD_PREFIXES):  # the arms varied, at each ECT split
         config_arm = f"{prefix}-{kind}-{_label(RECIPE_SCALE[kind])}-nogan-{tail}"
@@ -294,9 +296,10 @@ def _lead_arms(arms: dict[str, tuple[str, list[str]]], kind: str, seed: int) -> 
         if prefix == "sidecfdt" and tail in RERUNS[kind]:  # the config's arm again at another seed (train.seed wins)
             extra[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
         lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
-        for lead_tail, change in LEAD_ARMS.items():
+        for lead_tail, change in (LEAD_ARMS | LEAD_KIND_ARMS.get(kind, {})).items():
             change = {k: RECIPE_SCALE[kind] if v == SAMPLER_SCALE else v for k, v in (LEAD_INPUT | change).items()}
-            extra[f"{config_arm}-{lead_tail}"] = (arm_config, [*arm_overrides, *_overrides(change), f"distill.lead_model={lead}"])  # fmt: skip
+            name = f"{config_arm.replace('-nogan', '') if 'distill.gan_weight' in change else config_arm}-{lead_tail}"
+            extra[name] = (arm_config, [*arm_overrides, *_overrides(change), f"distill.lead_model={lead}"])
     return extra
 
 

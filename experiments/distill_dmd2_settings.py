@@ -354,6 +354,11 @@ LEAD_PREFIXES = ("sidecfdt", "sidecfdts25")
 LEAD_ARMS |= {
     f"{name}-last": LEAD_ARMS[name] | {"distill.dmd_first_share": 0.0} for name in ("lead", "lead-middle0.2")
 }
+# and with the late GAN term on real data (`-lead-last-gan`, GAN_LATE's weight and start; the arm's name drops
+# "-nogan"): with every sample on the last jump it is a real-data term on that jump alone, the loss the default's
+# hand-off lacks (its generator's last jump loses 0.07 recall from either middle; the GAN term had only been tried on
+# the whole generator). The default's alone: its arms train at the study's batch, where GAN_LATE's start is set
+LEAD_KIND_ARMS = {"ddpm": {"lead-last-gan": LEAD_ARMS["lead-last"] | {f"distill.{k}": v for k, v in GAN_LATE.items()}}}
 # the arms the hand-off's arms vary (each teacher's config arm, :data:`RERUNS`) and, on the flow twin, its real score
 # ramped down to the sampler's scale over the stage (`alpha1-real8-to3-b4`: +0.02 two-step recall on every seed before
 # the hand-off), to pair with ECT at a quarter (`sidecfdts25-*-to3-b4-lead-middle0.2`), which bought KID with recall
