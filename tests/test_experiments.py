@@ -2026,7 +2026,8 @@ def test_the_beta0_karras_and_rerun_arms_change_one_setting_of_the_configs_arms_
 
 def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_the_arms_they_vary(tmp_path):
     """`-last` puts every sample on the last jump (distill.dmd_first_share 0) and changes nothing else of its lead arm;
-    the flow twin's ramped arm gets the hand-off's arms at both ECT splits, as its config arm does, and no rerun."""
+    the flow twin's ramped arm gets the hand-off's arms at both ECT splits, as its config arm does, and no rerun; the
+    default's `-lead-last-gan` adds the late GAN term to its `-lead-last`."""
     import dataclasses
 
     from experiments import distill
@@ -2052,6 +2053,12 @@ def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_th
              lead.replace("distill.student_from=", "distill.lead_model=")],
         )  # fmt: skip
     assert f"{flow}-rerun" in study and "sidecfdt-flow-g3-nogan-alpha1-real8-to3-b4-rerun" not in study
+    # the default's late GAN term on the last jump alone: its name without "-nogan", the term's weight and start added
+    gan = load_arm(*study["sidecfdt-ddpm-g4-ema998-lr3e-4-alpha1-real16-lead-last-gan"])
+    last = load_arm(*study[f"{ddpm}-lead-last"])
+    assert (gan.distill.gan_weight, gan.distill.gan_start, last.distill.gan_weight) == (0.003, 200, 0.0)
+    assert dataclasses.replace(gan.distill, gan_weight=0.0, gan_start=0) == last.distill
+    assert not [arm for arm in study if arm.endswith("-lead-last-gan") and "-flow-" in arm]  # batch 4: not set there
 
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
