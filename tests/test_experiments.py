@@ -2081,7 +2081,11 @@ TWINS = [
         "ectfewdt-ddpm",
     ),
     # trained for the hand-off (the fresh chains' record, experiments/results/distill_variety)
-    ("fashion_mnist_moh_sid_ect_lead.yaml", "sidecfdt-flow-g3-nogan-alpha1-real8-b4-lead-middle0.2", "ectfewdt-flow"),
+    (
+        "fashion_mnist_moh_sid_ect_lead.yaml",
+        "sidecfdt-flow-g3-nogan-alpha1-real8-b4-lead-middle0.2-last",
+        "ectfewdt-flow",
+    ),
     (
         "fashion_mnist_moh_sid_ect_lead_ddpm.yaml",
         "sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16-lead",
