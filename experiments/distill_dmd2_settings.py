@@ -364,7 +364,8 @@ LEAD_ARMS |= {
 LEAD_KIND_ARMS = {"ddpm": {"lead-last-gan": LEAD_ARMS["lead-last"] | {f"distill.{k}": v for k, v in GAN_LATE.items()}}}
 # the arms the hand-off's arms vary (each teacher's config arm, :data:`RERUNS`) and, on the flow twin, its real score
 # ramped down to the sampler's scale over the stage (`alpha1-real8-to3-b4`: +0.02 two-step recall on every seed before
-# the hand-off), to pair with ECT at a quarter (`sidecfdts25-*-to3-b4-lead-middle0.2`), which bought KID with recall
+# the hand-off), to pair with ECT at a quarter (`sidecfdts25-*-to3-b4-lead-middle0.2`), which bought KID with recall.
+# Not run: the last jump alone (`-last`, above) met the flow twin's two-step goal first
 LEAD_BASES = {"flow": (*RERUNS["flow"], "alpha1-real8-to3-b4"), "ddpm": RERUNS["ddpm"]}
 BATCH_BASES = (
     "alpha1-real8",

@@ -6,7 +6,6 @@ which predicts the data at each grid time and noises it afresh to the next
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 from typing import Any
 
@@ -41,8 +40,8 @@ class GridGenerator:
             raise ConfigError(f"distill.dmd_input must be one of {', '.join(DMD_INPUTS)}, got {dmd_input!r}")
         # a share of 0 (every sample on a later step) only where a lead makes the steps before: the generator's own
         # first step is then never trained, and in a hand-off it is never sampled
-        lowest = 0.0 if dmd_input == "lead" else math.nextafter(0.0, 1.0)
-        if first_share is not None and not (is_number(first_share) and lowest <= first_share < 1):
+        share_ok = is_number(first_share) and 0 <= first_share < 1 and (first_share > 0 or dmd_input == "lead")
+        if first_share is not None and not share_ok:
             raise ConfigError(
                 f"distill.dmd_first_share must be a share between 0 and 1 (of the samples that start from pure noise; "
                 f"0 only with distill.dmd_input=lead) or null (every start time alike), got {first_share!r}"
