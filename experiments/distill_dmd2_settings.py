@@ -110,6 +110,11 @@ ECT_STARTS |= {tail: ECT_STARTS["dt"] for tail in ECT_SPLITS}
 # ECT's start by its tail where it is not the cheaper start (`few`)
 ECT_START_OF = {"uni": "fewuni", "uni01": "fewuni"}
 ECT_STARTS |= {"uni": ECT_STARTS["dt"], "uni01": {"distill.ect_dt": 0.01}}
+# ECT at the step 0.05 from the cheaper start recorded at the lower guidance (`fewlow-{kind}`, `ectfewldt-`): the
+# default's hand-off loses recall in the start's jump and the teacher's ODE as much as in its last jump (0.41-0.43
+# against the sampler's 0.49), and that start raised the default's two-step recall by 0.09-0.10 at three seeds
+ECT_START_OF["ldt"] = "fewlow"
+ECT_STARTS["ldt"] = ECT_STARTS["dt"]
 SHARES = {f"ectfew{tail}-": ECT_SPLITS.get(tail, 0.5) for tail in ECT_STARTS}
 # the real score's scale from ECT's start below the recipe's (the samplers' 3 and 4): ECT's start has the teachers'
 # recall at two steps more nearly (0.40-0.46), and DMD2 at the samplers' scale spends it (0.30-0.36)
@@ -144,6 +149,7 @@ SID_BESIDE = {"sidecfdt": "dmd2ecfdt", "sidfew": "dmd2few"}
 # about 500 steps, and SiD's curves after half were still falling. Measured (seed 0): two steps level with half's, one
 # step worse, so half stays the split
 SID_BESIDE["sidecfdts25"] = "dmd2ecfdts25"
+SID_BESIDE["sidecfldt"] = "dmd2ecfldt"  # and after ECT from the lower-guidance start (`ectfewldt`)
 # the real score below the sampler's scale at SiD's measured settings (alpha 1, three times the rate): the issue's sweep
 # (none, 1.5, 2; VARIETY_SCALES), read with recall beside KID. DMD2's own sweep from the full start bought recall with
 # KID; SiD's real score enters its loss twice (both gaps), so its scale may weigh differently. And above it
@@ -346,7 +352,7 @@ LEAD_ARMS["lead-middle0.3-later"] = LEAD_ARMS["lead-middle0.3"] | {"distill.real
 # during training), so the quarter gives SiD about 1.4x the generator updates. Measured (the flow twin, five seeds):
 # KID better on every seed (-0.34), recall worse on every seed (-0.016), one step level; not adopted (the goal met at
 # two seeds of five against three)
-LEAD_PREFIXES = ("sidecfdt", "sidecfdts25")
+LEAD_PREFIXES = ("sidecfdt", "sidecfdts25", "sidecfldt")  # and from the lower-guidance start's ECT (`ectfewldt`)
 # every generator sample on the last jump (`-last`: `distill.dmd_first_share` 0): in the hand-off the generator makes
 # only that jump, and the lead arms spent half their samples on its one step from noise, which the hand-off never
 # samples; at the same budget (the start's jump for every sample costs half a forward more each) the last jump gets
