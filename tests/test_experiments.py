@@ -2027,7 +2027,8 @@ def test_the_beta0_karras_and_rerun_arms_change_one_setting_of_the_configs_arms_
 def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_the_arms_they_vary(tmp_path):
     """`-last` puts every sample on the last jump (distill.dmd_first_share 0) and changes nothing else of its lead arm;
     the flow twin's ramped arm gets the hand-off's arms at both ECT splits, as its config arm does, and no rerun; the
-    default's `-lead-last-gan` adds the late GAN term to its `-lead-last`."""
+    default's `-lead-last-gan` adds the late GAN term to its `-lead-last`, and its chain from the lower-guidance start
+    (ECT from it, SiD led by that ECT) is wired start to start."""
     import dataclasses
 
     from experiments import distill
@@ -2059,6 +2060,13 @@ def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_th
     assert (gan.distill.gan_weight, gan.distill.gan_start, last.distill.gan_weight) == (0.003, 200, 0.0)
     assert dataclasses.replace(gan.distill, gan_weight=0.0, gan_start=0) == last.distill
     assert not [arm for arm in study if arm.endswith("-lead-last-gan") and "-flow-" in arm]  # batch 4: not set there
+    # the default's chain from the lower-guidance start: ECT from it, SiD's hand-off arm from that ECT, led by it
+    from experiments.distill_dmd2 import budget_share, start_of
+
+    low = "sidecfldt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-real16-lead-last"
+    assert (start_of(low), start_of("ectfewldt-ddpm"), budget_share("ectfewldt-ddpm")) == ("ectfewldt-ddpm", "fewlow-ddpm", 0.5)  # fmt: skip
+    assert study["ectfewldt-ddpm"][1][1:] == [f"distill.student_from={tmp_path / 'runs' / 'fewlow-ddpm-seed1'}", *study["ectfewdt-ddpm"][1][2:]]  # fmt: skip
+    assert f"distill.lead_model={tmp_path / 'runs' / 'ectfewldt-ddpm-seed1'}" in study[low][1]
 
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
