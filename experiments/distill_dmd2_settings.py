@@ -112,7 +112,9 @@ ECT_START_OF = {"uni": "fewuni", "uni01": "fewuni"}
 ECT_STARTS |= {"uni": ECT_STARTS["dt"], "uni01": {"distill.ect_dt": 0.01}}
 # ECT at the step 0.05 from the cheaper start recorded at the lower guidance (`fewlow-{kind}`, `ectfewldt-`): the
 # default's hand-off loses recall in the start's jump and the teacher's ODE as much as in its last jump (0.41-0.43
-# against the sampler's 0.49), and that start raised the default's two-step recall by 0.09-0.10 at three seeds
+# against the sampler's 0.49), and that start raised the default's two-step recall by 0.09-0.10 at three seeds.
+# Measured (the default, seeds 0 and 1): its variety is gone after ECT (two-step recall 0.33 and 0.31), and the hand-off
+# from it (`sidecfldt-*-lead-last`) is worse in KID (+0.26, +0.56) with recall level
 ECT_START_OF["ldt"] = "fewlow"
 ECT_STARTS["ldt"] = ECT_STARTS["dt"]
 SHARES = {f"ectfew{tail}-": ECT_SPLITS.get(tail, 0.5) for tail in ECT_STARTS}
