@@ -179,13 +179,16 @@ __all__ = ["ARMS", "BUDGET", "CHOSEN_SCALE", "REAL_SCALES", "RECIPE_SCALE", "dmd
 
 def _overrides(settings: dict) -> list[str]:
     """``section.key=value`` overrides of ``settings`` (a bare key is the ``distill`` section's)."""
-    return [
-        f"{key if '.' in key else 'distill.' + key}={str(value).replace(' ', '')}" for key, value in settings.items()
-    ]
+    return [f"{key if '.' in key else 'distill.' + key}={str(value).replace(' ', '')}" for key, value in settings.items()]  # fmt: skip
 
 
 def _label(scale: float) -> str:
     return f"g{scale:g}"
+
+
+def _variant_name(name: str, suffix: str, change: dict) -> str:
+    """``{name}-{suffix}``, less ``-nogan`` where ``change`` turns the GAN term on."""
+    return f"{name.replace('-nogan', '') if 'distill.gan_weight' in change else name}-{suffix}"
 
 
 def dmd2_arms(
@@ -270,9 +273,7 @@ def dmd2_arms(
         arms[f"uni-{kind}"] = (config, [*overrides, recorded, "distill.grid_share=0.0"])
         recipe = f"dmd2f-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"  # with DMD's regression on its start's own set
         arms |= {f"{recipe}-{suffix}": (FROM_SHORT[kind], [*arms[recipe][1], recorded, *_overrides(change)]) for suffix, change in REGRESSION.items()}  # fmt: skip
-        on_grid = (
-            "distill.grid_share=0.9"  # the trajectory stage's times (nine in ten intervals on the samplers' grids)
-        )
+        on_grid = "distill.grid_share=0.9"  # the trajectory stage's times (nine in ten intervals on the samplers' grids)  # fmt: skip
         for prefix in ("ect", "ectu"):  # CMT's second stage from the grid-trained start and from the uniform one
             arms[f"{prefix}-{kind}"] = (ECT[kind], [teacher, _started(runs, f"{prefix}-{kind}", seed), on_grid])
         curriculum = [f"distill.{key}={value}" for key, value in ECT_CURRICULUM.items()]
@@ -298,7 +299,7 @@ def _lead_arms(arms: dict[str, tuple[str, list[str]]], kind: str, seed: int) -> 
         lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
         for lead_tail, change in (LEAD_ARMS | LEAD_KIND_ARMS.get(kind, {})).items():
             change = {k: RECIPE_SCALE[kind] if v == SAMPLER_SCALE else v for k, v in (LEAD_INPUT | change).items()}
-            name = f"{config_arm.replace('-nogan', '') if 'distill.gan_weight' in change else config_arm}-{lead_tail}"
+            name = _variant_name(config_arm, lead_tail, change)
             extra[name] = (arm_config, [*arm_overrides, *_overrides(change), f"distill.lead_model={lead}"])
     return extra
 
@@ -315,8 +316,8 @@ def _sid_arms(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[str, tu
             name = prefix + dmd2.removeprefix(dmd2.split("-")[0])
             sid[name] = (config, [*overrides, *_overrides(SID)])
             named = {}
-            for suffix, change in SID_VARIANTS.items():  # one that turns the GAN term on drops "-nogan" from its name
-                named[suffix] = f"{name.replace('-nogan', '') if 'distill.gan_weight' in change else name}-{suffix}"
+            for suffix, change in SID_VARIANTS.items():
+                named[suffix] = _variant_name(name, suffix, change)
                 sid[named[suffix]] = (config, [*sid[name][1], *_overrides(change)])
             for base, (tail, batch) in itertools.product(BATCH_BASES, SMALLER_BATCHES.items()):
                 sid[f"{named[base]}-{tail}"] = at_batch(*sid[named[base]], batch)
