@@ -233,8 +233,8 @@ class DistillSection:
     regression_distance: str = "mse"  # its distance: mse | teacher_features (LPIPS's form in the teacher's tokens)
     regression_feature_time: float | None = None  # teacher_features: the flow time the teacher reads both at; null: 0
     dmd_steps: tuple[int, ...] = (1,)  # the generator's grids: [1] one step; [1, 2] also two
-    # a multi-step generator's input at a grid time below 1: data (noised) | generator (its own earlier step,
-    # backward simulation) | lead (the first steps of distill.lead_model, a frozen few-step model)
+    # a multi-step generator's input at a grid time below 1: data (noised) | generator (its own earlier step, backward
+    # simulation) | generator_fresh (the same, noised afresh at each step: DMD2's) | lead (distill.lead_model's steps)
     dmd_input: str = "data"
     lead_model: str | None = None  # dmd_input lead: the lead's run, checkpoint, pipeline or transformer folder
     dmd_time: tuple[float, ...] = (0.02, 0.98)  # the flow times the VSD loss noises the samples at (uniform)

@@ -24,8 +24,9 @@ there) and trains on real images of the run's training split; it can start late 
 the fake score alone first), and alone (``distill.vsd_weight: 0``: a GAN fine-tune of the teacher's weights, GDD's).
 
 Multi-step generators (``distill.dmd_steps``) train at every start time of their grids, their input there the data
-noised to it (FastGen's) or the generator's own sample from the grid's step before (``distill.dmd_input: generator``,
-DMD2's backward simulation, along the coarsest grid that holds the start time); they sample by predicting the data at
+noised to it (FastGen's) or the generator's own sample from the grid's step before (backward simulation, along the
+coarsest grid that holds the start time: ``distill.dmd_input: generator`` renoises with the start's own noise,
+``generator_fresh`` with noise of its own at every renoising, as DMD2's code and the sampler do); they sample by predicting the data at
 each grid time and noising it afresh to the next (:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler`
 with ``renoise``). The two-step grid is ``[1, distill.dmd_midpoint, 0]``: every grid is shifted so (SD3's time
 shift), in training and, recorded with the model, in sampling.
@@ -72,8 +73,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         regression_distance, regression_feature_time: its distance ``d`` (moh_dit/objectives/distill/distances.py).
         dmd_steps: the step counts of the grids the generator trains at (``[1]``: one step); ``None``: ``[1]``, as a
             generator rebuilt from its record for sampling has them (it records its grids' middle, not its counts).
-        dmd_input: a multi-step generator's input at a grid time: ``data`` noised, its own ``generator`` sample, or
-            the state a frozen ``lead`` model's first steps reach there (a hand-off's lead, trained for).
+        dmd_input: a multi-step generator's input at a grid time: ``data`` noised, its own ``generator`` sample
+            (``generator_fresh``: renoised with noise of its own at every step, DMD2's), or the state a frozen ``lead`` model's first steps reach there (a hand-off's lead, trained for).
         lead_model: that lead model (a run, checkpoint, pipeline or transformer folder; only with ``dmd_input:
             lead``; loaded as the run's frozen ``lead``, moh_dit/training/distill/lead.py).
         dmd_time: ``[first, last]`` flow times the VSD loss noises the generator's samples at (uniform).
@@ -245,11 +246,9 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
             grid += (
                 f", {self.first_share:g} of the samples from pure noise" if self.first_share else ", none from noise"
             )
-        input_ = {"generator": "; backward simulation", "lead": f"; later steps from the lead {self.lead_model}'s"}
-        input_ = input_.get(self.dmd_input, "") if len(self.start_times) > 1 else ""
         return (
             f"{' + '.join(parts)}; {self.fake_updates} fake-score updates per generator update; {steps}-step "
-            f"grids{grid}{input_}{self.describe_fake()}"
+            f"grids{grid}{self.describe_input()}{self.describe_fake()}"
         )
 
     def describe_distribution(self) -> str:
@@ -285,6 +284,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         }
         if self.gan_time:  # the generated images' own times (drawn last: a run without the key draws as before)
             terms["gan_t"] = gan_low + (gan_high - gan_low) * torch.rand(n, generator=generator)
+        terms |= self.path_draws(x0.shape, generator)  # last as well: DMD2's own noises along its backward simulation
         terms = {k: v.to(device) for k, v in terms.items()} | {"real": x0}
         return Noised(x0, self.network_time(terms["start"], torch.zeros_like(terms["start"])), terms)
 

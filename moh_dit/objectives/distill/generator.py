@@ -21,8 +21,12 @@ from moh_dit.objectives.noise import flow_sigma
 __all__ = ["GridGenerator", "DMD_INPUTS"]
 
 # a multi-step generator's input at a grid time below 1: the data noised to it, its own sample from the grid time
-# before (backward simulation), or the state a frozen lead model reaches there (distill.lead_model; a hand-off's lead)
-DMD_INPUTS = ("data", "generator", "lead")
+# before (backward simulation: each renoising with the start's own noise, or with noise of its own at every renoising,
+# as DMD2's code and the sampler do), or the state a frozen lead model reaches there (distill.lead_model; a hand-off's)
+DMD_INPUTS = ("data", "generator", "generator_fresh", "lead")
+SIMULATED = ("generator", "generator_fresh")  # the inputs made by the generator's own earlier steps
+# each input in a run's description (a one-step generator has no later input to describe)
+INPUT_WORDS = {"generator": "; backward simulation", "generator_fresh": "; backward simulation, noised afresh"}
 
 
 class GridGenerator:
@@ -34,7 +38,7 @@ class GridGenerator:
     ) -> None:
         """Its grids (``steps``' counts, the two-step grid's middle at ``midpoint``), every start time on them (1
         first) and, for each, the grid times before it on the coarsest grid that holds it: its backward simulation's
-        path when ``dmd_input`` is ``generator``. ``first_share``: the share of the samples drawn at the first start
+        path when ``dmd_input`` is one of :data:`SIMULATED`. ``first_share``: the share of the samples drawn at the first start
         time, the rest alike over the later ones (``None``: every start time alike)."""
         if dmd_input not in DMD_INPUTS:
             raise ConfigError(f"distill.dmd_input must be one of {', '.join(DMD_INPUTS)}, got {dmd_input!r}")
@@ -87,6 +91,21 @@ class GridGenerator:
             return [1.0 / n] * n
         return [self.first_share] + [(1.0 - self.first_share) / (n - 1)] * (n - 1)
 
+    def describe_input(self) -> str:
+        """The later steps' input in words, for the run's description ("" for the data noised, or one step)."""
+        if len(self.start_times) == 1 or self.dmd_input == "data":
+            return ""
+        return INPUT_WORDS.get(self.dmd_input) or f"; later steps from the lead {self.lead_model}'s"
+
+    def path_draws(self, shape: torch.Size, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The backward simulation's own noises (``dmd_input: generator_fresh``), batch first: one per forward of the
+        longest path, the first its pure noise at 1 and each next the renoising after a forward; none otherwise (the
+        step's other draws stay as they were)."""
+        depth = max(map(len, self.paths.values()), default=0)
+        if self.dmd_input != "generator_fresh" or not depth:
+            return {}
+        return {"path_noise": torch.randn((shape[0], depth, *shape[1:]), generator=generator)}
+
     def draw_starts(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """``n`` start times drawn from ``generator`` at :meth:`start_shares` (alike: one draw per sample, as moh-dit
         drew them before ``first_share``)."""
@@ -134,8 +153,9 @@ class GridGenerator:
         terms = noised.terms
         start, noise = terms["start"], terms["start_noise"]
         source = terms["real"]
-        if self.dmd_input == "generator" and bool((start < 1).any()):
-            source = self.backward_simulation(net, noise, start, labels, drop, autocast)
+        if self.dmd_input in SIMULATED and bool((start < 1).any()):
+            path_noise = terms.get("path_noise")
+            source = self.backward_simulation(net, noise, start, labels, drop, autocast, path_noise)
         shape = (-1, *([1] * (noise.ndim - 1)))
         z = (1 - start).reshape(shape) * source + start.reshape(shape) * noise
         if self.dmd_input == "lead":
@@ -161,24 +181,29 @@ class GridGenerator:
         return z
 
     @torch.no_grad()
-    def backward_simulation(self, net, noise, start, labels, drop, autocast) -> torch.Tensor:
+    def backward_simulation(self, net, noise, start, labels, drop, autocast, path_noise=None) -> torch.Tensor:
         """For each sample that starts below 1, the generator's own prediction of the data at the grid time before
-        its start: from pure noise down its path (the coarsest grid that holds its start), renoised with its
-        ``noise`` to each next time; only those rows are run."""
+        its start: from pure noise down its path (the coarsest grid that holds its start), renoised to each next
+        time; only those rows are run. Without ``path_noise`` the path starts from the sample's ``noise`` and every
+        renoising reuses it; with it (:meth:`path_draws`) the path starts from its first noise and each renoising
+        takes the next, so that the input is the sampler's (each step's noise its own) and its noise at the start time
+        (``noise``, added by the caller) is uncorrelated with the path, as in DMD2's code."""
         x = torch.zeros_like(noise)
         for target in self.start_times:
             path = self.paths[target]
             rows = (start == target).nonzero().flatten()
             if not path or rows.numel() == 0:
                 continue
-            z, y = noise[rows], labels[rows] if labels is not None else None
+            # the noise at each forward of the path: the start's own throughout, or one draw per forward
+            noises = [noise[rows]] * len(path) if path_noise is None else path_noise[rows].unbind(1)
+            z, y = noises[0], labels[rows] if labels is not None else None
             dropped = drop[rows] if drop is not None else None
             for index, now in enumerate(path):
                 t = torch.full((rows.numel(),), now, device=noise.device)
                 with autocast(), net.routed_rows(rows) if hasattr(net, "routed_rows") else nullcontext():
                     u = self.average_velocity(net, z, t, torch.zeros_like(t), y, dropped).sample.float()
                 predicted = z - now * u
-                after = path[index + 1] if index + 1 < len(path) else target
-                z = (1 - after) * predicted + after * noise[rows]
+                if index + 1 < len(path):  # renoised to the path's next time (the last lands at the start time)
+                    z = (1 - path[index + 1]) * predicted + path[index + 1] * noises[index + 1]
             x[rows] = predicted
         return x

@@ -161,6 +161,46 @@ def test_backward_simulation_runs_each_start_from_noise_down_its_own_path_and_on
     assert sum(net.rows) == sum(len(objective.paths[s]) for s in start.tolist()) == 1 + 3 + 1 + 3
 
 
+def test_backward_simulation_noised_afresh_takes_a_noise_of_its_own_at_every_forward_as_dmd2s_code_does():
+    """distill.dmd_input: generator_fresh. The path starts from its own pure noise and each renoising takes the next
+    of its own draws (brute force, sample by sample), so the prediction does not depend on the start's noise (which
+    the caller adds at the start time) and differs from the start-noise simulation; the draws come after every other
+    draw of the step, which stay as the start-noise input's; a one-step generator draws none."""
+    from moh_dit.objectives.distill.dmd2 import DMD2Distill
+
+    objective = DMD2Distill(dmd_steps=[1, 2, 4], dmd_input="generator_fresh")
+    assert "; backward simulation, noised afresh" in objective.describe_loss()
+    net = _CountingGenerator()
+    start = torch.tensor([1.0, 0.25, 0.5, 0.75, 0.25, 1.0])
+    noise = torch.randn(6, 1, 2, 2, generator=torch.Generator().manual_seed(0))
+    path_noise = objective.path_draws(noise.shape, torch.Generator().manual_seed(1))["path_noise"]
+    assert path_noise.shape == (6, 3, 1, 2, 2)  # the longest path (to 0.25 on the four-step grid) has three forwards
+    x = objective.backward_simulation(net, noise, start, None, None, contextlib.nullcontext, path_noise)
+    for i, s in enumerate(start.tolist()):
+        path = objective.paths[s]
+        if not path:
+            assert torch.all(x[i] == 0)
+            continue
+        z = path_noise[i, 0]
+        for k, now in enumerate(path):
+            predicted = z - now * (z + now)
+            if k + 1 < len(path):
+                z = (1 - path[k + 1]) * predicted + path[k + 1] * path_noise[i, k + 1]
+        torch.testing.assert_close(x[i], predicted)
+    other = objective.backward_simulation(net, -noise, start, None, None, contextlib.nullcontext, path_noise)
+    torch.testing.assert_close(other, x)  # the start's noise is not read along the path
+    shared = objective.backward_simulation(net, noise, start, None, None, contextlib.nullcontext)
+    assert not torch.allclose(shared[1], x[1])
+    x0 = torch.randn(8, 1, 4, 4)
+    plain = DMD2Distill(dmd_steps=[1, 2], dmd_input="generator").noised(x0, torch.Generator().manual_seed(3), "cpu")
+    fresh = DMD2Distill(dmd_steps=[1, 2], dmd_input="generator_fresh").noised(x0, torch.Generator().manual_seed(3), "cpu")  # fmt: skip
+    assert set(fresh.terms) == {*plain.terms, "path_noise"} and fresh.terms["path_noise"].shape == (8, 1, 1, 4, 4)
+    for key in plain.terms:
+        torch.testing.assert_close(fresh.terms[key], plain.terms[key])
+    one = DMD2Distill(dmd_steps=[1], dmd_input="generator_fresh").noised(x0, torch.Generator().manual_seed(3), "cpu")
+    assert "path_noise" not in one.terms
+
+
 @pytest.mark.parametrize(
     ("override", "says"),
     [

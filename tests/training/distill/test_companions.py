@@ -290,10 +290,14 @@ def test_the_later_steps_own_real_score_scale_is_counted_recorded_and_kept_on_re
                                      r"1\.0 -> 3\.0")  # fmt: skip
 
 
-def test_a_run_with_the_later_steps_scale_and_the_first_share_resumes_exactly(flow_teacher, image_dir, tmp_path):
-    """SiD's two-step generator with distill.real_guidance_later and distill.dmd_first_share, stopped at step 3 and
-    resumed: the same run bit for bit (the generator, its EMA and the fake score) with the same counts logged."""
-    more = ["distill.method=sid", "distill.gan_weight=0", "distill.dmd_input=generator", "distill.real_guidance=2",
+@pytest.mark.parametrize("simulated", ["generator", "generator_fresh"])
+def test_a_run_with_the_later_steps_scale_and_the_first_share_resumes_exactly(
+    simulated, flow_teacher, image_dir, tmp_path
+):
+    """SiD's two-step generator with distill.real_guidance_later and distill.dmd_first_share, by either backward
+    simulation, stopped at step 3 and resumed: the same run bit for bit (the generator, its EMA and the fake score)
+    with the same counts logged."""
+    more = ["distill.method=sid", "distill.gan_weight=0", f"distill.dmd_input={simulated}", "distill.real_guidance=2",
             "distill.real_guidance_later=1", "distill.dmd_first_share=0.75", "distill.guidance_times=[0,1]"]  # fmt: skip
     train(dmd2(tmp_path / "s", image_dir, flow_teacher, *more, "train.max_steps=6"))
     _cut_at_3_and_resumed_is_the_same(tmp_path / "s", tmp_path / "cut", image_dir, flow_teacher, more)

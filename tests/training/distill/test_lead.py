@@ -172,7 +172,7 @@ def _expected_lead(trainer, steps: int) -> float:
             r"distill.dmd_steps=\[1\] has none",
         ),
         (["distill.method=rcm", "distill.dmd_input=lead", "distill.lead_model=x"], "not distill.method=rcm's"),
-        (["distill.dmd_input=leader"], "distill.dmd_input must be one of data, generator, lead"),
+        (["distill.dmd_input=leader"], "distill.dmd_input must be one of data, generator, generator_fresh, lead"),
     ],
 )
 def test_a_wrong_lead_key_is_one_line(teacher_and_lead, image_dir, tmp_path, more, message):
