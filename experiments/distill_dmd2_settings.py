@@ -269,6 +269,10 @@ SID_VARIANTS["alpha1-real8-one-to3"] = SID_VARIANTS["alpha1-real8-one"] | {"dist
 LSG_ARMS = {"alpha1-real8": 8.0, "lr3e-4-alpha1-real16": 16.0}
 SID_VARIANTS |= {f"{name}-lsg": SID_VARIANTS[name] | {"distill.fake_guidance": r} for name, r in LSG_ARMS.items()}
 SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidance_eval": 2.0} for name in LSG_ARMS}
+# backward simulation noised afresh (`-fresh`: distill.dmd_input generator_fresh, DMD2's own) at each teacher's two-step
+# config: every arm above renoised the generator's first step with the sample's own start noise, where its sampler (and
+# DMD2's code) noise each step afresh, so the middle it trained on was not the one it samples from
+SID_VARIANTS |= {f"{name}-fresh": SID_VARIANTS[name] | {"distill.dmd_input": "generator_fresh"} for name in LSG_ARMS}
 # smaller batches (`-b8`, `-b4`: 8 or 4 images a step instead of the study's 16) at each teacher's two-step config and
 # the one-step bests: twice or four times the generator and fake-score updates in the same evaluations, the fake
 # score's share of them kept (more fake-score updates per generator update left fewer of the generator's, and were
@@ -388,4 +392,5 @@ BATCH_BASES = (
     "alpha1-real16",
     "alpha1-real16-one-f3",
     "alpha1-real8-fake3x",
+    "alpha1-real8-fresh",
 )
