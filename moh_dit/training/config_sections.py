@@ -14,20 +14,8 @@ from typing import Any
 
 from moh_dit.sampling.spec import CONFIG_KEYS, SamplingSpec
 
-__all__ = [
-    "Config",
-    "ModelSection",
-    "ObjectiveSection",
-    "DataSection",
-    "OptimSection",
-    "TrainSection",
-    "EMASection",
-    "LogSection",
-    "EvalSamplingSection",
-    "PreviewSection",
-    "RepaSection",
-    "DistillSection",
-]
+__all__ = ["Config", "ModelSection", "ObjectiveSection", "DataSection", "OptimSection", "TrainSection", "EMASection",
+           "LogSection", "EvalSamplingSection", "PreviewSection", "RepaSection", "DistillSection"]  # fmt: skip
 
 
 @dataclass
@@ -232,6 +220,9 @@ class DistillSection:
     regression: float = 0.0  # DMD's regression on the teacher's trajectories (distill.trajectory_*), its weight
     regression_distance: str = "mse"  # its distance: mse | teacher_features (LPIPS's form in the teacher's tokens)
     regression_feature_time: float | None = None  # teacher_features: the flow time the teacher reads both at; null: 0
+    # where its generator sample starts: noise (the trajectory's, one step: DMD's) | start (the trajectory's state at
+    # each sample's start time on the generator's grids, e.g. the two-step grid's middle)
+    regression_from: str = "noise"
     dmd_steps: tuple[int, ...] = (1,)  # the generator's grids: [1] one step; [1, 2] also two
     # a multi-step generator's input at a grid time below 1: data (noised) | generator (its own earlier step, backward
     # simulation) | generator_fresh (the same, noised afresh at each step: DMD2's) | lead (distill.lead_model's steps)

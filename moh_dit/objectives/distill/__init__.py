@@ -14,8 +14,8 @@ Read it in this order:
     sid.py          the ``sid`` method: DMD2's pieces with SiD's score-identity loss in place of VSD
     rcm.py          the ``rcm`` method: trajectory distillation regularised by DMD2 in the same run (rCM)
     ect.py          the ``ect`` method: consistency post-training with a small fixed step (CMT's second stage)
-    generator.py    DMD2's generator on its grids: its start times and their shares, backward simulation, its
-                    renoising sampler
+    generator.py    DMD2's generator on its grids: its start times and their shares, backward simulation (with the
+                    start's noise, or noised afresh), its renoising sampler
     real_score.py   DMD2's real score: the teacher at its own guidance scale (ramped over training, if asked), the
                     later grid steps' at theirs
     fake_guidance.py the fake score's own guidance (SiD-LSG): the scale it trains at, the one the generator reads it at
@@ -26,6 +26,7 @@ Read it in this order:
     losses.py       the tangent loss and its stabilisers (l2, FastGen's opt-grad, the clamp, the warm-up)
     dmd_losses.py   DMD2's losses (VSD, the GAN's) and SiD's
     dmd_costs.py    what a step of DMD2 (and of the methods on its pieces) costs, in network evaluations
+    regression.py   DMD's regression: from a trajectory's noise, or from its state at each sample's start time
     distances.py    the distances of DMD's regression (squared error, LPIPS's form in the teacher's tokens)
 
 Outside this folder import these names from the package, not its modules (``from moh_dit.objectives.distill import

@@ -11,7 +11,8 @@ moh_dit/training/distill/companions.py). Each training step updates one of the t
     generator   x_t = (1 - t) x + t eps at a flow time t drawn per sample (no gradient through t or eps);
                 loss = VSD(x; x0_real(x_t, t), x0_fake(x_t, t))  [moh_dit/objectives/distill/dmd_losses.py]
                        + gan_weight * softplus(-D(features of the fake score at x_t))
-                       + regression * d(x(noise of a teacher trajectory), its end)    (DMD's regression, optional)
+                       + regression * d(x(a teacher trajectory's noise, or its state at x's start), its end)
+                                                                                     (DMD's regression, optional)
     fake score  the teacher's objective on the generator's samples (no gradient to the generator)
                 + the discriminator head's softplus(D(fake)) + softplus(-D(real data noised)) (with the GAN term)
 
@@ -55,13 +56,14 @@ from moh_dit.objectives.distill.grids import MIDPOINT
 from moh_dit.objectives.distill.meanflow import MeanFlowDistill
 from moh_dit.objectives.distill.methods import DMD_IDENTITY
 from moh_dit.objectives.distill.real_score import RealScore
+from moh_dit.objectives.distill.regression import TrajectoryRegression
 from moh_dit.objectives.distill.times import loss_time_ranges, vsd_times
 from moh_dit.objectives.linear_path import clean_prediction
 
 __all__ = ["DMD2Distill"]
 
 
-class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDistill):
+class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, DMDCosts, MeanFlowDistill):
     """DMD2 (see the module docstring).
 
     Args:
@@ -71,6 +73,8 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         gan_block: the fake score's block (from 1) whose tokens the discriminator head reads; ``None``: the middle.
         regression: the weight of DMD's regression on the teacher's trajectories (0: none).
         regression_distance, regression_feature_time: its distance ``d`` (moh_dit/objectives/distill/distances.py).
+        regression_from: where its generator sample starts: the trajectory's ``noise`` (DMD's), or its state at each
+            sample's ``start`` time (moh_dit/objectives/distill/regression.py).
         dmd_steps: the step counts of the grids the generator trains at (``[1]``: one step); ``None``: ``[1]``, as a
             generator rebuilt from its record for sampling has them (it records its grids' middle, not its counts).
         dmd_input: a multi-step generator's input at a grid time: ``data`` noised, its own ``generator`` sample
@@ -120,6 +124,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         regression: float = 0.0,
         regression_distance: str = distances.DEFAULT,
         regression_feature_time: float | None = None,
+        regression_from: str = "noise",
         dmd_steps: tuple[int, ...] | list[int] | None = None,
         dmd_input: str = "data",
         dmd_time: tuple[float, float] | list[float] = (0.02, 0.98),
@@ -149,7 +154,6 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         for key, value in (("gan_weight", gan_weight), ("regression", regression), ("vsd_weight", vsd_weight)):
             if not is_number(value) or not 0 <= value < float("inf"):
                 raise ConfigError(f"distill.{key} must be a weight >= 0, got {value!r}")
-        self.distance = distances.regression_distance(regression_distance, regression_feature_time, bool(regression))
         if not vsd_weight and not gan_weight:
             raise ConfigError(
                 "distill.vsd_weight=0 leaves the generator nothing to learn: a GAN fine-tune needs distill.gan_weight > 0"
@@ -170,10 +174,11 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
             raise ConfigError(f"distill.dmd_steps must be step counts >= 1, e.g. [1], got {list(steps)!r}")
         self.dmd_time, self.gan_time = loss_time_ranges(dmd_time, gan_time, dmd_time_sampling)
         self.fake_updates, self.fake_lr, self.gan_block = fake_updates, fake_lr, gan_block
-        self.gan_weight, self.regression = float(gan_weight), float(regression)
+        self.gan_weight = float(gan_weight)
         self.dmd_steps, self.dmd_input, self.dmd_time_sampling = steps, dmd_input, dmd_time_sampling
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
         self.place_grids(steps, dmd_input, self.dmd_midpoint, dmd_first_share)
+        self.set_regression(regression, regression_distance, regression_feature_time, regression_from)
         self.lead_model = lead_model
         later = {"real_guidance_later": real_guidance_later, "dmd_first_share": dmd_first_share}
         self.check_later_steps(later, lead_model, dmd_steps is not None)
@@ -236,10 +241,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
                 f"a GAN term of weight {self.gan_weight:g} on the fake score's features, real data{times}{start}"
             )
         if self.regression:
-            parts.append(
-                f"DMD's regression on the teacher's trajectories, weight {self.regression:g}, by "
-                f"{self.distance.describe()}"
-            )
+            parts.append(self.describe_regression())
         steps = "/".join(map(str, self.dmd_steps))
         grid = f" (two-step middle {self.dmd_midpoint:g})" if self.dmd_midpoint != MIDPOINT else ""
         if self.first_share is not None and len(self.start_times) > 1:
@@ -343,7 +345,7 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
                 loss = loss + self.gan_weight * gan
             extras |= {"gan_generator": gan.detach(), "gan_discriminator": zero}
         if self.regression:
-            regressed = self._regression(model, noised, autocast, frozen)
+            regressed = self.regression_loss(model, noised, autocast, frozen)
             extras["regression"] = regressed.detach()
             loss = loss + self.regression * regressed
         return Losses(loss=loss, mse=vsd.detach(), logged=vsd.detach(), extras=extras), out
@@ -362,19 +364,6 @@ class DMD2Distill(GridGenerator, RealScore, FakeGuidance, DMDCosts, MeanFlowDist
         """The generated images ``x`` as the discriminator reads them, and their times: the VSD loss's noised sample,
         or with ``gan_time`` the same noise at the step's own draw of that range."""
         return self._noised_sample(x, noised, "gan_t" if "gan_t" in noised.terms else "t")
-
-    def _regression(self, model, noised: Noised, autocast, frozen) -> torch.Tensor:
-        """DMD's regression: the one-step sample of a teacher trajectory's noise against the trajectory's end, by the
-        run's distance."""
-        trajectories = frozen["trajectories"]
-        n = noised.terms["pick"].shape[0]
-        last = torch.full((n,), len(trajectories.grid) - 1, device=noised.x_t.device)
-        first = torch.zeros_like(last)
-        noise, end, y = trajectories.pairs(noised.terms, first, last, noised.x_t.device)
-        one = torch.ones(n, device=noise.device)
-        with autocast():
-            u = self.average_velocity(model, noise, one, torch.zeros_like(one), y, torch.zeros_like(y)).sample.float()
-        return self.distance(noise - u, end, noise, y, frozen["teacher"], autocast)
 
     def _fake_score_losses(self, model, noised, labels, drop, autocast, fake, step, frozen):
         teacher = frozen["teacher"]

@@ -59,6 +59,8 @@ TRAJECTORY_IDENTITY = ("trajectory_count", "trajectory_sampler", "trajectory_ste
 DMD_KEYS = ("fake_lr", "gan_weight", "gan_block", "gan_start", "dmd_steps", "dmd_input", "dmd_time", "real_guidance",
             "dmd_time_sampling", "vsd_weight", "dmd_midpoint", "gan_time", "real_guidance_later", "dmd_first_share",
             "real_guidance_end", "real_guidance_ramp", "fake_guidance", "fake_guidance_eval", "lead_model")  # fmt: skip
+# DMD's regression on the teacher's trajectories (moh_dit/objectives/distill/regression.py): its weight, distance, start
+REGRESSION_KEYS = ("regression", "regression_distance", "regression_feature_time", "regression_from")
 # the real score's guidance is folded into what the generator learns, and the fake score's guidance into what it
 # learns against; the grid's middle is how it samples
 DMD_IDENTITY = ("real_guidance", "dmd_midpoint", "real_guidance_later", "real_guidance_end", "real_guidance_ramp",
@@ -98,7 +100,7 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.distill",
         "DMD2Distill",
         "a generator matching the teacher's distribution through a fake score (DMD2), one step or a few",
-        ("fake_updates", "regression", "regression_distance", "regression_feature_time", *DMD_KEYS, *TRAJECTORY_KEYS),
+        ("fake_updates", *REGRESSION_KEYS, *DMD_KEYS, *TRAJECTORY_KEYS),
         fp16=False,
         identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=(*TRAJECTORY_PROVENANCE, "lead_model"),  # the lead's weights are in the run's frozen models

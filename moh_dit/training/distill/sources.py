@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from moh_dit.errors import ConfigError
-from moh_dit.objectives.distill import sampler_intervals
+from moh_dit.objectives.distill import generator_grids, sampler_intervals
 from moh_dit.training.distill.trajectories import (
     FALLBACK_SAMPLER,
     MANIFEST,
@@ -57,7 +57,7 @@ def plan_of(section: DistillSection, teacher: Teacher, seed: int) -> TrajectoryP
         teacher=teacher.computes(),
         sampler=sampler,
         steps=steps,
-        grid=trajectory_grid(steps, tuple(section.grid_steps)),
+        grid=trajectory_grid(steps, tuple(section.grid_steps), tuple(regression_times(section))),
         count=section.trajectory_count,
         shard_size=section.trajectory_shard_size,
         seed=seed,
@@ -67,6 +67,15 @@ def plan_of(section: DistillSection, teacher: Teacher, seed: int) -> TrajectoryP
         shape=[config.in_channels, config.sample_size, config.sample_size],
         noise_stream=NOISE_STREAM,  # apart from the evaluation images' noises at the run's seed
     )
+
+
+def regression_times(section: DistillSection) -> list[float]:
+    """The times below 1 DMD's regression starts from (``distill.regression_from: start``: the generator's grids'
+    later start times), which its set of trajectories must hold."""
+    if not section.regression or section.regression_from != "start":
+        return []
+    grids = generator_grids(tuple(section.dmd_steps), section.dmd_midpoint)
+    return sorted({t for grid in grids.values() for t in grid if t < 1}, reverse=True)
 
 
 def teacher_velocity(teacher: Teacher, precision: str, device: torch.device):
@@ -148,10 +157,9 @@ def trajectory_source(config: Config, data: TrainingData, teacher: Teacher, devi
     stored = StoredTrajectories(folder, plan.teacher)
     warn_of_seed(stored, plan.seed)
     wanted = sorted({t for interval in sampler_intervals(tuple(section.grid_steps)) for t in interval}, reverse=True)
-    missing = [t for t in wanted if not any(abs(t - s) < 1e-9 for s in stored.plan.grid)]
-    if missing:
-        raise ConfigError(
-            f"{folder}'s trajectories have no state at the student's sampling times {missing} (distill.grid_steps="
-            f"{list(section.grid_steps)}): record a set with them"
-        )
+    for times, why in ((wanted, f"the student's sampling times (distill.grid_steps={list(section.grid_steps)})"),
+                       (regression_times(section), "the regression's start times (distill.regression_from=start)")):  # fmt: skip
+        missing = [t for t in times if not any(abs(t - s) < 1e-9 for s in stored.plan.grid)]
+        if missing:
+            raise ConfigError(f"{folder}'s trajectories have no state at {why}: {missing}; record a set with them")
     return stored

@@ -65,11 +65,12 @@ _NULL_STREAM = 7_927  # the stream of a trajectory's draw of the null class (moh
 NOISE_STREAM = 6_131
 
 
-def trajectory_grid(steps: int, student_steps: tuple[int, ...]) -> list[float]:
+def trajectory_grid(steps: int, student_steps: tuple[int, ...], extra: tuple[float, ...] = ()) -> list[float]:
     """The flow times a trajectory's states are kept at, from 1 to 0: the ``steps``-step uniform grid with the
-    sampler's own times for ``student_steps`` added (rounded to 1e-9)."""
+    sampler's own times for ``student_steps`` and the ``extra`` times added (rounded to 1e-9)."""
     times = set(np.round(np.linspace(1.0, 0.0, steps + 1), 9).tolist())
     times |= {round(t, 9) for interval in sampler_intervals(student_steps) for t in interval}
+    times |= {round(float(t), 9) for t in extra}
     return sorted(times, reverse=True)
 
 
@@ -311,16 +312,21 @@ class StoredTrajectories(FrozenModel):
     def pairs(self, terms: dict[str, torch.Tensor], start: torch.Tensor, end: torch.Tensor, device: torch.device):
         """States ``start`` and ``end`` (grid indices) of the trajectories ``terms["pick"]`` chooses, with their
         labels."""
+        return self.states(terms, (start, end), device)
+
+    def states(self, terms: dict[str, torch.Tensor], indices: tuple[torch.Tensor, ...], device: torch.device):
+        """The states at each of ``indices`` (grid indices, one per row) of the trajectories ``terms["pick"]``
+        chooses, then their labels."""
         chosen = (terms["pick"].double() * self.count).long().clamp(max=self.count - 1).tolist()
-        first, second, labels = [], [], []
-        for k, i, j in zip(chosen, start.tolist(), end.tolist()):
+        picked, labels = [[] for _ in indices], []
+        for row_index, k in enumerate(chosen):
             f, row = self.files[k // self.plan.shard_size], k % self.plan.shard_size
             states = f.get_slice("states")
-            first.append(states[row : row + 1, i][0])
-            second.append(states[row : row + 1, j][0])
+            for out, index in zip(picked, indices):
+                out.append(states[row : row + 1, int(index[row_index])][0])
             labels.append(f.get_slice("labels")[row : row + 1])
         to = dict(device=device, dtype=torch.float32)
-        return torch.stack(first).to(**to), torch.stack(second).to(**to), torch.cat(labels).to(device)
+        return (*(torch.stack(out).to(**to) for out in picked), torch.cat(labels).to(device))
 
 
 class OnlineTrajectories(FrozenModel):
@@ -347,10 +353,14 @@ class OnlineTrajectories(FrozenModel):
     def pairs(self, terms: dict[str, torch.Tensor], start: torch.Tensor, end: torch.Tensor, device: torch.device):
         """The trajectories of the step's noise ``terms["noise"]`` and labels (``terms["class_pick"]``: a uniform
         class; ``terms["null_pick"] < null_share``: the null class), run now; their states ``start`` and ``end``."""
+        return self.states(terms, (start, end), device)
+
+    def states(self, terms: dict[str, torch.Tensor], indices: tuple[torch.Tensor, ...], device: torch.device):
+        """As :meth:`pairs`, the states at each of ``indices`` (one sampler run for all), then the labels."""
         plan = self.plan
         labels = (terms["class_pick"].double() * plan.num_classes).long().clamp(max=plan.num_classes - 1)
         if plan.null_id is not None:
             labels = torch.where(terms["null_pick"] < plan.null_share, torch.full_like(labels, plan.null_id), labels)
         states = run_teacher_sampler(self.velocity, terms["noise"], labels, plan.grid, plan.sampler)
         rows = torch.arange(states.shape[0], device=states.device)
-        return states[rows, start.to(states.device)], states[rows, end.to(states.device)], labels
+        return (*(states[rows, index.to(states.device)] for index in indices), labels)

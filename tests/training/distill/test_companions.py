@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moh_dit.errors import ArtifactError
+from moh_dit.errors import ArtifactError, ConfigError
 from moh_dit.run_folder import RunLayout
 from moh_dit.training.config import load_config
 from moh_dit.training.trainer import Trainer, train
@@ -208,6 +208,32 @@ def test_the_regression_by_the_teachers_features_trains_the_generator_and_its_te
     steps = [r for r in records if "generator_updates" in r]
     assert [r["regression"] > 0 for r in steps] == [True, False, False, True]  # the generator's steps
     assert steps[-1]["network_evaluations"] + steps[-1]["teacher_evaluations"] == pytest.approx(counter.total)
+
+
+def test_the_regression_from_each_samples_start_time_records_its_times_and_refuses_a_set_without_them(
+    flow_teacher, image_dir, tmp_path
+):
+    """distill.regression_from: start on a two-step generator whose middle is at 0.3: the set the run records holds
+    0.3 (the plan adds the regression's times), the regression is logged on the generator's steps, and a set recorded
+    without 0.3 is refused in one line before training."""
+    common = ["distill.gan_weight=0", "distill.regression=0.5", "distill.trajectory_count=6",
+              "distill.trajectory_shard_size=2", "distill.trajectory_steps=3", "train.max_steps=3"]  # fmt: skip
+    middle = ["distill.dmd_midpoint=0.3", "distill.dmd_input=generator", "distill.regression_from=start"]
+    trainer = Trainer(dmd2(tmp_path / "s", image_dir, flow_teacher, *common, *middle))
+    assert (
+        "regression on the teacher's trajectories from each sample's start time" in trainer.objective.describe_loss()
+    )
+    trainer.run()
+    grid = json.loads((tmp_path / "s" / "trajectories" / "trajectories.json").read_text())["plan"]["grid"]
+    assert any(abs(t - 0.3) < 1e-9 for t in grid)
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["regression"] > 0 for r in records if "generator_updates" in r] == [True, False, False]
+    train(dmd2(tmp_path / "noise", image_dir, flow_teacher, *common, "train.max_steps=1"))  # from the noise: no 0.3
+    folder = tmp_path / "noise" / "trajectories"
+    with pytest.raises(
+        ConfigError, match=r"no state at the regression's start times \(distill.regression_from=start\): \[0\.3\]"
+    ):
+        Trainer(dmd2(tmp_path / "again", image_dir, flow_teacher, *common, *middle, f"distill.trajectories={folder}"))
 
 
 RCM = ["objective.name=distill", "distill.method=rcm", "distill.trajectory_count=6", "distill.trajectory_shard_size=2",
