@@ -169,6 +169,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     SID_BESIDE,
     SID_VARIANTS,
     SMALLER_BATCHES,
+    START_SET,
     VARIANTS,
     VARIETY_SCALES,
 )
@@ -250,10 +251,7 @@ def dmd2_arms(
             )
         # from ECT's start at a lower real-score scale: whether DMD2 keeps more of the recall ECT adds
         variety = RECIPE | {"real_guidance": ECT_VARIETY_SCALE} | VARIANTS["nogan"]
-        arms[f"dmd2ecf-{kind}-{_label(ECT_VARIETY_SCALE)}-nogan"] = (
-            FROM_SHORT[kind],
-            [teacher, _started(runs, f"dmd2ecf-{kind}", seed), *_overrides(variety)],
-        )
+        arms[f"dmd2ecf-{kind}-{_label(ECT_VARIETY_SCALE)}-nogan"] = (FROM_SHORT[kind], [teacher, _started(runs, f"dmd2ecf-{kind}", seed), *_overrides(variety)])  # fmt: skip
         dmd2l = f"dmd2l-{kind}-{_label(RECIPE_SCALE[kind])}-nogan"
         arms[f"{dmd2l}-x4"] = arms[dmd2l]  # the variety lever's curve still fell at the budget's end
         arms |= _recipe_variants(arms, kind)
@@ -298,7 +296,8 @@ def _lead_arms(arms: dict[str, tuple[str, list[str]]], kind: str, seed: int) -> 
             extra[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
         lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
         for lead_tail, change in (LEAD_ARMS | LEAD_KIND_ARMS.get(kind, {})).items():
-            change = {k: RECIPE_SCALE[kind] if v == SAMPLER_SCALE else v for k, v in (LEAD_INPUT | change).items()}
+            resolved = {SAMPLER_SCALE: RECIPE_SCALE[kind], START_SET: f"{Path(lead).parent / f'{start_of(start_of(config_arm))}-seed{seed}' / 'trajectories'}"}  # fmt: skip
+            change = {k: resolved.get(v, v) if isinstance(v, str) else v for k, v in (LEAD_INPUT | change).items()}
             name = _variant_name(config_arm, lead_tail, change)
             extra[name] = (arm_config, [*arm_overrides, *_overrides(change), f"distill.lead_model={lead}"])
     return extra

@@ -374,6 +374,12 @@ LEAD_ARMS |= {
 # the whole generator). The default's alone: its arms train at the study's batch, where GAN_LATE's start is set.
 # Measured (seed 0): worse in both (151 generator updates against 197)
 LEAD_KIND_ARMS = {"ddpm": {"lead-last-gan": LEAD_ARMS["lead-last"] | {f"distill.{k}": v for k, v in GAN_LATE.items()}}}
+# and DMD's regression from the teacher's own middle on that jump (`-lead-last-reg{w}`: distill.regression w from each
+# sample's start time, on the chain's cheaper start's own set, which holds 0.5 and which that start paid for): in the
+# variety diagnosis the generator's last jump lost 0.07 recall even from the teacher's own middle, and the regression
+# holds that jump to where the teacher's sampler went from there. The default's alone, at DMD's 0.25 and at 1
+START_SET = "start-set"  # a value resolved per arm and seed to its chain's cheaper start's recorded trajectories
+LEAD_KIND_ARMS["ddpm"] |= {f"lead-last-reg{w:g}": LEAD_ARMS["lead-last"] | {"distill.regression": w, "distill.regression_from": "start", "distill.trajectories": START_SET} for w in (0.25, 1.0)}  # fmt: skip
 # the arms the hand-off's arms vary (each teacher's config arm, :data:`RERUNS`) and, on the flow twin, its real score
 # ramped down to the sampler's scale over the stage (`alpha1-real8-to3-b4`: +0.02 two-step recall on every seed before
 # the hand-off), to pair with ECT at a quarter (`sidecfdts25-*-to3-b4-lead-middle0.2`), which bought KID with recall.
