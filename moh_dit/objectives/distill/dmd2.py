@@ -27,9 +27,9 @@ the fake score alone first), and alone (``distill.vsd_weight: 0``: a GAN fine-tu
 Multi-step generators (``distill.dmd_steps``) train at every start time of their grids, their input there the data
 noised to it (FastGen's) or the generator's own sample from the grid's step before (backward simulation, along the
 coarsest grid that holds the start time: ``distill.dmd_input: generator`` renoises with the start's own noise,
-``generator_fresh`` with noise of its own at every renoising, as DMD2's code and the sampler do); they sample by predicting the data at
-each grid time and noising it afresh to the next (:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler`
-with ``renoise``). The two-step grid is ``[1, distill.dmd_midpoint, 0]``: every grid is shifted so (SD3's time
+``generator_fresh`` with noise of its own at every renoising, as DMD2's code and the sampler do); they sample by
+predicting the data at each grid time and noising it afresh to the next
+(:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler` with ``renoise``). The two-step grid is ``[1, distill.dmd_midpoint, 0]``: every grid is shifted so (SD3's time
 shift), in training and, recorded with the model, in sampling.
 
 Each training step updates one network; the logs count the updates of each (``generator_updates``,

@@ -38,8 +38,8 @@ class GridGenerator:
     ) -> None:
         """Its grids (``steps``' counts, the two-step grid's middle at ``midpoint``), every start time on them (1
         first) and, for each, the grid times before it on the coarsest grid that holds it: its backward simulation's
-        path when ``dmd_input`` is one of :data:`SIMULATED`. ``first_share``: the share of the samples drawn at the first start
-        time, the rest alike over the later ones (``None``: every start time alike)."""
+        path when ``dmd_input`` is one of :data:`SIMULATED`. ``first_share``: the share of the samples drawn at the
+        first start time, the rest alike over the later ones (``None``: every start time alike)."""
         if dmd_input not in DMD_INPUTS:
             raise ConfigError(f"distill.dmd_input must be one of {', '.join(DMD_INPUTS)}, got {dmd_input!r}")
         # a share of 0 (every sample on a later step) only where a lead makes the steps before: the generator's own
