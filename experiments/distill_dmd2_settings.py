@@ -384,7 +384,9 @@ LEAD_KIND_ARMS["ddpm"] |= {f"lead-last-reg{w:g}": LEAD_ARMS["lead-last"] | {"dis
 # ramped down to the sampler's scale over the stage (`alpha1-real8-to3-b4`: +0.02 two-step recall on every seed before
 # the hand-off), to pair with ECT at a quarter (`sidecfdts25-*-to3-b4-lead-middle0.2`), which bought KID with recall.
 # Not run: the last jump alone (`-last`, above) met the flow twin's two-step goal first
-LEAD_BASES = {"flow": (*RERUNS["flow"], "alpha1-real8-to3-b4"), "ddpm": RERUNS["ddpm"]}
+# On the default, its SiD arm at the flow twin's batch and rate (`ema998-alpha1-real16-b4`: four times the generator
+# updates), since its hand-off was still falling at the stage's end (9-17% over the last quarter at every seed)
+LEAD_BASES = {"flow": (*RERUNS["flow"], "alpha1-real8-to3-b4"), "ddpm": (*RERUNS["ddpm"], "ema998-alpha1-real16-b4")}
 BATCH_BASES = (
     "alpha1-real8",
     "alpha1-real8-beta0",
