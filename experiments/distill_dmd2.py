@@ -295,8 +295,8 @@ def _lead_arms(arms: dict[str, tuple[str, list[str]]], kind: str, seed: int) -> 
         if prefix == "sidecfdt" and tail in RERUNS[kind]:  # the config's arm again at another seed (train.seed wins)
             extra[f"{config_arm}-rerun"] = (arm_config, [*arm_overrides, f"train.seed={seed + RERUN_SEED}"])
         lead = next(o.split("=", 1)[1] for o in arm_overrides if o.startswith("distill.student_from="))
+        resolved = {SAMPLER_SCALE: RECIPE_SCALE[kind], START_SET: f"{Path(lead).parent / f'{start_of(start_of(config_arm))}-seed{seed}' / 'trajectories'}"}  # fmt: skip
         for lead_tail, change in (LEAD_ARMS | LEAD_KIND_ARMS.get(kind, {})).items():
-            resolved = {SAMPLER_SCALE: RECIPE_SCALE[kind], START_SET: f"{Path(lead).parent / f'{start_of(start_of(config_arm))}-seed{seed}' / 'trajectories'}"}  # fmt: skip
             change = {k: resolved.get(v, v) if isinstance(v, str) else v for k, v in (LEAD_INPUT | change).items()}
             name = _variant_name(config_arm, lead_tail, change)
             extra[name] = (arm_config, [*arm_overrides, *_overrides(change), f"distill.lead_model={lead}"])

@@ -111,8 +111,8 @@ ECT_STARTS |= {tail: ECT_STARTS["dt"] for tail in ECT_SPLITS}
 ECT_START_OF = {"uni": "fewuni", "uni01": "fewuni"}
 ECT_STARTS |= {"uni": ECT_STARTS["dt"], "uni01": {"distill.ect_dt": 0.01}}
 # ECT at the step 0.05 from the cheaper start recorded at the lower guidance (`fewlow-{kind}`, `ectfewldt-`): the
-# default's hand-off loses recall in the start's jump and the teacher's ODE as much as in its last jump (0.41-0.43
-# against the sampler's 0.49), and that start raised the default's two-step recall by 0.09-0.10 at three seeds.
+# default's hand-off seemed to lose recall in the start's jump and the teacher's ODE (0.41-0.43 by Euler steps, read
+# then as a bound against the DPM-Solver sampler's 0.49), and that start raised its two-step recall by 0.09-0.10.
 # Measured (the default, seeds 0 and 1): its variety is gone after ECT (two-step recall 0.33 and 0.31), and the hand-off
 # from it (`sidecfldt-*-lead-last`) is worse in KID (+0.26, +0.56) with recall level
 ECT_START_OF["ldt"] = "fewlow"
@@ -271,7 +271,9 @@ SID_VARIANTS |= {f"{name}-lsg": SID_VARIANTS[name] | {"distill.fake_guidance": r
 SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidance_eval": 2.0} for name in LSG_ARMS}
 # backward simulation noised afresh (`-fresh`: distill.dmd_input generator_fresh, DMD2's own) at each teacher's two-step
 # config: every arm above renoised the generator's first step with the sample's own start noise, where its sampler (and
-# DMD2's code) noise each step afresh, so the middle it trained on was not the one it samples from
+# DMD2's code) noise each step afresh, so the middle it trained on was not the one it samples from. Measured (fresh
+# chains, the flow twin at five seeds, the default at three): two-step recall higher on every seed (+0.046, +0.016) at
+# level KID, one step level: SiD's two-step configs take it
 SID_VARIANTS |= {f"{name}-fresh": SID_VARIANTS[name] | {"distill.dmd_input": "generator_fresh"} for name in LSG_ARMS}
 # smaller batches (`-b8`, `-b4`: 8 or 4 images a step instead of the study's 16) at each teacher's two-step config and
 # the one-step bests: twice or four times the generator and fake-score updates in the same evaluations, the fake
@@ -377,7 +379,8 @@ LEAD_KIND_ARMS = {"ddpm": {"lead-last-gan": LEAD_ARMS["lead-last"] | {f"distill.
 # and DMD's regression from the teacher's own middle on that jump (`-lead-last-reg{w}`: distill.regression w from each
 # sample's start time, on the chain's cheaper start's own set, which holds 0.5 and which that start paid for): in the
 # variety diagnosis the generator's last jump lost 0.07 recall even from the teacher's own middle, and the regression
-# holds that jump to where the teacher's sampler went from there. The default's alone, at DMD's 0.25 and at 1
+# holds that jump to where the teacher's sampler went from there. The default's alone, at DMD's 0.25 and at 1.
+# Measured: worse in KID and recall on every seed at 1 (+1.86, -0.023), and at 0.25 at seed 0 (+0.76, -0.014)
 START_SET = "start-set"  # a value resolved per arm and seed to its chain's cheaper start's recorded trajectories
 LEAD_KIND_ARMS["ddpm"] |= {f"lead-last-reg{w:g}": LEAD_ARMS["lead-last"] | {"distill.regression": w, "distill.regression_from": "start", "distill.trajectories": START_SET} for w in (0.25, 1.0)}  # fmt: skip
 # the arms the hand-off's arms vary (each teacher's config arm, :data:`RERUNS`) and, on the flow twin, its real score
@@ -385,20 +388,11 @@ LEAD_KIND_ARMS["ddpm"] |= {f"lead-last-reg{w:g}": LEAD_ARMS["lead-last"] | {"dis
 # the hand-off), to pair with ECT at a quarter (`sidecfdts25-*-to3-b4-lead-middle0.2`), which bought KID with recall.
 # Not run: the last jump alone (`-last`, above) met the flow twin's two-step goal first
 # On the default, its SiD arm at the flow twin's batch and rate (`ema998-alpha1-real16-b4`: four times the generator
-# updates), since its hand-off was still falling at the stage's end (9-17% over the last quarter at every seed)
+# updates), since its hand-off was still falling at the stage's end (9-17% over the last quarter at every seed).
+# Measured (three seeds, `-lead-last`): level (-0.02 KID, -0.000 recall)
 LEAD_BASES = {"flow": (*RERUNS["flow"], "alpha1-real8-to3-b4"), "ddpm": (*RERUNS["ddpm"], "ema998-alpha1-real16-b4")}
-BATCH_BASES = (
-    "alpha1-real8",
-    "alpha1-real8-beta0",
-    "alpha1-real8-karras",
-    "lr3e-4-alpha1-real16",
-    "alpha1-real8-to3",
-    "alpha1-real12",
-    "lr3e-4-alpha1-real16-one-f3",
-    "alpha1-real8-ganlate",
-    "lr3e-4-alpha1-real16-ganlate",
-    "alpha1-real16",
-    "alpha1-real16-one-f3",
-    "alpha1-real8-fake3x",
-    "alpha1-real8-fresh",
-)
+# the SiD arms also run at the smaller batches (SMALLER_BATCHES)
+BATCH_BASES = ("alpha1-real8", "alpha1-real8-beta0", "alpha1-real8-karras", "lr3e-4-alpha1-real16",
+               "alpha1-real8-to3", "alpha1-real12", "lr3e-4-alpha1-real16-one-f3", "alpha1-real8-ganlate",
+               "lr3e-4-alpha1-real16-ganlate", "alpha1-real16", "alpha1-real16-one-f3", "alpha1-real8-fake3x",
+               "alpha1-real8-fresh")  # fmt: skip

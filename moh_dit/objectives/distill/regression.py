@@ -7,7 +7,8 @@ DMD (Yin et al. 2023, arXiv:2311.18828) regresses a one-step generator from the 
 (``distill.dmd_input: lead``) it trains from nowhere else. So ``regression_from: start`` regresses from the
 trajectory's state at each sample's own start time (``terms["start"]``: pure noise at 1, the teacher's own middle at
 0.5): the jump the generator makes there, held to where the teacher's sampler went from the same state. The
-recorded set must hold those times on its grid (checked when it is loaded).
+recorded set must hold those times on its grid (moh_dit/training/distill/sources.py adds them to a set the run records
+and refuses a given set without them).
 """
 
 from __future__ import annotations
@@ -44,11 +45,6 @@ class TrajectoryRegression:
         if regression_from != "noise" and not weight:
             raise ConfigError("distill.regression_from needs DMD's regression on (distill.regression > 0)")
         self.regression_from = regression_from
-
-    def regression_times(self) -> list[float]:
-        """The flow times the regression starts from, which the recorded trajectories must hold: 1, or every start
-        time of the generator's grids."""
-        return [1.0] if self.regression_from == "noise" else list(self.start_times)
 
     def describe_regression(self) -> str:
         start = " from each sample's start time" if self.regression_from == "start" else ""

@@ -54,7 +54,6 @@ def _loss(regression_from, start, grid=(1.0, 0.75, 0.5, 0.25, 0.0)):
 
 def test_from_the_start_each_sample_jumps_from_its_trajectorys_state_at_its_own_start_time():
     objective, trajectories, terms, loss = _loss("start", [1.0, 0.5, 0.5, 1.0])
-    assert objective.regression_times() == [1.0, 0.5]
     assert "from each sample's start time" in objective.describe_loss()
     k = trajectories.chosen(terms)
     for row, s in enumerate(terms["start"].tolist()):  # brute force, row by row
@@ -66,11 +65,21 @@ def test_from_the_start_each_sample_jumps_from_its_trajectorys_state_at_its_own_
 
 def test_from_the_noise_every_sample_is_the_one_step_sample_of_the_trajectorys_noise_as_dmd_regresses():
     objective, trajectories, terms, loss = _loss("noise", [1.0, 0.5, 0.5, 1.0])
-    assert objective.regression_times() == [1.0]
     assert "start time" not in objective.describe_loss()
     k = trajectories.chosen(terms)
     noise, end = trajectories.all[k, 0], trajectories.all[k, -1]
     torch.testing.assert_close(loss, ((noise - (noise + 1) - end) ** 2).mean(dim=(1, 2, 3)))
+
+
+def test_the_set_must_hold_the_later_start_times_of_the_generators_grids_only_for_a_regression_from_them():
+    from moh_dit.training.config_sections import DistillSection
+    from moh_dit.training.distill.sources import regression_times
+
+    start = DistillSection(regression=1.0, regression_from="start", dmd_steps=(1, 2, 4), dmd_midpoint=0.3)
+    shift = 0.3 / 0.7  # the four-step grid shifted so that 0.5 lands on 0.3
+    assert regression_times(start) == pytest.approx([shift * a / (1 + (shift - 1) * a) for a in (0.75, 0.5, 0.25)])
+    assert regression_times(DistillSection(regression=1.0, dmd_steps=(1, 2))) == []  # from the noise: 1 is always held
+    assert regression_times(DistillSection(regression_from="start", dmd_steps=(1, 2))) == []  # the regression off
 
 
 def test_a_start_time_the_trajectories_do_not_hold_is_refused_in_one_line():
