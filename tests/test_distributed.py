@@ -594,6 +594,8 @@ SID_RAMP = [*SID, "distill.real_guidance_end=1.0", "distill.real_guidance_ramp=5
 SID_LSG = [*SID, "distill.fake_guidance=1.5", "distill.fake_guidance_eval=2.0"]
 # the middle's input the first jump of a frozen lead (a flow map: the flow_maps fixture's), loaded on each process
 SID_LEAD = [*SID, "distill.dmd_input=lead"]
+# backward simulation noised afresh: the path's own noises drawn by each process with the rest of its step's draws
+SID_FRESH = [*SID, "distill.dmd_input=generator_fresh"]
 
 
 @pytest.mark.parametrize(
@@ -610,6 +612,7 @@ SID_LEAD = [*SID, "distill.dmd_input=lead"]
         pytest.param(None, SID_RAMP, marks=SLOW),
         pytest.param(None, SID_LSG, marks=SLOW),
         pytest.param(None, SID_LEAD, marks=SLOW),
+        pytest.param(None, SID_FRESH, marks=SLOW),
         pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
@@ -625,6 +628,7 @@ SID_LEAD = [*SID, "distill.dmd_input=lead"]
         "sid-ramp",
         "sid-lsg",
         "sid-lead",
+        "sid-fresh",
         "ect",
         "jvp-split",
     ],
