@@ -596,6 +596,9 @@ SID_LSG = [*SID, "distill.fake_guidance=1.5", "distill.fake_guidance_eval=2.0"]
 SID_LEAD = [*SID, "distill.dmd_input=lead"]
 # backward simulation noised afresh: the path's own noises drawn by each process with the rest of its step's draws
 SID_FRESH = [*SID, "distill.dmd_input=generator_fresh"]
+# DMD's regression from each sample's start time on the set the run records (0.5 added to its grid) on both processes
+DMD2_REGRESSION = [*DMD2, "distill.regression=0.5", "distill.regression_from=start", "distill.trajectory_count=6",
+                   "distill.trajectory_shard_size=2", "distill.trajectory_steps=3"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -613,6 +616,7 @@ SID_FRESH = [*SID, "distill.dmd_input=generator_fresh"]
         pytest.param(None, SID_LSG, marks=SLOW),
         pytest.param(None, SID_LEAD, marks=SLOW),
         pytest.param(None, SID_FRESH, marks=SLOW),
+        pytest.param(None, DMD2_REGRESSION, marks=SLOW),
         pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
@@ -629,6 +633,7 @@ SID_FRESH = [*SID, "distill.dmd_input=generator_fresh"]
         "sid-lsg",
         "sid-lead",
         "sid-fresh",
+        "dmd2-regression-start",
         "ect",
         "jvp-split",
     ],
