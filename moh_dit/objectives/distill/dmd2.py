@@ -29,8 +29,9 @@ noised to it (FastGen's) or the generator's own sample from the grid's step befo
 coarsest grid that holds the start time: ``distill.dmd_input: generator`` renoises with the start's own noise,
 ``generator_fresh`` with noise of its own at every renoising, as DMD2's code and the sampler do); they sample by
 predicting the data at each grid time and noising it afresh to the next
-(:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler` with ``renoise``). The two-step grid is ``[1, distill.dmd_midpoint, 0]``: every grid is shifted so (SD3's time
-shift), in training and, recorded with the model, in sampling.
+(:class:`~moh_dit.objectives.flow_schedulers.MeanFlowScheduler` with ``renoise``). The two-step grid is
+``[1, distill.dmd_midpoint, 0]``: every grid is shifted so (SD3's time shift), in training and, recorded with the
+model, in sampling.
 
 Each training step updates one network; the logs count the updates of each (``generator_updates``,
 ``fake_score_updates``) and every pass of the networks trained (:meth:`DMD2Distill.step_forwards`).
@@ -78,7 +79,8 @@ class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, 
         dmd_steps: the step counts of the grids the generator trains at (``[1]``: one step); ``None``: ``[1]``, as a
             generator rebuilt from its record for sampling has them (it records its grids' middle, not its counts).
         dmd_input: a multi-step generator's input at a grid time: ``data`` noised, its own ``generator`` sample
-            (``generator_fresh``: renoised with noise of its own at every step, DMD2's), or the state a frozen ``lead`` model's first steps reach there (a hand-off's lead, trained for).
+            (``generator_fresh``: renoised with noise of its own at every step, DMD2's), or the state a frozen
+            ``lead`` model's first steps reach there (a hand-off's lead, trained for).
         lead_model: that lead model (a run, checkpoint, pipeline or transformer folder; only with ``dmd_input:
             lead``; loaded as the run's frozen ``lead``, moh_dit/training/distill/lead.py).
         dmd_time: ``[first, last]`` flow times the VSD loss noises the generator's samples at (uniform).

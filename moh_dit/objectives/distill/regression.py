@@ -69,7 +69,10 @@ class TrajectoryRegression:
                 f"the regression's trajectories have no state at the start times {sorted(set(at[off].tolist()))}: "
                 "record a set whose grid holds them"
             )
-        noise, state, end, y = trajectories.states(noised.terms, (torch.zeros_like(last), index, last), device)
+        # the trajectory's noise is read apart only where the regression starts elsewhere (the distance may read it)
+        first = () if self.regression_from == "noise" else (torch.zeros_like(last),)
+        *noise, state, end, y = trajectories.states(noised.terms, (*first, index, last), device)
+        noise = noise[0] if noise else state
         at = at.float()
         with autocast():
             u = self.average_velocity(model, state, at, torch.zeros_like(at), y, torch.zeros_like(y)).sample.float()

@@ -157,8 +157,9 @@ def trajectory_source(config: Config, data: TrainingData, teacher: Teacher, devi
     stored = StoredTrajectories(folder, plan.teacher)
     warn_of_seed(stored, plan.seed)
     wanted = sorted({t for interval in sampler_intervals(tuple(section.grid_steps)) for t in interval}, reverse=True)
-    for times, why in ((wanted, f"the student's sampling times (distill.grid_steps={list(section.grid_steps)})"),
-                       (regression_times(section), "the regression's start times (distill.regression_from=start)")):  # fmt: skip
+    sampling = f"the student's sampling times (distill.grid_steps={list(section.grid_steps)})"
+    regression = "the regression's start times (distill.regression_from=start)"
+    for times, why in ((wanted, sampling), (regression_times(section), regression)):
         missing = [t for t in times if not any(abs(t - s) < 1e-9 for s in stored.plan.grid)]
         if missing:
             raise ConfigError(f"{folder}'s trajectories have no state at {why}: {missing}; record a set with them")
