@@ -29,6 +29,7 @@ __all__ = [
     "part_variety",
     "flow_map_jump",
     "sampler_jump",
+    "restart_jump",
     "renoises",
     "teacher_half",
     "latest_step",
@@ -52,6 +53,11 @@ COMPOSITIONS = {
     "student's first jump, then the start's second": ("student", "start"),
     "student, 1 step": ("student", None),
     "start, 1 step": ("start", None),
+    # a stochastic hand-off: the start's jump past the middle (to the data, or to half the middle), noised forward
+    # afresh up to the middle (a restart), then the student's second: does fresh noise at the middle keep more variety
+    # than the start's deterministic jump? (``start@f``: the start's jump to ``f`` times the middle, then renoised)
+    "start's jump to the data, renoised to the middle, then the student's second": ("start@0", "student"),
+    "start's jump to half the middle, renoised to the middle, then the student's second": ("start@0.5", "student"),
 }
 # the compositions of the two generators alone: no teacher ODE, so a minute instead of half an hour on a CPU core
 GENERATORS_ONLY = [title for title, halves in COMPOSITIONS.items() if not {"teacher", "real"} & set(halves)]
@@ -81,6 +87,18 @@ def sampler_jump(
     if r > 0 and renoise:
         return (1 - r) * flow_map_jump(objective, model, x, t, 0.0, y) + r * noise
     return flow_map_jump(objective, model, x, t, r, y)
+
+
+@torch.no_grad()
+def restart_jump(
+    objective, model, x: torch.Tensor, t: float, low: float, r: float, y: torch.Tensor, noise: torch.Tensor
+) -> torch.Tensor:
+    """A flow map's jump from ``t`` down to ``low``, then noised forward afresh up to ``r`` (``low <= r < t``) along the
+    flow path ``x_s = (1 - s) x_0 + s eps``: ``x_r = a x_low + sqrt(r^2 - a^2 low^2) noise`` with ``a = (1 - r) / (1 -
+    low)``, the one Gaussian step that takes the path's marginal at ``low`` to its marginal at ``r`` (Restart
+    sampling's forward step, Xu et al. 2023, arXiv:2306.14878). ``low = 0``: the data predicted, noised to ``r``."""
+    a = (1 - r) / (1 - low)
+    return a * flow_map_jump(objective, model, x, t, low, y) + (r**2 - a**2 * low**2) ** 0.5 * noise
 
 
 @torch.no_grad()
@@ -152,7 +170,10 @@ def part_variety(result: dict, run: Path, samples: int = 5000, generators_only: 
         """From ``t`` to ``r`` by the teacher's ODE or by a generator's own sampler step (batch ``i``'s noise)."""
         if name in velocities:
             return teacher_half(velocities[name], x, t, r, y)
+        name, _, share = name.partition("@")
         objective, model = models[name]
+        if share:  # a restart: the jump past ``r``, then noised forward afresh up to it
+            return restart_jump(objective, model, x, t, float(share) * r, r, y, renoise_all[i : i + len(x)])
         return sampler_jump(objective, model, x, t, r, y, renoising[name], renoise_all[i : i + len(x)])
 
     reference_path = fashion_reference(ROOT / "experiments" / "results", REFERENCE_COUNT)

@@ -1624,6 +1624,15 @@ def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_
     )
     assert torch.allclose(sampler_jump(objective(False), None, z, 1.0, 0.5, y, False, noise), jumped)
     assert torch.allclose(sampler_jump(objective(True), None, z, 0.5, 0.0, y, True, noise), z * (1 - 0.25))
+    # a restart: the jump down to `low`, then noised forward to r; from a point on the path at `low` ((1 - low) x_0 +
+    # low eps) it lands on the path's marginal at r: mean (1 - r) x_0, spread r
+    from experiments.distill_diagnosis_variety import restart_jump
+
+    g = torch.Generator().manual_seed(3)
+    at_low = 0.8 * 2.0 + 0.2 * torch.randn(200_000, 1, 1, 1, generator=g)  # x_0 = 2, low = 0.2
+    landed = restart_jump(objective(False), None, at_low, 0.2, 0.2, 0.5, y[:1].expand(200_000), torch.randn(at_low.shape, generator=g))  # fmt: skip
+    assert float(landed.mean()) == pytest.approx(1.0, abs=3e-3) and float(landed.std()) == pytest.approx(0.5, abs=3e-3)
+    assert torch.allclose(restart_jump(objective(False), None, z, 1.0, 0.0, 0.5, y, noise), 0.5 * noise)
     calls = []
 
     def constant(x, t, labels):  # dx/dt = c, so the ODE from t to r moves x by (r - t) c in any number of steps
