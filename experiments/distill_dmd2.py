@@ -63,7 +63,7 @@ simulation, and the whole distillation within the teacher's training in network 
     ectfew{tail}-{kind}       ECT's variants (:data:`ECT_STARTS`: a third of the rate, the fixed steps 0.05 and 0.1),
                               and the step 0.05 with a quarter or three quarters of what the cheaper start leaves
                               (`dts25`, `dts75`; `distill_dmd2_settings.ECT_SPLITS`), each with DMD2 from it
-                              (`dmd2ecf{tail}-*`)
+                              (`dmd2ecf{tail}-*`; `dmd2ecfdt-*[-ema998]-fresh`: backward simulation noised afresh)
     fewuni-{kind}             the cheaper start with its intervals drawn as the stage's other draws
                               (`distill.grid_share=0`), on the same recorded set: ECT at the step 0.05 from it
                               (`ectfewuni-{kind}`, :data:`ECT_START_OF`) and DMD2 from that (`dmd2ecfuni-*`)
@@ -138,6 +138,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     ECT_STARTS,
     ECT_VARIETY_SCALE,
     FEW_SHARE,
+    FRESH,
     FROM_SHORT,
     FROM_TEACHER,
     FULL_VARIANTS,
@@ -341,6 +342,8 @@ def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[
             variants[f"{name}-{suffix}"] = (config, [*extra, f"ema.decay={decay}"])
         for suffix, decay in HELD_PAST_BUDGET.get(prefix, {}).items():
             variants[f"{name}-{suffix}-x4"] = (config, [*extra, f"ema.decay={decay}"])
+        for arm in (name, f"{name}-ema998") if prefix == "dmd2ecfdt" else ():  # the DMD2 configs' arms
+            variants[f"{arm}-fresh"] = (config, [*(variants.get(arm) or arms[arm])[1], *_overrides(FRESH)])
     return variants
 
 
@@ -376,9 +379,7 @@ def budget_arm(arm: str) -> bool:
 # a stage's prefix: the arm it starts from, by its name's start
 STARTS = {"dmd2s-": "short", "dmd2f-": "trajectory", "dmd2h-": "half", "dmd2l-": "low", "dmd2mid-": "mid", "dmd2few-": "few", "dmd2fewl-": "fewlow", "dmd2fewmid-": "fewmid", "dmd2m-": "meanflow",
           "ect-": "trajectory", "ectu-": "uni", "ectc-": "trajectory"}  # fmt: skip
-STARTS |= {f"ectfew{tail}-": ECT_START_OF.get(tail, "few") for tail in ECT_STARTS} | {
-    f"dmd2ecf{tail}-": f"ectfew{tail}" for tail in ECT_STARTS
-}
+STARTS |= {f"ectfew{tail}-": ECT_START_OF.get(tail, "few") for tail in ECT_STARTS} | {f"dmd2ecf{tail}-": f"ectfew{tail}" for tail in ECT_STARTS}  # fmt: skip
 STARTS |= {f"{prefix}-": STARTS[f"{dmd2_prefix}-"] for prefix, dmd2_prefix in SID_BESIDE.items()}
 
 

@@ -273,8 +273,9 @@ SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidan
 # config: every arm above renoised the generator's first step with the sample's own start noise, where its sampler (and
 # DMD2's code) noise each step afresh, so the middle it trained on was not the one it samples from. Measured (fresh
 # chains, the flow twin at five seeds, the default at three): two-step recall higher on every seed (+0.046, +0.016) at
-# level KID, one step level: SiD's two-step configs take it
-SID_VARIANTS |= {f"{name}-fresh": SID_VARIANTS[name] | {"distill.dmd_input": "generator_fresh"} for name in LSG_ARMS}
+# level KID, one step level: SiD's two-step configs take it; and DMD2's configs' arms (`dmd2ecfdt-*-fresh`)
+FRESH = {"distill.dmd_input": "generator_fresh"}
+SID_VARIANTS |= {f"{name}-fresh": SID_VARIANTS[name] | FRESH for name in LSG_ARMS}
 # smaller batches (`-b8`, `-b4`: 8 or 4 images a step instead of the study's 16) at each teacher's two-step config and
 # the one-step bests: twice or four times the generator and fake-score updates in the same evaluations, the fake
 # score's share of them kept (more fake-score updates per generator update left fewer of the generator's, and were
@@ -389,9 +390,8 @@ LEAD_KIND_ARMS["ddpm"] |= {f"lead-last-reg{w:g}": LEAD_ARMS["lead-last"] | {"dis
 # Not run: the last jump alone (`-last`, above) met the flow twin's two-step goal first
 # On the default, its SiD arm at the flow twin's batch and rate (`ema998-alpha1-real16-b4`: four times the generator
 # updates), since its hand-off was still falling at the stage's end (9-17% over the last quarter at every seed).
-# Measured (three seeds, `-lead-last`): level (-0.02 KID, -0.000 recall). And its real score at 8 and ramped from 16
-# to the sampler's 4 (`ema998-lr3e-4-alpha1-real8`, `-real16-to4`): with every sample on the last jump the scale is that
-# jump's alone, the one that loses 0.07 recall even from the teacher's own middle at 16
+# Measured (three seeds, `-lead-last`): level (-0.02 KID, -0.000 recall). And its real score at 8 and ramped 16 to 4
+# (`ema998-lr3e-4-alpha1-real8`, `-real16-to4`): every sample on the last jump, the scale is that jump's alone
 LEAD_BASES = {"flow": (*RERUNS["flow"], "alpha1-real8-to3-b4"), "ddpm": (*RERUNS["ddpm"], "ema998-alpha1-real16-b4", "ema998-lr3e-4-alpha1-real8", "ema998-lr3e-4-alpha1-real16-to4")}  # fmt: skip
 # the SiD arms also run at the smaller batches (SMALLER_BATCHES)
 BATCH_BASES = ("alpha1-real8", "alpha1-real8-beta0", "alpha1-real8-karras", "lr3e-4-alpha1-real16",

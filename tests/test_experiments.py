@@ -2076,6 +2076,28 @@ def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_th
     assert (start_of(low), start_of("ectfewldt-ddpm"), budget_share("ectfewldt-ddpm")) == ("ectfewldt-ddpm", "fewlow-ddpm", 0.5)  # fmt: skip
     assert study["ectfewldt-ddpm"][1][1:] == [f"distill.student_from={tmp_path / 'runs' / 'fewlow-ddpm-seed1'}", *study["ectfewdt-ddpm"][1][2:]]  # fmt: skip
     assert f"distill.lead_model={tmp_path / 'runs' / 'ectfewldt-ddpm-seed1'}" in study[low][1]
+    # the default's last jump with its real score at 8, and ramped from 16 to the sampler's 4: the scale alone changed
+    # (the ramp's length is the stage's, set when the budget fills it)
+    for tail, changed in (("real8", ["distill.real_guidance=8.0"]), ("real16-to4", ["distill.real_guidance_end=4.0"])):
+        config, overrides = study[f"sidecfdt-ddpm-g4-nogan-ema998-lr3e-4-alpha1-{tail}-lead-last"]
+        assert config == study[f"{ddpm}-lead-last"][0]
+        assert set(overrides) ^ set(study[f"{ddpm}-lead-last"][1]) <= {*changed, "distill.real_guidance=16.0"}
+        assert set(changed) <= set(overrides)
+
+
+def test_the_dmd2_configs_arms_noised_afresh_change_the_backward_simulations_noise_alone(tmp_path):
+    """`dmd2ecfdt-*-fresh` (each EMA) is its arm with distill.dmd_input generator_fresh, nothing else: the DMD2
+    configs' arms measured with the noise SiD's configs took."""
+    import dataclasses
+
+    from experiments import distill
+    from experiments.distill_dmd2 import load_arm
+
+    study = distill.student_arms(0, tmp_path, distill.SCALES["cpu"])
+    for arm in ("dmd2ecfdt-flow-g3-nogan", "dmd2ecfdt-ddpm-g4-nogan-ema998", "dmd2ecfdt-ddpm-g4-nogan"):
+        base, fresh = load_arm(*study[arm]), load_arm(*study[f"{arm}-fresh"])
+        assert (base.distill.dmd_input, fresh.distill.dmd_input) == ("generator", "generator_fresh")
+        assert dataclasses.replace(fresh, distill=dataclasses.replace(fresh.distill, dmd_input="generator")) == base
 
 
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
