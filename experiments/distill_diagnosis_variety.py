@@ -6,9 +6,11 @@ recorded), and for the jump of the student the run started from (``distill.stude
 step its own sampler takes: a DMD2 or SiD generator predicts the data and noises it afresh to the middle (its
 renoising sampler), an ECT or trajectory student jumps along its flow map: if the student's first
 jump followed by the teacher's second half keeps the teacher's recall, the first jump keeps the variety and the second
-drops it; and so on. Every composition starts from the same noise and class-balanced labels, and is scored as the
-study scores a student: KID, precision and recall on the project's classifier features against the test images, and
-each class's recall against that class's test images (does the gap sit in a few classes or in all?)."""
+drops it; and so on. A stochastic hand-off's middle is one more: the start's jump past the middle, noised forward
+afresh up to it (:func:`restart_jump`). Every composition starts from the same noise and class-balanced labels, and
+is scored as the study scores a student: KID, precision and recall on the project's classifier features against the
+test images, and each class's recall against that class's test images (does the gap sit in a few classes or in
+all?)."""
 
 from __future__ import annotations
 

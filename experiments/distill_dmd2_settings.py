@@ -390,8 +390,8 @@ LEAD_KIND_ARMS["ddpm"] |= {f"lead-last-reg{w:g}": LEAD_ARMS["lead-last"] | {"dis
 # Not run: the last jump alone (`-last`, above) met the flow twin's two-step goal first
 # On the default, its SiD arm at the flow twin's batch and rate (`ema998-alpha1-real16-b4`: four times the generator
 # updates), since its hand-off was still falling at the stage's end (9-17% over the last quarter at every seed).
-# Measured (three seeds, `-lead-last`): level (-0.02 KID, -0.000 recall). And its real score at 8 and ramped 16 to 4
-# (`ema998-lr3e-4-alpha1-real8`, `-real16-to4`): every sample on the last jump, the scale is that jump's alone
+# Measured (three seeds, `-lead-last`): level (-0.02 KID, -0.000 recall). And the last jump's real score at 8 and from
+# 16 ramped to 4 (`ema998-lr3e-4-alpha1-real8`, `-real16-to4`). Measured: worse KID on every seed, recall level
 LEAD_BASES = {"flow": (*RERUNS["flow"], "alpha1-real8-to3-b4"), "ddpm": (*RERUNS["ddpm"], "ema998-alpha1-real16-b4", "ema998-lr3e-4-alpha1-real8", "ema998-lr3e-4-alpha1-real16-to4")}  # fmt: skip
 # the SiD arms also run at the smaller batches (SMALLER_BATCHES)
 BATCH_BASES = ("alpha1-real8", "alpha1-real8-beta0", "alpha1-real8-karras", "lr3e-4-alpha1-real16",
