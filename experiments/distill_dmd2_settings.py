@@ -273,7 +273,7 @@ SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidan
 # config: every arm above renoised the generator's first step with the sample's own start noise, where its sampler (and
 # DMD2's code) noise each step afresh, so the middle it trained on was not the one it samples from. Measured (fresh
 # chains, the flow twin at five seeds, the default at three): two-step recall higher on every seed (+0.046, +0.016) at
-# level KID, one step level: SiD's two-step configs take it; and DMD2's configs' arms (`dmd2ecfdt-*-fresh`)
+# level KID, one step level: SiD's two-step configs take it, and DMD2's (`dmd2ecfdt-*-fresh`: KID better on every seed)
 FRESH = {"distill.dmd_input": "generator_fresh"}
 SID_VARIANTS |= {f"{name}-fresh": SID_VARIANTS[name] | FRESH for name in LSG_ARMS}
 # smaller batches (`-b8`, `-b4`: 8 or 4 images a step instead of the study's 16) at each teacher's two-step config and

@@ -2110,8 +2110,8 @@ TWINS = [
     ("fashion_mnist_moh_dmd2_fewlow_ddpm.yaml", "dmd2fewl-ddpm-g4-nogan-ema998", "fewlow-ddpm"),
     ("fashion_mnist_moh_ect_few.yaml", "ectfewdt-flow", "few-flow"),
     ("fashion_mnist_moh_ect_few_ddpm.yaml", "ectfewdt-ddpm", "few-ddpm"),
-    ("fashion_mnist_moh_dmd2_ect.yaml", "dmd2ecfdt-flow-g3-nogan", "ectfewdt-flow"),
-    ("fashion_mnist_moh_dmd2_ect_ddpm.yaml", "dmd2ecfdt-ddpm-g4-nogan-ema998", "ectfewdt-ddpm"),
+    ("fashion_mnist_moh_dmd2_ect.yaml", "dmd2ecfdt-flow-g3-nogan-fresh", "ectfewdt-flow"),
+    ("fashion_mnist_moh_dmd2_ect_ddpm.yaml", "dmd2ecfdt-ddpm-g4-nogan-ema998-fresh", "ectfewdt-ddpm"),
     # backward simulation noised afresh (the fresh chains' record, experiments/results/distill_variety)
     ("fashion_mnist_moh_sid_ect.yaml", "sidecfdt-flow-g3-nogan-alpha1-real8-fresh-b4", "ectfewdt-flow"),
     (
