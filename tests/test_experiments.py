@@ -1625,7 +1625,7 @@ def test_the_variety_diagnosis_composes_jumps_and_scores_each_class_against_its_
     assert torch.allclose(sampler_jump(objective(False), None, z, 1.0, 0.5, y, False, noise), jumped)
     assert torch.allclose(sampler_jump(objective(True), None, z, 0.5, 0.0, y, True, noise), z * (1 - 0.25))
     # a restart: the jump down to `low`, then noised forward to r; from a point on the path at `low` ((1 - low) x_0 +
-    # low eps) it lands on the path's marginal at r: mean (1 - r) x_0, spread r
+    # low eps; here a jump of no length, t = low) it lands on the path's marginal at r: mean (1 - r) x_0, spread r
     from experiments.distill_diagnosis_variety import restart_jump
 
     g = torch.Generator().manual_seed(3)
@@ -2110,9 +2110,9 @@ TWINS = [
     ("fashion_mnist_moh_dmd2_fewlow_ddpm.yaml", "dmd2fewl-ddpm-g4-nogan-ema998", "fewlow-ddpm"),
     ("fashion_mnist_moh_ect_few.yaml", "ectfewdt-flow", "few-flow"),
     ("fashion_mnist_moh_ect_few_ddpm.yaml", "ectfewdt-ddpm", "few-ddpm"),
+    # backward simulation noised afresh (the fresh chains' record, experiments/results/distill_variety)
     ("fashion_mnist_moh_dmd2_ect.yaml", "dmd2ecfdt-flow-g3-nogan-fresh", "ectfewdt-flow"),
     ("fashion_mnist_moh_dmd2_ect_ddpm.yaml", "dmd2ecfdt-ddpm-g4-nogan-ema998-fresh", "ectfewdt-ddpm"),
-    # backward simulation noised afresh (the fresh chains' record, experiments/results/distill_variety)
     ("fashion_mnist_moh_sid_ect.yaml", "sidecfdt-flow-g3-nogan-alpha1-real8-fresh-b4", "ectfewdt-flow"),
     (
         "fashion_mnist_moh_sid_ect_ddpm.yaml",
