@@ -84,10 +84,10 @@ def sampler_jump(
     objective, model, x: torch.Tensor, t: float, r: float, y: torch.Tensor, renoise: bool, noise: torch.Tensor | None
 ) -> torch.Tensor:
     """The step from ``t`` to ``r`` that the model's own sampler takes: with a renoising one (``renoise``,
-    :func:`renoises`) the data predicted from ``t``, noised afresh to ``r`` by ``noise``, ``(1 - r) x_0 + r noise``;
-    otherwise the flow map's jump (:func:`flow_map_jump`)."""
+    :func:`renoises`) the data predicted from ``t``, noised afresh to ``r`` by ``noise``, ``(1 - r) x_0 + r noise``
+    (a restart from the data, :func:`restart_jump`); otherwise the flow map's jump (:func:`flow_map_jump`)."""
     if r > 0 and renoise:
-        return (1 - r) * flow_map_jump(objective, model, x, t, 0.0, y) + r * noise
+        return restart_jump(objective, model, x, t, 0.0, r, y, noise)
     return flow_map_jump(objective, model, x, t, r, y)
 
 
