@@ -63,7 +63,7 @@ simulation, and the whole distillation within the teacher's training in network 
     ectfew{tail}-{kind}       ECT's variants (:data:`ECT_STARTS`: a third of the rate, the fixed steps 0.05 and 0.1),
                               and the step 0.05 with a quarter or three quarters of what the cheaper start leaves
                               (`dts25`, `dts75`; `distill_dmd2_settings.ECT_SPLITS`), each with DMD2 from it
-                              (`dmd2ecf{tail}-*`; `dmd2ecfdt-*[-ema998]-fresh`: backward simulation noised afresh)
+                              (`dmd2ecf{tail}-*`; `dmd2{ecfdt,few,fewl}-*[-ema998]-fresh`: backward simulation noised afresh)
     fewuni-{kind}             the cheaper start with its intervals drawn as the stage's other draws
                               (`distill.grid_share=0`), on the same recorded set: ECT at the step 0.05 from it
                               (`ectfewuni-{kind}`, :data:`ECT_START_OF`) and DMD2 from that (`dmd2ecfuni-*`)
@@ -139,6 +139,7 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     ECT_VARIETY_SCALE,
     FEW_SHARE,
     FRESH,
+    FRESH_DMD2,
     FROM_SHORT,
     FROM_TEACHER,
     FULL_VARIANTS,
@@ -342,7 +343,7 @@ def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[
             variants[f"{name}-{suffix}"] = (config, [*extra, f"ema.decay={decay}"])
         for suffix, decay in HELD_PAST_BUDGET.get(prefix, {}).items():
             variants[f"{name}-{suffix}-x4"] = (config, [*extra, f"ema.decay={decay}"])
-        for arm in (name, f"{name}-ema998") if prefix == "dmd2ecfdt" else ():  # the DMD2 configs' arms
+        for arm in (name, f"{name}-ema998") if prefix in FRESH_DMD2 else ():  # the DMD2 configs' arms
             variants[f"{arm}-fresh"] = (config, [*(variants.get(arm) or arms[arm])[1], *_overrides(FRESH)])
     return variants
 

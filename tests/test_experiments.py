@@ -2054,7 +2054,7 @@ def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_th
         assert last.distill.dmd_first_share == 0.0 and base.distill.dmd_first_share is None
         assert dataclasses.replace(last.distill, dmd_first_share=None) == base.distill
     for prefix, start in (("sidecfdt", "ectfewdt"), ("sidecfdts25", "ectfewdts25")):
-        ramped = f"{prefix}-flow-g3-nogan-alpha1-real8-to3-b4"
+        ramped = f"{prefix}-flow-g3-nogan-alpha1-real8-b4"
         lead = next(o for o in study[ramped][1] if o.startswith("distill.student_from="))
         assert lead.endswith(f"{start}-flow-seed1")  # the start it trains from leads it
         assert study[f"{ramped}-lead-middle0.2"] == (
@@ -2063,6 +2063,7 @@ def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_th
              lead.replace("distill.student_from=", "distill.lead_model=")],
         )  # fmt: skip
     assert f"{flow}-rerun" in study and "sidecfdt-flow-g3-nogan-alpha1-real8-to3-b4-rerun" not in study
+    assert "sidecfdts25-flow-g3-nogan-alpha1-real8-to3-b4-lead-middle0.2" not in study  # dropped unrun
     # the default's late GAN term on the last jump alone: its name without "-nogan", the term's weight and start added
     gan = load_arm(*study["sidecfdt-ddpm-g4-ema998-lr3e-4-alpha1-real16-lead-last-gan"])
     last = load_arm(*study[f"{ddpm}-lead-last"])
@@ -2086,15 +2087,17 @@ def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_th
 
 
 def test_the_dmd2_configs_arms_noised_afresh_change_the_backward_simulations_noise_alone(tmp_path):
-    """`dmd2ecfdt-*-fresh` (each EMA) is its arm with distill.dmd_input generator_fresh, nothing else: the DMD2
-    configs' arms measured with the noise SiD's configs took."""
+    """`dmd2{ecfdt,few,fewl}-*-fresh` (each EMA) is its arm with distill.dmd_input generator_fresh, nothing else: the
+    DMD2 configs' arms measured with the noise SiD's configs took."""
     import dataclasses
 
     from experiments import distill
     from experiments.distill_dmd2 import load_arm
 
     study = distill.student_arms(0, tmp_path, distill.SCALES["cpu"])
-    for arm in ("dmd2ecfdt-flow-g3-nogan", "dmd2ecfdt-ddpm-g4-nogan-ema998", "dmd2ecfdt-ddpm-g4-nogan"):
+    arms = ("dmd2ecfdt-flow-g3-nogan", "dmd2ecfdt-ddpm-g4-nogan-ema998", "dmd2ecfdt-ddpm-g4-nogan",
+            "dmd2few-flow-g3-nogan-ema998", "dmd2few-ddpm-g4-nogan-ema998", "dmd2fewl-ddpm-g4-nogan-ema998")  # fmt: skip
+    for arm in arms:
         base, fresh = load_arm(*study[arm]), load_arm(*study[f"{arm}-fresh"])
         assert (base.distill.dmd_input, fresh.distill.dmd_input) == ("generator", "generator_fresh")
         assert dataclasses.replace(fresh, distill=dataclasses.replace(fresh.distill, dmd_input="generator")) == base
