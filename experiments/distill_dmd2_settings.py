@@ -275,7 +275,7 @@ SID_VARIANTS |= {f"{name}-fakeread2": SID_VARIANTS[name] | {"distill.fake_guidan
 # chains, the flow twin at five seeds, the default at three): two-step recall higher on every seed (+0.046, +0.016) at
 # level KID, one step level: SiD's two-step configs take it, and DMD2's (`dmd2ecfdt-*-fresh`: KID better on every seed)
 FRESH = {"distill.dmd_input": "generator_fresh"}
-FRESH_DMD2 = ("dmd2ecfdt", "dmd2few", "dmd2fewl")  # the DMD2 configs' prefixes, each arm also run noised afresh
+FRESH_DMD2 = ("dmd2ecfdt", "dmd2few", "dmd2fewl")  # DMD2's configs' too (measured: better at two steps on every seed)
 SID_VARIANTS |= {f"{name}-fresh": SID_VARIANTS[name] | FRESH for name in LSG_ARMS}
 # smaller batches (`-b8`, `-b4`: 8 or 4 images a step instead of the study's 16) at each teacher's two-step config and
 # the one-step bests: twice or four times the generator and fake-score updates in the same evaluations, the fake
