@@ -2033,10 +2033,10 @@ def test_the_beta0_karras_and_rerun_arms_change_one_setting_of_the_configs_arms_
     assert distill.model_of(flow + "-b4-x2", 2, tmp_path).name == "pipeline"
 
 
-def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_the_arms_they_vary(tmp_path):
+def test_the_last_jump_arms_and_the_hand_off_arms_change_one_setting_of_the_arms_they_vary(tmp_path):
     """`-last` puts every sample on the last jump (distill.dmd_first_share 0) and changes nothing else of its lead arm;
-    the flow twin's ramped arm gets the hand-off's arms at both ECT splits, as its config arm does, and no rerun; the
-    default's `-lead-last-gan` adds the late GAN term to its `-lead-last`, and its chain from the lower-guidance start
+    the flow twin's config arm gets the hand-off's arms at both ECT splits, led by the start it trains from, and its
+    ramped arm none (dropped unrun) and no rerun; the default's `-lead-last-gan` adds the late GAN term to its `-lead-last`, and its chain from the lower-guidance start
     (ECT from it, SiD led by that ECT) is wired start to start."""
     import dataclasses
 
@@ -2054,12 +2054,12 @@ def test_the_last_jump_arms_and_the_ramped_hand_off_arm_change_one_setting_of_th
         assert last.distill.dmd_first_share == 0.0 and base.distill.dmd_first_share is None
         assert dataclasses.replace(last.distill, dmd_first_share=None) == base.distill
     for prefix, start in (("sidecfdt", "ectfewdt"), ("sidecfdts25", "ectfewdts25")):
-        ramped = f"{prefix}-flow-g3-nogan-alpha1-real8-b4"
-        lead = next(o for o in study[ramped][1] if o.startswith("distill.student_from="))
+        arm = f"{prefix}-flow-g3-nogan-alpha1-real8-b4"
+        lead = next(o for o in study[arm][1] if o.startswith("distill.student_from="))
         assert lead.endswith(f"{start}-flow-seed1")  # the start it trains from leads it
-        assert study[f"{ramped}-lead-middle0.2"] == (
-            study[ramped][0],
-            [*study[ramped][1], "distill.dmd_input=lead", "distill.dmd_midpoint=0.2",
+        assert study[f"{arm}-lead-middle0.2"] == (
+            study[arm][0],
+            [*study[arm][1], "distill.dmd_input=lead", "distill.dmd_midpoint=0.2",
              lead.replace("distill.student_from=", "distill.lead_model=")],
         )  # fmt: skip
     assert f"{flow}-rerun" in study and "sidecfdt-flow-g3-nogan-alpha1-real8-to3-b4-rerun" not in study
