@@ -96,9 +96,10 @@ def restart_jump(
     objective, model, x: torch.Tensor, t: float, low: float, r: float, y: torch.Tensor, noise: torch.Tensor
 ) -> torch.Tensor:
     """A flow map's jump from ``t`` down to ``low``, then noised forward afresh up to ``r`` (``low <= t``, ``low <= r``)
-    along the flow path ``x_s = (1 - s) x_0 + s eps``: ``x_r = a x_low + sqrt(r^2 - a^2 low^2) noise`` with ``a = (1 - r) / (1 -
-    low)``, the one Gaussian step that takes the path's marginal at ``low`` to its marginal at ``r`` (Restart
-    sampling's forward step, Xu et al. 2023, arXiv:2306.14878). ``low = 0``: the data predicted, noised to ``r``."""
+    along the flow path ``x_s = (1 - s) x_0 + s eps``: ``x_r = a x_low + sqrt(r^2 - a^2 low^2) noise`` with
+    ``a = (1 - r) / (1 - low)``, the one Gaussian step that takes the path's marginal at ``low`` to its marginal at
+    ``r`` (Restart sampling's forward step, Xu et al. 2023, arXiv:2306.14878). ``low = 0``: the data predicted, noised
+    to ``r``."""
     a = (1 - r) / (1 - low)
     return a * flow_map_jump(objective, model, x, t, low, y) + (r**2 - a**2 * low**2) ** 0.5 * noise
 

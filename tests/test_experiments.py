@@ -2036,8 +2036,9 @@ def test_the_beta0_karras_and_rerun_arms_change_one_setting_of_the_configs_arms_
 def test_the_last_jump_arms_and_the_hand_off_arms_change_one_setting_of_the_arms_they_vary(tmp_path):
     """`-last` puts every sample on the last jump (distill.dmd_first_share 0) and changes nothing else of its lead arm;
     the flow twin's config arm gets the hand-off's arms at both ECT splits, led by the start it trains from, and its
-    ramped arm none (dropped unrun) and no rerun; the default's `-lead-last-gan` adds the late GAN term to its `-lead-last`, and its chain from the lower-guidance start
-    (ECT from it, SiD led by that ECT) is wired start to start."""
+    ramped arm none (dropped unrun) and no rerun; the default's `-lead-last-gan` adds the late GAN term to its
+    `-lead-last`, and its chain from the lower-guidance start (ECT from it, SiD led by that ECT) is wired start to
+    start."""
     import dataclasses
 
     from experiments import distill
