@@ -63,8 +63,7 @@ simulation, and the whole distillation within the teacher's training in network 
     ectfew{tail}-{kind}       ECT's variants (:data:`ECT_STARTS`: a third of the rate, the fixed steps 0.05 and 0.1),
                               and the step 0.05 with a quarter or three quarters of what the cheaper start leaves
                               (`dts25`, `dts75`; `distill_dmd2_settings.ECT_SPLITS`), each with DMD2 from it
-                              (`dmd2ecf{tail}-*`; `dmd2{ecfdt,few,fewl}-*[-ema998]-fresh`: backward simulation
-                              noised afresh, :data:`FRESH_DMD2`)
+                              (`dmd2ecf{tail}-*`; `-fresh` on :data:`FRESH_DMD2`'s arms: backward simulation afresh)
     fewuni-{kind}             the cheaper start with its intervals drawn as the stage's other draws
                               (`distill.grid_share=0`), on the same recorded set: ECT at the step 0.05 from it
                               (`ectfewuni-{kind}`, :data:`ECT_START_OF`) and DMD2 from that (`dmd2ecfuni-*`)
