@@ -125,7 +125,15 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from experiments.distill_dmd2_budget import at_batch, counted_objective, fill_budget, load_arm  # noqa: F401 (re-exported: the study reads them here)
+from experiments.distill_dmd2_budget import (  # noqa: F401 (re-exported: the study reads them here)
+    at_batch,
+    budget_share,
+    counted_objective,
+    fill_budget,
+    load_arm,
+    over_budget,
+)
+from experiments.distill_dmd2_divergence import DIVERGENCE_ARMS, DIVERGENCE_PREFIXES
 from experiments.distill_dmd2_settings import (  # the settings, re-exported where the study and its tests read them
     ANCHORS,
     BATCH_BASES,
@@ -156,7 +164,6 @@ from experiments.distill_dmd2_settings import (  # the settings, re-exported whe
     LOW_SCALE,
     MID_SCALE,
     MIDDLES,
-    OVER_BUDGET,
     RCM,
     RCM_RECIPE,
     REAL_SCALES,
@@ -345,6 +352,8 @@ def _recipe_variants(arms: dict[str, tuple[str, list[str]]], kind: str) -> dict[
             variants[f"{name}-{suffix}-x4"] = (config, [*extra, f"ema.decay={decay}"])
         for arm in (name, f"{name}-ema998") if prefix in FRESH_DMD2 else ():  # the DMD2 configs' arms
             variants[f"{arm}-fresh"] = (config, [*(variants.get(arm) or arms[arm])[1], *_overrides(FRESH)])
+            for suffix, change in DIVERGENCE_ARMS.items() if prefix in DIVERGENCE_PREFIXES else ():  # f-distill's
+                variants[_variant_name(f"{arm}-fresh", suffix, change)] = (config, [*variants[f"{arm}-fresh"][1], *_overrides(change)])  # fmt: skip
     return variants
 
 
@@ -388,13 +397,3 @@ def start_of(arm: str) -> str | None:
     """The arm a stage starts from (its cost counts towards the budget), or ``None`` (the teacher)."""
     prefix = next((p for p in STARTS if arm.startswith(p)), None)
     return None if prefix is None else f"{STARTS[prefix]}-{arm.split('-')[1]}"
-
-
-def budget_share(arm: str) -> float:
-    """The share of what the budget leaves after its start that ``arm`` spends (:data:`SHARES`; 1: all of it)."""
-    return next((share for prefix, share in SHARES.items() if arm.startswith(prefix)), 1.0)
-
-
-def over_budget(arm: str) -> int:
-    """How many times the steps the budget leaves ``arm`` trains (1: within the budget; :data:`OVER_BUDGET`)."""
-    return OVER_BUDGET.get(arm.rsplit("-", 1)[-1], 1)

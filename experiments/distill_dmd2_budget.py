@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import math
 
-from experiments.distill_dmd2_settings import BATCH, BUDGET
+from experiments.distill_dmd2_settings import BATCH, BUDGET, OVER_BUDGET, SHARES
 
 __all__ = ["load_arm", "counted_objective", "fill_budget", "at_batch"]
 
@@ -103,3 +103,13 @@ def at_batch(config: str, overrides: list[str], batch: int) -> tuple[str, list[s
 def _ema_decay(config: str, overrides: tuple[str, ...]) -> float:
     """The EMA's decay of ``config`` with ``overrides`` (loaded once per pair)."""
     return load_arm(config, list(overrides)).ema.decay
+
+
+def budget_share(arm: str) -> float:
+    """The share of what the budget leaves after its start that ``arm`` spends (:data:`SHARES`; 1: all of it)."""
+    return next((share for prefix, share in SHARES.items() if arm.startswith(prefix)), 1.0)
+
+
+def over_budget(arm: str) -> int:
+    """How many times the steps the budget leaves ``arm`` trains (1: within the budget; :data:`OVER_BUDGET`)."""
+    return OVER_BUDGET.get(arm.rsplit("-", 1)[-1], 1)

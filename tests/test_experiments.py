@@ -2104,6 +2104,32 @@ def test_the_dmd2_configs_arms_noised_afresh_change_the_backward_simulations_noi
         assert dataclasses.replace(fresh, distill=dataclasses.replace(fresh.distill, dmd_input="generator")) == base
 
 
+def test_the_divergence_arms_add_the_late_gan_to_the_fresh_config_arm_and_pair_on_the_divergence_alone(tmp_path):
+    """`dmd2ecfdt-*-fresh-ganlate` is the DMD2 config's fresh arm with the late GAN term (its name without `-nogan`), and
+    `-ganlate-js`, `-ganlate-fkl` that arm with distill.vsd_divergence changed, nothing else: the pair measures the
+    weighting; each starts from ECT's start and fills the budget left after it."""
+    import dataclasses
+
+    from experiments import distill
+    from experiments.distill_dmd2 import budget_arm, load_arm, start_of
+
+    study = distill.student_arms(0, tmp_path, distill.SCALES["cpu"])
+    for base in ("dmd2ecfdt-flow-g3-nogan-fresh", "dmd2ecfdt-ddpm-g4-nogan-ema998-fresh"):
+        gan_name = base.replace("-nogan", "") + "-ganlate"
+        fresh, gan = load_arm(*study[base]), load_arm(*study[gan_name])
+        assert (gan.distill.gan_weight, gan.distill.gan_start, gan.distill.vsd_divergence) == (
+            0.003,
+            200,
+            "reverse_kl",
+        )
+        assert dataclasses.replace(gan, distill=dataclasses.replace(gan.distill, gan_weight=0.0, gan_start=0)) == fresh
+        for suffix, divergence in (("js", "js"), ("fkl", "forward_kl")):
+            weighted = load_arm(*study[f"{gan_name}-{suffix}"])
+            assert weighted.distill.vsd_divergence == divergence
+            assert dataclasses.replace(weighted, distill=dataclasses.replace(weighted.distill, vsd_divergence="reverse_kl")) == gan  # fmt: skip
+            assert budget_arm(f"{gan_name}-{suffix}") and start_of(f"{gan_name}-{suffix}") == start_of(base)
+
+
 # the twin recipes' configs: (config, the study's arm it is, the arm its DMD2 stage starts from)
 TWINS = [
     ("fashion_mnist_moh_distill_trajectory_few.yaml", "few-flow", None),

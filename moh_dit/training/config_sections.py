@@ -257,6 +257,8 @@ class DistillSection:
     # the flow times the discriminator and the GAN term noise their images at ([first, last], uniform, drawn apart
     # from the VSD loss's); null: the VSD loss's own (its times and noised samples)
     gan_time: tuple[float, ...] | None = None
+    # the divergence VSD follows: reverse_kl (VSD's) | js | forward_kl (f-distill: weighted by the discriminator's ratio)
+    vsd_divergence: str = "reverse_kl"
     # --- the sid method (docs/objective.md#sid): DMD2's keys above, and SiD's loss in place of VSD ---
     sid_alpha: float = 1.2  # SiD's alpha: the fake score's gap weighed against the data's in its loss (SiD's 1.2)
     # --- the rcm method (docs/objective.md#rcm): trajectory distillation regularised by DMD2 in one run ---

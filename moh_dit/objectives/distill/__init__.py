@@ -25,6 +25,7 @@ Read it in this order:
     heads.py        what the student's network outputs (a velocity, or a DDPM teacher's noise)
     losses.py       the tangent loss and its stabilisers (l2, FastGen's opt-grad, the clamp, the warm-up)
     dmd_losses.py   DMD2's losses (VSD, the GAN's) and SiD's
+    divergences.py  the divergence VSD follows (reverse KL; Jensen-Shannon and forward KL by f-distill's weights)
     dmd_costs.py    what a step of DMD2 (and of the methods on its pieces) costs, in network evaluations
     regression.py   DMD's regression: from a trajectory's noise, or from its state at each sample's start time
     distances.py    the distances of DMD's regression (squared error, LPIPS's form in the teacher's tokens)

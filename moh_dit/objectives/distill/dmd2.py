@@ -48,7 +48,7 @@ import torch
 from moh_dit.argtypes import is_number, is_whole
 from moh_dit.errors import ConfigError
 from moh_dit.objectives.base import Losses, Noised
-from moh_dit.objectives.distill import distances
+from moh_dit.objectives.distill import distances, divergences
 from moh_dit.objectives.distill.dmd_costs import DMDCosts
 from moh_dit.objectives.distill.dmd_losses import gan_discriminator_loss, gan_generator_loss, vsd_loss
 from moh_dit.objectives.distill.fake_guidance import FakeGuidance
@@ -103,6 +103,8 @@ class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, 
         dmd_midpoint: the two-step grid's middle flow time (every grid shifted alike; recorded with the model).
         gan_time: ``[first, last]`` flow times the discriminator and the generator's GAN term noise their images at
             (uniform, drawn apart from the VSD loss's); ``None``: the VSD loss's own times and noised samples.
+        vsd_divergence: the divergence VSD follows: ``reverse_kl`` (VSD's own), or ``js``/``forward_kl``, its gap
+            weighted by the discriminator's density ratio (moh_dit/objectives/distill/divergences.py).
         trajectories, trajectory_*: the regression's trajectories (as the trajectory method's).
     """
 
@@ -143,6 +145,7 @@ class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, 
         fake_guidance: float | None = None,
         fake_guidance_eval: float | None = None,
         lead_model: str | None = None,
+        vsd_divergence: str = "reverse_kl",
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -181,7 +184,7 @@ class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, 
         self.vsd_weight, self.gan_start, self.dmd_midpoint = float(vsd_weight), gan_start, float(dmd_midpoint)
         self.place_grids(steps, dmd_input, self.dmd_midpoint, dmd_first_share)
         self.set_regression(regression, regression_distance, regression_feature_time, regression_from)
-        self.lead_model = lead_model
+        self.lead_model, self.divergence = lead_model, divergences.vsd_divergence(vsd_divergence, gan_weight, gan_time)
         later = {"real_guidance_later": real_guidance_later, "dmd_first_share": dmd_first_share}
         self.check_later_steps(later, lead_model, dmd_steps is not None)
 
@@ -235,7 +238,8 @@ class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, 
         if self.vsd_weight:
             weight = "" if self.vsd_weight == 1 else f"{self.vsd_weight:g} x "
             law = " (Karras sigmas)" if self.dmd_time_sampling == "karras" else ""
-            parts.append(f"{weight}{self.describe_distribution()} at flow times {self.dmd_time}{law}")
+            divergence = "" if self.divergence.name == "reverse_kl" else f", weighted as {self.divergence.describe()}"
+            parts.append(f"{weight}{self.describe_distribution()} at flow times {self.dmd_time}{law}{divergence}")
         if self.gan_weight:
             start = f" from step {self.gan_start}" if self.gan_start else ""
             times = f" at flow times {self.gan_time}" if self.gan_time else ""
@@ -331,18 +335,21 @@ class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, 
         x, out = self.generate(model, noised, labels, drop, autocast, lead, return_head_masks=want_heads)
         x_t, t = self._noised_sample(x, noised)
         zero = torch.zeros(x.shape[0], device=x.device)
-        vsd, loss = zero, zero
+        vsd, loss, logits = zero, zero, None
+        gan_on = self.gan_on(step)
+        if gan_on and self.divergence.needs_ratio:  # gradient to x through the frozen score; its value the ratio
+            logits = fake.discriminate(*self.gan_input(x, noised), labels, drop, autocast)
         if self.vsd_weight:
             teacher = frozen["teacher"]
             start = noised.terms["start"]
             vsd = self.distribution_loss(x, x_t, t, labels, drop, autocast, teacher, fake, start, step or 0)
-            loss = self.vsd_weight * vsd
+            loss = self.vsd_weight * (vsd if logits is None else vsd * self.divergence.weights(logits).to(vsd.dtype))
         extras = {self.distribution_term: vsd.detach(), "fake_score_loss": zero}
         if self.gan_weight:
             gan = zero
-            if self.gan_on(step):
-                # gradient to x through the frozen score
-                logits = fake.discriminate(*self.gan_input(x, noised), labels, drop, autocast)
+            if gan_on:
+                if logits is None:
+                    logits = fake.discriminate(*self.gan_input(x, noised), labels, drop, autocast)
                 gan = gan_generator_loss(logits)
                 loss = loss + self.gan_weight * gan
             extras |= {"gan_generator": gan.detach(), "gan_discriminator": zero}

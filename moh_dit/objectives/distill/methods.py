@@ -100,7 +100,7 @@ METHODS: dict[str, MethodEntry] = {
         "moh_dit.objectives.distill",
         "DMD2Distill",
         "a generator matching the teacher's distribution through a fake score (DMD2), one step or a few",
-        ("fake_updates", *REGRESSION_KEYS, *DMD_KEYS, *TRAJECTORY_KEYS),
+        ("fake_updates", "vsd_divergence", *REGRESSION_KEYS, *DMD_KEYS, *TRAJECTORY_KEYS),
         fp16=False,
         identity=(*DMD_IDENTITY, *TRAJECTORY_IDENTITY),
         provenance=(*TRAJECTORY_PROVENANCE, "lead_model"),  # the lead's weights are in the run's frozen models
@@ -127,12 +127,12 @@ METHODS: dict[str, MethodEntry] = {
 }
 # score identity distillation (SiD, arXiv:2404.04057; mingyuanzhou/SiD): DMD2's entry (its generator, fake score, grids,
 # GAN term and keys) with the generator's loss an estimate of the Fisher divergence, differentiated through both
-# scores, instead of VSD, and its alpha
+# scores, instead of VSD, and its alpha (not VSD's divergence: f-distill's weights are derived for VSD's gradient)
 METHODS["sid"] = dataclasses.replace(
     METHODS["dmd2"],
     cls="SiDDistill",
     summary="a generator matching the teacher's distribution by SiD's score-identity loss through a fake score",
-    keys=("sid_alpha", *METHODS["dmd2"].keys),
+    keys=("sid_alpha", *(key for key in METHODS["dmd2"].keys if key != "vsd_divergence")),
 )
 # every method's: what the student is (its method, architecture, time split, head, and the teacher's guidance folded
 # into its target; the teacher itself by its weights, in the run's frozen models) and where things came from (the

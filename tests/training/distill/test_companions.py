@@ -55,11 +55,16 @@ def test_the_fake_score_starts_as_the_teacher_and_each_network_trains_on_its_own
     assert [r["fake_score_loss"] > 0 for r in losses] == [False, True, True]
 
 
-@pytest.mark.parametrize("gan", [[], ["distill.gan_time=[0.02,0.4]"]], ids=["vsd-times", "own-times"])
+@pytest.mark.parametrize(
+    "gan",
+    [[], ["distill.gan_time=[0.02,0.4]"], ["distill.vsd_divergence=js"]],
+    ids=["vsd-times", "own-times", "js-weighted"],
+)
 def test_a_dmd2_run_stopped_and_resumed_ends_as_an_uninterrupted_one_with_its_fake_score(
     flow_teacher, image_dir, tmp_path, gan
 ):
-    """Bit for bit, with the discriminator at the VSD loss's times and at its own (distill.gan_time: drawn apart)."""
+    """Bit for bit, with the discriminator at the VSD loss's times and at its own (distill.gan_time: drawn apart), and
+    with VSD weighted by its density ratio (distill.vsd_divergence: js)."""
     train(dmd2(tmp_path / "whole", image_dir, flow_teacher, "train.max_steps=6", *gan))
     train(dmd2(tmp_path / "cut", image_dir, flow_teacher, "train.max_steps=3", *gan))
     train(dmd2(tmp_path / "cut", image_dir, flow_teacher, "train.max_steps=6", "train.resume=latest", *gan))
