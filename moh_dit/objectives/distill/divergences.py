@@ -44,7 +44,7 @@ class Divergence:
         """Per sample, h(r) divided by its mean over the batch (float32, no gradient): ``N * softmax(log h)``, which
         is that ratio without overflow where h is exp(logit)."""
         with torch.no_grad():
-            log_h = self.log_weight(log_ratio.detach().float().flatten())
+            log_h = self.log_weight(log_ratio.float().flatten())
             return log_h.numel() * torch.softmax(log_h, dim=0)
 
     def describe(self) -> str:

@@ -145,7 +145,7 @@ class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, 
         fake_guidance: float | None = None,
         fake_guidance_eval: float | None = None,
         lead_model: str | None = None,
-        vsd_divergence: str = "reverse_kl",
+        vsd_divergence: str = divergences.DEFAULT,
         trajectories: str | None = None,
         trajectory_count: int = 2048,
         trajectory_sampler: str | None = None,
@@ -238,7 +238,7 @@ class DMD2Distill(GridGenerator, TrajectoryRegression, RealScore, FakeGuidance, 
         if self.vsd_weight:
             weight = "" if self.vsd_weight == 1 else f"{self.vsd_weight:g} x "
             law = " (Karras sigmas)" if self.dmd_time_sampling == "karras" else ""
-            divergence = "" if self.divergence.name == "reverse_kl" else f", weighted as {self.divergence.describe()}"
+            divergence = f", weighted as {self.divergence.describe()}" if self.divergence.needs_ratio else ""
             parts.append(f"{weight}{self.describe_distribution()} at flow times {self.dmd_time}{law}{divergence}")
         if self.gan_weight:
             start = f" from step {self.gan_start}" if self.gan_start else ""
