@@ -600,6 +600,10 @@ SID_FRESH = [*SID, "distill.dmd_input=generator_fresh"]
 DMD2_REGRESSION = [*DMD2, "distill.regression=0.5", "distill.regression_from=start", "distill.trajectory_count=6",
                    "distill.trajectory_shard_size=2", "distill.trajectory_steps=3"]  # fmt: skip
 
+# VSD weighted as Jensen-Shannon by the discriminator's logits (its own times would be refused): each process's batch
+# normalises its own weights, the gradients averaged as every other term's
+DMD2_JS = [*(o for o in DMD2 if not o.startswith("distill.gan_time=")), "distill.vsd_divergence=js"]
+
 
 @pytest.mark.parametrize(
     "derivative, student",
@@ -617,6 +621,7 @@ DMD2_REGRESSION = [*DMD2, "distill.regression=0.5", "distill.regression_from=sta
         pytest.param(None, SID_LEAD, marks=SLOW),
         pytest.param(None, SID_FRESH, marks=SLOW),
         pytest.param(None, DMD2_REGRESSION, marks=SLOW),
+        pytest.param(None, DMD2_JS, marks=SLOW),
         pytest.param(None, ECT, marks=SLOW),  # its target's forward without gradient on the bare network
         pytest.param("jvp", ["distill.end_time_blocks=1"], marks=SLOW),
     ],
@@ -634,6 +639,7 @@ DMD2_REGRESSION = [*DMD2, "distill.regression=0.5", "distill.regression_from=sta
         "sid-lead",
         "sid-fresh",
         "dmd2-regression-start",
+        "dmd2-js",
         "ect",
         "jvp-split",
     ],
@@ -671,7 +677,7 @@ def test_a_distillation_resumes_exactly_on_two_processes(derivative, student, fl
     counted = [[[json.loads(line).get(k) for k in spent] for line in (r / "metrics.jsonl").read_text().splitlines()]
                for r in (whole, cut)]  # fmt: skip
     assert counted[0] == counted[1] and counted[0][-1][0] > 0 and counted[0][-1][1] > 0
-    if student in (DMD2, RCM):  # the fake score and its optimizer, as the whole run's
+    if student in (DMD2, DMD2_JS, RCM):  # the fake score and its optimizer, as the whole run's
         for name in ("fake_score.safetensors", "fake_score.optimizer.pt"):
             a, b = (RunLayout(r).latest_checkpoint() / "companions" / name for r in (whole, cut))
             assert a.read_bytes() == b.read_bytes() or name.endswith(".pt"), name
